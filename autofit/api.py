@@ -1,0 +1,118 @@
+"""`@autofit`: marks a train function for search, and runs it with the best config when called."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Callable
+
+from autofit.space import PRECISIONS, Config, check_precision
+from autofit.errors import UsageError
+
+if TYPE_CHECKING:
+    from autofit.run import Run
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """What the decorator's arguments (and the CLI flags that override them) ask of a search."""
+
+    global_batch: int | None = None
+    """Keep micro-batch x accumulation equal to this; accumulation is derived."""
+    batch_size: tuple[int, int] = (1, 1024)
+    """Smallest and largest micro-batch to consider."""
+    precision: tuple[str, ...] | None = None
+    """Precisions to consider; None: every one the device supports."""
+    accumulation: tuple[int, ...] | None = None
+    """Accumulation steps to consider when no global batch is set; None: 1 only."""
+    checkpoint: bool = True
+    """Consider activation checkpointing when the function offers blocks to run.checkpoint()."""
+    default_batch_size: int = 32
+    """Micro-batch used when the function is called normally and no search result exists."""
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        lo, hi = self.batch_size
+        if lo < 1 or hi < lo:
+            raise UsageError(f"The batch-size range must satisfy 1 <= MIN <= MAX, but got {lo}:{hi}.")
+        if self.precision is not None:
+            for name in self.precision:
+                check_precision(name)
+        if self.global_batch is not None and self.global_batch < 1:
+            raise UsageError(f"The global batch must be at least 1, but got {self.global_batch}.")
+
+    def merged(self, **overrides: Any) -> SearchOptions:
+        """These options with every override that is not None applied (CLI flags win)."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+class AutofitFunction:
+    """A train function marked for search. Called normally, it trains with the best config."""
+
+    __autofit__ = True
+
+    def __init__(self, fn: Callable[..., Any], options: SearchOptions) -> None:
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.options = options
+
+    def __repr__(self) -> str:
+        return f"<autofit function {self.fn.__module__}.{self.fn.__qualname__}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from autofit.run import Run
+
+        if args and isinstance(args[0], Run):  # a probe, or a caller who built the Run
+            return self.fn(*args, **kwargs)
+        run = self.make_run(config_path=kwargs.pop("autofit_config", None))
+        result = self.fn(run, *args, **kwargs)
+        run.finish()
+        return result
+
+    def make_run(self, config_path: str | os.PathLike | None = None, device: str | None = None) -> Run:
+        """The Run a normal call trains with: the best exported config if there is one."""
+        from autofit.launch import resolve_run_config
+        from autofit.run import Run
+
+        config, device_name, message = resolve_run_config(self, config_path, device)
+        print(f"autofit: {message}", file=sys.stderr)
+        return Run(config, device_name, probing=False)
+
+    def search(self, **kwargs: Any):
+        """Search this function's best config from Python; see `autofit.search.run_search`."""
+        from autofit.search import search_function
+
+        return search_function(self, **kwargs)
+
+
+def autofit(
+    fn: Callable[..., Any] | None = None,
+    *,
+    global_batch: int | None = None,
+    batch_size: tuple[int, int] = (1, 1024),
+    precision: tuple[str, ...] | list[str] | str | None = None,
+    accumulation: tuple[int, ...] | list[int] | None = None,
+    checkpoint: bool = True,
+    default_batch_size: int = 32,
+) -> Any:
+    """Mark a train function `train(run)` for search: `@autofit` or `@autofit(global_batch=256)`."""
+    if isinstance(precision, str):
+        precision = (precision,)
+    options = SearchOptions(
+        global_batch=global_batch,
+        batch_size=tuple(batch_size),
+        precision=tuple(precision) if precision is not None else None,
+        accumulation=tuple(accumulation) if accumulation is not None else None,
+        checkpoint=checkpoint,
+        default_batch_size=default_batch_size,
+    )
+
+    def decorate(f: Callable[..., Any]) -> AutofitFunction:
+        return AutofitFunction(f, options)
+
+    return decorate(fn) if fn is not None else decorate
+
+
+__all__ = ["autofit", "AutofitFunction", "SearchOptions", "Config", "PRECISIONS"]

@@ -1,0 +1,131 @@
+"""The `autofit` command line: wiring only; the work is in the library modules."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, NoReturn
+
+import click
+
+from autofit.cli_types import DURATION, INT_LIST, INT_RANGE, MEMORY_SIZE, PRECISION_LIST
+from autofit.errors import AutofitError, UsageError
+from autofit.space import PRECISIONS
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    click.echo(f"autofit: error: {message}", err=True)
+    sys.exit(code)
+
+
+class _Group(click.Group):
+    """Turns autofit's own errors into one line and an exit status: 2 for bad input, 1 otherwise."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UsageError as exc:
+            _fail(str(exc), 2)
+        except AutofitError as exc:
+            _fail(str(exc), 1)
+
+
+def _device_options(f):
+    f = click.option("--memory-limit", type=MEMORY_SIZE, default=None,
+                     help="Memory the probes may use, e.g. 2GiB (default: the whole device).")(f)
+    f = click.option("--gpu", type=click.IntRange(min=0), default=None,
+                     help="GPU index; implies --device cuda.")(f)
+    f = click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
+                     help="Where probes run (default: cuda if --gpu is given, else cpu).")(f)
+    return f
+
+
+def _resolve_device(device: str | None, gpu: int | None) -> tuple[str, int]:
+    if gpu is not None and device == "cpu":
+        raise UsageError(f"--gpu must go with --device cuda, but got --device cpu --gpu {gpu}.")
+    device = device or ("cuda" if gpu is not None else "cpu")
+    return device, gpu or 0
+
+
+@click.group(cls=_Group)
+@click.version_option(package_name="autofit")
+def cli() -> None:
+    """Find the fastest training configuration that fits your accelerator's memory."""
+
+
+@cli.command()
+@click.argument("target")
+@click.option("--batch-size", type=click.IntRange(min=1), required=True, help="Micro-batch size.")
+@click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
+              help="Numeric precision of the forward pass.")
+@click.option("--checkpoint", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Blocks with activation checkpointing.")
+@click.option("--accumulation", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Micro-batches per optimizer step.")
+@_device_options
+@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True, help="Measured optimizer steps.")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Warm-up steps, not measured.")
+@click.option("--timeout", type=DURATION, default="5m", show_default=True, help="Kill the probe after this long.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumulation: int,
+          device: str | None, gpu: int | None, memory_limit: int | None, steps: int, warmup: int,
+          timeout: float, as_json: bool) -> None:
+    """Run one probe: a few real training steps of TARGET under one config.
+
+    TARGET is a script with one @autofit function, or SCRIPT:FUNCTION. Exit status 0 when the
+    probe ran its steps, 1 when it did not (oom, error, diverged, timeout, crashed).
+    """
+    from autofit.devices import check_device
+    from autofit.discover import check_script, parse_target
+    from autofit.probe_report import describe_probe
+    from autofit.space import Config
+    from autofit.worker import Worker, WorkerStartError
+
+    script, function = parse_target(target)
+    check_script(script)
+    device, index = _resolve_device(device, gpu)
+    info = check_device(device, index)
+    config = Config(batch_size=batch_size, precision=precision, checkpoint_segments=checkpoint,
+                    accumulation_steps=accumulation)
+    with Worker(script, function, device=device, index=index, memory_limit=memory_limit) as worker:
+        try:
+            loaded = worker.start()
+        except WorkerStartError as exc:
+            if exc.traceback:
+                click.echo(exc.traceback.rstrip(), err=True)
+            raise
+        if precision not in loaded.precisions:
+            raise UsageError(f"The precision must be one the device runs ({', '.join(loaded.precisions)}), "
+                             f"but got {precision}.")
+        result = worker.probe(config, warmup=warmup, steps=steps, timeout=timeout)
+    if as_json:
+        click.echo(json.dumps({"device": info.to_dict(), "result": result.to_dict()}, indent=2))
+    else:
+        click.echo(describe_probe(result, header=f"probe {target} on {info.type}:{info.index} ({info.name})"))
+    sys.exit(0 if result.ok else 1)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the devices as JSON.")
+def devices(as_json: bool) -> None:
+    """List the devices autofit can probe on, with their memory."""
+    from autofit.devices import list_devices
+    from autofit.units import format_size
+
+    found = list_devices()
+    if as_json:
+        click.echo(json.dumps([d.to_dict() for d in found], indent=2))
+        return
+    for d in found:
+        free = f", {format_size(d.free_bytes)} free" if d.free_bytes is not None else ""
+        click.echo(f"{d.type}:{d.index}  {d.name}  {format_size(d.total_bytes)} total{free}")
+    if not any(d.type == "cuda" for d in found):
+        click.echo("(no NVIDIA GPU visible: NVML found none)")
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""click parameter types for autofit's domain values: bad input becomes a usage error (exit 2)."""
+
+from __future__ import annotations
+
+import click
+
+from autofit.errors import UsageError
+from autofit.space import PRECISIONS
+from autofit.units import parse_duration, parse_size
+
+
+class MemorySize(click.ParamType):
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except UsageError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class Duration(click.ParamType):
+    name = "duration"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)):
+            return float(value)
+        try:
+            return parse_duration(value)
+        except UsageError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class PrecisionList(click.ParamType):
+    """'fp32,bf16' -> ('fp32', 'bf16')."""
+
+    name = "precisions"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        names = tuple(p.strip() for p in str(value).split(",") if p.strip())
+        bad = [p for p in names if p not in PRECISIONS]
+        if bad or not names:
+            self.fail(f"The precision must be one of {', '.join(PRECISIONS)}, but got {value!r}.", param, ctx)
+        return names
+
+
+class IntRangeText(click.ParamType):
+    """'8:256' -> (8, 256); '64' -> (64, 64)."""
+
+    name = "min:max"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        text = str(value)
+        lo, sep, hi = text.partition(":")
+        try:
+            low, high = int(lo), int(hi if sep else lo)
+        except ValueError:
+            self.fail(f"A range must look like 8:256, but got {text!r}.", param, ctx)
+        if low < 1 or high < low:
+            self.fail(f"A range must satisfy 1 <= MIN <= MAX, but got {text!r}.", param, ctx)
+        return (low, high)
+
+
+class IntList(click.ParamType):
+    """'1,2,4' -> (1, 2, 4)."""
+
+    name = "ints"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            values = tuple(int(v) for v in str(value).split(",") if v.strip())
+        except ValueError:
+            self.fail(f"A list must look like 1,2,4, but got {value!r}.", param, ctx)
+        if not values or min(values) < 1:
+            self.fail(f"A list must hold positive integers, but got {value!r}.", param, ctx)
+        return values
+
+
+MEMORY_SIZE = MemorySize()
+DURATION = Duration()
+PRECISION_LIST = PrecisionList()
+INT_RANGE = IntRangeText()
+INT_LIST = IntList()

@@ -1,0 +1,80 @@
+"""The contract every device backend keeps: memory limit, peak, baseline, sync, clean-up."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """A device as the user sees it in `autofit devices` and in the best-config JSON."""
+
+    type: str  # "cpu" or "cuda"
+    index: int
+    name: str
+    total_bytes: int
+    free_bytes: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class DeviceBackend(ABC):
+    """One device inside the worker process. Everything here runs where the probes run.
+
+    Subclasses say precisely what `limit` caps and what `peak_bytes` counts, in their docstring.
+    """
+
+    type: str = ""
+
+    def __init__(self, index: int = 0) -> None:
+        self.index = index
+        self.limit_bytes: int | None = None
+
+    @abstractmethod
+    def torch_device(self) -> torch.device:
+        """The torch.device probes put tensors on."""
+
+    @abstractmethod
+    def info(self) -> DeviceInfo:
+        """Name and memory of the device."""
+
+    @abstractmethod
+    def supported_precisions(self) -> tuple[str, ...]:
+        """Precisions this device runs natively."""
+
+    @abstractmethod
+    def apply_memory_limit(self, limit_bytes: int | None) -> None:
+        """Enforce `limit_bytes` on this process from now on (None: the whole device).
+
+        Raises UsageError when the process already uses more than the limit.
+        """
+
+    @abstractmethod
+    def used_bytes(self) -> int:
+        """Memory this process holds now, counted the way the limit counts it."""
+
+    @abstractmethod
+    def reset_peak(self) -> None:
+        """Start a new peak measurement."""
+
+    @abstractmethod
+    def peak_bytes(self) -> int:
+        """Peak since `reset_peak`, comparable with the limit."""
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Wait for queued work, so that a timestamp means the work is done."""
+
+    @abstractmethod
+    def release(self) -> None:
+        """Return freed memory to the device/OS (gc, caches) so the next probe starts clean."""
+
+    def allocator_stats(self) -> dict:
+        """Extra allocator counters worth keeping with a probe (e.g. CUDA alloc retries)."""
+        return {}

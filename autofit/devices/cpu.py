@@ -1,0 +1,127 @@
+"""CPU backend: a real memory cap via RLIMIT_DATA, so oversize configs fail in the allocator.
+
+What is counted, precisely:
+- the limit is the soft RLIMIT_DATA of the worker process: the kernel refuses any growth of its
+  private writable memory (heap and anonymous mappings, where every tensor lives) beyond it, and
+  torch's CPU allocator then raises "DefaultCPUAllocator: can't allocate memory". It includes the
+  baseline of Python, torch and the user's module, as a GPU's memory includes the CUDA context.
+- the peak is the peak resident set of the worker since the probe started (VmHWM, reset through
+  /proc/self/clear_refs) less its file-backed resident pages (shared libraries): the peak of
+  private memory actually touched, the quantity the limit bounds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import os
+import platform
+import resource
+
+from autofit.devices._base import DeviceBackend, DeviceInfo
+from autofit.errors import UsageError
+from autofit.units import format_size
+
+
+def read_proc_status(pid: int | str = "self") -> dict[str, int]:
+    """The kB fields of /proc/<pid>/status, in bytes."""
+    values: dict[str, int] = {}
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if len(parts) == 2 and parts[1] == "kB":
+                values[key] = int(parts[0]) * 1024
+    return values
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def total_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def available_memory_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def cpu_info(index: int = 0) -> DeviceInfo:
+    return DeviceInfo(
+        type="cpu",
+        index=index,
+        name=f"{cpu_name()} ({os.cpu_count()} cores)",
+        total_bytes=total_memory_bytes(),
+        free_bytes=available_memory_bytes(),
+    )
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+class CpuBackend(DeviceBackend):
+    """The CPU under a real RLIMIT_DATA cap (see the module docstring for what counts)."""
+
+    type = "cpu"
+
+    def torch_device(self):
+        import torch
+
+        return torch.device("cpu")
+
+    def info(self) -> DeviceInfo:
+        return cpu_info(self.index)
+
+    def supported_precisions(self) -> tuple[str, ...]:
+        return ("fp32", "bf16", "fp16")  # TF32 is a tensor-core format: nothing to gain on CPU
+
+    def apply_memory_limit(self, limit_bytes: int | None) -> None:
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        if limit_bytes is None:
+            resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+            self.limit_bytes = None
+            return
+        used = self.used_bytes()
+        if used >= limit_bytes:
+            raise UsageError(
+                f"The memory limit must exceed what the worker needs just to start "
+                f"({format_size(used)}: Python, torch and your script), but got {format_size(limit_bytes)}."
+            )
+        if hard != resource.RLIM_INFINITY and limit_bytes > hard:
+            limit_bytes = hard
+        resource.setrlimit(resource.RLIMIT_DATA, (limit_bytes, hard))
+        self.limit_bytes = limit_bytes
+
+    def used_bytes(self) -> int:
+        return read_proc_status()["VmData"]
+
+    def reset_peak(self) -> None:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")  # resets VmHWM to the current resident set
+
+    def peak_bytes(self) -> int:
+        status = read_proc_status()
+        return max(0, status["VmHWM"] - status.get("RssFile", 0) - status.get("RssShmem", 0))
+
+    def synchronize(self) -> None:
+        pass  # CPU ops are synchronous
+
+    def release(self) -> None:
+        gc.collect()
+        _libc.malloc_trim(0)  # hand freed heap pages back, so the next probe starts at baseline

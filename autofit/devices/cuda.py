@@ -1,0 +1,318 @@
+"""CUDA backend: a memory limit enforced by PyTorch's caching allocator, counted like the GPU counts it.
+
+What is counted, precisely:
+- used memory is everything this process holds on the GPU: PyTorch's reserved memory
+  (`torch.cuda.memory_reserved`: allocated tensors plus the allocator's cache) plus the overhead
+  outside the allocator (CUDA context, loaded kernels, cuBLAS/cuDNN handles and workspaces).
+- the overhead is NVML's per-process used memory for this pid
+  (`nvmlDeviceGetComputeRunningProcesses`) less `memory_reserved`. Where NVML cannot report it
+  (containers with their own pid namespace, drivers that hide per-process usage) it falls back to
+  the device-wide used memory (`total - free` of `torch.cuda.mem_get_info`) less `memory_reserved`,
+  which also counts other processes on the same GPU: the limit is then conservative.
+- the limit caps the whole process: `apply_memory_limit` measures the overhead right then and caps
+  the caching allocator with `torch.cuda.set_per_process_memory_fraction((limit - overhead) / total)`,
+  so an allocation beyond the limit raises `torch.OutOfMemoryError` as on a card of that size.
+  Overhead that appears later (handles and kernels loaded at first use) is taken into account again
+  at every `reset_peak`, which re-derives the fraction from the overhead measured then.
+  A limit above the card's memory means the whole card (fraction 1.0).
+- the peak is `torch.cuda.max_memory_reserved()` since `reset_peak` plus the overhead measured when
+  `peak_bytes` is called: the quantity the limit bounds. Fragmentation inside the allocator counts,
+  as it does for a real OOM.
+
+Device indices are CUDA's (what `torch.device("cuda", i)` means). NVML numbers GPUs in PCI bus
+order and ignores CUDA_VISIBLE_DEVICES, so the listing maps them: a CUDA_VISIBLE_DEVICES of plain
+integers is honoured; one of UUIDs (GPU-..., MIG-...) is not, and all NVML devices are listed as if
+it were unset. CUDA itself orders GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID: on a
+machine with mixed GPU models, set CUDA_DEVICE_ORDER=PCI_BUS_ID so that both orders agree.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from autofit.devices._base import DeviceBackend, DeviceInfo
+from autofit.errors import UsageError
+from autofit.units import format_size
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _load_nvml() -> ModuleType | None:
+    """pynvml, or None when the package is missing (listing then finds no GPU)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    return pynvml
+
+
+def _nvml_errors(nvml: ModuleType) -> tuple[type[BaseException], ...]:
+    """The exceptions pynvml raises for a driver or library problem."""
+    errors: list[type[BaseException]] = [OSError]
+    for name in ("NVMLError", "NVMLLibraryMismatchError"):
+        cls = getattr(nvml, name, None)
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            errors.append(cls)
+    return tuple(errors)
+
+
+def _decode(value: str | bytes) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def visible_physical_indices(count: int) -> list[int] | None:
+    """NVML indices of the GPUs CUDA sees, in CUDA order; None when CUDA_VISIBLE_DEVICES is unset
+    or not plain integers (UUIDs are not mapped: see the module docstring).
+
+    Follows CUDA's rules: a negative or out-of-range entry ends the list, a repeated one hides all.
+    """
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    text = value.strip()
+    if text.upper().startswith(("GPU-", "MIG-")):
+        return None
+    indices: list[int] = []
+    for token in text.split(","):
+        token = token.strip()
+        try:
+            index = int(token)
+        except ValueError:
+            break  # CUDA stops at the first entry it cannot parse
+        if index < 0 or index >= count:
+            break
+        if index in indices:
+            return []
+        indices.append(index)
+    return indices
+
+
+def _physical_index(nvml: ModuleType, index: int) -> int:
+    """The NVML index of CUDA device `index`."""
+    visible = visible_physical_indices(nvml.nvmlDeviceGetCount())
+    if visible is None:
+        return index
+    if not 0 <= index < len(visible):
+        raise UsageError(
+            f"The GPU index must be below the {len(visible)} GPU(s) CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r} leaves visible, but got {index}."
+        )
+    return visible[index]
+
+
+def _device_info(nvml: ModuleType, handle: Any, index: int) -> DeviceInfo:
+    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    return DeviceInfo(
+        type="cuda",
+        index=index,
+        name=_decode(nvml.nvmlDeviceGetName(handle)),
+        total_bytes=int(memory.total),
+        free_bytes=int(memory.free),
+    )
+
+
+def cuda_devices() -> list[DeviceInfo]:
+    """Every NVIDIA GPU CUDA would see, from NVML alone (no torch import, so listing is fast).
+
+    [] when pynvml is missing or NVML cannot start (no driver): "no GPU" is an answer, not an error.
+    """
+    nvml = _load_nvml()
+    if nvml is None:
+        return []
+    errors = _nvml_errors(nvml)
+    try:
+        nvml.nvmlInit()
+    except errors:
+        return []
+    try:
+        count = nvml.nvmlDeviceGetCount()
+        visible = visible_physical_indices(count)
+        physical = list(range(count)) if visible is None else visible
+        return [
+            _device_info(nvml, nvml.nvmlDeviceGetHandleByIndex(p), index)
+            for index, p in enumerate(physical)
+        ]
+    except errors:
+        return []
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except errors:
+            pass
+
+
+def cuda_available() -> bool:
+    """Whether a driver and at least one GPU are present (whether torch was built with CUDA is
+    only known once the worker imports it)."""
+    return bool(cuda_devices())
+
+
+class CudaBackend(DeviceBackend):
+    """One GPU, capped through PyTorch's caching allocator (see the module docstring for what counts)."""
+
+    type = "cuda"
+
+    def __init__(self, index: int = 0) -> None:
+        super().__init__(index)
+        self._torch_ready = False
+        self._nvml: ModuleType | None = None
+        self._nvml_handle: Any = None
+        self._nvml_failed = False
+        #: Where the last overhead figure came from: "nvml-process" or "device-wide".
+        self.overhead_source: str | None = None
+
+    # -- torch and NVML, both lazily -------------------------------------------------------------
+
+    def _cuda(self):
+        """torch.cuda, with this device made current (so the CUDA context is created on it)."""
+        import torch
+
+        if not self._torch_ready:
+            if not torch.cuda.is_available():
+                raise UsageError(
+                    "The device cuda needs a PyTorch built with CUDA and a working driver, but "
+                    f"torch {torch.__version__} reports no usable GPU."
+                )
+            torch.cuda.set_device(self.index)
+            self._torch_ready = True
+        return torch.cuda
+
+    def torch_device(self) -> torch.device:
+        import torch
+
+        self._cuda()
+        return torch.device("cuda", self.index)
+
+    def _nvml_device(self) -> tuple[ModuleType, Any]:
+        """pynvml and the handle of this GPU, or a UsageError that says what NVML answered."""
+        if self._nvml_handle is not None:
+            return self._nvml, self._nvml_handle
+        nvml = _load_nvml()
+        if nvml is None:
+            raise UsageError(
+                "The device cuda needs NVML (package nvidia-ml-py) to read GPU memory, but it is not installed."
+            )
+        try:
+            nvml.nvmlInit()  # reference-counted; kept open for the worker's lifetime
+            handle = nvml.nvmlDeviceGetHandleByIndex(_physical_index(nvml, self.index))
+        except _nvml_errors(nvml) as error:
+            raise UsageError(
+                f"NVML must answer to read GPU {self.index} (is the NVIDIA driver loaded?), but it failed: {error}"
+            ) from error
+        self._nvml, self._nvml_handle = nvml, handle
+        return nvml, handle
+
+    def _process_bytes_from_nvml(self) -> int | None:
+        """This process's used GPU memory according to NVML, or None where NVML cannot tell."""
+        if self._nvml_failed:
+            return None
+        try:
+            nvml, handle = self._nvml_device()
+        except UsageError:
+            self._nvml_failed = True
+            return None
+        try:
+            processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except _nvml_errors(nvml):
+            return None
+        pid = os.getpid()
+        used = [getattr(p, "usedGpuMemory", None) for p in processes if getattr(p, "pid", None) == pid]
+        if not used or any(u is None for u in used):
+            return None  # other pid namespace, or usage hidden by the driver
+        return int(sum(used))
+
+    # -- DeviceBackend -----------------------------------------------------------------------------
+
+    def info(self) -> DeviceInfo:
+        nvml, handle = self._nvml_device()
+        try:
+            return _device_info(nvml, handle, self.index)
+        except _nvml_errors(nvml) as error:
+            raise UsageError(f"NVML must report GPU {self.index}'s name and memory, but it failed: {error}") from error
+
+    def supported_precisions(self) -> tuple[str, ...]:
+        cuda = self._cuda()
+        precisions = ["fp32"]
+        if tuple(cuda.get_device_capability(self.index)) >= (8, 0):
+            precisions.append("tf32")  # tensor-core TF32 arrived with Ampere
+        try:
+            bf16 = cuda.is_bf16_supported(including_emulation=False)  # native only: emulated bf16 is slow
+        except TypeError:  # torch before the keyword existed
+            bf16 = cuda.is_bf16_supported()
+        if bf16:
+            precisions.append("bf16")
+        precisions.append("fp16")
+        return tuple(precisions)
+
+    def overhead_bytes(self) -> int:
+        """GPU memory this process holds outside PyTorch's allocator, measured now."""
+        cuda = self._cuda()
+        reserved = int(cuda.memory_reserved(self.index))
+        process = self._process_bytes_from_nvml()
+        if process is not None:
+            self.overhead_source = "nvml-process"
+            return max(0, process - reserved)
+        free, total = cuda.mem_get_info(self.index)
+        self.overhead_source = "device-wide"
+        return max(0, int(total) - int(free) - reserved)
+
+    def _set_fraction(self, limit_bytes: int | None, overhead: int) -> float:
+        cuda = self._cuda()
+        if limit_bytes is None:
+            fraction = 1.0
+        else:
+            _, total = cuda.mem_get_info(self.index)
+            fraction = min(1.0, max(0.0, (limit_bytes - overhead) / int(total)))
+        cuda.set_per_process_memory_fraction(fraction, self.index)
+        return fraction
+
+    def apply_memory_limit(self, limit_bytes: int | None) -> None:
+        if limit_bytes is None:
+            self._set_fraction(None, 0)
+            self.limit_bytes = None
+            return
+        overhead = self.overhead_bytes()
+        used = int(self._cuda().memory_reserved(self.index)) + overhead
+        if used >= limit_bytes:
+            raise UsageError(
+                f"The memory limit must exceed what the worker needs just to start "
+                f"({format_size(used)}: CUDA context, libraries and tensors already on the GPU), "
+                f"but got {format_size(limit_bytes)}."
+            )
+        self._set_fraction(limit_bytes, overhead)
+        self.limit_bytes = limit_bytes
+
+    def used_bytes(self) -> int:
+        overhead = self.overhead_bytes()
+        return int(self._cuda().memory_reserved(self.index)) + overhead
+
+    def reset_peak(self) -> None:
+        cuda = self._cuda()
+        if self.limit_bytes is not None:
+            # Overhead grows as libraries load at first use: re-deduct it so the limit keeps counting it.
+            self._set_fraction(self.limit_bytes, self.overhead_bytes())
+        cuda.reset_peak_memory_stats(self.index)
+
+    def peak_bytes(self) -> int:
+        overhead = self.overhead_bytes()
+        return int(self._cuda().max_memory_reserved(self.index)) + overhead
+
+    def synchronize(self) -> None:
+        self._cuda().synchronize(self.index)
+
+    def release(self) -> None:
+        gc.collect()  # drop tensors held only by reference cycles before emptying the cache
+        self._cuda().empty_cache()
+
+    def allocator_stats(self) -> dict:
+        stats = self._cuda().memory_stats(self.index)
+        return {
+            "num_alloc_retries": int(stats.get("num_alloc_retries", 0)),
+            "num_ooms": int(stats.get("num_ooms", 0)),
+            "active_bytes_peak": int(stats.get("active_bytes.all.peak", 0)),
+            "reserved_bytes_peak": int(stats.get("reserved_bytes.all.peak", 0)),
+        }

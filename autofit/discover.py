@@ -1,0 +1,71 @@
+"""Find the train function in a user's script: `train.py` or `train.py:func`."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+from autofit.errors import UsageError
+
+
+def parse_target(target: str) -> tuple[str, str | None]:
+    """'train.py:func' -> ('train.py', 'func'); 'train.py' -> ('train.py', None)."""
+    path, sep, name = target.rpartition(":")
+    if sep and name.isidentifier() and path:
+        return path, name
+    return target, None
+
+
+def check_script(path: str) -> str:
+    """The absolute path of an existing Python file, or a UsageError."""
+    if not os.path.isfile(path):
+        raise UsageError(f"The training script must be an existing file, but {path!r} does not exist.")
+    return os.path.abspath(path)
+
+
+def load_script(path: str) -> ModuleType:
+    """Import the script as a module (not as __main__, so its `if __name__ == "__main__"` stays put)."""
+    path = check_script(path)
+    directory = os.path.dirname(path)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    name = "autofit_user_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"The training script must be a Python file, but got {path!r}.")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def decorated_functions(module: ModuleType) -> dict[str, Any]:
+    """The @autofit functions the module defines, by name."""
+    return {
+        name: obj
+        for name, obj in vars(module).items()
+        if getattr(type(obj), "__autofit__", False) and getattr(obj, "__module__", None) == module.__name__
+    }
+
+
+def find_function(module: ModuleType, name: str | None, script: str) -> Any:
+    """The function to probe: the named one, or the only decorated one."""
+    found = decorated_functions(module)
+    if name is not None:
+        obj = getattr(module, name, None)
+        if obj is None or not callable(obj):
+            raise UsageError(f"The function {name!r} must be defined in {script}, but it is not.")
+        return obj
+    if not found:
+        raise UsageError(
+            f"The script must define a function decorated with @autofit, but {script} has none."
+        )
+    if len(found) > 1:
+        names = ", ".join(sorted(found))
+        raise UsageError(
+            f"The script defines several @autofit functions ({names}): name one, as {script}:{sorted(found)[0]}."
+        )
+    return next(iter(found.values()))

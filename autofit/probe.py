@@ -1,0 +1,119 @@
+"""One probe: run the user's function under one config for a few steps, measure, clean up."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+import traceback
+from typing import Any, Callable
+
+import torch
+
+from autofit.devices import DeviceBackend
+from autofit.oom import is_oom
+from autofit.record import ProbeResult
+from autofit.run import ProbeFinished, Run
+from autofit.space import Config
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def run_probe(
+    fn: Callable[[Run], Any],
+    config: Config,
+    backend: DeviceBackend,
+    *,
+    warmup_steps: int = 2,
+    measured_steps: int = 5,
+) -> ProbeResult:
+    """Run `fn` for warm-up + measured optimizer steps under `config` on `backend`.
+
+    Never raises for anything the user's code does: every outcome is a status in the result.
+    """
+    backend.release()
+    baseline = backend.used_bytes()
+    backend.reset_peak()
+    started = time.perf_counter()
+    run = Run(
+        config,
+        backend.torch_device(),
+        probing=True,
+        warmup_steps=warmup_steps,
+        measured_steps=measured_steps,
+        synchronize=backend.synchronize,
+    )
+    result = ProbeResult(status="ok", config=config, warmup_steps=warmup_steps, limit_bytes=backend.limit_bytes)
+    try:
+        fn(run)
+        run.finish()
+        if run.clock.steps_done < warmup_steps + measured_steps:
+            result.status = "error"
+            result.error_type = "ProbeTooShort"
+            result.error_message = (
+                f"The function returned after {run.clock.steps_done} optimizer steps, but a probe needs "
+                f"{warmup_steps + measured_steps}: loop over the data while run.probing, "
+                f"and iterate run.batches()."
+            )
+    except ProbeFinished:
+        pass
+    except BaseException as exc:  # noqa: BLE001 - every failure of user code becomes a status
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        result.status = "oom" if is_oom(exc) else "error"
+        result.error_type = type(exc).__name__
+        result.error_message = str(exc).strip()[:2000]
+        result.traceback = _user_traceback(exc)
+        traceback.clear_frames(exc.__traceback__)  # frames hold the user's tensors
+        del exc
+    if result.status == "ok":
+        backend.synchronize()
+    result.wall_s = time.perf_counter() - started
+    result.peak_bytes = backend.peak_bytes()
+    result.knobs = run.knobs.to_dict()
+    result.allocator = backend.allocator_stats()
+    if result.status == "ok":
+        _fill_timing(result, run)
+        if not _losses_finite(run):
+            result.status = "diverged"
+            result.error_type = "NonFiniteLoss"
+            result.error_message = (
+                f"The loss became NaN or inf under {config.label()}: this config is unusable "
+                f"(fp16 overflow or too large a step)."
+            )
+    del run
+    backend.release()
+    result.baseline_bytes = baseline
+    result.memory_after_bytes = backend.used_bytes()
+    return result
+
+
+def _fill_timing(result: ProbeResult, run: Run) -> None:
+    times, samples, tokens = run.clock.measured()
+    result.measured_steps = len(times)
+    if not times:
+        return
+    total = sum(times)
+    result.samples_per_s = samples / total if total > 0 else None
+    result.tokens_per_s = tokens / total if tokens and total > 0 else None
+    result.step_time_median_s = statistics.median(times)
+    if len(times) >= 4:
+        q = statistics.quantiles(times, n=4)
+        result.step_time_iqr_s = q[2] - q[0]
+    else:
+        result.step_time_iqr_s = max(times) - min(times)
+
+
+def _losses_finite(run: Run) -> bool:
+    if not run.losses:
+        return True
+    stacked = torch.stack([loss.float().reshape(()) for loss in run.losses if loss.numel() == 1])
+    return bool(torch.isfinite(stacked).all()) if stacked.numel() else True
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback without autofit's own frames: the user's code is what they need to see."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_PACKAGE_DIR)]
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "".join(lines)

@@ -1,0 +1,45 @@
+"""Human-readable text for one probe result (the `autofit probe` output)."""
+
+from __future__ import annotations
+
+from autofit.record import ProbeResult
+from autofit.units import format_size
+
+
+def describe_probe(result: ProbeResult, header: str | None = None) -> str:
+    rows: list[tuple[str, str]] = [("status", result.status), ("config", result.config.label())]
+    if result.samples_per_s is not None:
+        rate = f"{result.samples_per_s:,.1f} samples/s"
+        if result.tokens_per_s:
+            rate += f", {result.tokens_per_s:,.0f} tokens/s"
+        rows.append(("throughput", rate))
+    if result.step_time_median_s is not None:
+        rows.append((
+            "step time",
+            f"{result.step_time_median_s:.4f} s median (IQR {result.step_time_iqr_s or 0:.4f} s) "
+            f"over {result.measured_steps} steps after {result.warmup_steps} warm-up",
+        ))
+    if result.peak_bytes is not None:
+        peak = format_size(result.peak_bytes)
+        if result.limit_bytes:
+            peak += f" of {format_size(result.limit_bytes)} ({100 * result.peak_bytes / result.limit_bytes:.0f}%)"
+        rows.append(("peak memory", peak))
+    used = [name for name in ("autocast", "backward", "batches") if result.knobs.get(name)]
+    if result.knobs.get("checkpoint_blocks") is not None:
+        used.append(f"checkpoint ({result.knobs['checkpoint_blocks']} blocks)")
+    if result.knobs:
+        rows.append(("knobs used", ", ".join(used) or "none"))
+    rows.append(("wall time", f"{result.wall_s:.2f} s"))
+    if result.error_message:
+        rows.append(("error", f"{result.error_type}: {result.error_message.splitlines()[0]}"))
+    for note in result.notes:
+        rows.append(("note", note))
+    if result.log_path:
+        rows.append(("output", result.log_path))
+    lines = [header] if header else []
+    lines += [f"{key:<12} {value}" for key, value in rows]
+    if result.traceback and result.status in ("error", "crashed", "timeout"):
+        lines += ["", result.traceback.rstrip()]
+    if result.status == "oom":
+        lines.append("hint         a smaller batch, bf16/fp16, or more checkpointed blocks would fit")
+    return "\n".join(lines)

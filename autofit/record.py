@@ -1,0 +1,66 @@
+"""ProbeResult: what one probe measured, as a plain record that crosses processes and storages."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+from autofit.space import Config
+
+#: ok: ran its steps. oom: the allocator ran dry. error: the user's code raised.
+#: diverged: loss became NaN/inf. timeout: killed at the time limit. crashed: the worker died.
+STATUSES = ("ok", "oom", "error", "diverged", "timeout", "crashed")
+
+
+@dataclass
+class ProbeResult:
+    status: str
+    config: Config
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    step_time_median_s: float | None = None
+    step_time_iqr_s: float | None = None
+    warmup_steps: int = 0
+    measured_steps: int = 0
+    peak_bytes: int | None = None
+    limit_bytes: int | None = None
+    wall_s: float = 0.0
+    knobs: dict = field(default_factory=dict)
+    error_type: str | None = None
+    error_message: str | None = None
+    traceback: str | None = None
+    memory_after_bytes: int | None = None
+    baseline_bytes: int | None = None
+    allocator: dict = field(default_factory=dict)
+    log_path: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["config"] = self.config.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ProbeResult:
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs["config"] = Config.from_dict(data["config"])
+        return cls(**kwargs)
+
+    def summary(self) -> str:
+        """One line for logs: 'ok  bf16 b=64  812.3 samples/s  peak 1.21 GiB'."""
+        from autofit.units import format_size
+
+        line = f"{self.status:<8} {self.config.label():<24}"
+        if self.samples_per_s is not None:
+            line += f" {self.samples_per_s:10.1f} samples/s"
+        if self.peak_bytes is not None:
+            line += f"  peak {format_size(self.peak_bytes)}"
+        if self.limit_bytes is not None:
+            line += f" of {format_size(self.limit_bytes)}"
+        if self.error_message and self.status != "ok":
+            line += f"  ({self.error_type}: {self.error_message.splitlines()[0][:120]})"
+        return line

@@ -1,0 +1,68 @@
+"""One candidate training configuration, and the precisions autofit knows."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from autofit.errors import UsageError
+
+#: Precisions in order of preference when throughput ties: fewer numerical surprises first.
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The settings one probe (or the real run) trains under."""
+
+    batch_size: int
+    """Micro-batch: samples per forward/backward. Larger is faster until memory runs out."""
+    precision: str = "fp32"
+    """fp32, tf32 (TF32 matmuls, CUDA only), bf16 or fp16 (autocast; fp16 adds loss scaling)."""
+    checkpoint_segments: int = 0
+    """Blocks that recompute activations in backward: less memory, more compute."""
+    accumulation_steps: int = 1
+    """Micro-batches per optimizer step: keeps the global batch while the micro-batch shrinks."""
+
+    def __post_init__(self) -> None:
+        check_precision(self.precision)
+        if self.batch_size < 1:
+            raise UsageError(f"The batch size must be at least 1, but got {self.batch_size}.")
+        if self.accumulation_steps < 1:
+            raise UsageError(
+                f"The accumulation steps must be at least 1, but got {self.accumulation_steps}."
+            )
+        if self.checkpoint_segments < 0:
+            raise UsageError(
+                f"The checkpoint segments must be 0 or more, but got {self.checkpoint_segments}."
+            )
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.accumulation_steps
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Config:
+        return cls(
+            batch_size=int(data["batch_size"]),
+            precision=str(data.get("precision", "fp32")),
+            checkpoint_segments=int(data.get("checkpoint_segments", 0)),
+            accumulation_steps=int(data.get("accumulation_steps", 1)),
+        )
+
+    def label(self) -> str:
+        """Short human form: 'bf16 b=64 ckpt=2 acc=4'."""
+        parts = [self.precision, f"b={self.batch_size}"]
+        if self.checkpoint_segments:
+            parts.append(f"ckpt={self.checkpoint_segments}")
+        if self.accumulation_steps > 1:
+            parts.append(f"acc={self.accumulation_steps}")
+        return " ".join(parts)
+
+
+def check_precision(name: str) -> str:
+    if name not in PRECISIONS:
+        raise UsageError(f"The precision must be one of {', '.join(PRECISIONS)}, but got {name!r}.")
+    return name

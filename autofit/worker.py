@@ -1,0 +1,275 @@
+"""The supervisor of the probe process: starts it, times probes out, survives its crashes.
+
+Model memory never enters the searching process: every probe runs in a child that keeps torch and
+the user's module loaded. A probe past its timeout is killed (`timeout`); a child that dies is
+reported (`crashed`) and replaced on the next probe; a child whose memory does not return to its
+baseline after a probe is replaced before the next one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from autofit.errors import AutofitError, UsageError, UserCodeError
+from autofit.record import ProbeResult
+from autofit.space import Config
+from autofit.units import format_size
+
+#: Fixed mmap threshold: large tensors get their own mapping and go back to the OS when freed,
+#: so the worker's memory returns to its baseline between probes (glibc's adaptive threshold
+#: would otherwise keep freed activations on the heap).
+_WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": str(256 * 1024), "PYTHONUNBUFFERED": "1"}
+
+
+@dataclass
+class WorkerInfo:
+    """What the worker reported once torch and the user's script were loaded."""
+
+    function: str
+    options: dict | None
+    device: dict
+    precisions: list[str]
+    baseline_bytes: int
+    limit_bytes: int | None
+    versions: dict
+    load_s: float
+    pid: int
+
+
+class WorkerStartError(AutofitError):
+    """The worker could not load the script (an error in it, or bad input)."""
+
+    def __init__(self, message: str, traceback: str | None = None) -> None:
+        super().__init__(message)
+        self.traceback = traceback
+
+
+class Worker:
+    """One persistent probe process for one script, device and memory limit."""
+
+    def __init__(
+        self,
+        script: str,
+        function: str | None = None,
+        *,
+        device: str = "cpu",
+        index: int = 0,
+        memory_limit: int | None = None,
+        log_dir: str | None = None,
+        load_timeout: float = 300.0,
+        leak_tolerance: int | None = None,
+    ) -> None:
+        self.script = os.path.abspath(script)
+        self.function = function
+        self.device = device
+        self.index = index
+        self.memory_limit = memory_limit
+        self.log_dir = log_dir
+        self.load_timeout = load_timeout
+        self.leak_tolerance = leak_tolerance
+        self.info: WorkerInfo | None = None
+        self.starts = 0
+        self._proc: subprocess.Popen | None = None
+        self._conn: Connection | None = None
+
+    # --- life cycle ---------------------------------------------------------------------------
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> WorkerInfo:
+        """Start the process and load the script; raises UsageError/WorkerStartError on bad input."""
+        self.close()
+        parent_sock, child_sock = socket.socketpair()
+        log = self._log_path("worker.log")
+        env = {**os.environ, **_WORKER_ENV}
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "autofit._worker_process", str(child_sock.fileno())],
+            pass_fds=(child_sock.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,  # Ctrl-C in the terminal reaches the supervisor only
+        )
+        child_sock.close()
+        self._conn = Connection(parent_sock.detach())
+        self.starts += 1
+        reply = self._call(
+            {"op": "load", "script": self.script, "function": self.function, "device": self.device,
+             "index": self.index, "memory_limit": self.memory_limit, "log_path": log},
+            self.load_timeout,
+        )
+        if reply is None:
+            code = self._reap()
+            self.close()
+            raise WorkerStartError(
+                f"The worker died while loading {self.script} ({_describe_exit(code)}); "
+                f"see {log}" if log else f"The worker died while loading {self.script} ({_describe_exit(code)})."
+            )
+        if not reply["ok"]:
+            self.close()
+            if reply["kind"] == "usage":
+                raise UsageError(reply["message"])
+            raise WorkerStartError(
+                f"The script {os.path.basename(self.script)} failed while loading: {reply['message']}",
+                reply.get("traceback"),
+            )
+        self.info = WorkerInfo(**{k: reply[k] for k in WorkerInfo.__dataclass_fields__})
+        return self.info
+
+    def close(self) -> None:
+        """Stop the process (politely, then by force)."""
+        if self._conn is not None:
+            try:
+                if self.alive:
+                    self._conn.send({"op": "exit"})
+            except OSError:
+                pass
+            self._conn.close()
+            self._conn = None
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._kill()
+            self._proc = None
+
+    # --- probes -------------------------------------------------------------------------------
+    def probe(
+        self,
+        config: Config,
+        *,
+        warmup: int = 2,
+        steps: int = 5,
+        timeout: float = 300.0,
+        log_path: str | None = None,
+    ) -> ProbeResult:
+        """Run one probe. Every outcome of the user's code is a status; only bad input raises."""
+        if not self.alive:
+            self.start()
+        started = time.perf_counter()
+        reply = self._call(
+            {"op": "probe", "config": config.to_dict(), "warmup": warmup, "steps": steps,
+             "log_path": log_path},
+            timeout,
+        )
+        wall = time.perf_counter() - started
+        if reply is None:
+            return self._dead_result(config, wall, timeout, log_path)
+        if not reply["ok"]:
+            if reply["kind"] == "usage":
+                raise UsageError(reply["message"])
+            raise UserCodeError(f"autofit's worker failed: {reply['message']}\n{reply.get('traceback', '')}")
+        result = ProbeResult.from_dict(reply["result"])
+        result.log_path = log_path
+        self._replace_if_leaking(result)
+        return result
+
+    def _dead_result(self, config: Config, wall: float, timeout: float, log_path: str | None) -> ProbeResult:
+        timed_out = self.alive
+        if timed_out:
+            self._kill()
+        code = self._reap()
+        self.close()
+        tail = _tail(log_path)
+        if timed_out:
+            return ProbeResult(
+                status="timeout", config=config, wall_s=wall, limit_bytes=self.memory_limit,
+                error_type="Timeout",
+                error_message=f"The probe did not finish within {timeout:.0f}s and was killed; "
+                              f"raise --probe-timeout if one step is really that slow.",
+                traceback=tail, log_path=log_path,
+            )
+        return ProbeResult(
+            status="crashed", config=config, wall_s=wall, limit_bytes=self.memory_limit,
+            error_type="WorkerCrashed",
+            error_message=f"The worker died during the probe ({_describe_exit(code)}); "
+                          f"a fresh worker runs the next probe.",
+            traceback=tail, log_path=log_path,
+        )
+
+    def _replace_if_leaking(self, result: ProbeResult) -> None:
+        if self.info is None or result.memory_after_bytes is None:
+            return
+        tolerance = self.leak_tolerance
+        if tolerance is None:
+            tolerance = max(128 * 2**20, int(0.1 * (self.memory_limit or 0)))
+        growth = result.memory_after_bytes - self.info.baseline_bytes
+        if growth > tolerance:
+            result.notes.append(
+                f"worker memory stayed {format_size(growth)} above its baseline after the probe "
+                f"(a leak in the training function?); the worker was replaced"
+            )
+            self.close()
+
+    # --- plumbing -----------------------------------------------------------------------------
+    def _call(self, msg: dict, timeout: float) -> dict | None:
+        """Send a request; the reply, or None if the worker died or ran past `timeout`."""
+        assert self._conn is not None
+        try:
+            self._conn.send(msg)
+            if not self._conn.poll(timeout):
+                return None
+            return self._conn.recv()
+        except (EOFError, OSError):
+            return None
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)  # its own session: children go too
+            except ProcessLookupError:
+                pass
+            self._proc.wait()
+
+    def _reap(self) -> int | None:
+        if self._proc is None:
+            return None
+        try:
+            return self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._kill()
+            return self._proc.returncode
+
+    def _log_path(self, name: str) -> str | None:
+        if self.log_dir is None:
+            return None
+        os.makedirs(self.log_dir, exist_ok=True)
+        return os.path.join(self.log_dir, name)
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "exit status unknown"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def _tail(path: str | None, lines: int = 30) -> str | None:
+    if not path or not os.path.exists(path):
+        return None
+    with open(path, errors="replace") as handle:
+        return "".join(handle.readlines()[-lines:]) or None
