@@ -79,6 +79,7 @@ class Worker:
         self.starts = 0
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
+        self._timed_out = False
 
     # --- life cycle ---------------------------------------------------------------------------
     def __enter__(self) -> Worker:
@@ -185,7 +186,7 @@ class Worker:
         return result
 
     def _dead_result(self, config: Config, wall: float, timeout: float, log_path: str | None) -> ProbeResult:
-        timed_out = self.alive
+        timed_out = self._timed_out
         if timed_out:
             self._kill()
         code = self._reap()
@@ -225,9 +226,11 @@ class Worker:
     def _call(self, msg: dict, timeout: float) -> dict | None:
         """Send a request; the reply, or None if the worker died or ran past `timeout`."""
         assert self._conn is not None
+        self._timed_out = False
         try:
             self._conn.send(msg)
             if not self._conn.poll(timeout):
+                self._timed_out = True
                 return None
             return self._conn.recv()
         except (EOFError, OSError):

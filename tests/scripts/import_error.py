@@ -1,0 +1,3 @@
+from autofit import autofit
+
+raise RuntimeError("this script is broken at import")

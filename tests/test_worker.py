@@ -1,0 +1,125 @@
+"""Real probes in a real worker process on CPU under a real RLIMIT_DATA memory limit."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from autofit.errors import UsageError
+from autofit.space import Config
+from autofit.worker import Worker, WorkerStartError
+from conftest import script
+
+LIMIT = 768 * 2**20
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with Worker(script("fits_small.py"), memory_limit=LIMIT) as w:
+        w.start()
+        yield w
+
+
+def test_fitting_config_reports_throughput_and_peak_below_limit(worker):
+    result = worker.probe(Config(batch_size=8), timeout=60)
+    assert result.status == "ok", result.error_message
+    assert result.samples_per_s > 0
+    assert result.measured_steps == 5
+    assert result.step_time_median_s > 0
+    assert 0 < result.peak_bytes < LIMIT
+    assert result.limit_bytes == LIMIT
+    assert result.knobs["autocast"] and result.knobs["backward"] and result.knobs["checkpoint_blocks"] == 4
+
+
+def test_oversize_config_is_oom_and_the_same_worker_runs_the_next_probe(worker):
+    pid = worker.pid
+    result = worker.probe(Config(batch_size=1024), timeout=60)
+    assert result.status == "oom"
+    assert "can't allocate memory" in result.error_message or result.error_type == "MemoryError"
+    assert result.memory_after_bytes - result.baseline_bytes < 128 * 2**20  # back to its baseline
+    again = worker.probe(Config(batch_size=8), timeout=60)
+    assert again.status == "ok"
+    assert worker.pid == pid  # no restart was needed
+
+
+def test_peak_grows_with_batch_size(worker):
+    peaks = [worker.probe(Config(batch_size=b), timeout=60).peak_bytes for b in (4, 32, 96)]
+    assert peaks[0] < peaks[1] < peaks[2]
+    assert peaks[2] - peaks[0] > 92 * 2**20  # >= 1 MiB per extra sample, as the script allocates
+
+
+def test_user_exception_is_error_with_the_users_traceback():
+    with Worker(script("raises.py")) as w:
+        result = w.probe(Config(batch_size=3), timeout=60)
+    assert result.status == "error"
+    assert result.error_type == "ValueError"
+    assert "bad shape 3" in result.error_message
+    assert "helper_that_fails" in result.traceback and "raises.py" in result.traceback
+    assert "autofit/probe.py" not in result.traceback
+
+
+def test_hang_is_killed_at_the_timeout():
+    with Worker(script("hangs.py")) as w:
+        w.start()
+        started = time.perf_counter()
+        result = w.probe(Config(batch_size=1), timeout=2)
+        assert result.status == "timeout"
+        assert time.perf_counter() - started < 10
+        assert not w.alive
+
+
+def test_segfault_is_crashed_and_the_next_probe_works(tmp_path):
+    with Worker(script("crashes.py")) as w:
+        w.start()
+        first_pid = w.pid
+        log = str(tmp_path / "probe.log")
+        result = w.probe(Config(batch_size=8), timeout=60, log_path=log)
+        assert result.status == "crashed"
+        assert "SIGSEGV" in result.error_message
+        assert "Segmentation fault" in (result.traceback or "")  # faulthandler's report from the log
+        after = w.probe(Config(batch_size=2), timeout=60)
+        assert after.status == "ok"
+        assert w.pid != first_pid
+
+
+def test_worker_killed_from_outside_is_crashed():
+    with Worker(script("hangs.py")) as w:
+        w.start()
+        threading.Timer(1.0, os.kill, (w.pid, signal.SIGKILL)).start()
+        result = w.probe(Config(batch_size=1), timeout=30)
+        assert result.status == "crashed"
+        assert "SIGKILL" in result.error_message
+
+
+def test_nan_loss_is_diverged():
+    with Worker(script("diverges.py")) as w:
+        result = w.probe(Config(batch_size=2), timeout=60)
+    assert result.status == "diverged"
+
+
+def test_leaking_worker_is_replaced_before_the_next_probe():
+    with Worker(script("leaks.py"), leak_tolerance=100 * 2**20) as w:
+        w.start()
+        pid = w.pid
+        result = w.probe(Config(batch_size=2), timeout=60)
+        assert result.status == "ok"
+        assert any("leak" in note for note in result.notes)
+        assert not w.alive
+        w.probe(Config(batch_size=2), timeout=60)
+        assert w.pid != pid
+
+
+def test_limit_below_baseline_is_a_usage_error():
+    with Worker(script("raises.py"), memory_limit=16 * 2**20) as w:
+        with pytest.raises(UsageError, match="needs just to start"):
+            w.start()
+
+
+def test_script_failing_at_import_is_reported_with_its_traceback():
+    with Worker(script("import_error.py")) as w:
+        with pytest.raises(WorkerStartError, match="broken at import") as info:
+            w.start()
+    assert "import_error.py" in info.value.traceback
