@@ -1,0 +1,33 @@
+"""What the planner knows of one probed (or claimed) config: a plain record, free of Optuna."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autofit.space import Config
+
+FAILED_STATUSES = ("error", "diverged", "timeout", "crashed")
+
+
+@dataclass(frozen=True)
+class Observation:
+    config: Config
+    status: str  # a ProbeResult status, or "running" for a config a parallel worker is probing
+    peak_bytes: int | None = None
+    samples_per_s: float | None = None
+    wall_s: float = 0.0
+    phase: str = "explore"  # explore, remeasure or confirm
+
+    def fits(self, usable_bytes: float) -> bool:
+        """Ran its steps with its peak inside the usable memory."""
+        return self.status == "ok" and (self.peak_bytes is None or self.peak_bytes <= usable_bytes)
+
+    def too_big(self, usable_bytes: float) -> bool:
+        """Out of memory, or ran but crossed into the headroom: larger configs cannot fit either."""
+        return self.status == "oom" or (
+            self.status == "ok" and self.peak_bytes is not None and self.peak_bytes > usable_bytes
+        )
+
+    @property
+    def failed(self) -> bool:
+        return self.status in FAILED_STATUSES

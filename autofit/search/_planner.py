@@ -1,0 +1,395 @@
+"""autofit's search strategy: which config to probe next, from what the probes so far say.
+
+Pure logic over `Observation`s (no Optuna, no torch), so the live search, parallel workers and the
+benchmark's replays all run the same decisions. The rules, in order:
+
+1. Memory is monotone: within one precision, peak memory rises with micro-batch and falls with more
+   checkpointed blocks. An OOM (or a peak inside the headroom) at batch b implies the same at every
+   larger batch with as many or fewer checkpointed blocks; a fit implies fits below. Implied answers
+   are never probed.
+2. A memory model per strategy (peak = a + m*batch, fitted from the peaks measured, bounded below by
+   the OOMs) jumps straight to the largest batch predicted to fit, instead of doubling from 1. When
+   the model, fitted on two or more points, predicts that the next batch would cross the usable
+   memory by more than its own error, that batch is not probed.
+3. A throughput model per strategy (time per micro-batch = c0 + c1*batch) bounds what a strategy can
+   reach: strategies (and the rest of a bracket) that cannot beat the best so far are skipped;
+   checkpointing, which only adds compute, is bounded by its precision's model without it.
+4. Throughput is noisy and not always monotone: the neighbours of the best batch are probed before
+   the search ends, climbing while they improve.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autofit.search._models import Line, ThroughputModel, fit_line, fit_throughput
+from autofit.search._observation import Observation
+from autofit.search._space import SearchSpace, Strategy
+from autofit.space import Config
+
+#: Prior for how much a strategy's per-sample memory shrinks, relative to fp32 without checkpointing.
+_HALF_PRECISION_SLOPE = 0.6
+_FULL_CHECKPOINT_SLOPE = 0.4
+#: A skipped strategy's optimistic bound must fall this far below the best so far.
+_PRUNE_SLACK = 1.03
+#: Configs within this fraction of the best throughput are ties, won by the lower peak.
+TIE_TOLERANCE = 0.02
+_PILOT_BATCH = 4
+_PILOT_JUMP = 8
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A feasible config with its measured throughput (median over its probes) and peak."""
+
+    config: Config
+    samples_per_s: float
+    peak_bytes: int | None
+    probes: int
+
+
+class Planner:
+    """Chooses the next config to probe. Stateless: every decision is made from the observations."""
+
+    def __init__(self, space: SearchSpace, usable_bytes: float) -> None:
+        self.space = space
+        self.usable = float(usable_bytes)
+
+    # --- public -------------------------------------------------------------------------------
+    def next(self, observations: Sequence[Observation]) -> Config | None:
+        """The next config to probe, or None when the search has nothing left worth probing."""
+        state = _State(self.space, self.usable, observations)
+        if not state.any_observed:
+            return self._pilot()
+        for strategy in self._order(state):
+            if state.strategy_unusable(strategy):
+                continue
+            proposal = self._next_in_strategy(state, strategy)
+            if proposal is not None:
+                return proposal
+        return self._refine_best(state)
+
+    def ranked(self, observations: Sequence[Observation]) -> list[Candidate]:
+        """Feasible configs, best first: throughput, with near-ties broken toward lower peak."""
+        return _State(self.space, self.usable, observations).ranked()
+
+    def best(self, observations: Sequence[Observation]) -> Config | None:
+        ranked = self.ranked(observations)
+        return ranked[0].config if ranked else None
+
+    def is_implied_infeasible(self, config: Config, observations: Sequence[Observation]) -> bool:
+        return _State(self.space, self.usable, observations).implied_too_big(config)
+
+    # --- decisions ----------------------------------------------------------------------------
+    def _pilot(self) -> Config:
+        strategy = self.space.strategies()[0]
+        sizes = self.space.batch_sizes
+        batch = next((b for b in sizes if b >= _PILOT_BATCH), sizes[-1])
+        return self.space.config(strategy, batch)
+
+    def _order(self, state: _State) -> list[Strategy]:
+        """Pilot strategy, then each precision without checkpointing, then checkpointing levels
+        (best precision first, fewest blocks first), then other accumulations."""
+        strategies = self.space.strategies()
+        first_acc = strategies[0].accumulation_steps
+
+        def best_of_precision(p: str) -> float:
+            return max((c.samples_per_s for c in state.ranked() if c.config.precision == p), default=0.0)
+
+        def key(s: Strategy) -> tuple:
+            return (
+                s.accumulation_steps != first_acc,
+                s.checkpoint_segments > 0,
+                -best_of_precision(s.precision) if s.checkpoint_segments else self.space.precisions.index(s.precision),
+                s.checkpoint_segments,
+            )
+
+        return sorted(strategies, key=key)
+
+    def _next_in_strategy(self, state: _State, strategy: Strategy) -> Config | None:
+        """Bracket the largest batch that fits, guided by the memory model; None when resolved."""
+        candidates = state.open_batches(strategy)
+        if not candidates:
+            return None
+        if state.cannot_beat_best(strategy, candidates):
+            return None
+        fit_max = state.fit_max(strategy)
+        memory = state.memory_model(strategy)
+        if memory is None:
+            # Nothing to extrapolate from yet: jump well above the largest known fit.
+            target = (fit_max or self.space.batch_sizes[0]) * _PILOT_JUMP
+            below = [b for b in candidates if b <= target]
+            return self.space.config(strategy, max(below) if below else min(candidates))
+        predicted_max = memory.solve(self.usable)
+        below = [b for b in candidates if b <= predicted_max]
+        if below:
+            return self.space.config(strategy, max(below))
+        # The model says nothing open fits: believe it beyond its margin of error.
+        smallest = min(candidates)
+        if state.model_says_too_big(self.space.config(strategy, smallest)):
+            return None
+        return self.space.config(strategy, smallest)
+
+    def _refine_best(self, state: _State) -> Config | None:
+        """Probe the untried neighbours of the best batch, so a non-monotone peak is not missed."""
+        ranked = state.ranked()
+        if not ranked:
+            return None
+        best = ranked[0].config
+        strategy = self.space.strategy_of(best)
+        sizes = self.space.batch_sizes
+        i = sizes.index(best.batch_size) if best.batch_size in sizes else None
+        if i is None:
+            return None
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(sizes):
+                config = self.space.config(strategy, sizes[j])
+                if not state.tried(config) and not state.implied_too_big(config) and not state.model_says_too_big(config):
+                    return config
+        return None
+
+
+class _State:
+    """What the observations say, indexed for the planner's questions."""
+
+    def __init__(self, space: SearchSpace, usable: float, observations: Sequence[Observation]) -> None:
+        self.space = space
+        self.usable = usable
+        self.observations = list(observations)
+        self.by_config: dict[Config, list[Observation]] = defaultdict(list)
+        for obs in self.observations:
+            self.by_config[obs.config].append(obs)
+        self._ranked: list[Candidate] | None = None
+        self._memory: dict[tuple[str, int], Line | None] = {}
+        max_k = max(space.checkpoint_segments) if space.checkpoint_segments else 0
+        self._max_k = max_k or 1
+
+    @property
+    def any_observed(self) -> bool:
+        return bool(self.observations)
+
+    def tried(self, config: Config) -> bool:
+        return config in self.by_config
+
+    # --- feasibility ----------------------------------------------------------------------------
+    def _done(self) -> list[Observation]:
+        return [o for o in self.observations if o.status != "running"]
+
+    def fit_max(self, strategy: Strategy) -> int | None:
+        """Largest batch known (or implied) to fit: fits with as many or fewer checkpointed blocks."""
+        fits = [
+            o.config.batch_size for o in self._done()
+            if o.config.precision == strategy.precision
+            and o.config.checkpoint_segments <= strategy.checkpoint_segments
+            and o.fits(self.usable)
+        ]
+        return max(fits) if fits else None
+
+    def oom_min(self, strategy: Strategy) -> int | None:
+        """Smallest batch known (or implied) too big: too big with as many or more blocks."""
+        too_big = [
+            o.config.batch_size for o in self._done()
+            if o.config.precision == strategy.precision
+            and o.config.checkpoint_segments >= strategy.checkpoint_segments
+            and o.too_big(self.usable)
+        ]
+        return min(too_big) if too_big else None
+
+    def implied_too_big(self, config: Config) -> bool:
+        bound = self.oom_min(self.space.strategy_of(config))
+        return bound is not None and config.batch_size >= bound
+
+    def open_batches(self, strategy: Strategy) -> list[int]:
+        """Batches whose feasibility is still unknown: between the largest fit and smallest OOM."""
+        low = self.fit_max(strategy) or 0
+        high = self.oom_min(strategy)
+        return [
+            b for b in self.space.batch_sizes
+            if b > low and (high is None or b < high) and not self.tried(self.space.config(strategy, b))
+        ]
+
+    def strategy_unusable(self, strategy: Strategy) -> bool:
+        """A precision whose probes failed twice without one success is not worth more probes."""
+        same = [o for o in self._done() if o.config.precision == strategy.precision]
+        return sum(o.failed for o in same) >= 2 and not any(o.status in ("ok", "oom") for o in same)
+
+    # --- models -------------------------------------------------------------------------------
+    def _peaks(self, precision: str, k: int) -> list[tuple[float, float]]:
+        return [
+            (o.config.batch_size, float(o.peak_bytes)) for o in self._done()
+            if o.status == "ok" and o.peak_bytes and o.config.precision == precision
+            and o.config.checkpoint_segments == k
+        ]
+
+    def model_margin(self, strategy: Strategy) -> float | None:
+        """How far past the usable memory a prediction must land to be believed without a probe.
+
+        Fitted on this strategy's own peaks: its residuals (at least 3%). Through one own peak with a
+        borrowed slope: 15%. With no own peak: never believed.
+        """
+        own = self._peaks(strategy.precision, strategy.checkpoint_segments)
+        line = fit_line(own)
+        if line is not None:
+            return max(0.03, 2 * line.max_rel_residual)
+        return 0.15 if own else None
+
+    def _prior_ratio(self, precision: str, k: int) -> float:
+        ratio = _HALF_PRECISION_SLOPE if precision in ("bf16", "fp16") else 1.0
+        return ratio * (1 - (1 - _FULL_CHECKPOINT_SLOPE) * k / self._max_k)
+
+    def memory_model(self, strategy: Strategy) -> Line | None:
+        """peak = a + m*batch for this precision and checkpoint level.
+
+        Fitted from its own peaks when it has two batch sizes; otherwise borrowed from the nearest
+        fitted strategy with a prior ratio. Raised to agree with every OOM seen.
+        """
+        key = (strategy.precision, strategy.checkpoint_segments)
+        if key in self._memory:
+            return self._memory[key]
+        own = self._peaks(*key)
+        line = fit_line(own)
+        if line is None or line.slope <= 0:
+            line = self._borrowed_line(*key, own)
+        if line is not None:
+            line = self._respect_ooms(line, *key)
+        self._memory[key] = line
+        return line
+
+    def _borrowed_line(self, precision: str, k: int, own: list[tuple[float, float]]) -> Line | None:
+        references = []
+        for p in self.space.precisions:
+            for kk in self.space.checkpoint_segments:
+                ref = fit_line(self._peaks(p, kk))
+                if ref is not None and ref.slope > 0:
+                    distance = (p != precision) * 10 + abs(kk - k)
+                    references.append((distance, p, kk, ref))
+        if not references:
+            return None
+        _, p, kk, ref = min(references, key=lambda r: r[0])
+        slope = ref.slope * self._prior_ratio(precision, k) / self._prior_ratio(p, kk)
+        if own:  # one measured point of its own: keep it on the line
+            b, peak = own[0]
+            return Line(peak - slope * b, slope)
+        return Line(ref.intercept, slope)
+
+    def _respect_ooms(self, line: Line, precision: str, k: int) -> Line:
+        slope = line.slope
+        for o in self._done():
+            if o.status == "oom" and o.config.precision == precision and o.config.checkpoint_segments == k:
+                # It crossed at least the usable memory at this batch.
+                slope = max(slope, (self.usable - line.intercept) / o.config.batch_size)
+        return Line(line.intercept, slope, line.max_rel_residual, line.points)
+
+    def model_says_too_big(self, config: Config) -> bool:
+        strategy = self.space.strategy_of(config)
+        margin = self.model_margin(strategy)
+        line = self.memory_model(strategy)
+        return margin is not None and line is not None and line(config.batch_size) > self.usable * (1 + margin)
+
+    def throughput_model(self, strategy: Strategy) -> ThroughputModel | None:
+        points = [
+            (c.config.batch_size, c.samples_per_s) for c in self._measured()
+            if self.space.strategy_of(c.config) == strategy
+        ]
+        return fit_throughput(points)
+
+    def _points(self, strategy: Strategy) -> list[tuple[int, float]]:
+        return [
+            (c.config.batch_size, c.samples_per_s) for c in self._measured()
+            if self.space.strategy_of(c.config) == strategy
+        ]
+
+    def estimate_throughput(self, strategy: Strategy, batch: int) -> float | None:
+        """Best guess of samples/s at `batch`, or None when nothing comparable was measured.
+
+        Own model with two sizes; with one, another strategy's curve through that point; with none,
+        for checkpointing, its precision without checkpointing times the slowdown checkpointing
+        showed elsewhere (it only adds compute).
+        """
+        own = self._points(strategy)
+        model = fit_throughput(own)
+        if model is not None and model.line.slope > 0:
+            return min(model(batch), model.ceiling)
+        reference = self._reference_model(strategy)
+        if own:
+            b1, t1 = own[0]
+            if reference is None:
+                return t1 if batch <= b1 else None
+            return t1 * reference(batch) / reference(b1)
+        if strategy.checkpoint_segments:
+            base = Strategy(strategy.precision, 0, strategy.accumulation_steps)
+            estimate = self.estimate_throughput(base, batch)
+            return estimate * self._checkpoint_slowdown(strategy) if estimate is not None else None
+        return None
+
+    def _reference_model(self, strategy: Strategy) -> ThroughputModel | None:
+        """The fitted curve of the most similar strategy (same precision first)."""
+        best = None
+        for other in self.space.strategies():
+            if other == strategy:
+                continue
+            model = fit_throughput(self._points(other))
+            if model is None or model.line.slope <= 0:
+                continue
+            distance = (other.precision != strategy.precision) * 100 + abs(
+                other.checkpoint_segments - strategy.checkpoint_segments
+            ) + (other.accumulation_steps != strategy.accumulation_steps) * 10
+            if best is None or distance < best[0]:
+                best = (distance, model)
+        return best[1] if best else None
+
+    def _checkpoint_slowdown(self, strategy: Strategy) -> float:
+        """Smallest measured ratio (checkpointed / not) for as many or fewer blocks; 1.0 if unseen."""
+        ratios = [1.0]
+        for c in self._measured():
+            k = c.config.checkpoint_segments
+            if 0 < k <= strategy.checkpoint_segments:
+                base = self.estimate_throughput(
+                    Strategy(c.config.precision, 0, self.space.strategy_of(c.config).accumulation_steps),
+                    c.config.batch_size,
+                )
+                if base:
+                    ratios.append(min(1.0, c.samples_per_s / base))
+        return min(ratios)
+
+    def cannot_beat_best(self, strategy: Strategy, open_batches: list[int]) -> bool:
+        """True when even the best open batch of `strategy` is bounded below the best so far."""
+        ranked = self.ranked()
+        if not ranked:
+            return False
+        memory = self.memory_model(strategy)
+        reachable = [b for b in open_batches if memory is None or memory(b) <= self.usable]
+        largest = max(reachable) if reachable else min(open_batches)
+        estimate = self.estimate_throughput(strategy, largest)
+        return estimate is not None and estimate * _PRUNE_SLACK < ranked[0].samples_per_s
+
+    # --- results --------------------------------------------------------------------------------
+    def _measured(self) -> list[Candidate]:
+        """Every config that ran its steps (inside the headroom or not), with median throughput."""
+        out = []
+        for config, obs in self.by_config.items():
+            ok = [o for o in obs if o.status == "ok" and o.samples_per_s]
+            if ok:
+                peaks = [o.peak_bytes for o in ok if o.peak_bytes is not None]
+                out.append(Candidate(config, statistics.median(o.samples_per_s for o in ok),
+                                     max(peaks) if peaks else None, len(ok)))
+        return out
+
+    def ranked(self) -> list[Candidate]:
+        if self._ranked is None:
+            feasible = [
+                c for c in self._measured()
+                if not any(o.too_big(self.usable) or o.failed for o in self.by_config[c.config])
+            ]
+            feasible.sort(key=lambda c: -c.samples_per_s)
+            if feasible:
+                top = feasible[0].samples_per_s
+                ties = [c for c in feasible if c.samples_per_s >= top * (1 - TIE_TOLERANCE)]
+                rest = [c for c in feasible if c not in ties]
+                ties.sort(key=lambda c: (c.peak_bytes or 0, -c.samples_per_s))
+                feasible = ties + rest
+            self._ranked = feasible
+        return self._ranked

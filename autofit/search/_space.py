@@ -1,0 +1,134 @@
+"""The search space: which micro-batches, precisions, checkpoint levels and accumulations to consider."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autofit.errors import UsageError
+from autofit.space import PRECISIONS, Config
+
+#: Precisions ranked by the memory their activations take (higher = more memory).
+MEMORY_RANK = {"fp32": 2, "tf32": 2, "bf16": 1, "fp16": 1}
+
+
+def nice_batch_sizes(low: int, high: int) -> list[int]:
+    """Powers of two and 1.5x powers of two in [low, high], plus both ends: ~2 sizes per octave."""
+    values = {low, high}
+    power = 1
+    while power <= high:
+        for v in (power, power * 3 // 2):
+            if low <= v <= high:
+                values.add(v)
+        power *= 2
+    return sorted(values)
+
+
+def divisors_in(n: int, low: int, high: int) -> list[int]:
+    return [d for d in range(max(1, low), min(n, high) + 1) if n % d == 0]
+
+
+def checkpoint_levels(blocks: int | None) -> list[int]:
+    """0, about a quarter, half, and all of the blocks (distinct values)."""
+    if not blocks:
+        return [0]
+    return sorted({0, max(1, round(blocks / 4)), max(1, round(blocks / 2)), blocks})
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """Everything but the micro-batch: within one strategy, memory rises with batch size."""
+
+    precision: str
+    checkpoint_segments: int = 0
+    accumulation_steps: int | None = None  # None: derived from the global batch
+
+    def label(self) -> str:
+        text = self.precision + (f" ckpt={self.checkpoint_segments}" if self.checkpoint_segments else "")
+        if self.accumulation_steps and self.accumulation_steps > 1:
+            text += f" acc={self.accumulation_steps}"
+        return text
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Batch sizes × strategies, with the global-batch rule applied."""
+
+    batch_sizes: tuple[int, ...]
+    precisions: tuple[str, ...]
+    checkpoint_segments: tuple[int, ...] = (0,)
+    accumulations: tuple[int, ...] = (1,)
+    global_batch: int | None = None
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        batch_range: tuple[int, int],
+        precisions: tuple[str, ...],
+        checkpoint_blocks: int | None = None,
+        use_checkpoint: bool = True,
+        global_batch: int | None = None,
+        accumulations: tuple[int, ...] | None = None,
+    ) -> SearchSpace:
+        low, high = batch_range
+        if global_batch is not None:
+            sizes = divisors_in(global_batch, low, high)
+            if not sizes:
+                raise UsageError(
+                    f"The global batch must be divisible by a batch size in {low}:{high}, "
+                    f"but {global_batch} has no divisor there."
+                )
+            accumulations = (1,)
+        else:
+            sizes = nice_batch_sizes(low, high)
+        if not precisions:
+            raise UsageError("The precision list must not be empty.")
+        levels = checkpoint_levels(checkpoint_blocks) if use_checkpoint else [0]
+        return cls(
+            batch_sizes=tuple(sizes),
+            precisions=tuple(p for p in PRECISIONS if p in precisions),
+            checkpoint_segments=tuple(levels),
+            accumulations=tuple(sorted(set(accumulations or (1,)))),
+            global_batch=global_batch,
+        )
+
+    def strategies(self) -> list[Strategy]:
+        accs = (None,) if self.global_batch else self.accumulations
+        return [Strategy(p, k, a) for p in self.precisions for k in self.checkpoint_segments for a in accs]
+
+    def config(self, strategy: Strategy, batch_size: int) -> Config:
+        if self.global_batch:
+            accumulation = self.global_batch // batch_size
+        else:
+            accumulation = strategy.accumulation_steps or 1
+        return Config(batch_size=batch_size, precision=strategy.precision,
+                      checkpoint_segments=strategy.checkpoint_segments, accumulation_steps=accumulation)
+
+    def configs(self) -> list[Config]:
+        return [self.config(s, b) for s in self.strategies() for b in self.batch_sizes]
+
+    def strategy_of(self, config: Config) -> Strategy:
+        acc = None if self.global_batch else config.accumulation_steps
+        return Strategy(config.precision, config.checkpoint_segments, acc)
+
+    def contains(self, config: Config) -> bool:
+        return config in set(self.configs())
+
+    def to_dict(self) -> dict:
+        return {
+            "batch_sizes": list(self.batch_sizes),
+            "precisions": list(self.precisions),
+            "checkpoint_segments": list(self.checkpoint_segments),
+            "accumulations": list(self.accumulations),
+            "global_batch": self.global_batch,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SearchSpace:
+        return cls(
+            batch_sizes=tuple(data["batch_sizes"]),
+            precisions=tuple(data["precisions"]),
+            checkpoint_segments=tuple(data.get("checkpoint_segments", (0,))),
+            accumulations=tuple(data.get("accumulations", (1,))),
+            global_batch=data.get("global_batch"),
+        )
