@@ -106,6 +106,68 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
 
 
 @cli.command()
+@click.argument("target")
+@_device_options
+@click.option("--budget", type=DURATION, default="20m", show_default=True,
+              help="Wall-clock budget for the whole search: 20m, 1h30m, 90s.")
+@click.option("--trials", type=click.IntRange(min=1), default=None, help="Stop after this many probes.")
+@click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True,
+              help="Fraction of the limit kept free: feasible means peak <= limit x (1 - headroom).")
+@click.option("--global-batch", type=click.IntRange(min=1), default=None,
+              help="Keep micro-batch x accumulation equal to this; accumulation is derived.")
+@click.option("--batch-size", "batch_range", type=INT_RANGE, default=None, help="Micro-batch range MIN:MAX.")
+@click.option("--precision", type=PRECISION_LIST, default=None,
+              help="Precisions to consider, e.g. fp32,bf16 (default: what the device supports).")
+@click.option("--accumulation", type=INT_LIST, default=None,
+              help="Accumulation steps to consider without --global-batch, e.g. 1,2,4.")
+@click.option("--study", default=None, help="Study name (default: SCRIPT.FUNCTION-DEVICE).")
+@click.option("--storage", default=None, help="Optuna storage URL (default: sqlite:///studies/autofit.db).")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Where to write the best-config JSON (default: studies/SCRIPT.FUNCTION.best.json).")
+@click.option("--fresh", is_flag=True, help="Delete the study's earlier trials and start over.")
+@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True, help="Measured steps per probe.")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Warm-up steps per probe.")
+@click.option("--probe-timeout", type=DURATION, default=None,
+              help="Kill a probe after this long (default: derived from the budget and earlier probes).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
+@click.option("-v", "--verbose", is_flag=True, help="A line when each probe starts, and the search space.")
+def search(target: str, device: str | None, gpu: int | None, memory_limit: int | None, budget: float,
+           trials: int | None, headroom: float, global_batch: int | None, batch_range, precision,
+           accumulation, study: str | None, storage: str | None, out: str | None, fresh: bool,
+           steps: int, warmup: int, probe_timeout: float | None, as_json: bool, quiet: bool,
+           verbose: bool) -> None:
+    """Search the fastest config of TARGET that fits, within a time budget, and export it.
+
+    TARGET is a script with one @autofit function, or SCRIPT:FUNCTION. Running the same command
+    again resumes the study; --fresh starts over. Exit status 0 with a winner, 1 when nothing
+    fits or the function fails on every probe, 2 for bad input, 130 when interrupted.
+    """
+    from autofit.discover import parse_target
+    from autofit.search import Reporter, SearchSettings, run_search
+    from autofit.search_report import describe_search
+
+    script, function = parse_target(target)
+    device, index = _resolve_device(device, gpu)
+    settings = SearchSettings(
+        script=script, function=function, device=device, index=index, memory_limit=memory_limit,
+        headroom=headroom, budget_s=budget, trials=trials, global_batch=global_batch,
+        batch_size=batch_range, precision=precision, accumulation=accumulation, study=study,
+        storage=storage, out=out, fresh=fresh, warmup=warmup, steps=steps, probe_timeout=probe_timeout,
+    )
+    reporter = Reporter(quiet=quiet or as_json, verbose=verbose)
+    result = run_search(settings, reporter)
+    if as_json:
+        click.echo(json.dumps({"best": result.document, "path": result.json_path, "probes": result.probes,
+                               "oom": result.ooms, "failed": result.failed, "stopped": result.stopped,
+                               "partial": result.partial}, indent=2))
+    else:
+        click.echo(describe_search(result))
+    if result.partial:
+        sys.exit(130)
+
+
+@cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the devices as JSON.")
 def devices(as_json: bool) -> None:
     """List the devices autofit can probe on, with their memory."""

@@ -37,6 +37,8 @@ _FULL_CHECKPOINT_SLOPE = 0.4
 _PRUNE_SLACK = 1.03
 #: Configs within this fraction of the best throughput are ties, won by the lower peak.
 TIE_TOLERANCE = 0.02
+#: Prior slowdown of checkpointing every block (it recomputes the forward pass); measured values win.
+_CHECKPOINT_SLOWDOWN = 0.2
 _PILOT_BATCH = 4
 _PILOT_JUMP = 8
 
@@ -116,22 +118,35 @@ class Planner:
             return None
         if state.cannot_beat_best(strategy, candidates):
             return None
-        fit_max = state.fit_max(strategy)
+        own = state.peaks(strategy)
+        if not own:
+            return self.space.config(strategy, self._first_batch(state, strategy, candidates))
         memory = state.memory_model(strategy)
         if memory is None:
-            # Nothing to extrapolate from yet: jump well above the largest known fit.
-            target = (fit_max or self.space.batch_sizes[0]) * _PILOT_JUMP
+            # One point and nothing to borrow an intercept from: jump well above it.
+            target = (state.fit_max(strategy) or self.space.batch_sizes[0]) * _PILOT_JUMP
             below = [b for b in candidates if b <= target]
             return self.space.config(strategy, max(below) if below else min(candidates))
         predicted_max = memory.solve(self.usable)
         below = [b for b in candidates if b <= predicted_max]
         if below:
             return self.space.config(strategy, max(below))
-        # The model says nothing open fits: believe it beyond its margin of error.
         smallest = min(candidates)
         if state.model_says_too_big(self.space.config(strategy, smallest)):
-            return None
+            return None  # the model, beyond its margin of error, says nothing open fits
         return self.space.config(strategy, smallest)
+
+    def _first_batch(self, state: _State, strategy: Strategy, candidates: list[int]) -> int:
+        """A strategy's first probe is an anchor, not a leap: it measures where OOM is unlikely.
+
+        With checkpointing: just above the largest batch already implied to fit. A new precision:
+        the largest batch another precision fits, where the two compare directly.
+        """
+        if strategy.checkpoint_segments or state.fit_max(strategy):
+            return min(candidates)
+        anchor = max((c.config.batch_size for c in state.ranked() if not c.config.checkpoint_segments), default=None)
+        below = [b for b in candidates if anchor is not None and b <= anchor]
+        return max(below) if below else min(candidates)
 
     def _refine_best(self, state: _State) -> Config | None:
         """Probe the untried neighbours of the best batch, so a non-monotone peak is not missed."""
@@ -217,6 +232,9 @@ class _State:
         return sum(o.failed for o in same) >= 2 and not any(o.status in ("ok", "oom") for o in same)
 
     # --- models -------------------------------------------------------------------------------
+    def peaks(self, strategy: Strategy) -> list[tuple[float, float]]:
+        return self._peaks(strategy.precision, strategy.checkpoint_segments)
+
     def _peaks(self, precision: str, k: int) -> list[tuple[float, float]]:
         return [
             (o.config.batch_size, float(o.peak_bytes)) for o in self._done()
@@ -270,8 +288,10 @@ class _State:
             return None
         _, p, kk, ref = min(references, key=lambda r: r[0])
         slope = ref.slope * self._prior_ratio(precision, k) / self._prior_ratio(p, kk)
-        if own:  # one measured point of its own: keep it on the line
-            b, peak = own[0]
+        if own:  # one peak of its own: the borrowed intercept (weights, optimizer) through it
+            b, peak = max(own)
+            if peak > ref.intercept:
+                return Line(ref.intercept, (peak - ref.intercept) / b)
             return Line(peak - slope * b, slope)
         return Line(ref.intercept, slope)
 
@@ -343,7 +363,7 @@ class _State:
 
     def _checkpoint_slowdown(self, strategy: Strategy) -> float:
         """Smallest measured ratio (checkpointed / not) for as many or fewer blocks; 1.0 if unseen."""
-        ratios = [1.0]
+        ratios = []
         for c in self._measured():
             k = c.config.checkpoint_segments
             if 0 < k <= strategy.checkpoint_segments:
@@ -353,7 +373,7 @@ class _State:
                 )
                 if base:
                     ratios.append(min(1.0, c.samples_per_s / base))
-        return min(ratios)
+        return min(ratios) if ratios else 1 - _CHECKPOINT_SLOWDOWN * strategy.checkpoint_segments / self._max_k
 
     def cannot_beat_best(self, strategy: Strategy, open_batches: list[int]) -> bool:
         """True when even the best open batch of `strategy` is bounded below the best so far."""

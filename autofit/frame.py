@@ -1,0 +1,53 @@
+"""A study as a pandas DataFrame, one row per probe: what the CLI table, reports and notebook share."""
+
+from __future__ import annotations
+
+import pandas as pd
+from optuna.trial import FrozenTrial
+
+from autofit.search._study import trial_config, trial_result
+
+COLUMNS = {
+    "trial": "int64", "phase": "string", "status": "string", "precision": "string",
+    "batch_size": "int64", "checkpoint_segments": "int64", "accumulation_steps": "int64",
+    "global_batch": "int64", "samples_per_s": "float64", "tokens_per_s": "float64",
+    "step_time_median_s": "float64", "peak_bytes": "Int64", "limit_bytes": "Int64",
+    "usable_bytes": "Int64", "peak_fraction": "float64", "feasible": "boolean", "wall_s": "float64",
+    "error": "string", "log_path": "string", "started": "datetime64[ns]",
+}
+
+
+def trials_frame(trials: list[FrozenTrial], usable_bytes: float | None) -> pd.DataFrame:
+    """Probes of a study with typed columns (see COLUMNS); trials without a probe are left out."""
+    rows = []
+    for trial in trials:
+        config, result = trial_config(trial), trial_result(trial)
+        if config is None or result is None:
+            continue
+        feasible = result.status == "ok" and (
+            usable_bytes is None or result.peak_bytes is None or result.peak_bytes <= usable_bytes
+        )
+        rows.append({
+            "trial": trial.number,
+            "phase": trial.user_attrs.get("phase", "explore"),
+            "status": result.status,
+            "precision": config.precision,
+            "batch_size": config.batch_size,
+            "checkpoint_segments": config.checkpoint_segments,
+            "accumulation_steps": config.accumulation_steps,
+            "global_batch": config.global_batch,
+            "samples_per_s": result.samples_per_s,
+            "tokens_per_s": result.tokens_per_s,
+            "step_time_median_s": result.step_time_median_s,
+            "peak_bytes": result.peak_bytes,
+            "limit_bytes": result.limit_bytes,
+            "usable_bytes": int(usable_bytes) if usable_bytes else None,
+            "peak_fraction": (result.peak_bytes / result.limit_bytes) if result.peak_bytes and result.limit_bytes else None,
+            "feasible": feasible,
+            "wall_s": result.wall_s,
+            "error": (f"{result.error_type}: {result.error_message.splitlines()[0]}" if result.error_message else None),
+            "log_path": result.log_path,
+            "started": trial.datetime_start,
+        })
+    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    return frame.astype(COLUMNS)

@@ -1,0 +1,75 @@
+"""What a decorated function called normally trains with: the exported best config, or defaults."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import warnings
+from typing import TYPE_CHECKING
+
+from autofit.results import default_best_path, read_best, script_sha256
+from autofit.space import Config
+
+if TYPE_CHECKING:
+    from autofit.api import AutofitFunction
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _candidate_paths(fn: AutofitFunction) -> list[str]:
+    script = inspect.getsourcefile(fn.fn) or ""
+    name = fn.fn.__name__
+    return [
+        default_best_path(script, name, "studies"),
+        default_best_path(script, name, os.path.join(os.path.dirname(script), "studies")),
+        default_best_path(script, name, os.path.dirname(script)),
+    ]
+
+
+def resolve_run_config(fn: AutofitFunction, path: str | os.PathLike | None, device: str | None) -> tuple[Config, str, str]:
+    """(config, device, message). An explicit path or AUTOFIT_CONFIG must exist and be valid."""
+    explicit = path or os.environ.get("AUTOFIT_CONFIG")
+    device = device or os.environ.get("AUTOFIT_DEVICE") or _default_device()
+    if explicit:
+        best = read_best(str(explicit))  # ConfigFileError if missing or corrupt: never a silent default
+    else:
+        found = next((p for p in _candidate_paths(fn) if os.path.exists(p)), None)
+        if found is None:
+            config = Config(batch_size=fn.options.default_batch_size)
+            return config, device, (
+                f"no best config found for {fn.fn.__name__} (looked for {_candidate_paths(fn)[0]}); "
+                f"running with defaults: {config.label()}. Run `autofit search` to find a faster one."
+            )
+        best = read_best(found)
+    _warn_if_stale(fn, best.document, device)
+    partial = " (partial search)" if best.partial else ""
+    return best.config, device, f"running {fn.fn.__name__} with the best config from {best.path}{partial}: {best.config.label()}"
+
+
+def _warn_if_stale(fn: AutofitFunction, document: dict, device: str) -> None:
+    searched = document.get("device", {})
+    if searched.get("type") and searched.get("type") != device.split(":")[0]:
+        warnings.warn(
+            f"autofit: the best config was searched on {searched.get('type')} ({searched.get('name')}) but this "
+            f"run uses {device}; search again on this device for a config that fits it.",
+            stacklevel=4,
+        )
+    elif searched.get("type") == "cuda":
+        import torch
+
+        name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+        if name and name != searched.get("name"):
+            warnings.warn(f"autofit: the best config was searched on {searched.get('name')} but this GPU is "
+                          f"{name}; search again for a config that fits it.", stacklevel=4)
+    script = inspect.getsourcefile(fn.fn)
+    recorded = document.get("script", {}).get("sha256")
+    if script and recorded and script_sha256(script) != recorded:
+        warnings.warn(
+            "autofit: the training script changed since the search; its memory and speed may differ. "
+            "Run `autofit search` again to be sure the config still fits.",
+            stacklevel=4,
+        )

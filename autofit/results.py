@@ -1,0 +1,111 @@
+"""The best-config JSON: a stable, versioned file users read, commit and diff.
+
+Schema "autofit.best-config", version 1 (documented in the README). Readers refuse other versions
+and corrupt files with a clear error: a silent default could cost a whole training run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from autofit.errors import ConfigFileError
+from autofit.space import Config
+
+SCHEMA = "autofit.best-config"
+SCHEMA_VERSION = 1
+_REQUIRED = ("schema", "schema_version", "config", "measured", "memory", "device", "versions", "script")
+
+
+def script_sha256(path: str) -> str | None:
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.sha256(handle.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def versions(torch_version: str | None = None, cuda_version: str | None = None) -> dict[str, Any]:
+    from autofit import __version__
+
+    return {"autofit": __version__, "torch": torch_version, "cuda": cuda_version,
+            "python": platform.python_version()}
+
+
+def config_entry(config: Config) -> dict[str, Any]:
+    return {
+        "batch_size": config.batch_size,
+        "accumulation_steps": config.accumulation_steps,
+        "global_batch": config.global_batch,
+        "precision": config.precision,
+        "checkpoint_segments": config.checkpoint_segments,
+    }
+
+
+def write_best(path: str, document: dict[str, Any]) -> str:
+    """Write atomically (a crash never leaves half a file) and return the path."""
+    document = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION,
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), **document}
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".best-", suffix=".json")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(document, handle, indent=2, sort_keys=False)
+        handle.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+@dataclass(frozen=True)
+class BestConfig:
+    """A best-config file, read and validated."""
+
+    path: str
+    config: Config
+    document: dict[str, Any]
+
+    @property
+    def device(self) -> dict[str, Any]:
+        return self.document["device"]
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.document.get("partial"))
+
+
+def read_best(path: str) -> BestConfig:
+    """Read and validate; ConfigFileError with one line saying what is wrong."""
+    try:
+        with open(path) as handle:
+            document = json.load(handle)
+    except FileNotFoundError:
+        raise ConfigFileError(f"The best-config file must exist, but {path} does not.") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigFileError(f"The best-config file {path} must be valid JSON, but it is not: {exc}.") from None
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+        raise ConfigFileError(f"The file {path} must be an autofit best-config (schema {SCHEMA!r}), but it is not.")
+    version = document.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ConfigFileError(
+            f"The best-config file {path} must have schema version {SCHEMA_VERSION}, but has {version!r}: "
+            f"re-export it with this autofit (autofit export) or use the autofit that wrote it."
+        )
+    missing = [key for key in _REQUIRED if key not in document]
+    if missing:
+        raise ConfigFileError(f"The best-config file {path} must have {', '.join(missing)}, but they are missing.")
+    try:
+        config = Config.from_dict(document["config"])
+    except Exception as exc:  # noqa: BLE001
+        raise ConfigFileError(f"The config in {path} must be valid, but: {exc}") from None
+    return BestConfig(path=path, config=config, document=document)
+
+
+def default_best_path(script: str, function: str | None, directory: str = "studies") -> str:
+    stem = os.path.splitext(os.path.basename(script))[0]
+    return os.path.join(directory, f"{stem}.{function or 'train'}.best.json")

@@ -1,0 +1,127 @@
+"""The Optuna side: storage, study naming, and the mapping between probes and trials."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from autofit.errors import StorageError
+from autofit.record import ProbeResult
+from autofit.search._observation import Observation
+from autofit.space import PRECISIONS, Config
+
+DEFAULT_DIR = "studies"
+DEFAULT_DB = "autofit.db"
+#: Probes that ran (fit or not) are COMPLETE trials: the samplers learn from OOMs too.
+_COMPLETE_STATUSES = ("ok", "oom")
+
+
+def default_storage_url(directory: str = DEFAULT_DIR) -> str:
+    return "sqlite:///" + os.path.abspath(os.path.join(directory, DEFAULT_DB))
+
+
+def open_storage(url: str | None) -> optuna.storages.BaseStorage:
+    """An Optuna storage, or a StorageError saying why it cannot be used (before any probe runs)."""
+    url = url or default_storage_url()
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///"):]
+        directory = os.path.dirname(os.path.abspath(path)) or "."
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"The storage {url} must be writable, but its folder cannot be made: {exc.strerror}.") from None
+        if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+            raise StorageError(f"The storage {url} must be writable, but {path} is not.")
+    try:
+        if url.endswith(".journal") or url.endswith(".log"):
+            from optuna.storages.journal import JournalFileBackend
+
+            return optuna.storages.JournalStorage(JournalFileBackend(url))
+        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {})
+    except Exception as exc:  # noqa: BLE001 - any driver error means the same thing to the user
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StorageError(f"The storage {url} must open, but it failed: {first[:300]}") from None
+
+
+def storage_label(url: str | None) -> str:
+    return url or default_storage_url()
+
+
+def default_study_name(script: str, function: str | None, device: str, index: int) -> str:
+    stem = os.path.splitext(os.path.basename(script))[0]
+    return f"{stem}.{function or 'train'}-{device}{index}"
+
+
+def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumulation: int) -> dict[str, BaseDistribution]:
+    """The trial parameters. Integer ranges, so a study may widen them later (Optuna allows that)."""
+    return {
+        "batch_size": IntDistribution(batch_range[0], max(batch_range[0], batch_range[1])),
+        "precision": CategoricalDistribution(PRECISIONS),
+        "checkpoint_segments": IntDistribution(0, max(0, max_checkpoint)),
+        "accumulation_steps": IntDistribution(1, max(1, max_accumulation)),
+    }
+
+
+def config_params(config: Config) -> dict[str, Any]:
+    return {
+        "batch_size": config.batch_size,
+        "precision": config.precision,
+        "checkpoint_segments": config.checkpoint_segments,
+        "accumulation_steps": config.accumulation_steps,
+    }
+
+
+def trial_config(trial: FrozenTrial) -> Config | None:
+    params = trial.params
+    if "batch_size" not in params:
+        return None
+    return Config(
+        batch_size=int(params["batch_size"]),
+        precision=str(params.get("precision", "fp32")),
+        checkpoint_segments=int(params.get("checkpoint_segments", 0)),
+        accumulation_steps=int(params.get("accumulation_steps", 1)),
+    )
+
+
+def trial_result(trial: FrozenTrial) -> ProbeResult | None:
+    data = trial.user_attrs.get("probe")
+    return ProbeResult.from_dict(data) if data else None
+
+
+def observations(trials: list[FrozenTrial], exclude: int | None = None) -> list[Observation]:
+    """What the planner may know: finished probes, and configs other workers are probing now."""
+    out = []
+    for trial in trials:
+        if trial.number == exclude or trial.user_attrs.get("duplicate"):
+            continue
+        config = trial_config(trial)
+        if config is None:
+            continue
+        if trial.state == TrialState.RUNNING:
+            out.append(Observation(config, "running"))
+            continue
+        result = trial_result(trial)
+        if result is None:
+            continue  # interrupted before it measured anything: probe it again
+        out.append(Observation(config, result.status, result.peak_bytes, result.samples_per_s,
+                               result.wall_s, trial.user_attrs.get("phase", "explore")))
+    return out
+
+
+def record_probe(study: optuna.Study, trial: optuna.Trial, result: ProbeResult, usable_bytes: float, phase: str) -> FrozenTrial:
+    """Store the whole probe on its trial; OOM and over-headroom are infeasible COMPLETE trials."""
+    trial.set_user_attr("probe", result.to_dict())
+    trial.set_user_attr("phase", phase)
+    trial.set_user_attr("status", result.status)
+    if result.status in _COMPLETE_STATUSES:
+        if result.status == "oom":
+            violation = max(1.0, float(result.limit_bytes or usable_bytes) - usable_bytes)
+        else:
+            violation = float(result.peak_bytes or 0) - usable_bytes
+        trial.set_constraint("memory", violation)
+        return study.tell(trial, result.samples_per_s or 0.0)
+    return study.tell(trial, state=TrialState.FAIL)

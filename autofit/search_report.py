@@ -1,0 +1,27 @@
+"""The text summary a search prints: the winner, runner-ups, counts, and why the winner won."""
+
+from __future__ import annotations
+
+from autofit.units import format_duration, format_size
+
+
+def describe_search(result) -> str:
+    lines = []
+    state = "interrupted: partial result" if result.partial else f"stopped: {result.stopped}"
+    lines.append(f"study {result.study_name}: {result.probes} probes, {result.ooms} out of memory, "
+                 f"{result.failed} failed, {format_duration(result.elapsed_s)} ({state})")
+    if result.best is None:
+        lines.append("no config fits yet; run the same command to continue")
+        return "\n".join(lines)
+    lines.append("")
+    lines.append(f"{'':2}{'config':<28}{'samples/s':>12}{'peak':>12}{'probes':>8}")
+    for i, c in enumerate(result.ranked[:5]):
+        mark = "* " if i == 0 else "  "
+        lines.append(f"{mark}{c.config.label():<28}{c.samples_per_s:>12,.1f}{format_size(c.peak_bytes):>12}{c.probes:>8}")
+    lines.append("")
+    lines.append(f"why: {result.why}")
+    for note in result.notes:
+        lines.append(f"note: {note}")
+    if result.json_path:
+        lines.append(f"best config written to {result.json_path}")
+    return "\n".join(lines)
