@@ -194,6 +194,8 @@ class Run:
             self._step_samples += _count_samples(batch)
             self._step_tokens += _count_tokens(batch, tokens)
             yield to_device(batch, self._device)
+        if self._micro_batches and self._micro_batches % acc == 0 and self._step_samples:
+            self._finish_step()  # the data ran out: the last step's work is done
 
     def _finish_step(self) -> None:
         self.clock.step_done(self._step_samples, self._step_tokens)
@@ -203,11 +205,10 @@ class Run:
             raise ProbeFinished()
 
     def finish(self) -> None:
-        """Close the last step when the function returned on its own (end of data)."""
-        if self._micro_batches and self._micro_batches % self.config.accumulation_steps == 0:
-            if self.clock.steps_done * self.config.accumulation_steps < self._micro_batches:
-                self.clock.step_done(self._step_samples, self._step_tokens)
-                self._step_samples = self._step_tokens = 0
+        """Close the last step when the function left its loop early (a `break`)."""
+        if self._micro_batches and self._micro_batches % self.config.accumulation_steps == 0 and self._step_samples:
+            self.clock.step_done(self._step_samples, self._step_tokens)
+            self._step_samples = self._step_tokens = 0
 
 
 def apply_checkpoint(block: torch.nn.Module) -> torch.nn.Module:

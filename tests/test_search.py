@@ -1,0 +1,167 @@
+"""Real searches on CPU under a memory limit, with short budgets."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from click.testing import CliRunner
+
+from autofit.cli import cli
+from autofit.results import read_best
+from autofit.search import SearchSettings, run_search
+from autofit.search._study import observations, open_storage
+from conftest import script
+
+LIMIT = 768 * 2**20
+BUDGET = 60
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    """One real search shared by the tests that only read its outcome."""
+    home = tmp_path_factory.mktemp("search")
+    cwd = os.getcwd()
+    os.chdir(home)
+    try:
+        started = time.monotonic()
+        result = run_search(SearchSettings(script=script("fits_small.py"), memory_limit=LIMIT,
+                                           budget_s=BUDGET, batch_size=(1, 512)))
+        elapsed = time.monotonic() - started
+    finally:
+        os.chdir(cwd)
+    study = optuna.load_study(study_name=result.study_name, storage=open_storage(result.storage))
+    return result, study, elapsed, home
+
+
+def test_search_ends_inside_its_budget(searched):
+    result, _, elapsed, _ = searched
+    assert elapsed < BUDGET + 30  # plus at most one probe's timeout; these probes take seconds
+    assert result.probes >= 4
+
+
+def test_search_exports_valid_json_with_a_feasible_config(searched):
+    result, study, _, home = searched
+    best = read_best(result.json_path)
+    assert os.path.dirname(result.json_path) == str(home / "studies")
+    usable = best.document["memory"]["usable_bytes"]
+    assert best.document["memory"]["limit_bytes"] == LIMIT
+    assert 0 < best.document["measured"]["peak_bytes"] <= usable
+    assert best.config.batch_size == result.best.batch_size
+    assert best.document["script"]["sha256"] and best.document["versions"]["torch"]
+    assert best.document["why"].startswith(best.config.label())
+    ok = [t for t in study.trials if t.user_attrs.get("status") == "ok"]
+    assert ok and all(t.value > 0 for t in ok)
+
+
+def test_search_never_probes_a_config_implied_infeasible(searched):
+    _, study, _, _ = searched
+    usable = study.user_attrs["autofit"]["usable_bytes"]
+    seen = []
+    for trial in sorted(study.trials, key=lambda t: t.number):
+        obs = observations([trial])
+        if not obs:
+            continue
+        o = obs[0]
+        for earlier in seen:
+            if earlier.too_big(usable) and earlier.config.precision == o.config.precision \
+                    and earlier.config.checkpoint_segments >= o.config.checkpoint_segments:
+                assert o.config.batch_size < earlier.config.batch_size, (earlier, o)
+        seen.append(o)
+
+
+def test_ooms_are_complete_infeasible_trials(searched):
+    _, study, _, _ = searched
+    usable = study.user_attrs["autofit"]["usable_bytes"]
+    too_big = [t for t in study.trials if t.user_attrs.get("status") == "oom"
+               or (t.user_attrs.get("status") == "ok" and t.user_attrs["probe"]["peak_bytes"] > usable)]
+    for t in too_big:
+        assert t.state == optuna.trial.TrialState.COMPLETE
+        assert t.constraints["memory"] > 0
+    fits = [t for t in study.trials if t.user_attrs.get("status") == "ok" and t not in too_big]
+    assert fits and all(t.constraints["memory"] <= 0 for t in fits)
+    assert study.best_trial.user_attrs["status"] == "ok"  # Optuna's own best is a feasible trial
+
+
+def test_search_resumes_without_repeating_probes(tmp_path):
+    storage = f"sqlite:///{tmp_path}/s.db"
+    base = dict(script=script("fits_small.py"), memory_limit=LIMIT, budget_s=120, storage=storage,
+                study="resume", out=str(tmp_path / "best.json"), batch_size=(1, 512), confirm_factor=2)
+    first = run_search(SearchSettings(trials=3, **base))
+    second = run_search(SearchSettings(trials=3, **base))
+    study = optuna.load_study(study_name="resume", storage=storage)
+    explored = [o.config for o in observations(study.trials) if o.phase == "explore"]
+    assert len(explored) == len(set(explored)) >= 5
+    assert second.probes > first.probes
+
+
+def test_global_batch_is_respected(tmp_path):
+    result = run_search(SearchSettings(script=script("fits_small.py"), memory_limit=LIMIT, budget_s=40,
+                                       global_batch=96, trials=4, storage=f"sqlite:///{tmp_path}/g.db",
+                                       out=str(tmp_path / "g.json")))
+    study = optuna.load_study(study_name=result.study_name, storage=f"sqlite:///{tmp_path}/g.db")
+    configs = [o.config for o in observations(study.trials)]
+    assert configs and all(c.batch_size * c.accumulation_steps == 96 for c in configs)
+    assert read_best(result.json_path).document["config"]["global_batch"] == 96
+
+
+def test_decorated_function_called_normally_uses_the_exported_config(tmp_path):
+    work = tmp_path / "proj"
+    (work / "studies").mkdir(parents=True)
+    shutil.copy(script("records_config.py"), work / "train.py")
+    document = {
+        "schema": "autofit.best-config", "schema_version": 1,
+        "config": {"batch_size": 7, "accumulation_steps": 1, "precision": "bf16", "checkpoint_segments": 0},
+        "measured": {}, "memory": {}, "device": {"type": "cpu", "name": "x"}, "versions": {},
+        "script": {"path": str(work / "train.py"), "sha256": None},
+    }
+    (work / "studies" / "train.train.best.json").write_text(json.dumps(document))
+    record = tmp_path / "record.json"
+    env = {**os.environ, "RECORD_TO": str(record)}
+    proc = subprocess.run([sys.executable, "train.py"], cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    used = json.loads(record.read_text())
+    assert used == {"batch_size": 7, "precision": "bf16", "probing": False, "steps": 3}
+    assert "best config from studies/train.train.best.json" in proc.stderr
+
+
+def test_decorated_function_without_a_result_runs_with_defaults_and_says_so(tmp_path):
+    shutil.copy(script("records_config.py"), tmp_path / "train.py")
+    record = tmp_path / "record.json"
+    proc = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env={**os.environ, "RECORD_TO": str(record)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(record.read_text())["batch_size"] == 32
+    assert "running with defaults" in proc.stderr
+
+
+def test_corrupt_config_is_a_clear_error_not_a_default(tmp_path):
+    shutil.copy(script("records_config.py"), tmp_path / "train.py")
+    (tmp_path / "bad.json").write_text("{not json")
+    env = {**os.environ, "RECORD_TO": str(tmp_path / "r.json"), "AUTOFIT_CONFIG": str(tmp_path / "bad.json")}
+    proc = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "must be valid JSON" in proc.stderr
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--budget", "soon"], "Invalid value for '--budget'"),
+    (["--batch-size", "64:8"], "Invalid value for '--batch-size'"),
+    (["--global-batch", "97", "--batch-size", "2:64"], "no divisor"),
+    (["--storage", "sqlite:////proc/nope/x.db"], "storage"),
+    (["--storage", "nosuchdb://x"], "storage"),
+    (["--precision", "fp32,tf32"], "tf32"),
+])
+def test_search_bad_input_is_one_line_and_exit_2_or_1(tmp_path, args, message):
+    result = CliRunner().invoke(cli, ["search", script("fits_small.py"), "--budget", "30s", "--memory-limit", "768MiB",
+                                      "--out", str(tmp_path / "b.json"), *args])
+    assert result.exit_code in (1, 2), result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "b.json").exists()
