@@ -185,6 +185,9 @@ def devices(as_json: bool) -> None:
         click.echo("(no NVIDIA GPU visible: NVML found none)")
 
 
+from autofit import cli_reports  # noqa: E402,F401  (registers show, studies, export, report)
+
+
 def main() -> None:
     cli()
 
