@@ -1,10 +1,28 @@
 """autofit: find the fastest training configuration that fits your accelerator's memory."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from autofit.api import AutofitFunction, SearchOptions, autofit
 from autofit.errors import AutofitError
 from autofit.space import PRECISIONS, Config
 
+if TYPE_CHECKING:
+    from autofit.study import StoredStudy
+
 __version__ = "0.1.0"
+
+
+def load_study(name: str | None = None, storage: str | None = None) -> StoredStudy:
+    """A stored study to read: `.trials_frame()`, `.best()`, `.document()`, `.meta` (see autofit.study).
+
+    Imports its dependencies (optuna, pandas) on call, so `import autofit` stays light.
+    """
+    from autofit.study import load_study as _load_study
+
+    return _load_study(name, storage)
+
 
 __all__ = [
     "autofit",
@@ -13,5 +31,6 @@ __all__ = [
     "Config",
     "PRECISIONS",
     "AutofitError",
+    "load_study",
     "__version__",
 ]

@@ -144,7 +144,7 @@ def search(target: str, device: str | None, gpu: int | None, memory_limit: int |
     fits or the function fails on every probe, 2 for bad input, 130 when interrupted.
     """
     from autofit.discover import parse_target
-    from autofit.search import Reporter, SearchSettings, run_search
+    from autofit.search import LiveReporter, Reporter, SearchSettings, run_search
     from autofit.search_report import describe_search
 
     script, function = parse_target(target)
@@ -155,8 +155,14 @@ def search(target: str, device: str | None, gpu: int | None, memory_limit: int |
         batch_size=batch_range, precision=precision, accumulation=accumulation, study=study,
         storage=storage, out=out, fresh=fresh, warmup=warmup, steps=steps, probe_timeout=probe_timeout,
     )
-    reporter = Reporter(quiet=quiet or as_json, verbose=verbose)
-    result = run_search(settings, reporter)
+    if not (quiet or as_json) and sys.stderr.isatty():
+        reporter = LiveReporter(verbose=verbose)
+    else:
+        reporter = Reporter(quiet=quiet or as_json, verbose=verbose)
+    try:
+        result = run_search(settings, reporter)
+    finally:
+        reporter.close()
     if as_json:
         click.echo(json.dumps({"best": result.document, "path": result.json_path, "probes": result.probes,
                                "oom": result.ooms, "failed": result.failed, "stopped": result.stopped,

@@ -1,3 +1,103 @@
 """CLI commands that read stored studies: show, studies, export, report (wiring only)."""
 
 from __future__ import annotations
+
+import click
+
+from autofit.cli import cli
+from autofit.record import STATUSES
+
+_STUDY_HELP = "Study name, or its script's stem (default: the only study in the storage)."
+_STORAGE_HELP = ("Optuna storage URL (default: sqlite:///studies/autofit.db, else the recorded studies "
+                 "that ship with autofit).")
+
+
+def _load(study: str | None, storage: str | None):
+    from autofit.study import load_study
+
+    stored = load_study(study, storage)
+    if stored.note:
+        click.echo(f"autofit: {stored.note}", err=True)
+    return stored
+
+
+@cli.command()
+@click.option("--study", default=None, help=_STUDY_HELP)
+@click.option("--storage", default=None, help=_STORAGE_HELP)
+@click.option("--trial", "trial_number", type=click.IntRange(min=0), default=None,
+              help="Show this one probe in full, with its captured output.")
+@click.option("--full", is_flag=True, help="With --trial: all of the probe's output, not only its tail.")
+@click.option("--sort", default="throughput", show_default=True,
+              help="Column to sort by: throughput, trial, peak, wall, batch, status, phase, ...")
+@click.option("--reverse", is_flag=True, help="Reverse the sort order.")
+@click.option("--status", type=click.Choice(STATUSES), multiple=True, help="Only probes with this status (repeatable).")
+@click.option("--phase", type=click.Choice(("explore", "remeasure", "confirm")), multiple=True,
+              help="Only probes of this phase (repeatable).")
+@click.option("--top", type=click.IntRange(min=1), default=None, help="Only the first N rows after sorting.")
+def show(study: str | None, storage: str | None, trial_number: int | None, full: bool, sort: str,
+         reverse: bool, status: tuple[str, ...], phase: tuple[str, ...], top: int | None) -> None:
+    """Show a study's probes as a table, then the best config and why it won.
+
+    With --trial N: that probe's measurements, error and captured output.
+    """
+    from autofit.study_report import describe_study, describe_trial, select_probes
+
+    stored = _load(study, storage)
+    if trial_number is not None:
+        click.echo(describe_trial(stored, trial_number, full=full))
+        return
+    frame = stored.trials_frame()
+    shown = select_probes(frame, sort=sort, reverse=reverse, status=status, phase=phase, top=top)
+    click.echo(describe_study(stored, shown, frame))
+
+
+@cli.command()
+@click.option("--storage", default=None, help=_STORAGE_HELP)
+def studies(storage: str | None) -> None:
+    """List the studies in a storage: device, memory limit, probes, best config and its throughput."""
+    from autofit.study import list_studies
+    from autofit.study_report import studies_table
+
+    where, rows = list_studies(storage)
+    if where.note:
+        click.echo(f"autofit: {where.note}", err=True)
+    click.echo(f"storage {where.storage}")
+    click.echo(studies_table(rows))
+
+
+@cli.command()
+@click.option("--study", default=None, help=_STUDY_HELP)
+@click.option("--storage", default=None, help=_STORAGE_HELP)
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Where to write the best-config JSON (default: studies/SCRIPT.FUNCTION.best.json).")
+def export(study: str | None, storage: str | None, out: str | None) -> None:
+    """Write a stored study's best config as JSON, without probing again."""
+    from autofit.results import default_best_path, write_best
+
+    stored = _load(study, storage)
+    document = stored.document()
+    path = out or default_best_path(stored.meta["script"], stored.meta.get("function"))
+    write_best(path, document)
+    click.echo(f"best config of {stored.name} ({stored.best().label()}, "
+               f"{document['measured']['samples_per_s']:,.1f} samples/s) written to {path}")
+
+
+@cli.command()
+@click.option("--study", default=None, help=_STUDY_HELP)
+@click.option("--storage", default=None, help=_STORAGE_HELP)
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="The HTML file to write (default: studies/STUDY.report.html).")
+@click.option("--png", "png_dir", type=click.Path(file_okay=False), default=None,
+              help="Also write each plot as a PNG file into this folder.")
+def report(study: str | None, storage: str | None, out: str | None, png_dir: str | None) -> None:
+    """Write one self-contained HTML page with plots of a study: throughput, memory, progress, winner."""
+    import os
+
+    from autofit.report_html import write_report
+
+    stored = _load(study, storage)
+    path = out or os.path.join("studies", f"{stored.name}.report.html")
+    written = write_report(stored, path, png_dir=png_dir)
+    click.echo(f"report of {stored.name} written to {path}")
+    for png in written:
+        click.echo(f"plot written to {png}")

@@ -14,7 +14,7 @@ from autofit.devices import check_device
 from autofit.discover import check_script
 from autofit.errors import NoFeasibleConfig, UsageError, UserCodeError
 from autofit.record import ProbeResult
-from autofit.results import config_entry, default_best_path, script_sha256, versions, write_best
+from autofit.results import default_best_path, write_best
 from autofit.search._planner import Candidate, Planner
 from autofit.search._progress import Reporter
 from autofit.search._sampler import AutofitSampler
@@ -267,9 +267,14 @@ class _Search:
         return result, trial.number
 
     def _claimed_earlier(self, study, number: int, config: Config) -> bool:
-        """Another process asked for the same config first (parallel workers): let it have it."""
-        for other in observations(study.get_trials(deepcopy=False), exclude=number):
-            if other.config == config and other.phase == "explore":
+        """Another process asked for the same config first (parallel workers): the lower trial
+        number keeps it, so exactly one of two racing workers probes it."""
+        from autofit.search._study import trial_config
+
+        for other in study.get_trials(deepcopy=False):
+            if other.number < number and not other.user_attrs.get("duplicate") \
+                    and other.user_attrs.get("phase", "explore") == "explore" and trial_config(other) == config \
+                    and (other.state == optuna.trial.TrialState.RUNNING or "probe" in other.user_attrs):
                 return True
         return False
 
@@ -353,10 +358,34 @@ class _Search:
                 except Exception:  # noqa: BLE001 - another worker's trial
                     pass
 
+    def _fault_notes(self, study, planner: Planner, seen) -> list[str]:
+        """What went wrong along the way, one line each: unusable precisions, crashes, leaks."""
+        from autofit.search._study import trial_result
+
+        notes = []
+        unusable = planner.unusable_precisions(seen)
+        for trial in study.get_trials(deepcopy=False):
+            result = trial_result(trial)
+            if result is None:
+                continue
+            if result.config.precision in unusable and result.status in ("error", "diverged"):
+                notes.append(f"{result.config.precision} is unusable here: {result.error_type}: "
+                             f"{(result.error_message or '').splitlines()[0][:200]} (trial {trial.number})")
+                unusable.discard(result.config.precision)
+            elif result.status in ("crashed", "timeout"):
+                notes.append(f"trial {trial.number} ({result.config.label()}) {result.status}: "
+                             f"{(result.error_message or '').splitlines()[0][:200]}")
+            notes.extend(f"trial {trial.number}: {note}" for note in result.notes)
+        return notes
+
     def _finish(self, study, planner: Planner, stopped: str, partial: bool, info) -> SearchResult:
+        from autofit.export import best_document, record_end  # it imports this module: import on use
+
         seen = observations(study.get_trials(deepcopy=False))
+        self.notes[:0] = self._fault_notes(study, planner, seen)
         done = [o for o in seen if o.status != "running"]
         ranked = planner.ranked(seen)
+        record_end(study, stopped, partial)
         result = SearchResult(
             best=ranked[0].config if ranked else None, document=None, json_path=None, ranked=ranked,
             study_name=self.study_name, storage=self.storage_url, probes=len(done),
@@ -368,30 +397,8 @@ class _Search:
             if partial:
                 return result
             raise NoFeasibleConfig(self._nothing_fits(done))
-        result.why = explain(ranked, done, planner, self.usable)
-        confirmed = any(o.phase == "confirm" and o.config == ranked[0].config and o.fits(self.usable) for o in done)
-        document = {
-            "partial": partial,
-            "config": config_entry(ranked[0].config),
-            "measured": {
-                "samples_per_s": ranked[0].samples_per_s,
-                "tokens_per_s": _tokens(study, ranked[0].config),
-                "peak_bytes": ranked[0].peak_bytes,
-                "probes": ranked[0].probes,
-                "confirmed": confirmed,
-            },
-            "memory": {"limit_bytes": self.limit, "headroom": self.s.headroom, "usable_bytes": int(self.usable)},
-            "device": self.device_info.to_dict(),
-            "versions": versions(info.versions.get("torch"), info.versions.get("cuda")),
-            "script": {"path": self.script, "function": info.function, "sha256": script_sha256(self.script)},
-            "study": {"name": self.study_name, "storage": self.storage_url, "probes": result.probes,
-                      "oom": result.ooms, "failed": result.failed, "stopped": stopped},
-            "why": result.why,
-            "runner_ups": [
-                {**config_entry(c.config), "samples_per_s": c.samples_per_s, "peak_bytes": c.peak_bytes}
-                for c in ranked[1:5]
-            ],
-        }
+        document = best_document(study, self.storage_url, planner=planner, stopped=stopped, partial=partial)
+        result.why = document["why"]
         path = self.s.out or default_best_path(self.script, info.function, os.path.dirname(self._db_dir()))
         result.json_path = write_best(path, document)
         result.document = document
@@ -406,14 +413,6 @@ class _Search:
         extra = f"; {len(failed)} probes failed (see autofit show)" if failed else ""
         return (f"Nothing fits under {format_size(self.usable)} usable "
                 f"({format_size(self.limit)} limit, {self.s.headroom:.0%} headroom): {needed}{extra}.")
-
-
-def _tokens(study, config: Config) -> float | None:
-    from autofit.search._study import trial_config, trial_result
-
-    values = [r.tokens_per_s for t in study.get_trials(deepcopy=False)
-              if trial_config(t) == config and (r := trial_result(t)) and r.tokens_per_s]
-    return max(values) if values else None
 
 
 def explain(ranked: list[Candidate], done, planner: Planner, usable: float) -> str:

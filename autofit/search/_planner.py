@@ -82,6 +82,9 @@ class Planner:
         ranked = self.ranked(observations)
         return ranked[0].config if ranked else None
 
+    def unusable_precisions(self, observations: Sequence[Observation]) -> set[str]:
+        return _State(self.space, self.usable, observations).unusable_precisions()
+
     def is_implied_infeasible(self, config: Config, observations: Sequence[Observation]) -> bool:
         return _State(self.space, self.usable, observations).implied_too_big(config)
 
@@ -227,9 +230,19 @@ class _State:
         ]
 
     def strategy_unusable(self, strategy: Strategy) -> bool:
-        """A precision whose probes failed twice without one success is not worth more probes."""
-        same = [o for o in self._done() if o.config.precision == strategy.precision]
-        return sum(o.failed for o in same) >= 2 and not any(o.status in ("ok", "oom") for o in same)
+        """A precision that failed without ever running is not worth more probes: after one failure
+        when another precision runs (the failure is the precision's), else after two."""
+        return strategy.precision in self.unusable_precisions()
+
+    def unusable_precisions(self) -> set[str]:
+        done = self._done()
+        ran = {o.config.precision for o in done if o.status in ("ok", "oom")}
+        out = set()
+        for precision in self.space.precisions:
+            failures = sum(o.failed for o in done if o.config.precision == precision)
+            if precision not in ran and failures >= (1 if ran else 2):
+                out.add(precision)
+        return out
 
     # --- models -------------------------------------------------------------------------------
     def peaks(self, strategy: Strategy) -> list[tuple[float, float]]:

@@ -28,6 +28,9 @@ class Reporter:
         if not self.quiet:
             print(text, file=self.stream, flush=True)
 
+    def close(self) -> None:
+        """The search is over (or interrupted): release the display."""
+
     def started(self, search, space: SearchSpace, existing: int) -> None:
         self.search = search
         resumed = f", resuming {existing} earlier trials" if existing else ""
@@ -59,3 +62,77 @@ class Reporter:
             f"[{self.counts['probes']:>3} probes, {self.counts['oom']} oom, {self.counts['failed']} failed, "
             f"{self._left()} left, {best}] trial {number}: {result.summary()}"
         )
+
+
+class LiveReporter(Reporter):
+    """On a terminal: finished probes scroll as lines; a status line below them is redrawn twice a
+    second with the running probe, the counts, the best so far and a bar for the budget."""
+
+    _BAR = 24
+
+    def __init__(self, stream: TextIO | None = None, verbose: bool = False) -> None:
+        super().__init__(stream=stream, quiet=False, verbose=verbose)
+        self._running: str | None = None
+        self._since = 0.0
+        self._stop = None
+        self._lock = None
+
+    def _status(self) -> str:
+        import time
+
+        if self.search is None:
+            return ""
+        total = self.search.s.budget_s
+        left = max(0.0, self.search._budget_left())
+        filled = int(self._BAR * (1 - left / total)) if total else self._BAR
+        bar = "#" * filled + "-" * (self._BAR - filled)
+        best = f"best {self.best[1]} {self.best[0]:,.1f}/s" if self.best else "no fit yet"
+        running = f"probing {self._running} ({time.monotonic() - self._since:.0f}s)" if self._running else "planning"
+        c = self.counts
+        return (f"[{bar}] {format_duration(left)} left | {c['probes']} probes, {c['oom']} oom, "
+                f"{c['failed']} failed | {best} | {running}")
+
+    def _draw(self) -> None:
+        with self._lock:
+            self.stream.write("\r\x1b[2K" + self._status()[: 200])
+            self.stream.flush()
+
+    def _line(self, text: str) -> None:
+        import threading
+
+        if self._lock is None:
+            self._lock = threading.Lock()
+        with self._lock:
+            self.stream.write("\r\x1b[2K" + text + "\n")
+            self.stream.flush()
+
+    def started(self, search, space, existing: int) -> None:
+        import threading
+
+        super().started(search, space, existing)
+        self._stop = threading.Event()
+
+        def tick() -> None:
+            while not self._stop.wait(0.5):
+                self._draw()
+
+        threading.Thread(target=tick, daemon=True).start()
+
+    def probe_started(self, number: int, config, phase: str) -> None:
+        import time
+
+        self._running = f"trial {number} {config.label()}" + (f" ({phase})" if phase != "explore" else "")
+        self._since = time.monotonic()
+        super().probe_started(number, config, phase)
+
+    def probe_finished(self, number: int, result, usable: float) -> None:
+        self._running = None
+        super().probe_finished(number, result, usable)
+
+    def close(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+        if self._lock is not None:
+            with self._lock:
+                self.stream.write("\r\x1b[2K")
+                self.stream.flush()

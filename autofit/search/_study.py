@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import optuna
@@ -36,15 +37,22 @@ def open_storage(url: str | None) -> optuna.storages.BaseStorage:
             raise StorageError(f"The storage {url} must be writable, but its folder cannot be made: {exc.strerror}.") from None
         if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
             raise StorageError(f"The storage {url} must be writable, but {path} is not.")
-    try:
-        if url.endswith(".journal") or url.endswith(".log"):
-            from optuna.storages.journal import JournalFileBackend
+    for attempt in range(3):
+        try:
+            if url.endswith(".journal") or url.endswith(".log"):
+                from optuna.storages.journal import JournalFileBackend
 
-            return optuna.storages.JournalStorage(JournalFileBackend(url))
-        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {})
-    except Exception as exc:  # noqa: BLE001 - any driver error means the same thing to the user
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StorageError(f"The storage {url} must open, but it failed: {first[:300]}") from None
+                return optuna.storages.JournalStorage(JournalFileBackend(url))
+            kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        except Exception as exc:  # noqa: BLE001 - any driver error means the same thing to the user
+            # Two searches creating the same new database race on its schema: the loser retries.
+            if attempt < 2 and "UNIQUE constraint failed" in str(exc):
+                time.sleep(0.5 + attempt)
+                continue
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StorageError(f"The storage {url} must open, but it failed: {first[:300]}") from None
+    raise AssertionError("unreachable")
 
 
 def storage_label(url: str | None) -> str:
@@ -102,7 +110,7 @@ def observations(trials: list[FrozenTrial], exclude: int | None = None) -> list[
         if config is None:
             continue
         if trial.state == TrialState.RUNNING:
-            out.append(Observation(config, "running"))
+            out.append(Observation(config, "running", phase=trial.user_attrs.get("phase", "explore")))
             continue
         result = trial_result(trial)
         if result is None:

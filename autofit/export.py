@@ -1,0 +1,106 @@
+"""The best-config document, built from a stored study: one function for the search and `autofit export`.
+
+Everything the document needs is in the study itself (the probes on its trials, the search's settings
+in its "autofit" user attribute), so a study can be exported again later, on another machine, without
+probing anything; the search's own export is the same call at the end of the search.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+
+from autofit.errors import NoFeasibleConfig, UsageError
+from autofit.results import config_entry, script_sha256, versions
+from autofit.search._loop import explain
+from autofit.search._planner import Planner
+from autofit.search._space import SearchSpace
+from autofit.search._study import observations, trial_config, trial_result
+from autofit.space import Config
+
+#: Study user attribute where the search records how it ended ({"stopped": ..., "partial": ...}).
+END_ATTR = "autofit_end"
+#: What an export says when the search that wrote the study never reached its end.
+NOT_FINISHED = "the search did not finish (nothing recorded its end)"
+
+
+def study_meta(study: optuna.Study) -> dict[str, Any]:
+    """The search's settings stored on the study; a study autofit did not write has none."""
+    meta = study.user_attrs.get("autofit")
+    if not meta or "space" not in meta:
+        raise UsageError(f"The study must have been written by `autofit search`, but {study.study_name} "
+                         f"has no autofit settings (no probe was recorded).")
+    return meta
+
+
+def study_planner(study: optuna.Study) -> Planner:
+    """The planner over the study's own search space and usable memory, as the search ranked with."""
+    meta = study_meta(study)
+    return Planner(SearchSpace.from_dict(meta["space"]), meta["usable_bytes"])
+
+
+def record_end(study: optuna.Study, stopped: str, partial: bool) -> None:
+    """Remember why the search stopped, so a later export writes the same document."""
+    study.set_user_attr(END_ATTR, {"stopped": stopped, "partial": partial})
+
+
+def best_document(
+    study: optuna.Study,
+    storage: str,
+    *,
+    planner: Planner | None = None,
+    stopped: str | None = None,
+    partial: bool | None = None,
+) -> dict[str, Any]:
+    """The best-config document (schema "autofit.best-config", less the fields write_best adds).
+
+    `stopped` and `partial` default to what the search recorded on the study; NoFeasibleConfig when
+    none of the probes fits.
+    """
+    meta = study_meta(study)
+    usable = meta["usable_bytes"]
+    planner = planner or study_planner(study)
+    trials = study.get_trials(deepcopy=False)
+    seen = observations(trials)
+    done = [o for o in seen if o.status != "running"]
+    ranked = planner.ranked(seen)
+    if not ranked:
+        raise NoFeasibleConfig(f"The study {study.study_name} must have a config that fits to export, "
+                               f"but none of its {len(done)} probes does.")
+    end = study.user_attrs.get(END_ATTR) or {}
+    stopped = stopped if stopped is not None else end.get("stopped", NOT_FINISHED)
+    partial = partial if partial is not None else bool(end.get("partial", True))
+    best = ranked[0]
+    confirmed = any(o.phase == "confirm" and o.config == best.config and o.fits(usable) for o in done)
+    run_versions = meta.get("versions") or {}
+    return {
+        "partial": partial,
+        "config": config_entry(best.config),
+        "measured": {
+            "samples_per_s": best.samples_per_s,
+            "tokens_per_s": best_tokens(trials, best.config),
+            "peak_bytes": best.peak_bytes,
+            "probes": best.probes,
+            "confirmed": confirmed,
+        },
+        "memory": {"limit_bytes": meta["limit_bytes"], "headroom": meta["headroom"], "usable_bytes": int(usable)},
+        "device": meta["device_info"],
+        "versions": versions(run_versions.get("torch"), run_versions.get("cuda")),
+        "script": {"path": meta["script"], "function": meta["function"], "sha256": script_sha256(meta["script"])},
+        "study": {"name": study.study_name, "storage": storage, "probes": len(done),
+                  "oom": sum(o.too_big(usable) for o in done), "failed": sum(o.failed for o in done),
+                  "stopped": stopped},
+        "why": explain(ranked, done, planner, usable),
+        "runner_ups": [
+            {**config_entry(c.config), "samples_per_s": c.samples_per_s, "peak_bytes": c.peak_bytes}
+            for c in ranked[1:5]
+        ],
+    }
+
+
+def best_tokens(trials, config: Config) -> float | None:
+    """The best tokens/s measured for `config` (None when the function does not count tokens)."""
+    values = [r.tokens_per_s for t in trials
+              if trial_config(t) == config and (r := trial_result(t)) and r.tokens_per_s]
+    return max(values) if values else None

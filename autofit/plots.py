@@ -1,0 +1,271 @@
+"""The study plots, as matplotlib Figures drawn from the probes frame (the report and notebook share them).
+
+Figures are built without pyplot (no global state, no GUI): the Agg canvas renders them to PNG, and
+a notebook displays them as they are. Each answers one question:
+
+- throughput_figure: how fast is each strategy (precision x checkpointed blocks) at each batch size?
+- memory_figure: how much memory does each need, against the limit, the headroom and the planner's
+  fitted memory line; where did probes run out of memory?
+- progress_figure: how quickly did the search find its winner (best feasible throughput so far
+  against the probe-seconds spent)?
+- ranking_figure: how far ahead of its runner-ups is the winner?
+"""
+
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from autofit.errors import UsageError
+from autofit.space import PRECISIONS
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from autofit.search._models import Line
+    from autofit.search._planner import Candidate
+    from autofit.study import StoredStudy
+
+SIZE = (7.5, 4.4)  # inches; 110 dpi gives 825 x 484 px
+DPI = 110
+OOM_COLOR = "#d62728"
+LIMIT_COLOR = "#d62728"
+USABLE_COLOR = "#ff7f0e"
+PHASE_COLORS = {"explore": "#7f7f7f", "remeasure": "#1f77b4", "confirm": "#2ca02c"}
+_PALETTE = ["#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f",
+            "#aec7e8", "#98df8a", "#c5b0d5", "#c49c94"]
+
+
+def _figure() -> Figure:
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise UsageError("The report needs matplotlib, but it is not installed: pip install 'autofit[report]'.") from None
+    fig = Figure(figsize=SIZE, dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def png_bytes(fig: Figure) -> bytes:
+    """The figure as PNG bytes (rendered by Agg)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    return buffer.getvalue()
+
+
+def strategy_labels(frame: pd.DataFrame, global_batch: int | None = None) -> pd.Series:
+    """A strategy per probe, labelled as Strategy.label(): precision and checkpointed blocks, plus
+    accumulation when it is a free choice (with a global batch it follows from the micro-batch)."""
+    labels = []
+    for row in frame.itertuples(index=False):
+        text = row.precision + (f" ckpt={row.checkpoint_segments}" if row.checkpoint_segments else "")
+        if global_batch is None and row.accumulation_steps > 1:
+            text += f" acc={row.accumulation_steps}"
+        labels.append(text)
+    import pandas as pd
+
+    return pd.Series(labels, index=frame.index, dtype="string")
+
+
+def strategy_colors(labels) -> dict[str, str]:
+    """One color per strategy, stable across the plots (precision order, then fewer blocks first)."""
+    def key(label: str) -> tuple:
+        parts = label.split()
+        precision = PRECISIONS.index(parts[0]) if parts[0] in PRECISIONS else len(PRECISIONS)
+        return (precision, label.count("ckpt"), label)
+
+    unique = sorted({str(x) for x in labels}, key=key)
+    return {label: _PALETTE[i % len(_PALETTE)] for i, label in enumerate(unique)}
+
+
+def _batch_axis(ax: Axes, batches) -> None:
+    """Batch sizes are powers of two and their halves: a log2 axis with plain-number ticks."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    values = sorted({int(b) for b in batches}) or [1]
+    ax.set_xscale("log", base=2)
+    low, high = values[0], values[-1]
+    ticks = [2**k for k in range(0, 16) if low / 1.5 <= 2**k <= high * 1.5] or values
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([str(t) for t in ticks])
+    ax.set_xlim(low / 1.4, high * 1.4)
+    ax.set_xlabel("micro-batch size (log scale)")
+
+
+def _memory_unit(limit_bytes: float) -> tuple[float, str]:
+    return (2**30, "GiB") if limit_bytes >= 2 * 2**30 else (2**20, "MiB")
+
+
+def throughput_figure(frame: pd.DataFrame, global_batch: int | None = None, winner: str | None = None) -> Figure:
+    """Samples/s against batch size, one line per strategy; OOMs as crosses on the axis."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    frame = frame.assign(strategy=strategy_labels(frame, global_batch))
+    colors = strategy_colors(frame["strategy"])
+    top = float(frame["samples_per_s"].max()) if frame["samples_per_s"].notna().any() else 1.0
+    for label, group in frame.groupby("strategy", sort=False):
+        color = colors[str(label)]
+        ran = group[group["status"] == "ok"]
+        if len(ran):
+            medians = ran.groupby("batch_size")["samples_per_s"].median().sort_index()
+            ax.plot(medians.index, medians.values, "-", color=color, alpha=0.6, label=str(label))
+            fits, over = ran[ran["feasible"].fillna(False)], ran[~ran["feasible"].fillna(False)]
+            ax.plot(fits["batch_size"], fits["samples_per_s"], "o", color=color, ms=6)
+            ax.plot(over["batch_size"], over["samples_per_s"], "o", mfc="white", mec=color, ms=6)
+        ooms = group[group["status"] == "oom"]
+        if len(ooms):
+            ax.plot(ooms["batch_size"], [0] * len(ooms), "x", color=color, ms=9, mew=2.2, clip_on=False,
+                    label=None if len(ran) else str(label))
+    _legend_markers(ax, frame)
+    if winner is not None:
+        best = frame[(config_labels(frame) == winner) & (frame["status"] == "ok")]
+        if len(best):
+            y = float(best["samples_per_s"].median())
+            b = int(best["batch_size"].iloc[0])
+            ax.plot([b], [y], "*", color="gold", mec="black", ms=17, zorder=5)
+            ax.annotate(f"best: {winner}", (b, y), xytext=(-14, 14), textcoords="offset points", ha="right",
+                        fontsize=9, fontweight="bold", bbox={"boxstyle": "round", "fc": "white", "ec": "0.7"})
+    _batch_axis(ax, frame["batch_size"])
+    ax.set_ylim(0, top * 1.18)
+    ax.set_ylabel("throughput (samples/s)")
+    ax.set_title("Throughput against batch size, per strategy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", ncols=2)
+    return fig
+
+
+def _legend_markers(ax: Axes, frame: pd.DataFrame) -> None:
+    """Entries for the marker kinds (not colors): fits, over the headroom, out of memory."""
+    if (frame["status"] == "oom").any():
+        ax.plot([], [], "x", color="black", mew=2, label="out of memory")
+    if ((frame["status"] == "ok") & ~frame["feasible"].fillna(False)).any():
+        ax.plot([], [], "o", mfc="white", mec="black", label="ran, over the headroom")
+
+
+def memory_figure(frame: pd.DataFrame, limit_bytes: float, usable_bytes: float,
+                  models: dict[str, Line] | None = None, global_batch: int | None = None) -> Figure:
+    """Peak memory against batch size per strategy, with the limit, the usable line (limit less the
+    headroom) and the planner's memory model; OOM probes as crosses on the limit line."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    unit, name = _memory_unit(limit_bytes)
+    frame = frame.assign(strategy=strategy_labels(frame, global_batch))
+    colors = strategy_colors(list(frame["strategy"]) + list(models or {}))
+    batches = frame["batch_size"].astype(float)
+    grid = np.geomspace(max(1.0, batches.min() / 1.4), batches.max() * 1.4, 120) if len(frame) else np.array([1.0])
+    for label, line in (models or {}).items():
+        ys = np.array([line(b) for b in grid]) / unit
+        shown = ys <= limit_bytes * 1.25 / unit
+        ax.plot(grid[shown], ys[shown], "--", color=colors[label], lw=1.2, alpha=0.8)
+    for label, group in frame.groupby("strategy", sort=False):
+        color = colors[str(label)]
+        ran = group[(group["status"] == "ok") & group["peak_bytes"].notna()]
+        fits, over = ran[ran["feasible"].fillna(False)], ran[~ran["feasible"].fillna(False)]
+        ax.plot(fits["batch_size"], fits["peak_bytes"].astype(float) / unit, "o", color=color, ms=6, label=str(label))
+        ax.plot(over["batch_size"], over["peak_bytes"].astype(float) / unit, "o", mfc="white", mec=color, ms=6)
+        ooms = group[group["status"] == "oom"]
+        ax.plot(ooms["batch_size"], [limit_bytes / unit] * len(ooms), "x", color=color, ms=10, mew=2.2, zorder=4)
+    ax.axhline(limit_bytes / unit, color=LIMIT_COLOR, lw=1.6, label=f"limit {limit_bytes / unit:,.0f} {name}")
+    headroom = 1 - usable_bytes / limit_bytes if limit_bytes else 0
+    ax.axhline(usable_bytes / unit, color=USABLE_COLOR, lw=1.4, ls="-.",
+               label=f"usable {usable_bytes / unit:,.0f} {name} ({headroom:.0%} headroom)")
+    if models:
+        ax.plot([], [], "--", color="black", lw=1.2, label="memory model (planner's fit)")
+    _legend_markers(ax, frame)
+    _batch_axis(ax, frame["batch_size"])
+    peaks = frame["peak_bytes"].dropna().astype(float)
+    ax.set_ylim(0, max(limit_bytes * 1.12, float(peaks.max()) * 1.05 if len(peaks) else 0) / unit)
+    ax.set_ylabel(f"peak memory ({name})")
+    ax.set_title("Peak memory against batch size, per strategy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", ncols=2)
+    return fig
+
+
+def progress_figure(frame: pd.DataFrame, progress: pd.DataFrame) -> Figure:
+    """Each probe's throughput at the probe-seconds when it ended, and the best feasible so far."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    ordered = frame.sort_values("trial").assign(probe_seconds=lambda f: f["wall_s"].cumsum())
+    for phase, color in PHASE_COLORS.items():
+        rows = ordered[(ordered["phase"] == phase) & (ordered["status"] == "ok")]
+        if len(rows):
+            ax.plot(rows["probe_seconds"], rows["samples_per_s"], "o", color=color, ms=5, alpha=0.8,
+                    label=f"{phase} probe")
+    ooms = ordered[ordered["status"] != "ok"]
+    if len(ooms):
+        ax.plot(ooms["probe_seconds"], [0] * len(ooms), "x", color=OOM_COLOR, ms=8, mew=2, clip_on=False,
+                label="out of memory / failed")
+    if len(progress):
+        xs = [0.0, *progress["probe_seconds"]]
+        ys = [float("nan"), *progress["best_samples_per_s"]]
+        ax.step(xs, ys, where="post", color="black", lw=2, label="best feasible so far")
+        last = progress.dropna(subset=["best_samples_per_s"])
+        if len(last):
+            end = last.iloc[-1]
+            found = last[last["best"] == end["best"]].iloc[0]
+            ax.annotate(f"{end['best']}\nfound after {found['probe_seconds']:.0f} s", (found["probe_seconds"],
+                        found["best_samples_per_s"]), xytext=(8, -28), textcoords="offset points", fontsize=9)
+    top = float(ordered["samples_per_s"].max()) if ordered["samples_per_s"].notna().any() else 1.0
+    ax.set_ylim(0, top * 1.15)
+    ax.set_xlim(0, max(1.0, float(ordered["wall_s"].sum())) * 1.03)
+    ax.set_xlabel("probe-seconds spent (cumulative wall time of the probes)")
+    ax.set_ylabel("throughput (samples/s)")
+    ax.set_title("Search progress: best feasible throughput so far")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+def ranking_figure(ranked: list[Candidate], usable_bytes: float, count: int = 6) -> Figure:
+    """The winner and its runner-ups as bars, each labelled with its peak memory."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    shown = ranked[:count][::-1]
+    labels = [c.config.label() for c in shown]
+    rates = [c.samples_per_s for c in shown]
+    colors = ["#bbbbbb"] * (len(shown) - 1) + ["#2ca02c"] if shown else []
+    ax.barh(labels, rates, color=colors)
+    top = max(rates, default=1.0)
+    unit, name = _memory_unit(usable_bytes)
+    for i, c in enumerate(shown):
+        peak = f"{c.peak_bytes / unit:,.0f} {name}" if c.peak_bytes else "-"
+        share = f"{c.samples_per_s / ranked[0].samples_per_s:.0%}"
+        ax.text(c.samples_per_s + top * 0.01, i, f"{c.samples_per_s:,.1f}/s ({share}), peak {peak}",
+                va="center", fontsize=8)
+    ax.set_xlim(0, top * 1.45)
+    ax.set_xlabel("throughput (samples/s, median over the config's probes)")
+    ax.set_title("The winner (green) and its runner-ups")
+    ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
+def study_figures(stored: StoredStudy) -> dict[str, Figure]:
+    """The four figures of a study, keyed by their PNG file stem."""
+    frame = stored.trials_frame()
+    global_batch = stored.space.global_batch
+    best = stored.best()
+    models = {s.label(): line for s, line in stored.memory_models().items()}
+    return {
+        "throughput": throughput_figure(frame, global_batch, winner=best.label() if best else None),
+        "memory": memory_figure(frame, stored.limit_bytes, stored.usable_bytes, models, global_batch),
+        "progress": progress_figure(frame, stored.progress()),
+        "ranking": ranking_figure(stored.ranked(), stored.usable_bytes),
+    }
+
+
+def config_labels(frame: pd.DataFrame) -> pd.Series:
+    """Config.label() per row ('bf16 b=64 ckpt=2'), to match probes against the winner."""
+    import pandas as pd
+
+    from autofit.space import Config
+
+    labels = [Config(batch_size=int(r.batch_size), precision=r.precision, checkpoint_segments=int(r.checkpoint_segments),
+                     accumulation_steps=int(r.accumulation_steps)).label() for r in frame.itertuples(index=False)]
+    return pd.Series(labels, index=frame.index, dtype="string")

@@ -1,0 +1,188 @@
+"""`autofit report`: one self-contained HTML page per study (plots embedded as data URIs).
+
+Self-contained so it can be mailed, attached to a CI run or opened from disk: no server, no
+scripts, no external stylesheet or image.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+
+from autofit.errors import NoFeasibleConfig
+from autofit.units import format_duration, format_size
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from autofit.study import StoredStudy
+
+#: (PNG stem, section title, how to read it); the stems are those of autofit.plots.study_figures.
+SECTIONS = (
+    ("throughput", "Throughput against batch size",
+     "One line per strategy (precision and checkpointed blocks). Filled dots fit under the usable memory, "
+     "hollow ones ran but crossed the headroom, crosses on the axis ran out of memory. Throughput usually "
+     "rises with the batch and flattens; the star is the winner."),
+    ("memory", "Peak memory against batch size",
+     "Measured peaks per strategy, the memory limit (red), the usable memory after the headroom "
+     "(orange) and the planner's fitted memory line per strategy (dashed: peak = a + m x batch). "
+     "Crosses on the limit are probes that ran out of memory. A strategy's largest feasible batch is "
+     "where its line crosses the usable memory."),
+    ("progress", "Search progress",
+     "Each probe's throughput at the probe-seconds spent when it ended (crosses: out of memory or "
+     "failed), and the best feasible throughput the search knew after each probe (black steps). A "
+     "flat tail means the later probes only confirmed the winner."),
+    ("ranking", "Winner and runner-ups",
+     "Feasible configs ranked as the search ranks them: median throughput, near-ties (within 2%) "
+     "broken toward the lower peak."),
+)
+
+_STYLE = """
+body { font-family: system-ui, -apple-system, Segoe UI, sans-serif; max-width: 980px; margin: 2em auto;
+       padding: 0 1em; color: #222; line-height: 1.45; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { margin-top: 1.8em; border-bottom: 1px solid #ddd; }
+.winner { background: #eef8ee; border: 1px solid #9c9; padding: 0.8em 1em; border-radius: 6px; }
+table { border-collapse: collapse; font-size: 0.9em; margin: 0.8em 0; }
+th, td { padding: 0.25em 0.7em; border-bottom: 1px solid #eee; text-align: right; }
+th { background: #f4f4f4; } td.l, th.l { text-align: left; }
+tr.best td { font-weight: bold; background: #eef8ee; } tr.bad td { color: #a33; }
+img { max-width: 100%; height: auto; border: 1px solid #eee; }
+.muted { color: #666; font-size: 0.9em; } dl { display: grid; grid-template-columns: max-content auto; gap: 0.2em 1em; }
+dt { font-weight: 600; } dd { margin: 0; }
+"""
+
+
+def data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def render_report(stored: StoredStudy, pngs: dict[str, bytes]) -> str:
+    """The HTML page: summary, winner, one section per plot, the runner-ups and all probes."""
+    e = html.escape
+    frame = stored.trials_frame()
+    try:
+        document = stored.document()
+    except NoFeasibleConfig:
+        document = None
+    parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+             f"<title>autofit report: {e(stored.name)}</title><style>{_STYLE}</style></head><body>",
+             f"<h1>autofit report: {e(stored.name)}</h1>",
+             f"<p class=\"muted\">{e(stored.storage)}</p>", _summary(stored, frame)]
+    if document:
+        from autofit.space import Config
+
+        measured = document["measured"]
+        parts.append(
+            f"<div class=\"winner\"><b>Winner: {e(Config.from_dict(document['config']).label())}</b>, "
+            f"{measured['samples_per_s']:,.1f} samples/s, peak {e(format_size(measured['peak_bytes']))} of "
+            f"{e(format_size(stored.usable_bytes))} usable"
+            f"{' (confirmed by a longer run)' if measured['confirmed'] else ''}.<br>"
+            f"Why: {e(document['why'])}.</div>")
+    else:
+        parts.append("<div class=\"winner\"><b>No winner</b>: no probe fits under the usable memory.</div>")
+    for stem, title, how in SECTIONS:
+        parts.append(f"<h2 id=\"{stem}\">{e(title)}</h2>")
+        if stem == "ranking":
+            parts.append(_ranking_table(stored))
+        parts.append(f"<img alt=\"{e(title)}\" src=\"{data_uri(pngs[stem])}\">")
+        parts.append(f"<p class=\"muted\">{e(how)}</p>")
+    parts.append("<h2 id=\"probes\">All probes</h2>")
+    parts.append(_probes_table(frame, document))
+    from autofit import __version__
+
+    parts.append(f"<p class=\"muted\">Written by autofit {e(__version__)} on "
+                 f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC. Rerun `autofit report` to refresh; "
+                 f"`autofit show --trial N` prints one probe's output.</p></body></html>\n")
+    return "\n".join(parts)
+
+
+def _summary(stored: StoredStudy, frame: pd.DataFrame) -> str:
+    e = html.escape
+    meta = stored.meta
+    counts = frame["status"].value_counts()
+    over = int(((frame["status"] == "ok") & ~frame["feasible"].fillna(False)).sum())
+    failed = len(frame) - int(counts.get("ok", 0)) - int(counts.get("oom", 0))
+    versions = meta.get("versions") or {}
+    rows = [
+        ("script", f"{meta['script']} : {meta.get('function') or 'train'}"),
+        ("device", str(meta["device_info"].get("name", meta.get("device")))),
+        ("memory", f"limit {format_size(stored.limit_bytes)}, usable {format_size(stored.usable_bytes)} "
+                   f"({meta['headroom']:.0%} headroom)"),
+        ("probes", f"{len(frame)}: {int(counts.get('ok', 0))} ran ({over} over the headroom), "
+                   f"{int(counts.get('oom', 0))} out of memory, {failed} failed; "
+                   f"{format_duration(float(frame['wall_s'].sum()))} of probing"),
+        ("versions", ", ".join(f"{k} {v}" for k, v in versions.items() if v)),
+    ]
+    return "<dl>" + "".join(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in rows) + "</dl>"
+
+
+def _ranking_table(stored: StoredStudy) -> str:
+    ranked = stored.ranked()
+    if not ranked:
+        return "<p>No feasible config.</p>"
+    head = ("<table><tr><th>rank</th><th class=\"l\">config</th><th>samples/s</th><th>vs winner</th>"
+            "<th>peak</th><th>% of usable</th><th>probes</th></tr>")
+    rows = []
+    for i, c in enumerate(ranked[:6]):
+        peak = c.peak_bytes or 0
+        css = ' class="best"' if i == 0 else ""
+        rows.append(f"<tr{css}><td>{i + 1}</td>"
+                    f"<td class=\"l\">{html.escape(c.config.label())}</td><td>{c.samples_per_s:,.1f}</td>"
+                    f"<td>{c.samples_per_s / ranked[0].samples_per_s:.0%}</td><td>{format_size(c.peak_bytes)}</td>"
+                    f"<td>{100 * peak / stored.usable_bytes:.0f}%</td><td>{c.probes}</td></tr>")
+    return head + "".join(rows) + "</table>"
+
+
+def _probes_table(frame: pd.DataFrame, document: dict | None) -> str:
+    from autofit.plots import config_labels
+
+    e = html.escape
+    winner = None
+    if document:
+        from autofit.space import Config
+
+        winner = Config.from_dict(document["config"]).label()
+    frame = frame.assign(config=config_labels(frame)).sort_values("trial")
+    head = ("<table><tr><th>trial</th><th class=\"l\">phase</th><th class=\"l\">config</th><th class=\"l\">status</th>"
+            "<th>samples/s</th><th>peak</th><th>% of limit</th><th>wall</th><th class=\"l\">error</th></tr>")
+    rows = []
+    for r in frame.itertuples(index=False):
+        css = ' class="best"' if r.config == winner else ' class="bad"' if r.status != "ok" or not r.feasible else ""
+        rate = "-" if _missing(r.samples_per_s) else f"{r.samples_per_s:,.1f}"
+        peak = "-" if _missing(r.peak_bytes) or r.status == "oom" else format_size(r.peak_bytes)
+        share = "-" if _missing(r.peak_fraction) or r.status == "oom" else f"{100 * r.peak_fraction:.0f}%"
+        error = "" if _missing(r.error) or r.status == "ok" else str(r.error)[:120]
+        rows.append(f"<tr{css}><td>{r.trial}</td><td class=\"l\">{e(r.phase)}</td><td class=\"l\">{e(r.config)}</td>"
+                    f"<td class=\"l\">{e(r.status)}</td><td>{rate}</td><td>{e(peak)}</td><td>{share}</td>"
+                    f"<td>{format_duration(r.wall_s)}</td><td class=\"l\">{e(error)}</td></tr>")
+    return head + "".join(rows) + "</table>"
+
+
+def _missing(value) -> bool:
+    import pandas as pd
+
+    return value is None or bool(pd.isna(value))
+
+
+def write_report(stored: StoredStudy, path: str, png_dir: str | None = None) -> list[str]:
+    """Write the page to `path` (and each plot as PNG_DIR/<stem>.png); returns the PNG paths."""
+    from autofit.plots import png_bytes, study_figures
+
+    pngs = {stem: png_bytes(fig) for stem, fig in study_figures(stored).items()}
+    page = render_report(stored, pngs)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(page)
+    written = []
+    if png_dir:
+        os.makedirs(png_dir, exist_ok=True)
+        for stem, data in pngs.items():
+            target = os.path.join(png_dir, f"{stem}.png")
+            with open(target, "wb") as handle:
+                handle.write(data)
+            written.append(target)
+    return written

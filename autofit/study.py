@@ -1,0 +1,283 @@
+"""Stored studies, for reading: which storage and study a command means, and one study's answers.
+
+The search writes; everything here only reads, so a study can be shown, exported or plotted at any
+time, from any machine, with nothing probed again. Without --storage the default storage
+(studies/autofit.db) is read when it holds the study, else the recorded studies that ship with
+autofit (studies/recorded/autofit.db), so the commands and the notebook work right after install.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import optuna
+
+from autofit.errors import StorageError, UsageError
+from autofit.export import best_document, study_meta, study_planner
+from autofit.search._study import default_storage_url, observations, trial_result
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from optuna.trial import FrozenTrial
+
+    from autofit.record import ProbeResult
+    from autofit.search._models import Line
+    from autofit.search._planner import Candidate, Planner
+    from autofit.search._space import SearchSpace, Strategy
+    from autofit.space import Config
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUNDLED_DB = os.path.join(_REPO, "studies", "recorded", "autofit.db")
+
+
+def bundled_storage_url() -> str:
+    """The storage of the recorded studies that ship with autofit (one per bundled study script)."""
+    return "sqlite:///" + BUNDLED_DB
+
+
+def _storage_file(url: str) -> str | None:
+    """The file behind a file-based storage URL (None for a database server)."""
+    if url.startswith("sqlite:///"):
+        return url[len("sqlite:///"):]
+    if url.endswith(".journal") or url.endswith(".log"):
+        return url
+    return None
+
+
+def storage_exists(url: str) -> bool:
+    path = _storage_file(url)
+    return path is None or os.path.exists(path)
+
+
+def open_for_reading(url: str) -> optuna.storages.BaseStorage:
+    """An existing storage; StorageError when it is missing, rather than creating an empty one."""
+    path = _storage_file(url)
+    if path is not None and not os.path.exists(path):
+        raise StorageError(f"The storage {url} must exist, but {path} does not.")
+    try:
+        if path is not None and path == url:
+            from optuna.storages.journal import JournalFileBackend
+
+            return optuna.storages.JournalStorage(JournalFileBackend(url))
+        return optuna.storages.RDBStorage(url)
+    except Exception as exc:  # noqa: BLE001 - any driver error means the same thing to the user
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StorageError(f"The storage {url} must open, but it failed: {first[:300]}") from None
+
+
+def study_names(url: str) -> list[str]:
+    return sorted(optuna.get_all_study_names(storage=open_for_reading(url)))
+
+
+def match_study(names: list[str], wanted: str) -> str | None:
+    """`wanted` exactly, or the one study whose script stem it is ("gpt" for "gpt.train-cpu0")."""
+    if wanted in names:
+        return wanted
+    by_stem = [n for n in names if n.split(".", 1)[0] == wanted]
+    if len(by_stem) > 1:
+        raise UsageError(f"The study name must pick one study, but {wanted!r} matches {', '.join(by_stem)}.")
+    return by_stem[0] if by_stem else None
+
+
+@dataclass(frozen=True)
+class Located:
+    """Where a command's study is: the storage URL, the study name, and a note when it fell back."""
+
+    storage: str
+    name: str
+    note: str | None = None
+
+
+def _pick(names: list[str], wanted: str | None, url: str, what: str | None = None) -> str:
+    what = what or url
+    if not names:
+        raise UsageError(f"The storage must hold a study, but {url} has none.")
+    if wanted is None:
+        if len(names) == 1:
+            return names[0]
+        raise UsageError(f"--study must name one of the {len(names)} studies in {what} ({', '.join(names)}), "
+                         f"but none was given.")
+    found = match_study(names, wanted)
+    if found is None:
+        raise UsageError(f"The study must be one of those in {what} ({', '.join(names)}), but got {wanted!r}.")
+    return found
+
+
+def locate(study: str | None = None, storage: str | None = None) -> Located:
+    """The storage and study a command means (rules in the module docstring)."""
+    if storage:
+        return Located(storage, _pick(study_names(storage), study, storage))
+    default, bundled = default_storage_url(), bundled_storage_url()
+    default_names = study_names(default) if storage_exists(default) else []
+    if default_names and (study is None or match_study(default_names, study)):
+        return Located(default, _pick(default_names, study, default))
+    if not storage_exists(bundled):
+        if storage_exists(default):
+            return Located(default, _pick(default_names, study, default))
+        raise UsageError(f"The storage must exist, but {_storage_file(default)} does not (run `autofit search` "
+                         f"first, or pass --storage).")
+    bundled_names = study_names(bundled)
+    reason = (f"{_storage_file(default)} does not exist" if not storage_exists(default)
+              else f"{_storage_file(default)} has no study {study!r}" if study and default_names
+              else f"{_storage_file(default)} holds no study")
+    if study is not None and not match_study(bundled_names, study):
+        mine = f" ({', '.join(default_names)})" if default_names else ""
+        raise UsageError(f"The study must be one of those in {_storage_file(default)}{mine} or the recorded ones "
+                         f"({', '.join(bundled_names)}), but got {study!r}.")
+    name = _pick(bundled_names, study, bundled, what="the recorded studies")
+    return Located(bundled, name, f"reading the recorded study {name} in {BUNDLED_DB}: {reason}")
+
+
+def locate_storage(storage: str | None = None) -> Located:
+    """For listing: --storage, else the default storage if it holds studies, else the recorded one."""
+    if storage:
+        return Located(storage, "")
+    default, bundled = default_storage_url(), bundled_storage_url()
+    if storage_exists(default) and study_names(default):
+        return Located(default, "")
+    if storage_exists(bundled):
+        why = "does not exist" if not storage_exists(default) else "holds no study"
+        return Located(bundled, "", f"listing the recorded studies in {BUNDLED_DB}: {_storage_file(default)} {why}")
+    return Located(default, "")
+
+
+class StoredStudy:
+    """One study, read back: its probes as a frame, its winner, its document, its models and logs."""
+
+    def __init__(self, study: optuna.Study, storage: str, note: str | None = None) -> None:
+        self.study = study
+        self.storage = storage
+        self.note = note
+        self.meta: dict[str, Any] = study_meta(study)
+
+    def __repr__(self) -> str:
+        return f"<StoredStudy {self.name} in {self.storage}: {len(self.trials())} trials>"
+
+    @property
+    def name(self) -> str:
+        return self.study.study_name
+
+    @property
+    def limit_bytes(self) -> int:
+        return int(self.meta["limit_bytes"])
+
+    @property
+    def usable_bytes(self) -> float:
+        return float(self.meta["usable_bytes"])
+
+    @property
+    def space(self) -> SearchSpace:
+        return self.planner().space
+
+    def trials(self) -> list[FrozenTrial]:
+        return self.study.get_trials(deepcopy=False)
+
+    def trials_frame(self) -> pd.DataFrame:
+        """One row per probe, typed (see autofit.frame.COLUMNS): what the table, report and notebook show."""
+        from autofit.frame import trials_frame
+
+        return trials_frame(self.trials(), self.usable_bytes)
+
+    def planner(self) -> Planner:
+        return study_planner(self.study)
+
+    def ranked(self) -> list[Candidate]:
+        """Feasible configs, best first, ranked exactly as the search ranks them."""
+        return self.planner().ranked(observations(self.trials()))
+
+    def best(self) -> Config | None:
+        ranked = self.ranked()
+        return ranked[0].config if ranked else None
+
+    def document(self) -> dict[str, Any]:
+        """The best-config document the search wrote (NoFeasibleConfig when nothing fits)."""
+        return best_document(self.study, self.storage)
+
+    def memory_models(self) -> dict[Strategy, Line]:
+        """The planner's fitted memory line (peak = a + m x batch) of each strategy it has one for."""
+        from autofit.search._planner import _State
+
+        planner = self.planner()
+        done = [o for o in observations(self.trials()) if o.status != "running"]
+        state = _State(planner.space, planner.usable, done)
+        tried = {planner.space.strategy_of(o.config) for o in done}
+        models = {s: state.memory_model(s) for s in planner.space.strategies() if s in tried}
+        return {s: line for s, line in models.items() if line is not None}
+
+    def progress(self) -> pd.DataFrame:
+        """After each probe (in trial order): probe-seconds spent so far and the best feasible config
+        the search knew then, ranked as the search ranks (so the last row is the winner)."""
+        import pandas as pd
+
+        planner = self.planner()
+        rows, seen, spent = [], [], 0.0
+        for trial in sorted(self.trials(), key=lambda t: t.number):
+            result = trial_result(trial)
+            if result is None:
+                continue
+            seen.extend(observations([trial]))
+            spent += result.wall_s
+            ranked = planner.ranked(seen)
+            rows.append({"trial": trial.number, "probe_seconds": spent,
+                         "best_samples_per_s": ranked[0].samples_per_s if ranked else float("nan"),
+                         "best": ranked[0].config.label() if ranked else None})
+        return pd.DataFrame(rows, columns=["trial", "probe_seconds", "best_samples_per_s", "best"])
+
+    def probe(self, number: int) -> tuple[FrozenTrial, ProbeResult]:
+        """Trial `number` and its probe; UsageError naming the probes there are when it has none."""
+        trials = {t.number: t for t in self.trials()}
+        trial = trials.get(number)
+        result = trial_result(trial) if trial is not None else None
+        if result is None:
+            probed = sorted(n for n, t in trials.items() if trial_result(t) is not None)
+            span = f"{probed[0]}-{probed[-1]}" if probed else "none"
+            raise UsageError(f"The trial must be one of the study's probes ({span}), but got {number}.")
+        return trial, result
+
+    def log_path(self, number: int) -> str | None:
+        """The probe's output file: where the search wrote it, or beside the storage if it moved."""
+        trial, result = self.probe(number)
+        candidates = [result.log_path] if result.log_path else []
+        path = _storage_file(self.storage)
+        if path is not None:
+            candidates.append(os.path.join(os.path.dirname(os.path.abspath(path)), "runs", self.name,
+                                           f"trial-{trial.number}.log"))
+        for candidate in candidates:
+            if os.path.isfile(candidate):
+                return candidate
+        return None
+
+    def summary(self) -> dict[str, Any]:
+        """One line's worth: device, limit, probes, best config and its throughput."""
+        ranked = self.ranked()
+        return {
+            "study": self.name, "device": self.meta.get("device_info", {}).get("name", self.meta.get("device")),
+            "limit_bytes": self.limit_bytes, "probes": len(self.trials_frame()),
+            "best": ranked[0].config.label() if ranked else None,
+            "samples_per_s": ranked[0].samples_per_s if ranked else None,
+        }
+
+
+def load_study(name: str | None = None, storage: str | None = None) -> StoredStudy:
+    """A stored study by name (or the only one in the storage); see the module docstring for which storage."""
+    where = locate(name, storage)
+    study = optuna.load_study(study_name=where.name, storage=open_for_reading(where.storage))
+    return StoredStudy(study, where.storage, where.note)
+
+
+def list_studies(storage: str | None = None) -> tuple[Located, list[dict[str, Any]]]:
+    """Every study in the storage, with its summary (studies autofit did not write get only a name)."""
+    where = locate_storage(storage)
+    rows = []
+    opened = open_for_reading(where.storage)
+    for name in sorted(optuna.get_all_study_names(storage=opened)):
+        try:
+            rows.append(StoredStudy(optuna.load_study(study_name=name, storage=opened), where.storage).summary())
+        except UsageError:
+            rows.append({"study": name, "device": None, "limit_bytes": None, "probes": 0, "best": None,
+                         "samples_per_s": None})
+    return where, rows

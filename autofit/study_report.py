@@ -1,0 +1,164 @@
+"""Text for `autofit show` and `autofit studies`: the probes as a table, one probe in full, the studies."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from autofit.errors import NoFeasibleConfig, UsageError
+from autofit.frame import COLUMNS
+from autofit.probe_report import describe_probe
+from autofit.record import STATUSES
+from autofit.units import format_duration, format_size
+
+if TYPE_CHECKING:
+    from autofit.study import StoredStudy
+
+#: Friendly --sort names for frame columns. Throughput sorts highest first, the rest lowest first.
+SORT_ALIASES = {"throughput": "samples_per_s", "peak": "peak_bytes", "memory": "peak_bytes",
+                "wall": "wall_s", "batch": "batch_size", "time": "started"}
+SORT_NAMES = ("throughput", "trial", "peak", "wall", "batch", "status", "phase", "precision")
+TAIL_LINES = 40
+
+
+def select_probes(frame: pd.DataFrame, sort: str = "throughput", reverse: bool = False,
+                  status: tuple[str, ...] = (), phase: tuple[str, ...] = (), top: int | None = None) -> pd.DataFrame:
+    """Filter then sort then cut: the rows `autofit show` prints."""
+    column = SORT_ALIASES.get(sort, sort)
+    if column not in COLUMNS:
+        raise UsageError(f"--sort must be one of {', '.join(SORT_NAMES)} (or a column of the probes frame), "
+                         f"but got {sort!r}.")
+    if status:
+        frame = frame[frame["status"].isin(status)]
+    if phase:
+        frame = frame[frame["phase"].isin(phase)]
+    descending = column == "samples_per_s"
+    frame = frame.sort_values([column, "trial"], ascending=[descending == reverse, True], na_position="last",
+                              kind="stable")
+    return frame.head(top) if top is not None else frame
+
+
+def _na(value: Any) -> bool:
+    return value is None or bool(pd.isna(value))
+
+
+def probes_table(frame: pd.DataFrame, winner_label: str | None = None) -> str:
+    """The table: config, status, throughput, peak memory, % of limit, wall time (and an error)."""
+    head = f"{'':2}{'trial':>5}  {'phase':<9} {'config':<24} {'status':<9}{'samples/s':>10}{'peak':>14}" \
+           f"{'% limit':>9}{'wall':>8}"
+    lines = [head]
+    for row in frame.itertuples(index=False):
+        label = _label(row)
+        over = row.status == "ok" and not row.feasible
+        mark = "* " if label == winner_label else "! " if over else "  "
+        rate = "-" if _na(row.samples_per_s) else f"{row.samples_per_s:,.1f}"
+        if row.status == "oom":
+            peak = "> " + format_size(row.limit_bytes) if not _na(row.limit_bytes) else "-"
+            share = "> 100%"
+        else:
+            peak = "-" if _na(row.peak_bytes) else format_size(row.peak_bytes)
+            share = "-" if _na(row.peak_fraction) else f"{100 * row.peak_fraction:.0f}%"
+        line = (f"{mark}{row.trial:>5}  {row.phase:<9} {label:<24} {row.status:<9}{rate:>10}{peak:>14}"
+                f"{share:>9}{format_duration(row.wall_s):>8}")
+        if row.status not in ("ok", "oom") and not _na(row.error):
+            line += f"  {row.error[:70]}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _label(row: Any) -> str:
+    from autofit.space import Config
+
+    return Config(batch_size=int(row.batch_size), precision=row.precision,
+                  checkpoint_segments=int(row.checkpoint_segments),
+                  accumulation_steps=int(row.accumulation_steps)).label()
+
+
+def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame) -> str:
+    """Header, the selected probes, then the winner and why it won."""
+    meta = stored.meta
+    counts = total["status"].value_counts()
+    over = int(((total["status"] == "ok") & ~total["feasible"].fillna(False)).sum())
+    failed = sum(int(counts.get(s, 0)) for s in STATUSES if s not in ("ok", "oom"))
+    script = f"{os.path.basename(meta['script'])}:{meta['function']}" if meta.get("function") else meta["script"]
+    lines = [
+        f"study {stored.name} ({stored.storage})",
+        f"{script} on {meta['device_info'].get('name', meta.get('device'))}, limit {format_size(stored.limit_bytes)}, "
+        f"usable {format_size(stored.usable_bytes)} ({meta['headroom']:.0%} headroom)",
+        f"{len(total)} probes: {int(counts.get('ok', 0))} ran ({over} over the headroom), "
+        f"{int(counts.get('oom', 0))} out of memory, {failed} failed"
+        + (f"; showing {len(shown)}" if len(shown) != len(total) else ""),
+        "",
+    ]
+    try:
+        document = stored.document()
+    except NoFeasibleConfig:
+        document = None
+    winner = _doc_label(document) if document else None
+    lines.append(probes_table(shown, winner) if len(shown) else "(no probe matches the filters)")
+    lines.append("")
+    if document is None:
+        lines.append("best: none yet: no probe fits under the usable memory")
+        return "\n".join(lines)
+    measured = document["measured"]
+    confirmed = "confirmed by a longer run" if measured["confirmed"] else "not confirmed by a longer run"
+    lines.append(f"best: {winner}  {measured['samples_per_s']:,.1f} samples/s, peak "
+                 f"{format_size(measured['peak_bytes'])} of {format_size(stored.usable_bytes)} usable "
+                 f"({measured['probes']} probe{'s' if measured['probes'] != 1 else ''}, {confirmed})")
+    lines.append(f"why: {document['why']}")
+    lines.append(f"stopped: {document['study']['stopped']}")
+    lines.append("legend: * the best config   ! ran, but its peak crossed the headroom (infeasible)")
+    return "\n".join(lines)
+
+
+def _doc_label(document: dict) -> str:
+    from autofit.space import Config
+
+    return Config.from_dict(document["config"]).label()
+
+
+def describe_trial(stored: StoredStudy, number: int, full: bool = False, tail: int = TAIL_LINES) -> str:
+    """One probe in full: its measurements, error and traceback, then its captured output."""
+    trial, result = stored.probe(number)
+    phase = trial.user_attrs.get("phase", "explore")
+    started = f", started {trial.datetime_start:%Y-%m-%d %H:%M:%S}" if trial.datetime_start else ""
+    path = stored.log_path(number)
+    stored_path = result.log_path
+    result.log_path = path or stored_path
+    lines = [describe_probe(result, header=f"trial {trial.number} of study {stored.name} ({phase}{started})")]
+    if result.status == "ok" and result.peak_bytes and result.peak_bytes > stored.usable_bytes:
+        lines.append(f"{'feasible':<12} no: the peak crosses {format_size(stored.usable_bytes)} usable")
+    lines.append("")
+    if path is None:
+        where = f": {stored_path} is gone" if stored_path else ""
+        lines.append(f"output: not available{where}")
+        return "\n".join(lines)
+    with open(path, errors="replace") as handle:
+        text = handle.read().rstrip("\n")
+    if not text.strip():
+        lines.append(f"output ({path}): the probe printed nothing")
+        return "\n".join(lines)
+    out = text.splitlines()
+    if full or len(out) <= tail:
+        lines.append(f"output ({path}, {len(out)} lines):")
+    else:
+        lines.append(f"output ({path}, last {tail} of {len(out)} lines; --full for all):")
+        out = out[-tail:]
+    lines.extend(out)
+    return "\n".join(lines)
+
+
+def studies_table(rows: list[dict[str, Any]]) -> str:
+    """`autofit studies`: one line per study."""
+    if not rows:
+        return "(no studies)"
+    width = max(len("study"), *(len(r["study"]) for r in rows))
+    lines = [f"{'study':<{width}}  {'device':<22}{'limit':>12}{'probes':>8}  {'best':<24}{'samples/s':>11}"]
+    for r in rows:
+        limit = format_size(r["limit_bytes"]) if r["limit_bytes"] else "-"
+        rate = f"{r['samples_per_s']:,.1f}" if r["samples_per_s"] else "-"
+        lines.append(f"{r['study']:<{width}}  {(r['device'] or '-')[:21]:<22}{limit:>12}{r['probes']:>8}  "
+                     f"{r['best'] or '-':<24}{rate:>11}")
+    return "\n".join(lines)

@@ -1,0 +1,10 @@
+import ctypes
+from autofit import autofit
+from _grow import train_steps
+
+
+@autofit(precision=("fp32",), batch_size=(1, 256))
+def train(run):
+    if run.batch_size >= 24:
+        ctypes.string_at(0)  # SIGSEGV, like a crashing kernel
+    train_steps(run)

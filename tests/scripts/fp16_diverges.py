@@ -1,0 +1,11 @@
+from autofit import autofit
+from _grow import train_steps
+
+
+def overflow_fp16(run, loss):
+    return loss * float("inf") if run.precision == "fp16" else loss
+
+
+@autofit(precision=("fp32", "fp16"), batch_size=(1, 256))
+def train(run):
+    train_steps(run, overflow_fp16)

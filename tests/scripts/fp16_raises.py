@@ -1,0 +1,13 @@
+from autofit import autofit
+from _grow import train_steps
+
+
+def refuse_fp16(run, loss):
+    if run.precision == "fp16":
+        raise NotImplementedError("this model's custom kernel has no fp16 version")
+    return loss
+
+
+@autofit(precision=("fp32", "bf16", "fp16"), batch_size=(1, 256))
+def train(run):
+    train_steps(run, refuse_fp16)

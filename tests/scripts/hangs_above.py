@@ -1,0 +1,10 @@
+import time
+from autofit import autofit
+from _grow import train_steps
+
+
+@autofit(precision=("fp32",), batch_size=(1, 256))
+def train(run):
+    if run.batch_size >= 24:
+        time.sleep(3600)
+    train_steps(run)

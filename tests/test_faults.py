@@ -1,0 +1,169 @@
+"""The fault matrix: each fault a training script can throw, in a real search on CPU."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from click.testing import CliRunner
+
+from autofit.cli import cli
+from autofit.errors import NoFeasibleConfig, UserCodeError
+from autofit.search import SearchSettings, run_search
+from autofit.search._study import observations
+from conftest import REPO, script
+
+LIMIT = 768 * 2**20
+
+
+def settings(tmp_path, name: str, **kwargs) -> SearchSettings:
+    base = dict(script=script(name), memory_limit=LIMIT, budget_s=90, storage=f"sqlite:///{tmp_path}/s.db",
+                out=str(tmp_path / "best.json"), confirm_factor=2)
+    base.update(kwargs)
+    return SearchSettings(**base)
+
+
+def trials(tmp_path, result):
+    return optuna.load_study(study_name=result.study_name, storage=f"sqlite:///{tmp_path}/s.db").trials
+
+
+def test_oom_at_every_batch_ends_quickly_with_nothing_fits_and_no_json(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(NoFeasibleConfig, match=r"Nothing fits under .*smallest config tried .* ran out of memory"):
+        run_search(settings(tmp_path, "oom_always.py", budget_s=300))
+    assert time.monotonic() - started < 60
+    assert not (tmp_path / "best.json").exists()
+
+
+def test_oom_at_every_batch_exits_1_from_the_cli(tmp_path):
+    result = CliRunner().invoke(cli, ["search", script("oom_always.py"), "--memory-limit", "768MiB", "--budget", "2m",
+                                      "--storage", f"sqlite:///{tmp_path}/c.db", "--out", str(tmp_path / "b.json"), "-q"])
+    assert result.exit_code == 1
+    assert "Nothing fits under" in result.output
+    assert not (tmp_path / "b.json").exists()
+
+
+def test_exception_on_every_probe_stops_after_the_first_with_the_traceback(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(UserCodeError) as info:
+        run_search(settings(tmp_path, "raises.py", budget_s=600))
+    assert "helper_that_fails" in str(info.value) and "ValueError: bad shape" in str(info.value)
+    assert time.monotonic() - started < 30  # did not burn the budget
+    assert not (tmp_path / "best.json").exists()
+
+
+def test_exception_under_one_precision_marks_it_unusable_and_goes_on(tmp_path):
+    result = run_search(settings(tmp_path, "fp16_raises.py", trials=8))
+    failed = [o for o in observations(trials(tmp_path, result)) if o.status == "error"]
+    assert len(failed) == 1 and failed[0].config.precision == "fp16"
+    assert result.best is not None and result.best.precision != "fp16"
+    assert any("fp16 is unusable here: NotImplementedError" in n for n in result.notes)
+    assert {o.config.precision for o in observations(trials(tmp_path, result)) if o.status == "ok"} >= {"fp32", "bf16"}
+
+
+def test_segfault_in_user_code_is_crashed_and_the_search_goes_on(tmp_path):
+    result = run_search(settings(tmp_path, "crashes_above.py", trials=6))
+    seen = observations(trials(tmp_path, result))
+    crashed = [o for o in seen if o.status == "crashed"]
+    assert crashed and all(o.config.batch_size >= 24 for o in crashed)
+    assert [o for o in seen if o.status == "ok" and o.config.batch_size < 24]
+    assert result.best is not None and result.best.batch_size < 24
+    assert any("crashed" in n and "SIGSEGV" in n for n in result.notes)
+
+
+def test_hang_is_killed_at_the_probe_timeout_and_the_search_goes_on(tmp_path):
+    started = time.monotonic()
+    result = run_search(settings(tmp_path, "hangs_above.py", trials=5, probe_timeout=4))
+    seen = observations(trials(tmp_path, result))
+    assert [o for o in seen if o.status == "timeout"]
+    assert result.best is not None and result.best.batch_size < 24
+    assert time.monotonic() - started < 90
+
+
+def test_leaking_worker_is_replaced_and_the_leak_reported(tmp_path):
+    result = run_search(settings(tmp_path, "leaks_search.py", trials=3))
+    assert any("leak" in n and "replaced" in n for n in result.notes)
+    assert result.best is not None
+
+
+def test_nan_loss_makes_the_config_unusable(tmp_path):
+    result = run_search(settings(tmp_path, "fp16_diverges.py", trials=5))
+    seen = observations(trials(tmp_path, result))
+    assert [o for o in seen if o.status == "diverged" and o.config.precision == "fp16"]
+    assert result.best.precision == "fp32"
+
+
+def _search_cmd(tmp_path, *extra):
+    return [sys.executable, "-m", "autofit.cli", "search", script("grows.py"), "--memory-limit", "768MiB",
+            "--storage", f"sqlite:///{tmp_path}/s.db", "--study", "shared", "--out", str(tmp_path / "best.json"), *extra]
+
+
+def test_ctrl_c_keeps_finished_probes_exports_partial_and_resumes(tmp_path):
+    proc = subprocess.Popen(_search_cmd(tmp_path, "--budget", "5m"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path)
+    storage = f"sqlite:///{tmp_path}/s.db"
+    deadline = time.monotonic() + 120
+    done = 0
+    while time.monotonic() < deadline and done < 3:  # wait until three probes have finished
+        time.sleep(0.5)
+        try:
+            done = sum("probe" in t.user_attrs for t in optuna.load_study(study_name="shared", storage=storage).trials)
+        except Exception:  # noqa: BLE001 - the study may not exist yet
+            pass
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    document = json.loads((tmp_path / "best.json").read_text())
+    assert document["partial"] is True
+    kept = [t for t in optuna.load_study(study_name="shared", storage=storage).trials if "probe" in t.user_attrs]
+    assert len(kept) >= 3
+    assert not [t for t in optuna.load_study(study_name="shared", storage=storage).trials
+                if t.state == optuna.trial.TrialState.RUNNING]
+    again = subprocess.run(_search_cmd(tmp_path, "--budget", "3m", "--trials", "2", "--json"), capture_output=True,
+                           text=True, cwd=tmp_path, timeout=240)
+    assert again.returncode == 0, again.stderr
+    explored = [o.config for o in observations(optuna.load_study(study_name="shared", storage=storage).trials)
+                if o.phase == "explore"]
+    assert len(explored) == len(set(explored)) >= len(kept)
+
+
+@pytest.mark.parametrize("storage", ["default", "url"])
+def test_two_searches_on_one_study_record_every_trial_once(tmp_path, storage):
+    extra = ["--trials", "4", "--budget", "3m", "-q", "--json"]
+    cmd = _search_cmd(tmp_path, *extra)
+    if storage == "default":
+        i = cmd.index("--storage")
+        del cmd[i:i + 2]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    url = f"sqlite:///{tmp_path}/s.db" if storage == "url" else f"sqlite:///{tmp_path}/studies/autofit.db"
+    all_trials = optuna.load_study(study_name="shared", storage=url).trials
+    probed = [t for t in all_trials if "probe" in t.user_attrs]
+    explored = [o.config for o in observations(all_trials) if o.phase == "explore"]
+    assert len(explored) == len(set(explored))  # no config explored twice, by either process
+    assert not [t for t in all_trials if t.state == optuna.trial.TrialState.RUNNING]
+    reported = sum(json.loads(o[0])["probes"] for o in outs)
+    assert len(probed) >= 8 - 2 and reported >= len(probed)  # every finished probe is a trial
+
+
+@pytest.mark.parametrize("make_storage", ["not_a_database", "unmakeable_folder"])
+def test_storage_that_cannot_be_opened_fails_before_any_probe(tmp_path, make_storage):
+    if make_storage == "not_a_database":
+        (tmp_path / "s.db").write_bytes(b"this is not sqlite" * 100)
+        url = f"sqlite:///{tmp_path}/s.db"
+    else:
+        url = "sqlite:////proc/autofit-cannot-exist/s.db"  # unwritable even for root
+    started = time.monotonic()
+    result = CliRunner().invoke(cli, ["search", script("grows.py"), "--storage", url, "--budget", "1m",
+                                      "--out", str(tmp_path / "b.json")])
+    assert result.exit_code == 1
+    assert result.output.startswith("autofit: error: The storage") and result.output.count("\n") == 1
+    assert time.monotonic() - started < 5  # no worker was started, no probe ran
+    assert not (tmp_path / "b.json").exists()

@@ -1,0 +1,290 @@
+"""Reading stored studies: show, studies, export, report and load_study, on one real short search."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+
+import optuna
+import pytest
+from click.testing import CliRunner
+
+import autofit
+from autofit.cli import cli
+from autofit.report_html import SECTIONS
+from autofit.results import read_best
+from autofit.search import SearchSettings, run_search
+from autofit.search._study import trial_result
+from conftest import script
+
+LIMIT = 768 * 2**20
+BUDGET = 40
+STUDY = "reports"
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    """One real search of a script that prints, in its own storage; the tests only read it."""
+    home = tmp_path_factory.mktemp("reports")
+    storage = f"sqlite:///{home}/autofit.db"
+    result = run_search(SearchSettings(script=script("fits_small_prints.py"), memory_limit=LIMIT, budget_s=BUDGET,
+                                       batch_size=(1, 512), storage=storage, study=STUDY,
+                                       out=str(home / "best.json")))
+    study = optuna.load_study(study_name=STUDY, storage=storage)
+    return result, study, storage, home
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def probes(study) -> dict[int, str]:
+    """Trial number -> status, for every trial that ran a probe."""
+    return {t.number: t.user_attrs["status"] for t in study.trials if trial_result(t) is not None}
+
+
+def table_rows(output: str) -> list[tuple[int, str, str, str]]:
+    """(trial, phase, config, status) of each row of the `autofit show` table."""
+    rows = []
+    for line in output.splitlines():
+        match = re.match(r"^[*! ] +(\d+)  (\w+) +(.+?) {2,}(ok|oom|error|diverged|timeout|crashed) ", line)
+        if match:
+            rows.append((int(match[1]), match[2], match[3].strip(), match[4]))
+    return rows
+
+
+def assert_one_line_error(result, code: int) -> str:
+    assert result.exit_code == code, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("autofit: error: "), result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    return lines[0]
+
+
+# --- the frame and the table ----------------------------------------------------------------------
+def test_frame_has_one_row_per_probe_with_its_status(searched):
+    result, study, storage, _ = searched
+    frame = autofit.load_study(STUDY, storage).trials_frame()
+    assert dict(zip(frame["trial"], frame["status"])) == probes(study)
+    assert len(frame) == result.probes
+
+
+def test_show_lists_every_probe_sorted_by_throughput_then_the_winner(searched):
+    result, study, storage, _ = searched
+    shown = invoke("show", "--storage", storage)
+    assert shown.exit_code == 0, shown.stderr
+    rows = table_rows(shown.stdout)
+    assert {trial: status for trial, _, _, status in rows} == probes(study)
+    assert len(rows) == len(probes(study))
+    rates = {t.number: t.user_attrs["probe"]["samples_per_s"] for t in study.trials if trial_result(t)}
+    ordered = [rates[trial] for trial, *_ in rows]
+    measured = [r for r in ordered if r is not None]
+    assert measured == sorted(measured, reverse=True) and ordered[:len(measured)] == measured
+    assert f"best: {result.best.label()} " in shown.stdout
+    assert f"why: {result.why}" in shown.stdout
+    marked = {config: line[0] for line in shown.stdout.splitlines() for *_, config, _ in table_rows(line)}
+    assert marked.pop(result.best.label()) == "*" and "*" not in marked.values()
+
+
+def test_show_filters_and_sorts(searched):
+    _, study, storage, _ = searched
+    ok = sorted(n for n, s in probes(study).items() if s == "ok")
+    top = invoke("show", "--storage", storage, "--status", "ok", "--sort", "trial", "--top", "3")
+    assert [(trial, status) for trial, _, _, status in table_rows(top.stdout)] == [(n, "ok") for n in ok[:3]]
+    assert "showing 3" in top.stdout
+    explore = table_rows(invoke("show", "--storage", storage, "--phase", "explore").stdout)
+    expected = {t.number for t in study.trials if trial_result(t) and t.user_attrs["phase"] == "explore"}
+    assert {row[0] for row in explore} == expected and {row[1] for row in explore} == {"explore"}
+    newest_first = table_rows(invoke("show", "--storage", storage, "--sort", "trial", "--reverse").stdout)
+    assert [row[0] for row in newest_first] == sorted(probes(study), reverse=True)
+
+
+def test_show_trial_prints_that_probes_own_output(searched):
+    _, study, storage, _ = searched
+    for trial in study.trials:
+        probe = trial_result(trial)
+        if probe is None or probe.status != "ok":
+            continue
+        shown = invoke("show", "--storage", storage, "--trial", str(trial.number))
+        assert shown.exit_code == 0, shown.stderr
+        assert f"trial {trial.number} of study {STUDY}" in shown.stdout
+        assert f"config       {probe.config.label()}" in shown.stdout
+        own = f"probe config: precision={probe.config.precision} batch_size={probe.config.batch_size}"
+        assert own in shown.stdout
+        assert "step 1 loss" in shown.stdout
+
+
+def test_show_trial_keeps_the_tail_of_long_output_and_full_shows_all(searched):
+    from autofit.study_report import describe_trial
+
+    _, study, storage, _ = searched
+    stored = autofit.load_study(STUDY, storage)
+    number = next(t.number for t in study.trials if t.user_attrs.get("status") == "ok")
+    with open(stored.log_path(number)) as handle:
+        lines = handle.read().rstrip("\n").splitlines()
+    tail = describe_trial(stored, number, tail=3)
+    assert f"last 3 of {len(lines)} lines; --full for all" in tail
+    assert tail.splitlines()[-3:] == lines[-3:] and lines[0] not in tail
+    full = invoke("show", "--storage", storage, "--trial", str(number), "--full").stdout
+    assert all(line in full for line in lines)
+
+
+def test_show_trial_of_an_oom_probe_says_so(searched):
+    _, study, storage, _ = searched
+    oom = [t.number for t in study.trials if t.user_attrs.get("status") == "oom"]
+    if not oom:
+        pytest.skip("this search hit no OOM")
+    shown = invoke("show", "--storage", storage, "--trial", str(oom[0])).stdout
+    assert "status       oom" in shown and "hint" in shown and "can't allocate memory" in shown
+
+
+# --- studies and export -----------------------------------------------------------------------------
+def test_studies_lists_the_study_with_its_device_limit_and_best(searched):
+    result, study, storage, _ = searched
+    listed = invoke("studies", "--storage", storage)
+    assert listed.exit_code == 0, listed.stderr
+    line = next(line for line in listed.stdout.splitlines() if line.startswith(STUDY + " "))
+    assert "768.00 MiB" in line and result.best.label() in line
+    assert f" {len(probes(study))} " in line
+    assert f"{result.document['measured']['samples_per_s']:,.1f}" in line
+
+
+def test_export_writes_the_searchs_own_document(searched, tmp_path):
+    result, _, storage, home = searched
+    out = tmp_path / "exported.json"
+    exported = invoke("export", "--storage", storage, "--study", STUDY, "--out", str(out))
+    assert exported.exit_code == 0, exported.stderr
+    best = read_best(str(out))
+    assert best.config == result.best
+    written = json.loads((home / "best.json").read_text())
+    again = json.loads(out.read_text())
+    written.pop("created"), again.pop("created")
+    assert again == written  # same schema, same values, stopped and partial included
+
+
+def test_load_study_api(searched):
+    result, _, storage, _ = searched
+    stored = autofit.load_study(STUDY, storage=storage)
+    assert stored.best() == result.best
+    assert stored.document()["config"] == result.document["config"]
+    assert stored.meta["limit_bytes"] == LIMIT and stored.name == STUDY
+    assert autofit.load_study("fits_small_prints", storage=storage).name == STUDY  # by script stem
+
+
+def test_import_autofit_stays_light():
+    code = "import sys, autofit; print(sorted(m for m in ('torch', 'optuna', 'pandas', 'matplotlib') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# --- the report -------------------------------------------------------------------------------------
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_report_is_one_self_contained_page_with_a_plot_per_question(searched, tmp_path):
+    result, _, storage, _ = searched
+    out, pngs = tmp_path / "report.html", tmp_path / "png"
+    made = invoke("report", "--storage", storage, "--out", str(out), "--png", str(pngs))
+    assert made.exit_code == 0, made.stderr
+    page = out.read_text()
+    images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert [alt for alt, _ in images] == [title for _, title, _ in SECTIONS]
+    assert page.count("<img") == len(SECTIONS) == 4
+    for _, title, _ in SECTIONS:
+        assert f">{title}</h2>" in page
+    assert f"<b>Winner: {result.best.label()}</b>" in page
+    assert not re.search(r'(src|href)="(?!data:)', page) and "<script" not in page  # nothing external
+    embedded = {}
+    for (alt, data), (stem, _, _) in zip(images, SECTIONS):
+        raw = base64.b64decode(data)
+        embedded[stem] = raw
+        width, height = png_size(raw)
+        assert 600 <= width <= 2000 and 300 <= height <= 1500, (alt, width, height)
+    assert sorted(os.listdir(pngs)) == sorted(f"{stem}.png" for stem in embedded)
+    import matplotlib.image
+
+    for stem, raw in embedded.items():
+        assert (pngs / f"{stem}.png").read_bytes() == raw
+        pixels = matplotlib.image.imread(str(pngs / f"{stem}.png"))
+        assert pixels.shape[:2] == png_size(raw)[::-1] and pixels.std() > 0.05  # decodes, not blank
+    # every probe is in the page's table
+    assert len(re.findall(r"<tr(?: class=\"\w+\")?><td>\d+</td><td class=\"l\">(?:explore|remeasure|confirm)", page)) \
+        == result.probes
+
+
+def test_plots_draw_the_studys_data(searched):
+    from autofit.plots import study_figures
+
+    result, study, storage, _ = searched
+    stored = autofit.load_study(STUDY, storage)
+    figures = study_figures(stored)
+    assert list(figures) == [stem for stem, _, _ in SECTIONS]
+    frame = stored.trials_frame()
+    # throughput: a legend entry per strategy that ran
+    legend = [t.get_text() for t in figures["throughput"].axes[0].get_legend().get_texts()]
+    ran = {p + (f" ckpt={k}" if k else "") for p, k in
+           zip(frame.loc[frame.status == "ok", "precision"], frame.loc[frame.status == "ok", "checkpoint_segments"])}
+    assert ran <= set(legend)
+    # memory: the limit and the usable line, in MiB, and a model line per fitted strategy
+    memory = figures["memory"].axes[0]
+    flat = {round(float(line.get_ydata()[0]), 1) for line in memory.get_lines()
+            if len(line.get_ydata()) == 2 and line.get_ydata()[0] == line.get_ydata()[1]}
+    assert {round(LIMIT / 2**20, 1), round(stored.usable_bytes / 2**20, 1)} <= flat
+    assert sum(line.get_linestyle() == "--" and len(line.get_xdata()) > 2 for line in memory.get_lines()) \
+        == len(stored.memory_models()) >= 1
+    # progress ends at the winner's throughput; the ranking's first bar is the winner
+    assert stored.progress()["best_samples_per_s"].iloc[-1] == pytest.approx(result.document["measured"]["samples_per_s"])
+    bars = figures["ranking"].axes[0].patches
+    assert max(bar.get_width() for bar in bars) == pytest.approx(result.document["measured"]["samples_per_s"])
+
+
+# --- which storage and study ------------------------------------------------------------------------
+def test_without_storage_falls_back_to_the_recorded_studies_and_says_so(searched, tmp_path, monkeypatch):
+    result, _, storage, home = searched
+    monkeypatch.setattr("autofit.study.BUNDLED_DB", str(home / "autofit.db"))
+    monkeypatch.chdir(tmp_path)  # no studies/autofit.db here
+    shown = invoke("show")
+    assert shown.exit_code == 0, shown.stderr
+    assert "reading the recorded study reports" in shown.stderr and "does not exist" in shown.stderr
+    assert len(table_rows(shown.stdout)) == result.probes
+    listed = invoke("studies")
+    assert "listing the recorded studies" in listed.stderr and STUDY in listed.stdout
+
+
+def test_default_storage_with_several_studies_needs_study(searched, tmp_path, monkeypatch):
+    _, _, storage, home = searched
+    monkeypatch.setattr("autofit.study.BUNDLED_DB", str(tmp_path / "none.db"))
+    monkeypatch.chdir(tmp_path)
+    os.makedirs("studies")
+    default = f"sqlite:///{tmp_path}/studies/autofit.db"
+    optuna.copy_study(from_study_name=STUDY, from_storage=storage, to_storage=default)
+    optuna.create_study(study_name="other", storage=default)
+    message = assert_one_line_error(invoke("show"), 2)
+    assert "--study must name one of the 2 studies" in message and "other" in message and STUDY in message
+    chosen = invoke("show", "--study", STUDY)
+    assert chosen.exit_code == 0 and not chosen.stderr  # found in the default storage: no note
+    assert "other" in invoke("studies").stdout
+
+
+@pytest.mark.parametrize("args, code, says", [
+    (["show", "--study", "nope"], 2, "The study must be one of those in"),
+    (["report", "--study", "nope"], 2, "The study must be one of those in"),
+    (["export", "--study", "nope"], 2, "The study must be one of those in"),
+    (["show", "--trial", "999"], 2, "The trial must be one of the study's probes"),
+    (["show", "--sort", "bogus"], 2, "--sort must be one of throughput"),
+])
+def test_bad_input_is_one_line(searched, args, code, says):
+    _, _, storage, _ = searched
+    assert says in assert_one_line_error(invoke(*args, "--storage", storage), code)
+
+
+def test_missing_storage_is_one_line(tmp_path):
+    message = assert_one_line_error(invoke("studies", "--storage", f"sqlite:///{tmp_path}/missing.db"), 1)
+    assert "must exist" in message
+    assert not (tmp_path / "missing.db").exists()  # reading never creates a storage
