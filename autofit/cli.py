@@ -27,6 +27,8 @@ class _Group(click.Group):
         except UsageError as exc:
             _fail(str(exc), 2)
         except AutofitError as exc:
+            if getattr(exc, "traceback", None):  # the user's script failed: its traceback helps
+                click.echo(exc.traceback.rstrip(), err=True)
             _fail(str(exc), 1)
 
 
@@ -79,7 +81,7 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
     from autofit.discover import check_script, parse_target
     from autofit.probe_report import describe_probe
     from autofit.space import Config
-    from autofit.worker import Worker, WorkerStartError
+    from autofit.worker import Worker
 
     script, function = parse_target(target)
     check_script(script)
@@ -88,12 +90,7 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
     config = Config(batch_size=batch_size, precision=precision, checkpoint_segments=checkpoint,
                     accumulation_steps=accumulation)
     with Worker(script, function, device=device, index=index, memory_limit=memory_limit) as worker:
-        try:
-            loaded = worker.start()
-        except WorkerStartError as exc:
-            if exc.traceback:
-                click.echo(exc.traceback.rstrip(), err=True)
-            raise
+        loaded = worker.start()
         if precision not in loaded.precisions:
             raise UsageError(f"The precision must be one the device runs ({', '.join(loaded.precisions)}), "
                              f"but got {precision}.")

@@ -24,7 +24,7 @@ from autofit.search._study import (
 )
 from autofit.space import Config
 from autofit.units import format_size
-from autofit.worker import Worker, WorkerStartError
+from autofit.worker import Worker
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -200,7 +200,7 @@ class _Search:
             config = planner.next(seen)
             if config is None:
                 return "the planner had nothing left worth probing"
-            result, trial_number = self._probe(study, worker, sampler, config, "explore", self.s.steps)
+            result = self._probe(study, worker, sampler, config, "explore", self.s.steps)
             if result is None:
                 continue  # another worker claimed the same config first
             self._check_fatal(result, seen)
@@ -234,7 +234,7 @@ class _Search:
             if steps is None:
                 self.notes.append("the winner was not confirmed with a longer run: the budget ran out")
                 return
-            result, _ = self._probe(study, worker, sampler, ranked[0].config, "confirm", steps)
+            result = self._probe(study, worker, sampler, ranked[0].config, "confirm", steps)
             if result is not None and result.ok and (result.peak_bytes or 0) <= self.usable:
                 return
             self.notes.append(f"{ranked[0].config.label()} failed its confirmation run "
@@ -249,7 +249,7 @@ class _Search:
         if phase == "explore" and self._claimed_earlier(study, trial.number, asked):
             trial.set_user_attr("duplicate", True)
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            return None, trial.number
+            return None
         trial.set_user_attr("phase", phase)
         self.reporter.probe_started(trial.number, asked, phase)
         log_path = os.path.join(self.run_dir, f"trial-{trial.number}.log")
@@ -264,7 +264,7 @@ class _Search:
         record_probe(study, trial, result, self.usable, phase)
         self.probes_this_run += 1
         self.reporter.probe_finished(trial.number, result, self.usable)
-        return result, trial.number
+        return result
 
     def _claimed_earlier(self, study, number: int, config: Config) -> bool:
         """Another process asked for the same config first (parallel workers): the lower trial
@@ -460,11 +460,7 @@ def _predicted_next(planner: Planner, config: Config, done, usable: float) -> st
 
 def run_search(settings: SearchSettings, reporter: Reporter | None = None) -> SearchResult:
     """Search the best config for `settings.script`; see SearchSettings for the knobs."""
-    search = _Search(settings, reporter or Reporter(quiet=True))
-    try:
-        return search.run()
-    except WorkerStartError:
-        raise
+    return _Search(settings, reporter or Reporter(quiet=True)).run()
 
 
 def search_function(fn: Any, **kwargs: Any) -> SearchResult:
