@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 import autofit
 from autofit.cli import cli
+from autofit.errors import NoFeasibleConfig
 from autofit.report_html import SECTIONS
 from autofit.results import read_best
 from autofit.search import SearchSettings, run_search
@@ -28,12 +29,17 @@ STUDY = "reports"
 
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
-    """One real search of a script that prints, in its own storage; the tests only read it."""
+    """One real search of a script that prints, in its own storage; the tests only read it.
+
+    It starts with one probe far too big (so the study surely holds an OOM), then the search resumes.
+    """
     home = tmp_path_factory.mktemp("reports")
     storage = f"sqlite:///{home}/autofit.db"
-    result = run_search(SearchSettings(script=script("fits_small_prints.py"), memory_limit=LIMIT, budget_s=BUDGET,
-                                       batch_size=(1, 512), storage=storage, study=STUDY,
-                                       out=str(home / "best.json")))
+    common = dict(script=script("fits_small_prints.py"), memory_limit=LIMIT, storage=storage, study=STUDY,
+                  out=str(home / "best.json"))
+    with pytest.raises(NoFeasibleConfig):
+        run_search(SearchSettings(batch_size=(384, 512), trials=1, budget_s=BUDGET, **common))
+    result = run_search(SearchSettings(batch_size=(1, 512), budget_s=BUDGET, **common))
     study = optuna.load_study(study_name=STUDY, storage=storage)
     return result, study, storage, home
 
@@ -135,11 +141,12 @@ def test_show_trial_keeps_the_tail_of_long_output_and_full_shows_all(searched):
 
 def test_show_trial_of_an_oom_probe_says_so(searched):
     _, study, storage, _ = searched
-    oom = [t.number for t in study.trials if t.user_attrs.get("status") == "oom"]
-    if not oom:
-        pytest.skip("this search hit no OOM")
-    shown = invoke("show", "--storage", storage, "--trial", str(oom[0])).stdout
-    assert "status       oom" in shown and "hint" in shown and "can't allocate memory" in shown
+    assert study.trials[0].user_attrs["status"] == "oom"
+    shown = invoke("show", "--storage", storage, "--trial", "0").stdout
+    assert "status       oom" in shown and "config       fp32 b=384" in shown and "hint" in shown
+    row = next(line for line in invoke("show", "--storage", storage).stdout.splitlines()
+               if table_rows(line) and table_rows(line)[0][0] == 0)
+    assert "> 768.00 MiB" in row and "> 100%" in row  # an OOM needed more than the limit
 
 
 # --- studies and export -----------------------------------------------------------------------------
@@ -172,7 +179,6 @@ def test_load_study_api(searched):
     assert stored.best() == result.best
     assert stored.document()["config"] == result.document["config"]
     assert stored.meta["limit_bytes"] == LIMIT and stored.name == STUDY
-    assert autofit.load_study("fits_small_prints", storage=storage).name == STUDY  # by script stem
 
 
 def test_import_autofit_stays_light():
@@ -263,12 +269,14 @@ def test_default_storage_with_several_studies_needs_study(searched, tmp_path, mo
     monkeypatch.chdir(tmp_path)
     os.makedirs("studies")
     default = f"sqlite:///{tmp_path}/studies/autofit.db"
-    optuna.copy_study(from_study_name=STUDY, from_storage=storage, to_storage=default)
+    named = "fits_small_prints.train-cpu0"  # as the search names it by default
+    optuna.copy_study(from_study_name=STUDY, from_storage=storage, to_storage=default, to_study_name=named)
     optuna.create_study(study_name="other", storage=default)
     message = assert_one_line_error(invoke("show"), 2)
-    assert "--study must name one of the 2 studies" in message and "other" in message and STUDY in message
-    chosen = invoke("show", "--study", STUDY)
+    assert "--study must name one of the 2 studies" in message and "other" in message and named in message
+    chosen = invoke("show", "--study", "fits_small_prints")  # the script's stem is enough
     assert chosen.exit_code == 0 and not chosen.stderr  # found in the default storage: no note
+    assert f"study {named} ({default})" in chosen.stdout
     assert "other" in invoke("studies").stdout
 
 
