@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from autofit.search._planner import Candidate
     from autofit.study import StoredStudy
 
-SIZE = (7.5, 4.4)  # inches; 110 dpi gives 825 x 484 px
+SIZE = (8.6, 4.4)  # inches; 110 dpi gives 946 x 484 px
 DPI = 110
 OOM_COLOR = "#d62728"
 LIMIT_COLOR = "#d62728"
@@ -136,8 +136,17 @@ def throughput_figure(frame: pd.DataFrame, global_batch: int | None = None, winn
     ax.set_ylabel("throughput (samples/s)")
     ax.set_title("Throughput against batch size, per strategy")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", ncols=2)
+    _legend(ax)
     return fig
+
+
+def _legend(ax: Axes) -> None:
+    """A legend beside the axes (never over a point) when something is labelled; a note in the
+    middle when nothing was drawn."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    if not ax.has_data():
+        ax.text(0.5, 0.5, "no probe to show", transform=ax.transAxes, ha="center", color="0.5")
 
 
 def _legend_markers(ax: Axes, frame: pd.DataFrame) -> None:
@@ -184,7 +193,7 @@ def memory_figure(frame: pd.DataFrame, limit_bytes: float, usable_bytes: float,
     ax.set_ylabel(f"peak memory ({name})")
     ax.set_title("Peak memory against batch size, per strategy")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", ncols=2)
+    _legend(ax)
     return fig
 
 
@@ -219,7 +228,7 @@ def progress_figure(frame: pd.DataFrame, progress: pd.DataFrame) -> Figure:
     ax.set_ylabel("throughput (samples/s)")
     ax.set_title("Search progress: best feasible throughput so far")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    _legend(ax)
     return fig
 
 
@@ -239,6 +248,8 @@ def ranking_figure(ranked: list[Candidate], usable_bytes: float, count: int = 6)
         share = f"{c.samples_per_s / ranked[0].samples_per_s:.0%}"
         ax.text(c.samples_per_s + top * 0.01, i, f"{c.samples_per_s:,.1f}/s ({share}), peak {peak}",
                 va="center", fontsize=8)
+    if not shown:
+        ax.text(0.5, 0.5, "no feasible config", transform=ax.transAxes, ha="center", color="0.5")
     ax.set_xlim(0, top * 1.45)
     ax.set_xlabel("throughput (samples/s, median over the config's probes)")
     ax.set_title("The winner (green) and its runner-ups")
