@@ -115,13 +115,16 @@ def test_show_trial_prints_that_probes_own_output(searched):
         probe = trial_result(trial)
         if probe is None or probe.status != "ok":
             continue
-        shown = invoke("show", "--storage", storage, "--trial", str(trial.number))
+        shown = invoke("show", "--storage", storage, "--trial", str(trial.number), "--full")
         assert shown.exit_code == 0, shown.stderr
         assert f"trial {trial.number} of study {STUDY}" in shown.stdout
         assert f"config       {probe.config.label()}" in shown.stdout
         own = f"probe config: precision={probe.config.precision} batch_size={probe.config.batch_size}"
-        assert own in shown.stdout
-        assert "step 1 loss" in shown.stdout
+        assert own in shown.stdout and "step 1 loss" in shown.stdout
+        assert shown.stdout.count("probe config:") == 1  # its own output, no other probe's
+        last = shown.stdout.rstrip().splitlines()[-1]
+        assert last.startswith("step ") and invoke("show", "--storage", storage, "--trial", str(trial.number)
+                                                    ).stdout.rstrip().endswith(last)  # the tail, by default
 
 
 def test_show_trial_keeps_the_tail_of_long_output_and_full_shows_all(searched):
