@@ -165,3 +165,54 @@ def test_search_bad_input_is_one_line_and_exit_2_or_1(tmp_path, args, message):
     assert message in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "b.json").exists()
+
+
+def test_search_spends_no_probes_on_knobs_the_function_ignores(tmp_path):
+    result = run_search(SearchSettings(script=script("plain_loop.py"), memory_limit=LIMIT, budget_s=60,
+                                       storage=f"sqlite:///{tmp_path}/k.db", out=str(tmp_path / "k.json"),
+                                       confirm_factor=2))
+    study = optuna.load_study(study_name=result.study_name, storage=f"sqlite:///{tmp_path}/k.db")
+    configs = {o.config for o in observations(study.trials)}
+    assert len(configs) >= 3
+    assert {c.precision for c in configs} == {"fp32"}  # never entered run.autocast()
+    assert {c.checkpoint_segments for c in configs} == {0}  # never offered blocks
+    assert study.user_attrs["autofit"]["space"]["precisions"] == ["fp32"]
+
+
+def test_search_from_python_on_the_decorated_function(tmp_path, monkeypatch):
+    import importlib.util
+
+    monkeypatch.chdir(tmp_path)
+    spec = importlib.util.spec_from_file_location("grows_module", script("grows.py"))
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.syspath_prepend(os.path.dirname(script("grows.py")))
+    spec.loader.exec_module(module)
+    result = module.train.search(budget="40s", memory_limit="768MiB", trials=3, confirm_factor=2)
+    assert result.best is not None and result.json_path.endswith("studies/grows.train.best.json")
+    frame = result.trials_frame()
+    assert len(frame) == result.probes and set(frame["status"]) <= {"ok", "oom"}
+    assert frame["samples_per_s"].dtype == "float64"
+
+
+def test_changed_script_warns_when_the_config_is_loaded(tmp_path):
+    shutil.copy(script("records_config.py"), tmp_path / "train.py")
+    document = {
+        "schema": "autofit.best-config", "schema_version": 1,
+        "config": {"batch_size": 5, "accumulation_steps": 1, "precision": "fp32", "checkpoint_segments": 0},
+        "measured": {}, "memory": {}, "device": {"type": "cpu", "name": "x"}, "versions": {},
+        "script": {"path": str(tmp_path / "train.py"), "sha256": "0" * 64},
+    }
+    (tmp_path / "best.json").write_text(json.dumps(document))
+    env = {**os.environ, "RECORD_TO": str(tmp_path / "r.json"), "AUTOFIT_CONFIG": str(tmp_path / "best.json")}
+    proc = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "script changed since the search" in proc.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["batch_size"] == 5
+
+
+def test_other_schema_version_is_refused(tmp_path):
+    from autofit.errors import ConfigFileError
+
+    (tmp_path / "v2.json").write_text(json.dumps({"schema": "autofit.best-config", "schema_version": 2}))
+    with pytest.raises(ConfigFileError, match="schema version 1, but has 2"):
+        read_best(str(tmp_path / "v2.json"))
