@@ -3,15 +3,18 @@
 `Landscape.probe(config)` replays a recorded probe as an `Observation`. Throughput can be replayed
 with seeded multiplicative noise (log-normal, its spread taken from the recorded step-time IQR), so
 that two probes of one config differ as real probes do; status and peak memory replay as recorded.
-Each replayed probe is charged its recorded wall time.
+Each replayed probe is charged its recorded wall time. Landscapes recorded with repeats keep every
+run; the entry holds the fastest, and the replay noise is then the typical spread between runs.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import random
+import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
@@ -40,6 +43,7 @@ class Entry:
     wall_s: float = 0.0
     implied: bool = False  # not probed: a smaller batch of the same strategy ran out of memory
     error: str | None = None
+    runs: list[dict] | None = None  # every probe of the config when it was recorded more than once
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -59,6 +63,9 @@ class Entry:
         if not self.step_time_median_s or self.step_time_iqr_s is None:
             return 0.0
         return min(_MAX_SIGMA, self.step_time_iqr_s / self.step_time_median_s / _IQR_PER_SIGMA)
+
+    def run_rates(self) -> list[float]:
+        return [r["samples_per_s"] for r in self.runs or () if r["status"] == "ok" and r["samples_per_s"]]
 
 
 @dataclass
@@ -134,6 +141,25 @@ class Landscape:
             return 0.0
         return float(self.entries[config].samples_per_s or 0.0)
 
+    @functools.cached_property
+    def between_run_sigma(self) -> float | None:
+        """Spread of log(samples/s) between two probes of one config, estimated robustly: the
+        median over configs of |log r1 - log r2|, / (0.6745 * sqrt 2). Long slowdowns by other jobs
+        (which hit a few pairs hard) do not inflate it. None when no config was probed twice."""
+        gaps = []
+        for e in self.entries.values():
+            rates = e.run_rates()
+            if len(rates) >= 2:
+                gaps.append(abs(math.log(rates[0]) - math.log(rates[1])))
+        return statistics.median(gaps) / (0.6745 * math.sqrt(2)) if gaps else None
+
+    def sigma(self, config: Config) -> float:
+        """Relative throughput noise of one replayed probe: the between-run spread when the
+        landscape has repeats, else the config's step-time IQR / median / 1.349; at most 0.25."""
+        if self.between_run_sigma is not None:
+            return min(_MAX_SIGMA, self.between_run_sigma)
+        return self.entries[config].relative_sigma
+
     def best_config(self) -> Config | None:
         feasible = [c for c in self.configs() if self.feasible(c)]
         return max(feasible, key=self.true_throughput) if feasible else None
@@ -149,17 +175,18 @@ class Landscape:
     def probe(self, config: Config, *, noise: float = 0.0, seed: int = 0, repeat: int = 0) -> Observation:
         """The recorded probe of `config` as an Observation.
 
-        With `noise` > 0, samples/s is multiplied by exp(N(0, noise * sigma)) where sigma is the
-        entry's relative step-time spread; the draw is a pure function of (seed, config, repeat),
+        With `noise` > 0, samples/s is multiplied by exp(N(0, noise * sigma)) with sigma from
+        `sigma(config)`; the draw is a pure function of (seed, config, repeat),
         so every strategy sees the same value for the same probe (common random numbers).
         """
         if config not in self.entries:
             raise KeyError(f"{config.label()} is not in the landscape {self.name!r}")
         e = self.entries[config]
         rate = e.samples_per_s
-        if rate is not None and noise > 0 and e.relative_sigma > 0:
+        sigma = self.sigma(config) if rate is not None and noise > 0 else 0.0
+        if sigma > 0:
             rng = random.Random(f"{seed}|{config.label()}|{repeat}")
-            rate = rate * math.exp(rng.gauss(0.0, noise * e.relative_sigma))
+            rate = rate * math.exp(rng.gauss(0.0, noise * sigma))
         return Observation(config=config, status=e.status, peak_bytes=e.peak_bytes,
                            samples_per_s=rate, wall_s=e.wall_s)
 

@@ -3,9 +3,9 @@
     python -m benchmarks.record_landscape --study studies/gpt.py --memory-limit 1.5GiB \
         --batch 1:512 [--precision fp32,bf16,fp16] [--name gpt]
 
-One worker serves the whole landscape (it survives OOMs and restarts itself after crashes). Within
-one strategy (precision, checkpoint level, accumulation) batches are probed smallest first; once a
-batch runs out of memory, every larger batch of that strategy is recorded as `oom` with
+One worker serves the whole landscape (it survives OOMs and restarts itself after crashes). Batches
+are probed smallest first, every strategy (precision, checkpoint level, accumulation) at each; once
+a batch runs out of memory, every larger batch of that strategy is recorded as `oom` with
 `"implied": true` and the wall time of the OOM probe that implied it (what probing it would have
 cost, about), instead of being probed. Everything else is measured.
 """
@@ -16,6 +16,7 @@ import argparse
 import datetime
 import os
 import platform
+import statistics
 import sys
 import time
 
@@ -26,6 +27,9 @@ from autofit.worker import Worker
 from benchmarks.landscape import LANDSCAPE_DIR, Entry, Landscape, describe
 
 
+AGGREGATE = "fastest run's samples/s and step times; median wall; largest peak"
+
+
 def _batch_range(text: str) -> tuple[int, int]:
     low, _, high = text.partition(":")
     lo, hi = int(low), int(high or low)
@@ -34,15 +38,45 @@ def _batch_range(text: str) -> tuple[int, int]:
     return lo, hi
 
 
-def _entry(result, config: Config) -> Entry:
-    error = None
+def _run(result) -> dict:
+    """One probe of a config, as stored in the entry's `runs`."""
+    run = {"status": result.status, "samples_per_s": result.samples_per_s, "peak_bytes": result.peak_bytes,
+           "step_time_median_s": result.step_time_median_s, "step_time_iqr_s": result.step_time_iqr_s,
+           "wall_s": round(result.wall_s, 3)}
     if result.status != "ok" and result.error_message:
-        error = f"{result.error_type}: {result.error_message.splitlines()[0][:200]}"
+        run["error"] = f"{result.error_type}: {result.error_message.splitlines()[0][:200]}"
+    return run
+
+
+def _entry(config: Config, runs: list[dict]) -> Entry:
+    """Aggregate a config's probes: the fastest run's throughput and step times (other jobs on a
+    shared CPU only ever slow a probe down, so the fastest run is the least disturbed), the median
+    wall time, the largest peak. A config that failed in any run keeps that status (a config that
+    only sometimes fits is not one to recommend)."""
+    ok = [r for r in runs if r["status"] == "ok"]
+    bad = [r for r in runs if r["status"] != "ok"]
+    status = bad[0]["status"] if bad else "ok"
+    fastest = max(ok, key=lambda r: r["samples_per_s"] or 0.0) if ok else {}
+    peaks = [r["peak_bytes"] for r in runs if r["peak_bytes"] is not None]
     return Entry(
-        config=config, status=result.status, peak_bytes=result.peak_bytes,
-        samples_per_s=result.samples_per_s, step_time_median_s=result.step_time_median_s,
-        step_time_iqr_s=result.step_time_iqr_s, wall_s=round(result.wall_s, 3), error=error,
+        config=config, status=status, peak_bytes=max(peaks) if peaks else None,
+        samples_per_s=fastest.get("samples_per_s") if status == "ok" else None,
+        step_time_median_s=fastest.get("step_time_median_s"), step_time_iqr_s=fastest.get("step_time_iqr_s"),
+        wall_s=round(statistics.median(r["wall_s"] for r in runs), 3),
+        error=bad[0].get("error") if bad else None,
+        runs=runs if len(runs) > 1 else None,
     )
+
+
+def reaggregate(path: str) -> Landscape:
+    """Recompute every entry of a saved landscape from its stored runs (after a change of rule)."""
+    landscape = Landscape.load(path)
+    for config, e in landscape.entries.items():
+        if e.runs:
+            landscape.entries[config] = _entry(config, e.runs)
+    landscape.meta["aggregate"] = AGGREGATE
+    landscape.save(path)
+    return landscape
 
 
 def record(
@@ -60,10 +94,15 @@ def record(
     steps: int = 5,
     timeout: float = 120.0,
     threads: int | None = 1,
+    repeats: int = 1,
     out: str | None = None,
     log=print,
 ) -> Landscape:
-    """Probe every config of the space built from these options; save and return the landscape."""
+    """Probe every config of the space built from these options; save and return the landscape.
+
+    With `repeats` > 1, every config probed in the first pass is probed again in further passes
+    (alternately in reverse order, so a drift of the machine's load averages out) and its entry
+    aggregates the runs (see `_entry`)."""
     name = name or os.path.splitext(os.path.basename(study))[0]
     out = out or os.path.join(LANDSCAPE_DIR, f"{name}.json")
     if threads:
@@ -92,21 +131,33 @@ def record(
         log(f"{name}: {len(configs)} configs ({len(space.batch_sizes)} batches x "
             f"{len(space.strategies())} strategies), limit {format_size(memory_limit)}, "
             f"checkpoint blocks {blocks}")
-        for strategy in space.strategies():
-            oom_wall: float | None = None
-            for batch in space.batch_sizes:
+        # Batch by batch, every strategy at each: a slow drift of the machine's load (other jobs)
+        # then biases batch sizes, not whole strategies against each other.
+        oom_wall: dict = {}  # strategy -> wall of the OOM probe that implies its larger batches
+        runs: dict[Config, list[dict]] = {}
+        for batch in space.batch_sizes:
+            for strategy in space.strategies():
                 config = space.config(strategy, batch)
-                if oom_wall is not None:
-                    entries[config] = Entry(config, "oom", wall_s=oom_wall, implied=True)
+                if strategy in oom_wall:
+                    entries[config] = Entry(config, "oom", wall_s=oom_wall[strategy], implied=True)
                     continue
-                if config == pilot_config:
-                    result = pilot
-                else:
-                    result = worker.probe(config, warmup=warmup, steps=steps, timeout=timeout)
-                entries[config] = _entry(result, config)
+                result = pilot if config == pilot_config else worker.probe(
+                    config, warmup=warmup, steps=steps, timeout=timeout)
+                runs[config] = [_run(result)]
                 log(f"  [{time.perf_counter() - started:6.0f}s] {result.summary()}  ({result.wall_s:.1f}s)")
                 if result.status == "oom":
-                    oom_wall = round(result.wall_s, 3)
+                    oom_wall[strategy] = round(result.wall_s, 3)
+        order = list(runs)
+        for rep in range(1, repeats):
+            for config in order[::-1] if rep % 2 else order:
+                if runs[config][0]["status"] == "oom":
+                    continue  # no second chance needed: it did not fit
+                result = worker.probe(config, warmup=warmup, steps=steps, timeout=timeout)
+                runs[config].append(_run(result))
+                log(f"  [{time.perf_counter() - started:6.0f}s] pass {rep + 1}: {result.summary()}  "
+                    f"({result.wall_s:.1f}s)")
+        for config, config_runs in runs.items():
+            entries[config] = _entry(config, config_runs)
         versions = info.versions
         baseline = info.baseline_bytes
         device = dict(info.device)
@@ -117,7 +168,8 @@ def record(
         meta={
             "study": os.path.relpath(study, os.getcwd()) if os.path.isabs(study) else study,
             "function": info.function,
-            "warmup": warmup, "steps": steps, "timeout_s": timeout, "threads": threads,
+            "warmup": warmup, "steps": steps, "timeout_s": timeout, "threads": threads, "repeats": repeats,
+            "aggregate": AGGREGATE,
             "checkpoint_blocks": blocks,
             "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "recording_s": round(elapsed, 1),
@@ -154,6 +206,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per probe")
     parser.add_argument("--threads", type=int, default=1,
                         help="OMP_NUM_THREADS of the worker (default 1; 0: leave the environment alone)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="probe every (non-OOM) config this many times, in alternating order; "
+                             "the entry keeps the fastest run")
     parser.add_argument("--out", default=None, help="output path (default benchmarks/landscapes/NAME.json)")
     args = parser.parse_args(argv)
     study, _, function = args.study.partition(":")
@@ -165,7 +220,8 @@ def main(argv: list[str] | None = None) -> None:
     record(study, memory_limit=args.memory_limit, batch_range=args.batch, precisions=precisions,
            name=args.name, function=function or None, headroom=args.headroom,
            checkpoint=not args.no_checkpoint, accumulations=accumulations, warmup=args.warmup,
-           steps=args.steps, timeout=args.timeout, threads=args.threads, out=args.out)
+           steps=args.steps, timeout=args.timeout, threads=args.threads, repeats=args.repeats,
+           out=args.out)
 
 
 if __name__ == "__main__":

@@ -138,3 +138,21 @@ def test_planner_never_probes_implied_infeasible_and_finds_the_best(noise: float
     assert len(observations) < len(land.configs()) / 4
     if noise == 0.0:
         assert land.true_throughput(planner.best(observations)) >= 0.97 * land.best_throughput()
+
+
+def test_repeated_runs_aggregate_to_the_fastest_and_noise_follows_their_spread() -> None:
+    from benchmarks.record_landscape import _entry
+
+    def run(rate: float | None, status: str = "ok", peak: int = 100) -> dict:
+        return {"status": status, "samples_per_s": rate, "peak_bytes": peak, "step_time_median_s": 1.0,
+                "step_time_iqr_s": 0.1, "wall_s": 2.0}
+
+    e = _entry(Config(8), [run(40.0, peak=120), run(50.0)])
+    assert (e.status, e.samples_per_s, e.peak_bytes) == ("ok", 50.0, 120)
+    assert _entry(Config(8), [run(50.0), run(None, "oom")]).status == "oom"
+
+    land = tiny()
+    for c, e in land.entries.items():
+        if e.status == "ok":
+            e.runs = [run(10.0), run(10.0 * 1.1)]
+    assert land.between_run_sigma == pytest.approx(abs(__import__("math").log(1.1)) / (0.6745 * 2**0.5))
