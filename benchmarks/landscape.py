@@ -4,7 +4,7 @@
 with seeded multiplicative noise (log-normal, its spread taken from the recorded step-time IQR), so
 that two probes of one config differ as real probes do; status and peak memory replay as recorded.
 Each replayed probe is charged its recorded wall time. Landscapes recorded with repeats keep every
-run; the entry holds the fastest, and the replay noise is then the typical spread between runs.
+run; the entry holds the fastest; their spread can serve as the replay noise instead of the IQR.
 """
 
 from __future__ import annotations
@@ -153,11 +153,16 @@ class Landscape:
                 gaps.append(abs(math.log(rates[0]) - math.log(rates[1])))
         return statistics.median(gaps) / (0.6745 * math.sqrt(2)) if gaps else None
 
-    def sigma(self, config: Config) -> float:
-        """Relative throughput noise of one replayed probe: the between-run spread when the
-        landscape has repeats, else the config's step-time IQR / median / 1.349; at most 0.25."""
-        if self.between_run_sigma is not None:
+    def sigma(self, config: Config, model: str = "iqr") -> float:
+        """Relative throughput noise of one replayed probe, at most 0.25.
+
+        "iqr": the config's own step-time IQR / median / 1.349 (the spread within its probe).
+        "runs": the typical spread between two probes of one config (`between_run_sigma`), which on
+        a shared machine also carries changes of the other jobs' load; falls back to "iqr"."""
+        if model == "runs" and self.between_run_sigma is not None:
             return min(_MAX_SIGMA, self.between_run_sigma)
+        if model not in ("iqr", "runs"):
+            raise ValueError(f"unknown noise model {model!r}")
         return self.entries[config].relative_sigma
 
     def best_config(self) -> Config | None:
@@ -172,18 +177,19 @@ class Landscape:
         return sum(self.entries[c].wall_s for c in self.configs())
 
     # --- replay ---------------------------------------------------------------------------------
-    def probe(self, config: Config, *, noise: float = 0.0, seed: int = 0, repeat: int = 0) -> Observation:
+    def probe(self, config: Config, *, noise: float = 0.0, seed: int = 0, repeat: int = 0,
+              noise_model: str = "iqr") -> Observation:
         """The recorded probe of `config` as an Observation.
 
         With `noise` > 0, samples/s is multiplied by exp(N(0, noise * sigma)) with sigma from
-        `sigma(config)`; the draw is a pure function of (seed, config, repeat),
+        `sigma(config, noise_model)`; the draw is a pure function of (seed, config, repeat),
         so every strategy sees the same value for the same probe (common random numbers).
         """
         if config not in self.entries:
             raise KeyError(f"{config.label()} is not in the landscape {self.name!r}")
         e = self.entries[config]
         rate = e.samples_per_s
-        sigma = self.sigma(config) if rate is not None and noise > 0 else 0.0
+        sigma = self.sigma(config, noise_model) if rate is not None and noise > 0 else 0.0
         if sigma > 0:
             rng = random.Random(f"{seed}|{config.label()}|{repeat}")
             rate = rate * math.exp(rng.gauss(0.0, noise * sigma))

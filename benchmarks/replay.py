@@ -1,6 +1,7 @@
 """Replay every recorded landscape with every strategy over many seeds; print markdown tables.
 
-    python -m benchmarks.replay [--seeds 20] [--noise 1.0] [--out benchmarks/results.md]
+    python -m benchmarks.replay [--seeds 20] [--noise 1.0] [--noise-models iqr,runs]
+                                [--out benchmarks/results.md]
 
 Per landscape and strategy, medians over seeds of: probes, probe-seconds, probes and probe-seconds
 until the strategy's pick first reaches 97% of the grid's best true throughput ("never" counts as
@@ -28,17 +29,19 @@ BASELINES = ("lightning-power", "lightning-binsearch", "accelerate", "deepspeed"
 
 
 def replay_landscape(landscape: Landscape, seeds: int, noise: float = 1.0,
-                     strategies: Sequence[str] = tuple(STRATEGIES)) -> dict[str, list[Result]]:
+                     strategies: Sequence[str] = tuple(STRATEGIES),
+                     noise_model: str = "iqr") -> dict[str, list[Result]]:
     """Every strategy over `seeds` seeds; random and TPE get autofit's probe count of that seed."""
     results: dict[str, list[Result]] = {name: [] for name in strategies}
     for seed in range(seeds):
-        auto = run_strategy("autofit", landscape, seed=seed, noise=noise)
+        auto = run_strategy("autofit", landscape, seed=seed, noise=noise, noise_model=noise_model)
         budget = max(1, auto.probes)
         for name in strategies:
             if name == "autofit":
                 results[name].append(auto)
             else:
                 results[name].append(run_strategy(name, landscape, seed=seed, noise=noise,
+                                                  noise_model=noise_model,
                                                   budget=budget if name in BUDGETED else None))
     return results
 
@@ -136,26 +139,55 @@ def targets(landscape: Landscape, results: dict[str, list[Result]]) -> tuple[str
 
 PREAMBLE = """# autofit search benchmark
 
-Replayed from recorded CPU landscapes (`benchmarks/landscapes/*.json`, every config probed for real
-under a memory limit) with `python -m benchmarks.replay --seeds {seeds} --noise {noise}`.
+Replayed from recorded CPU landscapes (`benchmarks/landscapes/*.json`: every config probed for real
+under a memory limit, see `meta` in each file for the recording command) with
+`{command}`.
 
-- Throughput in a replayed probe carries seeded log-normal noise (sigma = noise × the recorded
-  step-time IQR / median / 1.349, at most 0.25), the same draw for the same probe in every strategy;
-  status and peak memory replay as recorded; each probe is charged its recorded wall time.
-- True throughput: recorded, noise-free samples/s; feasible: status ok and peak ≤ limit × (1 − headroom).
-  "final ÷ best" is the true throughput of the config a strategy picks over the grid's best (0 for none
-  or an infeasible pick).
+- Throughput in a replayed probe carries seeded log-normal noise: sigma = noise scale × the config's
+  recorded step-time IQR / median / 1.349 (noise model `iqr`), or × the typical spread between two
+  recorded probes of one config (model `runs`, which on this shared 2-core machine also carries the
+  other jobs' changing load); at most 0.25. The same probe draws the same noise in every strategy.
+  Status and peak memory replay as recorded; each probe is charged its recorded wall time.
+- True throughput: recorded, noise-free samples/s (the fastest of the recorded runs); feasible:
+  status ok and peak ≤ limit × (1 − headroom). "final ÷ best" is the true throughput of the config
+  a strategy picks over the grid's best (0 for none or an infeasible pick).
 - to 97%: probes and probe-seconds until the strategy's pick (what it would answer if stopped then)
   first reaches 97% of the best; medians over seeds with "never" counted as infinite; (reached) says
   in how many seeds it did.
 - OOM probes: probes that did not fit (out of memory, or ran with a peak inside the headroom).
 - random and tpe are scored after as many probes as autofit used with the same seed (the columns
   probes, probe-s, OOM probes and final); their "to 97%" continues the same run (random: without
-  replacement, at most the whole grid; TPE: at most 4× the grid's trials, repeats answered free).
+  replacement, at most the whole grid; TPE: at most 4× the grid's trials, a repeated config answered
+  from its first probe at no cost).
+- grid probes every config once, implied OOMs included (charged the wall of the OOM that implied them).
 - lightning-power / lightning-binsearch / accelerate / deepspeed search the batch size only, in
   fp32 without checkpointing, as those tools do; off-grid sizes they would try are snapped down to
-  the grid.
+  the grid; deepspeed profiles at the smallest batch of the grid.
 """
+
+
+def run_section(paths: Sequence[str], seeds: int, noise: float, noise_model: str,
+                strategies: Sequence[str], heading: str) -> tuple[str, bool]:
+    """Tables and target checks for every landscape under one noise model."""
+    parts = [f"## {heading}\n"]
+    all_met = True
+    for path in paths:
+        landscape = Landscape.load(path)
+        started = time.perf_counter()
+        results = replay_landscape(landscape, seeds, noise, strategies, noise_model)
+        check, met = targets(landscape, results)
+        all_met &= met
+        sigmas = sorted(landscape.sigma(c, noise_model) for c in landscape.configs()
+                        if landscape.entries[c].status == "ok")
+        noise_line = (f"Replay noise ({noise_model}): median sigma {noise * statistics.median(sigmas):.3f}."
+                      if sigmas and noise > 0 else "Replay noise: none.")
+        block = f"{table(landscape, results)}\n\n{noise_line}\n\n{check}\n"
+        print(block)
+        print(f"(replayed in {time.perf_counter() - started:.1f} s)\n", file=sys.stderr)
+        parts.append(block)
+    parts.append(f"All autofit targets met ({heading}): {'yes' if all_met else 'no'}.\n")
+    print(parts[-1])
+    return "\n".join(parts), all_met
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -163,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--noise", type=float, default=1.0, help="noise scale (0: noise-free replay)")
+    parser.add_argument("--noise-models", default="iqr,runs",
+                        help="comma-separated: iqr (primary; the targets) and/or runs (robustness)")
     parser.add_argument("--landscape", action="append", default=None, help="JSON path (default: all)")
     parser.add_argument("--strategy", action="append", default=None, choices=list(STRATEGIES))
     parser.add_argument("--out", default=RESULTS_PATH, help="markdown file to write ('-': none)")
@@ -173,21 +207,13 @@ def main(argv: list[str] | None = None) -> None:
     strategies = args.strategy or list(STRATEGIES)
     if "autofit" not in strategies:
         strategies.insert(0, "autofit")  # it sets the budget of random and TPE
-    parts = [PREAMBLE.format(seeds=args.seeds, noise=args.noise)]
-    all_met = True
-    for path in paths:
-        landscape = Landscape.load(path)
-        started = time.perf_counter()
-        results = replay_landscape(landscape, args.seeds, args.noise, strategies)
-        text = table(landscape, results)
-        check, met = targets(landscape, results)
-        all_met &= met
-        block = f"{text}\n\n{check}\n"
-        print(block)
-        print(f"(replayed in {time.perf_counter() - started:.1f} s)\n", file=sys.stderr)
-        parts.append(block)
-    parts.append(f"All autofit targets met: {'yes' if all_met else 'no'}.\n")
-    print(parts[-1])
+    command = "python -m benchmarks.replay " + " ".join(argv if argv is not None else sys.argv[1:])
+    parts = [PREAMBLE.format(command=command.strip())]
+    for i, model in enumerate(m.strip() for m in args.noise_models.split(",") if m.strip()):
+        heading = (f"Noise model `{model}` × {args.noise}, {args.seeds} seeds"
+                   + (" (primary: the targets)" if i == 0 else " (robustness)"))
+        text, _ = run_section(paths, args.seeds, args.noise, model, strategies, heading)
+        parts.append(text)
     if args.out != "-":
         with open(args.out, "w") as handle:
             handle.write("\n".join(parts))

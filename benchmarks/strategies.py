@@ -41,12 +41,13 @@ class Session:
     """One strategy's run against one landscape with one noise seed: the probes and the picks."""
 
     def __init__(self, landscape: Landscape, *, seed: int = 0, noise: float = 1.0,
-                 max_probes: int | None = None) -> None:
+                 noise_model: str = "iqr", max_probes: int | None = None) -> None:
         self.landscape = landscape
         self.space = landscape.space
         self.usable = landscape.usable_bytes
         self.seed = seed
         self.noise = noise
+        self.noise_model = noise_model
         self.max_probes = max_probes or 4 * len(landscape.configs()) + 10
         self.observations: list[Observation] = []
         self.picks: list[Config | None] = []
@@ -57,7 +58,8 @@ class Session:
         """Replay one probe (noisy throughput, recorded wall time) and record the pick after it."""
         if len(self.observations) >= self.max_probes:
             raise BudgetExhausted(f"more than {self.max_probes} probes")
-        obs = self.landscape.probe(config, noise=self.noise, seed=self.seed, repeat=self._repeats[config])
+        obs = self.landscape.probe(config, noise=self.noise, seed=self.seed, repeat=self._repeats[config],
+                                   noise_model=self.noise_model)
         self._repeats[config] += 1
         self.observations.append(obs)
         self.picks.append(self.pick_rule(self.observations))
@@ -339,17 +341,33 @@ def accelerate_search(session: Session, start: int = 128, factor: float = 0.9) -
 
 
 # --- (g) DeepSpeed-like -------------------------------------------------------------------------
+def model_state_bytes(landscape: Landscape, strategy: Strategy) -> float:
+    """The memory a strategy needs before its first sample: the intercept of a least-squares line
+    through the recorded (batch, peak) of its configs that ran. It stands in for what DeepSpeed
+    computes from the parameter count (weights, gradients and optimizer states), which a landscape
+    does not record."""
+    points = [(c.batch_size, float(e.peak_bytes)) for c, e in landscape.entries.items()
+              if e.status == "ok" and e.peak_bytes and landscape.space.strategy_of(c) == strategy]
+    if len({b for b, _ in points}) < 2:
+        return float(landscape.baseline_bytes or 0)
+    n = len(points)
+    mx, my = sum(b for b, _ in points) / n, sum(p for _, p in points) / n
+    slope = sum((b - mx) * (p - my) for b, p in points) / sum((b - mx) ** 2 for b, _ in points)
+    return max(0.0, my - slope * mx)
+
+
 def deepspeed_search(session: Session) -> Config | None:
-    """(g) DeepSpeed-autotuning-like: fp32, no checkpointing; profile at the smallest batch,
-    extrapolate memory linearly (fixed part = the worker's baseline memory) to the largest batch
-    predicted to fit, try 1.05x, 1x and 0.95x of it (snapped to the grid); if none fits, bisect
-    between the profiled batch and the smallest failure. Take the fastest measured that fit."""
+    """(g) DeepSpeed-autotuning-like: fp32, no checkpointing; profile at the smallest batch of the
+    grid, extrapolate memory linearly from the model states (`model_state_bytes`, an oracle for
+    DeepSpeed's analytic estimate) through the profiled peak to the largest batch predicted to
+    fit; try 1.05x, 1x and 0.95x of it (snapped down to the grid); if none fits, bisect between the
+    largest fit and the smallest failure. Take the fastest measured config that fit."""
     land, space, strategy = session.landscape, session.space, baseline_strategy(session.space)
     sizes = list(space.batch_sizes)
     profile = session.probe(space.config(strategy, sizes[0]))
     if not session.fits(profile) or not profile.peak_bytes:
         return best_measured(session.observations, session.usable)
-    fixed = min(land.baseline_bytes or 0, profile.peak_bytes - 1)
+    fixed = min(model_state_bytes(land, strategy), profile.peak_bytes - 1.0)
     per_sample = (profile.peak_bytes - fixed) / sizes[0]
     predicted = (session.usable - fixed) / per_sample
     tried: list[int] = []
@@ -360,7 +378,7 @@ def deepspeed_search(session: Session) -> Config | None:
             session.probe(space.config(strategy, b))
     fit_sizes = [o.config.batch_size for o in session.observations if session.fits(o)]
     failed = [o.config.batch_size for o in session.observations if not session.fits(o)]
-    if failed and max(fit_sizes) < min(failed) and all(b in failed for b in tried):
+    if tried and all(b in failed for b in tried):
         lo, hi = sizes.index(max(fit_sizes)), sizes.index(min(failed))
         while hi - lo > 1:
             mid = (lo + hi) // 2
@@ -388,9 +406,9 @@ BUDGETED = ("random", "tpe")
 
 
 def run_strategy(name: str, landscape: Landscape, *, seed: int, noise: float = 1.0,
-                 budget: int | None = None) -> Result:
+                 noise_model: str = "iqr", budget: int | None = None) -> Result:
     """Run one strategy on one landscape; `budget` (probes) is required for random and TPE."""
-    session = Session(landscape, seed=seed, noise=noise)
+    session = Session(landscape, seed=seed, noise=noise, noise_model=noise_model)
     notes: list[str] = []
     if name == "autofit":
         _, note = _planner_class()

@@ -156,3 +156,9 @@ def test_repeated_runs_aggregate_to_the_fastest_and_noise_follows_their_spread()
         if e.status == "ok":
             e.runs = [run(10.0), run(10.0 * 1.1)]
     assert land.between_run_sigma == pytest.approx(abs(__import__("math").log(1.1)) / (0.6745 * 2**0.5))
+
+
+def test_deepspeed_extrapolates_from_the_profile_and_tries_around_the_prediction() -> None:
+    # Model states 100 MiB, 10 MiB per sample: (180 - 100) / 10 = 8 -> tries 8 (1.05x, 1x) and 6 (0.95x).
+    r = run_strategy("deepspeed", tiny(), seed=0, noise=0.0)
+    assert (r.probes, r.oom_probes, r.pick) == (3, 0, Config(8, "fp32"))
