@@ -178,23 +178,29 @@ class Landscape:
 
     # --- replay ---------------------------------------------------------------------------------
     def probe(self, config: Config, *, noise: float = 0.0, seed: int = 0, repeat: int = 0,
-              noise_model: str = "iqr") -> Observation:
+              noise_model: str = "iqr", length: float = 1.0) -> Observation:
         """The recorded probe of `config` as an Observation.
 
         With `noise` > 0, samples/s is multiplied by exp(N(0, noise * sigma)) with sigma from
-        `sigma(config, noise_model)`; the draw is a pure function of (seed, config, repeat),
-        so every strategy sees the same value for the same probe (common random numbers).
+        `sigma(config, noise_model)`; the draw is a pure function of (seed, config, repeat), so
+        every strategy sees the same value for the same probe (common random numbers).
+        `length` > 1 replays a probe with that many times the recorded measured steps: its noise
+        shrinks by sqrt(length), its wall time grows by the added steps (an OOM costs the same).
         """
         if config not in self.entries:
             raise KeyError(f"{config.label()} is not in the landscape {self.name!r}")
         e = self.entries[config]
         rate = e.samples_per_s
-        sigma = self.sigma(config, noise_model) if rate is not None and noise > 0 else 0.0
+        sigma = self.sigma(config, noise_model) / math.sqrt(length) if rate is not None and noise > 0 else 0.0
         if sigma > 0:
             rng = random.Random(f"{seed}|{config.label()}|{repeat}")
             rate = rate * math.exp(rng.gauss(0.0, noise * sigma))
+        wall = e.wall_s
+        if length != 1.0 and e.status == "ok":
+            warmup, steps = self.meta.get("warmup", 2), self.meta.get("steps", 5)
+            wall = e.wall_s * (warmup + length * steps) / (warmup + steps)
         return Observation(config=config, status=e.status, peak_bytes=e.peak_bytes,
-                           samples_per_s=rate, wall_s=e.wall_s)
+                           samples_per_s=rate, wall_s=wall)
 
 
 def landscape_paths(directory: str = LANDSCAPE_DIR) -> list[str]:

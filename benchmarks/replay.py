@@ -159,6 +159,9 @@ under a memory limit, see `meta` in each file for the recording command) with
   probes, probe-s, OOM probes and final); their "to 97%" continues the same run (random: without
   replacement, at most the whole grid; TPE: at most 4× the grid's trials, a repeated config answered
   from its first probe at no cost).
+- autofit is the Planner loop (ask, probe, until it returns None; pick = planner.best);
+  autofit+remeasure adds the live search's remeasure step (the close contenders probed again with
+  twice the steps), not its final confirmation run.
 - grid probes every config once, implied OOMs included (charged the wall of the OOM that implied them).
 - lightning-power / lightning-binsearch / accelerate / deepspeed search the batch size only, in
   fp32 without checkpointing, as those tools do; off-grid sizes they would try are snapped down to

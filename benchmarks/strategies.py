@@ -54,12 +54,13 @@ class Session:
         self.pick_rule: PickRule = lambda obs: best_measured(obs, self.usable)
         self._repeats: dict[Config, int] = defaultdict(int)
 
-    def probe(self, config: Config) -> Observation:
-        """Replay one probe (noisy throughput, recorded wall time) and record the pick after it."""
+    def probe(self, config: Config, length: float = 1.0) -> Observation:
+        """Replay one probe (noisy throughput, recorded wall time) and record the pick after it;
+        `length`: measured steps relative to the recording's (see Landscape.probe)."""
         if len(self.observations) >= self.max_probes:
             raise BudgetExhausted(f"more than {self.max_probes} probes")
         obs = self.landscape.probe(config, noise=self.noise, seed=self.seed, repeat=self._repeats[config],
-                                   noise_model=self.noise_model)
+                                   noise_model=self.noise_model, length=length)
         self._repeats[config] += 1
         self.observations.append(obs)
         self.picks.append(self.pick_rule(self.observations))
@@ -191,6 +192,23 @@ def autofit_search(session: Session) -> Config | None:
         if config is None:
             return planner.best(session.observations)
         session.probe(config)
+
+
+def autofit_remeasure_search(session: Session) -> Config | None:
+    """(a') The Planner loop, then the live search's remeasure step (autofit/search/_loop.py): the
+    up to three best contenders within 5% of the best, probed once so far, are probed again with
+    twice the steps; then planner.best. (The live search's final long confirmation run is left
+    out: it costs time but cannot change the pick in a replay, where feasibility is recorded.)"""
+    planner_cls, _ = _planner_class()
+    planner = planner_cls(session.space, session.usable)
+    autofit_search(session)
+    if not hasattr(planner, "ranked"):
+        return planner.best(session.observations)
+    ranked = planner.ranked(session.observations)
+    for candidate in ranked[:3]:
+        if candidate.samples_per_s >= 0.95 * ranked[0].samples_per_s and candidate.probes <= 1:
+            session.probe(candidate.config, length=2.0)
+    return planner.best(session.observations)
 
 
 # --- (b) grid ---------------------------------------------------------------------------------
@@ -394,6 +412,7 @@ def deepspeed_search(session: Session) -> Config | None:
 #: name -> (function, needs the autofit budget)
 STRATEGIES: dict[str, Callable[..., Config | None]] = {
     "autofit": autofit_search,
+    "autofit+remeasure": autofit_remeasure_search,
     "grid": grid_search,
     "random": random_search,
     "tpe": tpe_search,
@@ -410,7 +429,7 @@ def run_strategy(name: str, landscape: Landscape, *, seed: int, noise: float = 1
     """Run one strategy on one landscape; `budget` (probes) is required for random and TPE."""
     session = Session(landscape, seed=seed, noise=noise, noise_model=noise_model)
     notes: list[str] = []
-    if name == "autofit":
+    if name.startswith("autofit"):
         _, note = _planner_class()
         if note:
             notes.append(note)
