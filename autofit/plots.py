@@ -114,7 +114,7 @@ def throughput_figure(frame: pd.DataFrame, global_batch: int | None = None, winn
         ran = group[group["status"] == "ok"]
         if len(ran):
             medians = ran.groupby("batch_size")["samples_per_s"].median().sort_index()
-            ax.plot(medians.index, medians.values, "-", color=color, alpha=0.6, label=str(label))
+            ax.plot(medians.index, medians.values, "-o", color=color, alpha=0.6, ms=4, label=str(label))
             fits, over = ran[ran["feasible"].fillna(False)], ran[~ran["feasible"].fillna(False)]
             ax.plot(fits["batch_size"], fits["samples_per_s"], "o", color=color, ms=6)
             ax.plot(over["batch_size"], over["samples_per_s"], "o", mfc="white", mec=color, ms=6)
@@ -219,8 +219,10 @@ def progress_figure(frame: pd.DataFrame, progress: pd.DataFrame) -> Figure:
         if len(last):
             end = last.iloc[-1]
             found = last[last["best"] == end["best"]].iloc[0]
+            late = found["probe_seconds"] > 0.6 * float(ordered["wall_s"].sum())  # keep the text inside
             ax.annotate(f"{end['best']}\nfound after {found['probe_seconds']:.0f} s", (found["probe_seconds"],
-                        found["best_samples_per_s"]), xytext=(8, -28), textcoords="offset points", fontsize=9)
+                        found["best_samples_per_s"]), xytext=(-8 if late else 8, -28), textcoords="offset points",
+                        ha="right" if late else "left", fontsize=9)
     top = float(ordered["samples_per_s"].max()) if ordered["samples_per_s"].notna().any() else 1.0
     ax.set_ylim(0, top * 1.15)
     ax.set_xlim(0, max(1.0, float(ordered["wall_s"].sum())) * 1.03)

@@ -22,7 +22,7 @@ limit_of() {
   case "$1" in
     gpt) echo 1.5GiB ;;
     cnn) echo 1.5GiB ;;
-    mlp) echo 1GiB ;;
+    mlp) echo 1.5GiB ;;
     *) echo "record_bundled_studies: no memory limit known for study '$1'" >&2; exit 2 ;;
   esac
 }

@@ -28,7 +28,7 @@ def test_each_bundled_study_ships_a_recorded_search(stem):
     assert stored.best() == best.config
     assert stored.document()["config"] == best.document["config"]
     frame = stored.trials_frame()
-    assert len(frame) >= 4 and frame["feasible"].any()
+    assert len(frame) >= 3 and frame["feasible"].any()
     assert all(stored.log_path(int(n)) is not None for n in frame["trial"])  # the probes' output ships too
 
 
