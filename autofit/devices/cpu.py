@@ -5,9 +5,11 @@ What is counted, precisely:
   private writable memory (heap and anonymous mappings, where every tensor lives) beyond it, and
   torch's CPU allocator then raises "DefaultCPUAllocator: can't allocate memory". It includes the
   baseline of Python, torch and the user's module, as a GPU's memory includes the CUDA context.
-- the peak is the peak resident set of the worker since the probe started (VmHWM, reset through
-  /proc/self/clear_refs) less its file-backed resident pages (shared libraries): the peak of
-  private memory actually touched, the quantity the limit bounds.
+- the peak is the larger of two readings since the probe started: the peak resident set (VmHWM,
+  reset through /proc/self/clear_refs) less file-backed resident pages (shared libraries), which
+  catches short spikes of touched memory; and VmData, the very quantity the limit caps, sampled
+  every few milliseconds by a background thread, which catches memory that is reserved but not
+  (yet) touched. Either alone under-reads what the allocator will be refused.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import gc
 import os
 import platform
 import resource
+import threading
 
 from autofit.devices._base import DeviceBackend, DeviceInfo
 from autofit.errors import UsageError
@@ -72,6 +75,7 @@ def cpu_info(index: int = 0) -> DeviceInfo:
     )
 
 
+_SAMPLE_INTERVAL_S = 0.002
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
@@ -114,10 +118,30 @@ class CpuBackend(DeviceBackend):
     def reset_peak(self) -> None:
         with open("/proc/self/clear_refs", "w") as handle:
             handle.write("5")  # resets VmHWM to the current resident set
+        self._stop_sampler()
+        self._data_peak = self.used_bytes()
+        self._sampling = threading.Event()
+        self._sampler = threading.Thread(target=self._sample_data, args=(self._sampling,), daemon=True)
+        self._sampler.start()
+
+    def _sample_data(self, stop: threading.Event) -> None:
+        while not stop.wait(_SAMPLE_INTERVAL_S):
+            try:
+                self._data_peak = max(self._data_peak, self.used_bytes())
+            except (OSError, KeyError):
+                return
+
+    def _stop_sampler(self) -> None:
+        if getattr(self, "_sampler", None) is not None:
+            self._sampling.set()
+            self._sampler.join()
+            self._sampler = None
 
     def peak_bytes(self) -> int:
+        self._stop_sampler()
         status = read_proc_status()
-        return max(0, status["VmHWM"] - status.get("RssFile", 0) - status.get("RssShmem", 0))
+        resident = max(0, status["VmHWM"] - status.get("RssFile", 0) - status.get("RssShmem", 0))
+        return max(resident, getattr(self, "_data_peak", 0), status["VmData"])
 
     def synchronize(self) -> None:
         pass  # CPU ops are synchronous

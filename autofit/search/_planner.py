@@ -40,6 +40,7 @@ TIE_TOLERANCE = 0.02
 #: Prior slowdown of checkpointing every block (it recomputes the forward pass); measured values win.
 _CHECKPOINT_SLOWDOWN = 0.2
 _PILOT_BATCH = 4
+_MAX_LEAP = 4
 _PILOT_JUMP = 8
 
 
@@ -130,7 +131,10 @@ class Planner:
             target = (state.fit_max(strategy) or self.space.batch_sizes[0]) * _PILOT_JUMP
             below = [b for b in candidates if b <= target]
             return self.space.config(strategy, max(below) if below else min(candidates))
-        predicted_max = memory.solve(self.usable)
+        # Extrapolate at most _MAX_LEAP x beyond the largest batch measured: a model fitted on small
+        # batches is least sure far away, and an OOM costs more than one more step up.
+        measured = max(b for b, _ in own)
+        predicted_max = min(memory.solve(self.usable), measured * _MAX_LEAP)
         below = [b for b in candidates if b <= predicted_max]
         if below:
             return self.space.config(strategy, max(below))
@@ -152,7 +156,8 @@ class Planner:
         return max(below) if below else min(candidates)
 
     def _refine_best(self, state: _State) -> Config | None:
-        """Probe the untried neighbours of the best batch, so a non-monotone peak is not missed."""
+        """Probe around the best batch, so a throughput peak below the memory limit is not missed:
+        half the batch first (while halving keeps improving), then the untried neighbours."""
         ranked = state.ranked()
         if not ranked:
             return None
@@ -162,6 +167,13 @@ class Planner:
         i = sizes.index(best.batch_size) if best.batch_size in sizes else None
         if i is None:
             return None
+        probed_below = [c.config.batch_size for c in state.ranked()
+                        if self.space.strategy_of(c.config) == strategy and c.config.batch_size < best.batch_size]
+        half = max((b for b in sizes if b <= best.batch_size / 2), default=None)
+        if half is not None and not any(b >= best.batch_size / 2.5 for b in probed_below):
+            config = self.space.config(strategy, half)
+            if not state.tried(config):
+                return config
         for j in (i - 1, i + 1):
             if 0 <= j < len(sizes):
                 config = self.space.config(strategy, sizes[j])
