@@ -41,7 +41,7 @@ TIE_TOLERANCE = 0.02
 _CHECKPOINT_SLOWDOWN = 0.2
 _PILOT_BATCH = 4
 _MAX_LEAP = 4
-_PILOT_JUMP = 8
+_PILOT_JUMP = 4
 
 
 @dataclass(frozen=True)
@@ -127,8 +127,11 @@ class Planner:
             return self.space.config(strategy, self._first_batch(state, strategy, candidates))
         memory = state.memory_model(strategy)
         if memory is None:
-            # One point and nothing to borrow an intercept from: jump well above it.
-            target = (state.fit_max(strategy) or self.space.batch_sizes[0]) * _PILOT_JUMP
+            # One point and nothing to borrow an intercept from: step up, or bisect (geometrically)
+            # between the largest fit and the smallest OOM.
+            low = state.fit_max(strategy) or self.space.batch_sizes[0]
+            high = state.oom_min(strategy)
+            target = (low * high) ** 0.5 if high else low * _PILOT_JUMP
             below = [b for b in candidates if b <= target]
             return self.space.config(strategy, max(below) if below else min(candidates))
         # Extrapolate at most _MAX_LEAP x beyond the largest batch measured: a model fitted on small
