@@ -455,7 +455,9 @@ def _predicted_next(planner: Planner, config: Config, done, usable: float) -> st
     line = state.memory_model(planner.space.strategy_of(config))
     if line is None:
         return None
-    return f"batch {nxt} is predicted to need {format_size(line(nxt))} > {format_size(usable)} usable"
+    if line(nxt) > usable:
+        return f"batch {nxt} is predicted to need {format_size(line(nxt))} > {format_size(usable)} usable"
+    return f"batch {nxt} was not probed (predicted to need {format_size(line(nxt))}, which fits)"
 
 
 def run_search(settings: SearchSettings, reporter: Reporter | None = None) -> SearchResult:
