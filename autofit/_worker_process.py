@@ -54,6 +54,7 @@ class _Session:
             "device": self.backend.info().to_dict(),
             "torch_device": str(torch_device),
             "precisions": list(self.backend.supported_precisions()),
+            "default_precisions": list(self.backend.default_precisions()),
             "baseline_bytes": self.backend.used_bytes(),
             "limit_bytes": self.backend.limit_bytes,
             "versions": {"torch": torch.__version__, "cuda": torch.version.cuda},

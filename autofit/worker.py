@@ -37,6 +37,7 @@ class WorkerInfo:
     options: dict | None
     device: dict
     precisions: list[str]
+    default_precisions: list[str]
     baseline_bytes: int
     limit_bytes: int | None
     versions: dict

@@ -20,7 +20,7 @@ STORAGE="sqlite:///$OUT/autofit.db"
 # The memory limit each study's docstring describes its shape under.
 limit_of() {
   case "$1" in
-    gpt) echo 1.5GiB ;;
+    gpt) echo 1GiB ;;
     cnn) echo 1.5GiB ;;
     mlp) echo 1.5GiB ;;
     *) echo "record_bundled_studies: no memory limit known for study '$1'" >&2; exit 2 ;;

@@ -3,7 +3,8 @@
 Shape: the parameters are few (~0.8M; ~13 MiB with gradients and AdamW state), while every block
 keeps its attention and MLP activations for backward (~5 MiB per sequence in fp32), so memory
 grows linearly with the micro-batch and decides the largest batch. Under a 1.5 GiB cap on CPU
-fp32 without checkpointing fits batch 192 and runs out of memory before 256. bf16 and activation
+fp32 without checkpointing fits batch 192 and runs out of memory before 256; under the 1 GiB cap
+the README's search uses, fp32 stops near batch 128 (a 0.94 GiB peak) and bf16 goes further. bf16 and activation
 checkpointing each lower the peak at the same batch (at 256: over 1.5 GiB in fp32, ~1.0 GiB in
 bf16, ~0.7 GiB in fp32 with all four blocks checkpointed, which pays for it with a second forward
 pass per block; peaks include ~0.22 GiB of Python and torch).

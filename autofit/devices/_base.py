@@ -48,6 +48,10 @@ class DeviceBackend(ABC):
     def supported_precisions(self) -> tuple[str, ...]:
         """Precisions this device runs natively."""
 
+    def default_precisions(self) -> tuple[str, ...]:
+        """Precisions a search tries when the user names none: the supported ones that can be fast."""
+        return self.supported_precisions()
+
     @abstractmethod
     def apply_memory_limit(self, limit_bytes: int | None) -> None:
         """Enforce `limit_bytes` on this process from now on (None: the whole device).

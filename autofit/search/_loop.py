@@ -139,8 +139,9 @@ class _Search:
                     )
         return study
 
-    def build_space(self, options: SearchOptions, precisions: list[str], knobs: dict | None) -> SearchSpace:
-        wanted = options.precision or tuple(precisions)
+    def build_space(self, options: SearchOptions, info, knobs: dict | None) -> SearchSpace:
+        precisions = info.precisions
+        wanted = options.precision or tuple(info.default_precisions)
         unsupported = [p for p in wanted if p not in precisions]
         if unsupported:
             raise UsageError(f"The precision must be one the device runs ({', '.join(precisions)}), "
@@ -172,7 +173,7 @@ class _Search:
         options = options.merged(global_batch=self.s.global_batch, batch_size=self.s.batch_size,
                                  precision=self.s.precision, accumulation=self.s.accumulation)
         meta = study.user_attrs.get("autofit") or {}
-        space = self.build_space(options, info.precisions, meta.get("knobs"))
+        space = self.build_space(options, info, meta.get("knobs"))
         self._save_meta(study, info, space, meta.get("knobs"))
         planner = Planner(space, self.usable)
         sampler = AutofitSampler(planner, self._distributions(space), seed=self.s.seed)
@@ -206,7 +207,7 @@ class _Search:
             self._check_fatal(result, seen)
             meta = study.user_attrs.get("autofit") or {}
             if meta.get("knobs") is None and result.knobs.get("batches"):
-                space = self.build_space(options, info.precisions, result.knobs)
+                space = self.build_space(options, info, result.knobs)
                 self._save_meta(study, info, space, result.knobs)
                 planner.space = space
                 sampler.search_space = self._distributions(space)
