@@ -47,7 +47,8 @@ def open_storage(url: str | None) -> optuna.storages.BaseStorage:
             return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
         except Exception as exc:  # noqa: BLE001 - any driver error means the same thing to the user
             # Two searches creating the same new database race on its schema: the loser retries.
-            if attempt < 2 and "UNIQUE constraint failed" in str(exc):
+            racing = ("UNIQUE constraint failed", "already exists", "database is locked")
+            if attempt < 2 and any(text in str(exc) for text in racing):
                 time.sleep(0.5 + attempt)
                 continue
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
