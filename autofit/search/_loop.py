@@ -106,6 +106,7 @@ class _Search:
         self.usable = self.limit * (1 - settings.headroom)
         self.probes_this_run = 0
         self.notes: list[str] = []
+        self._asked: list[int] = []
 
     def _db_dir(self) -> str:
         url = self.storage_url
@@ -244,6 +245,7 @@ class _Search:
     def _probe(self, study, worker: Worker, sampler: AutofitSampler, config: Config, phase: str, steps: int):
         sampler.force(config)
         trial = study.ask(sampler.search_space)
+        self._asked.append(trial.number)
         asked = Config(batch_size=trial.params["batch_size"], precision=trial.params["precision"],
                        checkpoint_segments=trial.params["checkpoint_segments"],
                        accumulation_steps=trial.params["accumulation_steps"])
@@ -256,12 +258,8 @@ class _Search:
         log_path = os.path.join(self.run_dir, f"trial-{trial.number}.log")
         os.makedirs(self.run_dir, exist_ok=True)
         seen = observations(study.get_trials(deepcopy=False), exclude=trial.number)
-        try:
-            result = worker.probe(asked, warmup=self.s.warmup, steps=steps,
-                                  timeout=self._probe_timeout(seen), log_path=log_path)
-        except KeyboardInterrupt:
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            raise
+        result = worker.probe(asked, warmup=self.s.warmup, steps=steps,
+                              timeout=self._probe_timeout(seen), log_path=log_path)
         record_probe(study, trial, result, self.usable, phase)
         self.probes_this_run += 1
         self.reporter.probe_finished(trial.number, result, self.usable)
@@ -352,12 +350,13 @@ class _Search:
         })
 
     def _fail_running(self, study) -> None:
-        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            if "probe" not in trial.user_attrs and trial.user_attrs.get("phase"):
-                try:
-                    study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
-                except Exception:  # noqa: BLE001 - another worker's trial
-                    pass
+        """Trials this process asked for and never finished (Ctrl-C) are FAIL, never left RUNNING,
+        so the config is probed again on resume."""
+        for number in self._asked:
+            try:
+                study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+            except Exception:  # noqa: BLE001 - already finished or removed: nothing to do
+                continue
 
     def _fault_notes(self, study, planner: Planner, seen) -> list[str]:
         """What went wrong along the way, one line each: unusable precisions, crashes, leaks."""
