@@ -16,7 +16,7 @@ from click.testing import CliRunner
 import autofit
 from autofit.cli import cli
 from autofit.errors import NoFeasibleConfig
-from autofit.report_html import SECTIONS
+from autofit.report.html import SECTIONS
 from autofit.results import read_best
 from autofit.search import SearchSettings, run_search
 from autofit.search._study import trial_result
@@ -128,7 +128,7 @@ def test_show_trial_prints_that_probes_own_output(searched):
 
 
 def test_show_trial_keeps_the_tail_of_long_output_and_full_shows_all(searched):
-    from autofit.study_report import describe_trial
+    from autofit.report.study_text import describe_trial
 
     _, study, storage, _ = searched
     stored = autofit.load_study(STUDY, storage)
@@ -228,7 +228,7 @@ def test_report_is_one_self_contained_page_with_a_plot_per_question(searched, tm
 
 
 def test_plots_draw_the_studys_data(searched):
-    from autofit.plots import study_figures
+    from autofit.report.plots import study_figures
 
     result, study, storage, _ = searched
     stored = autofit.load_study(STUDY, storage)

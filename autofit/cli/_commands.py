@@ -8,7 +8,7 @@ from typing import Any, NoReturn
 
 import click
 
-from autofit.cli_types import DURATION, INT_LIST, INT_RANGE, MEMORY_SIZE, PRECISION_LIST
+from autofit.cli._types import DURATION, INT_LIST, INT_RANGE, MEMORY_SIZE, PRECISION_LIST
 from autofit.errors import AutofitError, UsageError
 from autofit.space import PRECISIONS
 
@@ -79,7 +79,7 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
     """
     from autofit.devices import check_device
     from autofit.discover import check_script, parse_target
-    from autofit.probe_report import describe_probe
+    from autofit.report.probe_text import describe_probe
     from autofit.space import Config
     from autofit.worker import Worker
 
@@ -142,7 +142,7 @@ def search(target: str, device: str | None, gpu: int | None, memory_limit: int |
     """
     from autofit.discover import parse_target
     from autofit.search import LiveReporter, Reporter, SearchSettings, run_search
-    from autofit.search_report import describe_search
+    from autofit.report.search_text import describe_search
 
     script, function = parse_target(target)
     device, index = _resolve_device(device, gpu)
@@ -188,12 +188,5 @@ def devices(as_json: bool) -> None:
         click.echo("(no NVIDIA GPU visible: NVML found none)")
 
 
-from autofit import cli_reports  # noqa: E402,F401  (registers show, studies, export, report)
-
-
 def main() -> None:
     cli()
-
-
-if __name__ == "__main__":
-    main()

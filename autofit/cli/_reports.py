@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from autofit.cli import cli
+from autofit.cli._commands import cli
 from autofit.record import STATUSES
 
 _STUDY_HELP = "Study name, or its script's stem (default: the only study in the storage)."
@@ -40,7 +40,7 @@ def show(study: str | None, storage: str | None, trial_number: int | None, full:
 
     With --trial N: that probe's measurements, error and captured output.
     """
-    from autofit.study_report import describe_study, describe_trial, select_probes
+    from autofit.report.study_text import describe_study, describe_trial, select_probes
 
     stored = _load(study, storage)
     if trial_number is not None:
@@ -56,7 +56,7 @@ def show(study: str | None, storage: str | None, trial_number: int | None, full:
 def studies(storage: str | None) -> None:
     """List the studies in a storage: device, memory limit, probes, best config and its throughput."""
     from autofit.study import list_studies
-    from autofit.study_report import studies_table
+    from autofit.report.study_text import studies_table
 
     where, rows = list_studies(storage)
     if where.note:
@@ -93,7 +93,7 @@ def report(study: str | None, storage: str | None, out: str | None, png_dir: str
     """Write one self-contained HTML page with plots of a study: throughput, memory, progress, winner."""
     import os
 
-    from autofit.report_html import write_report
+    from autofit.report.html import write_report
 
     stored = _load(study, storage)
     path = out or os.path.join("studies", f"{stored.name}.report.html")

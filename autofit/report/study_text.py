@@ -9,7 +9,7 @@ import pandas as pd
 
 from autofit.errors import NoFeasibleConfig, UsageError
 from autofit.frame import COLUMNS
-from autofit.probe_report import describe_probe
+from autofit.report.probe_text import describe_probe
 from autofit.record import STATUSES
 from autofit.units import format_duration, format_size
 
