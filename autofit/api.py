@@ -5,11 +5,12 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from autofit.space import PRECISIONS, Config, check_precision
 from autofit.errors import UsageError
+from autofit.space import PRECISIONS, Config, check_precision
 
 if TYPE_CHECKING:
     from autofit.run import Run

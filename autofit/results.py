@@ -12,7 +12,7 @@ import os
 import platform
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from autofit.errors import ConfigFileError
@@ -51,7 +51,7 @@ def config_entry(config: Config) -> dict[str, Any]:
 def write_best(path: str, document: dict[str, Any]) -> str:
     """Write atomically (a crash never leaves half a file) and return the path."""
     document = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION,
-                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), **document}
+                "created": datetime.now(UTC).isoformat(timespec="seconds"), **document}
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".best-", suffix=".json")

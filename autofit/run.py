@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint as _torch_checkpoint

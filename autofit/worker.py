@@ -81,6 +81,7 @@ class Worker:
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
         self._timed_out = False
+        self._warm_baseline: int | None = None
 
     # --- life cycle ---------------------------------------------------------------------------
     def __enter__(self) -> Worker:
@@ -136,6 +137,7 @@ class Worker:
                 reply.get("traceback"),
             )
         self.info = WorkerInfo(**{k: reply[k] for k in WorkerInfo.__dataclass_fields__})
+        self._warm_baseline = None
         return self.info
 
     def close(self) -> None:
@@ -210,12 +212,21 @@ class Worker:
         )
 
     def _replace_if_leaking(self, result: ProbeResult) -> None:
-        if self.info is None or result.memory_after_bytes is None:
+        """Replace the worker when its memory after a probe grew past its warm baseline.
+
+        The warm baseline is the memory after the first probe of this process (allocator arenas,
+        thread pools and lazy imports legitimately grow once); growth beyond it by more than the
+        tolerance, probe after probe, is a leak.
+        """
+        if result.memory_after_bytes is None:
+            return
+        if self._warm_baseline is None:
+            self._warm_baseline = result.memory_after_bytes
             return
         tolerance = self.leak_tolerance
         if tolerance is None:
-            tolerance = max(128 * 2**20, int(0.1 * (self.memory_limit or 0)))
-        growth = result.memory_after_bytes - self.info.baseline_bytes
+            tolerance = max(192 * 2**20, int(0.2 * (self.memory_limit or 0)))
+        growth = result.memory_after_bytes - self._warm_baseline
         if growth > tolerance:
             result.notes.append(
                 f"worker memory stayed {format_size(growth)} above its baseline after the probe "

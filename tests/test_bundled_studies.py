@@ -5,12 +5,12 @@ import os
 
 import pytest
 from click.testing import CliRunner
+from conftest import STUDIES
 
 import autofit
 from autofit.cli import cli
 from autofit.results import read_best
 from autofit.study import bundled_storage_url
-from conftest import STUDIES
 
 RECORDED = os.path.join(STUDIES, "recorded")
 STEMS = ("gpt", "cnn", "mlp")

@@ -5,9 +5,9 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from conftest import script
 
 from autofit.cli import cli
-from conftest import script
 
 
 def invoke(*args: str):

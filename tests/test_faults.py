@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -11,12 +10,12 @@ import time
 import optuna
 import pytest
 from click.testing import CliRunner
+from conftest import script
 
 from autofit.cli import cli
 from autofit.errors import NoFeasibleConfig, UserCodeError
 from autofit.search import SearchSettings, run_search
 from autofit.search._study import observations
-from conftest import REPO, script
 
 LIMIT = 768 * 2**20
 
@@ -86,7 +85,7 @@ def test_hang_is_killed_at_the_probe_timeout_and_the_search_goes_on(tmp_path):
 
 
 def test_leaking_worker_is_replaced_and_the_leak_reported(tmp_path):
-    result = run_search(settings(tmp_path, "leaks_search.py", trials=3))
+    result = run_search(settings(tmp_path, "leaks_search.py", trials=4))
     assert any("leak" in n and "replaced" in n for n in result.notes)
     assert result.best is not None
 

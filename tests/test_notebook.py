@@ -5,7 +5,6 @@ import os
 import time
 
 import pytest
-
 from conftest import REPO
 
 NOTEBOOK = os.path.join(REPO, "notebooks", "explore_study.ipynb")

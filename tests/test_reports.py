@@ -12,6 +12,7 @@ import sys
 import optuna
 import pytest
 from click.testing import CliRunner
+from conftest import script
 
 import autofit
 from autofit.cli import cli
@@ -20,7 +21,6 @@ from autofit.report.html import SECTIONS
 from autofit.results import read_best
 from autofit.search import SearchSettings, run_search
 from autofit.search._study import trial_result
-from conftest import script
 
 LIMIT = 768 * 2**20
 BUDGET = 40

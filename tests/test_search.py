@@ -11,12 +11,12 @@ import time
 import optuna
 import pytest
 from click.testing import CliRunner
+from conftest import script
 
 from autofit.cli import cli
 from autofit.results import read_best
 from autofit.search import SearchSettings, run_search
 from autofit.search._study import observations, open_storage
-from conftest import script
 
 LIMIT = 768 * 2**20
 BUDGET = 60

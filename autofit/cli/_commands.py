@@ -141,8 +141,8 @@ def search(target: str, device: str | None, gpu: int | None, memory_limit: int |
     fits or the function fails on every probe, 2 for bad input, 130 when interrupted.
     """
     from autofit.discover import parse_target
-    from autofit.search import LiveReporter, Reporter, SearchSettings, run_search
     from autofit.report.search_text import describe_search
+    from autofit.search import LiveReporter, Reporter, SearchSettings, run_search
 
     script, function = parse_target(target)
     device, index = _resolve_device(device, gpu)

@@ -55,8 +55,8 @@ def show(study: str | None, storage: str | None, trial_number: int | None, full:
 @click.option("--storage", default=None, help=_STORAGE_HELP)
 def studies(storage: str | None) -> None:
     """List the studies in a storage: device, memory limit, probes, best config and its throughput."""
-    from autofit.study import list_studies
     from autofit.report.study_text import studies_table
+    from autofit.study import list_studies
 
     where, rows = list_studies(storage)
     if where.note:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import html
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from autofit.errors import NoFeasibleConfig
@@ -94,7 +94,7 @@ def render_report(stored: StoredStudy, pngs: dict[str, bytes]) -> str:
     from autofit import __version__
 
     parts.append(f"<p class=\"muted\">Written by autofit {e(__version__)} on "
-                 f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC. Rerun `autofit report` to refresh; "
+                 f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC. Rerun `autofit report` to refresh; "
                  f"`autofit show --trial N` prints one probe's output.</p></body></html>\n")
     return "\n".join(parts)
 

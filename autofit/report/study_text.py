@@ -9,8 +9,8 @@ import pandas as pd
 
 from autofit.errors import NoFeasibleConfig, UsageError
 from autofit.frame import COLUMNS
-from autofit.report.probe_text import describe_probe
 from autofit.record import STATUSES
+from autofit.report.probe_text import describe_probe
 from autofit.units import format_duration, format_size
 
 if TYPE_CHECKING:

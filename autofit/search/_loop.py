@@ -15,12 +15,17 @@ from autofit.discover import check_script
 from autofit.errors import NoFeasibleConfig, UsageError, UserCodeError
 from autofit.record import ProbeResult
 from autofit.results import default_best_path, write_best
-from autofit.search._planner import Candidate, Planner
+from autofit.search._planner import TIE_TOLERANCE, Candidate, Planner
 from autofit.search._progress import Reporter
 from autofit.search._sampler import AutofitSampler
 from autofit.search._space import SearchSpace
 from autofit.search._study import (
-    default_study_name, distributions, observations, open_storage, record_probe, storage_label,
+    default_study_name,
+    distributions,
+    observations,
+    open_storage,
+    record_probe,
+    storage_label,
 )
 from autofit.space import Config
 from autofit.units import format_size
@@ -238,7 +243,7 @@ class _Search:
                 return
             result = self._probe(study, worker, sampler, ranked[0].config, "confirm", steps)
             if result is not None and result.ok and (result.peak_bytes or 0) <= self.usable:
-                return
+                continue  # confirmed; if its longer run moved it down the ranking, confirm the new first
             self.notes.append(f"{ranked[0].config.label()} failed its confirmation run "
                               f"({result.status if result else 'claimed'}); falling back to the next best")
 
@@ -436,7 +441,12 @@ def explain(ranked: list[Candidate], done, planner: Planner, usable: float) -> s
         elif o.status == "ok" and o.peak_bytes and o.peak_bytes > usable:
             parts.append(f"batch {o.config.batch_size} needs {format_size(o.peak_bytes)} > {format_size(usable)} usable")
         elif o.status == "ok" and o.samples_per_s:
-            parts.append(f"batch {o.config.batch_size} was no faster ({o.samples_per_s / best.samples_per_s:.2f}x)")
+            measured = next((c.samples_per_s for c in ranked if c.config == o.config), o.samples_per_s)
+            if measured <= best.samples_per_s:
+                parts.append(f"batch {o.config.batch_size} was no faster ({measured / best.samples_per_s:.2f}x)")
+            else:
+                parts.append(f"batch {o.config.batch_size} was within {TIE_TOLERANCE:.0%} "
+                             f"({measured / best.samples_per_s:.2f}x) and needs more memory")
     else:
         memory = planner.space and _predicted_next(planner, best.config, done, usable)
         if memory:

@@ -3,7 +3,7 @@ parallel workers share one set of trials and one decision rule."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution

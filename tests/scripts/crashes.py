@@ -1,6 +1,8 @@
 """Segfaults at batch sizes >= 8 (a stand-in for a crashing CUDA kernel), runs fine below."""
 import ctypes
+
 import torch
+
 from autofit import autofit
 
 

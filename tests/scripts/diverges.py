@@ -1,4 +1,5 @@
 import torch
+
 from autofit import autofit
 
 

@@ -1,5 +1,6 @@
 """Memory grows ~linearly with batch: each sample carries a 1 MiB activation (256Ki floats)."""
 import torch
+
 from autofit import autofit
 
 WIDTH = 256 * 1024  # floats per sample in the activation

@@ -1,6 +1,7 @@
 """fits_small.py that talks: each probe prints its config and every step's loss, so a test can
 find a probe's own output in its log (memory grows ~1 MiB per sample, as in fits_small.py)."""
 import torch
+
 from autofit import autofit
 
 WIDTH = 256 * 1024  # floats per sample in the activation

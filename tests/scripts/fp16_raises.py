@@ -1,5 +1,6 @@
-from autofit import autofit
 from _grow import train_steps
+
+from autofit import autofit
 
 
 def refuse_fp16(run, loss):

@@ -1,6 +1,8 @@
 import time
-from autofit import autofit
+
 from _grow import train_steps
+
+from autofit import autofit
 
 
 @autofit(precision=("fp32",), batch_size=(1, 256))

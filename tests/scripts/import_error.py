@@ -1,3 +1,2 @@
-from autofit import autofit
 
 raise RuntimeError("this script is broken at import")

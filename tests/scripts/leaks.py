@@ -1,5 +1,6 @@
 """Keeps 200 MiB per probe in a module-level list: memory that never returns to baseline."""
 import torch
+
 from autofit import autofit
 
 KEPT = []

@@ -1,11 +1,12 @@
 import torch
-from autofit import autofit
 from _grow import train_steps
+
+from autofit import autofit
 
 KEPT = []
 
 
 @autofit(precision=("fp32",), batch_size=(1, 128))
 def train(run):
-    KEPT.append(torch.ones(40 * 2**20))  # 160 MiB per probe, never freed
+    KEPT.append(torch.ones(25 * 2**20))  # 100 MiB per probe, never freed
     train_steps(run)

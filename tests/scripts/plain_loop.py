@@ -1,5 +1,6 @@
 """Uses only run.batch_size and run.batches(): no autocast, no checkpointing, no run.backward."""
 import torch
+
 from autofit import autofit
 
 

@@ -3,6 +3,7 @@ import json
 import os
 
 import torch
+
 from autofit import autofit
 
 

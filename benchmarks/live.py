@@ -1,0 +1,94 @@
+"""Run autofit live (real probes, not replayed) on each bundled study and score it against the study's
+recorded landscape: probes, probe-seconds, OOM probes, and the true (recorded) throughput of the
+config it exports divided by the landscape's best.
+
+    python -m benchmarks.live [--budget 5m] [NAME ...]
+
+Each live search uses the landscape's memory limit, headroom, batch range, precisions, warm-up and
+measured steps, and one thread per probe as the recording did. It writes a markdown table to stdout
+and to benchmarks/live.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+from autofit.search import SearchSettings, run_search
+from autofit.search._study import observations, open_storage
+from autofit.units import parse_duration
+from benchmarks.landscape import Landscape, landscape_paths
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def live_row(landscape: Landscape, budget_s: float) -> dict:
+    import optuna
+
+    meta = landscape.meta
+    space = landscape.space
+    with tempfile.TemporaryDirectory() as tmp:
+        storage = f"sqlite:///{tmp}/live.db"
+        started = time.monotonic()
+        result = run_search(SearchSettings(
+            script=meta["study"], function=meta.get("function"), memory_limit=landscape.memory_limit_bytes,
+            headroom=landscape.headroom, budget_s=budget_s, batch_size=(min(space.batch_sizes), max(space.batch_sizes)),
+            precision=tuple(space.precisions), storage=storage, out=os.path.join(tmp, "best.json"),
+            warmup=meta.get("warmup", 1), steps=meta.get("steps", 3),
+        ))
+        elapsed = time.monotonic() - started
+        seen = [o for o in observations(optuna.load_study(study_name=result.study_name, storage=open_storage(storage)).trials)
+                if o.status != "running"]
+    explore = [o for o in seen if o.phase == "explore"]
+    return {
+        "name": landscape.name,
+        "probes": len(seen),
+        "explore_probes": len(explore),
+        "probe_s": sum(o.wall_s for o in seen),
+        "search_s": elapsed,
+        "oom": sum(o.status == "oom" for o in seen),
+        "pick": result.best.label() if result.best else "none",
+        "ratio": landscape.true_throughput(result.best) / landscape.best_throughput() if result.best else 0.0,
+        "grid_s": landscape.grid_seconds(),
+        "grid_probes": len(landscape.configs()),
+        "best": landscape.best_config().label(),
+    }
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| study | live probes (explore) | probe-s | ÷ grid probe-s | OOM probes | exported | true throughput ÷ grid best | grid best |",
+        "|---|---:|---:|---:|---:|---|---:|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['name']} | {r['probes']} ({r['explore_probes']}) | {r['probe_s']:.0f} | "
+            f"{r['probe_s'] / r['grid_s']:.0%} | {r['oom']} | {r['pick']} | {r['ratio']:.3f} | {r['best']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="landscape names (default: all)")
+    parser.add_argument("--budget", default="5m", help="budget of each live search")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the landscapes were recorded
+    rows = []
+    for path in landscape_paths():
+        landscape = Landscape.load(path)
+        if args.names and landscape.name not in args.names:
+            continue
+        rows.append(live_row(landscape, parse_duration(args.budget)))
+        print(table(rows[-1:]), flush=True)
+    text = table(rows)
+    print("\n" + text)
+    with open(os.path.join(HERE, "live.md"), "w") as handle:
+        handle.write("# autofit live on the bundled studies\n\n`python -m benchmarks.live --budget "
+                     f"{args.budget}`\n\n{text}\n")
+
+
+if __name__ == "__main__":
+    main()
