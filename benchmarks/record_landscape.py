@@ -26,7 +26,6 @@ from autofit.units import format_size, parse_size
 from autofit.worker import Worker
 from benchmarks.landscape import LANDSCAPE_DIR, Entry, Landscape, describe
 
-
 AGGREGATE = "fastest run's samples/s and step times; median wall; largest peak"
 
 
@@ -171,7 +170,7 @@ def record(
             "warmup": warmup, "steps": steps, "timeout_s": timeout, "threads": threads, "repeats": repeats,
             "aggregate": AGGREGATE,
             "checkpoint_blocks": blocks,
-            "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "recorded_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "recording_s": round(elapsed, 1),
             "probed": sum(not e.implied for e in entries.values()),
             "implied": sum(e.implied for e in entries.values()),
