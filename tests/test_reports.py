@@ -247,10 +247,12 @@ def test_plots_draw_the_studys_data(searched):
     assert {round(LIMIT / 2**20, 1), round(stored.usable_bytes / 2**20, 1)} <= flat
     assert sum(line.get_linestyle() == "--" and len(line.get_xdata()) > 2 for line in memory.get_lines()) \
         == len(stored.memory_models()) >= 1
-    # progress ends at the winner's throughput; the ranking's first bar is the winner
-    assert stored.progress()["best_samples_per_s"].iloc[-1] == pytest.approx(result.document["measured"]["samples_per_s"])
+    # progress ends at least at the winner's throughput (near-ties go to the lower peak, so the winner
+    # need not be the fastest single probe); the ranking's top bar (drawn last) is the winner
+    winner = result.document["measured"]["samples_per_s"]
+    assert stored.progress()["best_samples_per_s"].iloc[-1] >= winner * (1 - 1e-9)
     bars = figures["ranking"].axes[0].patches
-    assert max(bar.get_width() for bar in bars) == pytest.approx(result.document["measured"]["samples_per_s"])
+    assert bars[-1].get_width() == pytest.approx(winner)
 
 
 # --- which storage and study ------------------------------------------------------------------------
