@@ -8,7 +8,7 @@ from autofit.units import format_duration, format_size
 def describe_search(result) -> str:
     lines = []
     state = "interrupted: partial result" if result.partial else f"stopped: {result.stopped}"
-    lines.append(f"study {result.study_name}: {result.probes} probes, {result.ooms} out of memory, "
+    lines.append(f"study {result.study_name}: {result.probes} probes, {result.ooms} did not fit (OOM or over the headroom), "
                  f"{result.failed} failed, {format_duration(result.elapsed_s)} ({state})")
     if result.best is None:
         lines.append("no config fits yet; run the same command to continue")

@@ -59,7 +59,7 @@ class Reporter:
             self.best = (result.samples_per_s, result.config.label())
         best = f"best {self.best[1]} {self.best[0]:,.1f}/s" if self.best else "no fit yet"
         self._line(
-            f"[{self.counts['probes']:>3} probes, {self.counts['oom']} oom, {self.counts['failed']} failed, "
+            f"[{self.counts['probes']:>3} probes, {self.counts['oom']} too big, {self.counts['failed']} failed, "
             f"{self._left()} left, {best}] trial {number}: {result.summary()}"
         )
 
@@ -89,7 +89,7 @@ class LiveReporter(Reporter):
         best = f"best {self.best[1]} {self.best[0]:,.1f}/s" if self.best else "no fit yet"
         running = f"probing {self._running} ({time.monotonic() - self._since:.0f}s)" if self._running else "planning"
         c = self.counts
-        return (f"[{bar}] {format_duration(left)} left | {c['probes']} probes, {c['oom']} oom, "
+        return (f"[{bar}] {format_duration(left)} left | {c['probes']} probes, {c['oom']} too big, "
                 f"{c['failed']} failed | {best} | {running}")
 
     def _draw(self) -> None:
