@@ -76,24 +76,12 @@ def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumul
 
 
 def config_params(config: Config) -> dict[str, Any]:
-    return {
-        "batch_size": config.batch_size,
-        "precision": config.precision,
-        "checkpoint_segments": config.checkpoint_segments,
-        "accumulation_steps": config.accumulation_steps,
-    }
+    """The trial parameters of a config: the config's own fields."""
+    return config.to_dict()
 
 
 def trial_config(trial: FrozenTrial) -> Config | None:
-    params = trial.params
-    if "batch_size" not in params:
-        return None
-    return Config(
-        batch_size=int(params["batch_size"]),
-        precision=str(params.get("precision", "fp32")),
-        checkpoint_segments=int(params.get("checkpoint_segments", 0)),
-        accumulation_steps=int(params.get("accumulation_steps", 1)),
-    )
+    return Config.from_dict(trial.params) if "batch_size" in trial.params else None
 
 
 def trial_result(trial: FrozenTrial) -> ProbeResult | None:
