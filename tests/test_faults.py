@@ -69,9 +69,9 @@ def test_segfault_in_user_code_is_crashed_and_the_search_goes_on(tmp_path):
     result = run_search(settings(tmp_path, "crashes_above.py", trials=6))
     seen = observations(trials(tmp_path, result))
     crashed = [o for o in seen if o.status == "crashed"]
-    assert crashed and all(o.config.batch_size >= 24 for o in crashed)
-    assert [o for o in seen if o.status == "ok" and o.config.batch_size < 24]
-    assert result.best is not None and result.best.batch_size < 24
+    assert crashed and all(o.config.batch_size >= 8 for o in crashed)
+    assert [o for o in seen if o.status == "ok" and o.config.batch_size < 8]
+    assert result.best is not None and result.best.batch_size < 8
     assert any("crashed" in n and "SIGSEGV" in n for n in result.notes)
 
 
@@ -80,7 +80,7 @@ def test_hang_is_killed_at_the_probe_timeout_and_the_search_goes_on(tmp_path):
     result = run_search(settings(tmp_path, "hangs_above.py", trials=5, probe_timeout=4))
     seen = observations(trials(tmp_path, result))
     assert [o for o in seen if o.status == "timeout"]
-    assert result.best is not None and result.best.batch_size < 24
+    assert result.best is not None and result.best.batch_size < 8
     assert time.monotonic() - started < 90
 
 
@@ -91,7 +91,7 @@ def test_leaking_worker_is_replaced_and_the_leak_reported(tmp_path):
 
 
 def test_nan_loss_makes_the_config_unusable(tmp_path):
-    result = run_search(settings(tmp_path, "fp16_diverges.py", trials=5))
+    result = run_search(settings(tmp_path, "fp16_diverges.py", trials=8))
     seen = observations(trials(tmp_path, result))
     assert [o for o in seen if o.status == "diverged" and o.config.precision == "fp16"]
     assert result.best.precision == "fp32"

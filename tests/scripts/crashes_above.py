@@ -7,6 +7,6 @@ from autofit import autofit
 
 @autofit(precision=("fp32",), batch_size=(1, 256))
 def train(run):
-    if run.batch_size >= 24:
+    if run.batch_size >= 8:
         ctypes.string_at(0)  # SIGSEGV, like a crashing kernel
     train_steps(run)
