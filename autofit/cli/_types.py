@@ -9,28 +9,37 @@ from autofit.space import PRECISIONS
 from autofit.units import parse_duration, parse_size
 
 
-class MemorySize(click.ParamType):
-    name = "size"
+class _ParsedType(click.ParamType):
+    """A value parsed by one of autofit's unit parsers; its UsageError becomes click's usage error."""
+
+    passthrough: tuple[type, ...] = ()
+
+    def parse(self, value):
+        raise NotImplementedError
 
     def convert(self, value, param, ctx):
-        if isinstance(value, int):
+        if isinstance(value, self.passthrough):
             return value
         try:
-            return parse_size(value)
+            return self.parse(value)
         except UsageError as exc:
             self.fail(str(exc), param, ctx)
 
 
-class Duration(click.ParamType):
+class MemorySize(_ParsedType):
+    name = "size"
+    passthrough = (int,)
+
+    def parse(self, value):
+        return parse_size(value)
+
+
+class Duration(_ParsedType):
     name = "duration"
+    passthrough = (float,)
 
-    def convert(self, value, param, ctx):
-        if isinstance(value, (int, float)):
-            return float(value)
-        try:
-            return parse_duration(value)
-        except UsageError as exc:
-            self.fail(str(exc), param, ctx)
+    def parse(self, value):
+        return parse_duration(value)
 
 
 class PrecisionList(click.ParamType):

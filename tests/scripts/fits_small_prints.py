@@ -1,30 +1,15 @@
 """fits_small.py that talks: each probe prints its config and every step's loss, so a test can
 find a probe's own output in its log (memory grows ~1 MiB per sample, as in fits_small.py)."""
-import torch
+from fits_small import train_steps
 
 from autofit import autofit
 
-WIDTH = 256 * 1024  # floats per sample in the activation
+
+def _say(line):
+    print(line, flush=True)
 
 
 @autofit(batch_size=(1, 2048))
 def train(run):
-    torch.manual_seed(0)
-    print(f"probe config: precision={run.precision} batch_size={run.batch_size}", flush=True)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-    blocks = torch.nn.ModuleList([torch.nn.Linear(64, 64) for _ in range(4)])
-    run.checkpoint(blocks)
-    opt = torch.optim.SGD(list(model.parameters()) + list(blocks.parameters()), lr=0.01)
-    data = [torch.randn(run.batch_size, 64) for _ in range(4)]
-    step = 0
-    while True:
-        for x in run.batches(data):
-            with run.autocast():
-                h = x
-                for block in blocks:
-                    h = torch.relu(block(h))
-                wide = h.repeat(1, WIDTH // 64)  # batch x 1 MiB, kept for backward
-                loss = model(h).mean() + wide.sigmoid().mean() * 1e-3
-            run.backward(loss, opt)
-            step += 1
-            print(f"step {step} loss {loss.item():.4f}", flush=True)
+    _say(f"probe config: precision={run.precision} batch_size={run.batch_size}")
+    train_steps(run, _say)
