@@ -1,0 +1,67 @@
+"""Measure several configs of one study interleaved (A B C A B C ...) through autofit's worker.
+
+    python -m benchmarks.gpu.compare benchmarks/gpu/gpt124m.py --device cuda \
+        --config autofit=bf16:48:0 --config lightning=fp32:16:0 --rounds 3 --steps 10
+
+A config is PRECISION:BATCH[:CHECKPOINTED_BLOCKS[:ACCUMULATION]]. Every config runs the same training
+program in the same process, round after round, so a drift of the machine hits them all alike. The
+median samples/s over the rounds is reported, with the peak memory and the status of each round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+from autofit.space import Config
+from autofit.worker import Worker
+
+
+def parse_config(text: str) -> tuple[str, Config]:
+    name, _, spec = text.partition("=")
+    parts = spec.split(":")
+    precision, batch = parts[0], int(parts[1])
+    checkpoint = int(parts[2]) if len(parts) > 2 else 0
+    accumulation = int(parts[3]) if len(parts) > 3 else 1
+    return name, Config(batch_size=batch, precision=precision, checkpoint_segments=checkpoint,
+                        accumulation_steps=accumulation)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("script")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--config", action="append", required=True)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    configs = [parse_config(text) for text in args.config]
+    rows = {name: {"config": config.to_dict(), "samples_per_s": [], "status": [], "peak_bytes": []}
+            for name, config in configs}
+    with Worker(args.script, device=args.device) as worker:
+        info = worker.start()
+        for _ in range(args.rounds):
+            for name, config in configs:
+                result = worker.probe(config, warmup=args.warmup, steps=args.steps, timeout=600)
+                rows[name]["status"].append(result.status)
+                rows[name]["peak_bytes"].append(result.peak_bytes)
+                if result.samples_per_s:
+                    rows[name]["samples_per_s"].append(round(result.samples_per_s, 2))
+                print(f"{name:>12} {config.label():<28} {result.status:<8} "
+                      f"{result.samples_per_s or 0:9.1f} samples/s  peak {(result.peak_bytes or 0) / 2**30:6.2f} GiB",
+                      flush=True)
+    for row in rows.values():
+        row["median_samples_per_s"] = statistics.median(row["samples_per_s"]) if row["samples_per_s"] else None
+    document = {"device": info.device, "versions": info.versions, "rows": rows}
+    text = json.dumps(document, indent=2)
+    if args.out:
+        with open(args.out, "w") as handle:
+            handle.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
