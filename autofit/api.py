@@ -15,6 +15,9 @@ from autofit.space import PRECISIONS, Config, check_precision
 if TYPE_CHECKING:
     from autofit.run import Run
 
+#: Steps a normal run leaves out of its reported throughput (a probe's default warm-up).
+_NORMAL_RUN_WARMUP = 2
+
 
 @dataclass(frozen=True)
 class SearchOptions:
@@ -68,8 +71,10 @@ class AutofitFunction:
         if args and isinstance(args[0], Run):  # a probe, or a caller who built the Run
             return self.fn(*args, **kwargs)
         run = self.make_run(config_path=kwargs.pop("autofit_config", None))
-        result = self.fn(run, *args, **kwargs)
+        with run.active():
+            result = self.fn(run, *args, **kwargs)
         run.finish()
+        run.report()
         return result
 
     def make_run(self, config_path: str | os.PathLike | None = None, device: str | None = None) -> Run:
@@ -79,7 +84,8 @@ class AutofitFunction:
 
         config, device_name, message = resolve_run_config(self, config_path, device)
         print(f"autofit: {message}", file=sys.stderr)
-        return Run(config, device_name, probing=False)
+        # The same warm-up a probe skips is left out of the run's own throughput figure.
+        return Run(config, device_name, probing=False, warmup_steps=_NORMAL_RUN_WARMUP)
 
     def search(self, **kwargs: Any):
         """Search this function's best config from Python; see `autofit.search.run_search`."""

@@ -33,3 +33,35 @@ def _is_oom_here(exc: BaseException) -> bool:
         message = str(exc)
         return any(pattern in message for pattern in _OOM_MESSAGES)
     return False
+
+
+# Errors after which CUDA's documentation says the context is corrupted ("sticky" errors): every
+# later call in the process fails, so the process must be replaced, never reused.
+_STICKY_CUDA_MESSAGES = (
+    "illegal memory access",
+    "device-side assert",
+    "unspecified launch failure",
+    "misaligned address",
+    "illegal instruction",
+    "an illegal",  # "an illegal memory access was encountered", "an illegal instruction ..."
+    "CUDA error: ",  # any other CUDA runtime error reported by PyTorch's C10_CUDA_CHECK
+    "CUBLAS_STATUS_EXECUTION_FAILED",
+    "CUDNN_STATUS_EXECUTION_FAILED",
+)
+
+
+def breaks_the_device(exc: BaseException) -> bool:
+    """True for a non-OOM CUDA error (torch.AcceleratorError, "CUDA error: ...", a device-side
+    assert): the CUDA context is broken and the process that holds it must not run another probe."""
+    if is_oom(exc):
+        return False
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if type(current).__name__ == "AcceleratorError":
+            return True
+        if isinstance(current, RuntimeError) and any(p in str(current) for p in _STICKY_CUDA_MESSAGES):
+            return True
+        current = current.__cause__ or current.__context__
+    return False

@@ -1,4 +1,15 @@
-"""Precision as data: what each name means for autocast, TF32 and loss scaling."""
+"""Precision as data: what each name means for autocast, TF32 and loss scaling.
+
+A precision holds for the whole training run, not only the forward pass: `precision_scope` sets
+how float32 matmuls, convolutions and RNNs run on CUDA (forward, backward and the optimizer step)
+and restores the process's settings afterwards; `precision_context` is the autocast context of the
+forward pass alone.
+
+    fp32  full IEEE float32 everywhere (cuDNN convolutions too, which PyTorch runs in TF32 by default)
+    tf32  float32 tensors, TF32 tensor-core matmuls and convolutions (CUDA, compute capability >= 8.0)
+    bf16  autocast to bfloat16; what stays float32 runs in IEEE float32
+    fp16  autocast to float16 with a GradScaler; what stays float32 runs in IEEE float32
+"""
 
 from __future__ import annotations
 
@@ -23,28 +34,64 @@ MODES: dict[str, PrecisionMode] = {
     "fp16": PrecisionMode(autocast_dtype=torch.float16, tf32=False, loss_scaling=True),
 }
 
+#: The per-backend float32 precision switches of PyTorch's current API (torch >= 2.9).
+_FP32_SWITCHES = (
+    ("cuda", "matmul"),
+    ("cudnn", "conv"),
+    ("cudnn", "rnn"),
+)
+
+
+def _new_api_available() -> bool:
+    return hasattr(torch.backends.cuda.matmul, "fp32_precision")
+
+
+def _switch(backend: str, op: str):
+    return getattr(getattr(torch.backends, backend), op)
+
 
 @contextmanager
-def _tf32_matmuls(enabled: bool) -> Iterator[None]:
-    """TF32 for matmuls and convolutions inside the block, restored after it."""
-    previous = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+def tf32_scope(enabled: bool) -> Iterator[None]:
+    """Float32 matmuls, convolutions and RNNs on CUDA in TF32 (or IEEE) inside the block, restored after.
+
+    Uses the `fp32_precision` API where it exists: a script that set it and then reads a legacy
+    `allow_tf32` flag gets a RuntimeError from PyTorch, so autofit never touches the legacy flags there.
+    """
+    if _new_api_available():
+        value = "tf32" if enabled else "ieee"
+        previous = [_switch(backend, op).fp32_precision for backend, op in _FP32_SWITCHES]
+        try:
+            for backend, op in _FP32_SWITCHES:
+                _switch(backend, op).fp32_precision = value
+            yield
+        finally:
+            for (backend, op), old in zip(_FP32_SWITCHES, previous):
+                _switch(backend, op).fp32_precision = old
+        return
+    previous_legacy = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = enabled
     torch.backends.cudnn.allow_tf32 = enabled
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous_legacy
+
+
+def precision_scope(name: str, device: torch.device):
+    """The context a whole run (forward, backward, optimizer) runs under for precision `name`.
+
+    On CUDA it fixes TF32 on or off; elsewhere there is nothing to set.
+    """
+    if torch.device(device).type != "cuda":
+        return nullcontext()
+    return tf32_scope(MODES[name].tf32)
 
 
 def precision_context(name: str, device: torch.device):
-    """The context a forward pass runs under for precision `name` on `device`."""
+    """The autocast context a forward pass runs under for precision `name` (fp32/tf32: none)."""
     mode = MODES[name]
     if mode.autocast_dtype is not None:
-        return torch.autocast(device_type=device.type, dtype=mode.autocast_dtype)
-    if mode.tf32 and device.type == "cuda":
-        return _tf32_matmuls(True)
-    if device.type == "cuda":
-        return _tf32_matmuls(False)  # fp32 means full fp32, whatever the process default is
+        return torch.autocast(device_type=torch.device(device).type, dtype=mode.autocast_dtype)
     return nullcontext()
 
 
@@ -52,4 +99,4 @@ def make_grad_scaler(name: str, device: torch.device) -> torch.amp.GradScaler | 
     """A GradScaler only for fp16: bf16 has fp32's range and needs none."""
     if not MODES[name].loss_scaling:
         return None
-    return torch.amp.GradScaler(device.type)
+    return torch.amp.GradScaler(torch.device(device).type)

@@ -12,12 +12,15 @@ from typing import Any
 import torch
 
 from autofit.devices import DeviceBackend
-from autofit.oom import is_oom
+from autofit.oom import breaks_the_device, is_oom
 from autofit.record import ProbeResult
 from autofit.run import ProbeFinished, Run
 from autofit.space import Config
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: A probe measures at least this long (unless its steps reach _MAX_EXTENSION x the asked number).
+MIN_MEASURE_S = 0.5
+_MAX_EXTENSION = 50
 
 
 def run_probe(
@@ -27,9 +30,12 @@ def run_probe(
     *,
     warmup_steps: int = 2,
     measured_steps: int = 5,
+    min_measure_s: float = MIN_MEASURE_S,
 ) -> ProbeResult:
     """Run `fn` for warm-up + measured optimizer steps under `config` on `backend`.
 
+    The measured part goes on past `measured_steps` (up to 50x) until `min_measure_s` is measured,
+    so that fast steps are timed over a span a clock can resolve.
     Never raises for anything the user's code does: every outcome is a status in the result.
     """
     backend.release()
@@ -43,10 +49,13 @@ def run_probe(
         warmup_steps=warmup_steps,
         measured_steps=measured_steps,
         synchronize=backend.synchronize,
+        min_measure_s=min_measure_s,
+        max_measured_steps=measured_steps * _MAX_EXTENSION,
     )
     result = ProbeResult(status="ok", config=config, warmup_steps=warmup_steps, limit_bytes=backend.limit_bytes)
     try:
-        fn(run)
+        with run.active():
+            fn(run)
         run.finish()
         if run.clock.steps_done < warmup_steps + measured_steps:
             result.status = "error"
@@ -62,6 +71,10 @@ def run_probe(
         if isinstance(exc, KeyboardInterrupt):
             raise
         result.status = "oom" if is_oom(exc) else "error"
+        if result.status == "error" and breaks_the_device(exc):
+            result.restart_worker = True
+            result.notes.append(
+                f"{type(exc).__name__} leaves the CUDA context unusable; the worker was replaced")
         result.error_type = type(exc).__name__
         result.error_message = str(exc).strip()[:2000]
         result.traceback = _user_traceback(exc)
@@ -75,7 +88,7 @@ def run_probe(
     result.allocator = backend.allocator_stats()
     if result.status == "ok":
         _fill_timing(result, run)
-        if not _losses_finite(run):
+        if not run.losses_finite():
             result.status = "diverged"
             result.error_type = "NonFiniteLoss"
             result.error_message = (
@@ -91,10 +104,10 @@ def run_probe(
 
 def _fill_timing(result: ProbeResult, run: Run) -> None:
     times, samples, tokens = run.clock.measured()
-    result.measured_steps = len(times)
+    result.measured_steps = run.clock.steps_measured
     if not times:
         return
-    total = sum(times)
+    total = run.clock.measured_time_s
     result.samples_per_s = samples / total if total > 0 else None
     result.tokens_per_s = tokens / total if tokens and total > 0 else None
     result.step_time_median_s = statistics.median(times)
@@ -103,13 +116,6 @@ def _fill_timing(result: ProbeResult, run: Run) -> None:
         result.step_time_iqr_s = q[2] - q[0]
     else:
         result.step_time_iqr_s = max(times) - min(times)
-
-
-def _losses_finite(run: Run) -> bool:
-    if not run.losses:
-        return True
-    stacked = torch.stack([loss.float().reshape(()) for loss in run.losses if loss.numel() == 1])
-    return bool(torch.isfinite(stacked).all()) if stacked.numel() else True
 
 
 def _user_traceback(exc: BaseException) -> str:

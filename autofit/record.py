@@ -33,6 +33,8 @@ class ProbeResult:
     allocator: dict = field(default_factory=dict)
     log_path: str | None = None
     notes: list[str] = field(default_factory=list)
+    restart_worker: bool = False
+    """The probe left the worker unusable (a sticky CUDA error): replace it before the next probe."""
 
     @property
     def ok(self) -> bool:

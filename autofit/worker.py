@@ -23,10 +23,10 @@ from autofit.record import ProbeResult
 from autofit.space import Config
 from autofit.units import format_size
 
-#: Fixed mmap threshold: large tensors get their own mapping and go back to the OS when freed,
-#: so the worker's memory returns to its baseline between probes (glibc's adaptive threshold
-#: would otherwise keep freed activations on the heap).
-_WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": str(256 * 1024), "PYTHONUNBUFFERED": "1"}
+#: The worker runs with the user's own environment: no allocator tuning of ours (a fixed glibc mmap
+#: threshold once cost ~30% on allocation-heavy steps and made probes slower than the real run).
+#: On CPU each probe runs in a process forked for it, so its memory goes when it exits.
+_WORKER_ENV = {"PYTHONUNBUFFERED": "1"}
 
 
 @dataclass
@@ -64,6 +64,7 @@ class Worker:
         device: str = "cpu",
         index: int = 0,
         memory_limit: int | None = None,
+        usable_bytes: int | None = None,
         log_dir: str | None = None,
         load_timeout: float = 300.0,
         leak_tolerance: int | None = None,
@@ -73,6 +74,7 @@ class Worker:
         self.device = device
         self.index = index
         self.memory_limit = memory_limit
+        self.usable_bytes = usable_bytes
         self.log_dir = log_dir
         self.load_timeout = load_timeout
         self.leak_tolerance = leak_tolerance
@@ -118,7 +120,8 @@ class Worker:
         self.starts += 1
         reply = self._call(
             {"op": "load", "script": self.script, "function": self.function, "device": self.device,
-             "index": self.index, "memory_limit": self.memory_limit, "log_path": log},
+             "index": self.index, "memory_limit": self.memory_limit, "usable_bytes": self.usable_bytes,
+             "log_path": log},
             self.load_timeout,
         )
         if reply is None:
@@ -166,6 +169,7 @@ class Worker:
         steps: int = 5,
         timeout: float = 300.0,
         log_path: str | None = None,
+        min_measure_s: float | None = None,
     ) -> ProbeResult:
         """Run one probe. Every outcome of the user's code is a status; only bad input raises."""
         if not self.alive:
@@ -173,7 +177,7 @@ class Worker:
         started = time.perf_counter()
         reply = self._call(
             {"op": "probe", "config": config.to_dict(), "warmup": warmup, "steps": steps,
-             "log_path": log_path},
+             "log_path": log_path, "min_measure_s": min_measure_s},
             timeout,
         )
         wall = time.perf_counter() - started
@@ -185,7 +189,12 @@ class Worker:
             raise UserCodeError(f"autofit's worker failed: {reply['message']}\n{reply.get('traceback', '')}")
         result = ProbeResult.from_dict(reply["result"])
         result.log_path = log_path
-        self._replace_if_leaking(result)
+        if result.status == "crashed" and result.traceback is None:
+            result.traceback = _tail(log_path)  # faulthandler's stack of the probe's process
+        if result.restart_worker:
+            self.close()  # a broken CUDA context is never reused: the next probe starts a fresh worker
+        else:
+            self._replace_if_leaking(result)
         return result
 
     def _dead_result(self, config: Config, wall: float, timeout: float, log_path: str | None) -> ProbeResult:
@@ -193,6 +202,7 @@ class Worker:
         if timed_out:
             self._kill()
         code = self._reap()
+        self._kill_group()  # a probe process forked by the worker must not outlive it
         self.close()
         tail = _tail(log_path)
         if timed_out:
@@ -255,6 +265,13 @@ class Worker:
             except ProcessLookupError:
                 pass
             self._proc.wait()
+
+    def _kill_group(self) -> None:
+        if self._proc is not None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def _reap(self) -> int | None:
         if self._proc is None:

@@ -93,6 +93,8 @@ class FakeCuda:
 def fake_cuda(monkeypatch):
     state = FakeCuda()
     c = torch.cuda
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
 
     def record(name, result=None):
         def fn(*args, **kwargs):
@@ -116,6 +118,7 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(c, "get_device_capability", lambda device=None: state.capability)
     monkeypatch.setattr(c, "is_bf16_supported", is_bf16_supported)
     monkeypatch.setattr(c, "reset_peak_memory_stats", record("reset_peak_memory_stats"))
+    monkeypatch.setattr(c, "reset_accumulated_memory_stats", record("reset_accumulated_memory_stats"))
     monkeypatch.setattr(c, "synchronize", record("synchronize"))
     monkeypatch.setattr(c, "empty_cache", record("empty_cache"))
     monkeypatch.setattr(c, "memory_stats", lambda device=None: state.stats)
@@ -334,7 +337,25 @@ def test_reset_peak_rededucts_grown_overhead(nvml, fake_cuda):
 def test_reset_peak_without_limit_keeps_fraction(nvml, fake_cuda):
     CudaBackend(0).reset_peak()
     assert fake_cuda.fractions == []
-    assert fake_cuda.calls[-1] == "reset_peak_memory_stats"
+    assert fake_cuda.calls[-2:] == ["reset_peak_memory_stats", "reset_accumulated_memory_stats"]
+
+
+def test_allocator_is_capped_at_the_usable_memory_not_the_limit(nvml, fake_cuda):
+    fake_cuda.total = 80 * GiB
+    with_process(nvml, used=512 * MiB)
+    backend = CudaBackend(0)
+    backend.apply_memory_limit(20 * GiB, usable_bytes=18 * GiB)
+    assert fake_cuda.fractions[-1][0] == pytest.approx((18 * GiB - 512 * MiB) / (80 * GiB))
+    assert backend.limit_bytes == 20 * GiB and backend.cap_bytes == 18 * GiB
+    with_process(nvml, used=1 * GiB)  # overhead grew: the cap still counts it
+    backend.reset_peak()
+    assert fake_cuda.fractions[-1][0] == pytest.approx((18 * GiB - 1 * GiB) / (80 * GiB))
+
+
+def test_usable_memory_below_start_up_usage_is_refused(nvml, fake_cuda):
+    with_process(nvml, used=900 * MiB)
+    with pytest.raises(UsageError, match=r"usable memory .* must exceed what the worker needs"):
+        CudaBackend(0).apply_memory_limit(1 * GiB, usable_bytes=800 * MiB)
 
 
 # -- used and peak -------------------------------------------------------------------------------------
@@ -389,6 +410,8 @@ def test_allocator_stats_mapping(fake_cuda):
         "num_ooms": 1,
         "active_bytes_peak": 5 * GiB,
         "reserved_bytes_peak": 6 * GiB,
+        "inactive_split_bytes_peak": 0,
+        "allocator_settings": None,
     }
 
 
@@ -399,6 +422,8 @@ def test_allocator_stats_before_any_allocation(fake_cuda):
         "num_ooms": 0,
         "active_bytes_peak": 0,
         "reserved_bytes_peak": 0,
+        "inactive_split_bytes_peak": 0,
+        "allocator_settings": None,
     }
 
 

@@ -28,7 +28,8 @@ def test_probe_stops_after_warmup_plus_measured_steps():
     assert len(times) == 4
     assert samples == 4 * 3 * 4  # measured steps x accumulation x micro-batch
     assert tokens == samples * 10
-    assert len(run.losses) == 6  # the optimizer stepped once per 3 micro-batches
+    assert run.checked_losses == 6  # the optimizer stepped once per 3 micro-batches
+    assert run.losses_finite()
 
 
 def test_not_probing_runs_to_the_end_of_the_data():
@@ -119,3 +120,111 @@ def test_samples_counted_from_dicts():
             pass
     _, samples, tokens = run.clock.measured()
     assert (samples, tokens) == (3, 21)
+
+
+def test_a_probe_measures_at_least_its_minimum_time():
+    """Fast steps: five of them are too short to time, so the probe keeps measuring."""
+    run = Run(Config(batch_size=4), probing=True, warmup_steps=1, measured_steps=5,
+              min_measure_s=0.05, max_measured_steps=10_000)
+    with pytest.raises(ProbeFinished):
+        _loop(run, n_batches=100_000)
+    assert run.clock.steps_measured > 5
+    assert run.clock.measured_time_s >= 0.05
+    assert run.clock.measured_samples == 4 * run.clock.steps_measured
+
+
+def test_a_probe_stops_extending_at_its_step_cap():
+    run = Run(Config(batch_size=4), probing=True, warmup_steps=0, measured_steps=3,
+              min_measure_s=3600.0, max_measured_steps=7)
+    with pytest.raises(ProbeFinished):
+        _loop(run, n_batches=1000)
+    assert run.clock.steps_measured == 7
+
+
+def test_a_long_normal_run_holds_constant_memory():
+    """Run keeps totals and a bounded window in a normal run, never one entry per step."""
+    import tracemalloc
+
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(2, 3)
+    run = Run(Config(batch_size=2), probing=False, warmup_steps=2)
+
+    def train(steps: int) -> None:
+        for batch in run.batches(x.expand(2, 3).clone() for _ in range(steps)):
+            loss = model(batch).pow(2).mean()
+            run.backward(loss, opt)
+
+    train(3000)  # fills the bounded window
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    train(6000)
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert run.optimizer_steps == 9000
+    assert run.checked_losses == 0  # a normal run keeps nothing per step
+    assert len(run.clock.step_times) <= 256
+    assert grown < 64 * 1024, f"Run grew by {grown} bytes over 6000 steps"
+    summary = run.summary()
+    assert summary["measured_steps"] == 9000 - 2 and summary["samples_per_s"] > 0
+
+
+def test_a_normal_run_reports_its_throughput(tmp_path, monkeypatch, capsys):
+    report = tmp_path / "run.json"
+    monkeypatch.setenv("AUTOFIT_RUN_REPORT", str(report))
+    run = Run(Config(batch_size=4), probing=False, warmup_steps=2)
+    _loop(run, n_batches=20)
+    run.finish()
+    run.report()
+    import json
+
+    data = json.loads(report.read_text())
+    assert data["optimizer_steps"] == 20 and data["measured_steps"] == 18
+    assert data["samples_per_s"] == pytest.approx(18 * 4 / data["measured_s"])
+    assert "trained 20 optimizer steps with fp32 b=4" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("precision", "expected"), [("fp32", "ieee"), ("tf32", "tf32"), ("bf16", "ieee")])
+def test_precision_holds_for_the_whole_cuda_run_and_is_restored(precision, expected):
+    """TF32 is set for forward, backward and optimizer through the current API, then restored."""
+    from autofit.precision import precision_scope
+
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    before = (matmul.fp32_precision, conv.fp32_precision)
+    with precision_scope(precision, torch.device("cuda")):
+        assert (matmul.fp32_precision, conv.fp32_precision) == (expected, expected)
+    assert (matmul.fp32_precision, conv.fp32_precision) == before
+
+
+def test_a_script_that_set_the_new_tf32_api_still_probes():
+    """Reading a legacy allow_tf32 flag after the new API was set raises; autofit never does."""
+    from autofit.precision import precision_scope
+
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    matmul.fp32_precision = "tf32"  # what a user's script may do at import
+    try:
+        with precision_scope("fp32", torch.device("cuda")):
+            assert matmul.fp32_precision == "ieee"
+        assert matmul.fp32_precision == "tf32"
+    finally:
+        matmul.fp32_precision = before
+
+
+def test_precision_scope_changes_nothing_on_cpu():
+    from autofit.precision import precision_scope
+
+    before = torch.backends.cuda.matmul.fp32_precision
+    with precision_scope("tf32", torch.device("cpu")):
+        assert torch.backends.cuda.matmul.fp32_precision == before
+
+
+def test_sticky_cuda_errors_break_the_device_and_ooms_do_not():
+    from autofit.oom import breaks_the_device
+
+    assert breaks_the_device(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert breaks_the_device(RuntimeError("CUDA error: device-side assert triggered"))
+    assert not breaks_the_device(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not breaks_the_device(ValueError("shapes do not match"))
+    if hasattr(torch, "AcceleratorError"):
+        assert breaks_the_device(torch.AcceleratorError("CUDA error: unspecified launch failure"))

@@ -53,10 +53,12 @@ class DeviceBackend(ABC):
         return self.supported_precisions()
 
     @abstractmethod
-    def apply_memory_limit(self, limit_bytes: int | None) -> None:
+    def apply_memory_limit(self, limit_bytes: int | None, usable_bytes: int | None = None) -> None:
         """Enforce `limit_bytes` on this process from now on (None: the whole device).
 
-        Raises UsageError when the process already uses more than the limit.
+        `usable_bytes` is what a config may use (the limit less the search's headroom); a backend
+        whose allocator caches memory caps it there, so the cache cannot hide a config that needs
+        more. Raises UsageError when the process already uses more than the limit.
         """
 
     @abstractmethod

@@ -9,15 +9,22 @@ What is counted, precisely:
   (containers with their own pid namespace, drivers that hide per-process usage) it falls back to
   the device-wide used memory (`total - free` of `torch.cuda.mem_get_info`) less `memory_reserved`,
   which also counts other processes on the same GPU: the limit is then conservative.
-- the limit caps the whole process: `apply_memory_limit` measures the overhead right then and caps
-  the caching allocator with `torch.cuda.set_per_process_memory_fraction((limit - overhead) / total)`,
-  so an allocation beyond the limit raises `torch.OutOfMemoryError` as on a card of that size.
+- the cap: `apply_memory_limit(limit, usable)` measures the overhead right then and caps the caching
+  allocator with `torch.cuda.set_per_process_memory_fraction((usable - overhead) / total)`, where
+  usable is the limit less the search's headroom. Capping at the usable memory, not the limit, is the
+  one rule that makes "fits" mean one thing: the allocator may cache, split and retry only inside
+  what a config is allowed to use, so cached-but-free blocks can neither make a fitting config look
+  too big nor let a config pass whose working set only fits by spilling into the headroom. A config
+  that needs more raises `torch.OutOfMemoryError` in the probe (status oom).
   Overhead that appears later (handles and kernels loaded at first use) is taken into account again
   at every `reset_peak`, which re-derives the fraction from the overhead measured then.
-  A limit above the card's memory means the whole card (fraction 1.0).
+  A cap above the card's memory means the whole card (fraction 1.0).
 - the peak is `torch.cuda.max_memory_reserved()` since `reset_peak` plus the overhead measured when
-  `peak_bytes` is called: the quantity the limit bounds. Fragmentation inside the allocator counts,
+  `peak_bytes` is called: the quantity the cap bounds. Fragmentation inside the allocator counts,
   as it does for a real OOM.
+- "only just fits": the allocator's `num_alloc_retries` (reset per probe) counts the times it had to
+  free its cache and retry an allocation to stay under the cap. A probe with retries ran, but at the
+  edge: it is flagged, and loses near-ties to configs that did not need to.
 
 Device indices are CUDA's (what `torch.device("cuda", i)` means). NVML numbers GPUs in PCI bus
 order and ignores CUDA_VISIBLE_DEVICES, so the listing maps them: a CUDA_VISIBLE_DEVICES of plain
@@ -164,6 +171,8 @@ class CudaBackend(DeviceBackend):
         self._nvml_failed = False
         #: Where the last overhead figure came from: "nvml-process" or "device-wide".
         self.overhead_source: str | None = None
+        #: What the caching allocator is capped at: the usable memory (see the module docstring).
+        self.cap_bytes: int | None = None
 
     # -- torch and NVML, both lazily -------------------------------------------------------------
 
@@ -270,10 +279,10 @@ class CudaBackend(DeviceBackend):
         cuda.set_per_process_memory_fraction(fraction, self.index)
         return fraction
 
-    def apply_memory_limit(self, limit_bytes: int | None) -> None:
+    def apply_memory_limit(self, limit_bytes: int | None, usable_bytes: int | None = None) -> None:
         if limit_bytes is None:
             self._set_fraction(None, 0)
-            self.limit_bytes = None
+            self.limit_bytes = self.cap_bytes = None
             return
         overhead = self.overhead_bytes()
         used = int(self._cuda().memory_reserved(self.index)) + overhead
@@ -283,8 +292,15 @@ class CudaBackend(DeviceBackend):
                 f"({format_size(used)}: CUDA context, libraries and tensors already on the GPU), "
                 f"but got {format_size(limit_bytes)}."
             )
-        self._set_fraction(limit_bytes, overhead)
+        cap = min(limit_bytes, usable_bytes) if usable_bytes else limit_bytes
+        if used >= cap:
+            raise UsageError(
+                f"The usable memory (the limit less the headroom) must exceed what the worker needs just "
+                f"to start ({format_size(used)}), but got {format_size(cap)}: raise the limit or lower --headroom."
+            )
+        self._set_fraction(cap, overhead)
         self.limit_bytes = limit_bytes
+        self.cap_bytes = cap
 
     def used_bytes(self) -> int:
         overhead = self.overhead_bytes()
@@ -292,10 +308,11 @@ class CudaBackend(DeviceBackend):
 
     def reset_peak(self) -> None:
         cuda = self._cuda()
-        if self.limit_bytes is not None:
-            # Overhead grows as libraries load at first use: re-deduct it so the limit keeps counting it.
-            self._set_fraction(self.limit_bytes, self.overhead_bytes())
+        if self.cap_bytes is not None:
+            # Overhead grows as libraries load at first use: re-deduct it so the cap keeps counting it.
+            self._set_fraction(self.cap_bytes, self.overhead_bytes())
         cuda.reset_peak_memory_stats(self.index)
+        cuda.reset_accumulated_memory_stats(self.index)  # retries and OOMs counted per probe
 
     def peak_bytes(self) -> int:
         overhead = self.overhead_bytes()
@@ -315,4 +332,6 @@ class CudaBackend(DeviceBackend):
             "num_ooms": int(stats.get("num_ooms", 0)),
             "active_bytes_peak": int(stats.get("active_bytes.all.peak", 0)),
             "reserved_bytes_peak": int(stats.get("reserved_bytes.all.peak", 0)),
+            "inactive_split_bytes_peak": int(stats.get("inactive_split_bytes.all.peak", 0)),
+            "allocator_settings": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF"),
         }
