@@ -80,11 +80,15 @@ def run_probe(
         result.traceback = _user_traceback(exc)
         traceback.clear_frames(exc.__traceback__)  # frames hold the user's tensors
         del exc
+    result.wall_s = time.perf_counter() - started
+    result.knobs = run.knobs.to_dict()
+    result.baseline_bytes = baseline
+    if result.restart_worker:
+        return result  # the device answers nothing more in this process: no peak, no clean-up
     if result.status == "ok":
         backend.synchronize()
-    result.wall_s = time.perf_counter() - started
+        result.wall_s = time.perf_counter() - started
     result.peak_bytes = backend.peak_bytes()
-    result.knobs = run.knobs.to_dict()
     result.allocator = backend.allocator_stats()
     if result.status == "ok":
         _fill_timing(result, run)
@@ -97,7 +101,6 @@ def run_probe(
             )
     del run
     backend.release()
-    result.baseline_bytes = baseline
     result.memory_after_bytes = backend.used_bytes()
     return result
 

@@ -195,8 +195,14 @@ class Run:
         self.knobs.autocast = True
         return precision_context(self.config.precision, self._device)
 
-    def backward(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
-        """Backward with accumulation and fp16 loss scaling; steps and zeroes at step boundaries."""
+    def backward(
+        self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, *, clip_grad_norm: float | None = None
+    ) -> None:
+        """Backward with accumulation and fp16 loss scaling; steps and zeroes at step boundaries.
+
+        `clip_grad_norm`: clip the gradients' total norm before each optimizer step (after fp16
+        unscaling, over all micro-batches of the step), as `torch.nn.utils.clip_grad_norm_` would.
+        """
         self.knobs.backward = True
         scaled = loss / self.config.accumulation_steps
         if self._scaler is not None:
@@ -204,6 +210,11 @@ class Run:
         scaled.backward()
         self._backwards += 1
         if self._backwards % self.config.accumulation_steps == 0:
+            if clip_grad_norm is not None:
+                if self._scaler is not None:
+                    self._scaler.unscale_(optimizer)
+                params = [p for group in optimizer.param_groups for p in group["params"]]
+                torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)
             if self._scaler is not None:
                 self._scaler.step(optimizer)
                 self._scaler.update()

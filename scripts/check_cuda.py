@@ -185,6 +185,95 @@ def main() -> int:
         status = getattr(result, "status", None)
         return status == "ok", f"status={status!r}: {result!r}"[:300]
 
+    def check_tf32_whole_run():
+        """TF32 holds for forward and backward inside precision_scope, is off for fp32, and the
+        process's own setting comes back after; a script that set the new API first still works."""
+        from autofit.precision import precision_scope
+
+        x64 = torch.randn(1024, 1024, dtype=torch.float64, device=device)
+        w64 = torch.randn(1024, 1024, dtype=torch.float64, device=device)
+
+        def errors(name):
+            x = x64.float().requires_grad_()
+            w = w64.float().requires_grad_()
+            with precision_scope(name, device):
+                y = x @ w
+                y.sum().backward()  # the backward matmuls run under the same setting
+            backend.synchronize()
+            fwd = ((y.double() - x64 @ w64).abs().max() / (x64 @ w64).abs().max()).item()
+            ref_grad = torch.ones_like(x64) @ w64.T
+            bwd = ((x.grad.double() - ref_grad).abs().max() / ref_grad.abs().max()).item()
+            return fwd, bwd
+
+        matmul = torch.backends.cuda.matmul
+        before = matmul.fp32_precision
+        matmul.fp32_precision = "tf32"  # what a user's script may set at import
+        try:
+            fp32_fwd, fp32_bwd = errors("fp32")
+            tf32_fwd, tf32_bwd = errors("tf32")
+            restored = matmul.fp32_precision == "tf32"
+        finally:
+            matmul.fp32_precision = before
+        ok = tf32_fwd > 10 * fp32_fwd and tf32_bwd > 10 * fp32_bwd and restored
+        return ok, (f"relative error fp32 fwd {fp32_fwd:.1e} bwd {fp32_bwd:.1e}; tf32 fwd {tf32_fwd:.1e} "
+                    f"bwd {tf32_bwd:.1e} (want tf32 >> fp32 both ways); user's setting restored: {restored}")
+
+    def check_cap_at_usable():
+        """The allocator is capped at the usable memory (limit less headroom), not the limit."""
+        backend.release()
+        used = backend.used_bytes()
+        limit = max(int(args.limit_gib * GiB), used + GiB) + GiB
+        usable = limit - GiB
+        backend.apply_memory_limit(limit, usable)
+        chunk, chunks, last_used, hit = 32 * MiB, [], used, False
+        try:
+            for _ in range(limit // chunk + 64):
+                try:
+                    chunks.append(torch.empty(chunk, dtype=torch.uint8, device=device))
+                except oom_error:
+                    hit = True
+                    break
+                last_used = backend.used_bytes()
+        finally:
+            del chunks
+            backend.apply_memory_limit(None)
+            backend.release()
+        ok = hit and 0.9 * usable <= last_used <= usable
+        return ok, f"OOM at {mib(last_used)} with limit {mib(limit)}, usable {mib(usable)} (want 90-100% of usable)"
+
+    def check_retries_counted_per_probe():
+        backend.release()
+        backend.reset_peak()
+        stats = backend.allocator_stats()
+        return stats["num_ooms"] == 0 and stats["num_alloc_retries"] == 0, f"after reset_peak: {stats}"
+
+    def check_sticky_error_replaces_worker():
+        """A device-side assert breaks the CUDA context: the worker is replaced, the next probe runs."""
+        import autofit.worker as worker_module
+        from autofit.space import Config
+
+        with worker_module.Worker(script="tests/scripts/device_assert.py", device="cuda", index=args.index) as w:
+            w.start()
+            first_pid = w.pid
+            bad = w.probe(Config(batch_size=8), warmup=1, steps=2, timeout=120)
+            good = w.probe(Config(batch_size=1), warmup=1, steps=2, timeout=120)
+        ok = bad.status == "error" and bad.restart_worker and good.status == "ok" and w.starts == 2
+        return ok, (f"first probe {bad.status} ({bad.error_type}: {(bad.error_message or '')[:80]}), "
+                    f"restart={bad.restart_worker}; next probe {good.status} in a new worker "
+                    f"(pid {first_pid} -> {w.pid if w.pid else 'closed'}, starts={w.starts})")
+
+    def check_min_measured_time():
+        import autofit.worker as worker_module
+        from autofit.space import Config
+
+        with worker_module.Worker(script="studies/mlp.py", device="cuda", index=args.index) as w:
+            w.start()
+            result = w.probe(Config(batch_size=64), warmup=2, steps=5, timeout=120)
+        measured = (result.measured_steps or 0) * (result.step_time_median_s or 0)
+        ok = result.status == "ok" and result.measured_steps > 5
+        return ok, (f"{result.measured_steps} steps measured (asked 5) at {result.step_time_median_s or 0:.4f} s "
+                    f"median: ~{measured:.2f} s measured, {result.samples_per_s or 0:,.0f} samples/s")
+
     run_check("listing (NVML order matches CUDA's)", check_listing)
     run_check("info", check_info)
     run_check("precisions run a matmul", check_precisions)
@@ -193,6 +282,11 @@ def main() -> int:
     run_check("limit below usage is refused", check_limit_refused)
     run_check("OOM near the limit", check_oom_near_limit)
     run_check("probe through the worker", check_probe)
+    run_check("TF32 set for the whole run (fwd and bwd) and restored", check_tf32_whole_run)
+    run_check("allocator capped at the usable memory", check_cap_at_usable)
+    run_check("allocator retries and OOMs counted per probe", check_retries_counted_per_probe)
+    run_check("a sticky CUDA error replaces the worker", check_sticky_error_replaces_worker)
+    run_check("a fast probe measures at least its minimum time", check_min_measured_time)
 
     if failures:
         print(f"\n{len(failures)} check(s) failed: {', '.join(failures)}")

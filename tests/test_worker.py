@@ -176,3 +176,15 @@ def test_script_failing_at_import_is_reported_with_its_traceback():
         with pytest.raises(WorkerStartError, match="broken at import") as info:
             w.start()
     assert "import_error.py" in info.value.traceback
+
+
+def test_a_sticky_cuda_error_replaces_the_worker_before_the_next_probe():
+    """After an illegal memory access the CUDA context is broken: that process never probes again."""
+    with Worker(script("sticky_error.py")) as w:
+        w.start()
+        bad = w.probe(Config(batch_size=8), timeout=60)
+        assert bad.status == "error" and bad.restart_worker
+        assert any("replaced" in note for note in bad.notes)
+        assert not w.alive
+        good = w.probe(Config(batch_size=2), timeout=60)
+        assert good.status == "ok" and w.starts == 2

@@ -1,0 +1,148 @@
+"""Fidelity: does a probe measure the program the user will run? Probe vs normal run, interleaved.
+
+    python -m benchmarks.fidelity [--rounds 3] [--device cpu] [NAME ...]
+
+For each script and config, round after round: one probe through autofit's worker (as a search
+runs it), then the same script run normally in a fresh process (`python script.py`, the decorated
+function reading the config from $AUTOFIT_CONFIG and writing what it measured to
+$AUTOFIT_RUN_REPORT). Both figures are steady-state samples/s after the same two warm-up steps: the
+probe over its measured steps, the normal run over the rest of its training. Interleaving makes a
+drift of the machine hit both sides alike. The ratio probe ÷ normal (median over rounds) must stay
+within 3%. Writes a markdown table to stdout and to benchmarks/fidelity.md (cpu) or
+benchmarks/fidelity-<device>.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+from autofit.results import config_entry, write_best
+from autofit.space import Config
+from autofit.worker import Worker
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    script: str
+    configs: tuple[Config, ...]
+    note: str
+
+
+CASES = (
+    Case("gpt", "studies/gpt.py",
+         (Config(96), Config(32), Config(64, "bf16"), Config(64, checkpoint_segments=4)),
+         "bundled: character GPT (nanoGPT-style loop, DataLoader)"),
+    Case("cnn", "studies/cnn.py", (Config(64), Config(24, "bf16")), "bundled: conv classifier"),
+    Case("mlp", "studies/mlp.py", (Config(1024), Config(256, "bf16")), "bundled: wide MLP"),
+    Case("word_lm", "benchmarks/fidelity_scripts/word_lm.py", (Config(20), Config(64)),
+         "not written for autofit: pytorch/examples-style LSTM LM"),
+)
+
+
+def _config_file(path: str, config: Config, device: str) -> None:
+    """A best-config file holding `config`, as `autofit search` would write it."""
+    write_best(path, {
+        "partial": False, "config": config_entry(config), "measured": {}, "memory": {},
+        "device": {"type": device}, "versions": {}, "script": {},
+    })
+
+
+def normal_run(script: str, config: Config, device: str, tmp: str) -> dict:
+    """Run the script as a user would, with `config`; what its Run measured."""
+    config_path = os.path.join(tmp, "best.json")
+    report_path = os.path.join(tmp, "run.json")
+    _config_file(config_path, config, device)
+    env = {**os.environ, "AUTOFIT_CONFIG": config_path, "AUTOFIT_RUN_REPORT": report_path,
+           "AUTOFIT_DEVICE": device, "PYTHONPATH": REPO}
+    started = time.perf_counter()
+    subprocess.run([sys.executable, script], cwd=REPO, env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(report_path) as handle:
+        report = json.load(handle)
+    report["wall_s"] = time.perf_counter() - started
+    return report
+
+
+def measure(case: Case, rounds: int, device: str) -> list[dict]:
+    rows = {config: {"probe": [], "normal": [], "probe_steps": [], "normal_steps": []} for config in case.configs}
+    with tempfile.TemporaryDirectory() as tmp, Worker(os.path.join(REPO, case.script), device=device) as worker:
+        worker.start()
+        for _ in range(rounds):
+            for config in case.configs:
+                result = worker.probe(config, warmup=2, steps=5, timeout=600)
+                if result.ok:
+                    rows[config]["probe"].append(result.samples_per_s)
+                    rows[config]["probe_steps"].append(result.measured_steps)
+                report = normal_run(case.script, config, device, tmp)
+                rows[config]["normal"].append(report["samples_per_s"])
+                rows[config]["normal_steps"].append(report["measured_steps"])
+                print(f"  {case.name:<8} {config.label():<18} probe {result.samples_per_s or 0:9.1f}  "
+                      f"normal {report['samples_per_s']:9.1f} samples/s", file=sys.stderr, flush=True)
+    out = []
+    for config, row in rows.items():
+        ratios = [p / n for p, n in zip(row["probe"], row["normal"])]
+        out.append({"case": case.name, "note": case.note, "config": config.label(),
+                    "probe": statistics.median(row["probe"]) if row["probe"] else None,
+                    "normal": statistics.median(row["normal"]),
+                    "ratio": statistics.median(ratios) if ratios else None,
+                    "ratio_min": min(ratios) if ratios else None, "ratio_max": max(ratios) if ratios else None,
+                    "probe_steps": statistics.median(row["probe_steps"]) if row["probe_steps"] else 0,
+                    "normal_steps": statistics.median(row["normal_steps"])})
+    return out
+
+
+def table(rows: list[dict], rounds: int, device: str, seconds: float) -> str:
+    lines = [
+        f"Probe vs normal run, {rounds} interleaved rounds, device {device} "
+        f"({platform.processor() or platform.machine()}, {os.cpu_count()} cores), {seconds / 60:.1f} min.",
+        "",
+        "| script | config | probe samples/s | normal run samples/s | probe ÷ normal (median) | min–max | steps measured (probe / normal) |",
+        "|---|---|---:|---:|---:|---|---|",
+    ]
+    for r in rows:
+        ratio = f"{r['ratio']:.3f}" if r["ratio"] else "—"
+        spread = f"{r['ratio_min']:.3f}–{r['ratio_max']:.3f}" if r["ratio"] else "—"
+        lines.append(f"| {r['case']} | {r['config']} | {r['probe'] or 0:,.1f} | {r['normal']:,.1f} | {ratio} | "
+                     f"{spread} | {r['probe_steps']:.0f} / {r['normal_steps']:.0f} |")
+    within = [r for r in rows if r["ratio"] and abs(r["ratio"] - 1) <= 0.03]
+    lines += ["", f"- [{'x' if len(within) == len(rows) else ' '}] every probe within 3% of its normal run "
+                  f"(median ratio): {len(within)} of {len(rows)}"]
+    notes = sorted({f"{r['case']}: {r['note']}" for r in rows})
+    lines += [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="cases to run (default: all)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    started = time.perf_counter()
+    rows = []
+    for case in CASES:
+        if not args.names or case.name in args.names:
+            rows += measure(case, args.rounds, args.device)
+    text = table(rows, args.rounds, args.device, time.perf_counter() - started)
+    print(text)
+    out = args.out or os.path.join(HERE, "fidelity.md" if args.device == "cpu" else f"fidelity-{args.device}.md")
+    with open(out, "w") as handle:
+        handle.write(text)
+
+
+if __name__ == "__main__":
+    main()
