@@ -161,7 +161,7 @@ class Landscape:
         a shared machine also carries changes of the other jobs' load; falls back to "iqr"."""
         if model == "runs" and self.between_run_sigma is not None:
             return min(_MAX_SIGMA, self.between_run_sigma)
-        if model not in ("iqr", "runs"):
+        if model not in ("iqr", "runs", "interference"):
             raise ValueError(f"unknown noise model {model!r}")
         return self.entries[config].relative_sigma
 
@@ -195,12 +195,35 @@ class Landscape:
         if sigma > 0:
             rng = random.Random(f"{seed}|{config.label()}|{repeat}")
             rate = rate * math.exp(rng.gauss(0.0, noise * sigma))
+        spread = e.step_time_iqr_s / e.step_time_median_s if e.step_time_median_s and e.step_time_iqr_s else None
+        if noise_model == "interference" and rate is not None:
+            rate, spread = _interfere(rate, spread, random.Random(f"interference|{seed}|{config.label()}|{repeat}"))
         wall = e.wall_s
         if length != 1.0 and e.status == "ok":
             warmup, steps = self.meta.get("warmup", 2), self.meta.get("steps", 5)
             wall = e.wall_s * (warmup + length * steps) / (warmup + steps)
         return Observation(config=config, status=e.status, peak_bytes=e.peak_bytes,
-                           samples_per_s=rate, wall_s=wall)
+                           samples_per_s=rate, wall_s=wall, spread=spread)
+
+
+#: Injected interference ("interference" noise model): the chance that another job shares the
+#: machine during a probe, how much it slows the probe (seen here: up to 4x), and the chance that
+#: it also makes the probe's steps erratic (a competing process on the CPU) rather than uniformly
+#: slower (a steady co-tenant).
+INTERFERENCE_CHANCE = 0.25
+INTERFERENCE_SLOWDOWN = (1.5, 4.0)
+INTERFERENCE_ERRATIC = 0.5
+_ERRATIC_SPREAD = (4.0, 10.0)
+
+
+def _interfere(rate: float, spread: float | None, rng: random.Random) -> tuple[float, float | None]:
+    """One probe's throughput and step spread when another job may have shared the machine."""
+    if rng.random() >= INTERFERENCE_CHANCE:
+        return rate, spread
+    rate /= rng.uniform(*INTERFERENCE_SLOWDOWN)
+    if rng.random() < INTERFERENCE_ERRATIC:
+        spread = max(spread or 0.02, 0.02) * rng.uniform(*_ERRATIC_SPREAD)
+    return rate, spread
 
 
 def landscape_paths(directory: str = LANDSCAPE_DIR) -> list[str]:

@@ -17,6 +17,7 @@ Rules shared by all strategies:
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import logging
 import math
 import random
@@ -54,13 +55,15 @@ class Session:
         self.pick_rule: PickRule = lambda obs: best_measured(obs, self.usable)
         self._repeats: dict[Config, int] = defaultdict(int)
 
-    def probe(self, config: Config, length: float = 1.0) -> Observation:
+    def probe(self, config: Config, length: float = 1.0, phase: str = "explore") -> Observation:
         """Replay one probe (noisy throughput, recorded wall time) and record the pick after it;
         `length`: measured steps relative to the recording's (see Landscape.probe)."""
         if len(self.observations) >= self.max_probes:
             raise BudgetExhausted(f"more than {self.max_probes} probes")
         obs = self.landscape.probe(config, noise=self.noise, seed=self.seed, repeat=self._repeats[config],
                                    noise_model=self.noise_model, length=length)
+        if phase != "explore":
+            obs = dataclasses.replace(obs, phase=phase)
         self._repeats[config] += 1
         self.observations.append(obs)
         self.picks.append(self.pick_rule(self.observations))
@@ -182,16 +185,27 @@ class StandInPlanner:
         return best_measured(observations, self.usable)
 
 
-def autofit_search(session: Session) -> Config | None:
-    """(a) autofit's Planner: ask for the next config, probe it, until the planner says done."""
+def autofit_search(session: Session, recheck: bool = True) -> Config | None:
+    """(a) autofit's Planner: recheck a suspect measurement if there is one (as the live search
+    does), else ask for the next config, probe it, until the planner says done."""
     planner_cls, _ = _planner_class()
-    planner = planner_cls(session.space, session.usable)
+    planner = planner_cls(session.space, session.usable, check_noise=recheck)
     session.pick_rule = planner.best
     while True:
+        suspect = planner.recheck(session.observations)
+        if suspect is not None:
+            session.probe(suspect, phase="recheck")
+            continue
         config = planner.next(session.observations)
         if config is None:
             return planner.best(session.observations)
         session.probe(config)
+
+
+def autofit_no_recheck_search(session: Session) -> Config | None:
+    """(a'') The Planner loop believing every measurement: what autofit did before it learnt to
+    notice interference. Compared with (a) under the `interference` noise model."""
+    return autofit_search(session, recheck=False)
 
 
 def autofit_remeasure_search(session: Session) -> Config | None:
@@ -207,7 +221,7 @@ def autofit_remeasure_search(session: Session) -> Config | None:
     ranked = planner.ranked(session.observations)
     for candidate in ranked[:3]:
         if candidate.samples_per_s >= 0.95 * ranked[0].samples_per_s and candidate.probes <= 1:
-            session.probe(candidate.config, length=2.0)
+            session.probe(candidate.config, length=2.0, phase="remeasure")
     return planner.best(session.observations)
 
 
@@ -413,6 +427,7 @@ def deepspeed_search(session: Session) -> Config | None:
 STRATEGIES: dict[str, Callable[..., Config | None]] = {
     "autofit": autofit_search,
     "autofit+remeasure": autofit_remeasure_search,
+    "autofit-no-recheck": autofit_no_recheck_search,
     "grid": grid_search,
     "random": random_search,
     "tpe": tpe_search,

@@ -84,9 +84,10 @@ def test_hang_is_killed_at_the_probe_timeout_and_the_search_goes_on(tmp_path):
     assert time.monotonic() - started < 90
 
 
-def test_leaking_worker_is_replaced_and_the_leak_reported(tmp_path):
+def test_a_leaking_function_cannot_leak_into_later_cpu_probes(tmp_path):
+    """Each CPU probe runs in its own forked process: 100 MiB kept per call is gone with it."""
     result = run_search(settings(tmp_path, "leaks_search.py", trials=4))
-    assert any("leak" in n and "replaced" in n for n in result.notes)
+    assert not any("leak" in n for n in result.notes)
     assert result.best is not None
 
 

@@ -31,7 +31,7 @@ def _load(study: str | None, storage: str | None):
               help="Column to sort by: throughput, trial, peak, wall, batch, status, phase, ...")
 @click.option("--reverse", is_flag=True, help="Reverse the sort order.")
 @click.option("--status", type=click.Choice(STATUSES), multiple=True, help="Only probes with this status (repeatable).")
-@click.option("--phase", type=click.Choice(("explore", "remeasure", "confirm")), multiple=True,
+@click.option("--phase", type=click.Choice(("explore", "recheck", "remeasure", "confirm")), multiple=True,
               help="Only probes of this phase (repeatable).")
 @click.option("--top", type=click.IntRange(min=1), default=None, help="Only the first N rows after sorting.")
 def show(study: str | None, storage: str | None, trial_number: int | None, full: bool, sort: str,

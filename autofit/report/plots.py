@@ -35,7 +35,7 @@ DPI = 110
 OOM_COLOR = "#d62728"
 LIMIT_COLOR = "#d62728"
 USABLE_COLOR = "#ff7f0e"
-PHASE_COLORS = {"explore": "#7f7f7f", "remeasure": "#1f77b4", "confirm": "#2ca02c"}
+PHASE_COLORS = {"explore": "#7f7f7f", "recheck": "#ff7f0e", "remeasure": "#1f77b4", "confirm": "#2ca02c"}
 _PALETTE = ["#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f",
             "#aec7e8", "#98df8a", "#c5b0d5", "#c49c94"]
 

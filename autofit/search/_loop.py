@@ -166,7 +166,7 @@ class _Search:
     def run(self) -> SearchResult:
         study = self.open_study()
         worker = Worker(self.script, self.s.function, device=self.s.device, index=self.s.index,
-                        memory_limit=self.limit, log_dir=self.run_dir)
+                        memory_limit=self.limit, usable_bytes=int(self.usable), log_dir=self.run_dir)
         try:
             return self._run(study, worker)
         finally:
@@ -204,6 +204,10 @@ class _Search:
             seen = observations(study.get_trials(deepcopy=False))
             if self._budget_left() < self._next_probe_estimate(seen) + self._confirm_reserve(planner, seen, study):
                 return "the time budget"
+            suspect = planner.recheck(seen)  # a measurement to trust only once measured again
+            if suspect is not None:
+                self._probe(study, worker, sampler, suspect, "recheck", self.s.steps)
+                continue
             config = planner.next(seen)
             if config is None:
                 return "the planner had nothing left worth probing"
@@ -388,6 +392,9 @@ class _Search:
 
         seen = observations(study.get_trials(deepcopy=False))
         self.notes[:0] = self._fault_notes(study, planner, seen)
+        noisy = planner.noise_summary(seen)
+        if noisy:
+            self.notes.append(noisy)
         done = [o for o in seen if o.status != "running"]
         ranked = planner.ranked(seen)
         record_end(study, stopped, partial)

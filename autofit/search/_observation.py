@@ -16,7 +16,8 @@ class Observation:
     peak_bytes: int | None = None
     samples_per_s: float | None = None
     wall_s: float = 0.0
-    phase: str = "explore"  # explore, remeasure or confirm
+    phase: str = "explore"  # explore, recheck, remeasure or confirm
+    spread: float | None = None  # step-time IQR / median step time: how steady the probe's steps were
 
     def fits(self, usable_bytes: float) -> bool:
         """Ran its steps with its peak inside the usable memory."""

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autofit.search._models import Line, ThroughputModel, fit_line, fit_throughput
+from autofit.search._noise import NoiseReading
 from autofit.search._observation import Observation
 from autofit.search._space import SearchSpace, Strategy
 from autofit.space import Config
@@ -40,6 +41,8 @@ TIE_TOLERANCE = 0.02
 #: Prior slowdown of checkpointing every block (it recomputes the forward pass); measured values win.
 _CHECKPOINT_SLOWDOWN = 0.2
 _PILOT_BATCH = 4
+#: Rechecks of suspect measurements always allowed, whatever the number of explore probes.
+_MIN_RECHECKS = 4
 _MAX_LEAP = 4
 _PILOT_JUMP = 4
 
@@ -57,14 +60,16 @@ class Candidate:
 class Planner:
     """Chooses the next config to probe. Stateless: every decision is made from the observations."""
 
-    def __init__(self, space: SearchSpace, usable_bytes: float) -> None:
+    def __init__(self, space: SearchSpace, usable_bytes: float, *, check_noise: bool = True) -> None:
         self.space = space
         self.usable = float(usable_bytes)
+        #: Recheck suspect measurements and leave them out until resolved (see _noise.py).
+        self.check_noise = check_noise
 
     # --- public -------------------------------------------------------------------------------
     def next(self, observations: Sequence[Observation]) -> Config | None:
         """The next config to probe, or None when the search has nothing left worth probing."""
-        state = _State(self.space, self.usable, observations)
+        state = _State(self.space, self.usable, observations, self.check_noise)
         if not state.any_observed:
             return self._pilot()
         for strategy in self._order(state):
@@ -77,17 +82,41 @@ class Planner:
 
     def ranked(self, observations: Sequence[Observation]) -> list[Candidate]:
         """Feasible configs, best first: throughput, with near-ties broken toward lower peak."""
-        return _State(self.space, self.usable, observations).ranked()
+        return _State(self.space, self.usable, observations, self.check_noise).ranked()
 
     def best(self, observations: Sequence[Observation]) -> Config | None:
         ranked = self.ranked(observations)
         return ranked[0].config if ranked else None
 
     def unusable_precisions(self, observations: Sequence[Observation]) -> set[str]:
-        return _State(self.space, self.usable, observations).unusable_precisions()
+        return _State(self.space, self.usable, observations, self.check_noise).unusable_precisions()
 
     def is_implied_infeasible(self, config: Config, observations: Sequence[Observation]) -> bool:
-        return _State(self.space, self.usable, observations).implied_too_big(config)
+        return _State(self.space, self.usable, observations, self.check_noise).implied_too_big(config)
+
+    def recheck(self, observations: Sequence[Observation]) -> Config | None:
+        """A config whose measurement is suspect (see _noise.py) and must be probed again before it
+        may win or bound anything; the fastest first. None when there is none, or when rechecks
+        already cost half as many probes as exploring did (a machine that noisy is reported)."""
+        if not self.check_noise:
+            return None
+        state = _State(self.space, self.usable, observations, self.check_noise)
+        rechecks = sum(o.phase == "recheck" for o in state.observations)
+        explored = sum(o.phase == "explore" for o in state.observations)
+        if rechecks >= max(_MIN_RECHECKS, explored // 2):
+            return None
+        running = {o.config for o in state.observations if o.status == "running"}
+        waiting = [c for c in state.noise.unresolved() if c not in running]
+        if waiting:
+            return max(waiting, key=state.noise.rate)
+        if self.next(observations) is not None:
+            return None  # leaders are confirmed once exploring is done
+        leaders = [c for c in state.noise.unconfirmed_leaders() if c not in running]
+        return leaders[0] if leaders else None
+
+    def noise_summary(self, observations: Sequence[Observation]) -> str | None:
+        """One line when the machine was too noisy to rank configs; None otherwise."""
+        return _State(self.space, self.usable, observations, self.check_noise).noise.summary()
 
     # --- decisions ----------------------------------------------------------------------------
     def _pilot(self) -> Config:
@@ -188,7 +217,8 @@ class Planner:
 class _State:
     """What the observations say, indexed for the planner's questions."""
 
-    def __init__(self, space: SearchSpace, usable: float, observations: Sequence[Observation]) -> None:
+    def __init__(self, space: SearchSpace, usable: float, observations: Sequence[Observation],
+                 check_noise: bool = True) -> None:
         self.space = space
         self.usable = usable
         self.observations = list(observations)
@@ -197,6 +227,9 @@ class _State:
             self.by_config[obs.config].append(obs)
         self._ranked: list[Candidate] | None = None
         self._memory: dict[tuple[str, int], Line | None] = {}
+        self.noise = NoiseReading(self.observations, space.strategy_of)
+        self.check_noise = check_noise
+        self._measured_cache: list[Candidate] | None = None
         max_k = max(space.checkpoint_segments) if space.checkpoint_segments else 0
         self._max_k = max_k or 1
 
@@ -416,14 +449,24 @@ class _State:
 
     # --- results --------------------------------------------------------------------------------
     def _measured(self) -> list[Candidate]:
-        """Every config that ran its steps (inside the headroom or not), with median throughput."""
+        """Every config that ran its steps (inside the headroom or not), with median throughput.
+
+        Suspect measurements (see _noise.py) are left out until a recheck resolves them, so they
+        neither win nor bound other strategies; unless nothing else was measured."""
+        if self._measured_cache is not None:
+            return self._measured_cache
+        trusted = [c for c in self.by_config if not (self.check_noise and self.noise.is_unresolved(c))]
+        if not any(o.status == "ok" for c in trusted for o in self.by_config[c]):
+            trusted = list(self.by_config)
         out = []
-        for config, obs in self.by_config.items():
+        for config in trusted:
+            obs = self.by_config[config]
             ok = [o for o in obs if o.status == "ok" and o.samples_per_s]
             if ok:
                 peaks = [o.peak_bytes for o in ok if o.peak_bytes is not None]
-                out.append(Candidate(config, statistics.median(o.samples_per_s for o in ok),
-                                     max(peaks) if peaks else None, len(ok)))
+                rate = self.noise.rate(config) if self.check_noise else statistics.median(o.samples_per_s for o in ok)
+                out.append(Candidate(config, rate, max(peaks) if peaks else None, len(ok)))
+        self._measured_cache = out
         return out
 
     def ranked(self) -> list[Candidate]:

@@ -104,8 +104,10 @@ def observations(trials: list[FrozenTrial], exclude: int | None = None) -> list[
         result = trial_result(trial)
         if result is None:
             continue  # interrupted before it measured anything: probe it again
+        spread = (result.step_time_iqr_s / result.step_time_median_s
+                  if result.step_time_iqr_s is not None and result.step_time_median_s else None)
         out.append(Observation(config, result.status, result.peak_bytes, result.samples_per_s,
-                               result.wall_s, trial.user_attrs.get("phase", "explore")))
+                               result.wall_s, trial.user_attrs.get("phase", "explore"), spread))
     return out
 
 

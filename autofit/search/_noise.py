@@ -1,0 +1,179 @@
+"""Is a measurement to be trusted? Interference (another job on the machine, a shared GPU) makes a
+probe slow or erratic, and a search that believes it picks the wrong config or prunes the right one.
+
+Pure logic over `Observation`s, used by the planner (so live searches and replays decide alike).
+A config's measurement is *suspect* when:
+
+- its steps varied far more than the search's probes usually do (step-time IQR over the median,
+  `Observation.spread`, above 3x the typical spread and above 15%): something else ran meanwhile;
+- two probes of it disagree beyond the noise seen (more than 3x the typical spread, at least 10%);
+- it is far slower (or faster) than both its measured neighbours in batch size, same strategy:
+  per-sample throughput changes smoothly with batch size, so a dip of 25% below both is a slowdown
+  of the machine, not of the config.
+
+A suspect config is measured again (a "recheck" probe) before it may win or bound anything: until it
+is resolved (two agreeing probes, or three probes: then the fastest steady one counts, since
+interference slows probes and never speeds them up) the planner leaves it out of
+its ranking and its throughput models. A probe slowed evenly looks normal on its own, so before a
+search ends, the leader of each precision within reach of the best is probed a second time too: if
+that reveals a slowdown, the strategies it pruned are open again. When suspects keep appearing (more than a third of the
+configs, at least three), the machine is too noisy to rank configs, and the search says so.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autofit.search._observation import Observation
+from autofit.space import Config
+
+#: A probe's spread is unusual above this multiple of the typical spread (and above _MIN_SPREAD).
+_SPREAD_FACTOR = 3.0
+_MIN_SPREAD = 0.15
+#: Two probes of one config disagree beyond this multiple of the typical spread (and _MIN_REPEAT).
+_REPEAT_FACTOR = 3.0
+_MIN_REPEAT = 0.10
+#: A config slower (or faster) than both neighbours by this fraction is out of line.
+_NEIGHBOUR_GAP = 0.25
+#: The typical spread is never taken below this (a quiet machine still jitters).
+_SPREAD_FLOOR = 0.02
+#: A precision's leader within this factor of the best is confirmed by a second probe (interference
+#: was seen to slow probes up to 4x).
+_LEADER_REACH = 4.0
+#: Probes of one config beyond which its median is trusted whatever the disagreement.
+_RESOLVING_PROBES = 3
+
+
+@dataclass(frozen=True)
+class Suspicion:
+    config: Config
+    reason: str
+
+
+class NoiseReading:
+    """What the probes so far say about the machine's noise, and which configs to measure again."""
+
+    def __init__(self, observations: Sequence[Observation], strategy_of) -> None:
+        self._strategy_of = strategy_of
+        self.ok: dict[Config, list[Observation]] = defaultdict(list)
+        for o in observations:
+            if o.status == "ok" and o.samples_per_s:
+                self.ok[o.config].append(o)
+        spreads = [o.spread for obs in self.ok.values() for o in obs if o.spread is not None]
+        self.typical_spread = max(_SPREAD_FLOOR, statistics.median(spreads)) if spreads else _SPREAD_FLOOR
+        self._spread_limit = max(_MIN_SPREAD, _SPREAD_FACTOR * self.typical_spread)
+        self._repeat_limit = max(_MIN_REPEAT, _REPEAT_FACTOR * self.typical_spread)
+        self._suspicions = self._find()
+
+    # --- the rules ------------------------------------------------------------------------------
+    def rate(self, config: Config) -> float:
+        """What `config`'s probes say its samples/s is: the median of its steady probes, or, when
+        they disagree beyond the noise seen, the fastest (interference slows a probe, never speeds
+        it up). Erratic probes count only when a config has no steady one."""
+        obs = self.ok[config]
+        steady = [o for o in obs if o.spread is None or o.spread <= self._spread_limit] or obs
+        rates = [o.samples_per_s for o in steady]
+        if len(rates) >= 2 and (max(rates) - min(rates)) / max(rates) > self._repeat_limit:
+            return max(rates)
+        return statistics.median(rates)
+
+    def _find(self) -> dict[Config, Suspicion]:
+        found: dict[Config, Suspicion] = {}
+        repeat_limit, spread_limit = self._repeat_limit, self._spread_limit
+        for config, obs in self.ok.items():
+            if len(obs) >= _RESOLVING_PROBES:
+                continue
+            rates = [o.samples_per_s for o in obs]
+            if len(obs) == 2:
+                gap = abs(rates[0] - rates[1]) / max(rates)
+                if gap > repeat_limit:
+                    found[config] = Suspicion(config, f"two probes disagree ({rates[0]:,.1f} vs {rates[1]:,.1f} "
+                                                      f"samples/s, {gap:.0%} apart)")
+                continue  # two agreeing probes: resolved
+            spread = obs[0].spread
+            if spread is not None and spread > spread_limit:
+                found[config] = Suspicion(config, f"its steps varied {spread:.0%} (IQR of the median step), "
+                                                  f"{spread / self.typical_spread:.1f}x the search's usual")
+                continue
+            gap = self._neighbour_gap(config)
+            if gap is not None:
+                found[config] = Suspicion(config, gap)
+        return found
+
+    def unconfirmed_leaders(self) -> list[Config]:
+        """Leaders of their precision measured once, fastest first, that a search must probe again
+        before it ends. A probe slowed evenly shows nothing unusual on its own, and the leader of
+        each precision decided what wins and which strategies were pruned: a leader within reach of
+        the best (what interference could hide, up to _LEADER_REACH x) needs a second probe."""
+        leaders = self._leaders()
+        top = max((self.rate(c) for c in leaders), default=0.0)
+        out = [c for c in leaders if len(self.ok[c]) == 1 and c not in self._suspicions
+               and self.rate(c) * _LEADER_REACH >= top]
+        return sorted(out, key=self.rate, reverse=True)
+
+    def _leaders(self) -> list[Config]:
+        """The fastest config of each precision (single probes count at face value)."""
+        best: dict[str, Config] = {}
+        for config in self.ok:
+            current = best.get(config.precision)
+            if current is None or self.rate(config) > self.rate(current):
+                best[config.precision] = config
+        return list(best.values())
+
+    def _neighbour_gap(self, config: Config) -> str | None:
+        strategy = self._strategy_of(config)
+        same = sorted((c for c in self.ok if self._strategy_of(c) == strategy), key=lambda c: c.batch_size)
+        i = same.index(config)
+        if i == 0:
+            return None
+        rate = self.rate(config)
+        if i == len(same) - 1:  # the largest batch so far: throughput rarely falls steeply with batch
+            low = same[i - 1]
+            if rate < self.rate(low) * (1 - _NEIGHBOUR_GAP):
+                return (f"{rate:,.1f} samples/s is far slower than the smaller b={low.batch_size} "
+                        f"({self.rate(low):,.1f})")
+            return None
+        low, high = same[i - 1], same[i + 1]
+        around = (self.rate(low), self.rate(high))
+        if rate < min(around) * (1 - _NEIGHBOUR_GAP):
+            word = "slower"
+        elif rate > max(around) * (1 + _NEIGHBOUR_GAP):
+            word = "faster"
+        else:
+            return None
+        return (f"{rate:,.1f} samples/s is far {word} than its neighbours b={low.batch_size} "
+                f"({around[0]:,.1f}) and b={high.batch_size} ({around[1]:,.1f})")
+
+    # --- answers ------------------------------------------------------------------------------
+    def unresolved(self) -> dict[Config, Suspicion]:
+        """Configs whose measurement cannot be trusted yet."""
+        return dict(self._suspicions)
+
+    def is_unresolved(self, config: Config) -> bool:
+        return config in self._suspicions
+
+    def too_noisy(self) -> bool:
+        """Suspects in more than a third of the measured configs (at least three of them): the
+        machine's noise is larger than the differences the search must rank."""
+        suspects = len(self._doubtful())
+        return suspects >= 3 and suspects > len(self.ok) / 3
+
+    def _doubtful(self) -> set[Config]:
+        """Unresolved suspects, and configs whose probes disagreed even if a third one settled them."""
+        return set(self._suspicions) | {c for c, obs in self.ok.items() if len(obs) >= 2 and self._disagree(obs)}
+
+    def _disagree(self, obs: list[Observation]) -> bool:
+        rates = [o.samples_per_s for o in obs]
+        return (max(rates) - min(rates)) / max(rates) > self._repeat_limit
+
+    def summary(self) -> str | None:
+        """One line for the end of a search, or None on a machine quiet enough to rank configs."""
+        if not self.too_noisy():
+            return None
+        return (f"this machine was too noisy to rank configs reliably: {len(self._doubtful())} "
+                f"of {len(self.ok)} measured configs were slowed or disagreed with their repeats or neighbours "
+                f"beyond the usual {self.typical_spread:.0%} step spread (another job on the CPU or GPU?); "
+                f"the winner may be off by that much: search again on a quiet machine")
