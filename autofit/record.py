@@ -40,6 +40,12 @@ class ProbeResult:
     def ok(self) -> bool:
         return self.status == "ok"
 
+    @property
+    def only_just_fits(self) -> bool:
+        """It ran, but the allocator had to free its cache and retry allocations to stay under the
+        cap (CUDA's num_alloc_retries): at the edge of memory, and slower for it."""
+        return self.ok and int(self.allocator.get("num_alloc_retries", 0) or 0) > 0
+
     def to_dict(self) -> dict:
         data = asdict(self)
         data["config"] = self.config.to_dict()
@@ -63,6 +69,8 @@ class ProbeResult:
             line += f"  peak {format_size(self.peak_bytes)}"
         if self.limit_bytes is not None:
             line += f" of {format_size(self.limit_bytes)}"
+        if self.only_just_fits:
+            line += "  (only just fits: allocator retries)"
         if self.error_message and self.status != "ok":
             line += f"  ({self.error_type}: {self.error_message.splitlines()[0][:120]})"
         return line

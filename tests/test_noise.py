@@ -82,3 +82,12 @@ def test_under_injected_interference_rechecking_finds_the_best_more_often(seed):
     without = run_strategy("autofit-no-recheck", landscape, seed=seed, noise_model="interference")
     assert with_recheck.ratio >= without.ratio
     assert with_recheck.ratio >= 0.9
+
+
+def test_a_config_that_only_just_fits_loses_a_near_tie():
+    """Allocator retries (CUDA num_alloc_retries) mark a config at the edge of memory."""
+    planner = Planner(SPACE, 10 * GiB, check_noise=False)
+    tight = Observation(Config(32), "ok", peak_bytes=3 * GiB, samples_per_s=301, tight=True)
+    roomy = Observation(Config(24), "ok", peak_bytes=4 * GiB, samples_per_s=299)
+    assert planner.best([tight, roomy]) == Config(24)
+    assert planner.best([tight, Observation(Config(24), "ok", peak_bytes=2 * GiB, samples_per_s=250)]) == Config(32)

@@ -18,6 +18,7 @@ class Observation:
     wall_s: float = 0.0
     phase: str = "explore"  # explore, recheck, remeasure or confirm
     spread: float | None = None  # step-time IQR / median step time: how steady the probe's steps were
+    tight: bool = False  # the allocator had to free its cache and retry to stay under the cap
 
     def fits(self, usable_bytes: float) -> bool:
         """Ran its steps with its peak inside the usable memory."""

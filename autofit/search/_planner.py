@@ -55,6 +55,7 @@ class Candidate:
     samples_per_s: float
     peak_bytes: int | None
     probes: int
+    tight: bool = False  # some probe of it needed allocator retries: it only just fits
 
 
 class Planner:
@@ -81,7 +82,8 @@ class Planner:
         return self._refine_best(state)
 
     def ranked(self, observations: Sequence[Observation]) -> list[Candidate]:
-        """Feasible configs, best first: throughput, with near-ties broken toward lower peak."""
+        """Feasible configs, best first: throughput, with near-ties broken toward configs that did
+        not need allocator retries, then toward lower peak."""
         return _State(self.space, self.usable, observations, self.check_noise).ranked()
 
     def best(self, observations: Sequence[Observation]) -> Config | None:
@@ -465,7 +467,8 @@ class _State:
             if ok:
                 peaks = [o.peak_bytes for o in ok if o.peak_bytes is not None]
                 rate = self.noise.rate(config) if self.check_noise else statistics.median(o.samples_per_s for o in ok)
-                out.append(Candidate(config, rate, max(peaks) if peaks else None, len(ok)))
+                out.append(Candidate(config, rate, max(peaks) if peaks else None, len(ok),
+                                     any(o.tight for o in ok)))
         self._measured_cache = out
         return out
 
@@ -480,7 +483,7 @@ class _State:
                 top = feasible[0].samples_per_s
                 ties = [c for c in feasible if c.samples_per_s >= top * (1 - TIE_TOLERANCE)]
                 rest = [c for c in feasible if c not in ties]
-                ties.sort(key=lambda c: (c.peak_bytes or 0, -c.samples_per_s))
+                ties.sort(key=lambda c: (c.tight, c.peak_bytes or 0, -c.samples_per_s))
                 feasible = ties + rest
             self._ranked = feasible
         return self._ranked

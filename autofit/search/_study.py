@@ -107,7 +107,8 @@ def observations(trials: list[FrozenTrial], exclude: int | None = None) -> list[
         spread = (result.step_time_iqr_s / result.step_time_median_s
                   if result.step_time_iqr_s is not None and result.step_time_median_s else None)
         out.append(Observation(config, result.status, result.peak_bytes, result.samples_per_s,
-                               result.wall_s, trial.user_attrs.get("phase", "explore"), spread))
+                               result.wall_s, trial.user_attrs.get("phase", "explore"), spread,
+                               result.only_just_fits))
     return out
 
 
