@@ -7,7 +7,7 @@ import os
 import warnings
 from typing import TYPE_CHECKING
 
-from autofit.results import default_best_path, read_best, script_sha256
+from autofit.results import default_best_path, device_tag, read_best, script_sha256
 from autofit.space import Config
 
 if TYPE_CHECKING:
@@ -20,14 +20,26 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _candidate_paths(fn: AutofitFunction) -> list[str]:
+def _device_tag(device: str) -> str:
+    """The tag of the device this run trains on, as the search named its file."""
+    kind = device.split(":")[0]
+    if kind != "cuda":
+        return device_tag(kind)
+    import torch
+
+    index = int(device.split(":")[1]) if ":" in device else 0
+    return device_tag("cuda", torch.cuda.get_device_name(index))
+
+
+def _candidate_paths(fn: AutofitFunction, device: str) -> list[str]:
+    """Where a search leaves its answer: this device's own file first, then an untagged one
+    (`--out`, or a file written before device tags), in studies/, beside the script's studies/,
+    then beside the script."""
     script = inspect.getsourcefile(fn.fn) or ""
     name = fn.fn.__name__
-    return [
-        default_best_path(script, name, "studies"),
-        default_best_path(script, name, os.path.join(os.path.dirname(script), "studies")),
-        default_best_path(script, name, os.path.dirname(script)),
-    ]
+    tag = _device_tag(device)
+    directories = ("studies", os.path.join(os.path.dirname(script), "studies"), os.path.dirname(script))
+    return [default_best_path(script, name, d, t) for d in directories for t in (tag, None)]
 
 
 def resolve_run_config(fn: AutofitFunction, path: str | os.PathLike | None, device: str | None) -> tuple[Config, str, str]:
@@ -37,11 +49,12 @@ def resolve_run_config(fn: AutofitFunction, path: str | os.PathLike | None, devi
     if explicit:
         best = read_best(str(explicit))  # ConfigFileError if missing or corrupt: never a silent default
     else:
-        found = next((p for p in _candidate_paths(fn) if os.path.exists(p)), None)
+        candidates = _candidate_paths(fn, device)
+        found = next((p for p in candidates if os.path.exists(p)), None)
         if found is None:
             config = Config(batch_size=fn.options.default_batch_size)
             return config, device, (
-                f"no best config found for {fn.fn.__name__} (looked for {_candidate_paths(fn)[0]}); "
+                f"no best config found for {fn.fn.__name__} (looked for {candidates[0]}); "
                 f"running with defaults: {config.label()}. Run `autofit search` to find a faster one."
             )
         best = read_best(found)

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -106,6 +107,17 @@ def read_best(path: str) -> BestConfig:
     return BestConfig(path=path, config=config, document=document)
 
 
-def default_best_path(script: str, function: str | None, directory: str = "studies") -> str:
+def default_best_path(script: str, function: str | None, directory: str = "studies",
+                      device: str | None = None) -> str:
+    """studies/SCRIPT.FUNCTION[.DEVICE].best.json: with a device tag (see `device_tag`), searches
+    on two kinds of device never overwrite each other's answer."""
     stem = os.path.splitext(os.path.basename(script))[0]
-    return os.path.join(directory, f"{stem}.{function or 'train'}.best.json")
+    tag = f".{device}" if device else ""
+    return os.path.join(directory, f"{stem}.{function or 'train'}{tag}.best.json")
+
+
+def device_tag(device_type: str, name: str | None = None) -> str:
+    """A file-name tag for a kind of device: "cpu", or the GPU model ("nvidia-h100-80gb-hbm3")."""
+    if device_type == "cpu" or not name:
+        return device_type
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")

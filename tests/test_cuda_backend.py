@@ -49,6 +49,12 @@ class FakeNVML:
             raise FakeNVMLError("Invalid Argument")
         return index
 
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:
+        for i, g in enumerate(self.gpus):
+            if g.get("uuid") == uuid:
+                return i
+        raise FakeNVMLError("Not Found")
+
     def nvmlDeviceGetName(self, handle: int) -> str:
         return self.gpus[handle]["name"]
 
@@ -187,6 +193,23 @@ def test_listing_follows_integer_cuda_visible_devices(nvml, monkeypatch):
 def test_cuda_visible_devices_parsing(monkeypatch, value, expected):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
     assert visible_physical_indices(2) == expected
+
+
+def test_listing_maps_uuids_and_lists_a_mig_slice_with_its_own_memory(monkeypatch):
+    fake = FakeNVML([
+        {**gpu(), "uuid": "GPU-aaaa"},
+        {**gpu(name="NVIDIA A100-SXM4-80GB MIG 1g.10gb", total=10 * GiB, free=9 * GiB), "uuid": "MIG-bbbb"},
+    ])
+    monkeypatch.setattr(cuda_mod, "_load_nvml", lambda: fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-bbbb,GPU-aaaa")
+    devices = cuda_devices()
+    assert [(d.index, d.name, d.total_bytes) for d in devices] == [
+        (0, "NVIDIA A100-SXM4-80GB MIG 1g.10gb", 10 * GiB),
+        (1, "NVIDIA A100-SXM4-80GB", 80 * GiB),
+    ]
+    assert CudaBackend(0).info().total_bytes == 10 * GiB  # the default limit is the slice's memory
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaaa,GPU-unknown,MIG-bbbb")
+    assert [d.name for d in cuda_devices()] == ["NVIDIA A100-SXM4-80GB"]  # an unknown UUID ends the list
 
 
 def test_listing_does_not_import_torch():

@@ -188,7 +188,7 @@ def test_search_from_python_on_the_decorated_function(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(os.path.dirname(script("grows.py")))
     spec.loader.exec_module(module)
     result = module.train.search(budget="40s", memory_limit="768MiB", trials=3, confirm_factor=2)
-    assert result.best is not None and result.json_path.endswith("studies/grows.train.best.json")
+    assert result.best is not None and result.json_path.endswith("studies/grows.train.cpu.best.json")
     frame = result.trials_frame()
     assert len(frame) == result.probes and set(frame["status"]) <= {"ok", "oom"}
     assert frame["samples_per_s"].dtype == "float64"
@@ -216,3 +216,12 @@ def test_other_schema_version_is_refused(tmp_path):
     (tmp_path / "v2.json").write_text(json.dumps({"schema": "autofit.best-config", "schema_version": 2}))
     with pytest.raises(ConfigFileError, match="schema version 1, but has 2"):
         read_best(str(tmp_path / "v2.json"))
+
+
+def test_searches_on_two_kinds_of_device_keep_separate_answers():
+    from autofit.results import default_best_path, device_tag
+
+    cpu = default_best_path("train.py", "train", "studies", device_tag("cpu", "AMD EPYC (2 cores)"))
+    h100 = default_best_path("train.py", "train", "studies", device_tag("cuda", "NVIDIA H100 80GB HBM3"))
+    assert cpu == "studies/train.train.cpu.best.json"
+    assert h100 == "studies/train.train.nvidia-h100-80gb-hbm3.best.json"

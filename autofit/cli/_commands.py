@@ -120,7 +120,8 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
 @click.option("--study", default=None, help="Study name (default: SCRIPT.FUNCTION-DEVICE).")
 @click.option("--storage", default=None, help="Optuna storage URL (default: sqlite:///studies/autofit.db).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="Where to write the best-config JSON (default: studies/SCRIPT.FUNCTION.best.json).")
+              help="Where to write the best-config JSON (default: studies/SCRIPT.FUNCTION.DEVICE.best.json, "
+                   "DEVICE being cpu or the GPU model).")
 @click.option("--fresh", is_flag=True, help="Delete the study's earlier trials and start over.")
 @click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True, help="Measured steps per probe.")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Warm-up steps per probe.")

@@ -69,14 +69,16 @@ def studies(storage: str | None) -> None:
 @click.option("--study", default=None, help=_STUDY_HELP)
 @click.option("--storage", default=None, help=_STORAGE_HELP)
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="Where to write the best-config JSON (default: studies/SCRIPT.FUNCTION.best.json).")
+              help="Where to write the best-config JSON (default: studies/SCRIPT.FUNCTION.DEVICE.best.json).")
 def export(study: str | None, storage: str | None, out: str | None) -> None:
     """Write a stored study's best config as JSON, without probing again."""
-    from autofit.results import default_best_path, write_best
+    from autofit.results import default_best_path, device_tag, write_best
 
     stored = _load(study, storage)
     document = stored.document()
-    path = out or default_best_path(stored.meta["script"], stored.meta.get("function"))
+    device = stored.meta.get("device_info") or {}
+    path = out or default_best_path(stored.meta["script"], stored.meta.get("function"),
+                                    device=device_tag(device.get("type", "cpu"), device.get("name")))
     write_best(path, document)
     click.echo(f"best config of {stored.name} ({stored.best().label()}, "
                f"{document['measured']['samples_per_s']:,.1f} samples/s) written to {path}")

@@ -27,9 +27,10 @@ What is counted, precisely:
   edge: it is flagged, and loses near-ties to configs that did not need to.
 
 Device indices are CUDA's (what `torch.device("cuda", i)` means). NVML numbers GPUs in PCI bus
-order and ignores CUDA_VISIBLE_DEVICES, so the listing maps them: a CUDA_VISIBLE_DEVICES of plain
-integers is honoured; one of UUIDs (GPU-..., MIG-...) is not, and all NVML devices are listed as if
-it were unset. CUDA itself orders GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID: on a
+order and ignores CUDA_VISIBLE_DEVICES, so the listing maps them: plain integers are NVML indices;
+UUIDs (GPU-..., and MIG-... for a MIG slice) are looked up with `nvmlDeviceGetHandleByUUID`, so a
+MIG slice is listed with its own name and memory, which is what the process can use and what the
+default limit is. CUDA itself orders GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID: on a
 machine with mixed GPU models, set CUDA_DEVICE_ORDER=PCI_BUS_ID so that both orders agree.
 """
 
@@ -73,7 +74,7 @@ def _decode(value: str | bytes) -> str:
 
 def visible_physical_indices(count: int) -> list[int] | None:
     """NVML indices of the GPUs CUDA sees, in CUDA order; None when CUDA_VISIBLE_DEVICES is unset
-    or not plain integers (UUIDs are not mapped: see the module docstring).
+    or names devices by UUID (those are mapped by `_visible_handles`).
 
     Follows CUDA's rules: a negative or out-of-range entry ends the list, a repeated one hides all.
     """
@@ -98,17 +99,47 @@ def visible_physical_indices(count: int) -> list[int] | None:
     return indices
 
 
-def _physical_index(nvml: ModuleType, index: int) -> int:
-    """The NVML index of CUDA device `index`."""
+def _visible_uuids() -> list[str] | None:
+    """The UUIDs in CUDA_VISIBLE_DEVICES, in order, when it names devices by UUID; else None."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None or not value.strip().upper().startswith(("GPU-", "MIG-")):
+        return None
+    uuids: list[str] = []
+    for token in value.split(","):
+        token = token.strip()
+        if not token.upper().startswith(("GPU-", "MIG-")):
+            break  # CUDA stops at the first entry it cannot parse
+        if token in uuids:
+            return []
+        uuids.append(token)
+    return uuids
+
+
+def _visible_handles(nvml: ModuleType) -> list[Any]:
+    """NVML handles of the devices CUDA sees, in CUDA's order (GPUs or MIG slices)."""
+    uuids = _visible_uuids()
+    if uuids is not None:
+        handles = []
+        for uuid in uuids:
+            try:
+                handles.append(nvml.nvmlDeviceGetHandleByUUID(uuid))
+            except _nvml_errors(nvml):
+                break  # an unknown UUID ends CUDA's list too
+        return handles
     visible = visible_physical_indices(nvml.nvmlDeviceGetCount())
-    if visible is None:
-        return index
-    if not 0 <= index < len(visible):
+    physical = list(range(nvml.nvmlDeviceGetCount())) if visible is None else visible
+    return [nvml.nvmlDeviceGetHandleByIndex(p) for p in physical]
+
+
+def _handle(nvml: ModuleType, index: int) -> Any:
+    """The NVML handle of CUDA device `index`."""
+    handles = _visible_handles(nvml)
+    if not 0 <= index < len(handles):
         raise UsageError(
-            f"The GPU index must be below the {len(visible)} GPU(s) CUDA_VISIBLE_DEVICES="
+            f"The GPU index must be below the {len(handles)} GPU(s) CUDA_VISIBLE_DEVICES="
             f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r} leaves visible, but got {index}."
         )
-    return visible[index]
+    return handles[index]
 
 
 def _device_info(nvml: ModuleType, handle: Any, index: int) -> DeviceInfo:
@@ -136,13 +167,7 @@ def cuda_devices() -> list[DeviceInfo]:
     except errors:
         return []
     try:
-        count = nvml.nvmlDeviceGetCount()
-        visible = visible_physical_indices(count)
-        physical = list(range(count)) if visible is None else visible
-        return [
-            _device_info(nvml, nvml.nvmlDeviceGetHandleByIndex(p), index)
-            for index, p in enumerate(physical)
-        ]
+        return [_device_info(nvml, handle, index) for index, handle in enumerate(_visible_handles(nvml))]
     except errors:
         return []
     finally:
@@ -207,7 +232,7 @@ class CudaBackend(DeviceBackend):
             )
         try:
             nvml.nvmlInit()  # reference-counted; kept open for the worker's lifetime
-            handle = nvml.nvmlDeviceGetHandleByIndex(_physical_index(nvml, self.index))
+            handle = _handle(nvml, self.index)
         except _nvml_errors(nvml) as error:
             raise UsageError(
                 f"NVML must answer to read GPU {self.index} (is the NVIDIA driver loaded?), but it failed: {error}"
@@ -239,9 +264,15 @@ class CudaBackend(DeviceBackend):
     def info(self) -> DeviceInfo:
         nvml, handle = self._nvml_device()
         try:
-            return _device_info(nvml, handle, self.index)
+            info = _device_info(nvml, handle, self.index)
         except _nvml_errors(nvml) as error:
             raise UsageError(f"NVML must report GPU {self.index}'s name and memory, but it failed: {error}") from error
+        if self._torch_ready:
+            # What this process can allocate on (a MIG slice, say), as CUDA itself reports it.
+            free, total = self._cuda().mem_get_info(self.index)
+            if 0 < int(total) < info.total_bytes:
+                info = DeviceInfo(info.type, info.index, info.name, int(total), int(free))
+        return info
 
     def supported_precisions(self) -> tuple[str, ...]:
         cuda = self._cuda()

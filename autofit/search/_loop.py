@@ -14,7 +14,7 @@ from autofit.devices import check_device
 from autofit.discover import check_script
 from autofit.errors import NoFeasibleConfig, UsageError, UserCodeError
 from autofit.record import ProbeResult
-from autofit.results import default_best_path, write_best
+from autofit.results import default_best_path, device_tag, write_best
 from autofit.search._planner import TIE_TOLERANCE, Candidate, Planner
 from autofit.search._progress import Reporter
 from autofit.search._sampler import AutofitSampler
@@ -411,7 +411,8 @@ class _Search:
             raise NoFeasibleConfig(self._nothing_fits(done))
         document = best_document(study, self.storage_url, planner=planner, stopped=stopped, partial=partial)
         result.why = document["why"]
-        path = self.s.out or default_best_path(self.script, info.function, os.path.dirname(self._db_dir()))
+        path = self.s.out or default_best_path(self.script, info.function, os.path.dirname(self._db_dir()),
+                                               device_tag(self.device_info.type, self.device_info.name))
         result.json_path = write_best(path, document)
         result.document = document
         return result
