@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from autofit.errors import UsageError
-from autofit.space import PRECISIONS, Config, check_precision
+from autofit.space import MAX_BATCH, PRECISIONS, Config, check_precision
 
 if TYPE_CHECKING:
     from autofit.run import Run
@@ -25,8 +25,8 @@ class SearchOptions:
 
     global_batch: int | None = None
     """Keep micro-batch x accumulation equal to this; accumulation is derived."""
-    batch_size: tuple[int, int] = (1, 1024)
-    """Smallest and largest micro-batch to consider."""
+    batch_size: tuple[int, int] = (1, MAX_BATCH)
+    """Smallest and largest micro-batch to consider (default: no upper bound; memory decides)."""
     precision: tuple[str, ...] | None = None
     """Precisions to consider; None: every one the device supports."""
     accumulation: tuple[int, ...] | None = None
@@ -98,7 +98,7 @@ def autofit(
     fn: Callable[..., Any] | None = None,
     *,
     global_batch: int | None = None,
-    batch_size: tuple[int, int] = (1, 1024),
+    batch_size: tuple[int, int] = (1, MAX_BATCH),
     precision: tuple[str, ...] | list[str] | str | None = None,
     accumulation: tuple[int, ...] | list[int] | None = None,
     checkpoint: bool = True,

@@ -6,6 +6,10 @@ from dataclasses import asdict, dataclass
 
 from autofit.errors import UsageError
 
+#: The largest micro-batch a search considers when none is given: in effect no bound, so memory
+#: (or the data) stops the climb, not a number picked in advance.
+MAX_BATCH = 2**20
+
 #: Precisions in order of preference when throughput ties: fewer numerical surprises first.
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
 

@@ -86,7 +86,7 @@ class ConvNet(nn.Module):
 
 
 # --- training -----------------------------------------------------------------------------------
-@autofit(batch_size=(1, 1024), default_batch_size=64)
+@autofit(default_batch_size=64)
 def train(run: Run) -> float:
     """Train the classifier for EPOCHS; return the last loss."""
     torch.manual_seed(0)

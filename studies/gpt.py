@@ -122,7 +122,7 @@ class GPT(nn.Module):
 
 
 # --- training -----------------------------------------------------------------------------------
-@autofit(batch_size=(1, 1024), default_batch_size=32)
+@autofit(default_batch_size=32)
 def train(run: Run) -> float:
     """Train the GPT for EPOCHS passes over the text; return the last loss."""
     torch.manual_seed(0)

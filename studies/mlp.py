@@ -70,7 +70,7 @@ class MLP(nn.Module):
 
 
 # --- training -----------------------------------------------------------------------------------
-@autofit(batch_size=(1, 1024), default_batch_size=64)
+@autofit(default_batch_size=64)
 def train(run: Run) -> float:
     """Train the MLP for EPOCHS; return the last loss. No run.checkpoint(): that knob is unused."""
     torch.manual_seed(0)

@@ -223,7 +223,7 @@ def test_report_is_one_self_contained_page_with_a_plot_per_question(searched, tm
         pixels = matplotlib.image.imread(str(pngs / f"{stem}.png"))
         assert pixels.shape[:2] == png_size(raw)[::-1] and pixels.std() > 0.05  # decodes, not blank
     # every probe is in the page's table
-    assert len(re.findall(r"<tr(?: class=\"\w+\")?><td>\d+</td><td class=\"l\">(?:explore|remeasure|confirm)", page)) \
+    assert len(re.findall(r"<tr(?: class=\"\w+\")?><td>\d+</td><td class=\"l\">(?:explore|recheck|remeasure|confirm)", page)) \
         == result.probes
 
 

@@ -96,7 +96,8 @@ def test_search_resumes_without_repeating_probes(tmp_path):
     second = run_search(SearchSettings(trials=3, **base))
     study = optuna.load_study(study_name="resume", storage=storage)
     explored = [o.config for o in observations(study.trials) if o.phase == "explore"]
-    assert len(explored) == len(set(explored)) >= 5
+    first_explored = [o.config for o in observations(study.trials[: first.probes]) if o.phase == "explore"]
+    assert len(explored) == len(set(explored)) > len(first_explored)  # resumed, nothing explored twice
     assert second.probes > first.probes
 
 
@@ -225,3 +226,29 @@ def test_searches_on_two_kinds_of_device_keep_separate_answers():
     h100 = default_best_path("train.py", "train", "studies", device_tag("cuda", "NVIDIA H100 80GB HBM3"))
     assert cpu == "studies/train.train.cpu.best.json"
     assert h100 == "studies/train.train.nvidia-h100-80gb-hbm3.best.json"
+
+
+def test_a_batch_the_data_cannot_feed_stops_the_climb_without_blaming_the_precision():
+    from autofit.search._observation import Observation
+    from autofit.search._planner import Planner
+    from autofit.search._space import SearchSpace
+    from autofit.space import MAX_BATCH, Config
+
+    space = SearchSpace.build(batch_range=(1, MAX_BATCH), precisions=("fp32", "bf16"))
+    planner = Planner(space, 100 * 2**30)
+
+    def ok(b, precision="fp32"):
+        return Observation(Config(b, precision), "ok", peak_bytes=2**30 + b * 2**20, samples_per_s=10.0 * b)
+
+    seen = [ok(4), ok(64), ok(256), Observation(Config(1024), "error", data_bound=True),
+            Observation(Config(1024, "bf16"), "error", data_bound=True)]
+    proposals = []
+    for _ in range(30):
+        config = planner.next(seen)
+        if config is None:
+            break
+        proposals.append(config)
+        seen.append(ok(config.batch_size, config.precision))
+    assert proposals and all(c.batch_size < 1024 for c in proposals)
+    assert "bf16" in {c.precision for c in proposals}  # a data-bound probe is not the precision's failure
+    assert planner.unusable_precisions(seen) == set()

@@ -381,6 +381,10 @@ class _Search:
                 notes.append(f"{result.config.precision} is unusable here: {result.error_type}: "
                              f"{(result.error_message or '').splitlines()[0][:200]} (trial {trial.number})")
                 unusable.discard(result.config.precision)
+            elif result.error_type == "ProbeTooShort" and trial.user_attrs.get("phase") != "confirm" \
+                    and any(o.status == "ok" for o in seen):
+                notes.append(f"batch {result.config.batch_size} is more than the data can feed (the function ran "
+                             f"out of batches before the probe's steps): the climb stopped below it (trial {trial.number})")
             elif result.status in ("crashed", "timeout"):
                 notes.append(f"trial {trial.number} ({result.config.label()}) {result.status}: "
                              f"{(result.error_message or '').splitlines()[0][:200]}")
@@ -444,7 +448,9 @@ def explain(ranked: list[Candidate], done, planner: Planner, usable: float) -> s
                      and o.config.batch_size > best.config.batch_size), key=lambda o: o.config.batch_size)
     if larger:
         o = larger[0]
-        if o.status == "oom":
+        if o.data_bound:
+            parts.append(f"batch {o.config.batch_size} is more than the data can feed (the loop ran out of batches)")
+        elif o.status == "oom":
             parts.append(f"batch {o.config.batch_size} ran out of memory")
         elif o.status == "ok" and o.peak_bytes and o.peak_bytes > usable:
             parts.append(f"batch {o.config.batch_size} needs {format_size(o.peak_bytes)} > {format_size(usable)} usable")
@@ -465,7 +471,7 @@ def explain(ranked: list[Candidate], done, planner: Planner, usable: float) -> s
 def _predicted_next(planner: Planner, config: Config, done, usable: float) -> str | None:
     sizes = planner.space.batch_sizes
     if config.batch_size not in sizes or config.batch_size == sizes[-1]:
-        return "it is the largest batch allowed" if config.batch_size == sizes[-1] else None
+        return "it is the largest batch allowed (--batch-size)" if config.batch_size == sizes[-1] else None
     from autofit.search._planner import _State
 
     state = _State(planner.space, usable, done)

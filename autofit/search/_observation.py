@@ -19,6 +19,7 @@ class Observation:
     phase: str = "explore"  # explore, recheck, remeasure or confirm
     spread: float | None = None  # step-time IQR / median step time: how steady the probe's steps were
     tight: bool = False  # the allocator had to free its cache and retry to stay under the cap
+    data_bound: bool = False  # the data ran out before the probe had its steps: the batch is too big for it
 
     def fits(self, usable_bytes: float) -> bool:
         """Ran its steps with its peak inside the usable memory."""
@@ -32,4 +33,5 @@ class Observation:
 
     @property
     def failed(self) -> bool:
-        return self.status in FAILED_STATUSES
+        """The user's code failed here (not: the data could not feed this batch)."""
+        return self.status in FAILED_STATUSES and not self.data_bound

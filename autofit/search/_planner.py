@@ -266,14 +266,24 @@ class _State:
         ]
         return min(too_big) if too_big else None
 
+    def data_ceiling(self) -> int | None:
+        """Smallest batch the data could not feed (the function ran out of batches): every strategy
+        stops below it, whatever its memory."""
+        bound = [o.config.batch_size for o in self._done() if o.data_bound]
+        return min(bound) if bound else None
+
     def implied_too_big(self, config: Config) -> bool:
+        """Known not to run: too big for memory (implied by an OOM), or for the data."""
         bound = self.oom_min(self.space.strategy_of(config))
-        return bound is not None and config.batch_size >= bound
+        ceiling = self.data_ceiling()
+        return (bound is not None and config.batch_size >= bound) or (
+            ceiling is not None and config.batch_size >= ceiling)
 
     def open_batches(self, strategy: Strategy) -> list[int]:
         """Batches whose feasibility is still unknown: between the largest fit and smallest OOM."""
         low = self.fit_max(strategy) or 0
-        high = self.oom_min(strategy)
+        highs = [h for h in (self.oom_min(strategy), self.data_ceiling()) if h is not None]
+        high = min(highs) if highs else None
         return [
             b for b in self.space.batch_sizes
             if b > low and (high is None or b < high) and not self.tried(self.space.config(strategy, b))

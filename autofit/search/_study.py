@@ -108,7 +108,7 @@ def observations(trials: list[FrozenTrial], exclude: int | None = None) -> list[
                   if result.step_time_iqr_s is not None and result.step_time_median_s else None)
         out.append(Observation(config, result.status, result.peak_bytes, result.samples_per_s,
                                result.wall_s, trial.user_attrs.get("phase", "explore"), spread,
-                               result.only_just_fits))
+                               result.only_just_fits, result.error_type == "ProbeTooShort"))
     return out
 
 
