@@ -52,6 +52,13 @@ CASES = (
 )
 
 
+#: On a GPU: GPT-2 small (benchmarks/gpu/gpt124m.py), whose steps are long enough to time.
+CUDA_CASES = (
+    Case("gpt124m", "benchmarks/gpu/gpt124m.py", (Config(48, "bf16"), Config(16, "bf16")),
+         "GPT-2 small (124M), HF transformers model built from its config"),
+)
+
+
 def _config_file(path: str, config: Config, device: str) -> None:
     """A best-config file holding `config`, as `autofit search` would write it."""
     write_best(path, {
@@ -134,7 +141,7 @@ def main() -> None:
     args = parser.parse_args()
     started = time.perf_counter()
     rows = []
-    for case in CASES:
+    for case in CASES if args.device == "cpu" else CUDA_CASES:
         if not args.names or case.name in args.names:
             rows += measure(case, args.rounds, args.device)
     text = table(rows, args.rounds, args.device, time.perf_counter() - started)

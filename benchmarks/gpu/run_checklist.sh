@@ -2,7 +2,9 @@
 # The GPU checklist in one command per part, for a machine with a GPU and a CUDA build of torch.
 #   benchmarks/gpu/run_checklist.sh check     scripts/check_cuda.sh, then a search of each bundled study
 #   benchmarks/gpu/run_checklist.sh finders   Lightning's and HF's batch-size finders on GPT-2 small (124M)
-#   benchmarks/gpu/run_checklist.sh search    autofit on GPT-2 small, then the picks re-measured interleaved
+#   benchmarks/gpu/run_checklist.sh search    autofit on GPT-2 small
+#   benchmarks/gpu/run_checklist.sh compare --config NAME=PREC:BATCH ...   picks re-measured interleaved
+#   benchmarks/gpu/run_checklist.sh fidelity  probe vs normal run of GPT-2 small (benchmarks/fidelity.py)
 # Everything is logged to $OUT (default: out/gpu); PYTHON picks the interpreter (default python3).
 set -u
 cd "$(dirname "$0")/../.."
@@ -20,7 +22,8 @@ check)
     step check_cuda; PYTHON="$PYTHON" scripts/check_cuda.sh
     for study in gpt cnn mlp; do
         step "autofit search studies/$study.py --gpu 0 --budget $BUDGET"
-        "$PYTHON" -m autofit.cli search "studies/$study.py" --gpu 0 --budget "$BUDGET" --fresh
+        "$PYTHON" -m autofit.cli search "studies/$study.py" --gpu 0 --budget "$BUDGET" --fresh \
+            --storage sqlite:///studies/autofit.db
         echo "exit status $?"
     done
     "$PYTHON" -m autofit.cli show --study gpt.train-cuda0 --storage sqlite:///studies/autofit.db
@@ -36,6 +39,10 @@ search)
     "$PYTHON" -m autofit.cli search benchmarks/gpu/gpt124m.py --gpu 0 --budget "$BUDGET" --fresh --out "$OUT/gpt124m.best.json"
     echo "exit status $?"
     "$PYTHON" -m autofit.cli show --study gpt124m.train-cuda0 --storage sqlite:///studies/autofit.db
+    ;;
+fidelity)
+    step "probe vs normal run, interleaved (benchmarks/fidelity.py --device cuda)"
+    "$PYTHON" -m benchmarks.fidelity --device cuda --rounds "${ROUNDS:-2}" --out "$OUT/fidelity-cuda.md"
     ;;
 compare)
     shift
