@@ -28,6 +28,10 @@ class ProbeFinished(BaseException):
     """
 
 
+class DataTooSmall(RuntimeError):
+    """A pass over the data yielded no batch at this batch size: it cannot be probed."""
+
+
 @dataclass
 class Knobs:
     """Which settings the function actually used, so the search spends no probes on the others."""
@@ -260,7 +264,9 @@ class Run:
         """
         self.knobs.batches = True
         acc = self.config.accumulation_steps
+        yielded = 0
         for batch in iterable:
+            yielded += 1
             if self._micro_batches == 0:
                 self.clock.start()
             elif self._micro_batches % acc == 0 and self._step_samples:  # not already closed at the end of the data
@@ -271,6 +277,12 @@ class Run:
             yield to_device(batch, self._device)
         if self._micro_batches and self._micro_batches % acc == 0 and self._step_samples:
             self._finish_step()  # the data ran out: the last step's work is done
+        if self._probing and not yielded:
+            # A loader with drop_last yields nothing for a batch larger than the dataset: a probe
+            # looping over epochs would spin forever.
+            raise DataTooSmall(
+                f"The data yields no batch of {self.config.batch_size}: the batch is larger than the "
+                f"data can feed (a DataLoader with drop_last=True over fewer samples, say).")
 
     def _finish_step(self) -> None:
         self.clock.step_done(self._step_samples, self._step_tokens)

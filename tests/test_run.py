@@ -228,3 +228,19 @@ def test_sticky_cuda_errors_break_the_device_and_ooms_do_not():
     assert not breaks_the_device(ValueError("shapes do not match"))
     if hasattr(torch, "AcceleratorError"):
         assert breaks_the_device(torch.AcceleratorError("CUDA error: unspecified launch failure"))
+
+
+def test_a_probe_over_data_smaller_than_its_batch_stops_instead_of_spinning():
+    """drop_last over fewer samples than the batch yields nothing: every epoch is empty."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from autofit.run import DataTooSmall
+
+    loader = DataLoader(TensorDataset(torch.randn(10, 3)), batch_size=16, drop_last=True)
+    run = Run(Config(batch_size=16), probing=True, warmup_steps=1, measured_steps=2)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(DataTooSmall, match="larger than the data can feed"):
+        for _ in range(10**6):
+            for (x,) in run.batches(loader):
+                run.backward(model(x).mean(), opt)

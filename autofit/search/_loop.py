@@ -20,6 +20,7 @@ from autofit.search._progress import Reporter
 from autofit.search._sampler import AutofitSampler
 from autofit.search._space import SearchSpace
 from autofit.search._study import (
+    DATA_BOUND_ERRORS,
     default_study_name,
     distributions,
     observations,
@@ -381,7 +382,7 @@ class _Search:
                 notes.append(f"{result.config.precision} is unusable here: {result.error_type}: "
                              f"{(result.error_message or '').splitlines()[0][:200]} (trial {trial.number})")
                 unusable.discard(result.config.precision)
-            elif result.error_type == "ProbeTooShort" and trial.user_attrs.get("phase") != "confirm" \
+            elif result.error_type in DATA_BOUND_ERRORS and trial.user_attrs.get("phase") != "confirm" \
                     and any(o.status == "ok" for o in seen):
                 notes.append(f"batch {result.config.batch_size} is more than the data can feed (the function ran "
                              f"out of batches before the probe's steps): the climb stopped below it (trial {trial.number})")

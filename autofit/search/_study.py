@@ -17,6 +17,8 @@ from autofit.space import PRECISIONS, Config
 
 DEFAULT_DIR = "studies"
 DEFAULT_DB = "autofit.db"
+#: Errors that say the data cannot feed a batch this large (a ceiling, not a fault of the code).
+DATA_BOUND_ERRORS = ("ProbeTooShort", "DataTooSmall")
 #: Probes that ran (fit or not) are COMPLETE trials: the samplers learn from OOMs too.
 _COMPLETE_STATUSES = ("ok", "oom")
 
@@ -108,7 +110,7 @@ def observations(trials: list[FrozenTrial], exclude: int | None = None) -> list[
                   if result.step_time_iqr_s is not None and result.step_time_median_s else None)
         out.append(Observation(config, result.status, result.peak_bytes, result.samples_per_s,
                                result.wall_s, trial.user_attrs.get("phase", "explore"), spread,
-                               result.only_just_fits, result.error_type == "ProbeTooShort"))
+                               result.only_just_fits, result.error_type in DATA_BOUND_ERRORS))
     return out
 
 
