@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, TextIO
 
+from autofit.search._study import DATA_BOUND_ERRORS
 from autofit.units import format_duration, format_size
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ class Reporter:
         self.counts["probes"] += 1
         if result.status == "oom" or (result.ok and (result.peak_bytes or 0) > usable):
             self.counts["oom"] += 1
-        elif not result.ok:
+        elif not result.ok and result.error_type not in DATA_BOUND_ERRORS:  # a data ceiling is no failure
             self.counts["failed"] += 1
         elif result.samples_per_s and (self.best is None or result.samples_per_s > self.best[0]):
             self.best = (result.samples_per_s, result.config.label())
