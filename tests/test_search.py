@@ -17,6 +17,7 @@ from autofit.cli import cli
 from autofit.results import read_best
 from autofit.search import SearchSettings, run_search
 from autofit.search._study import observations, open_storage
+from autofit.space import Config
 
 LIMIT = 768 * 2**20
 BUDGET = 60
@@ -232,7 +233,7 @@ def test_a_batch_the_data_cannot_feed_stops_the_climb_without_blaming_the_precis
     from autofit.search._observation import Observation
     from autofit.search._planner import Planner
     from autofit.search._space import SearchSpace
-    from autofit.space import MAX_BATCH, Config
+    from autofit.space import MAX_BATCH
 
     space = SearchSpace.build(batch_range=(1, MAX_BATCH), precisions=("fp32", "bf16"))
     planner = Planner(space, 100 * 2**30)
@@ -252,3 +253,27 @@ def test_a_batch_the_data_cannot_feed_stops_the_climb_without_blaming_the_precis
     assert proposals and all(c.batch_size < 1024 for c in proposals)
     assert "bf16" in {c.precision for c in proposals}  # a data-bound probe is not the precision's failure
     assert planner.unusable_precisions(seen) == set()
+
+
+def test_confirmation_estimate_counts_accumulation_once(tmp_path):
+    """A probe's step time is per optimizer step (all its micro-batches): the estimate of a longer
+    run must not multiply it by the accumulation steps again (it once predicted 1450 s for 52 s)."""
+    from autofit.record import ProbeResult
+    from autofit.search._loop import SearchSettings, _Search
+    from autofit.search._progress import Reporter
+    from autofit.search._study import open_storage, record_probe
+
+    config = Config(batch_size=4, accumulation_steps=32)
+    storage = f"sqlite:///{tmp_path}/e.db"
+    study = optuna.create_study(study_name="e", storage=open_storage(storage), direction="maximize")
+    trial = study.ask()
+    trial.suggest_int("batch_size", 4, 4)
+    trial.suggest_categorical("precision", ["fp32"])
+    trial.suggest_int("checkpoint_segments", 0, 0)
+    trial.suggest_int("accumulation_steps", 32, 32)
+    result = ProbeResult(status="ok", config=config, samples_per_s=100.0, step_time_median_s=1.0,
+                         warmup_steps=2, measured_steps=5, wall_s=10.0, peak_bytes=2**20)
+    record_probe(study, trial, result, usable_bytes=2**30, phase="explore")
+    search = _Search(SearchSettings(script=script("fits_small.py"), storage=storage, memory_limit=2**30),
+                     Reporter(quiet=True))
+    assert search._confirm_estimate(study, config, 50) == pytest.approx(10.0 + 45 * 1.0)

@@ -322,7 +322,8 @@ class _Search:
         if not results:
             return 0.0
         last = results[-1]
-        extra_steps = max(0, steps - last.measured_steps) * (last.step_time_median_s or 0) * config.accumulation_steps
+        # step_time_median_s is per optimizer step, which already holds all accumulation micro-batches.
+        extra_steps = max(0, steps - last.measured_steps) * (last.step_time_median_s or 0)
         return last.wall_s + extra_steps
 
     def _confirm_reserve(self, planner: Planner, seen, study=None) -> float:
