@@ -178,6 +178,7 @@ def _redirect_output(path: str | None) -> None:
 
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when a worker stops
+    _die_with_parent()  # a searcher that is SIGKILLed (or OOM-killed) takes its worker with it
     faulthandler.enable()  # a segfault in user code leaves a stack in the probe log
     conn = Connection(int(argv[1]))
     session = _Session()

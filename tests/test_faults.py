@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from click.testing import CliRunner
 from conftest import script
 
 from autofit.cli import cli
-from autofit.errors import NoFeasibleConfig, UserCodeError
+from autofit.errors import NoFeasibleConfig, UsageError, UserCodeError
 from autofit.search import SearchSettings, run_search
 from autofit.search._study import observations
 
@@ -167,3 +168,106 @@ def test_storage_that_cannot_be_opened_fails_before_any_probe(tmp_path, make_sto
     assert result.output.startswith("autofit: error: The storage") and result.output.count("\n") == 1
     assert time.monotonic() - started < 5  # no worker was started, no probe ran
     assert not (tmp_path / "b.json").exists()
+
+
+def _running_trials(storage: str, study: str) -> list:
+    import optuna
+
+    return [t for t in optuna.load_study(study_name=study, storage=storage).get_trials(deepcopy=False)
+            if t.state == optuna.trial.TrialState.RUNNING]
+
+
+def test_a_search_killed_mid_probe_resumes_and_probes_the_unfinished_config(tmp_path):
+    """SIGKILL (or the OOM killer) gives the searcher no chance to clean up: its trial is left
+    RUNNING. The same command run again fails it as stale and probes that config, without repeating
+    the probes that finished."""
+    import optuna
+
+    storage = f"sqlite:///{tmp_path}/k.db"
+    command = [sys.executable, "-m", "autofit.cli", "search", script("slow_above.py"), "--device", "cpu",
+               "--memory-limit", "768MiB", "--budget", "90s", "--storage", storage, "--study", "k",
+               "--out", str(tmp_path / "best.json"), "-q"]
+    searcher = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    killed_config = None
+    while time.monotonic() < deadline and killed_config is None:
+        time.sleep(0.3)
+        try:
+            running = _running_trials(storage, "k")
+        except (KeyError, Exception):  # noqa: BLE001 - the study may not exist yet
+            continue
+        slow = [t for t in running if t.params.get("batch_size", 0) >= 8]
+        if slow:
+            time.sleep(1.0)  # well inside its 3.5 s probe
+            killed_config = slow[0].params
+            searcher.kill()
+    searcher.wait(timeout=10)
+    assert killed_config is not None, "the search never reached a slow probe"
+    before = optuna.load_study(study_name="k", storage=storage).get_trials(deepcopy=False)
+    finished_before = [t for t in before if t.state != optuna.trial.TrialState.RUNNING]
+    assert [t.params for t in before if t.state == optuna.trial.TrialState.RUNNING] == [killed_config]
+    time.sleep(1.0)
+    assert not [pid for pid in _worker_pids() if pid], "the killed searcher's worker must die with it"
+
+    resumed = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert resumed.returncode == 0, resumed.stderr
+    after = optuna.load_study(study_name="k", storage=storage).get_trials(deepcopy=False)
+    explored = [t.params["batch_size"] for t in after
+                if t.user_attrs.get("phase") == "explore" and t.user_attrs.get("status")]
+    assert len(explored) == len(set(explored))  # no finished probe was repeated
+    reprobed = [t for t in after[len(before):] if t.params == killed_config]
+    assert reprobed and reprobed[0].user_attrs.get("status") == "ok"
+    assert all(t.state != optuna.trial.TrialState.RUNNING for t in after)
+    assert len(after) > len(finished_before)
+
+
+def _worker_pids() -> list[int]:
+    """autofit worker processes whose command line names this test's script."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    if b"autofit._worker_process" in handle.read():
+                        with open(f"/proc/{entry}/stat") as stat:
+                            if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
+                                pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+def test_a_supervisor_failure_leaves_no_trial_running(tmp_path, monkeypatch):
+    """An exception inside autofit itself (here: the pipe to the worker breaks) ends the search with
+    the error, the finished probes kept and the unfinished one FAIL, to be probed again."""
+    import optuna
+
+    from autofit.worker import Worker
+
+    calls = {"n": 0}
+    real_probe = Worker.probe
+
+    def breaking_probe(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise BrokenPipeError("the worker's socket broke")
+        return real_probe(self, *args, **kwargs)
+
+    monkeypatch.setattr(Worker, "probe", breaking_probe)
+    with pytest.raises(BrokenPipeError):
+        run_search(settings(tmp_path, "fits_small.py", trials=6, study="broken"))
+    trials = optuna.load_study(study_name="broken", storage=f"sqlite:///{tmp_path}/s.db").get_trials()
+    assert [t.state for t in trials].count(optuna.trial.TrialState.COMPLETE) == 2
+    assert all(t.state != optuna.trial.TrialState.RUNNING for t in trials)
+
+
+def test_a_cpu_study_without_a_memory_limit_resumes(tmp_path):
+    """The default CPU limit is the memory free at the start, different every run: a resumed study
+    keeps the limit it began with instead of refusing to resume."""
+    base = dict(script=script("fits_small.py"), budget_s=60, trials=2, storage=f"sqlite:///{tmp_path}/m.db",
+                study="nolimit", out=str(tmp_path / "best.json"), confirm_factor=2, batch_size=(1, 64))
+    first = run_search(SearchSettings(**base))
+    second = run_search(SearchSettings(**base))
+    assert second.probes > first.probes
+    with pytest.raises(UsageError, match="same limit bytes"):
+        run_search(SearchSettings(**{**base, "memory_limit": 2**30}))

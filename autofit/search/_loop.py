@@ -21,6 +21,10 @@ from autofit.search._sampler import AutofitSampler
 from autofit.search._space import SearchSpace
 from autofit.search._study import (
     DATA_BOUND_ERRORS,
+    Heartbeat,
+    fail_stale,
+    owner_record,
+    quiet_heartbeat_warnings,
     default_study_name,
     distributions,
     observations,
@@ -137,6 +141,11 @@ class _Search:
                                     direction="maximize", load_if_exists=True)
         meta = study.user_attrs.get("autofit")
         if meta is not None:
+            if self.s.memory_limit is None and not meta.get("limit_given", True):
+                # No --memory-limit, then or now: the limit was the memory free when the study began
+                # (it changes every run); resume with that one.
+                self.limit = int(meta["limit_bytes"])
+                self.usable = self.limit * (1 - self.s.headroom)
             for key, value in (("device", self.device_info.name), ("limit_bytes", self.limit),
                                ("headroom", self.s.headroom)):
                 if meta.get(key) != value:
@@ -144,6 +153,10 @@ class _Search:
                         f"The study {self.study_name} must be resumed with the same {key.replace('_', ' ')} "
                         f"({meta.get(key)}), but got {value}: pass --fresh to start over or --study to name another."
                     )
+        stale = fail_stale(study)
+        if stale:
+            self.notes.append(f"trials {', '.join(map(str, stale))} were left running by a searcher that died "
+                              f"(killed, or out of memory); their configs are probed again")
         return study
 
     def build_space(self, options: SearchOptions, info, knobs: dict | None) -> SearchSpace:
@@ -196,6 +209,12 @@ class _Search:
             stopped, partial = "interrupted (Ctrl-C)", True
             worker.close()
             self._fail_running(study)
+        except BaseException:
+            # autofit's own failure (a bug, a broken pipe to the worker): the finished probes stay,
+            # the unfinished one is FAIL and is probed again when the same command resumes.
+            worker.close()
+            self._fail_running(study)
+            raise
         return self._finish(study, planner, stopped, partial, info)
 
     def _explore(self, study, worker, planner: Planner, sampler: AutofitSampler, options, info) -> str:
@@ -254,7 +273,8 @@ class _Search:
 
     def _probe(self, study, worker: Worker, sampler: AutofitSampler, config: Config, phase: str, steps: int):
         sampler.force(config)
-        trial = study.ask(sampler.search_space)
+        with quiet_heartbeat_warnings():
+            trial = study.ask(sampler.search_space)
         self._asked.append(trial.number)
         asked = Config(batch_size=trial.params["batch_size"], precision=trial.params["precision"],
                        checkpoint_segments=trial.params["checkpoint_segments"],
@@ -264,12 +284,14 @@ class _Search:
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             return None
         trial.set_user_attr("phase", phase)
+        trial.set_user_attr("owner", owner_record())
         self.reporter.probe_started(trial.number, asked, phase)
         log_path = os.path.join(self.run_dir, f"trial-{trial.number}.log")
         os.makedirs(self.run_dir, exist_ok=True)
         seen = observations(study.get_trials(deepcopy=False), exclude=trial.number)
-        result = worker.probe(asked, warmup=self.s.warmup, steps=steps,
-                              timeout=self._probe_timeout(seen), log_path=log_path)
+        with Heartbeat(study, trial):
+            result = worker.probe(asked, warmup=self.s.warmup, steps=steps,
+                                  timeout=self._probe_timeout(seen), log_path=log_path)
         record_probe(study, trial, result, self.usable, phase)
         self.probes_this_run += 1
         self.reporter.probe_finished(trial.number, result, self.usable)
@@ -356,6 +378,7 @@ class _Search:
         study.set_user_attr("autofit", {
             "script": self.script, "function": info.function, "device": self.device_info.name,
             "device_info": self.device_info.to_dict(), "limit_bytes": self.limit,
+            "limit_given": self.s.memory_limit is not None,
             "headroom": self.s.headroom, "usable_bytes": self.usable, "space": space.to_dict(),
             "knobs": knobs, "versions": info.versions,
         })

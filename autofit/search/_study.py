@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import threading
 import time
+import warnings
 from typing import Any
 
 import optuna
@@ -14,6 +18,11 @@ from autofit.errors import StorageError
 from autofit.record import ProbeResult
 from autofit.search._observation import Observation
 from autofit.space import PRECISIONS, Config
+
+#: A searcher records a heartbeat on its running trial this often (RDB storages: SQLite, PostgreSQL,
+#: MySQL); a running trial without one for STALE_AFTER_S belonged to a searcher that died.
+HEARTBEAT_S = 10
+STALE_AFTER_S = 60
 
 DEFAULT_DIR = "studies"
 DEFAULT_DB = "autofit.db"
@@ -46,7 +55,9 @@ def open_storage(url: str | None) -> optuna.storages.BaseStorage:
 
                 return optuna.storages.JournalStorage(JournalFileBackend(url))
             kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+            with quiet_heartbeat_warnings():
+                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
+                                                  grace_period=STALE_AFTER_S)
         except Exception as exc:  # noqa: BLE001 - any driver error means the same thing to the user
             # Two searches creating the same new database race on its schema: the loser retries.
             racing = ("UNIQUE constraint failed", "already exists", "database is locked")
@@ -56,6 +67,16 @@ def open_storage(url: str | None) -> optuna.storages.BaseStorage:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise StorageError(f"The storage {url} must open, but it failed: {first[:300]}") from None
     raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def quiet_heartbeat_warnings():
+    """autofit records heartbeats itself (Heartbeat below) while it asks and tells trials one by one:
+    Optuna's warnings that heartbeats are experimental and meant for Study.optimize do not apply."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+        yield
 
 
 def storage_label(url: str | None) -> str:
@@ -127,3 +148,78 @@ def record_probe(study: optuna.Study, trial: optuna.Trial, result: ProbeResult, 
         trial.set_constraint("memory", violation)
         return study.tell(trial, result.samples_per_s or 0.0)
     return study.tell(trial, state=TrialState.FAIL)
+
+
+# --- who runs a trial, and trials whose searcher died ----------------------------------------------
+def _process_start(pid: int) -> str | None:
+    """The start time of `pid` in clock ticks since boot (tells a pid apart from its reuse)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def owner_record() -> dict:
+    """Who is probing a trial: this host and process, recorded on the trial when it starts."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": _process_start(os.getpid())}
+
+
+def owner_alive(owner: dict | None) -> bool:
+    """Whether the searcher that owns a running trial is alive. Only a searcher on this host can be
+    checked: one on another host is trusted until its heartbeat goes stale (fail_stale)."""
+    if not owner or owner.get("host") != socket.gethostname():
+        return True
+    return _process_start(int(owner["pid"])) == owner.get("started")
+
+
+def fail_stale(study: optuna.Study) -> list[int]:
+    """Fail the running trials whose searcher died (SIGKILL, OOM-kill, a power cut), so that their
+    configs are probed again: those of a dead process on this host at once, and, on storages with
+    heartbeats, any whose heartbeat is older than STALE_AFTER_S. Returns their numbers."""
+    with quiet_heartbeat_warnings():
+        before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        optuna.storages.fail_stale_trials(study)
+    failed = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if not owner_alive(trial.user_attrs.get("owner")):
+            try:
+                study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+            except (ValueError, RuntimeError):
+                continue
+    still = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+    failed = sorted(before - still)
+    return failed
+
+
+class Heartbeat:
+    """Records a heartbeat on one running trial every HEARTBEAT_S while a probe runs (storages that
+    support it), so that other searchers can tell a live trial from a dead searcher's."""
+
+    def __init__(self, study: optuna.Study, trial: optuna.Trial) -> None:
+        storage = study._storage  # the storage the study was opened with (no public accessor)
+        self._storage = storage if hasattr(storage, "record_heartbeat") and \
+            getattr(storage, "get_heartbeat_interval", lambda: None)() else None
+        self._trial_id = trial._trial_id
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Heartbeat:
+        if self._storage is not None:
+            self._thread = threading.Thread(target=self._beat, daemon=True)
+            self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        while True:
+            try:
+                self._storage.record_heartbeat(self._trial_id)
+            except Exception:  # noqa: BLE001 - a missed heartbeat must not break the probe
+                pass
+            if self._stop.wait(HEARTBEAT_S):
+                return
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
