@@ -12,7 +12,7 @@ from typing import Any
 import optuna
 
 from autofit.errors import NoFeasibleConfig, UsageError
-from autofit.results import config_entry, script_sha256, versions
+from autofit.results import config_entry, versions
 from autofit.search._loop import explain
 from autofit.search._planner import Planner
 from autofit.search._space import SearchSpace
@@ -87,7 +87,9 @@ def best_document(
         "memory": {"limit_bytes": meta["limit_bytes"], "headroom": meta["headroom"], "usable_bytes": int(usable)},
         "device": meta["device_info"],
         "versions": versions(run_versions.get("torch"), run_versions.get("cuda")),
-        "script": {"path": meta["script"], "function": meta["function"], "sha256": script_sha256(meta["script"])},
+        # The script as the search measured it: a later run warns if it changed since (None for
+        # studies recorded before the hash was kept; re-hashing now would hide a change).
+        "script": {"path": meta["script"], "function": meta["function"], "sha256": meta.get("script_sha256")},
         "study": {"name": study.study_name, "storage": storage, "probes": len(done),
                   "oom": sum(o.too_big(usable) for o in done), "failed": sum(o.failed for o in done),
                   "stopped": stopped},

@@ -56,6 +56,9 @@ def write_best(path: str, document: dict[str, Any]) -> str:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".best-", suffix=".json")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes it 0600; a config file is for everyone to read
     with os.fdopen(fd, "w") as handle:
         json.dump(document, handle, indent=2, sort_keys=False)
         handle.write("\n")

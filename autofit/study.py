@@ -3,7 +3,7 @@
 The search writes; everything here only reads, so a study can be shown, exported or plotted at any
 time, from any machine, with nothing probed again. Without --storage the default storage
 (studies/autofit.db) is read when it holds the study, else the recorded studies that ship with
-autofit (studies/recorded/autofit.db), so the commands and the notebook work right after install.
+autofit (autofit/recorded/autofit.db, package data), so the commands and the notebook work right after install.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUNDLED_DB = os.path.join(_REPO, "studies", "recorded", "autofit.db")
+#: The recorded searches of the bundled studies ship inside the package (package data), so they are
+#: there after `pip install autofit` from a wheel, not only in a source checkout.
+BUNDLED_DB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recorded", "autofit.db")
 
 
 def bundled_storage_url() -> str:

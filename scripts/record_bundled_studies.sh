@@ -3,8 +3,8 @@
 # notebooks/explore_study.ipynb work right after installation (nothing to probe first).
 #
 # Runs one real CPU search per bundled study (studies/gpt.py, cnn.py, mlp.py) into one SQLite
-# storage, studies/recorded/autofit.db, and writes studies/recorded/<stem>.train.best.json.
-# The probes' output lands in studies/recorded/runs/<study>/ (`autofit show --trial N` prints it).
+# storage, autofit/recorded/autofit.db (package data), and writes autofit/recorded/<stem>.train.best.json.
+# The probes' output lands in autofit/recorded/runs/<study>/ (`autofit show --trial N` prints it).
 #
 # Usage: scripts/record_bundled_studies.sh            all studies, from a clean storage
 #        scripts/record_bundled_studies.sh gpt        re-record only these (the others are kept)
@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 AUTOFIT="${AUTOFIT:-autofit}"
 BUDGET="${BUDGET:-3m}"
-OUT=studies/recorded
+OUT=autofit/recorded
 STORAGE="sqlite:///$OUT/autofit.db"
 
 # The memory limit each study's docstring describes its shape under.

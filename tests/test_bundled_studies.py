@@ -1,18 +1,17 @@
-"""The recorded searches that ship in studies/recorded/ (scripts/record_bundled_studies.sh)."""
+"""The recorded searches that ship in autofit/recorded/ (scripts/record_bundled_studies.sh)."""
 from __future__ import annotations
 
 import os
 
 import pytest
 from click.testing import CliRunner
-from conftest import STUDIES
 
 import autofit
 from autofit.cli import cli
 from autofit.results import read_best
 from autofit.study import bundled_storage_url
 
-RECORDED = os.path.join(STUDIES, "recorded")
+RECORDED = os.path.join(os.path.dirname(autofit.__file__), "recorded")
 STEMS = ("gpt", "cnn", "mlp")
 
 

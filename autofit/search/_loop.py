@@ -14,7 +14,7 @@ from autofit.devices import check_device
 from autofit.discover import check_script
 from autofit.errors import NoFeasibleConfig, UsageError, UserCodeError
 from autofit.record import ProbeResult
-from autofit.results import default_best_path, device_tag, write_best
+from autofit.results import default_best_path, device_tag, script_sha256, write_best
 from autofit.search._planner import TIE_TOLERANCE, Candidate, Planner
 from autofit.search._progress import Reporter
 from autofit.search._sampler import AutofitSampler
@@ -115,6 +115,7 @@ class _Search:
         self.limit = settings.memory_limit or self._device_memory()
         self.usable = self.limit * (1 - settings.headroom)
         self.probes_this_run = 0
+        self.script_sha256 = script_sha256(self.script)  # the script as these probes measure it
         self.notes: list[str] = []
         self._asked: list[int] = []
 
@@ -153,6 +154,9 @@ class _Search:
                         f"The study {self.study_name} must be resumed with the same {key.replace('_', ' ')} "
                         f"({meta.get(key)}), but got {value}: pass --fresh to start over or --study to name another."
                     )
+        if meta is not None and meta.get("script_sha256") not in (None, self.script_sha256):
+            self.notes.append("the script changed since this study began: its earlier probes measured the old "
+                              "version (pass --fresh to start over)")
         stale = fail_stale(study)
         if stale:
             self.notes.append(f"trials {', '.join(map(str, stale))} were left running by a searcher that died "
@@ -378,7 +382,7 @@ class _Search:
         study.set_user_attr("autofit", {
             "script": self.script, "function": info.function, "device": self.device_info.name,
             "device_info": self.device_info.to_dict(), "limit_bytes": self.limit,
-            "limit_given": self.s.memory_limit is not None,
+            "limit_given": self.s.memory_limit is not None, "script_sha256": self.script_sha256,
             "headroom": self.s.headroom, "usable_bytes": self.usable, "space": space.to_dict(),
             "knobs": knobs, "versions": info.versions,
         })
