@@ -86,8 +86,8 @@ class _Session:
         return {"ok": True, "result": self._run_probe(msg).to_dict()}
 
     def _run_probe(self, msg: dict):
+        from autofit.config import Config
         from autofit.probe import run_probe
-        from autofit.space import Config
 
         return run_probe(
             self.fn,
@@ -135,8 +135,8 @@ class _Session:
 
     def _child_died(self, msg: dict, status: int) -> dict:
         """The probe's process died before it could answer: a crash of the user's code."""
+        from autofit.config import Config
         from autofit.record import ProbeResult
-        from autofit.space import Config
 
         if os.WIFSIGNALED(status):
             number = os.WTERMSIG(status)

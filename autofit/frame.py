@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 from optuna.trial import FrozenTrial
 
-from autofit.search._study import trial_config, trial_result
+from autofit.trials import trial_config, trial_result
 
 COLUMNS = {
     "trial": "int64", "phase": "string", "status": "string", "precision": "string",

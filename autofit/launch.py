@@ -5,13 +5,20 @@ from __future__ import annotations
 import inspect
 import os
 import warnings
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, Protocol
 
+from autofit.config import Config
+from autofit.options import SearchOptions
 from autofit.results import default_best_path, device_tag, read_best, script_sha256
-from autofit.space import Config
 
-if TYPE_CHECKING:
-    from autofit.api import AutofitFunction
+
+class Decorated(Protocol):
+    """What the launcher needs of a decorated function (autofit.api.AutofitFunction): no import of
+    the decorator module, which imports this one."""
+
+    fn: Callable[..., Any]
+    options: SearchOptions
 
 
 def _default_device() -> str:
@@ -31,7 +38,7 @@ def _device_tag(device: str) -> str:
     return device_tag("cuda", torch.cuda.get_device_name(index))
 
 
-def _candidate_paths(fn: AutofitFunction, device: str) -> list[str]:
+def _candidate_paths(fn: Decorated, device: str) -> list[str]:
     """Where a search leaves its answer: this device's own file first, then an untagged one
     (`--out`, or a file written before device tags), in studies/, beside the script's studies/,
     then beside the script."""
@@ -42,7 +49,7 @@ def _candidate_paths(fn: AutofitFunction, device: str) -> list[str]:
     return [default_best_path(script, name, d, t) for d in directories for t in (tag, None)]
 
 
-def resolve_run_config(fn: AutofitFunction, path: str | os.PathLike | None, device: str | None) -> tuple[Config, str, str]:
+def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: str | None) -> tuple[Config, str, str]:
     """(config, device, message). An explicit path or AUTOFIT_CONFIG must exist and be valid."""
     explicit = path or os.environ.get("AUTOFIT_CONFIG")
     device = device or os.environ.get("AUTOFIT_DEVICE") or _default_device()
@@ -63,7 +70,7 @@ def resolve_run_config(fn: AutofitFunction, path: str | os.PathLike | None, devi
     return best.config, device, f"running {fn.fn.__name__} with the best config from {best.path}{partial}: {best.config.label()}"
 
 
-def _warn_if_stale(fn: AutofitFunction, document: dict, device: str) -> None:
+def _warn_if_stale(fn: Decorated, document: dict, device: str) -> None:
     searched = document.get("device", {})
     if searched.get("type") and searched.get("type") != device.split(":")[0]:
         warnings.warn(

@@ -9,13 +9,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
+from autofit.config import Config
 from autofit.devices import DeviceBackend
 from autofit.oom import breaks_the_device, is_oom
 from autofit.record import ProbeResult
 from autofit.run import ProbeFinished, Run
-from autofit.space import Config
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 #: A probe measures at least this long (unless its steps reach _MAX_EXTENSION x the asked number).

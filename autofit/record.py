@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-from autofit.space import Config
+from autofit.config import Config
 
 #: ok: ran its steps. oom: the allocator ran dry. error: the user's code raised.
 #: diverged: loss became NaN/inf. timeout: killed at the time limit. crashed: the worker died.

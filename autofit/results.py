@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from autofit.config import Config
 from autofit.errors import ConfigFileError
-from autofit.space import Config
 
 SCHEMA = "autofit.best-config"
 SCHEMA_VERSION = 1

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint as _torch_checkpoint
 
+from autofit.config import Config
 from autofit.precision import make_grad_scaler, precision_context, precision_scope
-from autofit.space import Config
 
 
 class ProbeFinished(BaseException):

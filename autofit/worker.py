@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from autofit.config import Config
 from autofit.errors import AutofitError, UsageError, UserCodeError
 from autofit.record import ProbeResult
-from autofit.space import Config
 from autofit.units import format_size
 
 #: The worker runs with the user's own environment: no allocator tuning of ours (a fixed glibc mmap

@@ -25,8 +25,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from autofit.config import Config
 from autofit.results import config_entry, write_best
-from autofit.space import Config
 from autofit.worker import Worker
 
 HERE = os.path.dirname(os.path.abspath(__file__))

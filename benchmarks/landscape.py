@@ -18,9 +18,9 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
+from autofit.config import Config
 from autofit.search._observation import Observation
 from autofit.search._space import SearchSpace
-from autofit.space import Config
 
 LANDSCAPE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "landscapes")
 

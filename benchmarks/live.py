@@ -5,7 +5,7 @@ config it exports divided by the landscape's best.
     python -m benchmarks.live [--budget 5m] [NAME ...]
 
 Each live search uses the landscape's memory limit, headroom, batch range, precisions, warm-up and
-measured steps, and one thread per probe as the recording did. It writes a markdown table to stdout
+measured steps, and thread count as the recording did. It writes a markdown table to stdout
 and to benchmarks/live.md.
 """
 
@@ -17,7 +17,8 @@ import tempfile
 import time
 
 from autofit.search import SearchSettings, run_search
-from autofit.search._study import observations, open_storage
+from autofit.storage import open_storage
+from autofit.trials import observations
 from autofit.units import parse_duration
 from benchmarks.landscape import Landscape, landscape_paths
 
@@ -29,6 +30,11 @@ def live_row(landscape: Landscape, budget_s: float) -> dict:
 
     meta = landscape.meta
     space = landscape.space
+    threads = meta.get("threads")  # the worker runs with the threads the landscape was recorded with
+    if threads:
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+    else:
+        os.environ.pop("OMP_NUM_THREADS", None)
     with tempfile.TemporaryDirectory() as tmp:
         storage = f"sqlite:///{tmp}/live.db"
         started = time.monotonic()
@@ -75,7 +81,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("names", nargs="*", help="landscape names (default: all)")
     parser.add_argument("--budget", default="5m", help="budget of each live search")
     args = parser.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the landscapes were recorded
     rows = []
     for path in landscape_paths():
         landscape = Landscape.load(path)

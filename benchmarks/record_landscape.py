@@ -20,8 +20,8 @@ import statistics
 import sys
 import time
 
+from autofit.config import PRECISIONS, Config
 from autofit.search._space import SearchSpace
-from autofit.space import PRECISIONS, Config
 from autofit.units import format_size, parse_size
 from autofit.worker import Worker
 from benchmarks.landscape import LANDSCAPE_DIR, Entry, Landscape, describe
@@ -92,7 +92,7 @@ def record(
     warmup: int = 2,
     steps: int = 5,
     timeout: float = 120.0,
-    threads: int | None = 1,
+    threads: int | None = 0,
     repeats: int = 1,
     out: str | None = None,
     log=print,
@@ -203,8 +203,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per probe")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="OMP_NUM_THREADS of the worker (default 1; 0: leave the environment alone)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="OMP_NUM_THREADS of the worker (default 0: leave the environment alone, so probes "
+                             "run with the threads the user's own run gets)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="probe every (non-OOM) config this many times, in alternating order; "
                              "the entry keeps the fastest run")

@@ -26,9 +26,9 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from autofit.config import Config
 from autofit.search._observation import Observation
 from autofit.search._space import SearchSpace, Strategy
-from autofit.space import Config
 from benchmarks.landscape import Landscape
 
 #: "Reaching the best": the strategy's pick is within this fraction of the grid's best throughput.

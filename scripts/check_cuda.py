@@ -11,8 +11,8 @@ import importlib.util
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # use this checkout even when autofit is not installed
@@ -177,7 +177,7 @@ def main() -> int:
             return "autofit.worker has no Worker yet"
         if not (ROOT / "studies" / "mlp.py").exists():
             return "studies/mlp.py does not exist yet"
-        from autofit.space import Config
+        from autofit.config import Config
 
         with worker_class(script="studies/mlp.py", function=None, device="cuda", index=args.index, memory_limit=None) as w:
             w.start()
@@ -250,7 +250,7 @@ def main() -> int:
     def check_sticky_error_replaces_worker():
         """A device-side assert breaks the CUDA context: the worker is replaced, the next probe runs."""
         import autofit.worker as worker_module
-        from autofit.space import Config
+        from autofit.config import Config
 
         with worker_module.Worker(script="tests/scripts/device_assert.py", device="cuda", index=args.index) as w:
             w.start()
@@ -264,7 +264,7 @@ def main() -> int:
 
     def check_min_measured_time():
         import autofit.worker as worker_module
-        from autofit.space import Config
+        from autofit.config import Config
 
         with worker_module.Worker(script="studies/mlp.py", device="cuda", index=args.index) as w:
             w.start()

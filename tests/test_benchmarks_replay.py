@@ -12,8 +12,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from autofit.config import Config  # noqa: E402
 from autofit.search._space import SearchSpace  # noqa: E402
-from autofit.space import Config  # noqa: E402
 from benchmarks.landscape import Landscape, synthetic  # noqa: E402
 from benchmarks.strategies import run_strategy  # noqa: E402
 

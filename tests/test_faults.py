@@ -16,7 +16,7 @@ from conftest import script
 from autofit.cli import cli
 from autofit.errors import NoFeasibleConfig, UsageError, UserCodeError
 from autofit.search import SearchSettings, run_search
-from autofit.search._study import observations
+from autofit.trials import observations
 
 LIMIT = 768 * 2**20
 

@@ -20,7 +20,7 @@ from autofit.errors import NoFeasibleConfig
 from autofit.report.html import SECTIONS
 from autofit.results import read_best
 from autofit.search import SearchSettings, run_search
-from autofit.search._study import trial_result
+from autofit.trials import trial_result
 
 LIMIT = 768 * 2**20
 BUDGET = 40
@@ -258,7 +258,7 @@ def test_plots_draw_the_studys_data(searched):
 # --- which storage and study ------------------------------------------------------------------------
 def test_without_storage_falls_back_to_the_recorded_studies_and_says_so(searched, tmp_path, monkeypatch):
     result, _, storage, home = searched
-    monkeypatch.setattr("autofit.study.BUNDLED_DB", str(home / "autofit.db"))
+    monkeypatch.setattr("autofit.stored.BUNDLED_DB", str(home / "autofit.db"))
     monkeypatch.chdir(tmp_path)  # no studies/autofit.db here
     shown = invoke("show")
     assert shown.exit_code == 0, shown.stderr
@@ -270,7 +270,7 @@ def test_without_storage_falls_back_to_the_recorded_studies_and_says_so(searched
 
 def test_default_storage_with_several_studies_needs_study(searched, tmp_path, monkeypatch):
     _, _, storage, home = searched
-    monkeypatch.setattr("autofit.study.BUNDLED_DB", str(tmp_path / "none.db"))
+    monkeypatch.setattr("autofit.stored.BUNDLED_DB", str(tmp_path / "none.db"))
     monkeypatch.chdir(tmp_path)
     os.makedirs("studies")
     default = f"sqlite:///{tmp_path}/studies/autofit.db"

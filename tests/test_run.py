@@ -4,8 +4,8 @@ from collections import namedtuple
 import pytest
 import torch
 
+from autofit.config import Config
 from autofit.run import ProbeFinished, Run, to_device
-from autofit.space import Config
 
 
 def _loop(run, n_batches=100, batch=4):

@@ -14,10 +14,11 @@ from click.testing import CliRunner
 from conftest import script
 
 from autofit.cli import cli
+from autofit.config import Config
 from autofit.results import read_best
 from autofit.search import SearchSettings, run_search
-from autofit.search._study import observations, open_storage
-from autofit.space import Config
+from autofit.storage import open_storage
+from autofit.trials import observations
 
 LIMIT = 768 * 2**20
 BUDGET = 60
@@ -230,10 +231,10 @@ def test_searches_on_two_kinds_of_device_keep_separate_answers():
 
 
 def test_a_batch_the_data_cannot_feed_stops_the_climb_without_blaming_the_precision():
+    from autofit.config import MAX_BATCH
     from autofit.search._observation import Observation
     from autofit.search._planner import Planner
     from autofit.search._space import SearchSpace
-    from autofit.space import MAX_BATCH
 
     space = SearchSpace.build(batch_range=(1, MAX_BATCH), precisions=("fp32", "bf16"))
     planner = Planner(space, 100 * 2**30)
@@ -259,9 +260,9 @@ def test_confirmation_estimate_counts_accumulation_once(tmp_path):
     """A probe's step time is per optimizer step (all its micro-batches): the estimate of a longer
     run must not multiply it by the accumulation steps again (it once predicted 1450 s for 52 s)."""
     from autofit.record import ProbeResult
-    from autofit.search._loop import SearchSettings, _Search
-    from autofit.search._progress import Reporter
-    from autofit.search._study import open_storage, record_probe
+    from autofit.search._budget import Budget
+    from autofit.storage import open_storage
+    from autofit.trials import record_probe
 
     config = Config(batch_size=4, accumulation_steps=32)
     storage = f"sqlite:///{tmp_path}/e.db"
@@ -274,6 +275,5 @@ def test_confirmation_estimate_counts_accumulation_once(tmp_path):
     result = ProbeResult(status="ok", config=config, samples_per_s=100.0, step_time_median_s=1.0,
                          warmup_steps=2, measured_steps=5, wall_s=10.0, peak_bytes=2**20)
     record_probe(study, trial, result, usable_bytes=2**30, phase="explore")
-    search = _Search(SearchSettings(script=script("fits_small.py"), storage=storage, memory_limit=2**30),
-                     Reporter(quiet=True))
-    assert search._confirm_estimate(study, config, 50) == pytest.approx(10.0 + 45 * 1.0)
+    budget = Budget(SearchSettings(script=script("fits_small.py"), storage=storage), started=0.0)
+    assert budget.confirm_estimate(study, config, 50) == pytest.approx(10.0 + 45 * 1.0)

@@ -9,8 +9,8 @@ import time
 import pytest
 from conftest import script
 
+from autofit.config import Config
 from autofit.errors import UsageError
-from autofit.space import Config
 from autofit.worker import Worker, WorkerStartError
 
 LIMIT = 768 * 2**20

@@ -9,8 +9,8 @@ from typing import Any, NoReturn
 import click
 
 from autofit.cli._types import DURATION, INT_LIST, INT_RANGE, MEMORY_SIZE, PRECISION_LIST
+from autofit.config import PRECISIONS
 from autofit.errors import AutofitError, UsageError
-from autofit.space import PRECISIONS
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -77,10 +77,10 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
     TARGET is a script with one @autofit function, or SCRIPT:FUNCTION. Exit status 0 when the
     probe ran its steps, 1 when it did not (oom, error, diverged, timeout, crashed).
     """
+    from autofit.config import Config
     from autofit.devices import check_device
     from autofit.discover import check_script, parse_target
     from autofit.report.probe_text import describe_probe
-    from autofit.space import Config
     from autofit.worker import Worker
 
     script, function = parse_target(target)

@@ -13,7 +13,7 @@ _STORAGE_HELP = ("Optuna storage URL (default: sqlite:///studies/autofit.db, els
 
 
 def _load(study: str | None, storage: str | None):
-    from autofit.study import load_study
+    from autofit.stored import load_study
 
     stored = load_study(study, storage)
     if stored.note:
@@ -56,7 +56,7 @@ def show(study: str | None, storage: str | None, trial_number: int | None, full:
 def studies(storage: str | None) -> None:
     """List the studies in a storage: device, memory limit, probes, best config and its throughput."""
     from autofit.report.study_text import studies_table
-    from autofit.study import list_studies
+    from autofit.stored import list_studies
 
     where, rows = list_studies(storage)
     if where.note:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
+from autofit.config import PRECISIONS
 from autofit.errors import UsageError
-from autofit.space import PRECISIONS
 from autofit.units import parse_duration, parse_size
 
 

@@ -18,7 +18,7 @@ from autofit.units import format_duration, format_size
 if TYPE_CHECKING:
     import pandas as pd
 
-    from autofit.study import StoredStudy
+    from autofit.stored import StoredStudy
 
 #: (PNG stem, section title, how to read it); the stems are those of autofit.report.plots.study_figures.
 SECTIONS = (
@@ -72,7 +72,7 @@ def render_report(stored: StoredStudy, pngs: dict[str, bytes]) -> str:
              f"<h1>autofit report: {e(stored.name)}</h1>",
              f"<p class=\"muted\">{e(stored.storage)}</p>", _summary(stored, frame)]
     if document:
-        from autofit.space import Config
+        from autofit.config import Config
 
         measured = document["measured"]
         parts.append(
@@ -142,7 +142,7 @@ def _probes_table(frame: pd.DataFrame, document: dict | None) -> str:
     e = html.escape
     winner = None
     if document:
-        from autofit.space import Config
+        from autofit.config import Config
 
         winner = Config.from_dict(document["config"]).label()
     frame = frame.assign(config=config_labels(frame)).sort_values("trial")

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from autofit.config import PRECISIONS
 from autofit.errors import UsageError
-from autofit.space import PRECISIONS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from autofit.search._models import Line
     from autofit.search._planner import Candidate
-    from autofit.study import StoredStudy
+    from autofit.stored import StoredStudy
 
 SIZE = (8.6, 4.4)  # inches; 110 dpi gives 946 x 484 px
 DPI = 110
@@ -277,7 +277,7 @@ def config_labels(frame: pd.DataFrame) -> pd.Series:
     """Config.label() per row ('bf16 b=64 ckpt=2'), to match probes against the winner."""
     import pandas as pd
 
-    from autofit.space import Config
+    from autofit.config import Config
 
     labels = [Config(batch_size=int(r.batch_size), precision=r.precision, checkpoint_segments=int(r.checkpoint_segments),
                      accumulation_steps=int(r.accumulation_steps)).label() for r in frame.itertuples(index=False)]

@@ -14,7 +14,7 @@ from autofit.report.probe_text import describe_probe
 from autofit.units import format_duration, format_size
 
 if TYPE_CHECKING:
-    from autofit.study import StoredStudy
+    from autofit.stored import StoredStudy
 
 #: Friendly --sort names for frame columns. Throughput sorts highest first, the rest lowest first.
 SORT_ALIASES = {"throughput": "samples_per_s", "peak": "peak_bytes", "memory": "peak_bytes",
@@ -69,7 +69,7 @@ def probes_table(frame: pd.DataFrame, winner_label: str | None = None) -> str:
 
 
 def _label(row: Any) -> str:
-    from autofit.space import Config
+    from autofit.config import Config
 
     return Config(batch_size=int(row.batch_size), precision=row.precision,
                   checkpoint_segments=int(row.checkpoint_segments),
@@ -114,7 +114,7 @@ def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame
 
 
 def _doc_label(document: dict) -> str:
-    from autofit.space import Config
+    from autofit.config import Config
 
     return Config.from_dict(document["config"]).label()
 

@@ -27,8 +27,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autofit.config import Config
 from autofit.search._observation import Observation
-from autofit.space import Config
 
 #: A probe's spread is unusual above this multiple of the typical spread (and above _MIN_SPREAD).
 _SPREAD_FACTOR = 3.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autofit.space import Config
+from autofit.config import Config
 
 FAILED_STATUSES = ("error", "diverged", "timeout", "crashed")
 

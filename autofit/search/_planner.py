@@ -25,11 +25,11 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autofit.config import Config
 from autofit.search._models import Line, ThroughputModel, fit_line, fit_throughput
 from autofit.search._noise import NoiseReading
 from autofit.search._observation import Observation
 from autofit.search._space import SearchSpace, Strategy
-from autofit.space import Config
 
 #: Prior for how much a strategy's per-sample memory shrinks, relative to fp32 without checkpointing.
 _HALF_PRECISION_SLOPE = 0.6
@@ -95,6 +95,14 @@ class Planner:
 
     def is_implied_infeasible(self, config: Config, observations: Sequence[Observation]) -> bool:
         return _State(self.space, self.usable, observations, self.check_noise).implied_too_big(config)
+
+    def memory_models(self, observations: Sequence[Observation]) -> dict[Strategy, Line]:
+        """The fitted memory line (peak = a + m x batch) of every strategy that has one, as the
+        planner uses it to decide what fits (the report draws them)."""
+        state = _State(self.space, self.usable, [o for o in observations if o.status != "running"], self.check_noise)
+        tried = {self.space.strategy_of(o.config) for o in state.observations}
+        models = {s: state.memory_model(s) for s in self.space.strategies() if s in tried}
+        return {s: line for s, line in models.items() if line is not None}
 
     def recheck(self, observations: Sequence[Observation]) -> Config | None:
         """A config whose measurement is suspect (see _noise.py) and must be probed again before it

@@ -5,13 +5,13 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, TextIO
 
-from autofit.search._study import DATA_BOUND_ERRORS
+from autofit.trials import DATA_BOUND_ERRORS
 from autofit.units import format_duration, format_size
 
 if TYPE_CHECKING:
+    from autofit.config import Config
     from autofit.record import ProbeResult
     from autofit.search._space import SearchSpace
-    from autofit.space import Config
 
 
 class Reporter:
@@ -44,7 +44,7 @@ class Reporter:
             self._line(f"space: {space.to_dict()}")
 
     def _left(self) -> str:
-        return format_duration(max(0.0, self.search._budget_left())) if self.search else "?"
+        return format_duration(max(0.0, self.search.budget.left())) if self.search else "?"
 
     def probe_started(self, number: int, config: Config, phase: str) -> None:
         if self.verbose:
@@ -84,7 +84,7 @@ class LiveReporter(Reporter):
         if self.search is None:
             return ""
         total = self.search.s.budget_s
-        left = max(0.0, self.search._budget_left())
+        left = max(0.0, self.search.budget.left())
         filled = int(self._BAR * (1 - left / total)) if total else self._BAR
         bar = "#" * filled + "-" * (self._BAR - filled)
         best = f"best {self.best[1]} {self.best[0]:,.1f}/s" if self.best else "no fit yet"

@@ -10,9 +10,9 @@ from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial
 
+from autofit.config import Config
 from autofit.search._planner import Planner
-from autofit.search._study import config_params, observations
-from autofit.space import Config
+from autofit.trials import config_params, observations
 
 
 class AutofitSampler(BaseSampler):

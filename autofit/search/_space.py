@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autofit.config import PRECISIONS, Config
 from autofit.errors import UsageError
-from autofit.space import PRECISIONS, Config
 
 #: Precisions ranked by the memory their activations take (higher = more memory).
 MEMORY_RANK = {"fp32": 2, "tf32": 2, "bf16": 1, "fp16": 1}

@@ -14,7 +14,7 @@ import argparse
 import json
 import statistics
 
-from autofit.space import Config
+from autofit.config import Config
 from autofit.worker import Worker
 
 

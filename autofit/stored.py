@@ -14,19 +14,20 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from autofit.errors import StorageError, UsageError
-from autofit.export import best_document, study_meta, study_planner
-from autofit.search._study import default_storage_url, observations, trial_result
+from autofit.document import best_document, study_meta, study_planner
+from autofit.errors import NoFeasibleConfig, StorageError, UsageError
+from autofit.storage import default_storage_url
+from autofit.trials import observations, trial_result
 
 if TYPE_CHECKING:
     import pandas as pd
     from optuna.trial import FrozenTrial
 
+    from autofit.config import Config
     from autofit.record import ProbeResult
     from autofit.search._models import Line
     from autofit.search._planner import Candidate, Planner
     from autofit.search._space import SearchSpace, Strategy
-    from autofit.space import Config
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -147,82 +148,81 @@ def locate_storage(storage: str | None = None) -> Located:
 
 
 class StoredStudy:
-    """One study, read back: its probes as a frame, its winner, its document, its models and logs."""
+    """One study, read once into a plain record: its trials, the planner's observations and ranking,
+    the probes as a typed frame, the best-config document, the fitted memory models and the search's
+    progress. The table (`autofit show`), the report and the notebook all read this one record, so
+    none of them walks the study again or re-derives what another already did."""
 
     def __init__(self, study: optuna.Study, storage: str, note: str | None = None) -> None:
-        self.study = study
+        from autofit.frame import trials_frame
+
         self.storage = storage
         self.note = note
+        self.name: str = study.study_name
         self.meta: dict[str, Any] = study_meta(study)
+        self.limit_bytes = int(self.meta["limit_bytes"])
+        self.usable_bytes = float(self.meta["usable_bytes"])
+        self._trials: list[FrozenTrial] = study.get_trials(deepcopy=False)
+        self._planner = study_planner(study)
+        self.space: SearchSpace = self._planner.space
+        self._observations = observations(self._trials)
+        self._ranked = self._planner.ranked(self._observations)
+        self._frame = trials_frame(self._trials, self.usable_bytes)
+        self._memory_models = self._planner.memory_models(self._observations)
+        self._progress = self._read_progress()
+        try:
+            self._document: dict[str, Any] | None = best_document(study, storage, planner=self._planner,
+                                                                   trials=self._trials)
+            self._no_document: NoFeasibleConfig | None = None
+        except NoFeasibleConfig as error:
+            self._document, self._no_document = None, error
 
     def __repr__(self) -> str:
-        return f"<StoredStudy {self.name} in {self.storage}: {len(self.trials())} trials>"
-
-    @property
-    def name(self) -> str:
-        return self.study.study_name
-
-    @property
-    def limit_bytes(self) -> int:
-        return int(self.meta["limit_bytes"])
-
-    @property
-    def usable_bytes(self) -> float:
-        return float(self.meta["usable_bytes"])
-
-    @property
-    def space(self) -> SearchSpace:
-        return self.planner().space
+        return f"<StoredStudy {self.name} in {self.storage}: {len(self._trials)} trials>"
 
     def trials(self) -> list[FrozenTrial]:
-        return self.study.get_trials(deepcopy=False)
+        return self._trials
 
     def trials_frame(self) -> pd.DataFrame:
         """One row per probe, typed (see autofit.frame.COLUMNS): what the table, report and notebook show."""
-        from autofit.frame import trials_frame
-
-        return trials_frame(self.trials(), self.usable_bytes)
+        return self._frame
 
     def planner(self) -> Planner:
-        return study_planner(self.study)
+        return self._planner
 
     def ranked(self) -> list[Candidate]:
         """Feasible configs, best first, ranked exactly as the search ranks them."""
-        return self.planner().ranked(observations(self.trials()))
+        return self._ranked
 
     def best(self) -> Config | None:
-        ranked = self.ranked()
-        return ranked[0].config if ranked else None
+        return self._ranked[0].config if self._ranked else None
 
     def document(self) -> dict[str, Any]:
         """The best-config document the search wrote (NoFeasibleConfig when nothing fits)."""
-        return best_document(self.study, self.storage)
+        if self._document is None:
+            raise self._no_document
+        return self._document
 
     def memory_models(self) -> dict[Strategy, Line]:
         """The planner's fitted memory line (peak = a + m x batch) of each strategy it has one for."""
-        from autofit.search._planner import _State
-
-        planner = self.planner()
-        done = [o for o in observations(self.trials()) if o.status != "running"]
-        state = _State(planner.space, planner.usable, done)
-        tried = {planner.space.strategy_of(o.config) for o in done}
-        models = {s: state.memory_model(s) for s in planner.space.strategies() if s in tried}
-        return {s: line for s, line in models.items() if line is not None}
+        return self._memory_models
 
     def progress(self) -> pd.DataFrame:
         """After each probe (in trial order): probe-seconds spent so far and the best feasible config
         the search knew then, ranked as the search ranks (so the last row is the winner)."""
+        return self._progress
+
+    def _read_progress(self) -> pd.DataFrame:
         import pandas as pd
 
-        planner = self.planner()
         rows, seen, spent = [], [], 0.0
-        for trial in sorted(self.trials(), key=lambda t: t.number):
+        for trial in sorted(self._trials, key=lambda t: t.number):
             result = trial_result(trial)
             if result is None:
                 continue
             seen.extend(observations([trial]))
             spent += result.wall_s
-            ranked = planner.ranked(seen)
+            ranked = self._planner.ranked(seen)
             rows.append({"trial": trial.number, "probe_seconds": spent,
                          "best_samples_per_s": ranked[0].samples_per_s if ranked else float("nan"),
                          "best": ranked[0].config.label() if ranked else None})
@@ -230,7 +230,7 @@ class StoredStudy:
 
     def probe(self, number: int) -> tuple[FrozenTrial, ProbeResult]:
         """Trial `number` and its probe; UsageError naming the probes there are when it has none."""
-        trials = {t.number: t for t in self.trials()}
+        trials = {t.number: t for t in self._trials}
         trial = trials.get(number)
         result = trial_result(trial) if trial is not None else None
         if result is None:
@@ -254,12 +254,11 @@ class StoredStudy:
 
     def summary(self) -> dict[str, Any]:
         """One line's worth: device, limit, probes, best config and its throughput."""
-        ranked = self.ranked()
         return {
             "study": self.name, "device": self.meta.get("device_info", {}).get("name", self.meta.get("device")),
-            "limit_bytes": self.limit_bytes, "probes": len(self.trials_frame()),
-            "best": ranked[0].config.label() if ranked else None,
-            "samples_per_s": ranked[0].samples_per_s if ranked else None,
+            "limit_bytes": self.limit_bytes, "probes": len(self._frame),
+            "best": self._ranked[0].config.label() if self._ranked else None,
+            "samples_per_s": self._ranked[0].samples_per_s if self._ranked else None,
         }
 
 

@@ -1,4 +1,5 @@
-"""The best-config document, built from a stored study: one function for the search and `autofit export`.
+"""The best-config document, built from a stored study: one function for the search's own export and
+for `autofit export`.
 
 Everything the document needs is in the study itself (the probes on its trials, the search's settings
 in its "autofit" user attribute), so a study can be exported again later, on another machine, without
@@ -11,13 +12,13 @@ from typing import Any
 
 import optuna
 
+from autofit.config import Config
 from autofit.errors import NoFeasibleConfig, UsageError
 from autofit.results import config_entry, versions
-from autofit.search._loop import explain
+from autofit.search._explain import explain
 from autofit.search._planner import Planner
 from autofit.search._space import SearchSpace
-from autofit.search._study import observations, trial_config, trial_result
-from autofit.space import Config
+from autofit.trials import observations, trial_config, trial_result
 
 #: Study user attribute where the search records how it ended ({"stopped": ..., "partial": ...}).
 END_ATTR = "autofit_end"
@@ -52,6 +53,7 @@ def best_document(
     planner: Planner | None = None,
     stopped: str | None = None,
     partial: bool | None = None,
+    trials: list | None = None,
 ) -> dict[str, Any]:
     """The best-config document (schema "autofit.best-config", less the fields write_best adds).
 
@@ -61,7 +63,7 @@ def best_document(
     meta = study_meta(study)
     usable = meta["usable_bytes"]
     planner = planner or study_planner(study)
-    trials = study.get_trials(deepcopy=False)
+    trials = trials if trials is not None else study.get_trials(deepcopy=False)
     seen = observations(trials)
     done = [o for o in seen if o.status != "running"]
     ranked = planner.ranked(seen)

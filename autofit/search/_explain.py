@@ -1,0 +1,99 @@
+"""Words for what a search found: why the winner won, what went wrong along the way, and why
+nothing fits. Pure functions of the planner and the study's trials, shared by the search's own
+summary and by `autofit export`/`show` reading a stored study."""
+
+from __future__ import annotations
+
+import optuna
+
+from autofit.config import Config
+from autofit.search._planner import TIE_TOLERANCE, Candidate, Planner
+from autofit.trials import DATA_BOUND_ERRORS, trial_result
+from autofit.units import format_size
+
+
+def explain(ranked: list[Candidate], done, planner: Planner, usable: float) -> str:
+    """Why the winner won, in one sentence a person can check."""
+    best = ranked[0]
+    parts = [f"{best.config.label()}: {best.samples_per_s:,.1f} samples/s"]
+    others = {}
+    for c in ranked[1:]:
+        key = c.config.precision
+        if key != best.config.precision and key not in others:
+            others[key] = c
+    for precision, c in others.items():
+        parts.append(f"{best.samples_per_s / c.samples_per_s:.2f}x the best {precision} config ({c.config.label()})")
+    strategy = planner.space.strategy_of(best.config)
+    larger = sorted((o for o in done if planner.space.strategy_of(o.config) == strategy
+                     and o.config.batch_size > best.config.batch_size), key=lambda o: o.config.batch_size)
+    if larger:
+        o = larger[0]
+        if o.data_bound:
+            parts.append(f"batch {o.config.batch_size} is more than the data can feed (the loop ran out of batches)")
+        elif o.status == "oom":
+            parts.append(f"batch {o.config.batch_size} ran out of memory")
+        elif o.status == "ok" and o.peak_bytes and o.peak_bytes > usable:
+            parts.append(f"batch {o.config.batch_size} needs {format_size(o.peak_bytes)} > {format_size(usable)} usable")
+        elif o.status == "ok" and o.samples_per_s:
+            measured = next((c.samples_per_s for c in ranked if c.config == o.config), o.samples_per_s)
+            if measured <= best.samples_per_s:
+                parts.append(f"batch {o.config.batch_size} was no faster ({measured / best.samples_per_s:.2f}x)")
+            else:
+                parts.append(f"batch {o.config.batch_size} was within {TIE_TOLERANCE:.0%} "
+                             f"({measured / best.samples_per_s:.2f}x) and needs more memory")
+    else:
+        memory = planner.space and _predicted_next(planner, best.config, done, usable)
+        if memory:
+            parts.append(memory)
+    return "; ".join(parts)
+
+
+def _predicted_next(planner: Planner, config: Config, done, usable: float) -> str | None:
+    sizes = planner.space.batch_sizes
+    if config.batch_size not in sizes or config.batch_size == sizes[-1]:
+        return "it is the largest batch allowed (--batch-size)" if config.batch_size == sizes[-1] else None
+    from autofit.search._planner import _State
+
+    state = _State(planner.space, usable, done)
+    nxt = sizes[sizes.index(config.batch_size) + 1]
+    line = state.memory_model(planner.space.strategy_of(config))
+    if line is None:
+        return None
+    if line(nxt) > usable:
+        return f"batch {nxt} is predicted to need {format_size(line(nxt))} > {format_size(usable)} usable"
+    return f"batch {nxt} was not probed (predicted to need {format_size(line(nxt))}, which fits)"
+
+
+def fault_notes(study: optuna.Study, planner: Planner, seen) -> list[str]:
+    """What went wrong along the way, one line each: unusable precisions, crashes, leaks."""
+    notes = []
+    unusable = planner.unusable_precisions(seen)
+    for trial in study.get_trials(deepcopy=False):
+        result = trial_result(trial)
+        if result is None:
+            continue
+        if result.config.precision in unusable and result.status in ("error", "diverged"):
+            notes.append(f"{result.config.precision} is unusable here: {result.error_type}: "
+                         f"{(result.error_message or '').splitlines()[0][:200]} (trial {trial.number})")
+            unusable.discard(result.config.precision)
+        elif result.error_type in DATA_BOUND_ERRORS and trial.user_attrs.get("phase") != "confirm" \
+                and any(o.status == "ok" for o in seen):
+            notes.append(f"batch {result.config.batch_size} is more than the data can feed (the function ran "
+                         f"out of batches before the probe's steps): the climb stopped below it (trial {trial.number})")
+        elif result.status in ("crashed", "timeout"):
+            notes.append(f"trial {trial.number} ({result.config.label()}) {result.status}: "
+                         f"{(result.error_message or '').splitlines()[0][:200]}")
+        notes.extend(f"trial {trial.number}: {note}" for note in result.notes)
+    return notes
+
+
+def nothing_fits(done, usable: float, limit: float, headroom: float) -> str:
+    """Why nothing could be exported, with the smallest need seen, for the one-line error."""
+    peaks = [o.peak_bytes for o in done if o.status == "ok" and o.peak_bytes]
+    smallest = min(done, key=lambda o: o.config.batch_size).config.label() if done else "none"
+    needed = (f"the smallest config tried ({smallest}) needed {format_size(min(peaks))}" if peaks
+              else f"even the smallest config tried ({smallest}) ran out of memory")
+    failed = [o for o in done if o.failed]
+    extra = f"; {len(failed)} probes failed (see autofit show)" if failed else ""
+    return (f"Nothing fits under {format_size(usable)} usable "
+            f"({format_size(limit)} limit, {headroom:.0%} headroom): {needed}{extra}.")

@@ -1,0 +1,62 @@
+"""Opening a study for a search: a new one, or one to resume. Resuming is allowed only on the same
+device, limit and headroom (the probes would not compare otherwise); the trials of a searcher that
+died are failed so their configs are probed again; a changed script is pointed out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import optuna
+
+from autofit.errors import UsageError
+from autofit.search._liveness import fail_stale
+
+
+@dataclass
+class OpenedStudy:
+    study: optuna.Study
+    limit_bytes: int
+    """The limit to search under: the study's own when it resumes with a defaulted limit."""
+    notes: list[str] = field(default_factory=list)
+
+
+def open_study(storage: optuna.storages.BaseStorage, name: str, *, fresh: bool, device_name: str,
+               limit_bytes: int, limit_given: bool, headroom: float, script_sha256: str | None) -> OpenedStudy:
+    """The study to search in, checked against what this search runs under (UsageError if it differs)."""
+    if fresh:
+        try:
+            optuna.delete_study(study_name=name, storage=storage)
+        except KeyError:
+            pass
+    study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
+    opened = OpenedStudy(study, limit_bytes)
+    meta = study.user_attrs.get("autofit")
+    if meta is not None:
+        if not limit_given and not meta.get("limit_given", True):
+            # No --memory-limit, then or now: the limit was the memory free when the study began
+            # (it changes every run); resume with that one.
+            opened.limit_bytes = int(meta["limit_bytes"])
+        for key, value in (("device", device_name), ("limit_bytes", opened.limit_bytes), ("headroom", headroom)):
+            if meta.get(key) != value:
+                raise UsageError(
+                    f"The study {name} must be resumed with the same {key.replace('_', ' ')} "
+                    f"({meta.get(key)}), but got {value}: pass --fresh to start over or --study to name another."
+                )
+        if meta.get("script_sha256") not in (None, script_sha256):
+            opened.notes.append("the script changed since this study began: its earlier probes measured the old "
+                                "version (pass --fresh to start over)")
+    stale = fail_stale(study)
+    if stale:
+        opened.notes.append(f"trials {', '.join(map(str, stale))} were left running by a searcher that died "
+                            f"(killed, or out of memory); their configs are probed again")
+    return opened
+
+
+def fail_trials(study: optuna.Study, numbers: list[int]) -> None:
+    """Trials this process asked for and never finished (Ctrl-C, an error of autofit's own) are FAIL,
+    never left RUNNING, so their configs are probed again on resume."""
+    for number in numbers:
+        try:
+            study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        except Exception:  # noqa: BLE001 - already finished or removed: nothing to do
+            continue

@@ -1,0 +1,74 @@
+"""What a search is given (SearchSettings) and what it returns (SearchResult): plain records that the
+CLI, the decorator's `train.search()` and the benchmarks fill in and read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import optuna
+
+from autofit.config import Config
+from autofit.errors import UsageError
+from autofit.search._planner import Candidate
+from autofit.storage import open_storage
+
+
+@dataclass
+class SearchSettings:
+    """Everything one search needs; the CLI and `train.search()` both fill this in."""
+
+    script: str
+    function: str | None = None
+    device: str = "cpu"
+    index: int = 0
+    memory_limit: int | None = None
+    headroom: float = 0.1
+    budget_s: float = 1200.0
+    trials: int | None = None
+    global_batch: int | None = None
+    batch_size: tuple[int, int] | None = None
+    precision: tuple[str, ...] | None = None
+    accumulation: tuple[int, ...] | None = None
+    study: str | None = None
+    storage: str | None = None
+    out: str | None = None
+    fresh: bool = False
+    warmup: int = 2
+    steps: int = 5
+    probe_timeout: float | None = None
+    confirm_factor: int = 10
+    seed: int | None = 0
+    recheck: bool = True
+    """Probe suspect measurements again before they win or prune (off only to measure what it buys)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.headroom < 1:
+            raise UsageError(f"The headroom must be a fraction in [0, 1), but got {self.headroom}.")
+        if self.trials is not None and self.trials < 1:
+            raise UsageError(f"The number of trials must be at least 1, but got {self.trials}.")
+
+
+@dataclass
+class SearchResult:
+    best: Config | None
+    document: dict | None
+    json_path: str | None
+    ranked: list[Candidate]
+    study_name: str
+    storage: str
+    probes: int
+    ooms: int
+    failed: int
+    elapsed_s: float
+    stopped: str
+    partial: bool = False
+    why: str = ""
+    usable_bytes: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def trials_frame(self):
+        """The study's probes as a pandas DataFrame (see autofit.frame.COLUMNS)."""
+        from autofit.frame import trials_frame
+
+        study = optuna.load_study(study_name=self.study_name, storage=open_storage(self.storage))
+        return trials_frame(study.get_trials(deepcopy=False), self.usable_bytes)

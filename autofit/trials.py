@@ -1,0 +1,82 @@
+"""Probes and Optuna trials, both ways: a probe is stored whole on its trial (record_probe), and a
+trial is read back as the planner's Observation or as the ProbeResult it holds. The search writes
+through this module; the planner, the reports and the frame read through it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from autofit.config import PRECISIONS, Config
+from autofit.record import ProbeResult
+from autofit.search._observation import Observation
+
+#: Errors that say the data cannot feed a batch this large (a ceiling, not a fault of the code).
+DATA_BOUND_ERRORS = ("ProbeTooShort", "DataTooSmall")
+#: Probes that ran (fit or not) are COMPLETE trials: the samplers learn from OOMs too.
+_COMPLETE_STATUSES = ("ok", "oom")
+
+
+def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumulation: int) -> dict[str, BaseDistribution]:
+    """The trial parameters. Integer ranges, so a study may widen them later (Optuna allows that)."""
+    return {
+        "batch_size": IntDistribution(batch_range[0], max(batch_range[0], batch_range[1])),
+        "precision": CategoricalDistribution(PRECISIONS),
+        "checkpoint_segments": IntDistribution(0, max(0, max_checkpoint)),
+        "accumulation_steps": IntDistribution(1, max(1, max_accumulation)),
+    }
+
+
+def config_params(config: Config) -> dict[str, Any]:
+    """The trial parameters of a config: the config's own fields."""
+    return config.to_dict()
+
+
+def trial_config(trial: FrozenTrial) -> Config | None:
+    return Config.from_dict(trial.params) if "batch_size" in trial.params else None
+
+
+def trial_result(trial: FrozenTrial) -> ProbeResult | None:
+    data = trial.user_attrs.get("probe")
+    return ProbeResult.from_dict(data) if data else None
+
+
+def observations(trials: list[FrozenTrial], exclude: int | None = None) -> list[Observation]:
+    """What the planner may know: finished probes, and configs other workers are probing now."""
+    out = []
+    for trial in trials:
+        if trial.number == exclude or trial.user_attrs.get("duplicate"):
+            continue
+        config = trial_config(trial)
+        if config is None:
+            continue
+        if trial.state == TrialState.RUNNING:
+            out.append(Observation(config, "running", phase=trial.user_attrs.get("phase", "explore")))
+            continue
+        result = trial_result(trial)
+        if result is None:
+            continue  # interrupted before it measured anything: probe it again
+        spread = (result.step_time_iqr_s / result.step_time_median_s
+                  if result.step_time_iqr_s is not None and result.step_time_median_s else None)
+        out.append(Observation(config, result.status, result.peak_bytes, result.samples_per_s,
+                               result.wall_s, trial.user_attrs.get("phase", "explore"), spread,
+                               result.only_just_fits, result.error_type in DATA_BOUND_ERRORS))
+    return out
+
+
+def record_probe(study: optuna.Study, trial: optuna.Trial, result: ProbeResult, usable_bytes: float, phase: str) -> FrozenTrial:
+    """Store the whole probe on its trial; OOM and over-headroom are infeasible COMPLETE trials."""
+    trial.set_user_attr("probe", result.to_dict())
+    trial.set_user_attr("phase", phase)
+    trial.set_user_attr("status", result.status)
+    if result.status in _COMPLETE_STATUSES:
+        if result.status == "oom":
+            violation = max(1.0, float(result.limit_bytes or usable_bytes) - usable_bytes)
+        else:
+            violation = float(result.peak_bytes or 0) - usable_bytes
+        trial.set_constraint("memory", violation)
+        return study.tell(trial, result.samples_per_s or 0.0)
+    return study.tell(trial, state=TrialState.FAIL)
