@@ -14,6 +14,12 @@ from autofit.options import SearchOptions
 if TYPE_CHECKING:
     from autofit.run import Run
 
+def _torch_device(name: str):
+    import torch
+
+    return torch.device(name)
+
+
 #: Steps a normal run leaves out of its reported throughput (a probe's default warm-up).
 _NORMAL_RUN_WARMUP = 2
 
@@ -32,26 +38,63 @@ class AutofitFunction:
         return f"<autofit function {self.fn.__module__}.{self.fn.__qualname__}>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from autofit.resilience import announce, record_lowerings
         from autofit.run import Run
 
         if args and isinstance(args[0], Run):  # a probe, or a caller who built the Run
             return self.fn(*args, **kwargs)
-        run = self.make_run(config_path=kwargs.pop("autofit_config", None))
-        with run.active():
-            result = self.fn(run, *args, **kwargs)
-        run.finish()
-        run.report()
-        return result
+        plan = self.plan_run(config_path=kwargs.pop("autofit_config", None))
+        run = self.make_run(plan=plan)
+        restarts = []
+        try:
+            while True:
+                try:
+                    with run.active():
+                        result = self.fn(run, *args, **kwargs)
+                    break
+                except Exception:
+                    if run.restart_config is None:
+                        raise
+                # An OOM before the first optimizer step: nothing was trained, so start again with
+                # the lowered config (the failed attempt's memory goes with its traceback, here).
+                restarts.append(run.restart_lowering)
+                announce(run.restart_lowering)
+                run = self.make_run(plan=plan._replace(config=run.restart_config))
+                run.lowerings.extend(restarts)
+            run.finish()
+            run.report()
+            return result
+        finally:
+            if run.lowerings:
+                record_lowerings(plan.record_path, plan.config, run.lowerings, plan.path)
 
-    def make_run(self, config_path: str | os.PathLike | None = None, device: str | None = None) -> Run:
-        """The Run a normal call trains with: the best exported config if there is one."""
+    def plan_run(self, config_path: str | os.PathLike | None = None, device: str | None = None):
+        """What a normal call trains with (autofit.launch.RunPlan): the best exported config, if any."""
         from autofit.launch import resolve_run_config
+
+        plan = resolve_run_config(self, config_path, device)
+        print(f"autofit: {plan.message}", file=sys.stderr)
+        return plan
+
+    def make_run(self, config_path: str | os.PathLike | None = None, device: str | None = None,
+                 *, plan: Any = None) -> Run:
+        """The Run a normal call trains with: the best exported config if there is one, recovering
+        from OOM unless turned off, under $AUTOFIT_MEMORY_LIMIT when set."""
+        from autofit.devices import make_backend
+        from autofit.resilience import describe_limit, limit_from_env, recovery_enabled
         from autofit.run import Run
 
-        config, device_name, message = resolve_run_config(self, config_path, device)
-        print(f"autofit: {message}", file=sys.stderr)
+        plan = plan or self.plan_run(config_path, device)
+        torch_device = _torch_device(plan.device)
+        backend = make_backend(torch_device.type, torch_device.index or 0)
+        limit = limit_from_env(plan.searched_limit)
+        if limit is not None and getattr(backend, "limit_bytes", None) != limit:
+            backend.apply_memory_limit(limit, limit)
+            print(describe_limit(limit), file=sys.stderr)
         # The same warm-up a probe skips is left out of the run's own throughput figure.
-        return Run(config, device_name, probing=False, warmup_steps=_NORMAL_RUN_WARMUP)
+        return Run(plan.config, plan.device, probing=False, warmup_steps=_NORMAL_RUN_WARMUP,
+                   recover_oom=recovery_enabled(self.options.recover_oom),
+                   release_memory=backend.release, used_memory=backend.used_bytes)
 
     def search(self, **kwargs: Any):
         """Search this function's best config from Python; see `autofit.search.run_search`."""
@@ -69,6 +112,7 @@ def autofit(
     accumulation: tuple[int, ...] | list[int] | None = None,
     checkpoint: bool = True,
     default_batch_size: int = 32,
+    recover_oom: bool = True,
 ) -> Any:
     """Mark a train function `train(run)` for search: `@autofit` or `@autofit(global_batch=256)`."""
     if isinstance(precision, str):
@@ -80,6 +124,7 @@ def autofit(
         accumulation=tuple(accumulation) if accumulation is not None else None,
         checkpoint=checkpoint,
         default_batch_size=default_batch_size,
+        recover_oom=recover_oom,
     )
 
     def decorate(f: Callable[..., Any]) -> AutofitFunction:

@@ -6,7 +6,7 @@ import inspect
 import os
 import warnings
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from autofit.config import Config
 from autofit.options import SearchOptions
@@ -49,8 +49,25 @@ def _candidate_paths(fn: Decorated, device: str) -> list[str]:
     return [default_best_path(script, name, d, t) for d in directories for t in (tag, None)]
 
 
-def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: str | None) -> tuple[Config, str, str]:
-    """(config, device, message). An explicit path or AUTOFIT_CONFIG must exist and be valid."""
+class RunPlan(NamedTuple):
+    """What a normal call trains with, and where that came from."""
+
+    config: Config
+    device: str
+    message: str
+    path: str | None
+    """The best-config file read, or None when running with defaults."""
+    record_path: str
+    """Where the run records a lowered config (beside the file it read, or where a search would write)."""
+    searched_limit: int | None
+    """The memory limit the config was searched under ($AUTOFIT_MEMORY_LIMIT=json applies it)."""
+
+
+def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: str | None) -> RunPlan:
+    """The config, device and message for a normal run. An explicit path or AUTOFIT_CONFIG must
+    exist and be valid."""
+    from autofit.resilience import lowered_path
+
     explicit = path or os.environ.get("AUTOFIT_CONFIG")
     device = device or os.environ.get("AUTOFIT_DEVICE") or _default_device()
     if explicit:
@@ -60,14 +77,16 @@ def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: st
         found = next((p for p in candidates if os.path.exists(p)), None)
         if found is None:
             config = Config(batch_size=fn.options.default_batch_size)
-            return config, device, (
+            return RunPlan(config, device, (
                 f"no best config found for {fn.fn.__name__} (looked for {candidates[0]}); "
                 f"running with defaults: {config.label()}. Run `autofit search` to find a faster one."
-            )
+            ), None, lowered_path(candidates[0]), None)
         best = read_best(found)
     _warn_if_stale(fn, best.document, device)
     partial = " (partial search)" if best.partial else ""
-    return best.config, device, f"running {fn.fn.__name__} with the best config from {best.path}{partial}: {best.config.label()}"
+    message = f"running {fn.fn.__name__} with the best config from {best.path}{partial}: {best.config.label()}"
+    limit = (best.document.get("memory") or {}).get("limit_bytes")
+    return RunPlan(best.config, device, message, best.path, lowered_path(best.path), limit)
 
 
 def _warn_if_stale(fn: Decorated, document: dict, device: str) -> None:

@@ -26,6 +26,9 @@ class SearchOptions:
     """Consider activation checkpointing when the function offers blocks to run.checkpoint()."""
     default_batch_size: int = 32
     """Micro-batch used when the function is called normally and no search result exists."""
+    recover_oom: bool = True
+    """Called normally, redo a step that runs out of memory with a smaller micro-batch and more
+    accumulation (the global batch kept) instead of crashing; $AUTOFIT_OOM_RECOVERY=0 turns it off."""
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -18,7 +18,9 @@ import torch
 from torch.utils.checkpoint import checkpoint as _torch_checkpoint
 
 from autofit.config import Config
+from autofit.oom import is_oom
 from autofit.precision import make_grad_scaler, precision_context, precision_scope
+from autofit.resilience import Lowering, OutOfMemoryAtBatchOne, announce, lowered, split_batch
 
 
 class ProbeFinished(BaseException):
@@ -127,7 +129,12 @@ class StepClock:
 
 
 class Run:
-    """One training run under one `Config`: a probe of a few steps, or the real thing."""
+    """One training run under one `Config`: a probe of a few steps, or the real thing.
+
+    A real run with `recover_oom` survives a step that runs out of memory (see autofit.resilience):
+    after the first optimizer step it redoes the step in place with a smaller micro-batch; before
+    it, there is nothing to keep, and `restart_config` tells the launcher what to start again with.
+    """
 
     def __init__(
         self,
@@ -140,6 +147,9 @@ class Run:
         synchronize: Callable[[], None] | None = None,
         min_measure_s: float = 0.0,
         max_measured_steps: int | None = None,
+        recover_oom: bool = False,
+        release_memory: Callable[[], None] | None = None,
+        used_memory: Callable[[], int] | None = None,
     ) -> None:
         self.config = config
         self._device = torch.device(device)
@@ -149,7 +159,8 @@ class Run:
                                min_measure_s=min_measure_s, max_measured_steps=max_measured_steps)
         self._scaler = make_grad_scaler(config.precision, self._device)
         self._micro_batches = 0  # handed out by batches()
-        self._backwards = 0  # run.backward() calls
+        self._micro_in_step = 0  # of the optimizer step being fed
+        self._backwards_in_step = 0  # run.backward() calls in the optimizer step being fed
         self._step_samples = 0
         self._step_tokens = 0
         # Whether every loss so far was finite, kept as one device flag updated in place (no sync,
@@ -157,6 +168,16 @@ class Run:
         # activations and made a probe's memory grow step by step (~3 MiB per step, measured).
         self._all_finite: torch.Tensor | None = None
         self.checked_losses = 0
+        # OOM resilience (real runs only): see autofit.resilience.
+        self._recovering = recover_oom and not probing
+        self._release_memory = release_memory or (lambda: None)
+        self._used_memory = used_memory
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._redo = False  # the step being fed ran out of memory: batches() feeds it again
+        self.lowerings: list[Lowering] = []
+        self.restart_config: Config | None = None
+        """Set when an OOM came before the first optimizer step: start the function again with it."""
+        self.restart_lowering: Lowering | None = None
 
     # --- the settings -------------------------------------------------------------------------
     @property
@@ -193,11 +214,24 @@ class Run:
     def optimizer_steps(self) -> int:
         return self.clock.steps_done
 
+    @property
+    def micro_step(self) -> int:
+        """Index of the micro-batch just handed out within its optimizer step (0 = a step begins).
+
+        A step redone after an out-of-memory begins again at 0 with the same data: reset whatever
+        you sum per step (losses, counts) when this is 0, and nothing is counted twice."""
+        return max(0, self._micro_in_step - 1)
+
     # --- the helpers --------------------------------------------------------------------------
     def autocast(self):
-        """Context for the forward pass under the chosen precision (fp32: nothing changes)."""
+        """Context for the forward pass under the chosen precision (fp32: nothing changes).
+
+        In a real run it also catches an out-of-memory in the forward pass: the step is redone
+        with a smaller micro-batch (the code between this block and `run.backward()` then runs once
+        more with its previous values; `run.backward()` ignores that loss)."""
         self.knobs.autocast = True
-        return precision_context(self.config.precision, self._device)
+        context = precision_context(self.config.precision, self._device)
+        return _OomGuard(self, context, "forward") if self._recovering else context
 
     def backward(
         self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, *, clip_grad_norm: float | None = None
@@ -208,25 +242,89 @@ class Run:
         unscaling, over all micro-batches of the step), as `torch.nn.utils.clip_grad_norm_` would.
         """
         self.knobs.backward = True
-        scaled = loss / self.config.accumulation_steps
-        if self._scaler is not None:
-            scaled = self._scaler.scale(scaled)
-        scaled.backward()
-        self._backwards += 1
-        if self._backwards % self.config.accumulation_steps == 0:
-            if clip_grad_norm is not None:
-                if self._scaler is not None:
-                    self._scaler.unscale_(optimizer)
-                params = [p for group in optimizer.param_groups for p in group["params"]]
-                torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)
+        if self._redo:
+            return  # the loss of a micro-batch whose step ran out of memory: the step is redone
+        self._optimizer = optimizer
+        where = "backward"
+        try:
+            scaled = loss / self.config.accumulation_steps
             if self._scaler is not None:
-                self._scaler.step(optimizer)
-                self._scaler.update()
-            else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if self._probing:
-                self._check_finite(loss)
+                scaled = self._scaler.scale(scaled)
+            scaled.backward()
+            del scaled
+            self._backwards_in_step += 1
+            if self._backwards_in_step >= self.config.accumulation_steps:
+                where = "optimizer step"
+                self._optimizer_step(optimizer, clip_grad_norm)
+                self._backwards_in_step = 0
+                if self._probing:
+                    self._check_finite(loss)
+        except Exception as exc:
+            if not self._caught(exc, where, loss):
+                raise
+
+    def _optimizer_step(self, optimizer: torch.optim.Optimizer, clip_grad_norm: float | None) -> None:
+        if clip_grad_norm is not None:
+            if self._scaler is not None:
+                self._scaler.unscale_(optimizer)
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)
+        if self._scaler is not None:
+            self._scaler.step(optimizer)
+            self._scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    # --- OOM resilience (real runs) -------------------------------------------------------------
+    def _caught(self, exc: BaseException, where: str, loss: torch.Tensor | None = None) -> bool:
+        """An exception in the step: True when it is an OOM this run recovers from in place (the
+        step will be redone), False to let it propagate (set `restart_config` first when the
+        launcher can start again because no optimizer step was taken yet)."""
+        if not self._recovering or not is_oom(exc):
+            return False
+        step = self.clock.steps_done + 1
+        smaller = lowered(self.config)
+        if smaller is None:
+            raise OutOfMemoryAtBatchOne(
+                f"Out of memory in the {where} of step {step} even at micro-batch 1 ({self.config.label()}): the "
+                f"model, its optimizer state and one sample's activations do not fit. Turn on checkpointing, use "
+                f"bf16, or train on a device with more memory.") from exc
+        if self.clock.steps_done == 0:  # nothing trained yet: the launcher starts the function again
+            self.restart_config = smaller
+            self.restart_lowering = Lowering(step, where, self.config, smaller, self._memory_now(), time.time(),
+                                             restart=True)
+            return False
+        if not self.knobs.batches:
+            return False  # no data this run can feed again
+        lowering = Lowering(step, where, self.config, smaller, self._memory_now(), time.time())
+        if loss is not None:
+            try:
+                loss.detach_()  # drop the failed graph now: the user's `loss` would hold it to the redo
+            except RuntimeError:
+                pass
+        self.config = smaller
+        if self._scaler is not None:  # a step may have stopped after unscaling: start its state afresh
+            self._scaler = torch.amp.GradScaler(self._device.type, init_scale=self._scaler.get_scale())
+        self.lowerings.append(lowering)
+        announce(lowering)
+        self._redo = True
+        return True
+
+    def _memory_now(self) -> int | None:
+        try:
+            return self._used_memory() if self._used_memory else None
+        except Exception:  # noqa: BLE001 - a figure for the record, never a reason to fail
+            return None
+
+    def _begin_redo(self) -> None:
+        """Forget the failed step: its gradients, its counters, and the memory it held."""
+        self._redo = False
+        if self._optimizer is not None:
+            self._optimizer.zero_grad(set_to_none=True)
+        self._micro_in_step = self._backwards_in_step = 0
+        self._step_samples = self._step_tokens = 0
+        self._release_memory()
 
     def _check_finite(self, loss: torch.Tensor) -> None:
         finite = torch.isfinite(loss.detach()).all()
@@ -263,19 +361,38 @@ class Run:
         In a probe, the loop ends (via ProbeFinished) once the probe has its steps.
         """
         self.knobs.batches = True
-        acc = self.config.accumulation_steps
+        source = iter(iterable)
+        pending: deque = deque()  # micro-batches taken from the data and not yet handed out
+        this_step: list = []  # micro-batches of the step being fed (kept only to redo it after an OOM)
         yielded = 0
-        for batch in iterable:
+        while True:
+            if self._redo:  # the step ran out of memory: feed it again, cut to the new micro-batch
+                size = self.config.batch_size
+                pending = deque(piece for item in (*this_step, *pending) for piece in split_batch(item, size))
+                this_step = []
+                self._begin_redo()
+            if not pending:
+                try:
+                    batch = next(source)
+                except StopIteration:
+                    break
+                # After a lowering the loader still gives the batch it was built with: cut it.
+                pending.extend(split_batch(batch, self.config.batch_size) if self.lowerings else (batch,))
+            batch = pending.popleft()
             yielded += 1
             if self._micro_batches == 0:
                 self.clock.start()
-            elif self._micro_batches % acc == 0 and self._step_samples:  # not already closed at the end of the data
-                self._finish_step()
+            elif self._micro_in_step >= self.config.accumulation_steps and self._step_samples:
+                self._finish_step()  # (not already closed at the end of the data)
+                this_step = []
             self._micro_batches += 1
+            self._micro_in_step += 1
             self._step_samples += _count_samples(batch)
             self._step_tokens += _count_tokens(batch, tokens)
+            if self._recovering:
+                this_step.append(batch)
             yield to_device(batch, self._device)
-        if self._micro_batches and self._micro_batches % acc == 0 and self._step_samples:
+        if self._micro_in_step >= self.config.accumulation_steps and self._step_samples:
             self._finish_step()  # the data ran out: the last step's work is done
         if self._probing and not yielded:
             # A loader with drop_last yields nothing for a batch larger than the dataset: a probe
@@ -287,14 +404,16 @@ class Run:
     def _finish_step(self) -> None:
         self.clock.step_done(self._step_samples, self._step_tokens)
         self._step_samples = self._step_tokens = 0
+        self._micro_in_step = 0
         if self._probing and self.clock.complete:
             raise ProbeFinished()
 
     def finish(self) -> None:
         """Close the last step when the function left its loop early (a `break`)."""
-        if self._micro_batches and self._micro_batches % self.config.accumulation_steps == 0 and self._step_samples:
+        if self._micro_in_step >= self.config.accumulation_steps and self._step_samples:
             self.clock.step_done(self._step_samples, self._step_tokens)
             self._step_samples = self._step_tokens = 0
+            self._micro_in_step = 0
 
     @contextmanager
     def active(self) -> Iterator[Run]:
@@ -316,6 +435,7 @@ class Run:
             "samples_per_s": samples / seconds if seconds > 0 else None,
             "tokens_per_s": tokens / seconds if tokens and seconds > 0 else None,
             "step_time_median_s": statistics.median(times) if times else None,
+            "lowerings": [item.to_dict() for item in self.lowerings],
         }
 
     def report(self) -> None:
@@ -329,6 +449,21 @@ class Run:
         if path:
             with open(path, "w") as handle:
                 json.dump(summary, handle, indent=2)
+
+
+class _OomGuard:
+    """The forward pass's precision context, which also turns an OOM inside it into a redone step."""
+
+    def __init__(self, run: Run, inner: Any, where: str) -> None:
+        self._run, self._inner, self._where = run, inner, where
+
+    def __enter__(self) -> Any:
+        return self._inner.__enter__()
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        if self._inner.__exit__(kind, exc, tb):
+            return True
+        return exc is not None and isinstance(exc, Exception) and self._run._caught(exc, self._where)
 
 
 def apply_checkpoint(block: torch.nn.Module) -> torch.nn.Module:

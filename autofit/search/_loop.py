@@ -276,7 +276,23 @@ class Search:
         result.why = document["why"]
         path = self.s.out or default_best_path(self.script, info.function, os.path.dirname(self._db_dir()),
                                                device_tag(self.device_info.type, self.device_info.name))
+        lowered_note = _lowered_run_note(path)
+        if lowered_note:
+            result.notes.append(lowered_note)
         result.json_path = write_best(path, document)
         result.document = document
         return result
 
+
+def _lowered_run_note(best_path: str) -> str | None:
+    """What a real run with the previous answer recorded when it ran out of memory, if it did."""
+    from autofit.resilience import lowered_path, read_lowerings
+
+    recorded = read_lowerings(lowered_path(best_path))
+    if not recorded or not recorded.get("lowerings"):
+        return None
+    first = recorded["lowerings"][0]
+    before, after = Config.from_dict(first["before"]), Config.from_dict(recorded["ended_with"])
+    return (f"a real run of {before.label()} ran out of memory at step {first['step']} ({first['where']}) and went "
+            f"on with {after.label()} ({lowered_path(best_path)}): if its inputs grow beyond what the probes "
+            f"saw, keep more --headroom or probe with the largest inputs")
