@@ -435,6 +435,7 @@ class Run:
             "samples_per_s": samples / seconds if seconds > 0 else None,
             "tokens_per_s": tokens / seconds if tokens and seconds > 0 else None,
             "step_time_median_s": statistics.median(times) if times else None,
+            "recent_step_times_s": [round(t, 6) for t in times],
             "lowerings": [item.to_dict() for item in self.lowerings],
         }
 
