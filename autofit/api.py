@@ -94,7 +94,7 @@ class AutofitFunction:
         # The same warm-up a probe skips is left out of the run's own throughput figure.
         return Run(plan.config, plan.device, probing=False, warmup_steps=_NORMAL_RUN_WARMUP,
                    recover_oom=recovery_enabled(self.options.recover_oom),
-                   release_memory=backend.release, used_memory=backend.used_bytes)
+                   release_memory=backend.release, used_memory=backend.used_bytes, defaults=plan.path is None)
 
     def search(self, **kwargs: Any):
         """Search this function's best config from Python; see `autofit.search.run_search`."""

@@ -150,8 +150,12 @@ class Run:
         recover_oom: bool = False,
         release_memory: Callable[[], None] | None = None,
         used_memory: Callable[[], int] | None = None,
+        defaults: bool = False,
     ) -> None:
         self.config = config
+        self.defaults = defaults
+        """True when no best-config file was found: `config` is the decorator's default, not a
+        measured answer (a framework integration then leaves the user's own settings alone)."""
         self._device = torch.device(device)
         self._probing = probing
         self.knobs = Knobs()
@@ -405,6 +409,22 @@ class Run:
         self.clock.step_done(self._step_samples, self._step_tokens)
         self._step_samples = self._step_tokens = 0
         self._micro_in_step = 0
+        if self._probing and self.clock.complete:
+            raise ProbeFinished()
+
+    # --- loops autofit does not drive (a framework's trainer: autofit.integrations) --------------
+    def adopt_loop(self, *, checkpoint_blocks: int | None = None) -> None:
+        """A framework's trainer applies this run's settings itself: every knob counts, and the clock
+        starts now (call it just before the trainer's first step)."""
+        self.knobs.batches = self.knobs.backward = self.knobs.autocast = True
+        if checkpoint_blocks is not None:
+            self.knobs.checkpoint_blocks = checkpoint_blocks
+        self.clock.start()
+
+    def step_taken(self, samples: int, tokens: int = 0) -> None:
+        """A framework's trainer took one optimizer step of `samples` samples; a probe that has its
+        steps ends here (ProbeFinished)."""
+        self.clock.step_done(samples, tokens)
         if self._probing and self.clock.complete:
             raise ProbeFinished()
 

@@ -58,6 +58,9 @@ def _cases() -> tuple[Case, ...]:
              "bundled: wide MLP"),
         Case("word_lm", "benchmarks/fidelity_scripts/word_lm.py", (Config(20), Config(64)),
              "not written for autofit: pytorch/examples-style LSTM LM"),
+        Case("hf_trainer", "tests/scripts/hf_trainer.py",
+             (Config(8, accumulation_steps=2), Config(4, accumulation_steps=4)),
+             "a Hugging Face Trainer (GPT-2 from its config) through autofit.integrations.hf"),
     )
 
 

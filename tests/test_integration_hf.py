@@ -1,0 +1,67 @@
+"""The Hugging Face Trainer searched as it is (tests/scripts/hf_trainer.py: a small GPT-2 from its
+config, generated tokens), for real on CPU under a real memory limit, then run with its answer."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from autofit.config import Config
+from tests.conftest import REPO, script
+
+pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+
+#: Measured on this machine (seq 128, probe peaks with the process's baseline of ~330 MiB):
+#: b=4 acc=4 436 MiB, b=8 acc=2 503 MiB, b=16 624 MiB, b=16 with 4 checkpointed blocks 556 MiB.
+LIMIT = "560MiB"
+
+
+def test_a_trainer_script_is_searched_keeps_its_global_batch_and_runs_with_the_answer(tmp_path):
+    storage = f"sqlite:///{tmp_path}/hf.db"
+    best = tmp_path / "hf.best.json"
+    env = {**os.environ, "PYTHONPATH": REPO, "HF_OUT": str(tmp_path / "out")}
+    searched = subprocess.run(
+        [sys.executable, "-m", "autofit.cli", "search", script("hf_trainer.py"), "--device", "cpu",
+         "--memory-limit", LIMIT, "--headroom", "0", "--budget", "50s", "--storage", storage, "--out", str(best)],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert searched.returncode == 0, searched.stderr[-3000:]
+    document = json.loads(best.read_text())
+    config = Config.from_dict(document["config"])
+    assert config.global_batch == 16  # the Trainer's own 4 x 4, held by @autofit(global_batch=16)
+    probes = re.findall(r"trial \d+: (\w+)\s+(\w+) b=(\d+)(?: ckpt=(\d+))?(?: acc=(\d+))?", searched.stderr)
+    assert probes, searched.stderr
+    for _status, _precision, batch, _ckpt, accumulation in probes:
+        assert int(batch) * int(accumulation or 1) == 16
+    assert ("oom", "fp32", "16", "", "") in probes  # b=16 runs out of memory in the Trainer's step
+    assert config.batch_size < 16 or config.checkpoint_segments > 0
+
+    ran = subprocess.run([sys.executable, script("hf_trainer.py")], env={**env, "AUTOFIT_CONFIG": str(best)},
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert (f"per_device {config.batch_size} accumulation {config.accumulation_steps} "
+            f"bf16 {config.precision == 'bf16'} steps 32") in ran.stdout  # 512 samples / 16 per step
+    assert f"trained 32 optimizer steps with {config.label()}" in ran.stderr
+
+
+def test_without_a_search_the_trainer_keeps_the_users_own_arguments(tmp_path):
+    ran = subprocess.run([sys.executable, script("hf_trainer.py")],
+                         env={**os.environ, "PYTHONPATH": REPO, "HF_OUT": str(tmp_path / "out")},
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "per_device 4 accumulation 4 bf16 False steps 32" in ran.stdout
+    assert "trained 32 optimizer steps with fp32 b=4 acc=4" in ran.stderr
+
+
+def test_a_config_that_would_change_the_global_batch_is_refused(tmp_path):
+    config = tmp_path / "wrong.best.json"
+    from autofit.results import config_entry, write_best
+    write_best(str(config), {"partial": False, "config": config_entry(Config(8)), "measured": {},
+                             "memory": {"limit_bytes": None}, "device": {"type": "cpu"}, "versions": {}, "script": {}})
+    ran = subprocess.run([sys.executable, script("hf_trainer.py")],
+                         env={**os.environ, "PYTHONPATH": REPO, "AUTOFIT_CONFIG": str(config),
+                              "HF_OUT": str(tmp_path / "out")},
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert ran.returncode != 0
+    assert "ask for a global batch of 16 (4 x 4 accumulation steps)" in ran.stderr
