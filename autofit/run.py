@@ -391,7 +391,7 @@ class Run:
                 this_step = []
             self._micro_batches += 1
             self._micro_in_step += 1
-            self._step_samples += _count_samples(batch)
+            self._step_samples += count_samples(batch)
             self._step_tokens += _count_tokens(batch, tokens)
             if self._recovering:
                 this_step.append(batch)
@@ -527,7 +527,8 @@ def _first_tensor(batch: Any) -> torch.Tensor | None:
     return None
 
 
-def _count_samples(batch: Any) -> int:
+def count_samples(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor."""
     tensor = _first_tensor(batch)
     return int(tensor.shape[0]) if tensor is not None and tensor.dim() > 0 else 1
 
@@ -537,4 +538,4 @@ def _count_tokens(batch: Any, tokens: int | Callable[[Any], int] | None) -> int:
         return 0
     if callable(tokens):
         return int(tokens(batch))
-    return int(tokens) * _count_samples(batch)
+    return int(tokens) * count_samples(batch)

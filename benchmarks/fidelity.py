@@ -61,6 +61,9 @@ def _cases() -> tuple[Case, ...]:
         Case("hf_trainer", "tests/scripts/hf_trainer.py",
              (Config(8, accumulation_steps=2), Config(4, accumulation_steps=4)),
              "a Hugging Face Trainer (GPT-2 from its config) through autofit.integrations.hf"),
+        Case("lightning", "tests/scripts/lightning_module.py",
+             (Config(16, accumulation_steps=4), Config(32, accumulation_steps=2)),
+             "a Lightning Trainer and LightningModule through autofit.integrations.lightning"),
     )
 
 

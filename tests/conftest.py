@@ -17,3 +17,20 @@ def script(name: str) -> str:
 @pytest.fixture(scope="session")
 def scripts_dir() -> str:
     return SCRIPTS
+
+
+def autofit_cli(*args: str, cwd, env: dict | None = None, timeout: int = 300):
+    """`python -m autofit.cli ARGS` in a fresh process (the repo importable), its output captured."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "autofit.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": REPO, **(env or {})})
+
+
+def probed_configs(search_stderr: str) -> list[tuple[str, int, int]]:
+    """(status, micro-batch, accumulation) of every probe a search printed."""
+    import re
+
+    found = re.findall(r"trial \d+: (\w+)\s+\w+ b=(\d+)(?: ckpt=\d+)?(?: acc=(\d+))?", search_stderr)
+    return [(status, int(batch), int(accumulation or 1)) for status, batch, accumulation in found]

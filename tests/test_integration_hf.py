@@ -2,14 +2,13 @@
 config, generated tokens), for real on CPU under a real memory limit, then run with its answer."""
 import json
 import os
-import re
 import subprocess
 import sys
 
 import pytest
 
 from autofit.config import Config
-from tests.conftest import REPO, script
+from tests.conftest import REPO, autofit_cli, probed_configs, script
 
 pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
 
@@ -19,23 +18,19 @@ LIMIT = "560MiB"
 
 
 def test_a_trainer_script_is_searched_keeps_its_global_batch_and_runs_with_the_answer(tmp_path):
-    storage = f"sqlite:///{tmp_path}/hf.db"
     best = tmp_path / "hf.best.json"
     env = {**os.environ, "PYTHONPATH": REPO, "HF_OUT": str(tmp_path / "out")}
-    searched = subprocess.run(
-        [sys.executable, "-m", "autofit.cli", "search", script("hf_trainer.py"), "--device", "cpu",
-         "--memory-limit", LIMIT, "--headroom", "0", "--budget", "50s", "--storage", storage, "--out", str(best)],
-        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    searched = autofit_cli("search", script("hf_trainer.py"), "--device", "cpu", "--memory-limit", LIMIT, "--headroom", "0",
+                           "--budget", "50s", "--storage", f"sqlite:///{tmp_path}/hf.db", "--out", str(best),
+                           cwd=tmp_path, env={"HF_OUT": str(tmp_path / "out")})
     assert searched.returncode == 0, searched.stderr[-3000:]
     document = json.loads(best.read_text())
     config = Config.from_dict(document["config"])
     assert config.global_batch == 16  # the Trainer's own 4 x 4, held by @autofit(global_batch=16)
-    probes = re.findall(r"trial \d+: (\w+)\s+(\w+) b=(\d+)(?: ckpt=(\d+))?(?: acc=(\d+))?", searched.stderr)
-    assert probes, searched.stderr
-    for _status, _precision, batch, _ckpt, accumulation in probes:
-        assert int(batch) * int(accumulation or 1) == 16
-    assert ("oom", "fp32", "16", "", "") in probes  # b=16 runs out of memory in the Trainer's step
-    assert config.batch_size < 16 or config.checkpoint_segments > 0
+    probes = probed_configs(searched.stderr)
+    assert probes and all(batch * accumulation == 16 for _, batch, accumulation in probes)
+    assert all(status in ("ok", "oom") for status, _, _ in probes)
+    assert config.batch_size < 16  # 16 does not fit (test below)
 
     ran = subprocess.run([sys.executable, script("hf_trainer.py")], env={**env, "AUTOFIT_CONFIG": str(best)},
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
@@ -65,3 +60,12 @@ def test_a_config_that_would_change_the_global_batch_is_refused(tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert ran.returncode != 0
     assert "ask for a global batch of 16 (4 x 4 accumulation steps)" in ran.stderr
+
+
+def test_the_frameworks_own_step_runs_out_of_memory_above_the_limit(tmp_path):
+    """b=16 in one micro-batch does not fit under LIMIT: the probe's status says so (exit 1)."""
+    probed = autofit_cli("probe", script("hf_trainer.py"), "--device", "cpu", "--memory-limit", LIMIT, "--batch-size",
+                         "16", "--json", cwd=tmp_path, env={"HF_OUT": str(tmp_path / "out")})
+    assert probed.returncode == 1, probed.stderr[-3000:]
+    result = json.loads(probed.stdout)["result"]
+    assert result["status"] == "oom" and "can't allocate memory" in result["error_message"]

@@ -23,6 +23,7 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from autofit.config import Config
+from autofit.integrations._blocks import checkpointable_blocks
 from autofit.run import Run
 
 
@@ -62,17 +63,6 @@ def _check_global_batch(config: Config, args: TrainingArguments) -> None:
             f"{args.gradient_accumulation_steps} accumulation steps) but this config trains {config.label()} "
             f"(global batch {config.global_batch}): search with --global-batch {wanted} "
             f"(or @autofit(global_batch={wanted})) to keep it.")
-
-
-def checkpointable_blocks(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
-    """The model's repeated layers: its longest ModuleList of one module type (GPT-2's `h`, Llama's
-    `layers`)."""
-    best: Sequence[torch.nn.Module] = ()
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) > len(best):
-            if len({type(block) for block in module}) == 1:
-                best = module
-    return best
 
 
 class _StepCounter(TrainerCallback):
