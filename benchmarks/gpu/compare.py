@@ -36,12 +36,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--memory-limit", default=None, help="the limit the probes run under, e.g. 2GiB")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    from autofit.units import parse_size
+
+    limit = parse_size(args.memory_limit) if args.memory_limit else None
     configs = [parse_config(text) for text in args.config]
     rows = {name: {"config": config.to_dict(), "samples_per_s": [], "status": [], "peak_bytes": []}
             for name, config in configs}
-    with Worker(args.script, device=args.device) as worker:
+    with Worker(args.script, device=args.device, memory_limit=limit, usable_bytes=limit) as worker:
         info = worker.start()
         for _ in range(args.rounds):
             for name, config in configs:

@@ -127,6 +127,8 @@ def _fit(train) -> dict:
     except torch.OutOfMemoryError as error:
         return {"fit": "oom", "error": str(error)[:300]}
     except RuntimeError as error:
+        if "can't allocate memory" in str(error):  # the CPU allocator under a memory limit
+            return {"fit": "oom", "error": str(error)[:300]}
         return {"fit": "error", "error": f"{type(error).__name__}: {str(error)[:300]}"}
     return {"fit": "ok"}
 
@@ -138,8 +140,16 @@ def main() -> None:
     parser.add_argument("--fit-steps", type=int, default=12)
     parser.add_argument("--start", type=int, default=256, help="HF: the batch size auto_find_batch_size starts from")
     parser.add_argument("--mode", default="power", help="Lightning: power or binsearch")
+    parser.add_argument("--memory-limit", default=None,
+                        help="CPU: cap this process's memory as autofit caps a probe's (RLIMIT_DATA), e.g. 2GiB")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.memory_limit:
+        from autofit.devices import make_backend
+        from autofit.units import parse_size
+
+        limit = parse_size(args.memory_limit)
+        make_backend(args.device, 0).apply_memory_limit(limit, limit)
     if args.tool == "lightning":
         result = lightning_finder(args.device, args.fit_steps, args.mode)
     else:
