@@ -14,12 +14,6 @@ from autofit.options import SearchOptions
 if TYPE_CHECKING:
     from autofit.run import Run
 
-def _torch_device(name: str):
-    import torch
-
-    return torch.device(name)
-
-
 #: Steps a normal run leaves out of its reported throughput (a probe's default warm-up).
 _NORMAL_RUN_WARMUP = 2
 
@@ -80,12 +74,14 @@ class AutofitFunction:
                  *, plan: Any = None) -> Run:
         """The Run a normal call trains with: the best exported config if there is one, recovering
         from OOM unless turned off, under $AUTOFIT_MEMORY_LIMIT when set."""
+        import torch
+
         from autofit.devices import make_backend
         from autofit.resilience import describe_limit, limit_from_env, recovery_enabled
         from autofit.run import Run
 
         plan = plan or self.plan_run(config_path, device)
-        torch_device = _torch_device(plan.device)
+        torch_device = torch.device(plan.device)
         backend = make_backend(torch_device.type, torch_device.index or 0)
         limit = limit_from_env(plan.searched_limit)
         if limit is not None and getattr(backend, "limit_bytes", None) != limit:

@@ -406,11 +406,10 @@ class Run:
                 f"data can feed (a DataLoader with drop_last=True over fewer samples, say).")
 
     def _finish_step(self) -> None:
-        self.clock.step_done(self._step_samples, self._step_tokens)
+        samples, tokens = self._step_samples, self._step_tokens
         self._step_samples = self._step_tokens = 0
         self._micro_in_step = 0
-        if self._probing and self.clock.complete:
-            raise ProbeFinished()
+        self.step_taken(samples, tokens)
 
     # --- loops autofit does not drive (a framework's trainer: autofit.integrations) --------------
     def adopt_loop(self, *, checkpoint_blocks: int | None = None) -> None:
@@ -431,9 +430,7 @@ class Run:
     def finish(self) -> None:
         """Close the last step when the function left its loop early (a `break`)."""
         if self._micro_in_step >= self.config.accumulation_steps and self._step_samples:
-            self.clock.step_done(self._step_samples, self._step_tokens)
-            self._step_samples = self._step_tokens = 0
-            self._micro_in_step = 0
+            self._finish_step()
 
     @contextmanager
     def active(self) -> Iterator[Run]:

@@ -34,3 +34,13 @@ def probed_configs(search_stderr: str) -> list[tuple[str, int, int]]:
 
     found = re.findall(r"trial \d+: (\w+)\s+\w+ b=(\d+)(?: ckpt=\d+)?(?: acc=(\d+))?", search_stderr)
     return [(status, int(batch), int(accumulation or 1)) for status, batch, accumulation in found]
+
+
+def probe_result(script_name: str, limit: str, batch: int, tmp_path, env: dict | None = None) -> tuple[int, dict]:
+    """(exit status, result) of `autofit probe SCRIPT --batch-size BATCH` under a CPU memory limit."""
+    import json
+
+    probed = autofit_cli("probe", script(script_name), "--device", "cpu", "--memory-limit", limit, "--batch-size",
+                         str(batch), "--json", cwd=tmp_path, env=env)
+    assert probed.stdout, probed.stderr[-3000:]
+    return probed.returncode, json.loads(probed.stdout)["result"]

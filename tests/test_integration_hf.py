@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from autofit.config import Config
-from tests.conftest import REPO, autofit_cli, probed_configs, script
+from tests.conftest import REPO, autofit_cli, probe_result, probed_configs, script
 
 pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
 
@@ -64,8 +64,6 @@ def test_a_config_that_would_change_the_global_batch_is_refused(tmp_path):
 
 def test_the_frameworks_own_step_runs_out_of_memory_above_the_limit(tmp_path):
     """b=16 in one micro-batch does not fit under LIMIT: the probe's status says so (exit 1)."""
-    probed = autofit_cli("probe", script("hf_trainer.py"), "--device", "cpu", "--memory-limit", LIMIT, "--batch-size",
-                         "16", "--json", cwd=tmp_path, env={"HF_OUT": str(tmp_path / "out")})
-    assert probed.returncode == 1, probed.stderr[-3000:]
-    result = json.loads(probed.stdout)["result"]
+    status, result = probe_result("hf_trainer.py", LIMIT, 16, tmp_path, env={"HF_OUT": str(tmp_path / "out")})
+    assert status == 1
     assert result["status"] == "oom" and "can't allocate memory" in result["error_message"]

@@ -29,7 +29,8 @@ from autofit.run import Run
 
 def arguments_for(run: Run, args: TrainingArguments) -> TrainingArguments:
     """`args` with the run's micro-batch, accumulation and precision; in a probe, without the
-    evaluation, saving, logging and reporting a probe does not need."""
+    evaluation, saving, logging and reporting a probe does not need. With no searched config
+    (`run.defaults`) the arguments stand and the run's config is set from them, so its report is true."""
     if run.defaults and not run.probing:  # nothing searched yet: the user's own settings stand
         precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
         run.config = Config(args.per_device_train_batch_size, precision,
