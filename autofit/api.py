@@ -53,7 +53,7 @@ class AutofitFunction:
                 # the lowered config (the failed attempt's memory goes with its traceback, here).
                 restarts.append(run.restart_lowering)
                 announce(run.restart_lowering)
-                run = self.make_run(plan=plan._replace(config=run.restart_config))
+                run = self.make_run(plan=plan._replace(config=run.restart_config, searched_world=run.world_size))
                 run.lowerings.extend(restarts)
             run.finish()
             run.report()
@@ -61,13 +61,18 @@ class AutofitFunction:
         finally:
             if run.lowerings:
                 record_lowerings(plan.record_path, plan.config, run.lowerings, plan.path)
+            if run.world_size > 1:
+                from autofit.distributed import leave_process_group
+
+                leave_process_group()
 
     def plan_run(self, config_path: str | os.PathLike | None = None, device: str | None = None):
         """What a normal call trains with (autofit.launch.RunPlan): the best exported config, if any."""
         from autofit.launch import resolve_run_config
 
         plan = resolve_run_config(self, config_path, device)
-        print(f"autofit: {plan.message}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun, the main rank speaks for all
+            print(f"autofit: {plan.message}", file=sys.stderr)
         return plan
 
     def make_run(self, config_path: str | os.PathLike | None = None, device: str | None = None,
@@ -77,20 +82,36 @@ class AutofitFunction:
         import torch
 
         from autofit.devices import make_backend
+        from autofit.distributed import per_rank_config, ranks_from_env
         from autofit.resilience import describe_limit, limit_from_env, recovery_enabled
         from autofit.run import Run
 
         plan = plan or self.plan_run(config_path, device)
+        ranks = ranks_from_env()
+        recover = recovery_enabled(self.options.recover_oom)
         torch_device = torch.device(plan.device)
+        config, note = per_rank_config(plan.config, ranks.world_size, plan.searched_world)
+        if ranks.world_size > 1:  # torchrun: each rank its own GPU, its share of the accumulation
+            if torch_device.type == "cuda":
+                torch_device = torch.device("cuda", ranks.local_rank)
+            # A rank that lowered its micro-batch alone would leave the others waiting in a collective.
+            recover = False
+            if ranks.is_main:
+                print(f"autofit: {ranks.world_size} ranks, each {config.label()}"
+                      f" (global batch {config.global_batch * ranks.world_size}); no OOM recovery across ranks"
+                      + (f"; {note}" if note else ""), file=sys.stderr)
+        elif note or config != plan.config:
+            print(f"autofit: searched on {plan.searched_world} ranks, run as one process: {config.label()}"
+                  + (f"; {note}" if note else ""), file=sys.stderr)
         backend = make_backend(torch_device.type, torch_device.index or 0)
         limit = limit_from_env(plan.searched_limit)
         if limit is not None and getattr(backend, "limit_bytes", None) != limit:
             backend.apply_memory_limit(limit, limit)
             print(describe_limit(limit), file=sys.stderr)
         # The same warm-up a probe skips is left out of the run's own throughput figure.
-        return Run(plan.config, plan.device, probing=False, warmup_steps=_NORMAL_RUN_WARMUP,
-                   recover_oom=recovery_enabled(self.options.recover_oom),
-                   release_memory=backend.release, used_memory=backend.used_bytes, defaults=plan.path is None)
+        return Run(config, torch_device, probing=False, warmup_steps=_NORMAL_RUN_WARMUP, recover_oom=recover,
+                   release_memory=backend.release, used_memory=backend.used_bytes, defaults=plan.path is None,
+                   ranks=ranks)
 
     def search(self, **kwargs: Any):
         """Search this function's best config from Python; see `autofit.search.run_search`."""

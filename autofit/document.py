@@ -88,6 +88,9 @@ def best_document(
         },
         "memory": {"limit_bytes": meta["limit_bytes"], "headroom": meta["headroom"], "usable_bytes": int(usable)},
         "device": meta["device_info"],
+        # Ranks each probe ran on: the micro-batch and accumulation are per rank, the global batch is
+        # theirs x this (a torchrun run with another world size shares the accumulation out again).
+        "world_size": meta.get("world_size", 1),
         "versions": versions(run_versions.get("torch"), run_versions.get("cuda")),
         # The script as the search measured it: a later run warns if it changed since (None for
         # studies recorded before the hash was kept; re-hashing now would hide a change).

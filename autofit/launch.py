@@ -61,6 +61,8 @@ class RunPlan(NamedTuple):
     """Where the run records a lowered config (beside the file it read, or where a search would write)."""
     searched_limit: int | None
     """The memory limit the config was searched under ($AUTOFIT_MEMORY_LIMIT=json applies it)."""
+    searched_world: int = 1
+    """Ranks each probe ran on (the config's micro-batch and accumulation are per rank)."""
 
 
 def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: str | None) -> RunPlan:
@@ -86,7 +88,8 @@ def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: st
     partial = " (partial search)" if best.partial else ""
     message = f"running {fn.fn.__name__} with the best config from {best.path}{partial}: {best.config.label()}"
     limit = (best.document.get("memory") or {}).get("limit_bytes")
-    return RunPlan(best.config, device, message, best.path, lowered_path(best.path), limit)
+    return RunPlan(best.config, device, message, best.path, lowered_path(best.path), limit,
+                   int(best.document.get("world_size") or 1))
 
 
 def _warn_if_stale(fn: Decorated, document: dict, device: str) -> None:

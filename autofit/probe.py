@@ -11,6 +11,7 @@ from typing import Any
 
 from autofit.config import Config
 from autofit.devices import DeviceBackend
+from autofit.distributed import Ranks
 from autofit.oom import breaks_the_device, is_oom
 from autofit.record import ProbeResult
 from autofit.run import ProbeFinished, Run
@@ -29,6 +30,7 @@ def run_probe(
     warmup_steps: int = 2,
     measured_steps: int = 5,
     min_measure_s: float = MIN_MEASURE_S,
+    ranks: Ranks | None = None,
 ) -> ProbeResult:
     """Run `fn` for warm-up + measured optimizer steps under `config` on `backend`.
 
@@ -49,6 +51,7 @@ def run_probe(
         synchronize=backend.synchronize,
         min_measure_s=min_measure_s,
         max_measured_steps=measured_steps * _MAX_EXTENSION,
+        ranks=ranks,
     )
     result = ProbeResult(status="ok", config=config, warmup_steps=warmup_steps, limit_bytes=backend.limit_bytes)
     try:

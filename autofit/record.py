@@ -33,6 +33,8 @@ class ProbeResult:
     allocator: dict = field(default_factory=dict)
     log_path: str | None = None
     notes: list[str] = field(default_factory=list)
+    world_size: int = 1
+    """Ranks the probe ran on (a distributed probe: throughput of all of them, the largest peak)."""
     restart_worker: bool = False
     """The probe left the worker unusable (a sticky CUDA error): replace it before the next probe."""
 

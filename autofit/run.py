@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import os
 import statistics
@@ -18,6 +19,7 @@ import torch
 from torch.utils.checkpoint import checkpoint as _torch_checkpoint
 
 from autofit.config import Config
+from autofit.distributed import Ranks
 from autofit.oom import is_oom
 from autofit.precision import make_grad_scaler, precision_context, precision_scope
 from autofit.resilience import Lowering, OutOfMemoryAtBatchOne, announce, lowered, split_batch
@@ -151,8 +153,11 @@ class Run:
         release_memory: Callable[[], None] | None = None,
         used_memory: Callable[[], int] | None = None,
         defaults: bool = False,
+        ranks: Ranks | None = None,
     ) -> None:
         self.config = config
+        self.ranks = ranks or Ranks()
+        """Where this process stands in a distributed (torchrun) run; rank 0 of 1 otherwise."""
         self.defaults = defaults
         """True when no best-config file was found: `config` is the decorator's default, not a
         measured answer (a framework integration then leaves the user's own settings alone)."""
@@ -177,6 +182,8 @@ class Run:
         self._release_memory = release_memory or (lambda: None)
         self._used_memory = used_memory
         self._optimizer: torch.optim.Optimizer | None = None
+        self._data_parallel: torch.nn.parallel.DistributedDataParallel | None = None
+        self._sharded: Any = None  # an FSDP2 module (run.distribute with shard=)
         self._redo = False  # the step being fed ran out of memory: batches() feeds it again
         self.lowerings: list[Lowering] = []
         self.restart_config: Config | None = None
@@ -195,7 +202,8 @@ class Run:
 
     @property
     def global_batch(self) -> int:
-        return self.config.global_batch
+        """Samples per optimizer step, all ranks together."""
+        return self.config.global_batch * self.ranks.world_size
 
     @property
     def precision(self) -> str:
@@ -213,6 +221,26 @@ class Run:
     def probing(self) -> bool:
         """True inside a probe: skip evaluation, saving and logging that a probe does not need."""
         return self._probing
+
+    @property
+    def rank(self) -> int:
+        return self.ranks.rank
+
+    @property
+    def world_size(self) -> int:
+        """Processes training together (torchrun's ranks); the global batch is micro-batch x
+        accumulation x world size."""
+        return self.ranks.world_size
+
+    @property
+    def is_main(self) -> bool:
+        """True on the rank that logs, saves and reports (rank 0; always, in a single process)."""
+        return self.ranks.is_main
+
+    @property
+    def recovers_oom(self) -> bool:
+        """True in a real run that survives an out-of-memory step by lowering its micro-batch."""
+        return self._recovering
 
     @property
     def optimizer_steps(self) -> int:
@@ -254,7 +282,14 @@ class Run:
             scaled = loss / self.config.accumulation_steps
             if self._scaler is not None:
                 scaled = self._scaler.scale(scaled)
-            scaled.backward()
+            last = self._backwards_in_step + 1 >= self.config.accumulation_steps
+            if self._sharded is not None:  # FSDP2: reduce-scatter the gradients once per step
+                self._sharded.set_requires_gradient_sync(last)
+            if self._data_parallel is not None and not last:
+                with self._data_parallel.no_sync():  # gradients are averaged across ranks once per step
+                    scaled.backward()
+            else:
+                scaled.backward()
             del scaled
             self._backwards_in_step += 1
             if self._backwards_in_step >= self.config.accumulation_steps:
@@ -287,13 +322,8 @@ class Run:
         launcher can start again because no optimizer step was taken yet)."""
         if not self._recovering or not is_oom(exc):
             return False
+        smaller = self._smaller_or_fail(exc, where)
         step = self.clock.steps_done + 1
-        smaller = lowered(self.config)
-        if smaller is None:
-            raise OutOfMemoryAtBatchOne(
-                f"Out of memory in the {where} of step {step} even at micro-batch 1 ({self.config.label()}): the "
-                f"model, its optimizer state and one sample's activations do not fit. Turn on checkpointing, use "
-                f"bf16, or train on a device with more memory.") from exc
         if self.clock.steps_done == 0:  # nothing trained yet: the launcher starts the function again
             self.restart_config = smaller
             self.restart_lowering = Lowering(step, where, self.config, smaller, self._memory_now(), time.time(),
@@ -301,19 +331,43 @@ class Run:
             return False
         if not self.knobs.batches:
             return False  # no data this run can feed again
-        lowering = Lowering(step, where, self.config, smaller, self._memory_now(), time.time())
         if loss is not None:
-            try:
-                loss.detach_()  # drop the failed graph now: the user's `loss` would hold it to the redo
-            except RuntimeError:
-                pass
-        self.config = smaller
+            drop_graph(loss)  # now: the user's `loss` would hold the failed graph to the redo
+        self._lower_to(smaller, where)
         if self._scaler is not None:  # a step may have stopped after unscaling: start its state afresh
             self._scaler = torch.amp.GradScaler(self._device.type, init_scale=self._scaler.get_scale())
-        self.lowerings.append(lowering)
-        announce(lowering)
         self._redo = True
         return True
+
+    def lower_after_oom(self, exc: BaseException, where: str) -> bool:
+        """An exception in a step that a framework's trainer drives (autofit.integrations): when it is
+        an OOM and this run recovers, lower the config in place (micro-batch down, accumulation up,
+        the global batch kept), record and announce it, and return True; the caller redoes the work.
+        False: let it propagate. At micro-batch 1, OutOfMemoryAtBatchOne."""
+        if not self._recovering or not is_oom(exc):
+            return False
+        self._lower_to(self._smaller_or_fail(exc, where), where)
+        return True
+
+    def _smaller_or_fail(self, exc: BaseException, where: str) -> Config:
+        smaller = lowered(self.config)
+        if smaller is None:
+            raise OutOfMemoryAtBatchOne(
+                f"Out of memory in the {where} of step {self.clock.steps_done + 1} even at micro-batch 1 "
+                f"({self.config.label()}): the model, its optimizer state and one sample's activations do not "
+                f"fit. Turn on checkpointing, use bf16, or train on a device with more memory.") from exc
+        return smaller
+
+    def _lower_to(self, smaller: Config, where: str) -> None:
+        lowering = Lowering(self.clock.steps_done + 1, where, self.config, smaller, self._memory_now(), time.time())
+        self.config = smaller
+        self.lowerings.append(lowering)
+        announce(lowering)
+
+    def release_memory(self) -> None:
+        """Hand the memory of a failed step back to the device (call once its exception is gone)."""
+        gc.collect()
+        self._release_memory()
 
     def _memory_now(self) -> int | None:
         try:
@@ -341,6 +395,34 @@ class Run:
     def losses_finite(self) -> bool:
         """Whether every optimizer step's loss was finite (reads the device flag: one sync)."""
         return self._all_finite is None or bool(self._all_finite.item())
+
+    def distribute(self, model: torch.nn.Module, *, shard: Sequence[torch.nn.Module] | None = None,
+                   offload: bool = False) -> torch.nn.Module:
+        """`model` on this run's device; under torchrun, data-parallel across the ranks after checking
+        that every rank trains with the same config (the process group joined if the function has
+        not: gloo on CPU, NCCL on CUDA). DistributedDataParallel by default; with `shard` (the
+        model's repeated blocks), FSDP2: `fully_shard` on each block, then the root, the optimizer
+        state split across ranks, kept on the CPU between uses with `offload=True`. Apply
+        checkpointing before; build the optimizer from the result's parameters."""
+        if self.ranks.world_size <= 1:
+            return model.to(self._device)
+        from autofit.distributed import check_same_config, data_parallel, ensure_process_group, fully_sharded
+
+        ensure_process_group(self._device)
+        check_same_config(self.config)
+        if shard is not None:
+            self._sharded = fully_sharded(model, list(shard), self._device, offload=offload)
+            return self._sharded
+        self._data_parallel = data_parallel(model, self._device)
+        return self._data_parallel
+
+    def sampler(self, dataset: Any, *, shuffle: bool = True, seed: int = 0) -> torch.utils.data.Sampler:
+        """The sampler for your DataLoader: this rank's shard of `dataset` under torchrun
+        (DistributedSampler; call `.set_epoch(epoch)` on it each epoch to reshuffle), the whole of it
+        otherwise."""
+        from autofit.distributed import data_sampler
+
+        return data_sampler(dataset, self.ranks, shuffle=shuffle, seed=seed)
 
     def checkpoint(self, blocks: Sequence[torch.nn.Module]) -> Sequence[torch.nn.Module]:
         """Activation checkpointing on the first `checkpoint_segments` of `blocks`.
@@ -449,18 +531,24 @@ class Run:
             "warmup_steps": min(self.clock.warmup_steps, self.clock.steps_done),
             "measured_steps": self.clock.steps_measured,
             "measured_s": seconds,
-            "samples_per_s": samples / seconds if seconds > 0 else None,
-            "tokens_per_s": tokens / seconds if tokens and seconds > 0 else None,
+            "world_size": self.ranks.world_size,
+            # Each rank counts its own samples; ranks step together, so all of them train world_size x.
+            "samples_per_s": samples * self.ranks.world_size / seconds if seconds > 0 else None,
+            "tokens_per_s": tokens * self.ranks.world_size / seconds if tokens and seconds > 0 else None,
             "step_time_median_s": statistics.median(times) if times else None,
             "recent_step_times_s": [round(t, 6) for t in times],
             "lowerings": [item.to_dict() for item in self.lowerings],
         }
 
     def report(self) -> None:
-        """Say on stderr what a normal run measured; write it as JSON to $AUTOFIT_RUN_REPORT if set."""
+        """Say on stderr what a normal run measured; write it as JSON to $AUTOFIT_RUN_REPORT if set
+        (the main rank only, in a distributed run)."""
+        if not self.ranks.is_main:
+            return
         summary = self.summary()
         if summary["samples_per_s"]:
-            print(f"autofit: trained {summary['optimizer_steps']} optimizer steps with {self.config.label()}: "
+            ranks = f" on each of {self.ranks.world_size} ranks" if self.ranks.world_size > 1 else ""
+            print(f"autofit: trained {summary['optimizer_steps']} optimizer steps with {self.config.label()}{ranks}: "
                   f"{summary['samples_per_s']:,.1f} samples/s after {summary['warmup_steps']} warm-up steps",
                   file=sys.stderr)
         path = os.environ.get("AUTOFIT_RUN_REPORT")
@@ -482,6 +570,14 @@ class _OomGuard:
         if self._inner.__exit__(kind, exc, tb):
             return True
         return exc is not None and isinstance(exc, Exception) and self._run._caught(exc, self._where)
+
+
+def drop_graph(loss: torch.Tensor) -> None:
+    """Free what a failed step's graph still holds through `loss`, whoever keeps a reference to it."""
+    try:
+        loss.detach_()
+    except RuntimeError:  # a view cannot be detached in place: its graph goes with it
+        pass
 
 
 def apply_checkpoint(block: torch.nn.Module) -> torch.nn.Module:

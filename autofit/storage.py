@@ -37,6 +37,7 @@ def open_storage(url: str | None) -> optuna.storages.BaseStorage:
             raise StorageError(f"The storage {url} must be writable, but its folder cannot be made: {exc.strerror}.") from None
         if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
             raise StorageError(f"The storage {url} must be writable, but {path} is not.")
+    driver_url = engine_url(url)
     for attempt in range(3):
         try:
             if url.endswith(".journal") or url.endswith(".log"):
@@ -45,7 +46,7 @@ def open_storage(url: str | None) -> optuna.storages.BaseStorage:
                 return optuna.storages.JournalStorage(JournalFileBackend(url))
             kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
             with quiet_heartbeat_warnings():
-                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
+                return optuna.storages.RDBStorage(driver_url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
                                                   grace_period=STALE_AFTER_S)
         except Exception as exc:  # noqa: BLE001 - any driver error means the same thing to the user
             # Two searches creating the same new database race on its schema: the loser retries.
@@ -56,6 +57,22 @@ def open_storage(url: str | None) -> optuna.storages.BaseStorage:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise StorageError(f"The storage {url} must open, but it failed: {first[:300]}") from None
     raise AssertionError("unreachable")
+
+
+def engine_url(url: str) -> str:
+    """A PostgreSQL URL with the driver autofit installs (`autofit[postgres]`: psycopg 3) named, since
+    SQLAlchemy's default for a bare postgresql:// differs between versions. Other URLs are unchanged."""
+    import importlib.util
+
+    scheme, _, rest = url.partition("://")
+    if scheme not in ("postgresql", "postgres"):
+        return url
+    if importlib.util.find_spec("psycopg") is not None:
+        return f"postgresql+psycopg://{rest}"
+    if importlib.util.find_spec("psycopg2") is not None:
+        return f"postgresql+psycopg2://{rest}"
+    raise StorageError(f"The storage {url} needs a PostgreSQL driver, but none is installed: "
+                       f"pip install 'autofit[postgres]'.")
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ import optuna
 
 from autofit.document import best_document, study_meta, study_planner
 from autofit.errors import NoFeasibleConfig, StorageError, UsageError
-from autofit.storage import default_storage_url
+from autofit.storage import default_storage_url, engine_url
 from autofit.trials import observations, trial_result
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ def open_for_reading(url: str) -> optuna.storages.BaseStorage:
             from optuna.storages.journal import JournalFileBackend
 
             return optuna.storages.JournalStorage(JournalFileBackend(url))
-        return optuna.storages.RDBStorage(url)
+        return optuna.storages.RDBStorage(engine_url(url))
     except Exception as exc:  # noqa: BLE001 - any driver error means the same thing to the user
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StorageError(f"The storage {url} must open, but it failed: {first[:300]}") from None

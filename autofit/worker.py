@@ -160,6 +160,11 @@ class Worker:
                 self._kill()
             self._proc = None
 
+    def kill(self) -> None:
+        """Stop at once, the probe running in it lost (an interrupted search)."""
+        self._kill()
+        self.close()
+
     # --- probes -------------------------------------------------------------------------------
     def probe(
         self,

@@ -44,3 +44,31 @@ def probe_result(script_name: str, limit: str, batch: int, tmp_path, env: dict |
                          str(batch), "--json", cwd=tmp_path, env=env)
     assert probed.stdout, probed.stderr[-3000:]
     return probed.returncode, json.loads(probed.stdout)["result"]
+
+
+@pytest.fixture(scope="session")
+def postgres_base():
+    """One real PostgreSQL server for the session (tests/postgres.py); each test makes its own database.
+    Its folder is outside pytest's (private to root), where Debian's postgres user can reach it."""
+    import shutil
+    import tempfile
+
+    from tests.postgres import postgres_server
+
+    folder = tempfile.mkdtemp(prefix="autofit-postgres-")
+    os.chmod(folder, 0o755)
+    try:
+        with postgres_server(folder) as url:
+            yield url
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_url(postgres_base, request):
+    """A fresh database on the session's PostgreSQL server."""
+    import re
+
+    from tests.postgres import create_database
+
+    return create_database(postgres_base, "t_" + re.sub(r"\W", "_", request.node.name)[:50].lower())

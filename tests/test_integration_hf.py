@@ -30,7 +30,8 @@ def test_a_trainer_script_is_searched_keeps_its_global_batch_and_runs_with_the_a
     probes = probed_configs(searched.stderr)
     assert probes and all(batch * accumulation == 16 for _, batch, accumulation in probes)
     assert all(status in ("ok", "oom") for status, _, _ in probes)
-    assert config.batch_size < 16  # 16 does not fit (test below)
+    # fp32 b=16 does not fit (624 MiB); on a CPU with fast bf16, bf16 b=16 may fit and win.
+    assert config.precision != "fp32" or config.batch_size < 16
 
     ran = subprocess.run([sys.executable, script("hf_trainer.py")], env={**env, "AUTOFIT_CONFIG": str(best)},
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)

@@ -36,7 +36,8 @@ def test_a_lightning_script_is_searched_keeps_its_global_batch_and_runs_with_the
     probes = probed_configs(searched.stderr)
     assert probes and all(batch * accumulation == 64 for _, batch, accumulation in probes)
     assert all(status in ("ok", "oom") for status, _, _ in probes)
-    assert config.batch_size < 64  # 64 does not fit (test below)
+    # fp32 b=64 does not fit (844 MiB); on a CPU with fast bf16, bf16 b=64 may fit and win.
+    assert config.precision != "fp32" or config.batch_size < 64
 
     ran = _run(tmp_path, best)
     assert ran.returncode == 0, ran.stderr[-3000:]

@@ -24,7 +24,8 @@ def _config_file(path, config: Config) -> str:
     return str(path)
 
 
-def _run(tmp_path, name: str, config: Config, limit: str | None = None, **env: str):
+def _run(tmp_path, name: str, config: Config, limit: str | None = None, *, script_name: str = "longer_later.py",
+         **env: str):
     best = _config_file(tmp_path / f"{name}.best.json", config)
     environment = {**os.environ, "AUTOFIT_CONFIG": best, "AUTOFIT_DEVICE": "cpu", "PYTHONPATH": REPO,
                    "LOSSES_OUT": str(tmp_path / f"{name}.pt"), "AUTOFIT_RUN_REPORT": str(tmp_path / f"{name}.run.json"),
@@ -32,7 +33,7 @@ def _run(tmp_path, name: str, config: Config, limit: str | None = None, **env: s
     environment.pop("AUTOFIT_MEMORY_LIMIT", None)
     if limit:
         environment["AUTOFIT_MEMORY_LIMIT"] = limit
-    return subprocess.run([sys.executable, script("longer_later.py")], env=environment, capture_output=True,
+    return subprocess.run([sys.executable, script(script_name)], env=environment, cwd=str(tmp_path), capture_output=True,
                           text=True, timeout=600)
 
 

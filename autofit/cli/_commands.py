@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from typing import Any, NoReturn
 
 import click
 
-from autofit.cli._types import DURATION, INT_LIST, INT_RANGE, MEMORY_SIZE, PRECISION_LIST
+from autofit.cli._types import DURATION, GPU_LIST, INT_LIST, INT_RANGE, MEMORY_SIZE, PRECISION_LIST
 from autofit.config import PRECISIONS
 from autofit.errors import AutofitError, UsageError
 
@@ -32,21 +33,37 @@ class _Group(click.Group):
             _fail(str(exc), 1)
 
 
-def _device_options(f):
+def _device_options(f=None, *, many: bool = False):
+    if f is None:
+        return lambda g: _device_options(g, many=many)
     f = click.option("--memory-limit", type=MEMORY_SIZE, default=None,
-                     help="Memory the probes may use, e.g. 2GiB (default: the whole device).")(f)
-    f = click.option("--gpu", type=click.IntRange(min=0), default=None,
-                     help="GPU index; implies --device cuda.")(f)
+                     help="Memory the probes may use, e.g. 2GiB (default: the whole device)" +
+                          ("; each worker's own." if many else "."))(f)
+    if many:
+        f = click.option("--gpu", type=GPU_LIST, default=None,
+                         help="GPU index, or several (0,1,2,3) to probe on all at once, one worker each; "
+                              "implies --device cuda.")(f)
+    else:
+        f = click.option("--gpu", type=click.IntRange(min=0), default=None,
+                         help="GPU index; implies --device cuda.")(f)
     f = click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
                      help="Where probes run (default: cuda if --gpu is given, else cpu).")(f)
     return f
 
 
-def _resolve_device(device: str | None, gpu: int | None) -> tuple[str, int]:
+def _resolve_device(device: str | None, gpu: int | tuple[int, ...] | None) -> tuple[str, int]:
     if gpu is not None and device == "cpu":
-        raise UsageError(f"--gpu must go with --device cuda, but got --device cpu --gpu {gpu}.")
+        shown = ",".join(map(str, gpu)) if isinstance(gpu, tuple) else gpu
+        raise UsageError(f"--gpu must go with --device cuda, but got --device cpu --gpu {shown}.")
     device = device or ("cuda" if gpu is not None else "cpu")
-    return device, gpu or 0
+    first = gpu[0] if isinstance(gpu, tuple) else gpu
+    return device, first or 0
+
+
+def _nproc_option(f):
+    return click.option("--nproc-per-node", type=click.IntRange(min=1), default=1, show_default=True,
+                        help="Run each probe as a torchrun job of this many ranks (data parallel through "
+                             "run.distribute); the micro-batch is per rank.")(f)
 
 
 @click.group(cls=_Group)
@@ -65,13 +82,14 @@ def cli() -> None:
 @click.option("--accumulation", type=click.IntRange(min=1), default=1, show_default=True,
               help="Micro-batches per optimizer step.")
 @_device_options
+@_nproc_option
 @click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True, help="Measured optimizer steps.")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Warm-up steps, not measured.")
 @click.option("--timeout", type=DURATION, default="5m", show_default=True, help="Kill the probe after this long.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumulation: int,
-          device: str | None, gpu: int | None, memory_limit: int | None, steps: int, warmup: int,
-          timeout: float, as_json: bool) -> None:
+          device: str | None, gpu: int | None, memory_limit: int | None, nproc_per_node: int, steps: int,
+          warmup: int, timeout: float, as_json: bool) -> None:
     """Run one probe: a few real training steps of TARGET under one config.
 
     TARGET is a script with one @autofit function, or SCRIPT:FUNCTION. Exit status 0 when the
@@ -89,7 +107,14 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
     info = check_device(device, index)
     config = Config(batch_size=batch_size, precision=precision, checkpoint_segments=checkpoint,
                     accumulation_steps=accumulation)
-    with Worker(script, function, device=device, index=index, memory_limit=memory_limit) as worker:
+    if nproc_per_node > 1:
+        from autofit.distributed_probe import DistributedWorker
+
+        worker = DistributedWorker(script, function, nproc=nproc_per_node, device=device, index=index,
+                                   memory_limit=memory_limit)
+    else:
+        worker = Worker(script, function, device=device, index=index, memory_limit=memory_limit)
+    with contextlib.closing(worker):
         loaded = worker.start()
         if precision not in loaded.precisions:
             raise UsageError(f"The precision must be one the device runs ({', '.join(loaded.precisions)}), "
@@ -104,7 +129,10 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
 
 @cli.command()
 @click.argument("target")
-@_device_options
+@_device_options(many=True)
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="CPU only: probes run at once, each in its own worker under its own memory limit.")
+@_nproc_option
 @click.option("--budget", type=DURATION, default="20m", show_default=True,
               help="Wall-clock budget for the whole search: 20m, 1h30m, 90s.")
 @click.option("--trials", type=click.IntRange(min=1), default=None, help="Stop after this many probes.")
@@ -130,7 +158,8 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 @click.option("-v", "--verbose", is_flag=True, help="A line when each probe starts, and the search space.")
-def search(target: str, device: str | None, gpu: int | None, memory_limit: int | None, budget: float,
+def search(target: str, device: str | None, gpu: tuple[int, ...] | None, workers: int, nproc_per_node: int,
+           memory_limit: int | None, budget: float,
            trials: int | None, headroom: float, global_batch: int | None, batch_range, precision,
            accumulation, study: str | None, storage: str | None, out: str | None, fresh: bool,
            steps: int, warmup: int, probe_timeout: float | None, as_json: bool, quiet: bool,
@@ -152,6 +181,7 @@ def search(target: str, device: str | None, gpu: int | None, memory_limit: int |
         headroom=headroom, budget_s=budget, trials=trials, global_batch=global_batch,
         batch_size=batch_range, precision=precision, accumulation=accumulation, study=study,
         storage=storage, out=out, fresh=fresh, warmup=warmup, steps=steps, probe_timeout=probe_timeout,
+        gpus=tuple(gpu) if gpu and len(gpu) > 1 else (), workers=workers, nproc_per_node=nproc_per_node,
     )
     if not (quiet or as_json) and sys.stderr.isatty():
         reporter = LiveReporter(verbose=verbose)

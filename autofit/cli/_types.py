@@ -81,6 +81,9 @@ class IntList(click.ParamType):
 
     name = "ints"
 
+    def __init__(self, minimum: int = 1) -> None:
+        self.minimum = minimum
+
     def convert(self, value, param, ctx):
         if isinstance(value, tuple):
             return value
@@ -88,8 +91,9 @@ class IntList(click.ParamType):
             values = tuple(int(v) for v in str(value).split(",") if v.strip())
         except ValueError:
             self.fail(f"A list must look like 1,2,4, but got {value!r}.", param, ctx)
-        if not values or min(values) < 1:
-            self.fail(f"A list must hold positive integers, but got {value!r}.", param, ctx)
+        if not values or min(values) < self.minimum:
+            kind = "positive integers" if self.minimum == 1 else f"integers of at least {self.minimum}"
+            self.fail(f"A list must hold {kind}, but got {value!r}.", param, ctx)
         return values
 
 
@@ -98,3 +102,4 @@ DURATION = Duration()
 PRECISION_LIST = PrecisionList()
 INT_RANGE = IntRangeText()
 INT_LIST = IntList()
+GPU_LIST = IntList(minimum=0)

@@ -24,6 +24,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from autofit.config import Config
 from autofit.integrations._blocks import checkpointable_blocks
+from autofit.integrations._recovery import StepRecovery
 from autofit.run import Run
 
 
@@ -69,14 +70,16 @@ def _check_global_batch(config: Config, args: TrainingArguments) -> None:
 class _StepCounter(TrainerCallback):
     """Counts the Trainer's optimizer steps on the Run: the clock a probe and a real run share."""
 
-    def __init__(self, run: Run, blocks: int) -> None:
-        self._run, self._blocks = run, blocks
+    def __init__(self, run: Run, blocks: int, recovery: StepRecovery | None) -> None:
+        self._run, self._blocks, self._recovery = run, blocks, recovery
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._run.adopt_loop(checkpoint_blocks=self._blocks)
 
     def on_step_end(self, args, state, control, **kwargs):
         per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * max(1, args.world_size)
+        if self._recovery is not None:
+            self._recovery.step_done()
         self._run.step_taken(per_step)
 
 
@@ -98,5 +101,46 @@ class AutofitTrainer(Trainer):
             run.checkpoint(blocks)
             if getattr(getattr(model, "config", None), "use_cache", False):
                 model.config.use_cache = False  # a cache filled twice by recomputation (as HF does it)
-        kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), _StepCounter(run, len(blocks))]
+        self._autofit_recovery = StepRecovery(run, self._zero_grad) if run.recovers_oom else None
+        self._autofit_weight = 1.0  # a piece's share of its micro-batch's loss (after an OOM)
+        kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), _StepCounter(run, len(blocks), self._autofit_recovery)]
         super().__init__(**kwargs)
+
+    def training_step(self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        recovery = self._autofit_recovery
+        if recovery is None:
+            return super().training_step(model, inputs, num_items_in_batch)
+
+        def piece_step(piece: dict[str, Any], weight: float, items: Any) -> torch.Tensor:
+            # A loss normalized by the step's item count (HF's own fix for accumulation) adds up over
+            # pieces as it is; a mean over the piece is weighted by its share of the micro-batch.
+            self._autofit_weight = 1.0 if self._loss_counts_items(items) else weight
+            try:
+                return super(AutofitTrainer, self).training_step(model, piece, items)
+            finally:
+                self._autofit_weight = 1.0
+
+        return sum(recovery.feed(inputs, num_items_in_batch, piece_step))
+
+    def compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:
+        recovery = self._autofit_recovery
+        if recovery is not None:
+            recovery.where = "forward"
+        result = super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                      num_items_in_batch=num_items_in_batch)
+        if recovery is not None:
+            recovery.where = "backward"
+        if self._autofit_weight != 1.0:
+            result = (result[0] * self._autofit_weight, *result[1:]) if return_outputs else result * self._autofit_weight
+        return result
+
+    def _loss_counts_items(self, num_items_in_batch: Any) -> bool:
+        """Whether the Trainer's loss is already divided by the step's item count (as in training_step)."""
+        if getattr(self, "loss_is_scaled_for_ga", None) is not None:
+            return bool(self.loss_is_scaled_for_ga)
+        return bool(getattr(self, "model_accepts_loss_kwargs", False) and num_items_in_batch is not None) \
+            or getattr(self, "compute_loss_func", None) is not None
+
+    def _zero_grad(self) -> None:
+        self.model.zero_grad(set_to_none=True)

@@ -23,7 +23,8 @@ import torch
 
 from autofit.config import Config
 from autofit.integrations._blocks import checkpointable_blocks
-from autofit.run import Run, count_samples
+from autofit.integrations._recovery import StepRecovery
+from autofit.run import Run, count_samples, drop_graph
 
 #: autofit's precision names in Lightning's words.
 PRECISION = {"fp32": "32-true", "tf32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
@@ -56,6 +57,7 @@ class _StepCounter(pl.Callback):
 
     def __init__(self, run: Run) -> None:
         self._run, self.blocks = run, 0
+        self.recovery: StepRecovery | None = None
         self._samples = 0
         self._steps_seen = 0
 
@@ -68,6 +70,8 @@ class _StepCounter(pl.Callback):
         if trainer.global_step > self._steps_seen:  # this micro-batch ended an optimizer step
             self._steps_seen = trainer.global_step
             samples, self._samples = self._samples, 0
+            if self.recovery is not None:
+                self.recovery.step_done()
             self._run.step_taken(samples)
 
 
@@ -75,7 +79,11 @@ class AutofitLightningTrainer(pl.Trainer):
     """A `lightning.pytorch.Trainer` that trains under the run's config: precision, accumulation
     (give `run.batch_size` to your DataLoader: micro-batch x accumulation is the global batch), and
     PyTorch's activation checkpointing on the first `run.checkpoint_segments` of the module's
-    repeated blocks (its longest ModuleList of one type, or `checkpoint_blocks`)."""
+    repeated blocks (its longest ModuleList of one type, or `checkpoint_blocks`).
+
+    In a real run with automatic optimization, a training step that runs out of memory is run again
+    with the micro-batch cut in pieces (autofit.integrations._recovery): the loader, the accumulation
+    and the global batch stay as they are. An OOM in the optimizer's own step is not caught."""
 
     def __init__(self, run: Run, *, checkpoint_blocks: Sequence[torch.nn.Module] | None = None,
                  **kwargs: Any) -> None:
@@ -91,4 +99,68 @@ class AutofitLightningTrainer(pl.Trainer):
         self._autofit_counter.blocks = len(blocks)
         if self._autofit_run.checkpoint_segments and blocks:
             self._autofit_run.checkpoint(blocks)
+        if self._autofit_run.recovers_oom and model.automatic_optimization:
+            self._autofit_counter.recovery = _recover_in(self, self._autofit_run, model)
         return super().fit(model, *args, **kwargs)
+
+
+def _recover_in(trainer: pl.Trainer, run: Run, module: pl.LightningModule) -> StepRecovery:
+    """Wrap the trainer's strategy so its training step survives an OOM (automatic optimization:
+    Lightning runs `strategy.training_step`, then `strategy.backward` on its loss, per micro-batch).
+
+    Once lowered, `training_step` runs the first piece of the micro-batch and hands its weighted loss
+    to Lightning, whose backward then runs the other pieces, forward and backward, one at a time."""
+    recovery = StepRecovery(run, lambda: module.zero_grad(set_to_none=True))
+    strategy = trainer.strategy
+    training_step, backward = strategy.training_step, strategy.backward
+    current: dict[str, Any] = {}
+
+    def whole_piece(piece: Any, weight: float, context: tuple) -> None:
+        rest, kwargs, optimizer = context
+        recovery.where = "forward"
+        loss = _loss_of(training_step(piece, *rest, **kwargs)) * (weight / trainer.accumulate_grad_batches)
+        recovery.where = "backward"
+        backward(loss, optimizer)
+
+    def recovering_training_step(batch: Any, *rest: Any, **kwargs: Any) -> Any:
+        current.update(batch=batch, rest=rest, kwargs=kwargs)
+        while True:
+            try:
+                recovery.where = "forward"
+                piece, weight = recovery.pieces(batch)[0]
+                return _weighted(training_step(piece, *rest, **kwargs), weight)
+            except Exception as exc:
+                if not recovery.lowered(exc):
+                    raise
+            run.release_memory()  # the gradients are whole: run this micro-batch again, in pieces
+
+    def recovering_backward(loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        batch, context = current["batch"], (current["rest"], current["kwargs"], optimizer)
+        recovery.add(batch, context)
+        try:
+            recovery.where = "backward"
+            result = backward(loss, optimizer, *args, **kwargs)
+            for piece, weight in recovery.pieces(batch)[1:]:
+                whole_piece(piece, weight, context)
+            return result
+        except Exception as exc:
+            if not recovery.lowered(exc):
+                raise
+        drop_graph(loss)  # what a failed backward left of the graph: Lightning's closure still holds it
+        recovery.redo_step(whole_piece)
+        return None
+
+    strategy.training_step, strategy.backward = recovering_training_step, recovering_backward
+    return recovery
+
+
+def _loss_of(output: Any) -> torch.Tensor:
+    return output["loss"] if isinstance(output, dict) else output
+
+
+def _weighted(output: Any, weight: float) -> Any:
+    if weight == 1.0 or output is None:
+        return output
+    if isinstance(output, dict):
+        return {**output, "loss": output["loss"] * weight}
+    return output * weight

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import optuna
 
@@ -18,14 +19,14 @@ from autofit.record import ProbeResult
 from autofit.results import default_best_path, device_tag, script_sha256, write_best
 from autofit.search._budget import Budget
 from autofit.search._explain import fault_notes, nothing_fits
-from autofit.search._liveness import Heartbeat, owner_record
+from autofit.search._liveness import Heartbeat, fail_stale, owner_record
 from autofit.search._planner import Planner
 from autofit.search._progress import Reporter
 from autofit.search._resume import fail_trials, open_study
 from autofit.search._sampler import AutofitSampler
 from autofit.search._settings import SearchResult, SearchSettings
 from autofit.search._space import SearchSpace
-from autofit.storage import default_study_name, open_storage, quiet_heartbeat_warnings, storage_label
+from autofit.storage import HEARTBEAT_S, default_study_name, open_storage, quiet_heartbeat_warnings, storage_label
 from autofit.trials import distributions, observations, record_probe, trial_config
 from autofit.worker import Worker
 
@@ -41,16 +42,22 @@ class Search:
         self.started = time.monotonic()
         self.budget = Budget(settings, self.started)
         self.script = check_script(settings.script)
-        self.device_info = check_device(settings.device, settings.index)
+        self.slots = settings.worker_indices()
+        """The device index of each worker: one per listed GPU, or --workers of them on the CPU."""
+        self.device_info = _same_devices(settings.device, self.slots)
+        self._worker_names: dict[int, str] = {}
         self.storage_url = storage_label(settings.storage)
         self.storage = open_storage(settings.storage)  # a bad storage fails before any probe
-        self.study_name = settings.study or default_study_name(self.script, settings.function, settings.device, settings.index)
+        self.study_name = settings.study or default_study_name(self.script, settings.function, settings.device, settings.index) \
+            + (f"-{settings.nproc_per_node}ranks" if settings.nproc_per_node > 1 else "")
         self.run_dir = os.path.join(os.path.dirname(self._db_dir()), "runs", self.study_name)
         self.limit = settings.memory_limit or self._device_memory()
         self.usable = self.limit * (1 - settings.headroom)
         self.probes_this_run = 0
         self.script_sha256 = script_sha256(self.script)  # the script as these probes measure it
         self.notes: list[str] = []
+        if settings.device == "cpu" and len(self.slots) > 1:
+            self.notes.append(_shared_cores_note(len(self.slots)))
         self._asked: list[int] = []
 
     def _db_dir(self) -> str:
@@ -62,14 +69,15 @@ class Search:
     def _device_memory(self) -> int:
         info = self.device_info
         if info.type == "cpu":  # no limit given: cap at what is free now, so the machine survives
-            return int(info.free_bytes or info.total_bytes)
+            return int((info.free_bytes or info.total_bytes) / len(self.slots))  # each worker its share
         return int(info.total_bytes)
 
     # --- set-up -------------------------------------------------------------------------------
     def open_study(self) -> optuna.Study:
         opened = open_study(self.storage, self.study_name, fresh=self.s.fresh, device_name=self.device_info.name,
                             limit_bytes=self.limit, limit_given=self.s.memory_limit is not None,
-                            headroom=self.s.headroom, script_sha256=self.script_sha256)
+                            headroom=self.s.headroom, script_sha256=self.script_sha256,
+                            world_size=self.s.nproc_per_node)
         self.limit = opened.limit_bytes
         self.usable = self.limit * (1 - self.s.headroom)
         self.notes.extend(opened.notes)
@@ -88,22 +96,48 @@ class Search:
         accumulations = options.accumulation
         if knobs is not None and not knobs.get("backward") and accumulations:
             accumulations = (1,)
+        global_batch = options.global_batch
+        if global_batch and self.s.nproc_per_node > 1:  # the micro-batch and accumulation are per rank
+            if global_batch % self.s.nproc_per_node:
+                raise UsageError(f"The global batch must divide among the {self.s.nproc_per_node} ranks, but got "
+                                 f"{global_batch}.")
+            global_batch //= self.s.nproc_per_node
         return SearchSpace.build(batch_range=options.batch_size, precisions=tuple(wanted),
                                  checkpoint_blocks=blocks, use_checkpoint=options.checkpoint,
-                                 global_batch=options.global_batch, accumulations=accumulations)
+                                 global_batch=global_batch, accumulations=accumulations)
 
     # --- the loop -----------------------------------------------------------------------------
     def run(self) -> SearchResult:
         study = self.open_study()
-        worker = Worker(self.script, self.s.function, device=self.s.device, index=self.s.index,
-                        memory_limit=self.limit, usable_bytes=int(self.usable), log_dir=self.run_dir)
-        try:
-            return self._run(study, worker)
-        finally:
-            worker.close()
+        many = len(self.slots) > 1
+        if self.s.nproc_per_node > 1:
+            from autofit.distributed_probe import DistributedWorker
 
-    def _run(self, study: optuna.Study, worker: Worker) -> SearchResult:
-        info = worker.start()
+            workers = [DistributedWorker(self.script, self.s.function, nproc=self.s.nproc_per_node,
+                                         device=self.s.device, index=self.s.index, memory_limit=self.limit,
+                                         usable_bytes=int(self.usable), log_dir=self.run_dir)]
+        else:
+            workers = [Worker(self.script, self.s.function, device=self.s.device, index=index,
+                              memory_limit=self.limit, usable_bytes=int(self.usable),
+                              log_dir=os.path.join(self.run_dir, f"worker-{n}") if many else self.run_dir)
+                       for n, index in enumerate(self.slots)]
+        self._worker_names = {id(w): f"cuda:{w.index}" if w.device == "cuda" else f"worker {n}"
+                              for n, w in enumerate(workers)}
+        # Each worker is started and probed from its own thread, which lives as long as the search:
+        # a worker process dies with the thread that started it (PR_SET_PDEATHSIG is per thread).
+        self._lanes = {id(w): ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"autofit-worker-{n}")
+                       for n, w in enumerate(workers)}
+        try:
+            return self._run(study, workers)
+        finally:
+            for worker in workers:
+                worker.close()
+            for lane in self._lanes.values():
+                lane.shutdown(wait=False, cancel_futures=True)
+
+    def _run(self, study: optuna.Study, workers: list[Worker]) -> SearchResult:
+        starts = [self._lanes[id(w)].submit(w.start) for w in workers]  # every worker loads at once
+        info = [start.result() for start in starts][0]
         options = SearchOptions(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in (info.options or {}).items()}) \
             if info.options else SearchOptions()
         options = options.merged(global_batch=self.s.global_batch, batch_size=self.s.batch_size,
@@ -117,46 +151,98 @@ class Search:
         self.reporter.started(self, space, len(study.trials))
         stopped = "the planner had nothing left worth probing"
         try:
-            stopped = self._explore(study, worker, planner, sampler, options, info)
+            stopped = self._explore(study, workers, planner, sampler, options, info)
             planner = Planner(self._space(study), self.usable, check_noise=self.s.recheck)
-            self._remeasure_and_confirm(study, worker, planner, sampler)
+            # One worker, alone: the figures a winner is named and exported with are measured
+            # without the other workers' probes competing for the machine.
+            self._remeasure_and_confirm(study, workers[0], planner, sampler)
             partial = False
         except KeyboardInterrupt:
             stopped, partial = "interrupted (Ctrl-C)", True
-            worker.close()
+            for worker in workers:
+                worker.close()
             fail_trials(study, self._asked)
         except BaseException:
             # autofit's own failure (a bug, a broken pipe to the worker): the finished probes stay,
-            # the unfinished one is FAIL and is probed again when the same command resumes.
-            worker.close()
+            # the unfinished ones are FAIL and are probed again when the same command resumes.
+            for worker in workers:
+                worker.close()
             fail_trials(study, self._asked)
             raise
         return self._finish(study, planner, stopped, partial, info)
 
-    def _explore(self, study, worker, planner: Planner, sampler: AutofitSampler, options, info) -> str:
-        while True:
-            if self.s.trials is not None and self.probes_this_run >= self.s.trials:
-                return f"reached --trials {self.s.trials}"
-            seen = observations(study.get_trials(deepcopy=False))
-            if self.budget.left() < self.budget.next_probe_estimate(seen) + self.budget.confirm_reserve(planner, seen, study):
-                return "the time budget"
-            suspect = planner.recheck(seen)  # a measurement to trust only once measured again
-            if suspect is not None:
-                self._probe(study, worker, sampler, suspect, "recheck", self.s.steps)
-                continue
-            config = planner.next(seen)
-            if config is None:
-                return "the planner had nothing left worth probing"
-            result = self._probe(study, worker, sampler, config, "explore", self.s.steps)
-            if result is None:
-                continue  # another worker claimed the same config first
-            self._check_fatal(result, seen)
-            meta = study.user_attrs.get("autofit") or {}
-            if meta.get("knobs") is None and result.knobs.get("batches"):
-                space = self.build_space(options, info, result.knobs)
-                self._save_meta(study, info, space, result.knobs)
-                planner.space = space
-                sampler.search_space = self._distributions(space)
+    def _explore(self, study, workers: list[Worker], planner: Planner, sampler: AutofitSampler, options, info) -> str:
+        """Keep every worker busy with the planner's next config (or a suspect one to recheck) until
+        the budget, --trials or the planner stop it; record each probe as it finishes."""
+        free = list(workers)
+        running: dict[Future, tuple[Worker, optuna.Trial, str]] = {}
+        stopped: str | None = None
+        next_liveness_check = time.monotonic() + HEARTBEAT_S
+        knobs_known = False  # once known, always known: no need to read the study again
+        try:
+            while True:
+                knobs_known = knobs_known or (study.user_attrs.get("autofit") or {}).get("knobs") is not None
+                while free and stopped is None and (knobs_known or not running):
+                    launch = self._next_probe(study, planner, len(running))
+                    if isinstance(launch, str):
+                        stopped = launch
+                    elif launch is None:
+                        break  # nothing new until a running probe reports
+                    else:
+                        config, phase = launch
+                        worker = free.pop()
+                        started = self._start_probe(study, sampler, worker, config, phase, self.s.steps)
+                        if started is None:
+                            free.append(worker)  # another searcher claimed the config first
+                            continue
+                        running[started[0]] = (worker, started[1], phase)
+                if not running:
+                    if stopped is not None:
+                        return stopped
+                    time.sleep(1.0)  # another searcher's probes are running: what they find decides
+                    done = set()
+                else:
+                    done, _ = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
+                for future in done:
+                    worker, trial, phase = running.pop(future)
+                    free.append(worker)
+                    result = self._finish_probe(study, trial, future.result(), phase, worker)
+                    if phase == "explore":
+                        self._check_fatal(result, observations(study.get_trials(deepcopy=False), exclude=trial.number))
+                        self._learn_knobs(study, result, options, info, planner, sampler)
+                if time.monotonic() >= next_liveness_check:  # a searcher that died: its configs
+                    fail_stale(study)                         # are probed again (by anyone)
+                    next_liveness_check = time.monotonic() + HEARTBEAT_S
+        finally:
+            for worker, _, _ in running.values():  # an interruption or a fault: stop them at once
+                worker.kill()
+
+    def _next_probe(self, study, planner: Planner, running: int) -> tuple[Config, str] | str | None:
+        """What a free worker probes next: (config, phase); a reason (str) to stop launching; or None
+        when nothing is worth probing until the probes running now report."""
+        if self.s.trials is not None and self.probes_this_run + running >= self.s.trials:
+            return f"reached --trials {self.s.trials}"
+        seen = observations(study.get_trials(deepcopy=False))
+        if self.budget.left() < self.budget.next_probe_estimate(seen) + self.budget.confirm_reserve(planner, seen, study):
+            return "the time budget"
+        suspect = planner.recheck(seen)  # a measurement to trust only once measured again
+        if suspect is not None:
+            return suspect, "recheck"
+        config = planner.next(seen)
+        if config is None:
+            if running or any(o.status == "running" for o in seen):
+                return None  # what the probes running now (here or in another searcher) find decides
+            return "the planner had nothing left worth probing"
+        return config, "explore"
+
+    def _learn_knobs(self, study, result: ProbeResult, options, info, planner: Planner, sampler: AutofitSampler) -> None:
+        """The first probe tells which knobs the function offers: the space narrows to them."""
+        meta = study.user_attrs.get("autofit") or {}
+        if meta.get("knobs") is None and result.knobs.get("batches"):
+            space = self.build_space(options, info, result.knobs)
+            self._save_meta(study, info, space, result.knobs)
+            planner.space = space
+            sampler.search_space = self._distributions(space)
 
     def _remeasure_and_confirm(self, study, worker, planner: Planner, sampler: AutofitSampler) -> None:
         seen = observations(study.get_trials(deepcopy=False))
@@ -188,29 +274,43 @@ class Search:
                               f"({result.status if result else 'claimed'}); falling back to the next best")
 
     def _probe(self, study, worker: Worker, sampler: AutofitSampler, config: Config, phase: str, steps: int):
+        """One probe, start to finish, on `worker` (None when another searcher claimed the config)."""
+        started = self._start_probe(study, sampler, worker, config, phase, steps)
+        if started is None:
+            return None
+        return self._finish_probe(study, started[1], started[0].result(), phase, worker)
+
+    def _start_probe(self, study, sampler: AutofitSampler, worker: Worker, config: Config, phase: str,
+                     steps: int) -> tuple[Future, optuna.Trial] | None:
+        """Ask Optuna for the trial (in this thread) and run its probe in the worker's own thread."""
         sampler.force(config)
         with quiet_heartbeat_warnings():
             trial = study.ask(sampler.search_space)
         self._asked.append(trial.number)
-        asked = Config(batch_size=trial.params["batch_size"], precision=trial.params["precision"],
-                       checkpoint_segments=trial.params["checkpoint_segments"],
-                       accumulation_steps=trial.params["accumulation_steps"])
+        asked = trial_config(trial)
         if phase == "explore" and self._claimed_earlier(study, trial.number, asked):
             trial.set_user_attr("duplicate", True)
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             return None
         trial.set_user_attr("phase", phase)
-        trial.set_user_attr("owner", owner_record())
+        trial.set_user_attr("owner", {**owner_record(), "device": f"{worker.device}:{worker.index}"})
         self.reporter.probe_started(trial.number, asked, phase)
         log_path = os.path.join(self.run_dir, f"trial-{trial.number}.log")
         os.makedirs(self.run_dir, exist_ok=True)
         seen = observations(study.get_trials(deepcopy=False), exclude=trial.number)
-        with Heartbeat(study, trial):
-            result = worker.probe(asked, warmup=self.s.warmup, steps=steps,
-                                  timeout=self.budget.probe_timeout(seen), log_path=log_path)
+        timeout = self.budget.probe_timeout(seen)
+
+        def measure() -> ProbeResult:
+            with Heartbeat(study, trial):
+                return worker.probe(asked, warmup=self.s.warmup, steps=steps, timeout=timeout, log_path=log_path)
+
+        return self._lanes[id(worker)].submit(measure), trial
+
+    def _finish_probe(self, study, trial: optuna.Trial, result: ProbeResult, phase: str, worker: Worker) -> ProbeResult:
         record_probe(study, trial, result, self.usable, phase)
         self.probes_this_run += 1
-        self.reporter.probe_finished(trial.number, result, self.usable)
+        where = self._worker_names.get(id(worker)) if len(self.slots) > 1 else None
+        self.reporter.probe_finished(trial.number, result, self.usable, where)
         return result
 
     def _claimed_earlier(self, study, number: int, config: Config) -> bool:
@@ -249,6 +349,7 @@ class Search:
             "device_info": self.device_info.to_dict(), "limit_bytes": self.limit,
             "limit_given": self.s.memory_limit is not None, "script_sha256": self.script_sha256,
             "headroom": self.s.headroom, "usable_bytes": self.usable, "space": space.to_dict(),
+            "world_size": self.s.nproc_per_node,
             "knobs": knobs, "versions": info.versions,
         })
 
@@ -282,6 +383,26 @@ class Search:
         result.json_path = write_best(path, document)
         result.document = document
         return result
+
+
+def _shared_cores_note(workers: int) -> str:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (f"{workers} workers shared {cores} cores, each probe with the threads your run gets: their probes slowed "
+            f"each other, so the ranking (and the answer) may be off; one worker gives the answer to trust "
+            f"(benchmarks/parallel.md)")
+
+
+def _same_devices(device: str, indices: tuple[int, ...]):
+    """The device all workers run on: probes compare only across identical devices (same model and
+    memory), so a list of GPUs that differ is refused."""
+    infos = [check_device(device, index) for index in dict.fromkeys(indices)]
+    first = infos[0]
+    for other in infos[1:]:
+        if (other.name, other.total_bytes) != (first.name, first.total_bytes):
+            raise UsageError(f"The GPUs of one search must be identical (probes compare only on the same model and "
+                             f"memory), but {device}:{first.index} is {first.name} and {device}:{other.index} is "
+                             f"{other.name}: search each model separately.")
+    return first
 
 
 def _lowered_run_note(best_path: str) -> str | None:

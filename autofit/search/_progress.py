@@ -50,7 +50,8 @@ class Reporter:
         if self.verbose:
             self._line(f"  trial {number} {phase}: {config.label()} ...")
 
-    def probe_finished(self, number: int, result: ProbeResult, usable: float) -> None:
+    def probe_finished(self, number: int, result: ProbeResult, usable: float, where: str | None = None) -> None:
+        """`where`: the worker it ran on, when a search has several."""
         self.counts["probes"] += 1
         if result.status == "oom" or (result.ok and (result.peak_bytes or 0) > usable):
             self.counts["oom"] += 1
@@ -61,7 +62,7 @@ class Reporter:
         best = f"best {self.best[1]} {self.best[0]:,.1f}/s" if self.best else "no fit yet"
         self._line(
             f"[{self.counts['probes']:>3} probes, {self.counts['oom']} too big, {self.counts['failed']} failed, "
-            f"{self._left()} left, {best}] trial {number}: {result.summary()}"
+            f"{self._left()} left, {best}] trial {number}{f' ({where})' if where else ''}: {result.summary()}"
         )
 
 
@@ -126,9 +127,9 @@ class LiveReporter(Reporter):
         self._since = time.monotonic()
         super().probe_started(number, config, phase)
 
-    def probe_finished(self, number: int, result, usable: float) -> None:
+    def probe_finished(self, number: int, result, usable: float, where: str | None = None) -> None:
         self._running = None
-        super().probe_finished(number, result, usable)
+        super().probe_finished(number, result, usable, where)
 
     def close(self) -> None:
         if self._stop is not None:

@@ -21,7 +21,8 @@ class OpenedStudy:
 
 
 def open_study(storage: optuna.storages.BaseStorage, name: str, *, fresh: bool, device_name: str,
-               limit_bytes: int, limit_given: bool, headroom: float, script_sha256: str | None) -> OpenedStudy:
+               limit_bytes: int, limit_given: bool, headroom: float, script_sha256: str | None,
+               world_size: int = 1) -> OpenedStudy:
     """The study to search in, checked against what this search runs under (UsageError if it differs)."""
     if fresh:
         try:
@@ -36,8 +37,10 @@ def open_study(storage: optuna.storages.BaseStorage, name: str, *, fresh: bool, 
             # No --memory-limit, then or now: the limit was the memory free when the study began
             # (it changes every run); resume with that one.
             opened.limit_bytes = int(meta["limit_bytes"])
-        for key, value in (("device", device_name), ("limit_bytes", opened.limit_bytes), ("headroom", headroom)):
-            if meta.get(key) != value:
+        checks = (("device", device_name), ("limit_bytes", opened.limit_bytes), ("headroom", headroom),
+                  ("world_size", world_size))
+        for key, value in checks:
+            if meta.get(key, 1 if key == "world_size" else None) != value:
                 raise UsageError(
                     f"The study {name} must be resumed with the same {key.replace('_', ' ')} "
                     f"({meta.get(key)}), but got {value}: pass --fresh to start over or --study to name another."

@@ -40,12 +40,36 @@ class SearchSettings:
     seed: int | None = 0
     recheck: bool = True
     """Probe suspect measurements again before they win or prune (off only to measure what it buys)."""
+    gpus: tuple[int, ...] = ()
+    """Probe on all of these GPUs at once, one worker each (`index` is then the first)."""
+    workers: int = 1
+    """CPU only: this many workers probing at once, each under its own memory limit."""
+    nproc_per_node: int = 1
+    """Each probe a torchrun job of this many ranks (distributed data parallel through run.distribute)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.headroom < 1:
             raise UsageError(f"The headroom must be a fraction in [0, 1), but got {self.headroom}.")
+        if self.workers < 1:
+            raise UsageError(f"The number of workers must be at least 1, but got {self.workers}.")
+        if self.workers > 1 and self.device != "cpu":
+            raise UsageError(f"--workers is for the CPU, but got --workers {self.workers} on {self.device}: "
+                             f"list the GPUs instead (--gpu 0,1,2,3), one worker each.")
+        if self.nproc_per_node < 1:
+            raise UsageError(f"--nproc-per-node must be at least 1, but got {self.nproc_per_node}.")
+        if self.nproc_per_node > 1 and (self.workers > 1 or self.gpus):
+            raise UsageError("--nproc-per-node runs each probe on several ranks; it cannot be combined with "
+                             "--workers or a list of GPUs yet.")
+        if len(set(self.gpus)) != len(self.gpus):
+            raise UsageError(f"Each GPU must be listed once, but got --gpu {','.join(map(str, self.gpus))}.")
         if self.trials is not None and self.trials < 1:
             raise UsageError(f"The number of trials must be at least 1, but got {self.trials}.")
+
+    def worker_indices(self) -> tuple[int, ...]:
+        """The device index each worker probes on."""
+        if self.gpus:
+            return tuple(self.gpus)
+        return (self.index,) * self.workers
 
 
 @dataclass

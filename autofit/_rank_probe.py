@@ -1,0 +1,54 @@
+"""One rank of a distributed probe, started by torchrun:
+
+    python -m torch.distributed.run --nproc-per-node N ... -m autofit._rank_probe REQUEST.json
+
+Every rank loads the user's script, caps its own memory, runs the probe (the user's function, which
+joins the process group through `run.distribute`), and writes its result to OUT/rank-R.json. A rank
+whose probe did not end ok exits with status 3 at once, so that torchrun tears the other ranks down
+instead of leaving them waiting in a collective; autofit.distributed_probe combines the results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def main(request_path: str) -> int:
+    with open(request_path) as handle:
+        request = json.load(handle)
+    from autofit.config import Config
+    from autofit.devices import make_backend
+    from autofit.discover import find_function, load_script
+    from autofit.distributed import ranks_from_env
+    from autofit.probe import run_probe
+
+    ranks = ranks_from_env()
+    backend = make_backend(request["device"], ranks.local_rank if request["device"] == "cuda" else 0)
+    fn = find_function(load_script(request["script"]), request.get("function"), request["script"])
+    backend.release()
+    backend.apply_memory_limit(request.get("memory_limit"), request.get("usable_bytes"))
+    # Ranks must stop at the same step (one left in a collective waits forever): a fixed number of
+    # measured steps, never the time-based extension a single-process probe uses.
+    result = run_probe(fn, Config.from_dict(request["config"]), backend, warmup_steps=request["warmup"],
+                       measured_steps=request["steps"], min_measure_s=0.0, ranks=ranks)
+    result.world_size = ranks.world_size
+    path = os.path.join(request["out"], f"rank-{ranks.rank}.json")
+    with open(path + ".tmp", "w") as handle:
+        json.dump(result.to_dict(), handle)
+    os.replace(path + ".tmp", path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if not result.ok:
+        os._exit(3)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()  # leave together: the rendezvous store must outlive every rank's last use
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
