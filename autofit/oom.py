@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import resource
+
 # Substrings of the RuntimeError messages that mean the allocator ran dry (see ANCHORS.md).
 _OOM_MESSAGES = (
     "out of memory",  # CUDA ("CUDA out of memory"), HIP, XPU, MPS
@@ -10,6 +12,17 @@ _OOM_MESSAGES = (
     "CUBLAS_STATUS_ALLOC_FAILED",
     "PT_DEVMEM Allocation failed",  # Habana
 )
+
+# oneDNN (mkldnn) turns every failure to create a primitive into this one message, its status lost;
+# a primitive allocates its scratchpad when it is created, so under autofit's CPU cap (RLIMIT_DATA)
+# this is the allocator refusing memory. Seen in CI: an fp32 Linear backward on an Intel CPU.
+_ONEDNN_MESSAGES = ("could not create a primitive",)
+
+
+def _under_a_cpu_memory_cap() -> bool:
+    """True when this process's private memory is capped (autofit's CPU backend sets RLIMIT_DATA)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
+    return soft != resource.RLIM_INFINITY
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -31,7 +44,9 @@ def _is_oom_here(exc: BaseException) -> bool:
         return True
     if isinstance(exc, RuntimeError):
         message = str(exc)
-        return any(pattern in message for pattern in _OOM_MESSAGES)
+        if any(pattern in message for pattern in _OOM_MESSAGES):
+            return True
+        return any(pattern in message for pattern in _ONEDNN_MESSAGES) and _under_a_cpu_memory_cap()
     return False
 
 

@@ -19,6 +19,11 @@ def scripts_dir() -> str:
     return SCRIPTS
 
 
+def refused_by_the_allocator(message: str) -> bool:
+    """The CPU cap's refusal as torch's allocator words it, or oneDNN (the kernels some CPUs use)."""
+    return "can't allocate memory" in message or "could not create a primitive" in message
+
+
 def autofit_cli(*args: str, cwd, env: dict | None = None, timeout: int = 300):
     """`python -m autofit.cli ARGS` in a fresh process (the repo importable), its output captured."""
     import subprocess

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from autofit.config import Config
-from tests.conftest import REPO, autofit_cli, probe_result, probed_configs, script
+from tests.conftest import REPO, autofit_cli, probe_result, probed_configs, refused_by_the_allocator, script
 
 pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
 
@@ -67,4 +67,4 @@ def test_the_frameworks_own_step_runs_out_of_memory_above_the_limit(tmp_path):
     """b=16 in one micro-batch does not fit under LIMIT: the probe's status says so (exit 1)."""
     status, result = probe_result("hf_trainer.py", LIMIT, 16, tmp_path, env={"HF_OUT": str(tmp_path / "out")})
     assert status == 1
-    assert result["status"] == "oom" and "can't allocate memory" in result["error_message"]
+    assert result["status"] == "oom" and refused_by_the_allocator(result["error_message"])

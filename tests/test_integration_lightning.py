@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from autofit.config import Config
-from tests.conftest import REPO, autofit_cli, probe_result, probed_configs, script
+from tests.conftest import REPO, autofit_cli, probe_result, probed_configs, refused_by_the_allocator, script
 
 pytest.importorskip("lightning", reason="the lightning extra: pip install -e '.[lightning]'")
 
@@ -70,4 +70,4 @@ def test_the_frameworks_own_step_runs_out_of_memory_above_the_limit(tmp_path):
     """b=64 in one micro-batch does not fit under LIMIT: the probe's status says so (exit 1)."""
     status, result = probe_result("lightning_module.py", LIMIT, 64, tmp_path, env={"PL_OUT": str(tmp_path / "out")})
     assert status == 1
-    assert result["status"] == "oom" and "can't allocate memory" in result["error_message"]
+    assert result["status"] == "oom" and refused_by_the_allocator(result["error_message"])

@@ -48,3 +48,21 @@ def test_real_torch_cpu_oom_is_detected():
         assert is_oom(exc)
     else:
         pytest.fail("allocating 4 EiB should have failed")
+
+
+def test_a_onednn_primitive_failure_is_oom_only_under_a_memory_cap():
+    """oneDNN reports a refused scratchpad as "could not create a primitive"; without autofit's cap
+    the same message is some other fault and must not be retried as OOM."""
+    import subprocess
+    import sys
+
+    script = (
+        "import resource\n"
+        "from autofit.oom import is_oom\n"
+        "exc = RuntimeError('could not create a primitive')\n"
+        "print(is_oom(exc))\n"
+        "resource.setrlimit(resource.RLIMIT_DATA, (8 << 30, resource.RLIM_INFINITY))\n"
+        "print(is_oom(exc))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from conftest import script
+from conftest import refused_by_the_allocator, script
 
 from autofit.config import Config
 from autofit.errors import UsageError
@@ -38,7 +38,7 @@ def test_oversize_config_is_oom_and_the_same_worker_runs_the_next_probe(worker):
     pid = worker.pid
     result = worker.probe(Config(batch_size=1024), timeout=60)
     assert result.status == "oom"
-    assert "can't allocate memory" in result.error_message or result.error_type == "MemoryError"
+    assert refused_by_the_allocator(result.error_message) or result.error_type == "MemoryError"
     assert result.memory_after_bytes - result.baseline_bytes < 128 * 2**20  # back to its baseline
     again = worker.probe(Config(batch_size=8), timeout=60)
     assert again.status == "ok"
