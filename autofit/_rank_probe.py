@@ -22,17 +22,19 @@ def main(request_path: str) -> int:
     from autofit.devices import make_backend
     from autofit.discover import find_function, load_script
     from autofit.distributed import ranks_from_env
-    from autofit.probe import run_probe
+    from autofit.probe import MIN_MEASURE_S, run_probe
 
     ranks = ranks_from_env()
     backend = make_backend(request["device"], ranks.local_rank if request["device"] == "cuda" else 0)
     fn = find_function(load_script(request["script"]), request.get("function"), request["script"])
     backend.release()
     backend.apply_memory_limit(request.get("memory_limit"), request.get("usable_bytes"))
-    # Ranks must stop at the same step (one left in a collective waits forever): a fixed number of
-    # measured steps, never the time-based extension a single-process probe uses.
+    # Ranks measure at least as long as a single-process probe, stopping at the same step (the Run's
+    # clock agrees on the step count among them after the first measured step).
+    min_measure_s = request.get("min_measure_s")
     result = run_probe(fn, Config.from_dict(request["config"]), backend, warmup_steps=request["warmup"],
-                       measured_steps=request["steps"], min_measure_s=0.0, ranks=ranks)
+                       measured_steps=request["steps"], ranks=ranks,
+                       min_measure_s=MIN_MEASURE_S if min_measure_s is None else min_measure_s)
     result.world_size = ranks.world_size
     path = os.path.join(request["out"], f"rank-{ranks.rank}.json")
     with open(path + ".tmp", "w") as handle:

@@ -127,6 +127,7 @@ def autofit(
     batch_size: tuple[int, int] = (1, MAX_BATCH),
     precision: tuple[str, ...] | list[str] | str | None = None,
     accumulation: tuple[int, ...] | list[int] | None = None,
+    sharding: tuple[str, ...] | list[str] | str | None = None,
     checkpoint: bool = True,
     default_batch_size: int = 32,
     recover_oom: bool = True,
@@ -134,11 +135,14 @@ def autofit(
     """Mark a train function `train(run)` for search: `@autofit` or `@autofit(global_batch=256)`."""
     if isinstance(precision, str):
         precision = (precision,)
+    if isinstance(sharding, str):
+        sharding = (sharding,)
     options = SearchOptions(
         global_batch=global_batch,
         batch_size=tuple(batch_size),
         precision=tuple(precision) if precision is not None else None,
         accumulation=tuple(accumulation) if accumulation is not None else None,
+        sharding=tuple(sharding) if sharding is not None else None,
         checkpoint=checkpoint,
         default_batch_size=default_batch_size,
         recover_oom=recover_oom,

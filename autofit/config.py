@@ -13,6 +13,12 @@ MAX_BATCH = 2**20
 #: Precisions in order of preference when throughput ties: fewer numerical surprises first.
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
 
+#: How the ranks of a distributed run hold the model (run.distribute), least memory saved first:
+#: DistributedDataParallel (every rank a whole replica); FSDP2 (`fully_shard` per block, then the
+#: root: parameters, gradients and optimizer state split among the ranks); FSDP2 with them kept on
+#: the CPU between uses. One process ignores it.
+SHARDINGS: tuple[str, ...] = ("ddp", "fsdp", "fsdp-offload")
+
 
 @dataclass(frozen=True)
 class Config:
@@ -26,9 +32,12 @@ class Config:
     """Blocks that recompute activations in backward: less memory, more compute."""
     accumulation_steps: int = 1
     """Micro-batches per optimizer step: keeps the global batch while the micro-batch shrinks."""
+    sharding: str = "ddp"
+    """Distributed runs only: ddp, fsdp or fsdp-offload (see SHARDINGS)."""
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
+        check_sharding(self.sharding)
         if self.batch_size < 1:
             raise UsageError(f"The batch size must be at least 1, but got {self.batch_size}.")
         if self.accumulation_steps < 1:
@@ -45,7 +54,12 @@ class Config:
         return self.batch_size * self.accumulation_steps
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields; `sharding` only when it is not the default, so that single-process configs
+        (and every study recorded before it existed) keep their form."""
+        data = asdict(self)
+        if self.sharding == "ddp":
+            del data["sharding"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> Config:
@@ -54,6 +68,7 @@ class Config:
             precision=str(data.get("precision", "fp32")),
             checkpoint_segments=int(data.get("checkpoint_segments", 0)),
             accumulation_steps=int(data.get("accumulation_steps", 1)),
+            sharding=str(data.get("sharding", "ddp")),
         )
 
     def label(self) -> str:
@@ -63,7 +78,20 @@ class Config:
             parts.append(f"ckpt={self.checkpoint_segments}")
         if self.accumulation_steps > 1:
             parts.append(f"acc={self.accumulation_steps}")
+        if self.sharding != "ddp":
+            parts.append(self.sharding)
         return " ".join(parts)
+
+
+def device_shardings(device_type: str) -> tuple[str, ...]:
+    """The shardings a device type can run: offloading needs an accelerator to offload from."""
+    return SHARDINGS if device_type != "cpu" else tuple(h for h in SHARDINGS if h != "fsdp-offload")
+
+
+def check_sharding(name: str) -> str:
+    if name not in SHARDINGS:
+        raise UsageError(f"The sharding must be one of {', '.join(SHARDINGS)}, but got {name!r}.")
+    return name
 
 
 def check_precision(name: str) -> str:

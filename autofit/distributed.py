@@ -54,6 +54,17 @@ def per_rank_config(config: Config, world_size: int, searched_world: int = 1) ->
                     f"accumulation does not divide among them; search with a global batch that does to keep it")
 
 
+def agree_on_most(value: int) -> int:
+    """The largest `value` any rank holds (every rank calls this at the same point of its step);
+    `value` itself when no process group is up (ranks that never talk need not agree)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    on_gpu = dist.get_backend() == "nccl"
+    tensor = torch.tensor([value], device=torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu")
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
 _joined = False  # autofit joined the process group (so autofit leaves it)
 
 

@@ -46,6 +46,12 @@ class DistributedWorker:
         self.info: WorkerInfo | None = None
         self._job: subprocess.Popen | None = None
 
+    def __enter__(self) -> DistributedWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @property
     def alive(self) -> bool:
         return True  # nothing stays running between probes
@@ -65,6 +71,7 @@ class DistributedWorker:
             with open(request, "w") as handle:
                 json.dump({"script": self.script, "function": self.function, "device": self.device,
                            "config": config.to_dict(), "warmup": warmup, "steps": steps, "out": out,
+                           "min_measure_s": min_measure_s,
                            "memory_limit": self.memory_limit, "usable_bytes": self.usable_bytes}, handle)
             command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={self.nproc}",
                        "--standalone", "--max-restarts=0", "-m", "autofit._rank_probe", request]

@@ -76,9 +76,10 @@ def best_document(
     best = ranked[0]
     confirmed = any(o.phase == "confirm" and o.config == best.config and o.fits(usable) for o in done)
     run_versions = meta.get("versions") or {}
+    world_size = meta.get("world_size", 1)
     return {
         "partial": partial,
-        "config": config_entry(best.config),
+        "config": config_entry(best.config, world_size),
         "measured": {
             "samples_per_s": best.samples_per_s,
             "tokens_per_s": best_tokens(trials, best.config),
@@ -90,7 +91,7 @@ def best_document(
         "device": meta["device_info"],
         # Ranks each probe ran on: the micro-batch and accumulation are per rank, the global batch is
         # theirs x this (a torchrun run with another world size shares the accumulation out again).
-        "world_size": meta.get("world_size", 1),
+        "world_size": world_size,
         "versions": versions(run_versions.get("torch"), run_versions.get("cuda")),
         # The script as the search measured it: a later run warns if it changed since (None for
         # studies recorded before the hash was kept; re-hashing now would hide a change).
@@ -100,7 +101,7 @@ def best_document(
                   "stopped": stopped},
         "why": explain(ranked, done, planner, usable),
         "runner_ups": [
-            {**config_entry(c.config), "samples_per_s": c.samples_per_s, "peak_bytes": c.peak_bytes}
+            {**config_entry(c.config, world_size), "samples_per_s": c.samples_per_s, "peak_bytes": c.peak_bytes}
             for c in ranked[1:5]
         ],
     }

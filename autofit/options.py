@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autofit.config import MAX_BATCH, check_precision
+from autofit.config import MAX_BATCH, check_precision, check_sharding
 from autofit.errors import UsageError
 
 
@@ -22,6 +22,9 @@ class SearchOptions:
     """Precisions to consider; None: every one the device supports."""
     accumulation: tuple[int, ...] | None = None
     """Accumulation steps to consider when no global batch is set; None: 1 only."""
+    sharding: tuple[str, ...] | None = None
+    """Distributed searches: shardings to consider (ddp, fsdp, fsdp-offload) when the function
+    offers its blocks to run.distribute; None: all three."""
     checkpoint: bool = True
     """Consider activation checkpointing when the function offers blocks to run.checkpoint()."""
     default_batch_size: int = 32
@@ -38,6 +41,8 @@ class SearchOptions:
         if self.precision is not None:
             for name in self.precision:
                 check_precision(name)
+        for name in self.sharding or ():
+            check_sharding(name)
         if self.global_batch is not None and self.global_batch < 1:
             raise UsageError(f"The global batch must be at least 1, but got {self.global_batch}.")
 

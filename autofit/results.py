@@ -39,13 +39,15 @@ def versions(torch_version: str | None = None, cuda_version: str | None = None) 
             "python": platform.python_version()}
 
 
-def config_entry(config: Config) -> dict[str, Any]:
+def config_entry(config: Config, world_size: int = 1) -> dict[str, Any]:
+    """A config as the best-config file holds it; `sharding` in the files of distributed searches."""
     return {
         "batch_size": config.batch_size,
         "accumulation_steps": config.accumulation_steps,
         "global_batch": config.global_batch,
         "precision": config.precision,
         "checkpoint_segments": config.checkpoint_segments,
+        **({"sharding": config.sharding} if world_size > 1 or config.sharding != "ddp" else {}),
     }
 
 

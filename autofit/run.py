@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import gc
 import json
+import math
 import os
 import statistics
 import sys
@@ -19,7 +20,7 @@ import torch
 from torch.utils.checkpoint import checkpoint as _torch_checkpoint
 
 from autofit.config import Config
-from autofit.distributed import Ranks
+from autofit.distributed import Ranks, agree_on_most
 from autofit.oom import is_oom
 from autofit.precision import make_grad_scaler, precision_context, precision_scope
 from autofit.resilience import Lowering, OutOfMemoryAtBatchOne, announce, lowered, split_batch
@@ -44,6 +45,7 @@ class Knobs:
     backward: bool = False
     checkpoint_blocks: int | None = None  # blocks offered to run.checkpoint(); None = never called
     batches: bool = False
+    shard_blocks: int | None = None  # blocks offered to run.distribute(blocks=...): sharding is searched
 
     def to_dict(self) -> dict:
         return {
@@ -51,6 +53,7 @@ class Knobs:
             "backward": self.backward,
             "checkpoint_blocks": self.checkpoint_blocks,
             "batches": self.batches,
+            "shard_blocks": self.shard_blocks,
         }
 
 
@@ -68,6 +71,9 @@ class StepClock:
     A probe measures `measured_steps` steps and then goes on, up to `max_measured_steps`, until at
     least `min_measure_s` has been measured: five 3 ms steps are too short to time.
     A normal run (measured_steps None) never synchronises and only keeps totals and recent steps.
+    The ranks of a distributed probe must stop at the same step (one left in a collective waits for
+    ever): with `agree`, each rank works out after its first measured step how many steps reach
+    `min_measure_s`, and all ranks measure the largest count any of them needs.
     """
 
     warmup_steps: int
@@ -75,12 +81,14 @@ class StepClock:
     synchronize: Callable[[], None]
     min_measure_s: float = 0.0
     max_measured_steps: int | None = None
+    agree: Callable[[int], int] | None = None
     steps_done: int = 0
     measured_time_s: float = 0.0
     measured_samples: int = 0
     measured_tokens: int = 0
     step_times: deque = field(default_factory=lambda: deque(maxlen=_RECENT_STEPS))
     _last: float | None = None
+    _agreed_steps: int | None = None
     complete: bool = False
 
     @property
@@ -109,6 +117,8 @@ class StepClock:
             self._last = self._stamp(exact=probing and self.steps_done == self.warmup_steps)
             return
         now = self._stamp(exact=False)
+        if probing and self.agree is not None and self.steps_measured == 1:
+            self._agreed_steps = self.agree(self._steps_needed(now - self._last))
         if probing and self._enough(self.measured_time_s + now - self._last):
             now = self._stamp(exact=True)
             self.complete = True
@@ -118,7 +128,15 @@ class StepClock:
         self.measured_tokens += tokens
         self._last = now
 
+    def _steps_needed(self, first_step_s: float) -> int:
+        """Measured steps that take `min_measure_s` at the first measured step's pace, within bounds."""
+        needed = math.ceil(self.min_measure_s / max(first_step_s, 1e-9))
+        needed = max(needed, self.measured_steps or 0)
+        return min(needed, self.max_measured_steps) if self.max_measured_steps is not None else needed
+
     def _enough(self, measured_s: float) -> bool:
+        if self._agreed_steps is not None:
+            return self.steps_measured >= self._agreed_steps
         if self.steps_measured < (self.measured_steps or 0):
             return False
         if measured_s >= self.min_measure_s:
@@ -165,7 +183,8 @@ class Run:
         self._probing = probing
         self.knobs = Knobs()
         self.clock = StepClock(warmup_steps, measured_steps, synchronize or (lambda: None),
-                               min_measure_s=min_measure_s, max_measured_steps=max_measured_steps)
+                               min_measure_s=min_measure_s, max_measured_steps=max_measured_steps,
+                               agree=agree_on_most if probing and self.ranks.world_size > 1 else None)
         self._scaler = make_grad_scaler(config.precision, self._device)
         self._micro_batches = 0  # handed out by batches()
         self._micro_in_step = 0  # of the optimizer step being fed
@@ -396,20 +415,29 @@ class Run:
         """Whether every optimizer step's loss was finite (reads the device flag: one sync)."""
         return self._all_finite is None or bool(self._all_finite.item())
 
-    def distribute(self, model: torch.nn.Module, *, shard: Sequence[torch.nn.Module] | None = None,
-                   offload: bool = False) -> torch.nn.Module:
+    def distribute(self, model: torch.nn.Module, *, blocks: Sequence[torch.nn.Module] | None = None,
+                   shard: Sequence[torch.nn.Module] | None = None, offload: bool = False) -> torch.nn.Module:
         """`model` on this run's device; under torchrun, data-parallel across the ranks after checking
         that every rank trains with the same config (the process group joined if the function has
-        not: gloo on CPU, NCCL on CUDA). DistributedDataParallel by default; with `shard` (the
-        model's repeated blocks), FSDP2: `fully_shard` on each block, then the root, the optimizer
-        state split across ranks, kept on the CPU between uses with `offload=True`. Apply
-        checkpointing before; build the optimizer from the result's parameters."""
+        not: gloo on CPU, NCCL on CUDA).
+
+        With `blocks` (the model's repeated blocks), the config's `sharding` decides, and a search
+        tries each: DistributedDataParallel ("ddp"); FSDP2 ("fsdp": `fully_shard` on each block,
+        then the root; parameters, gradients and optimizer state split across ranks); the same kept
+        on the CPU between uses ("fsdp-offload"). Without `blocks`, DDP. `shard` (blocks) forces
+        FSDP2 whatever the config (`offload=True` adds the CPU offload). Apply checkpointing before;
+        build the optimizer from the result's parameters."""
+        if blocks is not None:
+            blocks = list(blocks)
+            self.knobs.shard_blocks = len(blocks)
         if self.ranks.world_size <= 1:
             return model.to(self._device)
         from autofit.distributed import check_same_config, data_parallel, ensure_process_group, fully_sharded
 
         ensure_process_group(self._device)
         check_same_config(self.config)
+        if shard is None and blocks is not None and self.config.sharding != "ddp":
+            shard, offload = blocks, self.config.sharding == "fsdp-offload"
         if shard is not None:
             self._sharded = fully_sharded(model, list(shard), self._device, offload=offload)
             return self._sharded

@@ -10,7 +10,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autofit.config import PRECISIONS, Config
+from autofit.config import PRECISIONS, SHARDINGS, Config
 from autofit.record import ProbeResult
 from autofit.search._observation import Observation
 
@@ -20,19 +20,22 @@ DATA_BOUND_ERRORS = ("ProbeTooShort", "DataTooSmall")
 _COMPLETE_STATUSES = ("ok", "oom")
 
 
-def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumulation: int) -> dict[str, BaseDistribution]:
-    """The trial parameters. Integer ranges, so a study may widen them later (Optuna allows that)."""
+def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumulation: int,
+                  sharded: bool = False) -> dict[str, BaseDistribution]:
+    """The trial parameters. Integer ranges, so a study may widen them later (Optuna allows that).
+    `sharding` only where the search considers more than DDP: other studies keep their form."""
     return {
         "batch_size": IntDistribution(batch_range[0], max(batch_range[0], batch_range[1])),
         "precision": CategoricalDistribution(PRECISIONS),
         "checkpoint_segments": IntDistribution(0, max(0, max_checkpoint)),
         "accumulation_steps": IntDistribution(1, max(1, max_accumulation)),
+        **({"sharding": CategoricalDistribution(SHARDINGS)} if sharded else {}),
     }
 
 
 def config_params(config: Config) -> dict[str, Any]:
-    """The trial parameters of a config: the config's own fields."""
-    return config.to_dict()
+    """The trial parameters of a config: the config's own fields (Optuna takes those it asks for)."""
+    return {**config.to_dict(), "sharding": config.sharding}
 
 
 def trial_config(trial: FrozenTrial) -> Config | None:

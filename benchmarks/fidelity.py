@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 
 from autofit.config import Config
+from autofit.distributed_probe import DistributedWorker
 from autofit.results import config_entry, write_best
 from autofit.worker import Worker
 
@@ -40,6 +41,8 @@ class Case:
     script: str
     configs: tuple[Config, ...]
     note: str
+    nproc: int = 1  # >1: probes are torchrun jobs and the normal run is `torchrun --nproc-per-node N`
+    env: tuple[tuple[str, str], ...] = ()
 
 
 def _cases() -> tuple[Case, ...]:
@@ -64,6 +67,11 @@ def _cases() -> tuple[Case, ...]:
         Case("lightning", "tests/scripts/lightning_module.py",
              (Config(16, accumulation_steps=4), Config(32, accumulation_steps=2)),
              "a Lightning Trainer and LightningModule through autofit.integrations.lightning"),
+        Case("ddp", "tests/scripts/ddp_train.py", (Config(16), Config(4, accumulation_steps=4)),
+             "2 ranks (gloo) under torchrun, DDP; config per rank", nproc=2, env=(("EPOCHS", "40"),)),
+        Case("fsdp2", "tests/scripts/ddp_train.py", (Config(16),),
+             "2 ranks (gloo) under torchrun, FSDP2 per layer; config per rank", nproc=2,
+             env=(("EPOCHS", "40"), ("SHARD", "1"))),
     )
 
 
@@ -74,23 +82,27 @@ CUDA_CASES = (
 )
 
 
-def _config_file(path: str, config: Config, device: str) -> None:
+def _config_file(path: str, config: Config, device: str, world_size: int) -> None:
     """A best-config file holding `config`, as `autofit search` would write it."""
     write_best(path, {
         "partial": False, "config": config_entry(config), "measured": {}, "memory": {},
         "device": {"type": device}, "versions": {}, "script": {},
+        **({"world_size": world_size} if world_size > 1 else {}),
     })
 
 
-def normal_run(script: str, config: Config, device: str, tmp: str) -> dict:
-    """Run the script as a user would, with `config`; what its Run measured."""
+def normal_run(case: Case, config: Config, device: str, tmp: str) -> dict:
+    """Run the script as a user would (under torchrun for several ranks), with `config`; what its
+    Run measured (the main rank's report: global samples/s)."""
     config_path = os.path.join(tmp, "best.json")
     report_path = os.path.join(tmp, "run.json")
-    _config_file(config_path, config, device)
-    env = {**os.environ, "AUTOFIT_CONFIG": config_path, "AUTOFIT_RUN_REPORT": report_path,
-           "AUTOFIT_DEVICE": device, "PYTHONPATH": REPO}
+    _config_file(config_path, config, device, case.nproc)
+    env = {**os.environ, **dict(case.env), "AUTOFIT_CONFIG": config_path, "AUTOFIT_RUN_REPORT": report_path,
+           "AUTOFIT_DEVICE": device, "PYTHONPATH": REPO, "WEIGHTS_OUT": os.path.join(tmp, "weights.pt")}
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={case.nproc}"]
+                if case.nproc > 1 else [sys.executable])
     started = time.perf_counter()
-    subprocess.run([sys.executable, script], cwd=REPO, env=env, check=True,
+    subprocess.run([*launcher, case.script], cwd=REPO, env=env, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with open(report_path) as handle:
         report = json.load(handle)
@@ -99,8 +111,21 @@ def normal_run(script: str, config: Config, device: str, tmp: str) -> dict:
 
 
 def measure(case: Case, rounds: int, device: str) -> list[dict]:
+    saved = dict(os.environ)
+    os.environ.update(dict(case.env))  # the probe's worker inherits it, as a search started with it would
+    try:
+        return _measure(case, rounds, device)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _measure(case: Case, rounds: int, device: str) -> list[dict]:
     rows = {config: {"probe": [], "normal": [], "probe_steps": [], "normal_steps": []} for config in case.configs}
-    with tempfile.TemporaryDirectory() as tmp, Worker(os.path.join(REPO, case.script), device=device) as worker:
+    script = os.path.join(REPO, case.script)
+    worker = (DistributedWorker(script, nproc=case.nproc, device=device) if case.nproc > 1
+              else Worker(script, device=device))
+    with tempfile.TemporaryDirectory() as tmp, worker:
         worker.start()
         for _ in range(rounds):
             for config in case.configs:
@@ -108,7 +133,7 @@ def measure(case: Case, rounds: int, device: str) -> list[dict]:
                 if result.ok:
                     rows[config]["probe"].append(result.samples_per_s)
                     rows[config]["probe_steps"].append(result.measured_steps)
-                report = normal_run(case.script, config, device, tmp)
+                report = normal_run(case, config, device, tmp)
                 rows[config]["normal"].append(report["samples_per_s"])
                 rows[config]["normal_steps"].append(report["measured_steps"])
                 print(f"  {case.name:<8} {config.label():<18} probe {result.samples_per_s or 0:9.1f}  "

@@ -9,8 +9,8 @@ from typing import Any, NoReturn
 
 import click
 
-from autofit.cli._types import DURATION, GPU_LIST, INT_LIST, INT_RANGE, MEMORY_SIZE, PRECISION_LIST
-from autofit.config import PRECISIONS
+from autofit.cli._types import DURATION, GPU_LIST, INT_LIST, INT_RANGE, MEMORY_SIZE, PRECISION_LIST, SHARDING_LIST
+from autofit.config import PRECISIONS, SHARDINGS
 from autofit.errors import AutofitError, UsageError
 
 
@@ -81,13 +81,15 @@ def cli() -> None:
               help="Blocks with activation checkpointing.")
 @click.option("--accumulation", type=click.IntRange(min=1), default=1, show_default=True,
               help="Micro-batches per optimizer step.")
+@click.option("--sharding", type=click.Choice(SHARDINGS), default="ddp", show_default=True,
+              help="With --nproc-per-node: how run.distribute(model, blocks=...) holds the model.")
 @_device_options
 @_nproc_option
 @click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True, help="Measured optimizer steps.")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Warm-up steps, not measured.")
 @click.option("--timeout", type=DURATION, default="5m", show_default=True, help="Kill the probe after this long.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumulation: int,
+def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumulation: int, sharding: str,
           device: str | None, gpu: int | None, memory_limit: int | None, nproc_per_node: int, steps: int,
           warmup: int, timeout: float, as_json: bool) -> None:
     """Run one probe: a few real training steps of TARGET under one config.
@@ -106,7 +108,7 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
     device, index = _resolve_device(device, gpu)
     info = check_device(device, index)
     config = Config(batch_size=batch_size, precision=precision, checkpoint_segments=checkpoint,
-                    accumulation_steps=accumulation)
+                    accumulation_steps=accumulation, sharding=sharding)
     if nproc_per_node > 1:
         from autofit.distributed_probe import DistributedWorker
 
@@ -145,6 +147,9 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
               help="Precisions to consider, e.g. fp32,bf16 (default: what the device supports).")
 @click.option("--accumulation", type=INT_LIST, default=None,
               help="Accumulation steps to consider without --global-batch, e.g. 1,2,4.")
+@click.option("--sharding", type=SHARDING_LIST, default=None,
+              help="With --nproc-per-node: shardings to consider, e.g. ddp,fsdp (default: all three when the "
+                   "function offers its blocks to run.distribute).")
 @click.option("--study", default=None, help="Study name (default: SCRIPT.FUNCTION-DEVICE).")
 @click.option("--storage", default=None, help="Optuna storage URL (default: sqlite:///studies/autofit.db).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
@@ -161,7 +166,7 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
 def search(target: str, device: str | None, gpu: tuple[int, ...] | None, workers: int, nproc_per_node: int,
            memory_limit: int | None, budget: float,
            trials: int | None, headroom: float, global_batch: int | None, batch_range, precision,
-           accumulation, study: str | None, storage: str | None, out: str | None, fresh: bool,
+           accumulation, sharding, study: str | None, storage: str | None, out: str | None, fresh: bool,
            steps: int, warmup: int, probe_timeout: float | None, as_json: bool, quiet: bool,
            verbose: bool) -> None:
     """Search the fastest config of TARGET that fits, within a time budget, and export it.
@@ -179,7 +184,7 @@ def search(target: str, device: str | None, gpu: tuple[int, ...] | None, workers
     settings = SearchSettings(
         script=script, function=function, device=device, index=index, memory_limit=memory_limit,
         headroom=headroom, budget_s=budget, trials=trials, global_batch=global_batch,
-        batch_size=batch_range, precision=precision, accumulation=accumulation, study=study,
+        batch_size=batch_range, precision=precision, accumulation=accumulation, sharding=sharding, study=study,
         storage=storage, out=out, fresh=fresh, warmup=warmup, steps=steps, probe_timeout=probe_timeout,
         gpus=tuple(gpu) if gpu and len(gpu) > 1 else (), workers=workers, nproc_per_node=nproc_per_node,
     )

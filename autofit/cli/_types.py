@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from autofit.config import PRECISIONS
+from autofit.config import PRECISIONS, SHARDINGS
 from autofit.errors import UsageError
 from autofit.units import parse_duration, parse_size
 
@@ -42,18 +42,21 @@ class Duration(_ParsedType):
         return parse_duration(value)
 
 
-class PrecisionList(click.ParamType):
-    """'fp32,bf16' -> ('fp32', 'bf16')."""
+class ChoiceList(click.ParamType):
+    """'fp32,bf16' -> ('fp32', 'bf16'), each one of `choices`."""
 
-    name = "precisions"
+    def __init__(self, what: str, choices: tuple[str, ...]) -> None:
+        self.name = what + "s"
+        self.what = what
+        self.choices = choices
 
     def convert(self, value, param, ctx):
         if isinstance(value, tuple):
             return value
         names = tuple(p.strip() for p in str(value).split(",") if p.strip())
-        bad = [p for p in names if p not in PRECISIONS]
+        bad = [p for p in names if p not in self.choices]
         if bad or not names:
-            self.fail(f"The precision must be one of {', '.join(PRECISIONS)}, but got {value!r}.", param, ctx)
+            self.fail(f"The {self.what} must be one of {', '.join(self.choices)}, but got {value!r}.", param, ctx)
         return names
 
 
@@ -99,7 +102,8 @@ class IntList(click.ParamType):
 
 MEMORY_SIZE = MemorySize()
 DURATION = Duration()
-PRECISION_LIST = PrecisionList()
+PRECISION_LIST = ChoiceList("precision", PRECISIONS)
+SHARDING_LIST = ChoiceList("sharding", SHARDINGS)
 INT_RANGE = IntRangeText()
 INT_LIST = IntList()
 GPU_LIST = IntList(minimum=0)

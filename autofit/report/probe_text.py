@@ -27,6 +27,8 @@ def describe_probe(result: ProbeResult, header: str | None = None) -> str:
     used = [name for name in ("autocast", "backward", "batches") if result.knobs.get(name)]
     if result.knobs.get("checkpoint_blocks") is not None:
         used.append(f"checkpoint ({result.knobs['checkpoint_blocks']} blocks)")
+    if result.knobs.get("shard_blocks"):
+        used.append(f"sharding ({result.knobs['shard_blocks']} blocks)")
     if result.knobs:
         rows.append(("knobs used", ", ".join(used) or "none"))
     rows.append(("wall time", f"{result.wall_s:.2f} s"))

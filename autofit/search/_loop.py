@@ -9,7 +9,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import optuna
 
-from autofit.config import Config
+from autofit.config import SHARDINGS, Config, device_shardings
 from autofit.devices import check_device
 from autofit.discover import check_script
 from autofit.document import best_document, record_end
@@ -102,9 +102,12 @@ class Search:
                 raise UsageError(f"The global batch must divide among the {self.s.nproc_per_node} ranks, but got "
                                  f"{global_batch}.")
             global_batch //= self.s.nproc_per_node
+        shardings = ("ddp",)  # one process, or a function that offers no blocks to shard
+        if self.s.nproc_per_node > 1 and knobs is not None and knobs.get("shard_blocks"):
+            shardings = tuple(h for h in options.sharding or SHARDINGS if h in device_shardings(self.s.device))
         return SearchSpace.build(batch_range=options.batch_size, precisions=tuple(wanted),
                                  checkpoint_blocks=blocks, use_checkpoint=options.checkpoint,
-                                 global_batch=global_batch, accumulations=accumulations)
+                                 global_batch=global_batch, accumulations=accumulations, shardings=shardings)
 
     # --- the loop -----------------------------------------------------------------------------
     def run(self) -> SearchResult:
@@ -141,7 +144,8 @@ class Search:
         options = SearchOptions(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in (info.options or {}).items()}) \
             if info.options else SearchOptions()
         options = options.merged(global_batch=self.s.global_batch, batch_size=self.s.batch_size,
-                                 precision=self.s.precision, accumulation=self.s.accumulation)
+                                 precision=self.s.precision, accumulation=self.s.accumulation,
+                                 sharding=self.s.sharding)
         meta = study.user_attrs.get("autofit") or {}
         space = self.build_space(options, info, meta.get("knobs"))
         self._save_meta(study, info, space, meta.get("knobs"))
@@ -338,6 +342,7 @@ class Search:
             (min(space.batch_sizes), max(space.batch_sizes)),
             max(space.checkpoint_segments),
             max(space.global_batch or 1, max(space.accumulations)),
+            sharded=space.shardings != ("ddp",),
         )
 
     def _space(self, study) -> SearchSpace:

@@ -3,8 +3,8 @@
 Pure logic over `Observation`s (no Optuna, no torch), so the live search, parallel workers and the
 benchmark's replays all run the same decisions. The rules, in order:
 
-1. Memory is monotone: within one precision, peak memory rises with micro-batch and falls with more
-   checkpointed blocks. An OOM (or a peak inside the headroom) at batch b implies the same at every
+1. Memory is monotone: within one precision and sharding, peak memory rises with micro-batch and
+   falls with more checkpointed blocks. An OOM (or a peak inside the headroom) at batch b implies the same at every
    larger batch with as many or fewer checkpointed blocks; a fit implies fits below. Implied answers
    are never probed.
 2. A memory model per strategy (peak = a + m*batch, fitted from the peaks measured, bounded below by
@@ -13,7 +13,8 @@ benchmark's replays all run the same decisions. The rules, in order:
    memory by more than its own error, that batch is not probed.
 3. A throughput model per strategy (time per micro-batch = c0 + c1*batch) bounds what a strategy can
    reach: strategies (and the rest of a bracket) that cannot beat the best so far are skipped;
-   checkpointing, which only adds compute, is bounded by its precision's model without it.
+   checkpointing, which only adds compute, is bounded by its precision's model without it, and a
+   sharded strategy (FSDP2, which only adds communication) by the same strategy under DDP.
 4. Throughput is noisy and not always monotone: the neighbours of the best batch are probed before
    the search ends, climbing while they improve.
 """
@@ -23,9 +24,9 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from autofit.config import Config
+from autofit.config import SHARDINGS, Config
 from autofit.search._models import Line, ThroughputModel, fit_line, fit_throughput
 from autofit.search._noise import NoiseReading
 from autofit.search._observation import Observation
@@ -137,7 +138,7 @@ class Planner:
 
     def _order(self, state: _State) -> list[Strategy]:
         """Pilot strategy, then each precision without checkpointing, then checkpointing levels
-        (best precision first, fewest blocks first), then other accumulations."""
+        (best precision first, fewest blocks first), then other accumulations, then shardings."""
         strategies = self.space.strategies()
         first_acc = strategies[0].accumulation_steps
 
@@ -146,6 +147,7 @@ class Planner:
 
         def key(s: Strategy) -> tuple:
             return (
+                SHARDINGS.index(s.sharding),
                 s.accumulation_steps != first_acc,
                 s.checkpoint_segments > 0,
                 -best_of_precision(s.precision) if s.checkpoint_segments else self.space.precisions.index(s.precision),
@@ -258,7 +260,7 @@ class _State:
         """Largest batch known (or implied) to fit: fits with as many or fewer checkpointed blocks."""
         fits = [
             o.config.batch_size for o in self._done()
-            if o.config.precision == strategy.precision
+            if _family(o.config) == strategy.family
             and o.config.checkpoint_segments <= strategy.checkpoint_segments
             and o.fits(self.usable)
         ]
@@ -268,7 +270,7 @@ class _State:
         """Smallest batch known (or implied) too big: too big with as many or more blocks."""
         too_big = [
             o.config.batch_size for o in self._done()
-            if o.config.precision == strategy.precision
+            if _family(o.config) == strategy.family
             and o.config.checkpoint_segments >= strategy.checkpoint_segments
             and o.too_big(self.usable)
         ]
@@ -298,29 +300,32 @@ class _State:
         ]
 
     def strategy_unusable(self, strategy: Strategy) -> bool:
-        """A precision that failed without ever running is not worth more probes: after one failure
-        when another precision runs (the failure is the precision's), else after two."""
-        return strategy.precision in self.unusable_precisions()
+        """A precision (or sharding) that failed without ever running is not worth more probes:
+        after one failure when another one runs (the failure is its own), else after two."""
+        return (strategy.precision in self.unusable_precisions()
+                or strategy.sharding in self._unusable("sharding", self.space.shardings))
 
     def unusable_precisions(self) -> set[str]:
+        return self._unusable("precision", self.space.precisions)
+
+    def _unusable(self, field: str, values: Sequence[str]) -> set[str]:
         done = self._done()
-        ran = {o.config.precision for o in done if o.status in ("ok", "oom")}
+        ran = {getattr(o.config, field) for o in done if o.status in ("ok", "oom")}
         out = set()
-        for precision in self.space.precisions:
-            failures = sum(o.failed for o in done if o.config.precision == precision)
-            if precision not in ran and failures >= (1 if ran else 2):
-                out.add(precision)
+        for value in values:
+            failures = sum(o.failed for o in done if getattr(o.config, field) == value)
+            if value not in ran and failures >= (1 if ran else 2):
+                out.add(value)
         return out
 
     # --- models -------------------------------------------------------------------------------
     def peaks(self, strategy: Strategy) -> list[tuple[float, float]]:
-        return self._peaks(strategy.precision, strategy.checkpoint_segments)
+        return self._peaks(_memory_key(strategy))
 
-    def _peaks(self, precision: str, k: int) -> list[tuple[float, float]]:
+    def _peaks(self, key: tuple[str, str, int]) -> list[tuple[float, float]]:
         return [
             (o.config.batch_size, float(o.peak_bytes)) for o in self._done()
-            if o.status == "ok" and o.peak_bytes and o.config.precision == precision
-            and o.config.checkpoint_segments == k
+            if o.status == "ok" and o.peak_bytes and _memory_key(o.config) == key
         ]
 
     def model_margin(self, strategy: Strategy) -> float | None:
@@ -329,7 +334,7 @@ class _State:
         Fitted on this strategy's own peaks: its residuals (at least 3%). Through one own peak with a
         borrowed slope: 15%. With no own peak: never believed.
         """
-        own = self._peaks(strategy.precision, strategy.checkpoint_segments)
+        own = self.peaks(strategy)
         line = fit_line(own)
         if line is not None:
             return max(0.03, 2 * line.max_rel_residual)
@@ -340,31 +345,34 @@ class _State:
         return ratio * (1 - (1 - _FULL_CHECKPOINT_SLOPE) * k / self._max_k)
 
     def memory_model(self, strategy: Strategy) -> Line | None:
-        """peak = a + m*batch for this precision and checkpoint level.
+        """peak = a + m*batch for this precision, sharding and checkpoint level.
 
         Fitted from its own peaks when it has two batch sizes; otherwise borrowed from the nearest
-        fitted strategy with a prior ratio. Raised to agree with every OOM seen.
+        fitted strategy with a prior ratio (sharding splits the weights and optimizer state, not the
+        activations: an unsharded intercept is an upper bound). Raised to agree with every OOM seen.
         """
-        key = (strategy.precision, strategy.checkpoint_segments)
+        key = _memory_key(strategy)
         if key in self._memory:
             return self._memory[key]
-        own = self._peaks(*key)
+        own = self._peaks(key)
         line = fit_line(own)
         if line is None or line.slope <= 0:
-            line = self._borrowed_line(*key, own)
+            line = self._borrowed_line(key, own)
         if line is not None:
-            line = self._respect_ooms(line, *key)
+            line = self._respect_ooms(line, key)
         self._memory[key] = line
         return line
 
-    def _borrowed_line(self, precision: str, k: int, own: list[tuple[float, float]]) -> Line | None:
+    def _borrowed_line(self, key: tuple[str, str, int], own: list[tuple[float, float]]) -> Line | None:
+        precision, sharding, k = key
         references = []
         for p in self.space.precisions:
-            for kk in self.space.checkpoint_segments:
-                ref = fit_line(self._peaks(p, kk))
-                if ref is not None and ref.slope > 0:
-                    distance = (p != precision) * 10 + abs(kk - k)
-                    references.append((distance, p, kk, ref))
+            for h in self.space.shardings:
+                for kk in self.space.checkpoint_segments:
+                    ref = fit_line(self._peaks((p, h, kk)))
+                    if ref is not None and ref.slope > 0:
+                        distance = (p != precision) * 10 + (h != sharding) * 5 + abs(kk - k)
+                        references.append((distance, p, kk, ref))
         if not references:
             return None
         _, p, kk, ref = min(references, key=lambda r: r[0])
@@ -376,10 +384,10 @@ class _State:
             return Line(peak - slope * b, slope)
         return Line(ref.intercept, slope)
 
-    def _respect_ooms(self, line: Line, precision: str, k: int) -> Line:
+    def _respect_ooms(self, line: Line, key: tuple[str, str, int]) -> Line:
         slope = line.slope
         for o in self._done():
-            if o.status == "oom" and o.config.precision == precision and o.config.checkpoint_segments == k:
+            if o.status == "oom" and _memory_key(o.config) == key:
                 # It crossed at least the usable memory at this batch.
                 slope = max(slope, (self.usable - line.intercept) / o.config.batch_size)
         return Line(line.intercept, slope, line.max_rel_residual, line.points)
@@ -408,7 +416,8 @@ class _State:
 
         Own model with two sizes; with one, another strategy's curve through that point; with none,
         for checkpointing, its precision without checkpointing times the slowdown checkpointing
-        showed elsewhere (it only adds compute).
+        showed elsewhere (it only adds compute); for sharding, the same strategy under DDP times the
+        slowdown sharding showed elsewhere (it only adds communication).
         """
         own = self._points(strategy)
         model = fit_throughput(own)
@@ -421,9 +430,12 @@ class _State:
                 return t1 if batch <= b1 else None
             return t1 * reference(batch) / reference(b1)
         if strategy.checkpoint_segments:
-            base = Strategy(strategy.precision, 0, strategy.accumulation_steps)
+            base = replace(strategy, checkpoint_segments=0)
             estimate = self.estimate_throughput(base, batch)
             return estimate * self._checkpoint_slowdown(strategy) if estimate is not None else None
+        if strategy.sharding != "ddp":
+            estimate = self.estimate_throughput(replace(strategy, sharding="ddp"), batch)
+            return estimate * self._sharding_slowdown(strategy.sharding) if estimate is not None else None
         return None
 
     def _reference_model(self, strategy: Strategy) -> ThroughputModel | None:
@@ -435,7 +447,7 @@ class _State:
             model = fit_throughput(self._points(other))
             if model is None or model.line.slope <= 0:
                 continue
-            distance = (other.precision != strategy.precision) * 100 + abs(
+            distance = (other.precision != strategy.precision) * 100 + (other.sharding != strategy.sharding) * 50 + abs(
                 other.checkpoint_segments - strategy.checkpoint_segments
             ) + (other.accumulation_steps != strategy.accumulation_steps) * 10
             if best is None or distance < best[0]:
@@ -449,12 +461,21 @@ class _State:
             k = c.config.checkpoint_segments
             if 0 < k <= strategy.checkpoint_segments:
                 base = self.estimate_throughput(
-                    Strategy(c.config.precision, 0, self.space.strategy_of(c.config).accumulation_steps),
-                    c.config.batch_size,
-                )
+                    replace(self.space.strategy_of(c.config), checkpoint_segments=0), c.config.batch_size)
                 if base:
                     ratios.append(min(1.0, c.samples_per_s / base))
         return min(ratios) if ratios else 1 - _CHECKPOINT_SLOWDOWN * strategy.checkpoint_segments / self._max_k
+
+    def _sharding_slowdown(self, sharding: str) -> float:
+        """Smallest measured ratio (sharded / DDP at the same batch and settings); 1.0 if unseen."""
+        ratios = []
+        for c in self._measured():
+            if c.config.sharding == sharding:
+                base = self.estimate_throughput(replace(self.space.strategy_of(c.config), sharding="ddp"),
+                                                c.config.batch_size)
+                if base:
+                    ratios.append(min(1.0, c.samples_per_s / base))
+        return min(ratios) if ratios else 1.0
 
     def cannot_beat_best(self, strategy: Strategy, open_batches: list[int]) -> bool:
         """True when even the best open batch of `strategy` is bounded below the best so far."""
@@ -505,3 +526,12 @@ class _State:
                 feasible = ties + rest
             self._ranked = feasible
         return self._ranked
+
+
+def _family(config: Config) -> tuple[str, str]:
+    return config.precision, config.sharding
+
+
+def _memory_key(item: Config | Strategy) -> tuple[str, str, int]:
+    """What one memory line is fitted over: precision, sharding, checkpointed blocks."""
+    return item.precision, item.sharding, item.checkpoint_segments

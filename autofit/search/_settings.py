@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import optuna
 
-from autofit.config import Config
+from autofit.config import Config, device_shardings
 from autofit.errors import UsageError
 from autofit.search._planner import Candidate
 from autofit.storage import open_storage
@@ -29,6 +29,8 @@ class SearchSettings:
     batch_size: tuple[int, int] | None = None
     precision: tuple[str, ...] | None = None
     accumulation: tuple[int, ...] | None = None
+    sharding: tuple[str, ...] | None = None
+    """Shardings to consider in a distributed search (None: all when the function offers blocks)."""
     study: str | None = None
     storage: str | None = None
     out: str | None = None
@@ -60,6 +62,14 @@ class SearchSettings:
         if self.nproc_per_node > 1 and (self.workers > 1 or self.gpus):
             raise UsageError("--nproc-per-node runs each probe on several ranks; it cannot be combined with "
                              "--workers or a list of GPUs yet.")
+        if self.sharding and self.nproc_per_node == 1:
+            raise UsageError(f"--sharding is for distributed probes, but got --sharding {','.join(self.sharding)} "
+                             f"without --nproc-per-node: add --nproc-per-node N (N ranks per probe).")
+        unsupported = [h for h in self.sharding or () if h not in device_shardings(self.device)]
+        if unsupported:
+            raise UsageError(f"The sharding must be one the device supports ({', '.join(device_shardings(self.device))}), "
+                             f"but got {', '.join(unsupported)}: FSDP2's offload keeps the model in pinned "
+                             f"host memory for an accelerator; on the CPU there is nothing to offload to.")
         if len(set(self.gpus)) != len(self.gpus):
             raise UsageError(f"Each GPU must be listed once, but got --gpu {','.join(map(str, self.gpus))}.")
         if self.trials is not None and self.trials < 1:

@@ -1,10 +1,11 @@
-"""The search space: which micro-batches, precisions, checkpoint levels and accumulations to consider."""
+"""The search space: which micro-batches, precisions, checkpoint levels, accumulations and (for
+distributed probes) shardings to consider."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autofit.config import PRECISIONS, Config
+from autofit.config import PRECISIONS, SHARDINGS, Config
 from autofit.errors import UsageError
 
 #: Precisions ranked by the memory their activations take (higher = more memory).
@@ -41,12 +42,18 @@ class Strategy:
     precision: str
     checkpoint_segments: int = 0
     accumulation_steps: int | None = None  # None: derived from the global batch
+    sharding: str = "ddp"
 
     def label(self) -> str:
         text = self.precision + (f" ckpt={self.checkpoint_segments}" if self.checkpoint_segments else "")
         if self.accumulation_steps and self.accumulation_steps > 1:
             text += f" acc={self.accumulation_steps}"
-        return text
+        return text + (f" {self.sharding}" if self.sharding != "ddp" else "")
+
+    @property
+    def family(self) -> tuple[str, str]:
+        """Strategies whose memory is ordered by checkpointing alone (rule 1 of the planner)."""
+        return self.precision, self.sharding
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,7 @@ class SearchSpace:
     checkpoint_segments: tuple[int, ...] = (0,)
     accumulations: tuple[int, ...] = (1,)
     global_batch: int | None = None
+    shardings: tuple[str, ...] = ("ddp",)
 
     @classmethod
     def build(
@@ -69,6 +77,7 @@ class SearchSpace:
         use_checkpoint: bool = True,
         global_batch: int | None = None,
         accumulations: tuple[int, ...] | None = None,
+        shardings: tuple[str, ...] = ("ddp",),
     ) -> SearchSpace:
         low, high = batch_range
         if global_batch is not None:
@@ -90,11 +99,13 @@ class SearchSpace:
             checkpoint_segments=tuple(levels),
             accumulations=tuple(sorted(set(accumulations or (1,)))),
             global_batch=global_batch,
+            shardings=tuple(h for h in SHARDINGS if h in shardings) or ("ddp",),
         )
 
     def strategies(self) -> list[Strategy]:
         accs = (None,) if self.global_batch else self.accumulations
-        return [Strategy(p, k, a) for p in self.precisions for k in self.checkpoint_segments for a in accs]
+        return [Strategy(p, k, a, h) for h in self.shardings for p in self.precisions
+                for k in self.checkpoint_segments for a in accs]
 
     def config(self, strategy: Strategy, batch_size: int) -> Config:
         if self.global_batch:
@@ -102,14 +113,15 @@ class SearchSpace:
         else:
             accumulation = strategy.accumulation_steps or 1
         return Config(batch_size=batch_size, precision=strategy.precision,
-                      checkpoint_segments=strategy.checkpoint_segments, accumulation_steps=accumulation)
+                      checkpoint_segments=strategy.checkpoint_segments, accumulation_steps=accumulation,
+                      sharding=strategy.sharding)
 
     def configs(self) -> list[Config]:
         return [self.config(s, b) for s in self.strategies() for b in self.batch_sizes]
 
     def strategy_of(self, config: Config) -> Strategy:
         acc = None if self.global_batch else config.accumulation_steps
-        return Strategy(config.precision, config.checkpoint_segments, acc)
+        return Strategy(config.precision, config.checkpoint_segments, acc, config.sharding)
 
     def contains(self, config: Config) -> bool:
         return config in set(self.configs())
@@ -121,6 +133,7 @@ class SearchSpace:
             "checkpoint_segments": list(self.checkpoint_segments),
             "accumulations": list(self.accumulations),
             "global_batch": self.global_batch,
+            "shardings": list(self.shardings),
         }
 
     @classmethod
@@ -131,4 +144,5 @@ class SearchSpace:
             checkpoint_segments=tuple(data.get("checkpoint_segments", (0,))),
             accumulations=tuple(data.get("accumulations", (1,))),
             global_batch=data.get("global_batch"),
+            shardings=tuple(data.get("shardings", ("ddp",))),
         )

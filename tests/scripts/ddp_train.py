@@ -4,6 +4,8 @@ Run normally it is one process; under `torchrun --nproc-per-node 2` two ranks sp
 
 SPLIT_CONFIGS=a.json,b.json gives each rank its own best-config file (machines that disagree);
 SHARD=1 shards the model with FSDP2 (its two Linear layers, then the root) instead of DDP.
+BLOCKS=1 offers the two layers to run.distribute(blocks=...): the config's sharding decides.
+EPOCHS=N trains N epochs of 512 samples (default 1) when run normally.
 Writes the main rank's final weights to $WEIGHTS_OUT (torch.save).
 """
 import itertools
@@ -23,10 +25,15 @@ DATA = TensorDataset(torch.randn(512, 16, generator=_g), torch.randn(512, 1, gen
 def train(run):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-    model = run.distribute(model, shard=[model[0], model[2]] if os.environ.get("SHARD") else None)
+    layers = [model[0], model[2]]
+    if os.environ.get("BLOCKS"):  # the config's sharding decides (searched)
+        model = run.distribute(model, blocks=layers)
+    else:
+        model = run.distribute(model, shard=layers if os.environ.get("SHARD") else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     loader = DataLoader(DATA, batch_size=run.batch_size, sampler=run.sampler(DATA, shuffle=False))
-    for _ in itertools.count() if run.probing else range(1):  # a probe runs until it has its steps
+    epochs = int(os.environ.get("EPOCHS", "1"))
+    for _ in itertools.count() if run.probing else range(epochs):  # a probe runs until it has its steps
         for x, y in run.batches(loader):
             with run.autocast():
                 loss = F.mse_loss(model(x), y)
