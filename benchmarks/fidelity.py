@@ -9,7 +9,8 @@ $AUTOFIT_RUN_REPORT). Both figures are steady-state samples/s after the same two
 probe over its measured steps, the normal run over the rest of its training. Interleaving makes a
 drift of the machine hit both sides alike. The ratio probe ÷ normal (median over rounds) must stay
 within 3%. Beside it, the normal run's own spread over the rounds (the same program run again): on a
-noisy machine a gap smaller than that spread is not evidence of a bias. Writes a markdown table to stdout and to benchmarks/fidelity.md (cpu) or
+noisy machine a gap smaller than that spread is not evidence of a bias. The ddp and fsdp2 cases run
+each probe as a torchrun job of 2 ranks and the normal run under `torchrun --nproc-per-node 2`. Writes a markdown table to stdout and to benchmarks/fidelity.md (cpu) or
 benchmarks/fidelity-<device>.md.
 """
 
