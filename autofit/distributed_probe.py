@@ -1,5 +1,7 @@
-"""Distributed probes: each probe is a torchrun job of N ranks on this machine, every rank running
-the user's function (autofit._rank_probe), their results combined into one ProbeResult.
+"""Distributed probes: each probe is a torchrun job of N ranks per node, every rank running the
+user's function (autofit._rank_probe), their results combined into one ProbeResult. On one node the
+job is `--standalone`; across nodes (autofit.multinode) each node starts its share of the job and
+torchrun's c10d rendezvous joins them.
 
 A config fits only if every rank fits: the peak is the largest rank's, an OOM on any rank is the
 config's OOM (that rank exits at once and torchrun stops the others), a rank that dies without a
@@ -19,12 +21,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from autofit.config import Config
+from autofit.multinode import RESULTS_GRACE_S, JobBoard
 from autofit.record import ProbeResult
 from autofit.worker import Worker, WorkerInfo, _tail
 
+#: How long the ranks of a multi-node probe wait for every node to join its rendezvous.
+JOIN_TIMEOUT_S = 60
 #: Which rank's failure names the probe's status when several failed (an OOM explains the rest).
 _PRECEDENCE = ("oom", "diverged", "error", "crashed", "timeout")
 
@@ -34,7 +40,8 @@ class DistributedWorker:
 
     def __init__(self, script: str, function: str | None = None, *, nproc: int, device: str = "cpu",
                  index: int = 0, memory_limit: int | None = None, usable_bytes: int | None = None,
-                 log_dir: str | None = None) -> None:
+                 log_dir: str | None = None, nnodes: int = 1, rdzv_endpoint: str | None = None,
+                 board: JobBoard | None = None, session: str | None = None) -> None:
         self.script = os.path.abspath(script)
         self.function = function
         self.nproc = nproc
@@ -43,6 +50,11 @@ class DistributedWorker:
         self.memory_limit = memory_limit
         self.usable_bytes = usable_bytes
         self.log_dir = log_dir
+        self.nnodes = nnodes
+        self.rdzv_endpoint = rdzv_endpoint
+        self.board = board
+        """Several nodes: where this node (node 0) posts each probe and finds the others' results."""
+        self.session = session
         self.info: WorkerInfo | None = None
         self._job: subprocess.Popen | None = None
 
@@ -63,33 +75,92 @@ class DistributedWorker:
             self.info = worker.start()
         return self.info
 
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nnodes
+
     def probe(self, config: Config, *, warmup: int = 2, steps: int = 5, timeout: float = 300.0,
-              log_path: str | None = None, min_measure_s: float | None = None) -> ProbeResult:
+              log_path: str | None = None, min_measure_s: float | None = None,
+              trial_id: int | None = None) -> ProbeResult:
+        """One probe of `config` on all ranks; across nodes, `trial_id` is the running trial on which
+        the job is posted for the other nodes and their results come back."""
         started = time.perf_counter()
+        job = {"config": config.to_dict(), "label": config.label(), "warmup": warmup, "steps": steps,
+               "min_measure_s": min_measure_s, "timeout": timeout, "session": self.session,
+               "rdzv_id": f"autofit-{self.session or 'local'}-{trial_id if trial_id is not None else 0}"}
+        if self.nnodes > 1:
+            if self.board is None or trial_id is None:
+                raise ValueError("a probe across nodes needs the job board and its trial")
+            self.board.post_job(trial_id, job)
+        stop = (lambda: self.board.stop_here(trial_id, 0)) if self.nnodes > 1 else None
+        local, code, timed_out, log_file = self._launch(job, log_path, stop)
+        results: dict[int, ProbeResult | None] = {rank: None for rank in range(self.world_size)}
+        results.update(local)
+        if self.nnodes > 1:
+            self.board.post_results(trial_id, 0, local, code == 0)  # a failure stops the other nodes' ranks
+            missing = {rank for rank, r in results.items() if r is None}
+            grace = RESULTS_GRACE_S if missing else 0.0
+            results.update(self.board.gather(trial_id, range(1, self.nnodes), missing, grace))
+        result = combine(config, results, self.world_size, time.perf_counter() - started, code, timed_out, timeout,
+                         log_file, self.memory_limit)
+        if self.nnodes > 1 and result.status == "crashed":
+            result.error_message += (f" Ranks of another node missing: is `autofit search ... --nnodes {self.nnodes} "
+                                     f"--node-rank N` running on every other node with the same --study, --storage "
+                                     f"and --rdzv-endpoint?")
+        result.log_path = log_path
+        return result
+
+    def run_job(self, job: dict, stop: Callable[[], bool] | None = None) -> tuple[dict[int, ProbeResult], bool]:
+        """A follower node's share of a job node 0 posted: this node's ranks' results, and whether
+        its torchrun share ended well."""
+        local, code, _, _ = self._launch(job, None, stop)
+        return local, code == 0
+
+    def _launch(self, job: dict, log_path: str | None, stop: Callable[[], bool] | None = None,
+                ) -> tuple[dict[int, ProbeResult], int | None, bool, str]:
+        """This node's torchrun share of `job`: its ranks' results (by global rank), torchrun's exit
+        status, whether it was killed for its timeout, and where the ranks' output went. `stop`,
+        asked every half second, ends the share early (another node's rank failed)."""
         with tempfile.TemporaryDirectory(prefix="autofit-ranks-") as out:
             request = os.path.join(out, "request.json")
             with open(request, "w") as handle:
                 json.dump({"script": self.script, "function": self.function, "device": self.device,
-                           "config": config.to_dict(), "warmup": warmup, "steps": steps, "out": out,
-                           "min_measure_s": min_measure_s,
+                           "config": job["config"], "warmup": job["warmup"], "steps": job["steps"], "out": out,
+                           "min_measure_s": job["min_measure_s"],
                            "memory_limit": self.memory_limit, "usable_bytes": self.usable_bytes}, handle)
-            command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={self.nproc}",
-                       "--standalone", "--max-restarts=0", "-m", "autofit._rank_probe", request]
-            log_file = log_path or os.path.join(out, "ranks.log")  # the ranks' output, for a failure's tail
+            if self.nnodes > 1:
+                where = [f"--nnodes={self.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={self.rdzv_endpoint}",
+                         f"--rdzv-id={job['rdzv_id']}", f"--rdzv-conf=join_timeout={JOIN_TIMEOUT_S}"]
+            else:
+                where = ["--standalone"]
+            command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={self.nproc}", *where,
+                       "--max-restarts=0", "-m", "autofit._rank_probe", request]
+            log_file = log_path or os.path.join(tempfile.gettempdir(), f"{job['rdzv_id']}.log")
             with open(log_file, "w") as log:
                 self._job = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-                try:
-                    code = self._job.wait(timeout=timeout)
-                    timed_out = False
-                except subprocess.TimeoutExpired:
-                    self.kill()
-                    code, timed_out = None, True
+                code, timed_out = self._wait(job["timeout"], stop)
                 self._job = None
-            results = {rank: _read(os.path.join(out, f"rank-{rank}.json")) for rank in range(self.nproc)}
-            result = combine(config, results, self.nproc, time.perf_counter() - started, code, timed_out, timeout,
-                             log_file, self.memory_limit)
-        result.log_path = log_path
-        return result
+            results = {}
+            for name in os.listdir(out):
+                if name.startswith("rank-") and name.endswith(".json"):
+                    result = _read(os.path.join(out, name))
+                    if result is not None:
+                        results[int(name[len("rank-"):-len(".json")])] = result
+        return results, code, timed_out, log_file
+
+    def _wait(self, timeout: float, stop: Callable[[], bool] | None) -> tuple[int | None, bool]:
+        """torchrun's exit status (None when killed), and whether it ran past `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self._job.wait(timeout=0.5 if stop else max(0.0, deadline - time.monotonic())), False
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    self.kill()
+                    return None, True
+                if stop is not None and stop():
+                    self.kill()
+                    return None, False
 
     def kill(self) -> None:
         """Stop a running job at once: torchrun and its ranks (their own session)."""

@@ -274,6 +274,41 @@ def main() -> int:
         return ok, (f"{result.measured_steps} steps measured (asked 5) at {result.step_time_median_s or 0:.4f} s "
                     f"median: ~{measured:.2f} s measured, {result.samples_per_s or 0:,.0f} samples/s")
 
+    def distributed_probe(config, **env):
+        """A probe of tests/scripts/ddp_train.py as a torchrun job with one rank per visible GPU."""
+        from autofit.distributed_probe import DistributedWorker
+
+        count = torch.cuda.device_count()
+        if count < 2:
+            return None, f"needs 2 or more GPUs (NCCL ranks on distinct devices); this machine shows {count}"
+        saved = dict(os.environ)
+        os.environ.update(env)
+        try:
+            with DistributedWorker("tests/scripts/ddp_train.py", nproc=count, device="cuda") as w:
+                w.start()
+                return w.probe(config, warmup=2, steps=5, timeout=300), count
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+    def check_nccl_probe():
+        from autofit.config import Config
+
+        result, detail = distributed_probe(Config(batch_size=16))
+        if result is None:
+            return detail
+        ok = result.status == "ok" and result.world_size == detail and result.measured_steps > 5
+        return ok, (f"{detail} NCCL ranks: {result.status}, {result.measured_steps} steps agreed, "
+                    f"{result.samples_per_s or 0:,.0f} samples/s, peak {mib(result.peak_bytes or 0)} (largest rank)")
+
+    def check_fsdp_offload_probe():
+        from autofit.config import Config
+
+        result, detail = distributed_probe(Config(batch_size=16, sharding="fsdp-offload"), BLOCKS="1")
+        if result is None:
+            return detail
+        return result.status == "ok", f"{detail} ranks, FSDP2 with CPU offload: {result.status} {result.error_message or ''}"[:300]
+
     run_check("listing (NVML order matches CUDA's)", check_listing)
     run_check("info", check_info)
     run_check("precisions run a matmul", check_precisions)
@@ -287,6 +322,8 @@ def main() -> int:
     run_check("allocator retries and OOMs counted per probe", check_retries_counted_per_probe)
     run_check("a sticky CUDA error replaces the worker", check_sticky_error_replaces_worker)
     run_check("a fast probe measures at least its minimum time", check_min_measured_time)
+    run_check("a distributed probe over every GPU (NCCL, DDP)", check_nccl_probe)
+    run_check("a distributed probe with FSDP2 and CPU offload", check_fsdp_offload_probe)
 
     if failures:
         print(f"\n{len(failures)} check(s) failed: {', '.join(failures)}")

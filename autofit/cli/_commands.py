@@ -135,6 +135,12 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="CPU only: probes run at once, each in its own worker under its own memory limit.")
 @_nproc_option
+@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Machines each probe spans: run the same command on each, with its own --node-rank.")
+@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True,
+              help="This machine's place: node 0 searches, the others run their share of its probes.")
+@click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+              help="With --nnodes: torchrun's c10d rendezvous (node 0's address, a free port), the same everywhere.")
 @click.option("--budget", type=DURATION, default="20m", show_default=True,
               help="Wall-clock budget for the whole search: 20m, 1h30m, 90s.")
 @click.option("--trials", type=click.IntRange(min=1), default=None, help="Stop after this many probes.")
@@ -164,7 +170,7 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 @click.option("-v", "--verbose", is_flag=True, help="A line when each probe starts, and the search space.")
 def search(target: str, device: str | None, gpu: tuple[int, ...] | None, workers: int, nproc_per_node: int,
-           memory_limit: int | None, budget: float,
+           nnodes: int, node_rank: int, rdzv_endpoint: str | None, memory_limit: int | None, budget: float,
            trials: int | None, headroom: float, global_batch: int | None, batch_range, precision,
            accumulation, sharding, study: str | None, storage: str | None, out: str | None, fresh: bool,
            steps: int, warmup: int, probe_timeout: float | None, as_json: bool, quiet: bool,
@@ -187,7 +193,12 @@ def search(target: str, device: str | None, gpu: tuple[int, ...] | None, workers
         batch_size=batch_range, precision=precision, accumulation=accumulation, sharding=sharding, study=study,
         storage=storage, out=out, fresh=fresh, warmup=warmup, steps=steps, probe_timeout=probe_timeout,
         gpus=tuple(gpu) if gpu and len(gpu) > 1 else (), workers=workers, nproc_per_node=nproc_per_node,
+        nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
     )
+    if node_rank > 0:
+        from autofit.search import follow_search
+
+        sys.exit(follow_search(settings))
     if not (quiet or as_json) and sys.stderr.isatty():
         reporter = LiveReporter(verbose=verbose)
     else:

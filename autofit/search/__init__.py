@@ -12,7 +12,7 @@ from typing import Any
 #: Public name -> the module that defines it. Imported on first use, so that reading a study (which
 #: needs the planner and the explanations) never loads the search loop, and nothing imports in a circle.
 _EXPORTS = {
-    "run_search": "_api", "search_function": "_api",
+    "run_search": "_api", "search_function": "_api", "follow_search": "_api",
     "SearchSettings": "_settings", "SearchResult": "_settings",
     "Planner": "_planner", "Candidate": "_planner", "Observation": "_observation",
     "SearchSpace": "_space", "Strategy": "_space", "Reporter": "_progress", "LiveReporter": "_progress",

@@ -14,6 +14,25 @@ def run_search(settings: SearchSettings, reporter: Reporter | None = None) -> Se
     return Search(settings, reporter or Reporter(quiet=True)).run()
 
 
+def follow_search(settings: SearchSettings) -> int:
+    """A node other than 0 of a search across nodes: run this node's share of each of node 0's
+    probes until that search ends (see autofit.multinode). Returns the exit status."""
+    from autofit.distributed_probe import DistributedWorker
+    from autofit.multinode import JobBoard, follow
+
+    search = Search(settings, Reporter(quiet=True))  # the same study name and storage as node 0's
+
+    def make_worker(meta: dict) -> DistributedWorker:
+        usable = meta.get("usable_bytes")
+        return DistributedWorker(search.script, settings.function, nproc=settings.nproc_per_node,
+                                 device=settings.device, index=settings.index,
+                                 memory_limit=meta.get("limit_bytes") or search.limit,
+                                 usable_bytes=int(usable) if usable else None, log_dir=search.run_dir,
+                                 nnodes=settings.nnodes, rdzv_endpoint=settings.rdzv_endpoint)
+
+    return follow(settings, JobBoard(search.storage, search.study_name), make_worker)
+
+
 def search_function(fn: Any, **kwargs: Any) -> SearchResult:
     """`train.search(budget="20m", memory_limit="2GiB", ...)` from Python."""
     import inspect

@@ -14,6 +14,7 @@ from autofit.devices import check_device
 from autofit.discover import check_script
 from autofit.document import best_document, record_end
 from autofit.errors import NoFeasibleConfig, UsageError, UserCodeError
+from autofit.multinode import JobBoard
 from autofit.options import SearchOptions
 from autofit.record import ProbeResult
 from autofit.results import default_best_path, device_tag, script_sha256, write_best
@@ -49,7 +50,7 @@ class Search:
         self.storage_url = storage_label(settings.storage)
         self.storage = open_storage(settings.storage)  # a bad storage fails before any probe
         self.study_name = settings.study or default_study_name(self.script, settings.function, settings.device, settings.index) \
-            + (f"-{settings.nproc_per_node}ranks" if settings.nproc_per_node > 1 else "")
+            + (f"-{settings.world_size}ranks" if settings.world_size > 1 else "")
         self.run_dir = os.path.join(os.path.dirname(self._db_dir()), "runs", self.study_name)
         self.limit = settings.memory_limit or self._device_memory()
         self.usable = self.limit * (1 - settings.headroom)
@@ -59,6 +60,8 @@ class Search:
         if settings.device == "cpu" and len(self.slots) > 1:
             self.notes.append(_shared_cores_note(len(self.slots)))
         self._asked: list[int] = []
+        self._board: JobBoard | None = None  # several nodes: where node 0 posts its probes
+        self._session: str | None = None
 
     def _db_dir(self) -> str:
         url = self.storage_url
@@ -77,7 +80,7 @@ class Search:
         opened = open_study(self.storage, self.study_name, fresh=self.s.fresh, device_name=self.device_info.name,
                             limit_bytes=self.limit, limit_given=self.s.memory_limit is not None,
                             headroom=self.s.headroom, script_sha256=self.script_sha256,
-                            world_size=self.s.nproc_per_node)
+                            world_size=self.s.world_size)
         self.limit = opened.limit_bytes
         self.usable = self.limit * (1 - self.s.headroom)
         self.notes.extend(opened.notes)
@@ -97,13 +100,13 @@ class Search:
         if knobs is not None and not knobs.get("backward") and accumulations:
             accumulations = (1,)
         global_batch = options.global_batch
-        if global_batch and self.s.nproc_per_node > 1:  # the micro-batch and accumulation are per rank
-            if global_batch % self.s.nproc_per_node:
-                raise UsageError(f"The global batch must divide among the {self.s.nproc_per_node} ranks, but got "
-                                 f"{global_batch}.")
-            global_batch //= self.s.nproc_per_node
+        world = self.s.world_size
+        if global_batch and world > 1:  # the micro-batch and accumulation are per rank
+            if global_batch % world:
+                raise UsageError(f"The global batch must divide among the {world} ranks, but got {global_batch}.")
+            global_batch //= world
         shardings = ("ddp",)  # one process, or a function that offers no blocks to shard
-        if self.s.nproc_per_node > 1 and knobs is not None and knobs.get("shard_blocks"):
+        if world > 1 and knobs is not None and knobs.get("shard_blocks"):
             shardings = tuple(h for h in options.sharding or SHARDINGS if h in device_shardings(self.s.device))
         return SearchSpace.build(batch_range=options.batch_size, precisions=tuple(wanted),
                                  checkpoint_blocks=blocks, use_checkpoint=options.checkpoint,
@@ -113,12 +116,17 @@ class Search:
     def run(self) -> SearchResult:
         study = self.open_study()
         many = len(self.slots) > 1
-        if self.s.nproc_per_node > 1:
+        if self.s.world_size > 1:
             from autofit.distributed_probe import DistributedWorker
 
+            if self.s.nnodes > 1:
+                self._board = JobBoard(self.storage, self.study_name)
+                self._session = self._board.open_session(self.s.nnodes, self.s.nproc_per_node)
             workers = [DistributedWorker(self.script, self.s.function, nproc=self.s.nproc_per_node,
                                          device=self.s.device, index=self.s.index, memory_limit=self.limit,
-                                         usable_bytes=int(self.usable), log_dir=self.run_dir)]
+                                         usable_bytes=int(self.usable), log_dir=self.run_dir, nnodes=self.s.nnodes,
+                                         rdzv_endpoint=self.s.rdzv_endpoint, board=self._board,
+                                         session=self._session)]
         else:
             workers = [Worker(self.script, self.s.function, device=self.s.device, index=index,
                               memory_limit=self.limit, usable_bytes=int(self.usable),
@@ -133,6 +141,8 @@ class Search:
         try:
             return self._run(study, workers)
         finally:
+            if self._board is not None:
+                self._board.close_session(self._session)  # the followers' cue to stop
             for worker in workers:
                 worker.close()
             for lane in self._lanes.values():
@@ -304,9 +314,12 @@ class Search:
         seen = observations(study.get_trials(deepcopy=False), exclude=trial.number)
         timeout = self.budget.probe_timeout(seen)
 
+        across_nodes = {"trial_id": trial._trial_id} if self.s.nnodes > 1 else {}
+
         def measure() -> ProbeResult:
             with Heartbeat(study, trial):
-                return worker.probe(asked, warmup=self.s.warmup, steps=steps, timeout=timeout, log_path=log_path)
+                return worker.probe(asked, warmup=self.s.warmup, steps=steps, timeout=timeout, log_path=log_path,
+                                    **across_nodes)
 
         return self._lanes[id(worker)].submit(measure), trial
 
@@ -354,7 +367,7 @@ class Search:
             "device_info": self.device_info.to_dict(), "limit_bytes": self.limit,
             "limit_given": self.s.memory_limit is not None, "script_sha256": self.script_sha256,
             "headroom": self.s.headroom, "usable_bytes": self.usable, "space": space.to_dict(),
-            "world_size": self.s.nproc_per_node,
+            "world_size": self.s.world_size,
             "knobs": knobs, "versions": info.versions,
         })
 

@@ -48,6 +48,12 @@ class SearchSettings:
     """CPU only: this many workers probing at once, each under its own memory limit."""
     nproc_per_node: int = 1
     """Each probe a torchrun job of this many ranks (distributed data parallel through run.distribute)."""
+    nnodes: int = 1
+    """Machines each probe spans (autofit.multinode): the same command runs on every one of them."""
+    node_rank: int = 0
+    """This machine's place among them: node 0 searches, the others run their share of its probes."""
+    rdzv_endpoint: str | None = None
+    """HOST:PORT of torchrun's c10d rendezvous for probes across nodes (a port free on HOST)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.headroom < 1:
@@ -62,7 +68,16 @@ class SearchSettings:
         if self.nproc_per_node > 1 and (self.workers > 1 or self.gpus):
             raise UsageError("--nproc-per-node runs each probe on several ranks; it cannot be combined with "
                              "--workers or a list of GPUs yet.")
-        if self.sharding and self.nproc_per_node == 1:
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise UsageError(f"--node-rank must be in [0, --nnodes), but got --nnodes {self.nnodes} "
+                             f"--node-rank {self.node_rank}.")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise UsageError("--nnodes needs --rdzv-endpoint HOST:PORT (node 0's address and a free port), "
+                             "the same on every node.")
+        if self.nnodes > 1 and (self.workers > 1 or self.gpus):
+            raise UsageError("--nnodes runs each probe across machines; it cannot be combined with --workers or a "
+                             "list of GPUs.")
+        if self.sharding and self.world_size == 1:
             raise UsageError(f"--sharding is for distributed probes, but got --sharding {','.join(self.sharding)} "
                              f"without --nproc-per-node: add --nproc-per-node N (N ranks per probe).")
         unsupported = [h for h in self.sharding or () if h not in device_shardings(self.device)]
@@ -74,6 +89,11 @@ class SearchSettings:
             raise UsageError(f"Each GPU must be listed once, but got --gpu {','.join(map(str, self.gpus))}.")
         if self.trials is not None and self.trials < 1:
             raise UsageError(f"The number of trials must be at least 1, but got {self.trials}.")
+
+    @property
+    def world_size(self) -> int:
+        """Ranks each probe runs on: all nodes together."""
+        return self.nproc_per_node * self.nnodes
 
     def worker_indices(self) -> tuple[int, ...]:
         """The device index each worker probes on."""

@@ -1,0 +1,157 @@
+"""Probes across machines: every node runs `autofit search ... --nnodes M --node-rank R
+--rdzv-endpoint HOST:PORT` against one Optuna storage. Node 0 searches; the others follow.
+
+The running trial in the shared storage is the only channel between nodes (no server of ours):
+node 0 posts each probe's job on its trial (config, steps, rendezvous id) and starts its torchrun
+share; a follower sees the job, starts its own share with the same rendezvous (torchrun's c10d
+backend at HOST:PORT makes them one job), and posts its ranks' results back on the trial, where
+node 0 combines them with its own. The study's `multinode` attribute says which search session the
+followers serve and when it is over.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from autofit.record import ProbeResult
+
+SESSION_ATTR = "multinode"
+JOB_ATTR = "multinode_job"
+#: How long node 0 waits, after its own ranks ended, for the other nodes' results to arrive.
+RESULTS_GRACE_S = 30.0
+_POLL_S = 0.2
+
+
+_RESULTS_PREFIX = "multinode_ranks_node"
+
+
+def _results_attr(node_rank: int) -> str:
+    return f"{_RESULTS_PREFIX}{node_rank}"
+
+
+class JobBoard:
+    """A study's trials as the meeting point of the nodes of one multi-node search."""
+
+    def __init__(self, storage: optuna.storages.BaseStorage, study_name: str) -> None:
+        self.storage = storage
+        self.study_name = study_name
+        self._study_id: int | None = None
+
+    def study_id(self) -> int | None:
+        if self._study_id is None:
+            try:
+                self._study_id = self.storage.get_study_id_from_name(self.study_name)
+            except KeyError:
+                return None
+        return self._study_id
+
+    # --- node 0 -------------------------------------------------------------------------------
+    def open_session(self, nnodes: int, nproc: int) -> str:
+        session = uuid.uuid4().hex
+        self.storage.set_study_user_attr(self.study_id(), SESSION_ATTR,
+                                         {"session": session, "state": "running", "nnodes": nnodes, "nproc": nproc})
+        return session
+
+    def close_session(self, session: str) -> None:
+        current = self.session()
+        if current and current.get("session") == session:
+            self.storage.set_study_user_attr(self.study_id(), SESSION_ATTR, {**current, "state": "done"})
+
+    def post_job(self, trial_id: int, job: dict[str, Any]) -> None:
+        self.storage.set_trial_user_attr(trial_id, JOB_ATTR, job)
+
+    def gather(self, trial_id: int, nodes: range, wanted: set[int], grace_s: float) -> dict[int, ProbeResult]:
+        """The other nodes' rank results on the trial; waits up to `grace_s` for `wanted` ranks."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            attrs = self.storage.get_trial(trial_id).user_attrs
+            found = {int(rank): ProbeResult.from_dict(data) for node in nodes
+                     for rank, data in (attrs.get(_results_attr(node)) or {}).get("ranks", {}).items()}
+            posted = all(_results_attr(node) in attrs for node in nodes)
+            if wanted <= set(found) or posted or time.monotonic() > deadline:
+                return found
+            time.sleep(_POLL_S)
+
+    # --- every node -----------------------------------------------------------------------------
+    def stop_here(self, trial_id: int, node_rank: int) -> bool:
+        """True when this node's ranks should be stopped: another node's share of the job failed (a
+        rank that did not end ok, or died: the others will never reach the next collective), or the
+        trial is no longer running. torchrun tears down the ranks of the node where one failed; this
+        reaches the other nodes."""
+        trial = self.storage.get_trial(trial_id)
+        if trial.state != TrialState.RUNNING:
+            return True
+        return any(key.startswith(_RESULTS_PREFIX) and key != _results_attr(node_rank) and not posted.get("ok")
+                   for key, posted in trial.user_attrs.items())
+
+    def post_results(self, trial_id: int, node_rank: int, results: dict[int, ProbeResult], ok: bool) -> None:
+        """This node's ranks' results; `ok`: its torchrun share ended with every rank's steps done."""
+        try:
+            self.storage.set_trial_user_attr(trial_id, _results_attr(node_rank), {
+                "ok": ok, "ranks": {str(rank): r.to_dict() for rank, r in results.items()}})
+        except RuntimeError:
+            pass  # node 0 already finished the trial (it gave up waiting): nothing to add
+
+    # --- followers ----------------------------------------------------------------------------
+    def session(self) -> dict | None:
+        study_id = self.study_id()
+        if study_id is None:
+            return None
+        return self.storage.get_study_user_attrs(study_id).get(SESSION_ATTR)
+
+    def next_job(self, session: str, done: set[int]) -> tuple[int, dict] | None:
+        study_id = self.study_id()
+        if study_id is None:
+            return None
+        for trial in self.storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+            job = trial.user_attrs.get(JOB_ATTR)
+            if job and job.get("session") == session and trial._trial_id not in done:
+                return trial._trial_id, job
+        return None
+
+
+def follow(settings, board: JobBoard, make_worker: Callable[[dict], Any], *, wait_s: float = 600.0,
+           out=sys.stderr) -> int:
+    """Run this node's share of every probe node 0 posts, until its search ends. `make_worker` gets
+    the study's settings (memory limit, usable bytes) once node 0 has set it up. Returns the exit
+    status: 0 when the search ended, 1 when no search session appeared within `wait_s`."""
+    print(f"autofit: node {settings.node_rank} of {settings.nnodes} waiting for node 0's search "
+          f"(study {board.study_name})", file=out, flush=True)
+    deadline = time.monotonic() + wait_s
+    session = None
+    while session is None:
+        current = board.session()
+        if current and current.get("state") == "running":
+            session = current["session"]
+        elif time.monotonic() > deadline:
+            print(f"autofit: no search of study {board.study_name} started within {wait_s:.0f}s; start "
+                  f"`autofit search ... --node-rank 0` on the first node with the same --storage and --study.",
+                  file=out, flush=True)
+            return 1
+        else:
+            time.sleep(_POLL_S)
+    worker = make_worker(board.storage.get_study_user_attrs(board.study_id()).get("autofit") or {})
+    done: set[int] = set()
+    while True:
+        current = board.session() or {}
+        if current.get("session") != session or current.get("state") != "running":
+            print(f"autofit: node 0's search ended; node {settings.node_rank} ran {len(done)} probes",
+                  file=out, flush=True)
+            return 0
+        posted = board.next_job(session, done)
+        if posted is None:
+            time.sleep(_POLL_S)
+            continue
+        trial_id, job = posted
+        done.add(trial_id)
+        results, ok = worker.run_job(job, stop=lambda trial=trial_id: board.stop_here(trial, settings.node_rank))
+        board.post_results(trial_id, settings.node_rank, results, ok)
+        statuses = sorted({r.status for r in results.values()}) or ["no result"]
+        print(f"autofit: node {settings.node_rank}: {job['label']} {', '.join(statuses)}", file=out, flush=True)
