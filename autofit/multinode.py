@@ -122,7 +122,7 @@ def follow(settings, board: JobBoard, make_worker: Callable[[dict], Any], *, wai
     """Run this node's share of every probe node 0 posts, until its search ends. `make_worker` gets
     the study's settings (memory limit, usable bytes) once node 0 has set it up. Returns the exit
     status: 0 when the search ended, 1 when no search session appeared within `wait_s`."""
-    print(f"autofit: node {settings.node_rank} of {settings.nnodes} waiting for node 0's search "
+    print(f"autofit: node {settings.node_rank} of {settings.nnodes} waiting for node 0 "
           f"(study {board.study_name})", file=out, flush=True)
     deadline = time.monotonic() + wait_s
     session = None
@@ -142,7 +142,7 @@ def follow(settings, board: JobBoard, make_worker: Callable[[dict], Any], *, wai
     while True:
         current = board.session() or {}
         if current.get("session") != session or current.get("state") != "running":
-            print(f"autofit: node 0's search ended; node {settings.node_rank} ran {len(done)} probes",
+            print(f"autofit: node 0 is done; node {settings.node_rank} ran {len(done)} probes",
                   file=out, flush=True)
             return 0
         posted = board.next_job(session, done)
@@ -155,3 +155,25 @@ def follow(settings, board: JobBoard, make_worker: Callable[[dict], Any], *, wai
         board.post_results(trial_id, settings.node_rank, results, ok)
         statuses = sorted({r.status for r in results.values()}) or ["no result"]
         print(f"autofit: node {settings.node_rank}: {job['label']} {', '.join(statuses)}", file=out, flush=True)
+
+
+def probe_study_name(rdzv_endpoint: str) -> str:
+    """The study that carries one `autofit probe` across nodes: the same name on every node."""
+    return f"autofit-probe-{rdzv_endpoint}"
+
+
+def lead_probe(worker, storage: optuna.storages.BaseStorage, config, *, warmup: int, steps: int,
+               timeout: float) -> ProbeResult:
+    """Node 0 of `autofit probe --nnodes M`: one probe posted on a trial of its own study, which the
+    other nodes (running `follow`) join; the study is left for the next probe on this endpoint."""
+    name = probe_study_name(worker.rdzv_endpoint)
+    study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True)
+    study.set_user_attr("autofit", {"limit_bytes": worker.memory_limit, "usable_bytes": worker.usable_bytes})
+    board = JobBoard(storage, name)
+    worker.board, worker.session = board, board.open_session(worker.nnodes, worker.nproc)
+    trial = study.ask()
+    try:
+        return worker.probe(config, warmup=warmup, steps=steps, timeout=timeout, trial_id=trial._trial_id)
+    finally:
+        study.tell(trial, state=TrialState.FAIL)  # a carrier, not a search's trial
+        board.close_session(worker.session)

@@ -4,6 +4,7 @@ rendezvous on a local port, one rank per node (gloo). Every probe runs on both n
 fails on the other node is the config's failure, and no rank is left waiting for it."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -44,7 +45,7 @@ def test_every_probe_of_a_search_across_two_nodes_runs_on_both(tmp_path):
     assert trials and all(t.user_attrs["multinode_ranks_node1"]["ok"] for t in trials)
     assert all(t.user_attrs["probe"]["world_size"] == 2 for t in trials)
     assert f"node 1 ran {len(trials)} probes" in follower_err
-    document = __import__("json").loads((tmp_path / "nodes.best.json").read_text())
+    document = json.loads((tmp_path / "nodes.best.json").read_text())
     assert document["world_size"] == 2
 
 
@@ -71,3 +72,21 @@ def test_nodes_without_a_rendezvous_or_outside_the_count_are_refused(tmp_path):
                           "--rdzv-endpoint", "127.0.0.1:29500", "--budget", "10s", cwd=tmp_path)
     assert outside.returncode == 2 and "--node-rank must be in [0, --nnodes)" in outside.stderr
     assert "Traceback" not in missing.stderr + outside.stderr
+
+
+def test_one_probe_across_two_nodes(tmp_path):
+    common = [script("ddp_train.py"), "--batch-size", "8", "--nproc-per-node", "1", "--nnodes", "2",
+              "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--memory-limit", "1GiB",
+              "--storage", f"sqlite:///{tmp_path}/probe.db"]
+    env = {**os.environ, "PYTHONPATH": REPO, "WEIGHTS_OUT": str(tmp_path / "w.pt")}
+    follower = subprocess.Popen([sys.executable, "-m", "autofit.cli", "probe", *common, "--node-rank", "1"],
+                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        leader = autofit_cli("probe", *common, "--node-rank", "0", "--json", cwd=tmp_path, timeout=300)
+        _, follower_err = follower.communicate(timeout=120)
+    finally:
+        follower.kill()
+    assert leader.returncode == 0, leader.stderr[-3000:]
+    result = json.loads(leader.stdout)["result"]
+    assert result["status"] == "ok" and result["world_size"] == 2 and result["measured_steps"] >= 5
+    assert follower.returncode == 0 and "node 1 ran 1 probes" in follower_err

@@ -66,6 +66,40 @@ def _nproc_option(f):
                              "run.distribute); the micro-batch is per rank.")(f)
 
 
+def _nodes_options(f):
+    f = click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                     help="With --nnodes: torchrun's c10d rendezvous (node 0's address, a free port), the same "
+                          "on every node.")(f)
+    f = click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="This machine's place: node 0 leads, the others run their share of its probes.")(f)
+    return click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
+                        help="Machines each probe spans: run the same command on each, with its own "
+                             "--node-rank.")(f)
+
+
+def _check_nodes(nnodes: int, node_rank: int, rdzv_endpoint: str | None) -> None:
+    if node_rank >= nnodes:
+        raise UsageError(f"--node-rank must be in [0, --nnodes), but got --nnodes {nnodes} --node-rank {node_rank}.")
+    if not rdzv_endpoint:
+        raise UsageError("--nnodes needs --rdzv-endpoint HOST:PORT (node 0's address and a free port), "
+                         "the same on every node.")
+
+
+def _follow_probe(worker, storage: str | None, nnodes: int, node_rank: int) -> int:
+    """A node other than 0 of `autofit probe --nnodes`: its share of node 0's probe."""
+    from types import SimpleNamespace
+
+    from autofit.multinode import JobBoard, follow, probe_study_name
+    from autofit.storage import open_storage
+
+    def make_worker(meta: dict):
+        worker.memory_limit = meta.get("limit_bytes") or worker.memory_limit
+        return worker
+
+    board = JobBoard(open_storage(storage), probe_study_name(worker.rdzv_endpoint))
+    return follow(SimpleNamespace(nnodes=nnodes, node_rank=node_rank), board, make_worker)
+
+
 @click.group(cls=_Group)
 @click.version_option(package_name="autofit")
 def cli() -> None:
@@ -85,12 +119,16 @@ def cli() -> None:
               help="With --nproc-per-node: how run.distribute(model, blocks=...) holds the model.")
 @_device_options
 @_nproc_option
+@_nodes_options
+@click.option("--storage", default=None,
+              help="With --nnodes: an Optuna storage every node reaches (default: sqlite:///studies/autofit.db).")
 @click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True, help="Measured optimizer steps.")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Warm-up steps, not measured.")
 @click.option("--timeout", type=DURATION, default="5m", show_default=True, help="Kill the probe after this long.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumulation: int, sharding: str,
-          device: str | None, gpu: int | None, memory_limit: int | None, nproc_per_node: int, steps: int,
+          device: str | None, gpu: int | None, memory_limit: int | None, nproc_per_node: int, nnodes: int,
+          node_rank: int, rdzv_endpoint: str | None, storage: str | None, steps: int,
           warmup: int, timeout: float, as_json: bool) -> None:
     """Run one probe: a few real training steps of TARGET under one config.
 
@@ -109,19 +147,29 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
     info = check_device(device, index)
     config = Config(batch_size=batch_size, precision=precision, checkpoint_segments=checkpoint,
                     accumulation_steps=accumulation, sharding=sharding)
-    if nproc_per_node > 1:
+    if nnodes > 1:
+        _check_nodes(nnodes, node_rank, rdzv_endpoint)
+    if nproc_per_node > 1 or nnodes > 1:
         from autofit.distributed_probe import DistributedWorker
 
         worker = DistributedWorker(script, function, nproc=nproc_per_node, device=device, index=index,
-                                   memory_limit=memory_limit)
+                                   memory_limit=memory_limit, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint)
     else:
         worker = Worker(script, function, device=device, index=index, memory_limit=memory_limit)
+    if node_rank > 0:
+        sys.exit(_follow_probe(worker, storage, nnodes, node_rank))
     with contextlib.closing(worker):
         loaded = worker.start()
         if precision not in loaded.precisions:
             raise UsageError(f"The precision must be one the device runs ({', '.join(loaded.precisions)}), "
                              f"but got {precision}.")
-        result = worker.probe(config, warmup=warmup, steps=steps, timeout=timeout)
+        if nnodes > 1:
+            from autofit.multinode import lead_probe
+            from autofit.storage import open_storage
+
+            result = lead_probe(worker, open_storage(storage), config, warmup=warmup, steps=steps, timeout=timeout)
+        else:
+            result = worker.probe(config, warmup=warmup, steps=steps, timeout=timeout)
     if as_json:
         click.echo(json.dumps({"device": info.to_dict(), "result": result.to_dict()}, indent=2))
     else:
@@ -135,12 +183,7 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="CPU only: probes run at once, each in its own worker under its own memory limit.")
 @_nproc_option
-@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Machines each probe spans: run the same command on each, with its own --node-rank.")
-@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True,
-              help="This machine's place: node 0 searches, the others run their share of its probes.")
-@click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT",
-              help="With --nnodes: torchrun's c10d rendezvous (node 0's address, a free port), the same everywhere.")
+@_nodes_options
 @click.option("--budget", type=DURATION, default="20m", show_default=True,
               help="Wall-clock budget for the whole search: 20m, 1h30m, 90s.")
 @click.option("--trials", type=click.IntRange(min=1), default=None, help="Stop after this many probes.")
