@@ -10,6 +10,10 @@ bf16, ~0.7 GiB in fp32 with all four blocks checkpointed, which pays for it with
 pass per block; peaks include ~0.22 GiB of Python and torch).
 
 The text is pseudo-English from a seeded grammar, generated at import (nothing is downloaded).
+
+Under torchrun it is data parallel (`torchrun --nproc-per-node 2 studies/gpt.py`): `run.distribute`
+with the blocks lets the config choose DDP or FSDP2, `run.sampler` gives each rank its shard; a
+search with `--nproc-per-node 2` probes both.
 """
 
 from __future__ import annotations
@@ -126,17 +130,21 @@ class GPT(nn.Module):
 def train(run: Run) -> float:
     """Train the GPT for EPOCHS passes over the text; return the last loss."""
     torch.manual_seed(0)
-    model = GPT(len(VOCAB), SEQ_LEN, D_MODEL, N_LAYERS, N_HEADS, DROPOUT).to(run.device)
+    model = GPT(len(VOCAB), SEQ_LEN, D_MODEL, N_LAYERS, N_HEADS, DROPOUT)
     run.checkpoint(model.blocks)
+    model = run.distribute(model, blocks=model.blocks)  # on run.device; DDP or FSDP2 under torchrun
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
-    loader = DataLoader(DATASET, batch_size=run.batch_size, shuffle=True, drop_last=True)
+    sampler = run.sampler(DATASET)  # this rank's shard under torchrun, all of it otherwise
+    loader = DataLoader(DATASET, batch_size=run.batch_size, sampler=sampler, drop_last=True)
     loss = torch.tensor(math.nan)
     for epoch in range(EPOCHS if not run.probing else 10**6):  # a probe ends by itself
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
         for x, y in run.batches(loader, tokens=SEQ_LEN):
             with run.autocast():
                 loss = model(x, y)
             run.backward(loss, opt)
-        if not run.probing:
+        if not run.probing and run.is_main:
             print(f"gpt: epoch {epoch + 1}, loss {loss.item():.3f}")
     return loss.item()
 

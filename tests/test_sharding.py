@@ -110,3 +110,34 @@ def test_a_search_on_two_ranks_tries_fsdp_and_a_torchrun_run_applies_the_exporte
     a, b = torch.load(tmp_path / "sharded.pt"), torch.load(tmp_path / "single.pt")
     for key in b:
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
+
+
+def test_the_bundled_gpt_probes_under_fsdp2_with_checkpointing_and_a_searched_config_runs_under_torchrun(tmp_path):
+    """studies/gpt.py offers its blocks: an FSDP2 probe with checkpointed blocks runs on 2 ranks, and
+    a `--nproc-per-node 2` search's export is what `torchrun --nproc-per-node 2 studies/gpt.py` trains with."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, STUDIES
+    from tests.test_distributed import _free_port
+
+    probed = autofit_cli("probe", os.path.join(STUDIES, "gpt.py"), "--nproc-per-node", "2", "--batch-size", "8",
+                         "--checkpoint", "2", "--sharding", "fsdp", "--memory-limit", "1GiB", "--json", cwd=tmp_path)
+    assert probed.returncode == 0, probed.stderr[-3000:]
+    result = json.loads(probed.stdout)["result"]
+    assert result["status"] == "ok" and result["world_size"] == 2 and result["knobs"]["shard_blocks"] == 4
+
+    searched = autofit_cli("search", os.path.join(STUDIES, "gpt.py"), "--nproc-per-node", "2", "--memory-limit",
+                           "1GiB", "--precision", "fp32", "--batch-size", "8:32", "--trials", "3", "--budget", "2m",
+                           "--storage", f"sqlite:///{tmp_path}/g.db", "--out", str(tmp_path / "g.best.json"),
+                           cwd=tmp_path)
+    assert searched.returncode == 0, searched.stderr[-3000:]
+    config = Config.from_dict(json.loads((tmp_path / "g.best.json").read_text())["config"])
+    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                          f"--master-port={_free_port()}", "--master-addr=127.0.0.1", os.path.join(STUDIES, "gpt.py")],
+                         env={**os.environ, "PYTHONPATH": REPO, "AUTOFIT_CONFIG": str(tmp_path / "g.best.json")},
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert f"2 ranks, each {config.label()}" in ran.stderr
+    assert ran.stdout.count("gpt: epoch 1, loss") == 1  # the main rank reports, once
