@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import json
@@ -208,6 +209,9 @@ class Run:
         self.restart_config: Config | None = None
         """Set when an OOM came before the first optimizer step: start the function again with it."""
         self.restart_lowering: Lowering | None = None
+        self.data_context: Callable[[], Any] = contextlib.nullcontext
+        """Entered around every read of the data in batches(): autofit's memory estimator reads real
+        data there while the step itself runs on fake tensors."""
 
     # --- the settings -------------------------------------------------------------------------
     @property
@@ -475,7 +479,8 @@ class Run:
         In a probe, the loop ends (via ProbeFinished) once the probe has its steps.
         """
         self.knobs.batches = True
-        source = iter(iterable)
+        with self.data_context():
+            source = iter(iterable)
         pending: deque = deque()  # micro-batches taken from the data and not yet handed out
         this_step: list = []  # micro-batches of the step being fed (kept only to redo it after an OOM)
         yielded = 0
@@ -487,7 +492,8 @@ class Run:
                 self._begin_redo()
             if not pending:
                 try:
-                    batch = next(source)
+                    with self.data_context():
+                        batch = next(source)
                 except StopIteration:
                     break
                 # After a lowering the loader still gives the batch it was built with: cut it.
