@@ -42,6 +42,10 @@ class Estimates:
     """The estimator process's own memory before any step (Python, torch, the user's module)."""
     error: str | None = None
     """Why the estimator gave nothing at all (it crashed, or timed out)."""
+    knobs: dict | None = None
+    """What the function used (run.checkpoint's blocks, autocast), from its first estimate."""
+    options: dict | None = None
+    """The decorator's search options (global batch, batch range, precisions)."""
 
 
 def estimate_memory(script: str, configs: list[Config], *, function: str | None = None, device: str = "cpu",
@@ -67,6 +71,8 @@ def estimate_memory(script: str, configs: list[Config], *, function: str | None 
         except (OSError, ValueError):
             reply = {"estimates": []}
     out.baseline_bytes = reply.get("baseline_bytes")
+    out.options = reply.get("options")
+    out.knobs = next((found["knobs"] for found in reply["estimates"] if found["ok"]), None)
     for config, found in zip(configs, reply["estimates"]):
         if found["ok"]:
             out.estimates[config] = MemoryEstimate(config, {part: int(found["breakdown"].get(part, 0)) for part in PARTS})

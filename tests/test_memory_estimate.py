@@ -35,3 +35,37 @@ def test_an_estimator_that_dies_is_reported_not_raised(tmp_path):
     broken.write_text("raise SystemExit(7)\n")
     found = estimate_memory(str(broken), [Config(8)])
     assert found.error and "status" in found.error and Config(8) in found.unavailable
+
+
+def test_estimate_answers_each_card_size_and_more_memory_never_answers_worse(tmp_path):
+    import json
+
+    from tests.conftest import autofit_cli
+
+    done = autofit_cli("estimate", f"{STUDIES}/mlp.py", "--memory", "512MiB,1GiB,2GiB,8GiB", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(done.stdout)
+    assert answer["predicted"] is True and answer["device"] == "gpu"
+    fits = answer["fits"]
+    assert [f["memory_bytes"] for f in fits] == [512 * 2**20, 2**30, 2 * 2**30, 8 * 2**30]
+    assert fits[0]["config"] is None  # 512 MiB: the CUDA context prior and the optimizer step alone exceed it
+    fits = fits[1:]
+    configs = [Config.from_dict(f["config"]) for f in fits]
+    preference = ["bf16", "fp16", "tf32", "fp32"]
+    for smaller, larger in zip(configs, configs[1:]):
+        assert preference.index(larger.precision) <= preference.index(smaller.precision)
+        assert larger.batch_size >= smaller.batch_size
+    assert configs[-1].batch_size > configs[0].batch_size
+    for fit in fits:
+        tensors = sum(fit["breakdown_bytes"].values())
+        assert fit["predicted_peak_bytes"] == int(512 * 2**20 + tensors * 1.1)  # the stated priors
+        assert fit["predicted_peak_bytes"] <= fit["usable_bytes"]
+
+
+def test_estimate_of_a_function_fake_tensors_cannot_run_is_one_clear_line(tmp_path):
+    from tests.conftest import autofit_cli
+
+    done = autofit_cli("estimate", script("reads_loss_value.py"), "--memory-limit", "1GiB", cwd=tmp_path)
+    assert done.returncode == 1
+    assert "No memory estimate of" in done.stderr and "autofit probe" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -9,9 +9,18 @@ from typing import Any, NoReturn
 
 import click
 
-from autofit.cli._types import DURATION, GPU_LIST, INT_LIST, INT_RANGE, MEMORY_SIZE, PRECISION_LIST, SHARDING_LIST
+from autofit.cli._types import (
+    DURATION,
+    GPU_LIST,
+    INT_LIST,
+    INT_RANGE,
+    MEMORY_SIZE,
+    PRECISION_LIST,
+    SHARDING_LIST,
+    SIZE_LIST,
+)
 from autofit.config import PRECISIONS, SHARDINGS
-from autofit.errors import AutofitError, UsageError
+from autofit.errors import AutofitError, UsageError, UserCodeError
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -258,6 +267,48 @@ def search(target: str, device: str | None, gpu: tuple[int, ...] | None, workers
         click.echo(describe_search(result))
     if result.partial:
         sys.exit(130)
+
+
+@cli.command()
+@click.argument("target")
+@click.option("--memory", "sizes", type=SIZE_LIST, default=None,
+              help="GPU memory sizes to answer for, e.g. 16GiB,24GiB,40GiB,80GiB (default: this CPU's free memory).")
+@click.option("--memory-limit", type=MEMORY_SIZE, default=None, help="Without --memory: the CPU's limit to answer for.")
+@click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True,
+              help="Fraction of each size kept free.")
+@click.option("--global-batch", type=click.IntRange(min=1), default=None,
+              help="Keep micro-batch x accumulation equal to this.")
+@click.option("--batch-size", "batch_range", type=INT_RANGE, default=None, help="Micro-batch range MIN:MAX.")
+@click.option("--precision", type=PRECISION_LIST, default=None, help="Precisions to consider, e.g. fp32,bf16.")
+@click.option("--json", "as_json", is_flag=True, help="Print the predictions as JSON.")
+def estimate(target: str, sizes: tuple[int, ...] | None, memory_limit: int | None, headroom: float,
+             global_batch: int | None, batch_range, precision, as_json: bool) -> None:
+    """Predict, before any probe, the config that fits each memory size and where its memory goes.
+
+    TARGET's function runs two steps on fake tensors (no memory is allocated) in a process of its own.
+    The answers are predictions, not measurements: `autofit search` measures.
+    """
+    from autofit.devices import check_device
+    from autofit.discover import check_script, parse_target
+    from autofit.report.estimate_text import describe_fits, fits_json
+    from autofit.what_fits import WhatFits
+
+    script, function = parse_target(target)
+    check_script(script)
+    on_gpu = sizes is not None
+    if not on_gpu:
+        info = check_device("cpu", 0)
+        sizes = (memory_limit or info.free_bytes or info.total_bytes,)
+    fits = WhatFits(script, function, on_gpu=on_gpu, batch_range=batch_range, global_batch=global_batch,
+                    precisions=precision)
+    if fits.unavailable:
+        raise UserCodeError(f"No memory estimate of {target} is possible: {fits.unavailable}. "
+                            f"Probe it instead: autofit probe {target} --batch-size 8.")
+    predicted = fits.predict_all(list(sizes), headroom)
+    if as_json:
+        click.echo(json.dumps(fits_json(fits, predicted, target), indent=2))
+    else:
+        click.echo(describe_fits(fits, predicted, target))
 
 
 @cli.command()

@@ -34,6 +34,23 @@ class MemorySize(_ParsedType):
         return parse_size(value)
 
 
+class SizeList(click.ParamType):
+    """'16GiB,24GiB' -> (17179869184, 25769803776)."""
+
+    name = "sizes"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            sizes = tuple(parse_size(part.strip()) for part in str(value).split(",") if part.strip())
+        except UsageError as error:
+            self.fail(str(error), param, ctx)
+        if not sizes:
+            self.fail(f"A list of sizes must look like 16GiB,24GiB, but got {value!r}.", param, ctx)
+        return sizes
+
+
 class Duration(_ParsedType):
     name = "duration"
     passthrough = (float,)
@@ -101,6 +118,7 @@ class IntList(click.ParamType):
 
 
 MEMORY_SIZE = MemorySize()
+SIZE_LIST = SizeList()
 DURATION = Duration()
 PRECISION_LIST = ChoiceList("precision", PRECISIONS)
 SHARDING_LIST = ChoiceList("sharding", SHARDINGS)

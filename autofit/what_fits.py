@@ -1,0 +1,243 @@
+"""`autofit estimate`: which config would fit on a card of each size, predicted from fake-tensor
+estimates (autofit.memory_estimate) before a single probe, with where its memory would go.
+
+The answer per size is the most preferred strategy that fits a micro-batch, at the largest
+micro-batch it fits: the fastest precision first (on GPUs bf16, fp16, tf32, fp32; on a CPU bf16 only
+where it is native), then the fewest checkpointed blocks. With no measured throughput that is a
+rule, not a ranking: a search measures which is really fastest. More memory never gives a less
+preferred strategy or a smaller micro-batch.
+
+A strategy's tensor bytes grow linearly with the micro-batch once activations dominate: two
+estimates fit that line, the line proposes the largest batch, and an estimate of that batch
+confirms it (stepping down while it does not fit). The device's own memory is added to the tensor
+bytes: on the CPU the estimator process's measured baseline; on a GPU a prior for the CUDA context
+and the caching allocator's rounding (CUDA_CONTEXT_BYTES, ALLOCATOR_OVERHEAD), until probes calibrate it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autofit.config import Config
+from autofit.memory_estimate import Estimates, MemoryEstimate, estimate_memory
+from autofit.search._space import checkpoint_levels, divisors_in, nice_batch_sizes
+
+#: Priors for a CUDA device: the context and cuBLAS/cuDNN workspaces, and the caching allocator's
+#: rounding and fragmentation over the tensors' own bytes.
+CUDA_CONTEXT_BYTES = 512 * 2**20
+ALLOCATOR_OVERHEAD = 0.10
+#: Preference among precisions when nothing was measured: the fastest kinds first.
+GPU_PREFERENCE = ("bf16", "fp16", "tf32", "fp32")
+_LARGEST_BATCH = 2**16
+#: Batches estimated to fit each strategy's line: small ones are often below where activations
+#: take over from the optimizer step's peak, so the line is fitted on the largest two that rise.
+_LINE_BATCHES = (64, 256, 1024, 4096)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The predicted config for one memory size (None: nothing fits), with its estimate."""
+
+    memory_bytes: int
+    usable_bytes: int
+    config: Config | None
+    estimate: MemoryEstimate | None
+    predicted_peak_bytes: int | None
+
+
+class WhatFits:
+    """Estimates of one script, asked lazily and kept: each config is estimated at most once."""
+
+    def __init__(self, script: str, function: str | None, *, on_gpu: bool, baseline_bytes: int | None = None,
+                 batch_range: tuple[int, int] | None = None, global_batch: int | None = None,
+                 precisions: tuple[str, ...] | None = None, checkpoint: bool = True) -> None:
+        self.script, self.function = script, function
+        self.on_gpu = on_gpu
+        self.estimates: dict[Config, MemoryEstimate | None] = {}
+        self.why_not: dict[Config, str] = {}
+        pilot = self._estimate([Config(8)])
+        self.found = pilot
+        if pilot.error or not pilot.estimates:
+            self.unavailable = pilot.error or next(iter(pilot.unavailable.values()), "no estimate")
+            return
+        self.unavailable = None
+        options = pilot.options or {}
+        self.baseline = CUDA_CONTEXT_BYTES if on_gpu else (baseline_bytes or pilot.baseline_bytes or 0)
+        self.global_batch = global_batch or options.get("global_batch")
+        low, high = batch_range or tuple(options.get("batch_size") or (1, _LARGEST_BATCH))
+        high = min(high, _LARGEST_BATCH)
+        self.batches = divisors_in(self.global_batch, low, high) if self.global_batch else nice_batch_sizes(low, high)
+        wanted = precisions or tuple(options.get("precision") or ()) or None
+        knobs = pilot.knobs or {}
+        order = GPU_PREFERENCE if on_gpu else (("bf16", "fp32") if _native_cpu_bf16() else ("fp32",))
+        self.precisions = tuple(p for p in order if wanted is None or p in wanted) if knobs.get("autocast") else ("fp32",)
+        blocks = knobs.get("checkpoint_blocks") if checkpoint else None
+        self.levels = checkpoint_levels(blocks)
+
+    def _estimate(self, configs: list[Config]) -> Estimates:
+        return estimate_memory(self.script, configs, function=self.function)
+
+    def fill(self, configs: list[Config]) -> None:
+        """Estimate every config not estimated yet, in one estimator process."""
+        missing = list(dict.fromkeys(_as_estimated(c) for c in configs if _as_estimated(c) not in self.estimates))
+        if not missing:
+            return
+        found = self._estimate(missing)
+        for config in missing:
+            self.estimates[config] = found.estimates.get(config)
+            if config in found.unavailable:
+                self.why_not[config] = found.unavailable[config]
+
+    def estimate(self, config: Config) -> MemoryEstimate | None:
+        self.fill([config])
+        return self.estimates[_as_estimated(config)]
+
+    def peak(self, estimate: MemoryEstimate) -> int:
+        """Predicted device peak: the device's own memory plus the tensors (and, on a GPU, rounding)."""
+        factor = 1 + ALLOCATOR_OVERHEAD if self.on_gpu else 1.0
+        return int(self.baseline + estimate.total_bytes * factor)
+
+    def config(self, precision: str, level: int, batch: int) -> Config:
+        accumulation = self.global_batch // batch if self.global_batch else 1
+        return Config(batch, precision, level, accumulation)
+
+    def strategies(self) -> list[tuple[str, int]]:
+        """Most preferred first: the fastest precision, then the fewest checkpointed blocks."""
+        return [(p, k) for p in self.precisions for k in self.levels]
+
+    def _line_batches(self) -> list[int]:
+        return [b for b in _LINE_BATCHES if b in self.batches] or self.batches[-2:] or self.batches
+
+    def _line(self, precision: str, level: int) -> tuple[int, int, float] | None:
+        """(batch, peak, bytes per sample) through the largest two line points that rise; None
+        when the peak does not rise over them (the optimizer step's peak dominates throughout)."""
+        points = [(b, self.estimates.get(_as_estimated(self.config(precision, level, b))))
+                  for b in self._line_batches()]
+        points = [(b, self.peak(e)) for b, e in points if e is not None]
+        for (b1, p1), (b2, p2) in reversed(list(zip(points, points[1:]))):
+            if p2 > p1:
+                return b2, p2, (p2 - p1) / (b2 - b1)
+        return None
+
+    def proposals(self, precision: str, level: int, usable: int) -> list[int]:
+        """Batches to confirm for `usable` bytes, largest first: the line's largest fit and the one
+        below it (the line's error); the largest two when there is no line."""
+        line = self._line(precision, level)
+        ceiling = self.data_ceiling()
+        candidates = [b for b in self.batches if ceiling is None or b < ceiling] or self.batches[:1]
+        if line is not None:
+            b0, p0, slope = line
+            fitting = [i for i, b in enumerate(candidates) if p0 + slope * (b - b0) <= usable]
+            top = max(fitting) if fitting else 0
+        else:
+            top = len(candidates) - 1
+        return [candidates[i] for i in range(top, max(-1, top - 2), -1)]
+
+    def predict_all(self, sizes: list[int], headroom: float) -> list[Fit]:
+        """The predicted config for each memory size. Round by round, each size still without an
+        answer tries its next strategy in preference order: one estimator process for the lines of
+        the strategies a round needs, one for their confirmations (usually one round in all)."""
+        wanted = {size: int(size * (1 - headroom)) for size in sizes}
+        answers: dict[int, Fit] = {}
+        strategies = self.strategies()
+        for strategy in strategies:
+            open_sizes = [size for size in sizes if size not in answers]
+            if not open_sizes:
+                break
+            precision, level = strategy
+            self.fill([self.config(precision, level, b) for b in self._line_batches()])
+            for _ in range(3):  # again while confirmations found the data's end (proposals move below it)
+                ceiling = self.data_ceiling()
+                self.fill([self.config(precision, level, b) for size in open_sizes
+                           for b in self.proposals(precision, level, wanted[size])])
+                if self.data_ceiling() == ceiling:
+                    break
+            for size in open_sizes:
+                fit = self._choose(size, wanted[size], [strategy])
+                if fit.config is None and not self._beyond_reach(precision, level, wanted[size]):
+                    # the line was off: a coarser look below its proposal
+                    below = self._coarse_below(max(self.proposals(precision, level, wanted[size])))
+                    self.fill([self.config(precision, level, b) for b in below])
+                    fit = self._choose(size, wanted[size], [strategy], everything=True)
+                if fit.config is not None:
+                    answers[size] = fit
+        fits = [answers.get(size) or Fit(size, wanted[size], None, None, None) for size in sizes]
+        return self._monotone(fits)
+
+    def data_ceiling(self) -> int | None:
+        """The smallest batch the data could not feed, in any strategy (the data does not change)."""
+        bound = [c.batch_size for c, why in self.why_not.items() if "DataTooSmall" in why]
+        return min(bound) if bound else None
+
+    def _beyond_reach(self, precision: str, level: int, usable: int) -> bool:
+        """Even the smallest batch is estimated (or, by the line, predicted 10% or more) over `usable`."""
+        smallest = self.estimates.get(_as_estimated(self.config(precision, level, self.batches[0])))
+        if smallest is not None:
+            return self.peak(smallest) > usable
+        estimated = [self.estimates.get(_as_estimated(self.config(precision, level, b))) for b in self._line_batches()]
+        lowest = min((self.peak(e) for e in estimated if e is not None), default=None)
+        if lowest is not None and lowest > usable * 1.1 and self._line(precision, level) is None:
+            return True  # flat, and over: the optimizer step alone does not fit
+        line = self._line(precision, level)
+        return line is not None and line[1] + line[2] * (self.batches[0] - line[0]) > usable * 1.1
+
+    def _coarse_below(self, top: int) -> list[int]:
+        """The smallest batch and the powers of two up to `top`, largest first: one estimate per
+        octave where the line failed, not one per batch."""
+        ceiling = self.data_ceiling()
+        return sorted({b for b in self.batches if b <= top and (ceiling is None or b < ceiling)
+                       and (b == self.batches[0] or b & (b - 1) == 0)}, reverse=True)
+
+    def data_bound(self, config: Config) -> bool:
+        """The data feeds no batch of this strategy above `config`'s (memory is not what stops it)."""
+        tried = sorted(c.batch_size for c in (*self.estimates, *self.why_not)
+                       if c.batch_size > config.batch_size and c.precision == config.precision
+                       and c.checkpoint_segments == config.checkpoint_segments)
+        if not tried:
+            return False
+        why = self.why_not.get(_as_estimated(self.config(config.precision, config.checkpoint_segments, tried[0])))
+        return why is not None and "DataTooSmall" in why
+
+    def _monotone(self, fits: list[Fit]) -> list[Fit]:
+        """A config that fits a smaller card fits a larger one: never answer worse for more memory."""
+        order = self.strategies()
+
+        def rank(fit: Fit) -> tuple:
+            if fit.config is None:
+                return (len(order), 0)
+            return (order.index((fit.config.precision, fit.config.checkpoint_segments)), -fit.config.batch_size)
+
+        best: Fit | None = None
+        out = {}
+        for fit in sorted(fits, key=lambda f: f.memory_bytes):
+            if best is not None and rank(best) < rank(fit):
+                fit = Fit(fit.memory_bytes, fit.usable_bytes, best.config, best.estimate, best.predicted_peak_bytes)
+            best = fit
+            out[fit.memory_bytes] = fit
+        return [out[f.memory_bytes] for f in fits]
+
+    def _choose(self, size: int, usable: int, strategies: list[tuple[str, int]], everything: bool = False) -> Fit:
+        for precision, level in strategies:
+            batches = self.proposals(precision, level, usable)
+            if everything:
+                batches = self._coarse_below(max(batches))
+            for batch in batches:
+                estimate = self.estimates.get(_as_estimated(self.config(precision, level, batch)))
+                if estimate is not None and self.peak(estimate) <= usable:
+                    return Fit(size, usable, self.config(precision, level, batch), estimate, self.peak(estimate))
+        return Fit(size, usable, None, None, None)
+
+
+def _as_estimated(config: Config) -> Config:
+    """TF32 changes the matmul unit, not a tensor's bytes: estimated as fp32 (the CPU has none). fp16
+    holds the bytes bf16 does, and its loss scaler reads values that fake tensors do not have: as bf16."""
+    same_bytes = {"tf32": "fp32", "fp16": "bf16"}.get(config.precision)
+    if same_bytes is None:
+        return config
+    return Config(config.batch_size, same_bytes, config.checkpoint_segments, config.accumulation_steps)
+
+
+def _native_cpu_bf16() -> bool:
+    from autofit.devices.cpu import cpu_has_native_bf16
+
+    return cpu_has_native_bf16()
