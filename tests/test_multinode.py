@@ -38,7 +38,7 @@ def _trials(tmp_path) -> list[optuna.trial.FrozenTrial]:
 
 
 def test_every_probe_of_a_search_across_two_nodes_runs_on_both(tmp_path):
-    leader, follower_code, follower_err = _nodes(tmp_path, "ddp_train.py", budget="45s")
+    leader, follower_code, follower_err = _nodes(tmp_path, "ddp_train.py", "--trials", "3", budget="45s")
     assert leader.returncode == 0, leader.stderr[-3000:]
     assert follower_code == 0, follower_err[-3000:]
     trials = _trials(tmp_path)

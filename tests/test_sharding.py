@@ -129,7 +129,7 @@ def test_the_bundled_gpt_probes_under_fsdp2_with_checkpointing_and_a_searched_co
     assert result["status"] == "ok" and result["world_size"] == 2 and result["knobs"]["shard_blocks"] == 4
 
     searched = autofit_cli("search", os.path.join(STUDIES, "gpt.py"), "--nproc-per-node", "2", "--memory-limit",
-                           "1GiB", "--precision", "fp32", "--batch-size", "8:32", "--trials", "3", "--budget", "2m",
+                           "1GiB", "--precision", "fp32", "--batch-size", "16:32", "--trials", "2", "--budget", "2m",
                            "--storage", f"sqlite:///{tmp_path}/g.db", "--out", str(tmp_path / "g.best.json"),
                            cwd=tmp_path)
     assert searched.returncode == 0, searched.stderr[-3000:]
