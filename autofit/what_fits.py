@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autofit.config import Config
-from autofit.memory_estimate import Estimates, MemoryEstimate, estimate_memory
+from autofit.memory_estimate import MemoryEstimate, estimate_memory
 from autofit.search._space import checkpoint_levels, divisors_in, nice_batch_sizes
 
 #: Priors for a CUDA device: the context and cuBLAS/cuDNN workspaces, and the caching allocator's
@@ -55,8 +55,8 @@ class WhatFits:
         self.on_gpu = on_gpu
         self.estimates: dict[Config, MemoryEstimate | None] = {}
         self.why_not: dict[Config, str] = {}
-        pilot = self._estimate([Config(8)])
-        self.found = pilot
+        pilot = estimate_memory(script, [Config(8)], function=function)
+        self.estimates.update(pilot.estimates)
         if pilot.error or not pilot.estimates:
             self.unavailable = pilot.error or next(iter(pilot.unavailable.values()), "no estimate")
             return
@@ -74,23 +74,16 @@ class WhatFits:
         blocks = knobs.get("checkpoint_blocks") if checkpoint else None
         self.levels = checkpoint_levels(blocks)
 
-    def _estimate(self, configs: list[Config]) -> Estimates:
-        return estimate_memory(self.script, configs, function=self.function)
-
     def fill(self, configs: list[Config]) -> None:
         """Estimate every config not estimated yet, in one estimator process."""
         missing = list(dict.fromkeys(_as_estimated(c) for c in configs if _as_estimated(c) not in self.estimates))
         if not missing:
             return
-        found = self._estimate(missing)
+        found = estimate_memory(self.script, missing, function=self.function)
         for config in missing:
             self.estimates[config] = found.estimates.get(config)
             if config in found.unavailable:
                 self.why_not[config] = found.unavailable[config]
-
-    def estimate(self, config: Config) -> MemoryEstimate | None:
-        self.fill([config])
-        return self.estimates[_as_estimated(config)]
 
     def peak(self, estimate: MemoryEstimate) -> int:
         """Predicted device peak: the device's own memory plus the tensors (and, on a GPU, rounding)."""
@@ -176,9 +169,9 @@ class WhatFits:
             return self.peak(smallest) > usable
         estimated = [self.estimates.get(_as_estimated(self.config(precision, level, b))) for b in self._line_batches()]
         lowest = min((self.peak(e) for e in estimated if e is not None), default=None)
-        if lowest is not None and lowest > usable * 1.1 and self._line(precision, level) is None:
-            return True  # flat, and over: the optimizer step alone does not fit
         line = self._line(precision, level)
+        if lowest is not None and lowest > usable * 1.1 and line is None:
+            return True  # flat, and over: the optimizer step alone does not fit
         return line is not None and line[1] + line[2] * (self.batches[0] - line[0]) > usable * 1.1
 
     def _coarse_below(self, top: int) -> list[int]:
