@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 from autofit.config import Config
 from autofit.search._observation import Observation
+from autofit.search._prediction import CPU_FACTORS, MemoryPrediction, configs_to_estimate
 from autofit.search._space import SearchSpace
 
 LANDSCAPE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "landscapes")
@@ -44,6 +45,8 @@ class Entry:
     implied: bool = False  # not probed: a smaller batch of the same strategy ran out of memory
     error: str | None = None
     runs: list[dict] | None = None  # every probe of the config when it was recorded more than once
+    estimate: dict[str, int] | None = None  # the memory estimator's tensor bytes by part (record_estimates)
+    estimate_error: str | None = None  # why the estimator gave none
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -171,6 +174,17 @@ class Landscape:
 
     def best_throughput(self) -> float:
         return self.true_throughput(self.best_config())
+
+    def prediction(self) -> MemoryPrediction | None:
+        """What a live search's estimator would have told the planner: the recorded estimates of the
+        configs a search asks for (the rest interpolated); None before record_estimates ran."""
+        estimator = self.meta.get("estimator")
+        if not estimator:
+            return None
+        estimated = {c: sum(self.entries[c].estimate.values()) for c in configs_to_estimate(self.configs())
+                     if self.entries[c].estimate}
+        return MemoryPrediction.from_estimates(estimated, device_bytes=estimator["baseline_bytes"] or 0,
+                                               factors=CPU_FACTORS)
 
     def grid_seconds(self) -> float:
         """Probe-seconds of measuring every config once (implied OOMs at their OOM probe's wall)."""

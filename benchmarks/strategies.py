@@ -53,6 +53,8 @@ class Session:
         self.observations: list[Observation] = []
         self.picks: list[Config | None] = []
         self.pick_rule: PickRule = lambda obs: best_measured(obs, self.usable)
+        #: (predicted range before the probe, measured peak) of every probe the planner predicted
+        self.predictions: list[tuple[object, float]] = []
         self._repeats: dict[Config, int] = defaultdict(int)
 
     def probe(self, config: Config, length: float = 1.0, phase: str = "explore") -> Observation:
@@ -111,6 +113,7 @@ class Result:
     probes_to_target: float  # math.inf: never
     seconds_to_target: float
     notes: list[str] = field(default_factory=list)
+    predictions: list[tuple[object, float]] = field(default_factory=list)
 
 
 def summarize(name: str, session: Session, pick: Config | None, budget: int | None = None,
@@ -136,6 +139,7 @@ def summarize(name: str, session: Session, pick: Config | None, budget: int | No
         oom_probes=sum(not o.fits(session.usable) and o.status in ("oom", "ok") for o in obs[:n]),
         pick=pick, ratio=land.true_throughput(pick) / best if best else 0.0,
         probes_to_target=to_probes, seconds_to_target=to_seconds, notes=list(notes or []),
+        predictions=list(session.predictions),
     )
 
 
@@ -185,11 +189,14 @@ class StandInPlanner:
         return best_measured(observations, self.usable)
 
 
-def autofit_search(session: Session, recheck: bool = True) -> Config | None:
-    """(a) autofit's Planner: recheck a suspect measurement if there is one (as the live search
-    does), else ask for the next config, probe it, until the planner says done."""
+def autofit_search(session: Session, recheck: bool = True, estimates: bool = True) -> Config | None:
+    """(a) autofit's Planner with the memory estimator's predictions (when the landscape has them):
+    recheck a suspect measurement if there is one (as the live search does), else ask for the next
+    config, probe it, until the planner says done."""
     planner_cls, _ = _planner_class()
-    planner = planner_cls(session.space, session.usable, check_noise=recheck)
+    prediction = session.landscape.prediction() if estimates else None
+    planner = (planner_cls(session.space, session.usable, check_noise=recheck, prediction=prediction)
+               if prediction is not None else planner_cls(session.space, session.usable, check_noise=recheck))
     session.pick_rule = planner.best
     while True:
         suspect = planner.recheck(session.observations)
@@ -199,13 +206,21 @@ def autofit_search(session: Session, recheck: bool = True) -> Config | None:
         config = planner.next(session.observations)
         if config is None:
             return planner.best(session.observations)
-        session.probe(config)
+        predicted = planner.predicted_peak(config, session.observations) if prediction is not None else None
+        observed = session.probe(config)
+        if predicted is not None and observed.status == "ok" and observed.peak_bytes:
+            session.predictions.append((predicted, float(observed.peak_bytes)))
 
 
 def autofit_no_recheck_search(session: Session) -> Config | None:
     """(a'') The Planner loop believing every measurement: what autofit did before it learnt to
     notice interference. Compared with (a) under the `interference` noise model."""
     return autofit_search(session, recheck=False)
+
+
+def autofit_no_estimate_search(session: Session) -> Config | None:
+    """(a''') The Planner loop without the memory estimator: memory learnt from probes alone."""
+    return autofit_search(session, estimates=False)
 
 
 def autofit_remeasure_search(session: Session) -> Config | None:
@@ -428,6 +443,7 @@ STRATEGIES: dict[str, Callable[..., Config | None]] = {
     "autofit": autofit_search,
     "autofit+remeasure": autofit_remeasure_search,
     "autofit-no-recheck": autofit_no_recheck_search,
+    "autofit-no-estimate": autofit_no_estimate_search,
     "grid": grid_search,
     "random": random_search,
     "tpe": tpe_search,

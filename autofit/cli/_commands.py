@@ -218,6 +218,8 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Warm-up steps per probe.")
 @click.option("--probe-timeout", type=DURATION, default=None,
               help="Kill a probe after this long (default: derived from the budget and earlier probes).")
+@click.option("--estimate/--no-estimate", default=True, show_default=True,
+              help="Predict each config's memory with the memory estimator before probing (fake tensors).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 @click.option("-v", "--verbose", is_flag=True, help="A line when each probe starts, and the search space.")
@@ -225,7 +227,7 @@ def search(target: str, device: str | None, gpu: tuple[int, ...] | None, workers
            nnodes: int, node_rank: int, rdzv_endpoint: str | None, memory_limit: int | None, budget: float,
            trials: int | None, headroom: float, global_batch: int | None, batch_range, precision,
            accumulation, sharding, study: str | None, storage: str | None, out: str | None, fresh: bool,
-           steps: int, warmup: int, probe_timeout: float | None, as_json: bool, quiet: bool,
+           steps: int, warmup: int, probe_timeout: float | None, estimate: bool, as_json: bool, quiet: bool,
            verbose: bool) -> None:
     """Search the fastest config of TARGET that fits, within a time budget, and export it.
 
@@ -245,7 +247,7 @@ def search(target: str, device: str | None, gpu: tuple[int, ...] | None, workers
         batch_size=batch_range, precision=precision, accumulation=accumulation, sharding=sharding, study=study,
         storage=storage, out=out, fresh=fresh, warmup=warmup, steps=steps, probe_timeout=probe_timeout,
         gpus=tuple(gpu) if gpu and len(gpu) > 1 else (), workers=workers, nproc_per_node=nproc_per_node,
-        nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+        nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, estimate=estimate,
     )
     if node_rank > 0:
         from autofit.search import follow_search

@@ -54,8 +54,16 @@ def _predicted_next(planner: Planner, config: Config, done, usable: float) -> st
         return "it is the largest batch allowed (--batch-size)" if config.batch_size == sizes[-1] else None
     from autofit.search._planner import _State
 
-    state = _State(planner.space, usable, done)
+    state = _State(planner.space, usable, done, prediction=planner.prediction)
     nxt = sizes[sizes.index(config.batch_size) + 1]
+    predicted = state.predicted.peak(planner.space.config(planner.space.strategy_of(config), nxt)) \
+        if state.predicted is not None else None
+    if predicted is not None and predicted.high > usable:
+        need = f"{format_size(predicted.low)}-{format_size(predicted.high)}" if predicted.high < float("inf") \
+            else f"at least {format_size(predicted.low)}"
+        verdict = "does not fit" if predicted.low > usable else "might not fit"
+        return (f"batch {nxt} is predicted to need {need} (memory estimator): it {verdict} in "
+                f"{format_size(usable)} usable" + ("" if predicted.low > usable else ", and could not be 10% faster"))
     line = state.memory_model(planner.space.strategy_of(config))
     if line is None:
         return None

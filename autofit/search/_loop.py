@@ -19,6 +19,7 @@ from autofit.options import SearchOptions
 from autofit.record import ProbeResult
 from autofit.results import default_best_path, device_tag, script_sha256, write_best
 from autofit.search._budget import Budget
+from autofit.search._estimates import estimate_space, stored_estimates
 from autofit.search._explain import fault_notes, nothing_fits
 from autofit.search._liveness import Heartbeat, fail_stale, owner_record
 from autofit.search._planner import Planner
@@ -163,10 +164,13 @@ class Search:
         sampler = AutofitSampler(planner, self._distributions(space), seed=self.s.seed)
         study.sampler = sampler
         self.reporter.started(self, space, len(study.trials))
+        if meta.get("knobs") is not None:  # resumed: the space is known, and so may the estimates be
+            self._attach_estimates(study, planner, space, info)
         stopped = "the planner had nothing left worth probing"
         try:
             stopped = self._explore(study, workers, planner, sampler, options, info)
-            planner = Planner(self._space(study), self.usable, check_noise=self.s.recheck)
+            planner = Planner(self._space(study), self.usable, check_noise=self.s.recheck,
+                              prediction=planner.prediction)
             # One worker, alone: the figures a winner is named and exported with are measured
             # without the other workers' probes competing for the machine.
             self._remeasure_and_confirm(study, workers[0], planner, sampler)
@@ -257,6 +261,21 @@ class Search:
             self._save_meta(study, info, space, result.knobs)
             planner.space = space
             sampler.search_space = self._distributions(space)
+            self._attach_estimates(study, planner, space, info)
+
+    def _attach_estimates(self, study, planner: Planner, space: SearchSpace, info) -> None:
+        """Give the planner the memory estimator's predictions: kept on the study, or asked now
+        (no probe runs meanwhile). A failed estimator is reported; the search goes on without it."""
+        if not self.s.estimate or self.s.world_size > 1:  # ranks' sharded memory: not estimated yet
+            return
+        stored = stored_estimates(study)
+        if stored is None:
+            self.reporter.note("asking the memory estimator (fake tensors, no memory spent) ...")
+            stored = estimate_space(study, self.script, info.function, space, self.s.budget_s)
+            self.reporter.note(stored.summary())
+            if stored.error:
+                self.notes.append(stored.summary())
+        planner.prediction = stored.prediction(self.device_info.type)
 
     def _remeasure_and_confirm(self, study, worker, planner: Planner, sampler: AutofitSampler) -> None:
         seen = observations(study.get_trials(deepcopy=False))

@@ -17,6 +17,9 @@ benchmark's replays all run the same decisions. The rules, in order:
    sharded strategy (FSDP2, which only adds communication) by the same strategy under DDP.
 4. Throughput is noisy and not always monotone: the neighbours of the best batch are probed before
    the search ends, climbing while they improve.
+5. With the memory estimator's prediction (see _prediction.py), from the first probe on: each
+   strategy starts at the largest batch predicted to fit at the high end of its range, a batch
+   whose low end does not fit is never probed, and one in between only if it could be faster.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from autofit.config import SHARDINGS, Config
 from autofit.search._models import Line, ThroughputModel, fit_line, fit_throughput
 from autofit.search._noise import NoiseReading
 from autofit.search._observation import Observation
+from autofit.search._prediction import CalibratedPrediction, MemoryPrediction, PeakRange, memory_key
 from autofit.search._space import SearchSpace, Strategy
 
 #: Prior for how much a strategy's per-sample memory shrinks, relative to fp32 without checkpointing.
@@ -37,6 +41,9 @@ _HALF_PRECISION_SLOPE = 0.6
 _FULL_CHECKPOINT_SLOPE = 0.4
 #: A skipped strategy's optimistic bound must fall this far below the best so far.
 _PRUNE_SLACK = 1.03
+#: A config predicted to maybe not fit is probed only if it could be this much faster than the best:
+#: an OOM probe costs a probe, and a batch near the memory limit is rarely much faster.
+_GAMBLE_GAIN = 1.10
 #: Configs within this fraction of the best throughput are ties, won by the lower peak.
 TIE_TOLERANCE = 0.02
 #: Prior slowdown of checkpointing every block (it recomputes the forward pass); measured values win.
@@ -62,16 +69,22 @@ class Candidate:
 class Planner:
     """Chooses the next config to probe. Stateless: every decision is made from the observations."""
 
-    def __init__(self, space: SearchSpace, usable_bytes: float, *, check_noise: bool = True) -> None:
+    def __init__(self, space: SearchSpace, usable_bytes: float, *, check_noise: bool = True,
+                 prediction: MemoryPrediction | None = None) -> None:
         self.space = space
         self.usable = float(usable_bytes)
         #: Recheck suspect measurements and leave them out until resolved (see _noise.py).
         self.check_noise = check_noise
+        #: The memory estimator's predictions, when there are any.
+        self.prediction = prediction
+
+    def _state(self, observations: Sequence[Observation]) -> _State:
+        return _State(self.space, self.usable, observations, self.check_noise, self.prediction)
 
     # --- public -------------------------------------------------------------------------------
     def next(self, observations: Sequence[Observation]) -> Config | None:
         """The next config to probe, or None when the search has nothing left worth probing."""
-        state = _State(self.space, self.usable, observations, self.check_noise)
+        state = self._state(observations)
         if not state.any_observed:
             return self._pilot()
         for strategy in self._order(state):
@@ -85,25 +98,30 @@ class Planner:
     def ranked(self, observations: Sequence[Observation]) -> list[Candidate]:
         """Feasible configs, best first: throughput, with near-ties broken toward configs that did
         not need allocator retries, then toward lower peak."""
-        return _State(self.space, self.usable, observations, self.check_noise).ranked()
+        return self._state(observations).ranked()
 
     def best(self, observations: Sequence[Observation]) -> Config | None:
         ranked = self.ranked(observations)
         return ranked[0].config if ranked else None
 
     def unusable_precisions(self, observations: Sequence[Observation]) -> set[str]:
-        return _State(self.space, self.usable, observations, self.check_noise).unusable_precisions()
+        return self._state(observations).unusable_precisions()
 
     def is_implied_infeasible(self, config: Config, observations: Sequence[Observation]) -> bool:
-        return _State(self.space, self.usable, observations, self.check_noise).implied_too_big(config)
+        return self._state(observations).implied_too_big(config)
 
     def memory_models(self, observations: Sequence[Observation]) -> dict[Strategy, Line]:
         """The fitted memory line (peak = a + m x batch) of every strategy that has one, as the
         planner uses it to decide what fits (the report draws them)."""
-        state = _State(self.space, self.usable, [o for o in observations if o.status != "running"], self.check_noise)
+        state = self._state([o for o in observations if o.status != "running"])
         tried = {self.space.strategy_of(o.config) for o in state.observations}
         models = {s: state.memory_model(s) for s in self.space.strategies() if s in tried}
         return {s: line for s, line in models.items() if line is not None}
+
+    def predicted_peak(self, config: Config, observations: Sequence[Observation]) -> PeakRange | None:
+        """The memory estimator's prediction of `config`'s peak, calibrated on the probes so far."""
+        state = self._state(observations)
+        return state.predicted.peak(config) if state.predicted is not None else None
 
     def recheck(self, observations: Sequence[Observation]) -> Config | None:
         """A config whose measurement is suspect (see _noise.py) and must be probed again before it
@@ -111,7 +129,7 @@ class Planner:
         already cost half as many probes as exploring did (a machine that noisy is reported)."""
         if not self.check_noise:
             return None
-        state = _State(self.space, self.usable, observations, self.check_noise)
+        state = self._state(observations)
         rechecks = sum(o.phase == "recheck" for o in state.observations)
         explored = sum(o.phase == "explore" for o in state.observations)
         if rechecks >= max(_MIN_RECHECKS, explored // 2):
@@ -127,7 +145,7 @@ class Planner:
 
     def noise_summary(self, observations: Sequence[Observation]) -> str | None:
         """One line when the machine was too noisy to rank configs; None otherwise."""
-        return _State(self.space, self.usable, observations, self.check_noise).noise.summary()
+        return self._state(observations).noise.summary()
 
     # --- decisions ----------------------------------------------------------------------------
     def _pilot(self) -> Config:
@@ -158,11 +176,14 @@ class Planner:
 
     def _next_in_strategy(self, state: _State, strategy: Strategy) -> Config | None:
         """Bracket the largest batch that fits, guided by the memory model; None when resolved."""
-        candidates = state.open_batches(strategy)
+        candidates = [b for b in state.open_batches(strategy)
+                      if not state.model_says_too_big(self.space.config(strategy, b))]
         if not candidates:
             return None
         if state.cannot_beat_best(strategy, candidates):
             return None
+        if state.predicted is not None and any(state.predicted.peak(self.space.config(strategy, b)) for b in candidates):
+            return self._predicted_next(state, strategy, candidates)
         own = state.peaks(strategy)
         if not own:
             return self.space.config(strategy, self._first_batch(state, strategy, candidates))
@@ -186,6 +207,22 @@ class Planner:
         if state.model_says_too_big(self.space.config(strategy, smallest)):
             return None  # the model, beyond its margin of error, says nothing open fits
         return self.space.config(strategy, smallest)
+
+    def _predicted_next(self, state: _State, strategy: Strategy, candidates: list[int]) -> Config | None:
+        """With predictions: the largest batch predicted to fit at the high end of its range; when
+        none is, the smallest still possible, and only if it could beat the best so far."""
+        configs = [self.space.config(strategy, b) for b in candidates]
+        safe = [c for c in configs if state.predicted.safe(c, self.usable)]
+        if safe:
+            return max(safe, key=lambda c: c.batch_size)
+        gamble = min(configs, key=lambda c: c.batch_size)
+        if state.fit_max(strategy) is None:
+            return gamble  # nothing of this family fits yet: the smallest is the one to try
+        ranked = state.ranked()
+        estimate = state.estimate_throughput(strategy, gamble.batch_size)
+        if ranked and (estimate is None or estimate < ranked[0].samples_per_s * _GAMBLE_GAIN):
+            return None
+        return gamble
 
     def _first_batch(self, state: _State, strategy: Strategy, candidates: list[int]) -> int:
         """A strategy's first probe is an anchor, not a leap: it measures where OOM is unlikely.
@@ -221,7 +258,8 @@ class Planner:
         for j in (i - 1, i + 1):
             if 0 <= j < len(sizes):
                 config = self.space.config(strategy, sizes[j])
-                if not state.tried(config) and not state.implied_too_big(config) and not state.model_says_too_big(config):
+                if (not state.tried(config) and not state.implied_too_big(config)
+                        and not state.model_says_too_big(config) and not (j > i and state.predicted_gamble(config))):
                     return config
         return None
 
@@ -230,7 +268,7 @@ class _State:
     """What the observations say, indexed for the planner's questions."""
 
     def __init__(self, space: SearchSpace, usable: float, observations: Sequence[Observation],
-                 check_noise: bool = True) -> None:
+                 check_noise: bool = True, prediction: MemoryPrediction | None = None) -> None:
         self.space = space
         self.usable = usable
         self.observations = list(observations)
@@ -244,6 +282,8 @@ class _State:
         self._measured_cache: list[Candidate] | None = None
         max_k = max(space.checkpoint_segments) if space.checkpoint_segments else 0
         self._max_k = max_k or 1
+        self.predicted: CalibratedPrediction | None = (
+            prediction.calibrate(self._done()) if prediction is not None else None)
 
     @property
     def any_observed(self) -> bool:
@@ -320,12 +360,12 @@ class _State:
 
     # --- models -------------------------------------------------------------------------------
     def peaks(self, strategy: Strategy) -> list[tuple[float, float]]:
-        return self._peaks(_memory_key(strategy))
+        return self._peaks(memory_key(strategy))
 
     def _peaks(self, key: tuple[str, str, int]) -> list[tuple[float, float]]:
         return [
             (o.config.batch_size, float(o.peak_bytes)) for o in self._done()
-            if o.status == "ok" and o.peak_bytes and _memory_key(o.config) == key
+            if o.status == "ok" and o.peak_bytes and memory_key(o.config) == key
         ]
 
     def model_margin(self, strategy: Strategy) -> float | None:
@@ -351,7 +391,7 @@ class _State:
         fitted strategy with a prior ratio (sharding splits the weights and optimizer state, not the
         activations: an unsharded intercept is an upper bound). Raised to agree with every OOM seen.
         """
-        key = _memory_key(strategy)
+        key = memory_key(strategy)
         if key in self._memory:
             return self._memory[key]
         own = self._peaks(key)
@@ -387,16 +427,25 @@ class _State:
     def _respect_ooms(self, line: Line, key: tuple[str, str, int]) -> Line:
         slope = line.slope
         for o in self._done():
-            if o.status == "oom" and _memory_key(o.config) == key:
+            if o.status == "oom" and memory_key(o.config) == key:
                 # It crossed at least the usable memory at this batch.
                 slope = max(slope, (self.usable - line.intercept) / o.config.batch_size)
         return Line(line.intercept, slope, line.max_rel_residual, line.points)
 
     def model_says_too_big(self, config: Config) -> bool:
+        """The measured memory line, beyond its margin, or the prediction, at its low end, says it
+        does not fit."""
+        if self.predicted is not None and self.predicted.too_big(config, self.usable):
+            return True
         strategy = self.space.strategy_of(config)
         margin = self.model_margin(strategy)
         line = self.memory_model(strategy)
         return margin is not None and line is not None and line(config.batch_size) > self.usable * (1 + margin)
+
+    def predicted_gamble(self, config: Config) -> bool:
+        """Predicted neither to fit nor not to: probing it risks an OOM."""
+        return (self.predicted is not None and self.predicted.peak(config) is not None
+                and not self.predicted.safe(config, self.usable))
 
     def throughput_model(self, strategy: Strategy) -> ThroughputModel | None:
         points = [
@@ -531,7 +580,3 @@ class _State:
 def _family(config: Config) -> tuple[str, str]:
     return config.precision, config.sharding
 
-
-def _memory_key(item: Config | Strategy) -> tuple[str, str, int]:
-    """What one memory line is fitted over: precision, sharding, checkpointed blocks."""
-    return item.precision, item.sharding, item.checkpoint_segments

@@ -43,6 +43,10 @@ class Reporter:
         if self.verbose:
             self._line(f"space: {space.to_dict()}")
 
+    def note(self, text: str) -> None:
+        """Something the search did between probes (the memory estimator)."""
+        self._line(text)
+
     def _left(self) -> str:
         return format_duration(max(0.0, self.search.budget.left())) if self.search else "?"
 

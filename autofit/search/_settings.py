@@ -42,6 +42,8 @@ class SearchSettings:
     seed: int | None = 0
     recheck: bool = True
     """Probe suspect measurements again before they win or prune (off only to measure what it buys)."""
+    estimate: bool = True
+    """Ask the memory estimator before probing, so the planner predicts what fits (off: probes alone)."""
     gpus: tuple[int, ...] = ()
     """Probe on all of these GPUs at once, one worker each (`index` is then the first)."""
     workers: int = 1

@@ -1,0 +1,105 @@
+"""The memory estimator inside a search: asked once, when the search space is known, its answers
+kept on the study (a resumed search, `autofit show` and the report read them from there) and turned
+into the planner's predictions (see _prediction.py).
+
+It runs while no probe runs (two processes on two cores would time each other), within a share of
+the budget; whatever it estimated before a crash or the time limit is used, and a search without
+estimates goes on as before, learning memory from its probes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import optuna
+
+from autofit.config import Config
+from autofit.memory_estimate import PARTS, estimate_memory
+from autofit.search._prediction import CPU_FACTORS, CUDA_FACTORS, MemoryPrediction, configs_to_estimate
+from autofit.search._space import SearchSpace
+
+#: Study user attribute holding the estimates.
+ESTIMATES_ATTR = "autofit_estimates"
+#: The estimator may take this share of the budget, within these bounds in seconds.
+_BUDGET_SHARE = 0.15
+_MIN_S, _MAX_S = 30.0, 120.0
+#: Prior for the CUDA context and workspaces (the low end of a prediction before any probe).
+CUDA_CONTEXT_BYTES = 512 * 2**20
+
+
+@dataclass(frozen=True)
+class StoredEstimates:
+    """What the estimator answered for a search, as kept on the study."""
+
+    breakdowns: dict[Config, dict[str, int]]
+    baseline_bytes: int | None
+    seconds: float
+    error: str | None
+    asked: int
+
+    def to_dict(self) -> dict:
+        return {"configs": [{"config": c.to_dict(), "breakdown": b} for c, b in self.breakdowns.items()],
+                "baseline_bytes": self.baseline_bytes, "seconds": round(self.seconds, 1), "error": self.error,
+                "asked": self.asked}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> StoredEstimates:
+        return cls({Config.from_dict(e["config"]): {p: int(v) for p, v in e["breakdown"].items()}
+                    for e in data.get("configs", [])},
+                   data.get("baseline_bytes"), float(data.get("seconds", 0.0)), data.get("error"),
+                   int(data.get("asked", 0)))
+
+    def prediction(self, device: str) -> MemoryPrediction | None:
+        """The planner's predictions; None when nothing was estimated."""
+        if not self.breakdowns:
+            return None
+        on_gpu = device == "cuda"
+        return MemoryPrediction.from_estimates(
+            {c: sum(b.values()) for c, b in self.breakdowns.items()},
+            device_bytes=CUDA_CONTEXT_BYTES if on_gpu else (self.baseline_bytes or 0),
+            factors=CUDA_FACTORS if on_gpu else CPU_FACTORS)
+
+    def breakdown(self, config: Config) -> dict[str, float] | None:
+        """Predicted tensor bytes of `config` by part, interpolated along the batch like the totals."""
+        parts = {}
+        for part in PARTS:
+            one = MemoryPrediction.from_estimates({c: b.get(part, 0) for c, b in self.breakdowns.items()},
+                                                  device_bytes=0)
+            value = one.tensor_bytes(config)
+            if value is None:
+                return None
+            parts[part] = value
+        return parts
+
+    def summary(self) -> str:
+        done = f"memory estimator: {len(self.breakdowns)} of {self.asked} configs estimated in {self.seconds:.0f}s"
+        if self.error:
+            return f"{done} ({self.error}); the planner predicts with those it has" if self.breakdowns else (
+                f"memory estimator: no estimate ({self.error}); memory is learnt from probes alone")
+        return done
+
+
+def stored_estimates(study: optuna.Study) -> StoredEstimates | None:
+    data = study.user_attrs.get(ESTIMATES_ATTR)
+    return StoredEstimates.from_dict(data) if data else None
+
+
+def estimate_space(study: optuna.Study, script: str, function: str | None, space: SearchSpace,
+                   budget_s: float) -> StoredEstimates:
+    """Estimate the configs the planner interpolates from, keep the answers on the study."""
+    configs = configs_to_estimate(space.configs())
+    timeout = min(_MAX_S, max(_MIN_S, _BUDGET_SHARE * budget_s))
+    started = time.monotonic()
+    found = estimate_memory(script, configs, function=function, timeout=timeout)
+    stored = StoredEstimates({c: dict(e.breakdown) for c, e in found.estimates.items()}, found.baseline_bytes,
+                             time.monotonic() - started, found.error or _first_reason(found.unavailable),
+                             len(configs))
+    study.set_user_attr(ESTIMATES_ATTR, stored.to_dict())
+    return stored
+
+
+def _first_reason(unavailable: dict) -> str | None:
+    """Why some configs had no estimate (a data ceiling is not the estimator's failure)."""
+    reasons = [why for why in unavailable.values() if "DataTooSmall" not in why]
+    return reasons[0] if reasons else None

@@ -1,0 +1,195 @@
+"""A config's peak memory predicted before it is probed: the memory estimator's tensor bytes
+(autofit.memory_estimate), anchored on measured peaks, carried as a range.
+
+Tensor bytes are not the device's peak. The allocator's caching and rounding, oneDNN's or cuDNN's
+workspaces and the data add to them, and by a factor that differs per device and model: on the
+recorded CPU landscapes (benchmarks/landscapes) each extra tensor byte costs 1.0-2.4 bytes of peak.
+So a prediction starts from a measured peak (the same strategy's nearest ones when it has any,
+another strategy's otherwise) and adds the difference in tensor bytes times the lowest and the
+highest factor still believable: the prior range until two probes of one strategy measure it. The
+planner probes a config only when the high end fits (`safe`), and rules one out when even the low
+end does not (`too_big`): everything between is a gamble it takes only for a faster config.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from autofit.config import Config
+from autofit.search._observation import Observation
+
+#: Peak bytes per tensor byte the estimator counts, before any probe measures it.
+CPU_FACTORS = (1.0, 2.5)
+#: On a GPU the estimate (fake tensors on the CPU: math attention, no cuDNN algorithms) can also run
+#: high; not yet checked against a real GPU search.
+CUDA_FACTORS = (0.6, 1.6)
+#: A measured peak moves this much between two probes of one config (allocator, oneDNN scratch).
+_PEAK_NOISE = 0.02
+#: Another strategy's peak says less: its own overheads (recomputation, casts) differ.
+_FOREIGN_NOISE = 0.05
+#: Two probes of a strategy measure its factor only when their tensor bytes differ by this much
+#: more than their peaks' noise.
+_MIN_SPAN = 4.0
+
+TensorBytes = Callable[[Config], "float | None"]
+
+
+#: Micro-batches a search asks the estimator for (the nearest of each curve's), besides its
+#: smallest and (when not absurdly large) its largest: a search's batch range is often far wider
+#: than its data or memory allow.
+_ESTIMATE_BATCHES = (8, 32, 128, 512, 2048)
+_LARGEST_ESTIMATED = 8192
+
+
+def configs_to_estimate(configs: Iterable[Config]) -> list[Config]:
+    """Which configs a search asks the estimator for: per memory curve, a few micro-batches about
+    4x apart (the rest are interpolated); curves without checkpointing first (the planner explores
+    them first), so an estimator stopped early has answered those."""
+    curves: dict[tuple, dict[int, Config]] = {}
+    for config in configs:
+        curves.setdefault(memory_key(config), {}).setdefault(config.batch_size, config)
+    out = []
+    for _, by_batch in sorted(curves.items(), key=lambda item: item[0][2] > 0):
+        batches = sorted(by_batch)
+        wanted = {batches[0]}
+        if batches[-1] <= _LARGEST_ESTIMATED:
+            wanted.add(batches[-1])
+        for target in _ESTIMATE_BATCHES:
+            if batches[0] < target < batches[-1]:
+                wanted.add(min(batches, key=lambda b: abs(math.log(b / target))))
+        out += [by_batch[b] for b in sorted(wanted)]
+    return out
+
+
+def memory_key(item) -> tuple[str, str, int]:
+    """What shares one memory curve: precision, sharding, checkpointed blocks (not accumulation)."""
+    return item.precision, item.sharding, item.checkpoint_segments
+
+
+@dataclass(frozen=True)
+class PeakRange:
+    """Predicted peak bytes, between `low` and `high`: a prediction, not a measurement."""
+
+    low: float
+    high: float
+
+    @property
+    def middle(self) -> float:
+        return (self.low + self.high) / 2
+
+
+class MemoryPrediction:
+    """The estimator's tensor bytes of a search's configs, and the device's prior factor range."""
+
+    def __init__(self, tensor_bytes: TensorBytes, *, device_bytes: float,
+                 factors: tuple[float, float] = CPU_FACTORS) -> None:
+        self.tensor_bytes = tensor_bytes
+        #: What the device holds before any tensor (the process on CPU, the CUDA context on a GPU).
+        self.device_bytes = float(device_bytes)
+        self.factors = factors
+
+    @classmethod
+    def from_estimates(cls, estimated: Mapping[Config, float], **kwargs) -> MemoryPrediction:
+        """From estimates of some configs: the others of a strategy interpolated along the batch
+        (linear between two estimated batches; beyond them, the last two batches' slope)."""
+        curves: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
+        for config, value in estimated.items():
+            curves[memory_key(config)].append((config.batch_size, float(value)))
+        for points in curves.values():
+            points.sort()
+
+        def tensor_bytes(config: Config) -> float | None:
+            points = curves.get(memory_key(config))
+            if not points:
+                return None
+            if len(points) == 1:
+                return points[0][1] if points[0][0] == config.batch_size else None
+            i = bisect.bisect_left([b for b, _ in points], config.batch_size)
+            i = min(max(i, 1), len(points) - 1)
+            (b1, v1), (b2, v2) = points[i - 1], points[i]
+            return max(0.0, v1 + (v2 - v1) * (config.batch_size - b1) / (b2 - b1))
+
+        return cls(tensor_bytes, **kwargs)
+
+    def calibrate(self, observations: Iterable[Observation]) -> CalibratedPrediction:
+        return CalibratedPrediction(self, observations)
+
+
+class CalibratedPrediction:
+    """Predictions from the peaks measured so far."""
+
+    def __init__(self, prediction: MemoryPrediction, observations: Iterable[Observation]) -> None:
+        self.prediction = prediction
+        peaks: dict[Config, float] = {}
+        for o in observations:
+            if o.status == "ok" and o.peak_bytes:
+                peaks[o.config] = max(peaks.get(o.config, 0.0), float(o.peak_bytes))
+        #: memory key -> (batch, tensor bytes, measured peak), by batch
+        self.anchors: dict[tuple, list[tuple[int, float, float]]] = defaultdict(list)
+        for config, peak in sorted(peaks.items(), key=lambda item: item[0].batch_size):
+            tensor = prediction.tensor_bytes(config)
+            if tensor is not None:
+                self.anchors[memory_key(config)].append((config.batch_size, tensor, peak))
+        self.factors = self._measured_factors() or prediction.factors
+
+    def _measured_factors(self) -> tuple[float, float] | None:
+        """The range of peak bytes per tensor byte that pairs of one strategy's probes allow."""
+        low, high = [], []
+        for points in self.anchors.values():
+            for i, (_, t1, p1) in enumerate(points):
+                for _, t2, p2 in points[i + 1:]:
+                    span, noise = abs(t2 - t1), _PEAK_NOISE * (p1 + p2)
+                    if span * self.prediction.factors[0] < _MIN_SPAN * noise / 2:
+                        continue
+                    rise = (p2 - p1) if t2 > t1 else (p1 - p2)
+                    low.append(max(0.0, (rise - noise) / span))
+                    high.append((rise + noise) / span)
+        return (min(low), max(high)) if low else None
+
+    def peak(self, config: Config) -> PeakRange | None:
+        """The predicted peak of `config`; None without an estimate or anything to anchor it.
+
+        Between two measured batches of its strategy, memory's monotonicity bounds it: at least
+        the peak below, at most the peak above. Beyond them, from the nearest measured batch, the
+        difference in tensor bytes times the factor range. A strategy not measured yet starts from
+        the measured config (of any strategy) nearest in tensor bytes, with a wider slack.
+        """
+        tensor = self.prediction.tensor_bytes(config)
+        if tensor is None:
+            return None
+        own = self.anchors.get(memory_key(config))
+        if own:
+            below = [a for a in own if a[0] <= config.batch_size]
+            above = [a for a in own if a[0] >= config.batch_size]
+            if below and above:
+                slack = _PEAK_NOISE * below[-1][2]
+                return PeakRange(below[-1][2] - slack, above[0][2] + _PEAK_NOISE * above[0][2])
+            return self._from_anchor(tensor, below[-1] if below else above[0], _PEAK_NOISE)
+        foreign = [a for points in self.anchors.values() for a in points]
+        if foreign:
+            return self._from_anchor(tensor, min(foreign, key=lambda a: abs(a[1] - tensor)), _FOREIGN_NOISE)
+        low_factor, _ = self.prediction.factors
+        return PeakRange(self.prediction.device_bytes + low_factor * tensor, float("inf"))
+
+    def _from_anchor(self, tensor: float, anchor: tuple[int, float, float], noise: float) -> PeakRange:
+        """From a measured peak: the difference in tensor bytes at the lowest and highest factor."""
+        _, anchor_tensor, anchor_peak = anchor
+        delta = tensor - anchor_tensor
+        slack = noise * anchor_peak
+        k_low, k_high = self.factors
+        return PeakRange(anchor_peak + min(k_low * delta, k_high * delta) - slack,
+                         anchor_peak + max(k_low * delta, k_high * delta) + slack)
+
+    def safe(self, config: Config, usable: float) -> bool:
+        """Predicted to fit even at the high end of its range."""
+        found = self.peak(config)
+        return found is not None and found.high <= usable
+
+    def too_big(self, config: Config, usable: float) -> bool:
+        """Predicted not to fit even at the low end of its range."""
+        found = self.peak(config)
+        return found is not None and found.low > usable
