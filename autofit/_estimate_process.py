@@ -2,7 +2,8 @@
 tensors (PyTorch's FakeTensorMode: shapes and dtypes, no storage), under PyTorch's MemTracker, which
 sorts every tensor it sees into parameters, gradients, optimizer state, activations and temporaries.
 
-    python -m autofit._estimate_process REQUEST.json   (writes REQUEST.json.out)
+    python -m autofit._estimate_process --serve READY SCRIPT FUNCTION DEVICE INDEX
+        (then one request path per line on stdin; see autofit.memory_estimate.Estimator)
 
 Two steps, because the optimizer's state appears in the first step and the peak of a steady step
 holds it. The data is read for real (outside the fake mode, through Run.data_context); the model,
@@ -112,25 +113,41 @@ def _moves_in_place():
         torch.nn.Module.to = original
 
 
-def main(request_path: str) -> int:
-    with open(request_path) as handle:
-        request = json.load(handle)
+def serve(ready_path: str, script: str, function: str, device: str, index: str) -> int:
+    """Load the script once, say so (the `ready` file), then answer each request whose path comes on
+    stdin: its configs' estimates in REQUEST.out, written after each one (what is done survives a
+    crash), then REQUEST.done. Ends when stdin closes."""
+    import torch._subclasses.fake_tensor  # noqa: F401 - loaded now, while the search's workers load too
+    import torch.distributed._tools.mem_tracker  # noqa: F401
+
     from autofit.config import Config
     from autofit.devices import make_backend
     from autofit.discover import find_function, load_script
 
-    backend = make_backend(request["device"], request.get("index", 0))
-    fn = find_function(load_script(request["script"]), request.get("function"), request["script"])
+    backend = make_backend(device, int(index))
+    fn = find_function(load_script(script), function or None, script)
     options = getattr(fn, "options", None)
     backend.release()
-    reply: dict = {"baseline_bytes": backend.used_bytes(), "options": options.__dict__ if options else None,
-                   "function": getattr(fn, "__name__", request.get("function")), "estimates": []}
-    for config in request["configs"]:
-        reply["estimates"].append(estimate_one(fn, Config.from_dict(config), backend.torch_device()))
-        with open(request_path + ".out", "w") as handle:  # what is done so far survives a crash
-            json.dump(reply, handle)
+    loaded = {"baseline_bytes": backend.used_bytes(), "options": options.__dict__ if options else None,
+              "function": getattr(fn, "__name__", function)}
+    open(ready_path, "w").close()
+    for line in sys.stdin:
+        request_path = line.strip()
+        with open(request_path) as handle:
+            request = json.load(handle)
+        reply = {**loaded, "estimates": []}
+        for config in request["configs"]:
+            reply["estimates"].append(estimate_one(fn, Config.from_dict(config), backend.torch_device()))
+            with open(request_path + ".out", "w") as handle:
+                json.dump(reply, handle)
+        if not request["configs"]:
+            with open(request_path + ".out", "w") as handle:
+                json.dump(reply, handle)
+        open(request_path + ".done", "w").close()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    if sys.argv[1:2] != ["--serve"] or len(sys.argv) != 7:
+        sys.exit("usage: python -m autofit._estimate_process --serve READY SCRIPT FUNCTION DEVICE INDEX")
+    sys.exit(serve(*sys.argv[2:]))

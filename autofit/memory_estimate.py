@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 
 from autofit.config import Config
@@ -48,28 +49,105 @@ class Estimates:
     """The decorator's search options (global batch, batch range, precisions)."""
 
 
-def estimate_memory(script: str, configs: list[Config], *, function: str | None = None, device: str = "cpu",
-                    index: int = 0, timeout: float = 300.0) -> Estimates:
-    """Estimates of `configs` for the @autofit function in `script`; never raises for what the
-    user's code or the fake tensors do: a config without an estimate says why."""
-    out = Estimates()
-    with tempfile.TemporaryDirectory(prefix="autofit-estimate-") as tmp:
-        request = os.path.join(tmp, "request.json")
+class Estimator:
+    """One estimator process for many requests: it loads torch and the user's script once (seconds),
+    then answers each request in the time its configs take. Requests and answers go through files
+    (the user's code may print anything); the process reads a request's path from its stdin and
+    exits when stdin closes. Never raises for what the user's code or the fake tensors do."""
+
+    def __init__(self, script: str, function: str | None = None, *, device: str = "cpu", index: int = 0) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="autofit-estimate-")
+        self._requests = 0
+        self._log = open(os.path.join(self._dir.name, "estimator.log"), "w+")  # noqa: SIM115 - closed in close()
+        self._ready = os.path.join(self._dir.name, "ready")
+        self._process: subprocess.Popen | None = subprocess.Popen(
+            [sys.executable, "-m", "autofit._estimate_process", "--serve", self._ready, os.path.abspath(script),
+             function or "", device, str(index)],
+            stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, text=True)
+        self.gone: str | None = None
+        """Why the process can answer no more (it died, or was stopped at a time limit)."""
+
+    def wait_ready(self, timeout: float = 300.0) -> bool:
+        """Block until the process has loaded the script (False: it died or took too long)."""
+        return self._wait_for(self._ready, timeout)
+
+    def estimate(self, configs: list[Config], timeout: float = 300.0) -> Estimates:
+        """Estimates of `configs`; what the process answered before it died or ran out of time
+        is kept, and every other config says why it has none."""
+        request = os.path.join(self._dir.name, f"request-{self._requests}.json")
+        self._requests += 1
         with open(request, "w") as handle:
-            json.dump({"script": os.path.abspath(script), "function": function, "device": device, "index": index,
-                       "configs": [c.to_dict() for c in configs]}, handle)
-        try:
-            done = subprocess.run([sys.executable, "-m", "autofit._estimate_process", request],
-                                  capture_output=True, text=True, timeout=timeout)
-            failure = None if done.returncode == 0 else (
-                f"the estimator exited with status {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
-        except subprocess.TimeoutExpired:
-            failure = f"the estimator did not finish within {timeout:.0f}s"
+            json.dump({"configs": [c.to_dict() for c in configs]}, handle)
+        if self.gone is None:
+            try:
+                self._process.stdin.write(request + "\n")
+                self._process.stdin.flush()
+            except (BrokenPipeError, OSError):
+                pass  # it died: _wait_for says how
+            self._wait_for(request + ".done", timeout)
         try:
             with open(request + ".out") as handle:
                 reply = json.load(handle)
         except (OSError, ValueError):
             reply = {"estimates": []}
+        return _parse(configs, reply, self.gone)
+
+    def _wait_for(self, path: str, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(path):
+            if self.gone is not None:
+                return False
+            status = self._process.poll()
+            if status is not None:
+                self.gone = f"the estimator exited with status {status}: {self._last_log_line()}"
+                return False
+            if time.monotonic() > deadline:
+                self.gone = f"the estimator did not finish within {timeout:.0f}s"
+                self._process.kill()
+                self._process.wait()
+                return False
+            time.sleep(0.02)
+        return True
+
+    def _last_log_line(self) -> str:
+        self._log.flush()
+        self._log.seek(0)
+        lines = [line.strip() for line in self._log.read().splitlines() if line.strip()]
+        return lines[-1][:300] if lines else "no output"
+
+    def close(self) -> None:
+        """Stop the process (idempotent)."""
+        if self._log.closed:
+            return
+        if self._process is not None:
+            try:
+                self._process.stdin.close()
+                self._process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+        self._log.close()
+        self._dir.cleanup()
+
+    def __enter__(self) -> Estimator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def estimate_memory(script: str, configs: list[Config], *, function: str | None = None, device: str = "cpu",
+                    index: int = 0, timeout: float = 300.0) -> Estimates:
+    """Estimates of `configs` for the @autofit function in `script`, from a process of their own."""
+    with Estimator(script, function, device=device, index=index) as estimator:
+        started = time.monotonic()
+        estimator.wait_ready(timeout)
+        return estimator.estimate(configs, max(1.0, timeout - (time.monotonic() - started)))
+
+
+def _parse(configs: list[Config], reply: dict, failure: str | None) -> Estimates:
+    out = Estimates()
     out.baseline_bytes = reply.get("baseline_bytes")
     out.options = reply.get("options")
     out.knobs = next((found["knobs"] for found in reply["estimates"] if found["ok"]), None)
@@ -81,5 +159,5 @@ def estimate_memory(script: str, configs: list[Config], *, function: str | None 
     missing = configs[len(reply["estimates"]):]
     for config in missing:
         out.unavailable[config] = failure or "the estimator stopped before this config"
-    out.error = failure if missing or not out.estimates else None  # all answered: a slow exit is no failure
+    out.error = (failure or "no answer") if missing else None
     return out

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autofit.config import Config
-from autofit.memory_estimate import MemoryEstimate, estimate_memory
+from autofit.memory_estimate import Estimator, MemoryEstimate
 from autofit.search._space import checkpoint_levels, divisors_in, nice_batch_sizes
 
 #: Priors for a CUDA device: the context and cuBLAS/cuDNN workspaces, and the caching allocator's
@@ -55,7 +55,8 @@ class WhatFits:
         self.on_gpu = on_gpu
         self.estimates: dict[Config, MemoryEstimate | None] = {}
         self.why_not: dict[Config, str] = {}
-        pilot = estimate_memory(script, [Config(8)], function=function)
+        self.estimator = Estimator(script, function)  # one process for every question: loaded once
+        pilot = self.estimator.estimate([Config(8)])
         self.estimates.update(pilot.estimates)
         if pilot.error or not pilot.estimates:
             self.unavailable = pilot.error or next(iter(pilot.unavailable.values()), "no estimate")
@@ -74,12 +75,16 @@ class WhatFits:
         blocks = knobs.get("checkpoint_blocks") if checkpoint else None
         self.levels = checkpoint_levels(blocks)
 
+    def close(self) -> None:
+        """Stop the estimator process."""
+        self.estimator.close()
+
     def fill(self, configs: list[Config]) -> None:
         """Estimate every config not estimated yet, in one estimator process."""
         missing = list(dict.fromkeys(_as_estimated(c) for c in configs if _as_estimated(c) not in self.estimates))
         if not missing:
             return
-        found = estimate_memory(self.script, missing, function=self.function)
+        found = self.estimator.estimate(missing)
         for config in missing:
             self.estimates[config] = found.estimates.get(config)
             if config in found.unavailable:

@@ -303,10 +303,13 @@ def estimate(target: str, sizes: tuple[int, ...] | None, memory_limit: int | Non
         sizes = (memory_limit or info.free_bytes or info.total_bytes,)
     fits = WhatFits(script, function, on_gpu=on_gpu, batch_range=batch_range, global_batch=global_batch,
                     precisions=precision)
-    if fits.unavailable:
-        raise UserCodeError(f"No memory estimate of {target} is possible: {fits.unavailable}. "
-                            f"Probe it instead: autofit probe {target} --batch-size 8.")
-    predicted = fits.predict_all(list(sizes), headroom)
+    try:
+        if fits.unavailable:
+            raise UserCodeError(f"No memory estimate of {target} is possible: {fits.unavailable}. "
+                                f"Probe it instead: autofit probe {target} --batch-size 8.")
+        predicted = fits.predict_all(list(sizes), headroom)
+    finally:
+        fits.close()
     if as_json:
         click.echo(json.dumps(fits_json(fits, predicted, target), indent=2))
     else:

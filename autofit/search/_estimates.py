@@ -2,8 +2,8 @@
 kept on the study (a resumed search, `autofit show` and the report read them from there) and turned
 into the planner's predictions (see _prediction.py).
 
-It runs while no probe runs (two processes on two cores would time each other), within a share of
-the budget; whatever it estimated before a crash or the time limit is used, and a search without
+Its process starts with the search and loads the script while the workers load theirs; it answers
+while no probe runs (two processes on two cores would time each other), within a share of the budget; whatever it estimated before a crash or the time limit is used, and a search without
 estimates goes on as before, learning memory from its probes.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import optuna
 
 from autofit.config import Config
-from autofit.memory_estimate import PARTS, estimate_memory
+from autofit.memory_estimate import PARTS, Estimator
 from autofit.search._prediction import CPU_FACTORS, CUDA_FACTORS, MemoryPrediction, configs_to_estimate
 from autofit.search._space import SearchSpace
 
@@ -85,13 +85,12 @@ def stored_estimates(study: optuna.Study) -> StoredEstimates | None:
     return StoredEstimates.from_dict(data) if data else None
 
 
-def estimate_space(study: optuna.Study, script: str, function: str | None, space: SearchSpace,
-                   budget_s: float) -> StoredEstimates:
+def estimate_space(study: optuna.Study, estimator: Estimator, space: SearchSpace, budget_s: float) -> StoredEstimates:
     """Estimate the configs the planner interpolates from, keep the answers on the study."""
     configs = configs_to_estimate(space.configs())
     timeout = min(_MAX_S, max(_MIN_S, _BUDGET_SHARE * budget_s))
     started = time.monotonic()
-    found = estimate_memory(script, configs, function=function, timeout=timeout)
+    found = estimator.estimate(configs, timeout=timeout)
     stored = StoredEstimates({c: dict(e.breakdown) for c, e in found.estimates.items()}, found.baseline_bytes,
                              time.monotonic() - started, found.error or _first_reason(found.unavailable),
                              len(configs))

@@ -14,6 +14,7 @@ from autofit.devices import check_device
 from autofit.discover import check_script
 from autofit.document import best_document, record_end
 from autofit.errors import NoFeasibleConfig, UsageError, UserCodeError
+from autofit.memory_estimate import Estimator
 from autofit.multinode import JobBoard
 from autofit.options import SearchOptions
 from autofit.record import ProbeResult
@@ -62,6 +63,7 @@ class Search:
             self.notes.append(_shared_cores_note(len(self.slots)))
         self._asked: list[int] = []
         self._board: JobBoard | None = None  # several nodes: where node 0 posts its probes
+        self._estimator: Estimator | None = None
         self._session: str | None = None
 
     def _db_dir(self) -> str:
@@ -146,12 +148,18 @@ class Search:
                 self._board.close_session(self._session)  # the followers' cue to stop
             for worker in workers:
                 worker.close()
+            if self._estimator is not None:
+                self._estimator.close()
             for lane in self._lanes.values():
                 lane.shutdown(wait=False, cancel_futures=True)
 
     def _run(self, study: optuna.Study, workers: list[Worker]) -> SearchResult:
+        wanted = self.s.estimate and self.s.world_size == 1 and stored_estimates(study) is None
+        self._estimator = Estimator(self.script, self.s.function) if wanted else None
         starts = [self._lanes[id(w)].submit(w.start) for w in workers]  # every worker loads at once
         info = [start.result() for start in starts][0]
+        if self._estimator is not None:
+            self._estimator.wait_ready()  # loaded before the first probe, so as not to slow it
         options = SearchOptions(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in (info.options or {}).items()}) \
             if info.options else SearchOptions()
         options = options.merged(global_batch=self.s.global_batch, batch_size=self.s.batch_size,
@@ -270,8 +278,12 @@ class Search:
             return
         stored = stored_estimates(study)
         if stored is None:
+            if self._estimator is None:  # resumed from a study written without estimates
+                self._estimator = Estimator(self.script, self.s.function)
             self.reporter.note("asking the memory estimator (fake tensors, no memory spent) ...")
-            stored = estimate_space(study, self.script, info.function, space, self.s.budget_s)
+            stored = estimate_space(study, self._estimator, space, self.s.budget_s)
+            self._estimator.close()  # its work is done: its memory goes back
+            self._estimator = None
             self.reporter.note(stored.summary())
             if stored.error:
                 self.notes.append(stored.summary())
