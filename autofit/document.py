@@ -36,9 +36,15 @@ def study_meta(study: optuna.Study) -> dict[str, Any]:
 
 
 def study_planner(study: optuna.Study) -> Planner:
-    """The planner over the study's own search space and usable memory, as the search ranked with."""
+    """The planner over the study's own search space, usable memory and memory estimates, as the
+    search ranked and explained with."""
+    from autofit.search._estimates import stored_estimates
+
     meta = study_meta(study)
-    return Planner(SearchSpace.from_dict(meta["space"]), meta["usable_bytes"])
+    estimates = stored_estimates(study)
+    device = (meta.get("device_info") or {}).get("type", "cpu")
+    return Planner(SearchSpace.from_dict(meta["space"]), meta["usable_bytes"],
+                   prediction=estimates.prediction(device) if estimates else None)
 
 
 def record_end(study: optuna.Study, stopped: str, partial: bool) -> None:

@@ -16,6 +16,7 @@ import optuna
 
 from autofit.document import best_document, study_meta, study_planner
 from autofit.errors import NoFeasibleConfig, StorageError, UsageError
+from autofit.search._estimates import StoredEstimates, stored_estimates
 from autofit.storage import default_storage_url, engine_url
 from autofit.trials import observations, trial_result
 
@@ -169,6 +170,8 @@ class StoredStudy:
         self._ranked = self._planner.ranked(self._observations)
         self._frame = trials_frame(self._trials, self.usable_bytes)
         self._memory_models = self._planner.memory_models(self._observations)
+        self.estimates: StoredEstimates | None = stored_estimates(study)
+        """The memory estimator's answers for the search (None: it ran without, or had none)."""
         self._progress = self._read_progress()
         try:
             self._document: dict[str, Any] | None = best_document(study, storage, planner=self._planner,
@@ -206,6 +209,11 @@ class StoredStudy:
     def memory_models(self) -> dict[Strategy, Line]:
         """The planner's fitted memory line (peak = a + m x batch) of each strategy it has one for."""
         return self._memory_models
+
+    def where_memory_goes(self, config: Config, measured_peak: float | None) -> dict[str, float] | None:
+        """The config's peak by part: predicted tensors (parameters ... temporaries) and the measured
+        rest ("device"); None without estimates of its strategy."""
+        return self.estimates.where_memory_goes(config, measured_peak) if self.estimates else None
 
     def progress(self) -> pd.DataFrame:
         """After each probe (in trial order): probe-seconds spent so far and the best feasible config

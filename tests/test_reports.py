@@ -204,7 +204,7 @@ def test_report_is_one_self_contained_page_with_a_plot_per_question(searched, tm
     page = out.read_text()
     images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
     assert [alt for alt, _ in images] == [title for _, title, _ in SECTIONS]
-    assert page.count("<img") == len(SECTIONS) == 4
+    assert page.count("<img") == len(SECTIONS) == 5
     for _, title, _ in SECTIONS:
         assert f">{title}</h2>" in page
     assert f"<b>Winner: {result.best.label()}</b>" in page

@@ -94,7 +94,7 @@ def test_search_resumes_without_repeating_probes(tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     base = dict(script=script("fits_small.py"), memory_limit=LIMIT, budget_s=120, storage=storage,
                 study="resume", out=str(tmp_path / "best.json"), batch_size=(1, 512), confirm_factor=2)
-    first = run_search(SearchSettings(trials=3, **base))
+    first = run_search(SearchSettings(trials=2, **base))
     second = run_search(SearchSettings(trials=3, **base))
     study = optuna.load_study(study_name="resume", storage=storage)
     explored = [o.config for o in observations(study.trials) if o.phase == "explore"]

@@ -38,6 +38,11 @@ SECTIONS = (
     ("ranking", "Winner and runner-ups",
      "Feasible configs ranked as the search ranks them: median throughput, near-ties (within 2%) "
      "broken toward the lower peak."),
+    ("memory_parts", "Where the memory goes",
+     "Each config's peak split into parameters, gradients, optimizer state, activations and temporaries "
+     "(tensors predicted by the memory estimator, not measured) and, in grey, the rest of the measured peak "
+     "(the process or CUDA context, the allocator's caching, workspaces). Activations shrink with "
+     "checkpointing or a smaller micro-batch; optimizer state and gradients with sharding."),
 )
 
 _STYLE = """

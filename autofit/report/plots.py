@@ -9,6 +9,7 @@ a notebook displays them as they are. Each answers one question:
 - progress_figure: how quickly did the search find its winner (best feasible throughput so far
   against the probe-seconds spent)?
 - ranking_figure: how far ahead of its runner-ups is the winner?
+- memory_parts_figure: where does the memory of the winner and its runner-ups go?
 """
 
 from __future__ import annotations
@@ -259,8 +260,42 @@ def ranking_figure(ranked: list[Candidate], usable_bytes: float, count: int = 6)
     return fig
 
 
+#: The parts of a config's peak, in stacking order, with their colours.
+PART_COLORS = {"parameters": "#1f77b4", "gradients": "#aec7e8", "optimizer": "#9467bd",
+               "activations": "#2ca02c", "temporaries": "#98df8a", "other": "#bcbd22", "device": "#c7c7c7"}
+
+
+def memory_parts_figure(stored: StoredStudy, count: int = 6) -> Figure:
+    """Where the memory goes: the winner and its runner-ups as stacked bars (predicted tensors by
+    part, then the rest of the measured peak), against the usable memory and the limit."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    unit, name = _memory_unit(stored.limit_bytes)
+    shown = [(c, stored.where_memory_goes(c.config, c.peak_bytes)) for c in stored.ranked()[:count]][::-1]
+    shown = [(c, parts) for c, parts in shown if parts is not None]
+    for i, (candidate, parts) in enumerate(shown):
+        left = 0.0
+        for part, color in PART_COLORS.items():
+            value = parts.get(part, 0.0) / unit
+            if value > 0:
+                ax.barh(i, value, left=left, color=color, label=part if i == 0 else None)
+                left += value
+    ax.set_yticks(range(len(shown)), [c.config.label() for c, _ in shown])
+    ax.axvline(stored.usable_bytes / unit, color=USABLE_COLOR, linestyle="--", label="usable")
+    ax.axvline(stored.limit_bytes / unit, color=LIMIT_COLOR, label="limit")
+    if not shown:
+        why = "no memory estimates (searched with --no-estimate, or the estimator had none)" \
+            if stored.estimates is None or not stored.estimates.breakdowns else "no feasible config"
+        ax.text(0.5, 0.5, why, transform=ax.transAxes, ha="center", color="0.5")
+    ax.set_xlim(0, stored.limit_bytes / unit * 1.05)
+    ax.set_xlabel(f"memory ({name}): tensors predicted by the estimator, the rest of the measured peak in grey")
+    ax.set_title("Where the memory goes (winner at the top)")
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
 def study_figures(stored: StoredStudy) -> dict[str, Figure]:
-    """The four figures of a study, keyed by their PNG file stem."""
+    """The five figures of a study, keyed by their PNG file stem."""
     frame = stored.trials_frame()
     global_batch = stored.space.global_batch
     best = stored.best()
@@ -270,6 +305,7 @@ def study_figures(stored: StoredStudy) -> dict[str, Figure]:
         "memory": memory_figure(frame, stored.limit_bytes, stored.usable_bytes, models, global_batch),
         "progress": progress_figure(frame, stored.progress()),
         "ranking": ranking_figure(stored.ranked(), stored.usable_bytes),
+        "memory_parts": memory_parts_figure(stored),
     }
 
 

@@ -10,6 +10,7 @@ import pandas as pd
 from autofit.errors import NoFeasibleConfig, UsageError
 from autofit.frame import COLUMNS
 from autofit.record import STATUSES
+from autofit.report.memory_text import describe_memory
 from autofit.report.probe_text import describe_probe
 from autofit.units import format_duration, format_size
 
@@ -130,6 +131,10 @@ def describe_trial(stored: StoredStudy, number: int, full: bool = False, tail: i
     lines = [describe_probe(result, header=f"trial {trial.number} of study {stored.name} ({phase}{started})")]
     if result.status == "ok" and result.peak_bytes and result.peak_bytes > stored.usable_bytes:
         lines.append(f"{'feasible':<12} no: the peak crosses {format_size(stored.usable_bytes)} usable")
+    parts = stored.where_memory_goes(result.config, result.peak_bytes if result.status == "ok" else None)
+    if parts is not None:
+        lines += ["", *describe_memory(parts, stored.limit_bytes, stored.usable_bytes,
+                                       result.peak_bytes if result.status == "ok" else None)]
     lines.append("")
     if path is None:
         where = f": {stored_path} is gone" if stored_path else ""

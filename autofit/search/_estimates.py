@@ -72,6 +72,17 @@ class StoredEstimates:
             parts[part] = value
         return parts
 
+    def where_memory_goes(self, config: Config, measured_peak: float | None) -> dict[str, float] | None:
+        """The peak split into the estimator's parts (predicted) and, when a probe measured the peak,
+        the rest of it ("device": the process or CUDA context, the allocator's caching, workspaces).
+        None when the config's strategy was not estimated."""
+        parts = self.breakdown(config)
+        if parts is None:
+            return None
+        if measured_peak is not None:
+            parts["device"] = max(0.0, measured_peak - sum(parts.values()))
+        return parts
+
     def summary(self) -> str:
         done = f"memory estimator: {len(self.breakdowns)} of {self.asked} configs estimated in {self.seconds:.0f}s"
         if self.error:
