@@ -34,6 +34,7 @@ def estimate_one(fn: Any, config: Any, device: Any) -> dict:
 
     run = Run(config, device, probing=True, warmup_steps=1, measured_steps=1, min_measure_s=0.0,
               max_measured_steps=1)
+    run.compile_enabled = False  # fake tensors through inductor: estimated as the eager model
     tracker = MemTracker()
     tracking = []
 

@@ -129,6 +129,7 @@ def autofit(
     accumulation: tuple[int, ...] | list[int] | None = None,
     sharding: tuple[str, ...] | list[str] | str | None = None,
     checkpoint: bool = True,
+    compile: bool = True,
     default_batch_size: int = 32,
     recover_oom: bool = True,
 ) -> Any:
@@ -144,6 +145,7 @@ def autofit(
         accumulation=tuple(accumulation) if accumulation is not None else None,
         sharding=tuple(sharding) if sharding is not None else None,
         checkpoint=checkpoint,
+        compile=compile,
         default_batch_size=default_batch_size,
         recover_oom=recover_oom,
     )

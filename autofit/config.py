@@ -34,6 +34,8 @@ class Config:
     """Micro-batches per optimizer step: keeps the global batch while the micro-batch shrinks."""
     sharding: str = "ddp"
     """Distributed runs only: ddp, fsdp or fsdp-offload (see SHARDINGS)."""
+    compile: bool = False
+    """torch.compile the model the function offers through run.compile() (eager when False)."""
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
@@ -54,11 +56,13 @@ class Config:
         return self.batch_size * self.accumulation_steps
 
     def to_dict(self) -> dict:
-        """The fields; `sharding` only when it is not the default, so that single-process configs
-        (and every study recorded before it existed) keep their form."""
+        """The fields; `sharding` and `compile` only when not the default, so that single-process,
+        eager configs (and every study recorded before they existed) keep their form."""
         data = asdict(self)
         if self.sharding == "ddp":
             del data["sharding"]
+        if not self.compile:
+            del data["compile"]
         return data
 
     @classmethod
@@ -69,6 +73,7 @@ class Config:
             checkpoint_segments=int(data.get("checkpoint_segments", 0)),
             accumulation_steps=int(data.get("accumulation_steps", 1)),
             sharding=str(data.get("sharding", "ddp")),
+            compile=bool(data.get("compile", False)),
         )
 
     def label(self) -> str:
@@ -80,6 +85,8 @@ class Config:
             parts.append(f"acc={self.accumulation_steps}")
         if self.sharding != "ddp":
             parts.append(self.sharding)
+        if self.compile:
+            parts.append("compiled")
         return " ".join(parts)
 
 

@@ -98,6 +98,8 @@ def best_document(
         # Ranks each probe ran on: the micro-batch and accumulation are per rank, the global batch is
         # theirs x this (a torchrun run with another world size shares the accumulation out again).
         "world_size": world_size,
+        # PYTORCH_CUDA_ALLOC_CONF and the like, as the probes ran (None: not recorded by this study)
+        "allocator": meta.get("allocator"),
         "versions": versions(run_versions.get("torch"), run_versions.get("cuda")),
         # The script as the search measured it: a later run warns if it changed since (None for
         # studies recorded before the hash was kept; re-hashing now would hide a change).

@@ -8,6 +8,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
+from autofit.allocator_settings import allocator_difference
 from autofit.config import Config
 from autofit.options import SearchOptions
 from autofit.results import default_best_path, device_tag, read_best, script_sha256
@@ -107,6 +108,10 @@ def _warn_if_stale(fn: Decorated, document: dict, device: str) -> None:
         if name and name != searched.get("name"):
             warnings.warn(f"autofit: the best config was searched on {searched.get('name')} but this GPU is "
                           f"{name}; search again for a config that fits it.", stacklevel=4)
+    allocator = allocator_difference(document.get("allocator"))
+    if allocator:
+        warnings.warn(f"autofit: the allocator settings differ from the search's ({allocator}); the config's "
+                      f"memory and speed may differ. Run with the search's settings, or search again.", stacklevel=4)
     script = inspect.getsourcefile(fn.fn)
     recorded = document.get("script", {}).get("sha256")
     if script and recorded and script_sha256(script) != recorded:

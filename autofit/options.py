@@ -27,6 +27,8 @@ class SearchOptions:
     offers its blocks to run.distribute; None: all three."""
     checkpoint: bool = True
     """Consider activation checkpointing when the function offers blocks to run.checkpoint()."""
+    compile: bool = True
+    """Consider torch.compile when the function offers its model to run.compile()."""
     default_batch_size: int = 32
     """Micro-batch used when the function is called normally and no search result exists."""
     recover_oom: bool = True

@@ -115,6 +115,9 @@ def _fill_timing(result: ProbeResult, run: Run) -> None:
     result.samples_per_s = samples / total if total > 0 else None
     result.tokens_per_s = tokens / total if tokens and total > 0 else None
     result.step_time_median_s = statistics.median(times)
+    result.warmup_s = run.clock.warmup_time_s
+    if result.config.compile and result.warmup_s is not None:
+        result.compile_s = max(0.0, result.warmup_s - result.warmup_steps * result.step_time_median_s)
     if len(times) >= 4:
         q = statistics.quantiles(times, n=4)
         result.step_time_iqr_s = q[2] - q[0]

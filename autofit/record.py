@@ -35,6 +35,10 @@ class ProbeResult:
     notes: list[str] = field(default_factory=list)
     world_size: int = 1
     """Ranks the probe ran on (a distributed probe: throughput of all of them, the largest peak)."""
+    warmup_s: float | None = None
+    """Wall time of the warm-up steps: compilation (torch.compile), cuDNN autotuning, first-use costs."""
+    compile_s: float | None = None
+    """Compiled configs: the warm-up's time beyond its steps at the measured pace (compilation)."""
     restart_worker: bool = False
     """The probe left the worker unusable (a sticky CUDA error): replace it before the next probe."""
 
@@ -73,6 +77,8 @@ class ProbeResult:
             line += f" of {format_size(self.limit_bytes)}"
         if self.only_just_fits:
             line += "  (only just fits: allocator retries)"
+        if self.compile_s is not None:
+            line += f"  (compiled in {self.compile_s:.1f}s, not counted)"
         if self.error_message and self.status != "ok":
             line += f"  ({self.error_type}: {self.error_message.splitlines()[0][:120]})"
         return line

@@ -47,9 +47,11 @@ class Knobs:
     checkpoint_blocks: int | None = None  # blocks offered to run.checkpoint(); None = never called
     batches: bool = False
     shard_blocks: int | None = None  # blocks offered to run.distribute(blocks=...): sharding is searched
+    compile: bool = False  # a model offered to run.compile(): torch.compile is searched
 
     def to_dict(self) -> dict:
         return {
+            "compile": self.compile,
             "autocast": self.autocast,
             "backward": self.backward,
             "checkpoint_blocks": self.checkpoint_blocks,
@@ -88,6 +90,9 @@ class StepClock:
     measured_samples: int = 0
     measured_tokens: int = 0
     step_times: deque = field(default_factory=lambda: deque(maxlen=_RECENT_STEPS))
+    warmup_time_s: float | None = None
+    """From the start to the end of warm-up (compilation and first-use costs land here)."""
+    _started: float | None = None
     _last: float | None = None
     _agreed_steps: int | None = None
     complete: bool = False
@@ -109,13 +114,15 @@ class StepClock:
         return time.perf_counter()
 
     def start(self) -> None:
-        self._last = self._stamp(exact=self.warmup_steps == 0 and self.measured_steps is not None)
+        self._last = self._started = self._stamp(exact=self.warmup_steps == 0 and self.measured_steps is not None)
 
     def step_done(self, samples: int, tokens: int) -> None:
         self.steps_done += 1
         probing = self.measured_steps is not None
         if self.steps_done <= self.warmup_steps:
             self._last = self._stamp(exact=probing and self.steps_done == self.warmup_steps)
+            if self.steps_done == self.warmup_steps and self._started is not None:
+                self.warmup_time_s = self._last - self._started
             return
         now = self._stamp(exact=False)
         if probing and self.agree is not None and self.steps_measured == 1:
@@ -183,6 +190,8 @@ class Run:
         self._device = torch.device(device)
         self._probing = probing
         self.knobs = Knobs()
+        #: False where the model must stay eager (the memory estimator's fake tensors).
+        self.compile_enabled = True
         self.clock = StepClock(warmup_steps, measured_steps, synchronize or (lambda: None),
                                min_measure_s=min_measure_s, max_measured_steps=max_measured_steps,
                                agree=agree_on_most if probing and self.ranks.world_size > 1 else None)
@@ -455,6 +464,15 @@ class Run:
         from autofit.distributed import data_sampler
 
         return data_sampler(dataset, self.ranks, shuffle=shuffle, seed=seed)
+
+    def compile(self, model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
+        """`torch.compile(model, **kwargs)` when the config says so, else `model` as it is: offering
+        the model here lets a search probe compiled and eager as separate strategies (the compile
+        time is reported apart, never counted in a probe's throughput)."""
+        self.knobs.compile = True
+        if not self.config.compile or not self.compile_enabled:
+            return model
+        return torch.compile(model, **kwargs)
 
     def checkpoint(self, blocks: Sequence[torch.nn.Module]) -> Sequence[torch.nn.Module]:
         """Activation checkpointing on the first `checkpoint_segments` of `blocks`.

@@ -21,21 +21,22 @@ _COMPLETE_STATUSES = ("ok", "oom")
 
 
 def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumulation: int,
-                  sharded: bool = False) -> dict[str, BaseDistribution]:
+                  sharded: bool = False, compiled: bool = False) -> dict[str, BaseDistribution]:
     """The trial parameters. Integer ranges, so a study may widen them later (Optuna allows that).
-    `sharding` only where the search considers more than DDP: other studies keep their form."""
+    `sharding` and `compile` only where the search considers them: other studies keep their form."""
     return {
         "batch_size": IntDistribution(batch_range[0], max(batch_range[0], batch_range[1])),
         "precision": CategoricalDistribution(PRECISIONS),
         "checkpoint_segments": IntDistribution(0, max(0, max_checkpoint)),
         "accumulation_steps": IntDistribution(1, max(1, max_accumulation)),
         **({"sharding": CategoricalDistribution(SHARDINGS)} if sharded else {}),
+        **({"compile": CategoricalDistribution((False, True))} if compiled else {}),
     }
 
 
 def config_params(config: Config) -> dict[str, Any]:
     """The trial parameters of a config: the config's own fields (Optuna takes those it asks for)."""
-    return {**config.to_dict(), "sharding": config.sharding}
+    return {**config.to_dict(), "sharding": config.sharding, "compile": config.compile}
 
 
 def trial_config(trial: FrozenTrial) -> Config | None:

@@ -210,7 +210,30 @@ def test_changed_script_warns_when_the_config_is_loaded(tmp_path):
     proc = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "script changed since the search" in proc.stderr
+    assert "allocator settings" not in proc.stderr  # none recorded: nothing to compare
     assert json.loads((tmp_path / "r.json").read_text())["batch_size"] == 5
+
+
+def test_a_run_under_other_allocator_settings_than_the_search_is_warned(tmp_path):
+    shutil.copy(script("records_config.py"), tmp_path / "train.py")
+    document = {
+        "schema": "autofit.best-config", "schema_version": 1,
+        "config": {"batch_size": 5, "accumulation_steps": 1, "precision": "fp32", "checkpoint_segments": 0},
+        "measured": {}, "memory": {}, "device": {"type": "cpu", "name": "x"}, "versions": {},
+        "allocator": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "PYTORCH_ALLOC_CONF": None},
+        "script": {"path": str(tmp_path / "train.py")},
+    }
+    (tmp_path / "best.json").write_text(json.dumps(document))
+    env = {**os.environ, "RECORD_TO": str(tmp_path / "r.json"), "AUTOFIT_CONFIG": str(tmp_path / "best.json")}
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env.pop("PYTORCH_ALLOC_CONF", None)
+    differs = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=120)
+    assert differs.returncode == 0, differs.stderr
+    assert "PYTORCH_CUDA_ALLOC_CONF was expandable_segments:True in the search and is unset now" in differs.stderr
+    same = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    assert same.returncode == 0 and "allocator settings" not in same.stderr, same.stderr
 
 
 def test_other_schema_version_is_refused(tmp_path):

@@ -124,6 +124,8 @@ def cli() -> None:
               help="Blocks with activation checkpointing.")
 @click.option("--accumulation", type=click.IntRange(min=1), default=1, show_default=True,
               help="Micro-batches per optimizer step.")
+@click.option("--compile", "compile_", is_flag=True,
+              help="torch.compile the model the function offers to run.compile().")
 @click.option("--sharding", type=click.Choice(SHARDINGS), default="ddp", show_default=True,
               help="With --nproc-per-node: how run.distribute(model, blocks=...) holds the model.")
 @_device_options
@@ -135,8 +137,8 @@ def cli() -> None:
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Warm-up steps, not measured.")
 @click.option("--timeout", type=DURATION, default="5m", show_default=True, help="Kill the probe after this long.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumulation: int, sharding: str,
-          device: str | None, gpu: int | None, memory_limit: int | None, nproc_per_node: int, nnodes: int,
+def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumulation: int, compile_: bool,
+          sharding: str, device: str | None, gpu: int | None, memory_limit: int | None, nproc_per_node: int, nnodes: int,
           node_rank: int, rdzv_endpoint: str | None, storage: str | None, steps: int,
           warmup: int, timeout: float, as_json: bool) -> None:
     """Run one probe: a few real training steps of TARGET under one config.
@@ -155,7 +157,7 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
     device, index = _resolve_device(device, gpu)
     info = check_device(device, index)
     config = Config(batch_size=batch_size, precision=precision, checkpoint_segments=checkpoint,
-                    accumulation_steps=accumulation, sharding=sharding)
+                    accumulation_steps=accumulation, sharding=sharding, compile=compile_)
     if nnodes > 1:
         _check_nodes(nnodes, node_rank, rdzv_endpoint)
     if nproc_per_node > 1 or nnodes > 1:
@@ -218,6 +220,8 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Warm-up steps per probe.")
 @click.option("--probe-timeout", type=DURATION, default=None,
               help="Kill a probe after this long (default: derived from the budget and earlier probes).")
+@click.option("--compile/--no-compile", "compile_", default=None,
+              help="Probe torch.compile as well as eager when the function offers run.compile() (default: yes).")
 @click.option("--estimate/--no-estimate", default=True, show_default=True,
               help="Predict each config's memory with the memory estimator before probing (fake tensors).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
@@ -227,7 +231,8 @@ def search(target: str, device: str | None, gpu: tuple[int, ...] | None, workers
            nnodes: int, node_rank: int, rdzv_endpoint: str | None, memory_limit: int | None, budget: float,
            trials: int | None, headroom: float, global_batch: int | None, batch_range, precision,
            accumulation, sharding, study: str | None, storage: str | None, out: str | None, fresh: bool,
-           steps: int, warmup: int, probe_timeout: float | None, estimate: bool, as_json: bool, quiet: bool,
+           steps: int, warmup: int, probe_timeout: float | None, compile_: bool | None, estimate: bool,
+           as_json: bool, quiet: bool,
            verbose: bool) -> None:
     """Search the fastest config of TARGET that fits, within a time budget, and export it.
 
@@ -248,6 +253,7 @@ def search(target: str, device: str | None, gpu: tuple[int, ...] | None, workers
         storage=storage, out=out, fresh=fresh, warmup=warmup, steps=steps, probe_timeout=probe_timeout,
         gpus=tuple(gpu) if gpu and len(gpu) > 1 else (), workers=workers, nproc_per_node=nproc_per_node,
         nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, estimate=estimate,
+        compile=compile_,
     )
     if node_rank > 0:
         from autofit.search import follow_search

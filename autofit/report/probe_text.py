@@ -24,7 +24,9 @@ def describe_probe(result: ProbeResult, header: str | None = None) -> str:
         if result.limit_bytes:
             peak += f" of {format_size(result.limit_bytes)} ({100 * result.peak_bytes / result.limit_bytes:.0f}%)"
         rows.append(("peak memory", peak))
-    used = [name for name in ("autocast", "backward", "batches") if result.knobs.get(name)]
+    if result.compile_s is not None:
+        rows.append(("compile", f"{result.compile_s:.1f} s in the warm-up (torch.compile; not in the throughput)"))
+    used = [name for name in ("autocast", "backward", "batches", "compile") if result.knobs.get(name)]
     if result.knobs.get("checkpoint_blocks") is not None:
         used.append(f"checkpoint ({result.knobs['checkpoint_blocks']} blocks)")
     if result.knobs.get("shard_blocks"):

@@ -9,6 +9,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import optuna
 
+from autofit.allocator_settings import current_allocator_settings
 from autofit.config import SHARDINGS, Config, device_shardings
 from autofit.devices import check_device
 from autofit.discover import check_script
@@ -111,9 +112,11 @@ class Search:
         shardings = ("ddp",)  # one process, or a function that offers no blocks to shard
         if world > 1 and knobs is not None and knobs.get("shard_blocks"):
             shardings = tuple(h for h in options.sharding or SHARDINGS if h in device_shardings(self.s.device))
+        compiles = (False, True) if knobs and knobs.get("compile") and options.compile else (False,)
         return SearchSpace.build(batch_range=options.batch_size, precisions=tuple(wanted),
                                  checkpoint_blocks=blocks, use_checkpoint=options.checkpoint,
-                                 global_batch=global_batch, accumulations=accumulations, shardings=shardings)
+                                 global_batch=global_batch, accumulations=accumulations, shardings=shardings,
+                                 compiles=compiles)
 
     # --- the loop -----------------------------------------------------------------------------
     def run(self) -> SearchResult:
@@ -164,7 +167,7 @@ class Search:
             if info.options else SearchOptions()
         options = options.merged(global_batch=self.s.global_batch, batch_size=self.s.batch_size,
                                  precision=self.s.precision, accumulation=self.s.accumulation,
-                                 sharding=self.s.sharding)
+                                 sharding=self.s.sharding, compile=self.s.compile)
         meta = study.user_attrs.get("autofit") or {}
         space = self.build_space(options, info, meta.get("knobs"))
         self._save_meta(study, info, space, meta.get("knobs"))
@@ -387,6 +390,7 @@ class Search:
             max(space.checkpoint_segments),
             max(space.global_batch or 1, max(space.accumulations)),
             sharded=space.shardings != ("ddp",),
+            compiled=True in space.compiles,
         )
 
     def _space(self, study) -> SearchSpace:
@@ -398,7 +402,7 @@ class Search:
             "device_info": self.device_info.to_dict(), "limit_bytes": self.limit,
             "limit_given": self.s.memory_limit is not None, "script_sha256": self.script_sha256,
             "headroom": self.s.headroom, "usable_bytes": self.usable, "space": space.to_dict(),
-            "world_size": self.s.world_size,
+            "world_size": self.s.world_size, "allocator": current_allocator_settings(),
             "knobs": knobs, "versions": info.versions,
         })
 

@@ -165,6 +165,7 @@ class Planner:
 
         def key(s: Strategy) -> tuple:
             return (
+                s.compile,  # compiled strategies once eager ones are known: they start at eager's best
                 SHARDINGS.index(s.sharding),
                 s.accumulation_steps != first_acc,
                 s.checkpoint_segments > 0,
@@ -276,7 +277,7 @@ class _State:
         for obs in self.observations:
             self.by_config[obs.config].append(obs)
         self._ranked: list[Candidate] | None = None
-        self._memory: dict[tuple[str, int], Line | None] = {}
+        self._memory: dict[tuple, Line | None] = {}
         self.noise = NoiseReading(self.observations, space.strategy_of)
         self.check_noise = check_noise
         self._measured_cache: list[Candidate] | None = None
@@ -340,10 +341,11 @@ class _State:
         ]
 
     def strategy_unusable(self, strategy: Strategy) -> bool:
-        """A precision (or sharding) that failed without ever running is not worth more probes:
-        after one failure when another one runs (the failure is its own), else after two."""
+        """A precision (sharding, compilation) that failed without ever running is not worth more
+        probes: after one failure when another one runs (the failure is its own), else after two."""
         return (strategy.precision in self.unusable_precisions()
-                or strategy.sharding in self._unusable("sharding", self.space.shardings))
+                or strategy.sharding in self._unusable("sharding", self.space.shardings)
+                or strategy.compile in self._unusable("compile", self.space.compiles))
 
     def unusable_precisions(self) -> set[str]:
         return self._unusable("precision", self.space.precisions)
@@ -362,7 +364,7 @@ class _State:
     def peaks(self, strategy: Strategy) -> list[tuple[float, float]]:
         return self._peaks(memory_key(strategy))
 
-    def _peaks(self, key: tuple[str, str, int]) -> list[tuple[float, float]]:
+    def _peaks(self, key: tuple[str, str, int, bool]) -> list[tuple[float, float]]:
         return [
             (o.config.batch_size, float(o.peak_bytes)) for o in self._done()
             if o.status == "ok" and o.peak_bytes and memory_key(o.config) == key
@@ -403,16 +405,17 @@ class _State:
         self._memory[key] = line
         return line
 
-    def _borrowed_line(self, key: tuple[str, str, int], own: list[tuple[float, float]]) -> Line | None:
-        precision, sharding, k = key
+    def _borrowed_line(self, key: tuple[str, str, int, bool], own: list[tuple[float, float]]) -> Line | None:
+        precision, sharding, k, compiled = key
         references = []
         for p in self.space.precisions:
             for h in self.space.shardings:
                 for kk in self.space.checkpoint_segments:
-                    ref = fit_line(self._peaks((p, h, kk)))
-                    if ref is not None and ref.slope > 0:
-                        distance = (p != precision) * 10 + (h != sharding) * 5 + abs(kk - k)
-                        references.append((distance, p, kk, ref))
+                    for c in self.space.compiles:
+                        ref = fit_line(self._peaks((p, h, kk, c)))
+                        if ref is not None and ref.slope > 0:
+                            distance = (p != precision) * 10 + (h != sharding) * 5 + (c != compiled) * 3 + abs(kk - k)
+                            references.append((distance, p, kk, ref))
         if not references:
             return None
         _, p, kk, ref = min(references, key=lambda r: r[0])
@@ -424,7 +427,7 @@ class _State:
             return Line(peak - slope * b, slope)
         return Line(ref.intercept, slope)
 
-    def _respect_ooms(self, line: Line, key: tuple[str, str, int]) -> Line:
+    def _respect_ooms(self, line: Line, key: tuple[str, str, int, bool]) -> Line:
         slope = line.slope
         for o in self._done():
             if o.status == "oom" and memory_key(o.config) == key:
@@ -485,6 +488,8 @@ class _State:
         if strategy.sharding != "ddp":
             estimate = self.estimate_throughput(replace(strategy, sharding="ddp"), batch)
             return estimate * self._sharding_slowdown(strategy.sharding) if estimate is not None else None
+        if strategy.compile:  # no compiled probe yet: as fast as eager, until one says otherwise
+            return self.estimate_throughput(replace(strategy, compile=False), batch)
         return None
 
     def _reference_model(self, strategy: Strategy) -> ThroughputModel | None:
@@ -498,7 +503,7 @@ class _State:
                 continue
             distance = (other.precision != strategy.precision) * 100 + (other.sharding != strategy.sharding) * 50 + abs(
                 other.checkpoint_segments - strategy.checkpoint_segments
-            ) + (other.accumulation_steps != strategy.accumulation_steps) * 10
+            ) + (other.accumulation_steps != strategy.accumulation_steps) * 10 + (other.compile != strategy.compile) * 20
             if best is None or distance < best[0]:
                 best = (distance, model)
         return best[1] if best else None
@@ -577,6 +582,6 @@ class _State:
         return self._ranked
 
 
-def _family(config: Config) -> tuple[str, str]:
-    return config.precision, config.sharding
+def _family(config: Config) -> tuple[str, str, bool]:
+    return config.precision, config.sharding, config.compile
 

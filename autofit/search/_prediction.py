@@ -51,7 +51,9 @@ def configs_to_estimate(configs: Iterable[Config]) -> list[Config]:
     them first), so an estimator stopped early has answered those."""
     curves: dict[tuple, dict[int, Config]] = {}
     for config in configs:
-        curves.setdefault(memory_key(config), {}).setdefault(config.batch_size, config)
+        eager = Config(config.batch_size, config.precision, config.checkpoint_segments, config.accumulation_steps,
+                       config.sharding)
+        curves.setdefault(estimated_key(config), {}).setdefault(config.batch_size, eager)
     out = []
     for _, by_batch in sorted(curves.items(), key=lambda item: item[0][2] > 0):
         batches = sorted(by_batch)
@@ -65,8 +67,14 @@ def configs_to_estimate(configs: Iterable[Config]) -> list[Config]:
     return out
 
 
-def memory_key(item) -> tuple[str, str, int]:
-    """What shares one memory curve: precision, sharding, checkpointed blocks (not accumulation)."""
+def memory_key(item) -> tuple[str, str, int, bool]:
+    """What shares one measured memory curve: precision, sharding, checkpointed blocks, compilation
+    (not accumulation)."""
+    return item.precision, item.sharding, item.checkpoint_segments, item.compile
+
+
+def estimated_key(item) -> tuple[str, str, int]:
+    """What shares one estimated curve: the estimator runs the model eager, compiled or not."""
     return item.precision, item.sharding, item.checkpoint_segments
 
 
@@ -98,12 +106,12 @@ class MemoryPrediction:
         (linear between two estimated batches; beyond them, the last two batches' slope)."""
         curves: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
         for config, value in estimated.items():
-            curves[memory_key(config)].append((config.batch_size, float(value)))
+            curves[estimated_key(config)].append((config.batch_size, float(value)))
         for points in curves.values():
             points.sort()
 
         def tensor_bytes(config: Config) -> float | None:
-            points = curves.get(memory_key(config))
+            points = curves.get(estimated_key(config))
             if not points:
                 return None
             if len(points) == 1:

@@ -42,6 +42,8 @@ class SearchSettings:
     seed: int | None = 0
     recheck: bool = True
     """Probe suspect measurements again before they win or prune (off only to measure what it buys)."""
+    compile: bool | None = None
+    """Probe torch.compile as well as eager when the function offers run.compile() (None: the decorator's say)."""
     estimate: bool = True
     """Ask the memory estimator before probing, so the planner predicts what fits (off: probes alone)."""
     gpus: tuple[int, ...] = ()

@@ -43,17 +43,18 @@ class Strategy:
     checkpoint_segments: int = 0
     accumulation_steps: int | None = None  # None: derived from the global batch
     sharding: str = "ddp"
+    compile: bool = False
 
     def label(self) -> str:
         text = self.precision + (f" ckpt={self.checkpoint_segments}" if self.checkpoint_segments else "")
         if self.accumulation_steps and self.accumulation_steps > 1:
             text += f" acc={self.accumulation_steps}"
-        return text + (f" {self.sharding}" if self.sharding != "ddp" else "")
+        return text + (f" {self.sharding}" if self.sharding != "ddp" else "") + (" compiled" if self.compile else "")
 
     @property
-    def family(self) -> tuple[str, str]:
+    def family(self) -> tuple[str, str, bool]:
         """Strategies whose memory is ordered by checkpointing alone (rule 1 of the planner)."""
-        return self.precision, self.sharding
+        return self.precision, self.sharding, self.compile
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ class SearchSpace:
     accumulations: tuple[int, ...] = (1,)
     global_batch: int | None = None
     shardings: tuple[str, ...] = ("ddp",)
+    compiles: tuple[bool, ...] = (False,)
+    """(False,): eager only; (False, True): the function offers run.compile(), both are probed."""
 
     @classmethod
     def build(
@@ -78,6 +81,7 @@ class SearchSpace:
         global_batch: int | None = None,
         accumulations: tuple[int, ...] | None = None,
         shardings: tuple[str, ...] = ("ddp",),
+        compiles: tuple[bool, ...] = (False,),
     ) -> SearchSpace:
         low, high = batch_range
         if global_batch is not None:
@@ -100,11 +104,12 @@ class SearchSpace:
             accumulations=tuple(sorted(set(accumulations or (1,)))),
             global_batch=global_batch,
             shardings=tuple(h for h in SHARDINGS if h in shardings) or ("ddp",),
+            compiles=tuple(sorted(set(compiles))) or (False,),
         )
 
     def strategies(self) -> list[Strategy]:
         accs = (None,) if self.global_batch else self.accumulations
-        return [Strategy(p, k, a, h) for h in self.shardings for p in self.precisions
+        return [Strategy(p, k, a, h, c) for c in self.compiles for h in self.shardings for p in self.precisions
                 for k in self.checkpoint_segments for a in accs]
 
     def config(self, strategy: Strategy, batch_size: int) -> Config:
@@ -114,14 +119,14 @@ class SearchSpace:
             accumulation = strategy.accumulation_steps or 1
         return Config(batch_size=batch_size, precision=strategy.precision,
                       checkpoint_segments=strategy.checkpoint_segments, accumulation_steps=accumulation,
-                      sharding=strategy.sharding)
+                      sharding=strategy.sharding, compile=strategy.compile)
 
     def configs(self) -> list[Config]:
         return [self.config(s, b) for s in self.strategies() for b in self.batch_sizes]
 
     def strategy_of(self, config: Config) -> Strategy:
         acc = None if self.global_batch else config.accumulation_steps
-        return Strategy(config.precision, config.checkpoint_segments, acc, config.sharding)
+        return Strategy(config.precision, config.checkpoint_segments, acc, config.sharding, config.compile)
 
     def contains(self, config: Config) -> bool:
         return config in set(self.configs())
@@ -134,6 +139,7 @@ class SearchSpace:
             "accumulations": list(self.accumulations),
             "global_batch": self.global_batch,
             "shardings": list(self.shardings),
+            **({"compiles": list(self.compiles)} if self.compiles != (False,) else {}),
         }
 
     @classmethod
@@ -145,4 +151,5 @@ class SearchSpace:
             accumulations=tuple(data.get("accumulations", (1,))),
             global_batch=data.get("global_batch"),
             shardings=tuple(data.get("shardings", ("ddp",))),
+            compiles=tuple(bool(c) for c in data.get("compiles", (False,))),
         )
