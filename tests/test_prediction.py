@@ -99,3 +99,13 @@ def test_a_search_whose_estimator_crashes_says_so_and_goes_on(tmp_path):
     assert "memory estimator: no estimate (the estimator exited with status" in done.stderr
     document = json.loads(out.read_text())
     assert document["config"]["batch_size"] >= 1 and document["measured"]["samples_per_s"] > 0
+
+
+@pytest.mark.parametrize("path", landscape_paths(), ids=lambda p: p.rsplit("/", 1)[-1])
+def test_calibrated_predictions_of_the_bundled_studies_are_within_ten_percent(path):
+    """The prediction each probe of a replayed search met, against the peak recorded for real."""
+    landscape = Landscape.load(path)
+    pairs = [(r, peak) for seed in range(5) for r, peak in run_strategy("autofit", landscape, seed=seed).predictions
+             if r.high != float("inf")]
+    errors = sorted(abs(r.middle / peak - 1) for r, peak in pairs)
+    assert len(pairs) >= 5 and statistics.median(errors) <= 0.10 and errors[-1] <= 0.20, errors

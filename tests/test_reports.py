@@ -142,6 +142,28 @@ def test_show_trial_keeps_the_tail_of_long_output_and_full_shows_all(searched):
     assert all(line in full for line in lines)
 
 
+def test_show_trial_says_where_the_memory_goes_and_the_parts_add_up_to_the_peak(searched, tmp_path):
+    _, study, storage, _ = searched
+    why = autofit.load_study(STUDY, storage).estimates.error  # it prints loss.item(): no fake tensors
+    assert "DataDependent" in why and "where the memory goes" not in invoke(
+        "show", "--storage", storage, "--trial", str(study.trials[-1].number)).stdout
+    storage = f"sqlite:///{tmp_path}/m.db"
+    run_search(SearchSettings(script=script("fits_small.py"), memory_limit=LIMIT, storage=storage, study="m",
+                              trials=2, budget_s=BUDGET, out=str(tmp_path / "best.json")))
+    stored = autofit.load_study("m", storage)
+    assert stored.estimates is not None and stored.estimates.breakdowns and stored.estimates.error is None
+    trial = next(t for t in stored.trials() if t.user_attrs.get("status") == "ok")
+    probe = trial_result(trial)
+    shown = invoke("show", "--storage", storage, "--trial", str(trial.number)).stdout
+    assert "where the memory goes" in shown and "A activations" in shown
+    bar = next(line for line in shown.splitlines() if line.strip().startswith("[")).strip()
+    assert len(bar[1:bar.index("]")]) == 60 and ":" in bar and "A" in bar  # scaled to the limit
+    parts = stored.where_memory_goes(probe.config, probe.peak_bytes)
+    tensors = sum(v for k, v in parts.items() if k != "device")
+    assert sum(parts.values()) == pytest.approx(max(probe.peak_bytes, tensors))  # the parts make the peak
+    assert parts["activations"] > parts["parameters"]  # 1 MiB of activations per sample
+
+
 def test_show_trial_of_an_oom_probe_says_so(searched):
     _, study, storage, _ = searched
     assert study.trials[0].user_attrs["status"] == "oom"
