@@ -12,9 +12,13 @@ import os
 VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 
-def current_allocator_settings() -> dict[str, str | None]:
-    """This process's allocator settings, as the best-config file records them."""
-    return {name: os.environ.get(name) or None for name in VARIABLES}
+def current_allocator_settings(override: str | None = None) -> dict[str, str | None]:
+    """This process's allocator settings, as the best-config file records them; with `override`,
+    those of a probe process run with PYTORCH_CUDA_ALLOC_CONF set to it (`autofit search --alloc-conf`)."""
+    settings = {name: os.environ.get(name) or None for name in VARIABLES}
+    if override:
+        settings["PYTORCH_CUDA_ALLOC_CONF"] = override
+    return settings
 
 
 def allocator_difference(recorded: dict[str, str | None] | None) -> str | None:

@@ -68,8 +68,11 @@ class Worker:
         log_dir: str | None = None,
         load_timeout: float = 300.0,
         leak_tolerance: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.script = os.path.abspath(script)
+        #: Variables set for the probe process on top of the user's environment (allocator settings).
+        self.extra_env = dict(env or {})
         self.function = function
         self.device = device
         self.index = index
@@ -105,7 +108,7 @@ class Worker:
         self.close()
         parent_sock, child_sock = socket.socketpair()
         log = self._log_path("worker.log")
-        env = {**os.environ, **_WORKER_ENV}
+        env = {**os.environ, **_WORKER_ENV, **self.extra_env}
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "autofit._worker_process", str(child_sock.fileno())],
             pass_fds=(child_sock.fileno(),),

@@ -4,10 +4,10 @@ reported apart from the step time, a failing compilation dropped like a failing 
 import json
 
 import optuna
+from conftest import autofit_cli, script
 
 from autofit.config import Config
 from autofit.trials import trial_result
-from tests.conftest import autofit_cli, script
 
 
 def _search(tmp_path, name: str, *extra: str):

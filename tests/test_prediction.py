@@ -5,6 +5,7 @@ import json
 import statistics
 
 import pytest
+from conftest import autofit_cli, script
 
 from autofit.config import Config
 from autofit.search._observation import Observation
@@ -13,7 +14,6 @@ from autofit.search._prediction import MemoryPrediction, configs_to_estimate
 from autofit.search._space import SearchSpace
 from benchmarks.landscape import Landscape, landscape_paths
 from benchmarks.strategies import run_strategy
-from tests.conftest import autofit_cli, script
 
 MIB = 2**20
 BATCHES = (8, 12, 16, 24, 32, 48, 64, 96, 128)

@@ -11,7 +11,7 @@ import time
 import optuna
 import pytest
 from click.testing import CliRunner
-from conftest import script
+from conftest import autofit_cli, script
 
 from autofit.cli import cli
 from autofit.config import Config
@@ -234,6 +234,18 @@ def test_a_run_under_other_allocator_settings_than_the_search_is_warned(tmp_path
     same = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={**env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
     assert same.returncode == 0 and "allocator settings" not in same.stderr, same.stderr
+
+
+def test_alloc_conf_reaches_the_probes_and_the_best_config(tmp_path):
+    done = autofit_cli("search", script("prints_alloc_conf.py"), "--trials", "1", "--budget", "1m", "--no-estimate",
+                       "--alloc-conf", "expandable_segments:True", "--storage", f"sqlite:///{tmp_path}/s.db",
+                       "--study", "a", "--out", str(tmp_path / "best.json"), cwd=tmp_path,
+                       env={"PYTORCH_CUDA_ALLOC_CONF": ""})
+    assert done.returncode == 0, done.stderr
+    document = json.loads((tmp_path / "best.json").read_text())
+    assert document["allocator"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    logs = list((tmp_path / "runs" / "a").glob("trial-*.log"))
+    assert logs and all("alloc conf: expandable_segments:True" in log.read_text() for log in logs)
 
 
 def test_other_schema_version_is_refused(tmp_path):

@@ -222,6 +222,8 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
               help="Kill a probe after this long (default: derived from the budget and earlier probes).")
 @click.option("--compile/--no-compile", "compile_", default=None,
               help="Probe torch.compile as well as eager when the function offers run.compile() (default: yes).")
+@click.option("--alloc-conf", default=None, metavar="SETTINGS",
+              help="PYTORCH_CUDA_ALLOC_CONF for the probes, e.g. expandable_segments:True (recorded in the best config).")
 @click.option("--estimate/--no-estimate", default=True, show_default=True,
               help="Predict each config's memory with the memory estimator before probing (fake tensors).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
@@ -231,7 +233,8 @@ def search(target: str, device: str | None, gpu: tuple[int, ...] | None, workers
            nnodes: int, node_rank: int, rdzv_endpoint: str | None, memory_limit: int | None, budget: float,
            trials: int | None, headroom: float, global_batch: int | None, batch_range, precision,
            accumulation, sharding, study: str | None, storage: str | None, out: str | None, fresh: bool,
-           steps: int, warmup: int, probe_timeout: float | None, compile_: bool | None, estimate: bool,
+           steps: int, warmup: int, probe_timeout: float | None, alloc_conf: str | None, compile_: bool | None,
+           estimate: bool,
            as_json: bool, quiet: bool,
            verbose: bool) -> None:
     """Search the fastest config of TARGET that fits, within a time budget, and export it.
@@ -253,7 +256,7 @@ def search(target: str, device: str | None, gpu: tuple[int, ...] | None, workers
         storage=storage, out=out, fresh=fresh, warmup=warmup, steps=steps, probe_timeout=probe_timeout,
         gpus=tuple(gpu) if gpu and len(gpu) > 1 else (), workers=workers, nproc_per_node=nproc_per_node,
         nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, estimate=estimate,
-        compile=compile_,
+        compile=compile_, alloc_conf=alloc_conf,
     )
     if node_rank > 0:
         from autofit.search import follow_search

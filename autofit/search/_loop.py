@@ -134,8 +134,9 @@ class Search:
                                          rdzv_endpoint=self.s.rdzv_endpoint, board=self._board,
                                          session=self._session)]
         else:
+            env = {"PYTORCH_CUDA_ALLOC_CONF": self.s.alloc_conf} if self.s.alloc_conf else None
             workers = [Worker(self.script, self.s.function, device=self.s.device, index=index,
-                              memory_limit=self.limit, usable_bytes=int(self.usable),
+                              memory_limit=self.limit, usable_bytes=int(self.usable), env=env,
                               log_dir=os.path.join(self.run_dir, f"worker-{n}") if many else self.run_dir)
                        for n, index in enumerate(self.slots)]
         self._worker_names = {id(w): f"cuda:{w.index}" if w.device == "cuda" else f"worker {n}"
@@ -402,7 +403,7 @@ class Search:
             "device_info": self.device_info.to_dict(), "limit_bytes": self.limit,
             "limit_given": self.s.memory_limit is not None, "script_sha256": self.script_sha256,
             "headroom": self.s.headroom, "usable_bytes": self.usable, "space": space.to_dict(),
-            "world_size": self.s.world_size, "allocator": current_allocator_settings(),
+            "world_size": self.s.world_size, "allocator": current_allocator_settings(self.s.alloc_conf),
             "knobs": knobs, "versions": info.versions,
         })
 
