@@ -43,4 +43,4 @@ def test_commands_read_the_bundled_studies_without_a_storage(tmp_path, monkeypat
     assert exported.exit_code == 0
     assert read_best("mlp.json").config == read_best(os.path.join(RECORDED, "mlp.train.best.json")).config
     reported = invoke("report", "--study", "cnn", "--out", "cnn.html")
-    assert reported.exit_code == 0 and (tmp_path / "cnn.html").read_text().count("<img") == 4
+    assert reported.exit_code == 0 and (tmp_path / "cnn.html").read_text().count("<img") == 5
