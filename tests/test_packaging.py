@@ -84,4 +84,4 @@ def test_a_wheel_ships_the_recorded_studies_and_the_commands_read_them(installed
     assert shown.returncode == 0 and "best: " in shown.stdout
     reported = autofit("report", "--study", "cnn", "--out", "cnn.html")
     assert reported.returncode == 0, reported.stderr
-    assert (elsewhere / "cnn.html").read_text().count("<img") == 4
+    assert (elsewhere / "cnn.html").read_text().count("<img") == 5
