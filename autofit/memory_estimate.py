@@ -66,6 +66,7 @@ class Estimator:
             stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, text=True)
         self.gone: str | None = None
         """Why the process can answer no more (it died, or was stopped at a time limit)."""
+        self.timed_out = False
 
     def wait_ready(self, timeout: float = 300.0) -> bool:
         """Block until the process has loaded the script (False: it died or took too long)."""
@@ -103,6 +104,7 @@ class Estimator:
                 return False
             if time.monotonic() > deadline:
                 self.gone = f"the estimator did not finish within {timeout:.0f}s"
+                self.timed_out = True
                 self._process.kill()
                 self._process.wait()
                 return False

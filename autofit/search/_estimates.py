@@ -16,7 +16,7 @@ import optuna
 
 from autofit.config import Config
 from autofit.memory_estimate import PARTS, Estimator
-from autofit.search._prediction import CPU_FACTORS, CUDA_FACTORS, MemoryPrediction, configs_to_estimate
+from autofit.search._prediction import CPU_FACTORS, CUDA_FACTORS, MemoryPrediction, configs_to_estimate, estimated_key
 from autofit.search._space import SearchSpace
 
 #: Study user attribute holding the estimates.
@@ -96,17 +96,49 @@ def stored_estimates(study: optuna.Study) -> StoredEstimates | None:
     return StoredEstimates.from_dict(data) if data else None
 
 
-def estimate_space(study: optuna.Study, estimator: Estimator, space: SearchSpace, budget_s: float) -> StoredEstimates:
-    """Estimate the configs the planner interpolates from, keep the answers on the study."""
+def estimate_space(study: optuna.Study, estimator: Estimator, space: SearchSpace, budget_s: float,
+                   limit_bytes: float) -> StoredEstimates:
+    """Estimate the configs the planner interpolates from, smallest batches first, and keep the
+    answers on the study. A curve stops where its tensors alone, extrapolated from its last two
+    estimates, would pass the memory limit: estimating what cannot fit costs the most (the largest
+    batches) and tells the planner nothing."""
     configs = configs_to_estimate(space.configs())
-    timeout = min(_MAX_S, max(_MIN_S, _BUDGET_SHARE * budget_s))
+    allowed = min(_MAX_S, max(_MIN_S, _BUDGET_SHARE * budget_s))
+    deadline = time.monotonic() + allowed
     started = time.monotonic()
-    found = estimator.estimate(configs, timeout=timeout)
-    stored = StoredEstimates({c: dict(e.breakdown) for c, e in found.estimates.items()}, found.baseline_bytes,
-                             time.monotonic() - started, found.error or _first_reason(found.unavailable),
-                             len(configs))
+    breakdowns: dict[Config, dict[str, int]] = {}
+    curves: dict[tuple, list[Config]] = {}
+    for config in configs:
+        curves.setdefault(estimated_key(config), []).append(config)
+    error, baseline, asked = None, None, 0
+    for i in range(max(len(c) for c in curves.values())):
+        wanted = [c[i] for c in curves.values() if i < len(c) and _may_fit(c[i], c[:i], breakdowns,
+                                                                             baseline or 0, limit_bytes)]
+        if not wanted or error is not None:
+            break
+        asked += len(wanted)
+        found = estimator.estimate(wanted, timeout=max(1.0, deadline - time.monotonic()))
+        baseline = found.baseline_bytes if found.baseline_bytes is not None else baseline
+        breakdowns.update({c: dict(e.breakdown) for c, e in found.estimates.items()})
+        error = error or (f"its {allowed:.0f}s ran out" if estimator.timed_out else found.error) \
+            or _first_reason(found.unavailable)
+    stored = StoredEstimates(breakdowns, baseline, time.monotonic() - started, error, asked)
     study.set_user_attr(ESTIMATES_ATTR, stored.to_dict())
     return stored
+
+
+def _may_fit(config: Config, smaller: list[Config], breakdowns: dict[Config, dict[str, int]], baseline: float,
+             limit: float) -> bool:
+    """Whether `config`'s tensors, extrapolated from its curve's two largest estimates, stay under
+    the limit (a curve whose smaller batches found no estimate is not asked further either)."""
+    known = [(c.batch_size, sum(breakdowns[c].values())) for c in smaller if c in breakdowns]
+    if len(known) < len(smaller):
+        return False
+    if len(known) < 2:
+        return True
+    (b1, t1), (b2, t2) = known[-2:]
+    slope = max(0.0, (t2 - t1) / (b2 - b1))
+    return baseline + t2 + slope * (config.batch_size - b2) <= limit
 
 
 def _first_reason(unavailable: dict) -> str | None:

@@ -285,7 +285,7 @@ class Search:
             if self._estimator is None:  # resumed from a study written without estimates
                 self._estimator = Estimator(self.script, self.s.function)
             self.reporter.note("asking the memory estimator (fake tensors, no memory spent) ...")
-            stored = estimate_space(study, self._estimator, space, self.s.budget_s)
+            stored = estimate_space(study, self._estimator, space, self.s.budget_s, self.limit)
             self._estimator.close()  # its work is done: its memory goes back
             self._estimator = None
             self.reporter.note(stored.summary())
