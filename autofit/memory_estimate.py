@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from autofit.config import Config
 
 PARTS = ("parameters", "gradients", "optimizer", "activations", "temporaries", "other")
+#: Prior for what a CUDA device holds before any tensor: the context, cuBLAS/cuDNN workspaces.
+CUDA_CONTEXT_BYTES = 512 * 2**20
 
 
 @dataclass(frozen=True)

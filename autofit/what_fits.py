@@ -19,12 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autofit.config import Config
-from autofit.memory_estimate import Estimator, MemoryEstimate
+from autofit.memory_estimate import CUDA_CONTEXT_BYTES, Estimator, MemoryEstimate
 from autofit.search._space import checkpoint_levels, divisors_in, nice_batch_sizes
 
-#: Priors for a CUDA device: the context and cuBLAS/cuDNN workspaces, and the caching allocator's
-#: rounding and fragmentation over the tensors' own bytes.
-CUDA_CONTEXT_BYTES = 512 * 2**20
+#: Prior for a CUDA device: the caching allocator's rounding and fragmentation over the tensors' own
+#: bytes (the context's prior is memory_estimate.CUDA_CONTEXT_BYTES).
 ALLOCATOR_OVERHEAD = 0.10
 #: Preference among precisions when nothing was measured: the fastest kinds first.
 GPU_PREFERENCE = ("bf16", "fp16", "tf32", "fp32")

@@ -3,7 +3,8 @@ kept on the study (a resumed search, `autofit show` and the report read them fro
 into the planner's predictions (see _prediction.py).
 
 Its process starts with the search and loads the script while the workers load theirs; it answers
-while no probe runs (two processes on two cores would time each other), within a share of the budget; whatever it estimated before a crash or the time limit is used, and a search without
+while no probe runs (two processes on two cores would time each other), within a share of the
+budget. Whatever it estimated before a crash or the time limit is used, and a search without
 estimates goes on as before, learning memory from its probes.
 """
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 import optuna
 
 from autofit.config import Config
-from autofit.memory_estimate import PARTS, Estimator
+from autofit.memory_estimate import CUDA_CONTEXT_BYTES, PARTS, Estimator
 from autofit.search._prediction import CPU_FACTORS, CUDA_FACTORS, MemoryPrediction, configs_to_estimate, estimated_key
 from autofit.search._space import SearchSpace
 
@@ -24,8 +25,6 @@ ESTIMATES_ATTR = "autofit_estimates"
 #: The estimator may take this share of the budget, within these bounds in seconds.
 _BUDGET_SHARE = 0.15
 _MIN_S, _MAX_S = 30.0, 120.0
-#: Prior for the CUDA context and workspaces (the low end of a prediction before any probe).
-CUDA_CONTEXT_BYTES = 512 * 2**20
 
 
 @dataclass(frozen=True)
