@@ -536,6 +536,8 @@ class _State:
         ranked = self.ranked()
         if not ranked:
             return False
+        if self.space.strategy_of(ranked[0].config) == strategy and len(self._points(strategy)) < 3:
+            return False  # two noisy points of the leading strategy cannot say its curve has turned
         memory = self.memory_model(strategy)
         reachable = [b for b in open_batches if memory is None or memory(b) <= self.usable]
         largest = max(reachable) if reachable else min(open_batches)
