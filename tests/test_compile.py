@@ -20,7 +20,7 @@ def _search(tmp_path, name: str, *extra: str):
 
 
 def test_compiled_and_eager_are_probed_and_told_apart(tmp_path):
-    done, results = _search(tmp_path, "compiles.py", "--trials", "4")
+    done, results = _search(tmp_path, "compiles.py", "--trials", "5", "--batch-size", "16:32")
     assert done.returncode == 0, done.stderr
     eager = [r for r in results if not r.config.compile]
     compiled = [r for r in results if r.config.compile]
