@@ -8,14 +8,14 @@ import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
-from autofit.allocator_settings import allocator_difference
 from autofit.config import Config
+from autofit.devices import allocator_difference
+from autofit.export import default_best_path, device_tag, read_best, script_sha256
 from autofit.options import SearchOptions
-from autofit.results import default_best_path, device_tag, read_best, script_sha256
 
 
 class Decorated(Protocol):
-    """What the launcher needs of a decorated function (autofit.api.AutofitFunction): no import of
+    """What the launcher needs of a decorated function (autofit.decorator.AutofitFunction): no import of
     the decorator module, which imports this one."""
 
     fn: Callable[..., Any]
@@ -69,7 +69,7 @@ class RunPlan(NamedTuple):
 def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: str | None) -> RunPlan:
     """The config, device and message for a normal run. An explicit path or AUTOFIT_CONFIG must
     exist and be valid."""
-    from autofit.resilience import lowered_path
+    from autofit.runtime import lowered_path
 
     explicit = path or os.environ.get("AUTOFIT_CONFIG")
     device = device or os.environ.get("AUTOFIT_DEVICE") or _default_device()

@@ -1,4 +1,4 @@
-"""Memory estimate vs measured peak: how far the fake-tensor estimate (autofit.memory_estimate) is
+"""Memory estimate vs measured peak: how far the fake-tensor estimate (autofit.memory._estimator) is
 from what a probe measures, before and after a calibration fitted on the other configs.
 
     python -m benchmarks.estimate [--limit 4GiB]
@@ -18,9 +18,9 @@ import statistics
 import time
 
 from autofit.config import Config
-from autofit.memory_estimate import estimate_memory
+from autofit.memory._estimator import estimate_memory
+from autofit.probing._worker import Worker
 from autofit.units import parse_size
-from autofit.worker import Worker
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)

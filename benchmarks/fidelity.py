@@ -28,9 +28,9 @@ import time
 from dataclasses import dataclass
 
 from autofit.config import Config
-from autofit.distributed_probe import DistributedWorker
-from autofit.results import config_entry, write_best
-from autofit.worker import Worker
+from autofit.export import config_entry, write_best
+from autofit.probing._torchrun import DistributedWorker
+from autofit.probing._worker import Worker
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -49,7 +49,7 @@ class Case:
 def _cases() -> tuple[Case, ...]:
     """Several configs per script: batch sizes, checkpointing, and bf16 where the CPU runs it natively
     (emulated bf16 is ~15x slower and no search would pick it)."""
-    from autofit.devices.cpu import cpu_has_native_bf16
+    from autofit.devices._cpu import cpu_has_native_bf16
 
     bf16 = cpu_has_native_bf16()
     return (

@@ -23,9 +23,9 @@ import threading
 import time
 
 from autofit.config import Config
+from autofit.probing._worker import Worker
 from autofit.search import SearchSettings, run_search
 from autofit.units import format_size, parse_duration, parse_size
-from autofit.worker import Worker
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _COMPETITOR = ("import torch\ntorch.set_num_threads(os.cpu_count())\na = torch.randn(1024, 1024)\n"

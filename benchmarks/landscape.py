@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
 from autofit.config import Config
-from autofit.search._observation import Observation
-from autofit.search._prediction import CPU_FACTORS, MemoryPrediction, configs_to_estimate
-from autofit.search._space import SearchSpace
+from autofit.planner._observation import Observation
+from autofit.planner._prediction import CPU_FACTORS, MemoryPrediction, configs_to_estimate
+from autofit.planner._space import SearchSpace
 
 LANDSCAPE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "landscapes")
 

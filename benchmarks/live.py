@@ -19,8 +19,8 @@ import time
 
 from autofit.search import SearchSettings, run_search
 from autofit.search._estimates import stored_estimates
-from autofit.storage import open_storage
-from autofit.trials import observations
+from autofit.study._storage import open_storage
+from autofit.study._trials import observations
 from autofit.units import parse_duration
 from benchmarks.landscape import Landscape, landscape_paths
 

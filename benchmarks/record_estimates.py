@@ -3,7 +3,7 @@ give the planner the predictions a live search has, and score them against the r
 
     python -m benchmarks.record_estimates [--landscape PATH ...]
 
-Each entry gains `estimate` (predicted tensor bytes by part, autofit.memory_estimate) or
+Each entry gains `estimate` (predicted tensor bytes by part, autofit.memory._estimator) or
 `estimate_error` (why there is none); `meta.estimator` records the estimator process's baseline,
 the time the estimates took and the torch version. One estimator process per landscape.
 """
@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from autofit.memory_estimate import estimate_memory
+from autofit.memory._estimator import estimate_memory
 from benchmarks.landscape import Landscape, landscape_paths
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

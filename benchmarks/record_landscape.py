@@ -21,9 +21,9 @@ import sys
 import time
 
 from autofit.config import PRECISIONS, Config
-from autofit.search._space import SearchSpace
+from autofit.planner._space import SearchSpace
+from autofit.probing._worker import Worker
 from autofit.units import format_size, parse_size
-from autofit.worker import Worker
 from benchmarks.landscape import LANDSCAPE_DIR, Entry, Landscape, describe
 
 AGGREGATE = "fastest run's samples/s and step times; median wall; largest peak"

@@ -27,8 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from autofit.config import Config
-from autofit.search._observation import Observation
-from autofit.search._space import SearchSpace, Strategy
+from autofit.planner._observation import Observation
+from autofit.planner._space import SearchSpace, Strategy
 from benchmarks.landscape import Landscape
 
 #: "Reaching the best": the strategy's pick is within this fraction of the grid's best throughput.
@@ -162,10 +162,10 @@ def snap_down(space: SearchSpace, batch: float) -> int | None:
 # --- (a) autofit ------------------------------------------------------------------------------
 def _planner_class():
     try:
-        from autofit.search._planner import Planner
+        from autofit.planner._planner import Planner
         return Planner, None
     except ImportError:
-        return StandInPlanner, "stand-in planner (autofit.search._planner missing)"
+        return StandInPlanner, "stand-in planner (autofit.planner._planner missing)"
 
 
 class StandInPlanner:

@@ -56,7 +56,7 @@ def main() -> int:
         print(f"FAIL  cuda: torch {torch.__version__} (CUDA {torch.version.cuda}) sees no usable GPU")
         return 2
 
-    from autofit.devices.cuda import CudaBackend, cuda_devices
+    from autofit.devices._cuda import CudaBackend, cuda_devices
     from autofit.errors import UsageError
 
     backend = CudaBackend(args.index)
@@ -79,7 +79,7 @@ def main() -> int:
 
     def check_precisions():
         try:
-            from autofit.precision import precision_context
+            from autofit.runtime._precision import precision_context
         except ImportError:
             precision_context = None
         expected = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -167,14 +167,14 @@ def main() -> int:
         )
 
     def check_probe():
-        """TODO(worker): a real probe through autofit's worker; skipped until autofit.worker exists."""
-        if importlib.util.find_spec("autofit.worker") is None:
-            return "autofit.worker does not exist yet"
-        import autofit.worker as worker_module  # exists: an import error here is a real failure
+        """TODO(worker): a real probe through autofit's worker; skipped until autofit.probing._worker exists."""
+        if importlib.util.find_spec("autofit.probing._worker") is None:
+            return "autofit.probing._worker does not exist yet"
+        import autofit.probing._worker as worker_module  # exists: an import error here is a real failure
 
         worker_class = getattr(worker_module, "Worker", None)
         if worker_class is None:
-            return "autofit.worker has no Worker yet"
+            return "autofit.probing._worker has no Worker yet"
         if not (ROOT / "studies" / "mlp.py").exists():
             return "studies/mlp.py does not exist yet"
         from autofit.config import Config
@@ -188,7 +188,7 @@ def main() -> int:
     def check_tf32_whole_run():
         """TF32 holds for forward and backward inside precision_scope, is off for fp32, and the
         process's own setting comes back after; a script that set the new API first still works."""
-        from autofit.precision import precision_scope
+        from autofit.runtime._precision import precision_scope
 
         x64 = torch.randn(1024, 1024, dtype=torch.float64, device=device)
         w64 = torch.randn(1024, 1024, dtype=torch.float64, device=device)
@@ -249,7 +249,7 @@ def main() -> int:
 
     def check_sticky_error_replaces_worker():
         """A device-side assert breaks the CUDA context: the worker is replaced, the next probe runs."""
-        import autofit.worker as worker_module
+        import autofit.probing._worker as worker_module
         from autofit.config import Config
 
         with worker_module.Worker(script="tests/scripts/device_assert.py", device="cuda", index=args.index) as w:
@@ -263,7 +263,7 @@ def main() -> int:
                     f"(pid {first_pid} -> {w.pid if w.pid else 'closed'}, starts={w.starts})")
 
     def check_min_measured_time():
-        import autofit.worker as worker_module
+        import autofit.probing._worker as worker_module
         from autofit.config import Config
 
         with worker_module.Worker(script="studies/mlp.py", device="cuda", index=args.index) as w:
@@ -276,7 +276,7 @@ def main() -> int:
 
     def distributed_probe(config, **env):
         """A probe of tests/scripts/ddp_train.py as a torchrun job with one rank per visible GPU."""
-        from autofit.distributed_probe import DistributedWorker
+        from autofit.probing._torchrun import DistributedWorker
 
         count = torch.cuda.device_count()
         if count < 2:

@@ -13,7 +13,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from autofit.config import Config  # noqa: E402
-from autofit.search._space import SearchSpace  # noqa: E402
+from autofit.planner._space import SearchSpace  # noqa: E402
 from benchmarks.landscape import Landscape, synthetic  # noqa: E402
 from benchmarks.strategies import run_strategy  # noqa: E402
 
@@ -85,7 +85,7 @@ def test_accelerate_walks_down_from_128() -> None:
 
 
 # --- autofit's planner (only once it exists) -------------------------------------------------------
-HAS_PLANNER = importlib.util.find_spec("autofit.search._planner") is not None
+HAS_PLANNER = importlib.util.find_spec("autofit.planner._planner") is not None
 
 
 def linear_landscape() -> Landscape:
@@ -117,11 +117,11 @@ def implied_infeasible(config: Config, observations, usable: float) -> bool:
     )
 
 
-@pytest.mark.skipif(not HAS_PLANNER, reason="autofit.search._planner does not exist yet")
+@pytest.mark.skipif(not HAS_PLANNER, reason="autofit.planner._planner does not exist yet")
 @pytest.mark.parametrize("noise", [0.0, 1.0])
 def test_planner_never_probes_implied_infeasible_and_finds_the_best(noise: float) -> None:
     """Noise-free it must reach 97% of the best; with noise (5% per probe) it must stay sound."""
-    from autofit.search._planner import Planner
+    from autofit.planner._planner import Planner
 
     land = linear_landscape()
     planner = Planner(land.space, land.usable_bytes)

@@ -8,8 +8,8 @@ from click.testing import CliRunner
 
 import autofit
 from autofit.cli import cli
-from autofit.results import read_best
-from autofit.stored import bundled_storage_url
+from autofit.export import read_best
+from autofit.study._stored import bundled_storage_url
 
 RECORDED = os.path.join(os.path.dirname(autofit.__file__), "recorded")
 STEMS = ("gpt", "cnn", "mlp")

@@ -7,7 +7,7 @@ import optuna
 from conftest import autofit_cli, script
 
 from autofit.config import Config
-from autofit.trials import trial_result
+from autofit.study._trials import trial_result
 
 
 def _search(tmp_path, name: str, *extra: str):

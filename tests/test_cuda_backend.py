@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import autofit.devices.cuda as cuda_mod
-from autofit.devices.cuda import CudaBackend, cuda_available, cuda_devices, visible_physical_indices
+import autofit.devices._cuda as cuda_mod
+from autofit.devices._cuda import CudaBackend, cuda_available, cuda_devices, visible_physical_indices
 from autofit.errors import UsageError
 
 GiB = 1024**3
@@ -214,7 +214,7 @@ def test_listing_maps_uuids_and_lists_a_mig_slice_with_its_own_memory(monkeypatc
 
 def test_listing_does_not_import_torch():
     code = (
-        "import sys, autofit.devices.cuda as c; c.cuda_devices(); c.cuda_available(); "
+        "import sys, autofit.devices._cuda as c; c.cuda_devices(); c.cuda_available(); "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from autofit.config import Config
-from autofit.distributed import Ranks, per_rank_config
+from autofit.runtime._distributed import Ranks, per_rank_config
 from tests.conftest import REPO, script
 from tests.test_resilience_real import _config_file
 
@@ -121,7 +121,7 @@ def test_a_search_on_two_ranks_exports_a_config_a_torchrun_run_picks_up(tmp_path
 def test_on_cuda_each_rank_joins_with_nccl_on_its_own_gpu(monkeypatch):
     """The GPU-only choices, with fakes of torch.distributed (no GPU here): NCCL for CUDA, gloo for CPU,
     DDP given this rank's GPU; the decorator puts rank LOCAL_RANK on cuda:LOCAL_RANK."""
-    import autofit.distributed as distributed
+    import autofit.runtime._distributed as distributed
 
     joined, wrapped = [], {}
     monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)

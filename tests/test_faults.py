@@ -16,7 +16,7 @@ from conftest import script
 from autofit.cli import cli
 from autofit.errors import NoFeasibleConfig, UsageError, UserCodeError
 from autofit.search import SearchSettings, run_search
-from autofit.trials import observations
+from autofit.study._trials import observations
 
 LIMIT = 768 * 2**20
 
@@ -229,7 +229,7 @@ def _worker_pids() -> list[int]:
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                    if b"autofit._worker_process" in handle.read():
+                    if b"autofit.probing._worker_process" in handle.read():
                         with open(f"/proc/{entry}/stat") as stat:
                             if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
                                 pids.append(int(entry))
@@ -243,7 +243,7 @@ def test_a_supervisor_failure_leaves_no_trial_running(tmp_path, monkeypatch):
     the error, the finished probes kept and the unfinished one FAIL, to be probed again."""
     import optuna
 
-    from autofit.worker import Worker
+    from autofit.probing._worker import Worker
 
     calls = {"n": 0}
     real_probe = Worker.probe

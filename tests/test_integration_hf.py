@@ -52,7 +52,7 @@ def test_without_a_search_the_trainer_keeps_the_users_own_arguments(tmp_path):
 
 def test_a_config_that_would_change_the_global_batch_is_refused(tmp_path):
     config = tmp_path / "wrong.best.json"
-    from autofit.results import config_entry, write_best
+    from autofit.export import config_entry, write_best
     write_best(str(config), {"partial": False, "config": config_entry(Config(8)), "measured": {},
                              "memory": {"limit_bytes": None}, "device": {"type": "cpu"}, "versions": {}, "script": {}})
     ran = subprocess.run([sys.executable, script("hf_trainer.py")],

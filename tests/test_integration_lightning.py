@@ -57,7 +57,7 @@ def test_without_a_search_the_trainer_keeps_the_users_own_settings(tmp_path):
 def test_the_config_becomes_the_trainers_settings(precision, lightning_precision):
     """(bf16 is emulated on CPUs without bf16 instructions, ~15x slower: checked on the settings.)"""
     from autofit.integrations.lightning import trainer_settings
-    from autofit.run import Run
+    from autofit.runtime._run import Run
 
     settings = trainer_settings(Run(Config(32, precision, accumulation_steps=2), "cpu"), {"max_epochs": 3})
     assert settings["precision"] == lightning_precision and settings["accumulate_grad_batches"] == 2

@@ -3,7 +3,7 @@ part. Real runs of the bundled MLP (no allocation of its ~0.3-0.5 GiB of tensors
 from __future__ import annotations
 
 from autofit.config import Config
-from autofit.memory_estimate import PARTS, estimate_memory
+from autofit.memory._estimator import PARTS, estimate_memory
 from tests.conftest import STUDIES, script
 
 

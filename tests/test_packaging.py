@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import REPO, script
 
-from autofit.results import read_best, write_best
+from autofit.export import read_best, write_best
 from autofit.search import SearchSettings, run_search
 
 
@@ -43,7 +43,7 @@ def test_export_keeps_the_searchs_script_hash_so_a_changed_script_warns(tmp_path
     assert exported.returncode == 0, exported.stderr
     document = read_best(str(work / "exported.json")).document
     assert document["script"]["sha256"] == searched.document["script"]["sha256"] is not None
-    run = subprocess.run([sys.executable, "-c", "import train, autofit.run as r; "
+    run = subprocess.run([sys.executable, "-c", "import train, autofit.runtime._run as r; "
                           "r.ProbeFinished; train.train.make_run(config_path='exported.json')"],
                          cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr

@@ -8,10 +8,10 @@ import pytest
 from conftest import autofit_cli, script
 
 from autofit.config import Config
-from autofit.search._observation import Observation
-from autofit.search._planner import Planner
-from autofit.search._prediction import MemoryPrediction, configs_to_estimate
-from autofit.search._space import SearchSpace
+from autofit.planner._observation import Observation
+from autofit.planner._planner import Planner
+from autofit.planner._prediction import MemoryPrediction, configs_to_estimate
+from autofit.planner._space import SearchSpace
 from benchmarks.landscape import Landscape, landscape_paths
 from benchmarks.strategies import run_strategy
 

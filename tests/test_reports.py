@@ -17,10 +17,10 @@ from conftest import script
 import autofit
 from autofit.cli import cli
 from autofit.errors import NoFeasibleConfig
-from autofit.report.html import SECTIONS
-from autofit.results import read_best
+from autofit.export import read_best
+from autofit.report._html import SECTIONS
 from autofit.search import SearchSettings, run_search
-from autofit.trials import trial_result
+from autofit.study._trials import trial_result
 
 LIMIT = 768 * 2**20
 BUDGET = 40
@@ -128,7 +128,7 @@ def test_show_trial_prints_that_probes_own_output(searched):
 
 
 def test_show_trial_keeps_the_tail_of_long_output_and_full_shows_all(searched):
-    from autofit.report.study_text import describe_trial
+    from autofit.report._study_text import describe_trial
 
     _, study, storage, _ = searched
     stored = autofit.load_study(STUDY, storage)
@@ -250,7 +250,7 @@ def test_report_is_one_self_contained_page_with_a_plot_per_question(searched, tm
 
 
 def test_plots_draw_the_studys_data(searched):
-    from autofit.report.plots import study_figures
+    from autofit.report._plots import study_figures
 
     result, study, storage, _ = searched
     stored = autofit.load_study(STUDY, storage)
@@ -280,7 +280,7 @@ def test_plots_draw_the_studys_data(searched):
 # --- which storage and study ------------------------------------------------------------------------
 def test_without_storage_falls_back_to_the_recorded_studies_and_says_so(searched, tmp_path, monkeypatch):
     result, _, storage, home = searched
-    monkeypatch.setattr("autofit.stored.BUNDLED_DB", str(home / "autofit.db"))
+    monkeypatch.setattr("autofit.study._stored.BUNDLED_DB", str(home / "autofit.db"))
     monkeypatch.chdir(tmp_path)  # no studies/autofit.db here
     shown = invoke("show")
     assert shown.exit_code == 0, shown.stderr
@@ -292,7 +292,7 @@ def test_without_storage_falls_back_to_the_recorded_studies_and_says_so(searched
 
 def test_default_storage_with_several_studies_needs_study(searched, tmp_path, monkeypatch):
     _, _, storage, home = searched
-    monkeypatch.setattr("autofit.stored.BUNDLED_DB", str(tmp_path / "none.db"))
+    monkeypatch.setattr("autofit.study._stored.BUNDLED_DB", str(tmp_path / "none.db"))
     monkeypatch.chdir(tmp_path)
     os.makedirs("studies")
     default = f"sqlite:///{tmp_path}/studies/autofit.db"

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from autofit.config import Config
-from autofit.resilience import OutOfMemoryAtBatchOne, lowered, lowered_path, recovery_enabled, split_batch
-from autofit.run import Run
+from autofit.runtime._redo import OutOfMemoryAtBatchOne, lowered, lowered_path, recovery_enabled, split_batch
+from autofit.runtime._run import Run
 
 CPU_OOM = "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 1"
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autofit.config import Config
-from autofit.results import config_entry, write_best
+from autofit.export import config_entry, write_best
 from tests.conftest import REPO, refused_by_the_allocator, script
 
 #: Measured on this machine: the short sequences at batch 32 fit under 400 MiB (RLIMIT_DATA), the long

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from autofit.config import Config
-from autofit.run import ProbeFinished, Run, to_device
+from autofit.runtime._run import ProbeFinished, Run, to_device
 
 
 def _loop(run, n_batches=100, batch=4):
@@ -187,7 +187,7 @@ def test_a_normal_run_reports_its_throughput(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize(("precision", "expected"), [("fp32", "ieee"), ("tf32", "tf32"), ("bf16", "ieee")])
 def test_precision_holds_for_the_whole_cuda_run_and_is_restored(precision, expected):
     """TF32 is set for forward, backward and optimizer through the current API, then restored."""
-    from autofit.precision import precision_scope
+    from autofit.runtime._precision import precision_scope
 
     matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
     before = (matmul.fp32_precision, conv.fp32_precision)
@@ -198,7 +198,7 @@ def test_precision_holds_for_the_whole_cuda_run_and_is_restored(precision, expec
 
 def test_a_script_that_set_the_new_tf32_api_still_probes():
     """Reading a legacy allow_tf32 flag after the new API was set raises; autofit never does."""
-    from autofit.precision import precision_scope
+    from autofit.runtime._precision import precision_scope
 
     matmul = torch.backends.cuda.matmul
     before = matmul.fp32_precision
@@ -212,7 +212,7 @@ def test_a_script_that_set_the_new_tf32_api_still_probes():
 
 
 def test_precision_scope_changes_nothing_on_cpu():
-    from autofit.precision import precision_scope
+    from autofit.runtime._precision import precision_scope
 
     before = torch.backends.cuda.matmul.fp32_precision
     with precision_scope("tf32", torch.device("cpu")):
@@ -220,7 +220,7 @@ def test_precision_scope_changes_nothing_on_cpu():
 
 
 def test_sticky_cuda_errors_break_the_device_and_ooms_do_not():
-    from autofit.oom import breaks_the_device
+    from autofit.runtime._oom import breaks_the_device
 
     assert breaks_the_device(RuntimeError("CUDA error: an illegal memory access was encountered"))
     assert breaks_the_device(RuntimeError("CUDA error: device-side assert triggered"))
@@ -234,7 +234,7 @@ def test_a_probe_over_data_smaller_than_its_batch_stops_instead_of_spinning():
     """drop_last over fewer samples than the batch yields nothing: every epoch is empty."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    from autofit.run import DataTooSmall
+    from autofit.runtime._run import DataTooSmall
 
     loader = DataLoader(TensorDataset(torch.randn(10, 3)), batch_size=16, drop_last=True)
     run = Run(Config(batch_size=16), probing=True, warmup_steps=1, measured_steps=2)

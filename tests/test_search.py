@@ -15,10 +15,10 @@ from conftest import autofit_cli, script
 
 from autofit.cli import cli
 from autofit.config import Config
-from autofit.results import read_best
+from autofit.export import read_best
 from autofit.search import SearchSettings, run_search
-from autofit.storage import open_storage
-from autofit.trials import observations
+from autofit.study._storage import open_storage
+from autofit.study._trials import observations
 
 LIMIT = 768 * 2**20
 BUDGET = 60
@@ -255,7 +255,7 @@ def test_other_schema_version_is_refused(tmp_path):
 
 
 def test_searches_on_two_kinds_of_device_keep_separate_answers():
-    from autofit.results import default_best_path, device_tag
+    from autofit.export import default_best_path, device_tag
 
     cpu = default_best_path("train.py", "train", "studies", device_tag("cpu", "AMD EPYC (2 cores)"))
     h100 = default_best_path("train.py", "train", "studies", device_tag("cuda", "NVIDIA H100 80GB HBM3"))
@@ -265,9 +265,9 @@ def test_searches_on_two_kinds_of_device_keep_separate_answers():
 
 def test_a_batch_the_data_cannot_feed_stops_the_climb_without_blaming_the_precision():
     from autofit.config import MAX_BATCH
-    from autofit.search._observation import Observation
-    from autofit.search._planner import Planner
-    from autofit.search._space import SearchSpace
+    from autofit.planner._observation import Observation
+    from autofit.planner._planner import Planner
+    from autofit.planner._space import SearchSpace
 
     space = SearchSpace.build(batch_range=(1, MAX_BATCH), precisions=("fp32", "bf16"))
     planner = Planner(space, 100 * 2**30)
@@ -292,10 +292,10 @@ def test_a_batch_the_data_cannot_feed_stops_the_climb_without_blaming_the_precis
 def test_confirmation_estimate_counts_accumulation_once(tmp_path):
     """A probe's step time is per optimizer step (all its micro-batches): the estimate of a longer
     run must not multiply it by the accumulation steps again (it once predicted 1450 s for 52 s)."""
-    from autofit.record import ProbeResult
+    from autofit.probing._record import ProbeResult
     from autofit.search._budget import Budget
-    from autofit.storage import open_storage
-    from autofit.trials import record_probe
+    from autofit.study._storage import open_storage
+    from autofit.study._trials import record_probe
 
     config = Config(batch_size=4, accumulation_steps=32)
     storage = f"sqlite:///{tmp_path}/e.db"

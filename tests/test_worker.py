@@ -11,7 +11,7 @@ from conftest import refused_by_the_allocator, script
 
 from autofit.config import Config
 from autofit.errors import UsageError
-from autofit.worker import Worker, WorkerStartError
+from autofit.probing._worker import Worker, WorkerStartError
 
 LIMIT = 768 * 2**20
 
@@ -145,7 +145,7 @@ def _live_members(group: int) -> list[int]:
 def test_a_persistent_worker_whose_memory_grows_is_replaced():
     """The leak check guards the CUDA worker, which runs probes in one process: growth past the
     warm baseline (the memory after its first probe) by more than the tolerance replaces it."""
-    from autofit.record import ProbeResult
+    from autofit.probing._record import ProbeResult
 
     w = Worker(script("fits_small.py"), leak_tolerance=100 * 2**20)
     results = [ProbeResult(status="ok", config=Config(batch_size=1), memory_after_bytes=m * 2**20)

@@ -98,8 +98,8 @@ def _follow_probe(worker, storage: str | None, nnodes: int, node_rank: int) -> i
     """A node other than 0 of `autofit probe --nnodes`: its share of node 0's probe."""
     from types import SimpleNamespace
 
-    from autofit.multinode import JobBoard, follow, probe_study_name
-    from autofit.storage import open_storage
+    from autofit.probing import JobBoard, follow, probe_study_name
+    from autofit.study import open_storage
 
     def make_worker(meta: dict):
         worker.memory_limit = meta.get("limit_bytes") or worker.memory_limit
@@ -148,9 +148,8 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
     """
     from autofit.config import Config
     from autofit.devices import check_device
-    from autofit.discover import check_script, parse_target
-    from autofit.report.probe_text import describe_probe
-    from autofit.worker import Worker
+    from autofit.probing import Worker, check_script, parse_target
+    from autofit.report import describe_probe
 
     script, function = parse_target(target)
     check_script(script)
@@ -161,7 +160,7 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
     if nnodes > 1:
         _check_nodes(nnodes, node_rank, rdzv_endpoint)
     if nproc_per_node > 1 or nnodes > 1:
-        from autofit.distributed_probe import DistributedWorker
+        from autofit.probing import DistributedWorker
 
         worker = DistributedWorker(script, function, nproc=nproc_per_node, device=device, index=index,
                                    memory_limit=memory_limit, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint)
@@ -175,8 +174,8 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
             raise UsageError(f"The precision must be one the device runs ({', '.join(loaded.precisions)}), "
                              f"but got {precision}.")
         if nnodes > 1:
-            from autofit.multinode import lead_probe
-            from autofit.storage import open_storage
+            from autofit.probing import lead_probe
+            from autofit.study import open_storage
 
             result = lead_probe(worker, open_storage(storage), config, warmup=warmup, steps=steps, timeout=timeout)
         else:
@@ -243,8 +242,8 @@ def search(target: str, device: str | None, gpu: tuple[int, ...] | None, workers
     again resumes the study; --fresh starts over. Exit status 0 with a winner, 1 when nothing
     fits or the function fails on every probe, 2 for bad input, 130 when interrupted.
     """
-    from autofit.discover import parse_target
-    from autofit.report.search_text import describe_search
+    from autofit.probing import parse_target
+    from autofit.report import describe_search
     from autofit.search import LiveReporter, Reporter, SearchSettings, run_search
 
     script, function = parse_target(target)
@@ -300,9 +299,9 @@ def estimate(target: str, sizes: tuple[int, ...] | None, memory_limit: int | Non
     The answers are predictions, not measurements: `autofit search` measures.
     """
     from autofit.devices import check_device
-    from autofit.discover import check_script, parse_target
-    from autofit.report.estimate_text import describe_fits, fits_json
-    from autofit.what_fits import WhatFits
+    from autofit.memory import WhatFits
+    from autofit.probing import check_script, parse_target
+    from autofit.report import describe_fits, fits_json
 
     script, function = parse_target(target)
     check_script(script)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from autofit.cli._commands import cli
-from autofit.record import STATUSES
+from autofit.probing import STATUSES
 
 _STUDY_HELP = "Study name, or its script's stem (default: the only study in the storage)."
 _STORAGE_HELP = ("Optuna storage URL (default: sqlite:///studies/autofit.db, else the recorded studies "
@@ -13,7 +13,7 @@ _STORAGE_HELP = ("Optuna storage URL (default: sqlite:///studies/autofit.db, els
 
 
 def _load(study: str | None, storage: str | None):
-    from autofit.stored import load_study
+    from autofit.study import load_study
 
     stored = load_study(study, storage)
     if stored.note:
@@ -40,7 +40,7 @@ def show(study: str | None, storage: str | None, trial_number: int | None, full:
 
     With --trial N: that probe's measurements, error and captured output.
     """
-    from autofit.report.study_text import describe_study, describe_trial, select_probes
+    from autofit.report import describe_study, describe_trial, select_probes
 
     stored = _load(study, storage)
     if trial_number is not None:
@@ -55,8 +55,8 @@ def show(study: str | None, storage: str | None, trial_number: int | None, full:
 @click.option("--storage", default=None, help=_STORAGE_HELP)
 def studies(storage: str | None) -> None:
     """List the studies in a storage: device, memory limit, probes, best config and its throughput."""
-    from autofit.report.study_text import studies_table
-    from autofit.stored import list_studies
+    from autofit.report import studies_table
+    from autofit.study import list_studies
 
     where, rows = list_studies(storage)
     if where.note:
@@ -72,7 +72,7 @@ def studies(storage: str | None) -> None:
               help="Where to write the best-config JSON (default: studies/SCRIPT.FUNCTION.DEVICE.best.json).")
 def export(study: str | None, storage: str | None, out: str | None) -> None:
     """Write a stored study's best config as JSON, without probing again."""
-    from autofit.results import default_best_path, device_tag, write_best
+    from autofit.export import default_best_path, device_tag, write_best
 
     stored = _load(study, storage)
     document = stored.document()
@@ -95,7 +95,7 @@ def report(study: str | None, storage: str | None, out: str | None, png_dir: str
     """Write one self-contained HTML page with plots of a study: throughput, memory, progress, winner."""
     import os
 
-    from autofit.report.html import write_report
+    from autofit.report import write_report
 
     stored = _load(study, storage)
     path = out or os.path.join("studies", f"{stored.name}.report.html")

@@ -1,50 +1,21 @@
-"""Device backends behind one contract: `cpu` (real RLIMIT_DATA cap) and `cuda` (NVML + torch.cuda)."""
+"""Device backends behind one contract (`DeviceBackend`): `cpu` (a real RLIMIT_DATA cap) and `cuda`
+(NVML and torch.cuda). The worker makes one with `make_backend`; nothing else imports a backend."""
 
 from __future__ import annotations
 
+from autofit.devices._allocator import allocator_difference, current_allocator_settings
 from autofit.devices._base import DeviceBackend, DeviceInfo
-from autofit.errors import UsageError
+from autofit.devices._cpu import cpu_has_native_bf16
+from autofit.devices._select import DEVICE_TYPES, check_device, list_devices, make_backend
 
-DEVICE_TYPES = ("cpu", "cuda")
-
-
-def make_backend(device_type: str, index: int = 0) -> DeviceBackend:
-    """The backend for `device_type` inside the worker process."""
-    if device_type == "cpu":
-        from autofit.devices.cpu import CpuBackend
-
-        return CpuBackend(index)
-    if device_type == "cuda":
-        from autofit.devices.cuda import CudaBackend
-
-        return CudaBackend(index)
-    raise UsageError(f"The device must be one of {', '.join(DEVICE_TYPES)}, but got {device_type!r}.")
-
-
-def list_devices() -> list[DeviceInfo]:
-    """Every device autofit can probe on, without importing torch."""
-    from autofit.devices.cpu import cpu_info
-    from autofit.devices.cuda import cuda_devices
-
-    return [cpu_info(), *cuda_devices()]
-
-
-def check_device(device_type: str, index: int = 0) -> DeviceInfo:
-    """The device's info, or a UsageError saying why it cannot be used."""
-    if device_type == "cpu":
-        from autofit.devices.cpu import cpu_info
-
-        return cpu_info(index)
-    if device_type == "cuda":
-        from autofit.devices.cuda import cuda_devices
-
-        gpus = cuda_devices()
-        if not gpus:
-            raise UsageError("The device cuda was asked for, but no NVIDIA GPU is visible (NVML found none).")
-        if not 0 <= index < len(gpus):
-            raise UsageError(f"The GPU index must be in 0..{len(gpus) - 1}, but got {index}.")
-        return gpus[index]
-    raise UsageError(f"The device must be one of {', '.join(DEVICE_TYPES)}, but got {device_type!r}.")
-
-
-__all__ = ["DeviceBackend", "DeviceInfo", "make_backend", "list_devices", "check_device", "DEVICE_TYPES"]
+__all__ = [
+    "DEVICE_TYPES",
+    "DeviceBackend",
+    "DeviceInfo",
+    "allocator_difference",
+    "check_device",
+    "cpu_has_native_bf16",
+    "current_allocator_settings",
+    "list_devices",
+    "make_backend",
+]

@@ -1,7 +1,7 @@
 """OOM recovery inside a framework's training loop (HF Trainer, Lightning).
 
 The trainer keeps its loader, its accumulation and its optimizer steps. After an out-of-memory,
-the run's config is lowered (autofit.resilience) and each micro-batch the trainer hands over is cut
+the run's config is lowered (autofit.runtime._redo) and each micro-batch the trainer hands over is cut
 into pieces of the lowered micro-batch, run one after another, each loss weighted by its share of
 the micro-batch's samples: the gradient is the one the whole micro-batch gives, the global batch is
 unchanged. A forward OOM leaves the gradients whole, so only that micro-batch is run again; an OOM
@@ -14,8 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from autofit.resilience import split_batch
-from autofit.run import Run, count_samples
+from autofit.runtime import Run, count_samples, split_batch
 
 T = TypeVar("T")
 #: Runs one piece of a micro-batch, forward and backward: (piece, weight, context) -> its result.

@@ -25,7 +25,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from autofit.config import Config
 from autofit.integrations._blocks import checkpointable_blocks
 from autofit.integrations._recovery import StepRecovery
-from autofit.run import Run
+from autofit.runtime import Run
 
 
 def arguments_for(run: Run, args: TrainingArguments) -> TrainingArguments:

@@ -24,7 +24,7 @@ import torch
 from autofit.config import Config
 from autofit.integrations._blocks import checkpointable_blocks
 from autofit.integrations._recovery import StepRecovery
-from autofit.run import Run, count_samples, drop_graph
+from autofit.runtime import Run, count_samples, drop_graph
 
 #: autofit's precision names in Lightning's words.
 PRECISION = {"fp32": "32-true", "tf32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}

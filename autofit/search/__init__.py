@@ -1,26 +1,20 @@
-"""Writing a study: autofit's planner inside an Optuna study, with a budget, rechecks, confirmation and
-export. Its modules, in the order a search uses them: _settings (what it is given), _resume (the study
-it opens), _space (what it may try), _planner (+ _models, _noise, _observation: what to try next),
-_sampler (the planner as an Optuna sampler), _liveness (who runs a trial), _budget (its clock),
-_loop (the phases), _explain (why the winner won), _progress (what it prints), _api (from Python)."""
+"""A search as it runs: what it is given (`SearchSettings`), the study it opens or resumes, the
+probes it runs through a runner, its phases (explore with the planner, recheck, confirm, export), its
+clock and what it prints. `run_search` from Python, `search_function` for the decorator's
+`train.search()`, `follow_search` for the other nodes of a search across machines."""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from autofit.search._api import follow_search, run_search, search_function
+from autofit.search._progress import LiveReporter, Reporter
+from autofit.search._settings import SearchResult, SearchSettings
 
-#: Public name -> the module that defines it. Imported on first use, so that reading a study (which
-#: needs the planner and the explanations) never loads the search loop, and nothing imports in a circle.
-_EXPORTS = {
-    "run_search": "_api", "search_function": "_api", "follow_search": "_api",
-    "SearchSettings": "_settings", "SearchResult": "_settings",
-    "Planner": "_planner", "Candidate": "_planner", "Observation": "_observation",
-    "SearchSpace": "_space", "Strategy": "_space", "Reporter": "_progress", "LiveReporter": "_progress",
-}
-__all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'autofit.search' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"autofit.search.{_EXPORTS[name]}"), name)
+__all__ = [
+    "LiveReporter",
+    "Reporter",
+    "SearchResult",
+    "SearchSettings",
+    "follow_search",
+    "run_search",
+    "search_function",
+]

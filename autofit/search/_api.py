@@ -16,9 +16,8 @@ def run_search(settings: SearchSettings, reporter: Reporter | None = None) -> Se
 
 def follow_search(settings: SearchSettings) -> int:
     """A node other than 0 of a search across nodes: run this node's share of each of node 0's
-    probes until that search ends (see autofit.multinode). Returns the exit status."""
-    from autofit.distributed_probe import DistributedWorker
-    from autofit.multinode import JobBoard, follow
+    probes until that search ends (see autofit.probing._multinode). Returns the exit status."""
+    from autofit.probing import DistributedWorker, JobBoard, follow
 
     search = Search(settings, Reporter(quiet=True))  # the same study name and storage as node 0's
 

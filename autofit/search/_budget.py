@@ -8,9 +8,9 @@ import time
 import optuna
 
 from autofit.config import Config
-from autofit.search._planner import Planner
+from autofit.planner import Planner
 from autofit.search._settings import SearchSettings
-from autofit.trials import trial_config, trial_result
+from autofit.study import trial_config, trial_result
 
 
 class Budget:

@@ -11,88 +11,17 @@ estimates goes on as before, learning memory from its probes.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import optuna
 
 from autofit.config import Config
-from autofit.memory_estimate import CUDA_CONTEXT_BYTES, PARTS, Estimator
-from autofit.search._prediction import CPU_FACTORS, CUDA_FACTORS, MemoryPrediction, configs_to_estimate, estimated_key
-from autofit.search._space import SearchSpace
+from autofit.memory import Estimator
+from autofit.planner import SearchSpace, configs_to_estimate, estimated_key
+from autofit.study import ESTIMATES_ATTR, StoredEstimates
 
-#: Study user attribute holding the estimates.
-ESTIMATES_ATTR = "autofit_estimates"
 #: The estimator may take this share of the budget, within these bounds in seconds.
 _BUDGET_SHARE = 0.15
 _MIN_S, _MAX_S = 30.0, 120.0
-
-
-@dataclass(frozen=True)
-class StoredEstimates:
-    """What the estimator answered for a search, as kept on the study."""
-
-    breakdowns: dict[Config, dict[str, int]]
-    baseline_bytes: int | None
-    seconds: float
-    error: str | None
-    asked: int
-
-    def to_dict(self) -> dict:
-        return {"configs": [{"config": c.to_dict(), "breakdown": b} for c, b in self.breakdowns.items()],
-                "baseline_bytes": self.baseline_bytes, "seconds": round(self.seconds, 1), "error": self.error,
-                "asked": self.asked}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> StoredEstimates:
-        return cls({Config.from_dict(e["config"]): {p: int(v) for p, v in e["breakdown"].items()}
-                    for e in data.get("configs", [])},
-                   data.get("baseline_bytes"), float(data.get("seconds", 0.0)), data.get("error"),
-                   int(data.get("asked", 0)))
-
-    def prediction(self, device: str) -> MemoryPrediction | None:
-        """The planner's predictions; None when nothing was estimated."""
-        if not self.breakdowns:
-            return None
-        on_gpu = device == "cuda"
-        return MemoryPrediction.from_estimates(
-            {c: sum(b.values()) for c, b in self.breakdowns.items()},
-            device_bytes=CUDA_CONTEXT_BYTES if on_gpu else (self.baseline_bytes or 0),
-            factors=CUDA_FACTORS if on_gpu else CPU_FACTORS)
-
-    def breakdown(self, config: Config) -> dict[str, float] | None:
-        """Predicted tensor bytes of `config` by part, interpolated along the batch like the totals."""
-        parts = {}
-        for part in PARTS:
-            one = MemoryPrediction.from_estimates({c: b.get(part, 0) for c, b in self.breakdowns.items()},
-                                                  device_bytes=0)
-            value = one.tensor_bytes(config)
-            if value is None:
-                return None
-            parts[part] = value
-        return parts
-
-    def where_memory_goes(self, config: Config, measured_peak: float | None) -> dict[str, float] | None:
-        """The peak split into the estimator's parts (predicted) and, when a probe measured the peak,
-        the rest of it ("device": the process or CUDA context, the allocator's caching, workspaces).
-        None when the config's strategy was not estimated."""
-        parts = self.breakdown(config)
-        if parts is None:
-            return None
-        if measured_peak is not None:
-            parts["device"] = max(0.0, measured_peak - sum(parts.values()))
-        return parts
-
-    def summary(self) -> str:
-        done = f"memory estimator: {len(self.breakdowns)} of {self.asked} configs estimated in {self.seconds:.0f}s"
-        if self.error:
-            return f"{done} ({self.error}); the planner predicts with those it has" if self.breakdowns else (
-                f"memory estimator: no estimate ({self.error}); memory is learnt from probes alone")
-        return done
-
-
-def stored_estimates(study: optuna.Study) -> StoredEstimates | None:
-    data = study.user_attrs.get(ESTIMATES_ATTR)
-    return StoredEstimates.from_dict(data) if data else None
 
 
 def estimate_space(study: optuna.Study, estimator: Estimator, space: SearchSpace, budget_s: float,

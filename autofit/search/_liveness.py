@@ -11,7 +11,7 @@ import threading
 import optuna
 from optuna.trial import TrialState
 
-from autofit.storage import HEARTBEAT_S, quiet_heartbeat_warnings
+from autofit.study import HEARTBEAT_S, quiet_heartbeat_warnings
 
 
 def _process_start(pid: int) -> str | None:

@@ -9,30 +9,37 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import optuna
 
-from autofit.allocator_settings import current_allocator_settings
 from autofit.config import SHARDINGS, Config, device_shardings
-from autofit.devices import check_device
-from autofit.discover import check_script
-from autofit.document import best_document, record_end
+from autofit.devices import check_device, current_allocator_settings
 from autofit.errors import NoFeasibleConfig, UsageError, UserCodeError
-from autofit.memory_estimate import Estimator
-from autofit.multinode import JobBoard
+from autofit.export import default_best_path, device_tag, script_sha256, write_best
+from autofit.memory import Estimator
 from autofit.options import SearchOptions
-from autofit.record import ProbeResult
-from autofit.results import default_best_path, device_tag, script_sha256, write_best
+from autofit.planner import Planner, SearchSpace
+from autofit.probing import JobBoard, ProbeResult, Worker, check_script
 from autofit.search._budget import Budget
-from autofit.search._estimates import estimate_space, stored_estimates
-from autofit.search._explain import fault_notes, nothing_fits
+from autofit.search._estimates import estimate_space
 from autofit.search._liveness import Heartbeat, fail_stale, owner_record
-from autofit.search._planner import Planner
 from autofit.search._progress import Reporter
 from autofit.search._resume import fail_trials, open_study
 from autofit.search._sampler import AutofitSampler
 from autofit.search._settings import SearchResult, SearchSettings
-from autofit.search._space import SearchSpace
-from autofit.storage import HEARTBEAT_S, default_study_name, open_storage, quiet_heartbeat_warnings, storage_label
-from autofit.trials import distributions, observations, record_probe, trial_config
-from autofit.worker import Worker
+from autofit.study import (
+    HEARTBEAT_S,
+    best_document,
+    default_study_name,
+    distributions,
+    fault_notes,
+    nothing_fits,
+    observations,
+    open_storage,
+    quiet_heartbeat_warnings,
+    record_end,
+    record_probe,
+    storage_label,
+    stored_estimates,
+    trial_config,
+)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -123,7 +130,7 @@ class Search:
         study = self.open_study()
         many = len(self.slots) > 1
         if self.s.world_size > 1:
-            from autofit.distributed_probe import DistributedWorker
+            from autofit.probing import DistributedWorker
 
             if self.s.nnodes > 1:
                 self._board = JobBoard(self.storage, self.study_name)
@@ -461,7 +468,7 @@ def _same_devices(device: str, indices: tuple[int, ...]):
 
 def _lowered_run_note(best_path: str) -> str | None:
     """What a real run with the previous answer recorded when it ran out of memory, if it did."""
-    from autofit.resilience import lowered_path, read_lowerings
+    from autofit.runtime import lowered_path, read_lowerings
 
     recorded = read_lowerings(lowered_path(best_path))
     if not recorded or not recorded.get("lowerings"):

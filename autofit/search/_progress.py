@@ -5,13 +5,13 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, TextIO
 
-from autofit.trials import DATA_BOUND_ERRORS
+from autofit.study import DATA_BOUND_ERRORS
 from autofit.units import format_duration, format_size
 
 if TYPE_CHECKING:
     from autofit.config import Config
-    from autofit.record import ProbeResult
-    from autofit.search._space import SearchSpace
+    from autofit.planner import SearchSpace
+    from autofit.probing import ProbeResult
 
 
 class Reporter:

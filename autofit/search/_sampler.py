@@ -11,8 +11,8 @@ from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial
 
 from autofit.config import Config
-from autofit.search._planner import Planner
-from autofit.trials import config_params, observations
+from autofit.planner import Planner
+from autofit.study import config_params, observations
 
 
 class AutofitSampler(BaseSampler):

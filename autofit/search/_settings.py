@@ -9,8 +9,8 @@ import optuna
 
 from autofit.config import Config, device_shardings
 from autofit.errors import UsageError
-from autofit.search._planner import Candidate
-from autofit.storage import open_storage
+from autofit.planner import Candidate
+from autofit.study import open_storage
 
 
 @dataclass
@@ -55,7 +55,7 @@ class SearchSettings:
     nproc_per_node: int = 1
     """Each probe a torchrun job of this many ranks (distributed data parallel through run.distribute)."""
     nnodes: int = 1
-    """Machines each probe spans (autofit.multinode): the same command runs on every one of them."""
+    """Machines each probe spans (autofit.probing._multinode): the same command runs on every one of them."""
     node_rank: int = 0
     """This machine's place among them: node 0 searches, the others run their share of its probes."""
     rdzv_endpoint: str | None = None
@@ -127,8 +127,8 @@ class SearchResult:
     notes: list[str] = field(default_factory=list)
 
     def trials_frame(self):
-        """The study's probes as a pandas DataFrame (see autofit.frame.COLUMNS)."""
-        from autofit.frame import trials_frame
+        """The study's probes as a pandas DataFrame (see autofit.study._frame.COLUMNS)."""
+        from autofit.study import trials_frame
 
         study = optuna.load_study(study_name=self.study_name, storage=open_storage(self.storage))
         return trials_frame(study.get_trials(deepcopy=False), self.usable_bytes)

@@ -15,7 +15,7 @@ import json
 import statistics
 
 from autofit.config import Config
-from autofit.worker import Worker
+from autofit.probing._worker import Worker
 
 
 def parse_config(text: str) -> tuple[str, Config]:

@@ -11,8 +11,8 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, IntD
 from optuna.trial import FrozenTrial, TrialState
 
 from autofit.config import PRECISIONS, SHARDINGS, Config
-from autofit.record import ProbeResult
-from autofit.search._observation import Observation
+from autofit.planner import Observation
+from autofit.probing import ProbeResult
 
 #: Errors that say the data cannot feed a batch this large (a ceiling, not a fault of the code).
 DATA_BOUND_ERRORS = ("ProbeTooShort", "DataTooSmall")

@@ -14,11 +14,10 @@ import optuna
 
 from autofit.config import Config
 from autofit.errors import NoFeasibleConfig, UsageError
-from autofit.results import config_entry, versions
-from autofit.search._explain import explain
-from autofit.search._planner import Planner
-from autofit.search._space import SearchSpace
-from autofit.trials import observations, trial_config, trial_result
+from autofit.export import config_entry, versions
+from autofit.planner import Planner, SearchSpace
+from autofit.study._explain import explain
+from autofit.study._trials import observations, trial_config, trial_result
 
 #: Study user attribute where the search records how it ended ({"stopped": ..., "partial": ...}).
 END_ATTR = "autofit_end"
@@ -38,7 +37,7 @@ def study_meta(study: optuna.Study) -> dict[str, Any]:
 def study_planner(study: optuna.Study) -> Planner:
     """The planner over the study's own search space, usable memory and memory estimates, as the
     search ranked and explained with."""
-    from autofit.search._estimates import stored_estimates
+    from autofit.study._estimates import stored_estimates
 
     meta = study_meta(study)
     estimates = stored_estimates(study)

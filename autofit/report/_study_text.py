@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from autofit.errors import NoFeasibleConfig, UsageError
-from autofit.frame import COLUMNS
-from autofit.record import STATUSES
-from autofit.report.memory_text import describe_memory
-from autofit.report.probe_text import describe_probe
+from autofit.probing import STATUSES
+from autofit.report._memory_text import describe_memory
+from autofit.report._probe_text import describe_probe
+from autofit.study import COLUMNS
 from autofit.units import format_duration, format_size
 
 if TYPE_CHECKING:
-    from autofit.stored import StoredStudy
+    from autofit.study import StoredStudy
 
 #: Friendly --sort names for frame columns. Throughput sorts highest first, the rest lowest first.
 SORT_ALIASES = {"throughput": "samples_per_s", "peak": "peak_bytes", "memory": "peak_bytes",

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autofit.config import Config
-from autofit.search._observation import Observation
+from autofit.planner._observation import Observation
 
 #: A probe's spread is unusual above this multiple of the typical spread (and above _MIN_SPREAD).
 _SPREAD_FACTOR = 3.0

@@ -15,12 +15,13 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import optuna
-from optuna.trial import TrialState
+# optuna is imported where it is used: this package is loaded by every probe's process too.
+if TYPE_CHECKING:
+    import optuna
 
-from autofit.record import ProbeResult
+from autofit.probing._record import ProbeResult
 
 SESSION_ATTR = "multinode"
 JOB_ATTR = "multinode_job"
@@ -85,8 +86,10 @@ class JobBoard:
         rank that did not end ok, or died: the others will never reach the next collective), or the
         trial is no longer running. torchrun tears down the ranks of the node where one failed; this
         reaches the other nodes."""
+        import optuna
+
         trial = self.storage.get_trial(trial_id)
-        if trial.state != TrialState.RUNNING:
+        if trial.state != optuna.trial.TrialState.RUNNING:
             return True
         return any(key.startswith(_RESULTS_PREFIX) and key != _results_attr(node_rank) and not posted.get("ok")
                    for key, posted in trial.user_attrs.items())
@@ -107,10 +110,12 @@ class JobBoard:
         return self.storage.get_study_user_attrs(study_id).get(SESSION_ATTR)
 
     def next_job(self, session: str, done: set[int]) -> tuple[int, dict] | None:
+        import optuna
+
         study_id = self.study_id()
         if study_id is None:
             return None
-        for trial in self.storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+        for trial in self.storage.get_all_trials(study_id, deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             job = trial.user_attrs.get(JOB_ATTR)
             if job and job.get("session") == session and trial._trial_id not in done:
                 return trial._trial_id, job
@@ -166,6 +171,8 @@ def lead_probe(worker, storage: optuna.storages.BaseStorage, config, *, warmup: 
                timeout: float) -> ProbeResult:
     """Node 0 of `autofit probe --nnodes M`: one probe posted on a trial of its own study, which the
     other nodes (running `follow`) join; the study is left for the next probe on this endpoint."""
+    import optuna
+
     name = probe_study_name(worker.rdzv_endpoint)
     study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True)
     study.set_user_attr("autofit", {"limit_bytes": worker.memory_limit, "usable_bytes": worker.usable_bytes})
@@ -175,5 +182,5 @@ def lead_probe(worker, storage: optuna.storages.BaseStorage, config, *, warmup: 
     try:
         return worker.probe(config, warmup=warmup, steps=steps, timeout=timeout, trial_id=trial._trial_id)
     finally:
-        study.tell(trial, state=TrialState.FAIL)  # a carrier, not a search's trial
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)  # a carrier, not a search's trial
         board.close_session(worker.session)

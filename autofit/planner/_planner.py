@@ -30,11 +30,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from autofit.config import SHARDINGS, Config
-from autofit.search._models import Line, ThroughputModel, fit_line, fit_throughput
-from autofit.search._noise import NoiseReading
-from autofit.search._observation import Observation
-from autofit.search._prediction import CalibratedPrediction, MemoryPrediction, PeakRange, memory_key
-from autofit.search._space import SearchSpace, Strategy
+from autofit.planner._models import Line, ThroughputModel, fit_line, fit_throughput
+from autofit.planner._noise import NoiseReading
+from autofit.planner._observation import Observation
+from autofit.planner._prediction import CalibratedPrediction, MemoryPrediction, PeakRange, memory_key
+from autofit.planner._space import SearchSpace, Strategy
 
 #: Prior for how much a strategy's per-sample memory shrinks, relative to fp32 without checkpointing.
 _HALF_PRECISION_SLOPE = 0.6
@@ -107,9 +107,6 @@ class Planner:
     def unusable_precisions(self, observations: Sequence[Observation]) -> set[str]:
         return self._state(observations).unusable_precisions()
 
-    def is_implied_infeasible(self, config: Config, observations: Sequence[Observation]) -> bool:
-        return self._state(observations).implied_too_big(config)
-
     def memory_models(self, observations: Sequence[Observation]) -> dict[Strategy, Line]:
         """The fitted memory line (peak = a + m x batch) of every strategy that has one, as the
         planner uses it to decide what fits (the report draws them)."""
@@ -117,6 +114,10 @@ class Planner:
         tried = {self.space.strategy_of(o.config) for o in state.observations}
         models = {s: state.memory_model(s) for s in self.space.strategies() if s in tried}
         return {s: line for s, line in models.items() if line is not None}
+
+    def memory_line(self, strategy: Strategy, observations: Sequence[Observation]) -> Line | None:
+        """The memory line the planner decides with for one strategy (its own, or one borrowed)."""
+        return self._state(observations).memory_model(strategy)
 
     def predicted_peak(self, config: Config, observations: Sequence[Observation]) -> PeakRange | None:
         """The memory estimator's prediction of `config`'s peak, calibrated on the probes so far."""
@@ -449,13 +450,6 @@ class _State:
         """Predicted neither to fit nor not to: probing it risks an OOM."""
         return (self.predicted is not None and self.predicted.peak(config) is not None
                 and not self.predicted.safe(config, self.usable))
-
-    def throughput_model(self, strategy: Strategy) -> ThroughputModel | None:
-        points = [
-            (c.config.batch_size, c.samples_per_s) for c in self._measured()
-            if self.space.strategy_of(c.config) == strategy
-        ]
-        return fit_throughput(points)
 
     def _points(self, strategy: Strategy) -> list[tuple[int, float]]:
         return [

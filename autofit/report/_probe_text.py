@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autofit.record import ProbeResult
+from autofit.probing import ProbeResult
 from autofit.units import format_size
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import optuna
 
 from autofit.config import Config
-from autofit.search._planner import TIE_TOLERANCE, Candidate, Planner
-from autofit.trials import DATA_BOUND_ERRORS, trial_result
+from autofit.planner import TIE_TOLERANCE, Candidate, Planner
+from autofit.study._trials import DATA_BOUND_ERRORS, trial_result
 from autofit.units import format_size
 
 
@@ -52,19 +52,16 @@ def _predicted_next(planner: Planner, config: Config, done, usable: float) -> st
     sizes = planner.space.batch_sizes
     if config.batch_size not in sizes or config.batch_size == sizes[-1]:
         return "it is the largest batch allowed (--batch-size)" if config.batch_size == sizes[-1] else None
-    from autofit.search._planner import _State
-
-    state = _State(planner.space, usable, done, prediction=planner.prediction)
+    strategy = planner.space.strategy_of(config)
     nxt = sizes[sizes.index(config.batch_size) + 1]
-    predicted = state.predicted.peak(planner.space.config(planner.space.strategy_of(config), nxt)) \
-        if state.predicted is not None else None
+    predicted = planner.predicted_peak(planner.space.config(strategy, nxt), done)
     if predicted is not None and predicted.high > usable:
         need = f"{format_size(predicted.low)}-{format_size(predicted.high)}" if predicted.high < float("inf") \
             else f"at least {format_size(predicted.low)}"
         verdict = "does not fit" if predicted.low > usable else "might not fit"
         return (f"batch {nxt} is predicted to need {need} (memory estimator): it {verdict} in "
                 f"{format_size(usable)} usable" + ("" if predicted.low > usable else ", and could not be 10% faster"))
-    line = state.memory_model(planner.space.strategy_of(config))
+    line = planner.memory_line(strategy, done)
     if line is None:
         return None
     if line(nxt) > usable:

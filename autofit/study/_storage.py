@@ -1,5 +1,5 @@
 """Optuna storages: open one for a search (created if new, with heartbeats where the backend has
-them), and name the default one. Reading stored studies (which must exist) is in autofit.stored."""
+them), and name the default one. Reading stored studies (which must exist) is in autofit.study._stored."""
 
 from __future__ import annotations
 

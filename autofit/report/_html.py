@@ -18,9 +18,9 @@ from autofit.units import format_duration, format_size
 if TYPE_CHECKING:
     import pandas as pd
 
-    from autofit.stored import StoredStudy
+    from autofit.study import StoredStudy
 
-#: (PNG stem, section title, how to read it); the stems are those of autofit.report.plots.study_figures.
+#: (PNG stem, section title, how to read it); the stems are those of autofit.report._plots.study_figures.
 SECTIONS = (
     ("throughput", "Throughput against batch size",
      "One line per strategy (precision and checkpointed blocks). Filled dots fit under the usable memory, "
@@ -142,7 +142,7 @@ def _ranking_table(stored: StoredStudy) -> str:
 
 
 def _probes_table(frame: pd.DataFrame, document: dict | None) -> str:
-    from autofit.report.plots import config_labels
+    from autofit.report._plots import config_labels
 
     e = html.escape
     winner = None
@@ -174,7 +174,7 @@ def _missing(value) -> bool:
 
 def write_report(stored: StoredStudy, path: str, png_dir: str | None = None) -> list[str]:
     """Write the page to `path` (and each plot as PNG_DIR/<stem>.png); returns the PNG paths."""
-    from autofit.report.plots import png_bytes, study_figures
+    from autofit.report._plots import png_bytes, study_figures
 
     pngs = {stem: png_bytes(fig) for stem, fig in study_figures(stored).items()}
     page = render_report(stored, pngs)

@@ -1,5 +1,5 @@
 """A config's peak memory predicted before it is probed: the memory estimator's tensor bytes
-(autofit.memory_estimate), anchored on measured peaks, carried as a range.
+(autofit.memory._estimator), anchored on measured peaks, carried as a range.
 
 Tensor bytes are not the device's peak. The allocator's caching and rounding, oneDNN's or cuDNN's
 workspaces and the data add to them, and by a factor that differs per device and model: on the
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from autofit.config import Config
-from autofit.search._observation import Observation
+from autofit.planner._observation import Observation
 
 #: Peak bytes per tensor byte the estimator counts, before any probe measures it.
 CPU_FACTORS = (1.0, 2.5)

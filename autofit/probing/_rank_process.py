@@ -1,11 +1,11 @@
 """One rank of a distributed probe, started by torchrun:
 
-    python -m torch.distributed.run --nproc-per-node N ... -m autofit._rank_probe REQUEST.json
+    python -m torch.distributed.run --nproc-per-node N ... -m autofit.probing._rank_process REQUEST.json
 
 Every rank loads the user's script, caps its own memory, runs the probe (the user's function, which
 joins the process group through `run.distribute`), and writes its result to OUT/rank-R.json. A rank
 whose probe did not end ok exits with status 3 at once, so that torchrun tears the other ranks down
-instead of leaving them waiting in a collective; autofit.distributed_probe combines the results.
+instead of leaving them waiting in a collective; autofit.probing._torchrun combines the results.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ def main(request_path: str) -> int:
         request = json.load(handle)
     from autofit.config import Config
     from autofit.devices import make_backend
-    from autofit.discover import find_function, load_script
-    from autofit.distributed import ranks_from_env
-    from autofit.probe import MIN_MEASURE_S, run_probe
+    from autofit.probing._probe import MIN_MEASURE_S, run_probe
+    from autofit.probing._script import find_function, load_script
+    from autofit.runtime import ranks_from_env
 
     ranks = ranks_from_env()
     backend = make_backend(request["device"], ranks.local_rank if request["device"] == "cuda" else 0)

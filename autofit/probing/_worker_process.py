@@ -1,6 +1,6 @@
 """The worker's side: keeps torch and the user's module loaded, runs one probe per request.
 
-Started by `autofit.worker.Worker` as `python -m autofit._worker_process FD`; FD is a socket to the
+Started by `autofit.probing._worker.Worker` as `python -m autofit.probing._worker_process FD`; FD is a socket to the
 supervisor. The user's prints go to the log file named in each request, never into the protocol.
 
 On CPU every probe runs in a fresh child forked from this warm process (torch and the user's module
@@ -39,7 +39,7 @@ class _Session:
         import torch
 
         from autofit.devices import make_backend
-        from autofit.discover import find_function, load_script
+        from autofit.probing._script import find_function, load_script
 
         self.backend = make_backend(msg["device"], msg.get("index", 0))
         torch_device = self.backend.torch_device()
@@ -87,7 +87,7 @@ class _Session:
 
     def _run_probe(self, msg: dict):
         from autofit.config import Config
-        from autofit.probe import run_probe
+        from autofit.probing._probe import run_probe
 
         return run_probe(
             self.fn,
@@ -136,7 +136,7 @@ class _Session:
     def _child_died(self, msg: dict, status: int) -> dict:
         """The probe's process died before it could answer: a crash of the user's code."""
         from autofit.config import Config
-        from autofit.record import ProbeResult
+        from autofit.probing._record import ProbeResult
 
         if os.WIFSIGNALED(status):
             number = os.WTERMSIG(status)

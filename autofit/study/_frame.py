@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-import pandas as pd
+from typing import TYPE_CHECKING
+
 from optuna.trial import FrozenTrial
 
-from autofit.trials import trial_config, trial_result
+from autofit.study._trials import trial_config, trial_result
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 COLUMNS = {
     "trial": "int64", "phase": "string", "status": "string", "precision": "string",
@@ -19,6 +23,8 @@ COLUMNS = {
 
 def trials_frame(trials: list[FrozenTrial], usable_bytes: float | None) -> pd.DataFrame:
     """Probes of a study with typed columns (see COLUMNS); trials without a probe are left out."""
+    import pandas as pd  # imported here: reading or searching a study never needs pandas otherwise
+
     rows = []
     for trial in trials:
         config, result = trial_config(trial), trial_result(trial)

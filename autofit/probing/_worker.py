@@ -20,7 +20,7 @@ from typing import Any
 
 from autofit.config import Config
 from autofit.errors import AutofitError, UsageError, UserCodeError
-from autofit.record import ProbeResult
+from autofit.probing._record import ProbeResult
 from autofit.units import format_size
 
 #: The worker runs with the user's own environment: no allocator tuning of ours (a fixed glibc mmap
@@ -110,7 +110,7 @@ class Worker:
         log = self._log_path("worker.log")
         env = {**os.environ, **_WORKER_ENV, **self.extra_env}
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "autofit._worker_process", str(child_sock.fileno())],
+            [sys.executable, "-m", "autofit.probing._worker_process", str(child_sock.fileno())],
             pass_fds=(child_sock.fileno(),),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

@@ -3,9 +3,8 @@ always marked as predicted (fake tensors, not a run)."""
 
 from __future__ import annotations
 
-from autofit.memory_estimate import CUDA_CONTEXT_BYTES, PARTS
+from autofit.memory import ALLOCATOR_OVERHEAD, CUDA_CONTEXT_BYTES, PARTS, Fit, WhatFits
 from autofit.units import format_size
-from autofit.what_fits import ALLOCATOR_OVERHEAD, Fit, WhatFits
 
 _SHORT = {"parameters": "params", "gradients": "grads", "optimizer": "optim", "activations": "activ",
           "temporaries": "temp", "other": "other"}

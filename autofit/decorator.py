@@ -12,7 +12,7 @@ from autofit.config import MAX_BATCH, PRECISIONS, Config
 from autofit.options import SearchOptions
 
 if TYPE_CHECKING:
-    from autofit.run import Run
+    from autofit.runtime import Run
 
 #: Steps a normal run leaves out of its reported throughput (a probe's default warm-up).
 _NORMAL_RUN_WARMUP = 2
@@ -32,8 +32,7 @@ class AutofitFunction:
         return f"<autofit function {self.fn.__module__}.{self.fn.__qualname__}>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from autofit.resilience import announce, record_lowerings
-        from autofit.run import Run
+        from autofit.runtime import Run, announce, record_lowerings
 
         if args and isinstance(args[0], Run):  # a probe, or a caller who built the Run
             return self.fn(*args, **kwargs)
@@ -62,7 +61,7 @@ class AutofitFunction:
             if run.lowerings:
                 record_lowerings(plan.record_path, plan.config, run.lowerings, plan.path)
             if run.world_size > 1:
-                from autofit.distributed import leave_process_group
+                from autofit.runtime import leave_process_group
 
                 leave_process_group()
 
@@ -82,9 +81,14 @@ class AutofitFunction:
         import torch
 
         from autofit.devices import make_backend
-        from autofit.distributed import per_rank_config, ranks_from_env
-        from autofit.resilience import describe_limit, limit_from_env, recovery_enabled
-        from autofit.run import Run
+        from autofit.runtime import (
+            Run,
+            describe_limit,
+            limit_from_env,
+            per_rank_config,
+            ranks_from_env,
+            recovery_enabled,
+        )
 
         plan = plan or self.plan_run(config_path, device)
         ranks = ranks_from_env()

@@ -1,6 +1,6 @@
 """Distributed probes: each probe is a torchrun job of N ranks per node, every rank running the
-user's function (autofit._rank_probe), their results combined into one ProbeResult. On one node the
-job is `--standalone`; across nodes (autofit.multinode) each node starts its share of the job and
+user's function (autofit.probing._rank_process), their results combined into one ProbeResult. On one node the
+job is `--standalone`; across nodes (autofit.probing._multinode) each node starts its share of the job and
 torchrun's c10d rendezvous joins them.
 
 A config fits only if every rank fits: the peak is the largest rank's, an OOM on any rank is the
@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from autofit.config import Config
-from autofit.multinode import RESULTS_GRACE_S, JobBoard
-from autofit.record import ProbeResult
-from autofit.worker import Worker, WorkerInfo, _tail
+from autofit.probing._multinode import RESULTS_GRACE_S, JobBoard
+from autofit.probing._record import ProbeResult
+from autofit.probing._worker import Worker, WorkerInfo, _tail
 
 #: How long the ranks of a multi-node probe wait for every node to join its rendezvous.
 JOIN_TIMEOUT_S = 60
@@ -134,7 +134,7 @@ class DistributedWorker:
             else:
                 where = ["--standalone"]
             command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={self.nproc}", *where,
-                       "--max-restarts=0", "-m", "autofit._rank_probe", request]
+                       "--max-restarts=0", "-m", "autofit.probing._rank_process", request]
             log_file = log_path or os.path.join(tempfile.gettempdir(), f"{job['rdzv_id']}.log")
             with open(log_file, "w") as log:
                 self._job = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

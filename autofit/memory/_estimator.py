@@ -1,5 +1,5 @@
 """A config's memory before any probe spends it: the user's function run for two steps on fake
-tensors in a process of its own (autofit._estimate_process), the peak split into parameters,
+tensors in a process of its own (autofit.memory._estimate_process), the peak split into parameters,
 gradients, optimizer state, activations and temporaries. Tensor bytes only: the device adds its
 baseline (on CPU the process's own memory, reported with the estimate; on CUDA the context and
 workspaces) and its allocator's rounding and caching, which a calibration from measured probes
@@ -63,7 +63,7 @@ class Estimator:
         self._log = open(os.path.join(self._dir.name, "estimator.log"), "w+")  # noqa: SIM115 - closed in close()
         self._ready = os.path.join(self._dir.name, "ready")
         self._process: subprocess.Popen | None = subprocess.Popen(
-            [sys.executable, "-m", "autofit._estimate_process", "--serve", self._ready, os.path.abspath(script),
+            [sys.executable, "-m", "autofit.memory._estimate_process", "--serve", self._ready, os.path.abspath(script),
              function or "", device, str(index)],
             stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, text=True)
         self.gone: str | None = None

@@ -1,5 +1,5 @@
 """`autofit estimate`: which config would fit on a card of each size, predicted from fake-tensor
-estimates (autofit.memory_estimate) before a single probe, with where its memory would go.
+estimates (autofit.memory._estimator) before a single probe, with where its memory would go.
 
 The answer per size is the most preferred strategy that fits a micro-batch, at the largest
 micro-batch it fits: the fastest precision first (on GPUs bf16, fp16, tf32, fp32; on a CPU bf16 only
@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autofit.config import Config
-from autofit.memory_estimate import CUDA_CONTEXT_BYTES, Estimator, MemoryEstimate
-from autofit.search._space import checkpoint_levels, divisors_in, nice_batch_sizes
+from autofit.memory._estimator import CUDA_CONTEXT_BYTES, Estimator, MemoryEstimate
+from autofit.planner import checkpoint_levels, divisors_in, nice_batch_sizes
 
 #: Prior for a CUDA device: the caching allocator's rounding and fragmentation over the tensors' own
 #: bytes (the context's prior is memory_estimate.CUDA_CONTEXT_BYTES).
@@ -235,6 +235,6 @@ def _as_estimated(config: Config) -> Config:
 
 
 def _native_cpu_bf16() -> bool:
-    from autofit.devices.cpu import cpu_has_native_bf16
+    from autofit.devices import cpu_has_native_bf16
 
     return cpu_has_native_bf16()

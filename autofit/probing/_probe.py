@@ -11,12 +11,11 @@ from typing import Any
 
 from autofit.config import Config
 from autofit.devices import DeviceBackend
-from autofit.distributed import Ranks
-from autofit.oom import breaks_the_device, is_oom
-from autofit.record import ProbeResult
-from autofit.run import ProbeFinished, Run
+from autofit.probing._record import ProbeResult
+from autofit.runtime import ProbeFinished, Ranks, Run, breaks_the_device, is_oom
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: Frames under this directory are autofit's own, not the user's.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 #: A probe measures at least this long (unless its steps reach _MAX_EXTENSION x the asked number).
 MIN_MEASURE_S = 0.5
 _MAX_EXTENSION = 50

@@ -21,10 +21,10 @@ import torch
 from torch.utils.checkpoint import checkpoint as _torch_checkpoint
 
 from autofit.config import Config
-from autofit.distributed import Ranks, agree_on_most
-from autofit.oom import is_oom
-from autofit.precision import make_grad_scaler, precision_context, precision_scope
-from autofit.resilience import Lowering, OutOfMemoryAtBatchOne, announce, lowered, split_batch
+from autofit.runtime._distributed import Ranks, agree_on_most
+from autofit.runtime._oom import is_oom
+from autofit.runtime._precision import make_grad_scaler, precision_context, precision_scope
+from autofit.runtime._redo import Lowering, OutOfMemoryAtBatchOne, announce, lowered, split_batch
 
 
 class ProbeFinished(BaseException):
@@ -159,7 +159,7 @@ class StepClock:
 class Run:
     """One training run under one `Config`: a probe of a few steps, or the real thing.
 
-    A real run with `recover_oom` survives a step that runs out of memory (see autofit.resilience):
+    A real run with `recover_oom` survives a step that runs out of memory (see autofit.runtime._redo):
     after the first optimizer step it redoes the step in place with a smaller micro-batch; before
     it, there is nothing to keep, and `restart_config` tells the launcher what to start again with.
     """
@@ -206,7 +206,7 @@ class Run:
         # activations and made a probe's memory grow step by step (~3 MiB per step, measured).
         self._all_finite: torch.Tensor | None = None
         self.checked_losses = 0
-        # OOM resilience (real runs only): see autofit.resilience.
+        # OOM resilience (real runs only): see autofit.runtime._redo.
         self._recovering = recover_oom and not probing
         self._release_memory = release_memory or (lambda: None)
         self._used_memory = used_memory
@@ -445,7 +445,7 @@ class Run:
             self.knobs.shard_blocks = len(blocks)
         if self.ranks.world_size <= 1:
             return model.to(self._device)
-        from autofit.distributed import check_same_config, data_parallel, ensure_process_group, fully_sharded
+        from autofit.runtime._distributed import check_same_config, data_parallel, ensure_process_group, fully_sharded
 
         ensure_process_group(self._device)
         check_same_config(self.config)
@@ -461,7 +461,7 @@ class Run:
         """The sampler for your DataLoader: this rank's shard of `dataset` under torchrun
         (DistributedSampler; call `.set_epoch(epoch)` on it each epoch to reshuffle), the whole of it
         otherwise."""
-        from autofit.distributed import data_sampler
+        from autofit.runtime._distributed import data_sampler
 
         return data_sampler(dataset, self.ranks, shuffle=shuffle, seed=seed)
 

@@ -14,27 +14,25 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from autofit.document import best_document, study_meta, study_planner
 from autofit.errors import NoFeasibleConfig, StorageError, UsageError
-from autofit.search._estimates import StoredEstimates, stored_estimates
-from autofit.storage import default_storage_url, engine_url
-from autofit.trials import observations, trial_result
+from autofit.study._document import best_document, study_meta, study_planner
+from autofit.study._estimates import StoredEstimates, stored_estimates
+from autofit.study._storage import default_storage_url, engine_url
+from autofit.study._trials import observations, trial_result
 
 if TYPE_CHECKING:
     import pandas as pd
     from optuna.trial import FrozenTrial
 
     from autofit.config import Config
-    from autofit.record import ProbeResult
-    from autofit.search._models import Line
-    from autofit.search._planner import Candidate, Planner
-    from autofit.search._space import SearchSpace, Strategy
+    from autofit.planner import Candidate, Line, Planner, SearchSpace, Strategy
+    from autofit.probing import ProbeResult
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 #: The recorded searches of the bundled studies ship inside the package (package data), so they are
 #: there after `pip install autofit` from a wheel, not only in a source checkout.
-BUNDLED_DB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recorded", "autofit.db")
+BUNDLED_DB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recorded", "autofit.db")
 
 
 def bundled_storage_url() -> str:
@@ -155,7 +153,7 @@ class StoredStudy:
     none of them walks the study again or re-derives what another already did."""
 
     def __init__(self, study: optuna.Study, storage: str, note: str | None = None) -> None:
-        from autofit.frame import trials_frame
+        from autofit.study._frame import trials_frame
 
         self.storage = storage
         self.note = note
@@ -187,7 +185,7 @@ class StoredStudy:
         return self._trials
 
     def trials_frame(self) -> pd.DataFrame:
-        """One row per probe, typed (see autofit.frame.COLUMNS): what the table, report and notebook show."""
+        """One row per probe, typed (see autofit.study._frame.COLUMNS): what the table, report and notebook show."""
         return self._frame
 
     def planner(self) -> Planner:

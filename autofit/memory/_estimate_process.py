@@ -2,8 +2,8 @@
 tensors (PyTorch's FakeTensorMode: shapes and dtypes, no storage), under PyTorch's MemTracker, which
 sorts every tensor it sees into parameters, gradients, optimizer state, activations and temporaries.
 
-    python -m autofit._estimate_process --serve READY SCRIPT FUNCTION DEVICE INDEX
-        (then one request path per line on stdin; see autofit.memory_estimate.Estimator)
+    python -m autofit.memory._estimate_process --serve READY SCRIPT FUNCTION DEVICE INDEX
+        (then one request path per line on stdin; see autofit.memory._estimator.Estimator)
 
 Two steps, because the optimizer's state appears in the first step and the peak of a steady step
 holds it. The data is read for real (outside the fake mode, through Run.data_context); the model,
@@ -30,7 +30,7 @@ def estimate_one(fn: Any, config: Any, device: Any) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from autofit.run import ProbeFinished, Run
+    from autofit.runtime import ProbeFinished, Run
 
     run = Run(config, device, probing=True, warmup_steps=1, measured_steps=1, min_measure_s=0.0,
               max_measured_steps=1)
@@ -123,7 +123,7 @@ def serve(ready_path: str, script: str, function: str, device: str, index: str) 
 
     from autofit.config import Config
     from autofit.devices import make_backend
-    from autofit.discover import find_function, load_script
+    from autofit.probing import find_function, load_script
 
     backend = make_backend(device, int(index))
     fn = find_function(load_script(script), function or None, script)
@@ -150,5 +150,5 @@ def serve(ready_path: str, script: str, function: str, device: str, index: str) 
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["--serve"] or len(sys.argv) != 7:
-        sys.exit("usage: python -m autofit._estimate_process --serve READY SCRIPT FUNCTION DEVICE INDEX")
+        sys.exit("usage: python -m autofit.memory._estimate_process --serve READY SCRIPT FUNCTION DEVICE INDEX")
     sys.exit(serve(*sys.argv[2:]))

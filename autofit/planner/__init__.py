@@ -1,0 +1,48 @@
+"""autofit's search strategy as pure logic over observations (no Optuna, no torch): the search space,
+the fitted memory and throughput models, noise, memory predictions, and the `Planner` that says which
+config to probe next and how the probed ones rank. The live search, parallel workers, `autofit show`
+and the benchmark's replays all ask the same planner."""
+
+from __future__ import annotations
+
+from autofit.planner._models import Line, ThroughputModel, fit_line, fit_throughput
+from autofit.planner._noise import NoiseReading
+from autofit.planner._observation import FAILED_STATUSES, Observation
+from autofit.planner._planner import TIE_TOLERANCE, Candidate, Planner
+from autofit.planner._prediction import (
+    CPU_FACTORS,
+    CUDA_FACTORS,
+    CalibratedPrediction,
+    MemoryPrediction,
+    PeakRange,
+    configs_to_estimate,
+    estimated_key,
+    memory_key,
+)
+from autofit.planner._space import SearchSpace, Strategy, checkpoint_levels, divisors_in, nice_batch_sizes
+
+__all__ = [
+    "CPU_FACTORS",
+    "CUDA_FACTORS",
+    "FAILED_STATUSES",
+    "TIE_TOLERANCE",
+    "CalibratedPrediction",
+    "Candidate",
+    "Line",
+    "MemoryPrediction",
+    "NoiseReading",
+    "Observation",
+    "PeakRange",
+    "Planner",
+    "SearchSpace",
+    "Strategy",
+    "ThroughputModel",
+    "checkpoint_levels",
+    "configs_to_estimate",
+    "divisors_in",
+    "estimated_key",
+    "fit_line",
+    "fit_throughput",
+    "memory_key",
+    "nice_batch_sizes",
+]

@@ -1,0 +1,52 @@
+"""What a train function sees: the `Run` (one config, its step clock, the knobs it offers), precision
+as data, activation checkpointing, distributed set-up, OOM classification and the one OOM-redo path.
+
+Everything here runs inside the user's process (a probe's worker, a rank, a normal run)."""
+
+from __future__ import annotations
+
+from autofit.runtime._distributed import Ranks, leave_process_group, per_rank_config, ranks_from_env
+from autofit.runtime._oom import breaks_the_device, is_oom
+from autofit.runtime._precision import precision_context, precision_scope
+from autofit.runtime._redo import (
+    Lowering,
+    OutOfMemoryAtBatchOne,
+    announce,
+    describe_limit,
+    limit_from_env,
+    lowered,
+    lowered_path,
+    read_lowerings,
+    record_lowerings,
+    recovery_enabled,
+    split_batch,
+)
+from autofit.runtime._run import DataTooSmall, ProbeFinished, Run, count_samples, drop_graph, to_device
+
+__all__ = [
+    "DataTooSmall",
+    "Lowering",
+    "OutOfMemoryAtBatchOne",
+    "ProbeFinished",
+    "Ranks",
+    "Run",
+    "announce",
+    "breaks_the_device",
+    "count_samples",
+    "describe_limit",
+    "drop_graph",
+    "is_oom",
+    "leave_process_group",
+    "limit_from_env",
+    "lowered",
+    "lowered_path",
+    "per_rank_config",
+    "precision_context",
+    "precision_scope",
+    "ranks_from_env",
+    "read_lowerings",
+    "record_lowerings",
+    "recovery_enabled",
+    "split_batch",
+    "to_device",
+]
