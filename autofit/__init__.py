@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autofit._version import __version__
 from autofit.config import PRECISIONS, Config
 from autofit.decorator import AutofitFunction, autofit
 from autofit.errors import AutofitError
@@ -12,11 +13,9 @@ from autofit.options import SearchOptions
 if TYPE_CHECKING:
     from autofit.study import StoredStudy
 
-__version__ = "0.1.0"
-
 
 def load_study(name: str | None = None, storage: str | None = None) -> StoredStudy:
-    """A stored study to read: `.trials_frame()`, `.best()`, `.document()`, `.meta` (see autofit.study._stored).
+    """A stored study to read: `.trials_frame()`, `.best()`, `.document()`, `.meta` (see autofit.study.StoredStudy).
 
     Imports its dependencies (optuna, pandas) on call, so `import autofit` stays light.
     """

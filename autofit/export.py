@@ -33,7 +33,7 @@ def script_sha256(path: str) -> str | None:
 
 
 def versions(torch_version: str | None = None, cuda_version: str | None = None) -> dict[str, Any]:
-    from autofit import __version__
+    from autofit._version import __version__
 
     return {"autofit": __version__, "torch": torch_version, "cuda": cuda_version,
             "python": platform.python_version()}

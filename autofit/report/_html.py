@@ -96,7 +96,7 @@ def render_report(stored: StoredStudy, pngs: dict[str, bytes]) -> str:
         parts.append(f"<p class=\"muted\">{e(how)}</p>")
     parts.append("<h2 id=\"probes\">All probes</h2>")
     parts.append(_probes_table(frame, document))
-    from autofit import __version__
+    from autofit._version import __version__
 
     parts.append(f"<p class=\"muted\">Written by autofit {e(__version__)} on "
                  f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC. Rerun `autofit report` to refresh; "
