@@ -56,12 +56,12 @@ def show(study: str | None, storage: str | None, trial_number: int | None, full:
 def studies(storage: str | None) -> None:
     """List the studies in a storage: device, memory limit, probes, best config and its throughput."""
     from autofit.report import studies_table
-    from autofit.study import list_studies
+    from autofit.study import list_studies, redacted
 
     where, rows = list_studies(storage)
     if where.note:
         click.echo(f"autofit: {where.note}", err=True)
-    click.echo(f"storage {where.storage}")
+    click.echo(f"storage {redacted(where.storage)}")
     click.echo(studies_table(rows))
 
 

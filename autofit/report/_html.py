@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from autofit.errors import NoFeasibleConfig
+from autofit.study import redacted
 from autofit.units import format_duration, format_size
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ def render_report(stored: StoredStudy, pngs: dict[str, bytes]) -> str:
     parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
              f"<title>autofit report: {e(stored.name)}</title><style>{_STYLE}</style></head><body>",
              f"<h1>autofit report: {e(stored.name)}</h1>",
-             f"<p class=\"muted\">{e(stored.storage)}</p>", _summary(stored, frame)]
+             f"<p class=\"muted\">{e(redacted(stored.storage))}</p>", _summary(stored, frame)]
     if document:
         from autofit.config import Config
 

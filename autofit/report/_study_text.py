@@ -11,7 +11,7 @@ from autofit.errors import NoFeasibleConfig, UsageError
 from autofit.probing import STATUSES
 from autofit.report._memory_text import describe_memory
 from autofit.report._probe_text import describe_probe
-from autofit.study import COLUMNS
+from autofit.study import COLUMNS, redacted
 from autofit.units import format_duration, format_size
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame
     failed = sum(int(counts.get(s, 0)) for s in STATUSES if s not in ("ok", "oom"))
     script = f"{os.path.basename(meta['script'])}:{meta['function']}" if meta.get("function") else meta["script"]
     lines = [
-        f"study {stored.name} ({stored.storage})",
+        f"study {stored.name} ({redacted(stored.storage)})",
         f"{script} on {meta['device_info'].get('name', meta.get('device'))}, limit {format_size(stored.limit_bytes)}, "
         f"usable {format_size(stored.usable_bytes)} ({meta['headroom']:.0%} headroom)",
         f"{len(total)} probes: {int(counts.get('ok', 0))} ran ({over} over the headroom), "

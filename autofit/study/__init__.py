@@ -15,8 +15,13 @@ from autofit.study._storage import (
     default_storage_url,
     default_study_name,
     engine_url,
+    is_journal,
+    open_for_reading,
     open_storage,
     quiet_heartbeat_warnings,
+    redacted,
+    storage_exists,
+    storage_file,
     storage_label,
 )
 from autofit.study._stored import (
@@ -26,7 +31,6 @@ from autofit.study._stored import (
     list_studies,
     load_study,
     locate,
-    open_for_reading,
 )
 from autofit.study._trials import (
     DATA_BOUND_ERRORS,
@@ -55,6 +59,7 @@ __all__ = [
     "default_study_name",
     "distributions",
     "engine_url",
+    "is_journal",
     "explain",
     "fault_notes",
     "list_studies",
@@ -67,6 +72,9 @@ __all__ = [
     "quiet_heartbeat_warnings",
     "record_end",
     "record_probe",
+    "redacted",
+    "storage_exists",
+    "storage_file",
     "storage_label",
     "stored_estimates",
     "study_meta",

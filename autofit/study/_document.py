@@ -17,6 +17,7 @@ from autofit.errors import NoFeasibleConfig, UsageError
 from autofit.export import config_entry, versions
 from autofit.planner import Planner, SearchSpace
 from autofit.study._explain import explain
+from autofit.study._storage import redacted
 from autofit.study._trials import observations, trial_config, trial_result
 
 #: Study user attribute where the search records how it ended ({"stopped": ..., "partial": ...}).
@@ -103,7 +104,7 @@ def best_document(
         # The script as the search measured it: a later run warns if it changed since (None for
         # studies recorded before the hash was kept; re-hashing now would hide a change).
         "script": {"path": meta["script"], "function": meta["function"], "sha256": meta.get("script_sha256")},
-        "study": {"name": study.study_name, "storage": storage, "probes": len(done),
+        "study": {"name": study.study_name, "storage": redacted(storage), "probes": len(done),
                   "oom": sum(o.too_big(usable) for o in done), "failed": sum(o.failed for o in done),
                   "stopped": stopped},
         "why": explain(ranked, done, planner, usable),

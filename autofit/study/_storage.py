@@ -1,5 +1,6 @@
-"""Optuna storages: open one for a search (created if new, with heartbeats where the backend has
-them), and name the default one. Reading stored studies (which must exist) is in autofit.study._stored."""
+"""Optuna storages, the one place that reads a storage URL: open one for a search (created if new,
+with heartbeats where the backend has them) or for reading (it must exist), the file behind a URL, the
+driver a PostgreSQL URL needs, and the URL as it may be shown (`redacted`: never a password)."""
 
 from __future__ import annotations
 
@@ -28,22 +29,21 @@ def default_storage_url(directory: str = DEFAULT_DIR) -> str:
 def open_storage(url: str | None) -> optuna.storages.BaseStorage:
     """An Optuna storage, or a StorageError saying why it cannot be used (before any probe runs)."""
     url = url or default_storage_url()
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///"):]
+    shown = redacted(url)
+    path = storage_file(url)
+    if path is not None and not is_journal(url):
         directory = os.path.dirname(os.path.abspath(path)) or "."
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as exc:
-            raise StorageError(f"The storage {url} must be writable, but its folder cannot be made: {exc.strerror}.") from None
+            raise StorageError(f"The storage {shown} must be writable, but its folder cannot be made: {exc.strerror}.") from None
         if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-            raise StorageError(f"The storage {url} must be writable, but {path} is not.")
+            raise StorageError(f"The storage {shown} must be writable, but {path} is not.")
     driver_url = engine_url(url)
     for attempt in range(3):
         try:
-            if url.endswith(".journal") or url.endswith(".log"):
-                from optuna.storages.journal import JournalFileBackend
-
-                return optuna.storages.JournalStorage(JournalFileBackend(url))
+            if is_journal(url):
+                return _journal(url)
             kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
             with quiet_heartbeat_warnings():
                 return optuna.storages.RDBStorage(driver_url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
@@ -54,9 +54,63 @@ def open_storage(url: str | None) -> optuna.storages.BaseStorage:
             if attempt < 2 and any(text in str(exc) for text in racing):
                 time.sleep(0.5 + attempt)
                 continue
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise StorageError(f"The storage {url} must open, but it failed: {first[:300]}") from None
+            raise StorageError(f"The storage {shown} must open, but it failed: {_first_line(exc, url)}") from None
     raise AssertionError("unreachable")
+
+
+def open_for_reading(url: str) -> optuna.storages.BaseStorage:
+    """An existing storage; StorageError when it is missing, rather than creating an empty one."""
+    path = storage_file(url)
+    if path is not None and not os.path.exists(path):
+        raise StorageError(f"The storage {redacted(url)} must exist, but {path} does not.")
+    try:
+        return _journal(url) if is_journal(url) else optuna.storages.RDBStorage(engine_url(url))
+    except Exception as exc:  # noqa: BLE001 - any driver error means the same thing to the user
+        raise StorageError(f"The storage {redacted(url)} must open, but it failed: {_first_line(exc, url)}") from None
+
+
+def storage_exists(url: str) -> bool:
+    """False only for a storage file that is missing (a database server is assumed to be there)."""
+    path = storage_file(url)
+    return path is None or os.path.exists(path)
+
+
+def is_journal(url: str) -> bool:
+    """A JournalStorage file (several processes on one machine, no database): named by its path."""
+    return url.endswith(".journal") or url.endswith(".log")
+
+
+def storage_file(url: str) -> str | None:
+    """The file behind a file-based storage URL (None for a database server)."""
+    if url.startswith("sqlite:///"):
+        return url[len("sqlite:///"):]
+    return url if is_journal(url) else None
+
+
+def redacted(url: str | None) -> str:
+    """The URL as it may be printed or written to a file: a password becomes `***`
+    (`postgresql://autofit:***@db:5432/studies`). Pass the password through libpq's PGPASSWORD or
+    ~/.pgpass instead, and it never appears at all."""
+    url = url or default_storage_url()
+    scheme, sep, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in credentials:
+        return url
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}"
+
+
+def _journal(url: str) -> optuna.storages.BaseStorage:
+    from optuna.storages.journal import JournalFileBackend
+
+    return optuna.storages.JournalStorage(JournalFileBackend(url))
+
+
+def _first_line(exc: BaseException, url: str) -> str:
+    """A driver error's first line, with the URL's password (which drivers may echo) masked."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    secret = url.partition("://")[2].rpartition("@")[0].partition(":")[2]
+    return (first.replace(secret, "***") if secret else first)[:300]
 
 
 def engine_url(url: str) -> str:
@@ -71,7 +125,7 @@ def engine_url(url: str) -> str:
         return f"postgresql+psycopg://{rest}"
     if importlib.util.find_spec("psycopg2") is not None:
         return f"postgresql+psycopg2://{rest}"
-    raise StorageError(f"The storage {url} needs a PostgreSQL driver, but none is installed: "
+    raise StorageError(f"The storage {redacted(url)} needs a PostgreSQL driver, but none is installed: "
                        f"pip install 'autofit[postgres]'.")
 
 
@@ -86,9 +140,12 @@ def quiet_heartbeat_warnings():
 
 
 def storage_label(url: str | None) -> str:
-    return url or default_storage_url()
+    """The storage a search uses, as it may be shown (see `redacted`)."""
+    return redacted(url)
 
 
 def default_study_name(script: str, function: str | None, device: str, index: int) -> str:
+    """`<script stem>.<function>-<device><index>`: named after the function searched (`main` gives
+    `train_hf.main-cpu0`); `train` when the script has one decorated function and none was named."""
     stem = os.path.splitext(os.path.basename(script))[0]
     return f"{stem}.{function or 'train'}-{device}{index}"

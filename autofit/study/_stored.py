@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from autofit.errors import NoFeasibleConfig, StorageError, UsageError
+from autofit.errors import NoFeasibleConfig, UsageError
 from autofit.study._document import best_document, study_meta, study_planner
 from autofit.study._estimates import StoredEstimates, stored_estimates
-from autofit.study._storage import default_storage_url, engine_url
+from autofit.study._storage import default_storage_url, open_for_reading, redacted, storage_exists, storage_file
 from autofit.study._trials import observations, trial_result
 
 if TYPE_CHECKING:
@@ -38,36 +38,6 @@ BUNDLED_DB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 def bundled_storage_url() -> str:
     """The storage of the recorded studies that ship with autofit (one per bundled study script)."""
     return "sqlite:///" + BUNDLED_DB
-
-
-def _storage_file(url: str) -> str | None:
-    """The file behind a file-based storage URL (None for a database server)."""
-    if url.startswith("sqlite:///"):
-        return url[len("sqlite:///"):]
-    if url.endswith(".journal") or url.endswith(".log"):
-        return url
-    return None
-
-
-def storage_exists(url: str) -> bool:
-    path = _storage_file(url)
-    return path is None or os.path.exists(path)
-
-
-def open_for_reading(url: str) -> optuna.storages.BaseStorage:
-    """An existing storage; StorageError when it is missing, rather than creating an empty one."""
-    path = _storage_file(url)
-    if path is not None and not os.path.exists(path):
-        raise StorageError(f"The storage {url} must exist, but {path} does not.")
-    try:
-        if path is not None and path == url:
-            from optuna.storages.journal import JournalFileBackend
-
-            return optuna.storages.JournalStorage(JournalFileBackend(url))
-        return optuna.storages.RDBStorage(engine_url(url))
-    except Exception as exc:  # noqa: BLE001 - any driver error means the same thing to the user
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StorageError(f"The storage {url} must open, but it failed: {first[:300]}") from None
 
 
 def study_names(url: str) -> list[str]:
@@ -94,6 +64,7 @@ class Located:
 
 
 def _pick(names: list[str], wanted: str | None, url: str, what: str | None = None) -> str:
+    url = redacted(url)
     what = what or url
     if not names:
         raise UsageError(f"The storage must hold a study, but {url} has none.")
@@ -119,15 +90,15 @@ def locate(study: str | None = None, storage: str | None = None) -> Located:
     if not storage_exists(bundled):
         if storage_exists(default):
             return Located(default, _pick(default_names, study, default))
-        raise UsageError(f"The storage must exist, but {_storage_file(default)} does not (run `autofit search` "
+        raise UsageError(f"The storage must exist, but {storage_file(default)} does not (run `autofit search` "
                          f"first, or pass --storage).")
     bundled_names = study_names(bundled)
-    reason = (f"{_storage_file(default)} does not exist" if not storage_exists(default)
-              else f"{_storage_file(default)} has no study {study!r}" if study and default_names
-              else f"{_storage_file(default)} holds no study")
+    reason = (f"{storage_file(default)} does not exist" if not storage_exists(default)
+              else f"{storage_file(default)} has no study {study!r}" if study and default_names
+              else f"{storage_file(default)} holds no study")
     if study is not None and not match_study(bundled_names, study):
         mine = f" ({', '.join(default_names)})" if default_names else ""
-        raise UsageError(f"The study must be one of those in {_storage_file(default)}{mine} or the recorded ones "
+        raise UsageError(f"The study must be one of those in {storage_file(default)}{mine} or the recorded ones "
                          f"({', '.join(bundled_names)}), but got {study!r}.")
     name = _pick(bundled_names, study, bundled, what="the recorded studies")
     return Located(bundled, name, f"reading the recorded study {name} in {BUNDLED_DB}: {reason}")
@@ -142,7 +113,7 @@ def locate_storage(storage: str | None = None) -> Located:
         return Located(default, "")
     if storage_exists(bundled):
         why = "does not exist" if not storage_exists(default) else "holds no study"
-        return Located(bundled, "", f"listing the recorded studies in {BUNDLED_DB}: {_storage_file(default)} {why}")
+        return Located(bundled, "", f"listing the recorded studies in {BUNDLED_DB}: {storage_file(default)} {why}")
     return Located(default, "")
 
 
@@ -179,7 +150,7 @@ class StoredStudy:
             self._document, self._no_document = None, error
 
     def __repr__(self) -> str:
-        return f"<StoredStudy {self.name} in {self.storage}: {len(self._trials)} trials>"
+        return f"<StoredStudy {self.name} in {redacted(self.storage)}: {len(self._trials)} trials>"
 
     def trials(self) -> list[FrozenTrial]:
         return self._trials
@@ -249,7 +220,7 @@ class StoredStudy:
         """The probe's output file: where the search wrote it, or beside the storage if it moved."""
         trial, result = self.probe(number)
         candidates = [result.log_path] if result.log_path else []
-        path = _storage_file(self.storage)
+        path = storage_file(self.storage)
         if path is not None:
             candidates.append(os.path.join(os.path.dirname(os.path.abspath(path)), "runs", self.name,
                                            f"trial-{trial.number}.log"))
