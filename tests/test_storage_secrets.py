@@ -6,6 +6,7 @@ authenticate by password."""
 from __future__ import annotations
 
 import json
+
 import pytest
 
 from autofit.study import redacted
