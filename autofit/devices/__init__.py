@@ -6,10 +6,13 @@ from __future__ import annotations
 from autofit.devices._allocator import allocator_difference, current_allocator_settings
 from autofit.devices._base import DeviceBackend, DeviceInfo
 from autofit.devices._cpu import cpu_has_native_bf16
+from autofit.devices._peaks import PEAKS, Peak, mfu, peak_for
 from autofit.devices._select import DEVICE_TYPES, check_device, list_devices, make_backend
 
 __all__ = [
     "DEVICE_TYPES",
+    "PEAKS",
+    "Peak",
     "DeviceBackend",
     "DeviceInfo",
     "allocator_difference",
@@ -18,4 +21,6 @@ __all__ = [
     "current_allocator_settings",
     "list_devices",
     "make_backend",
+    "mfu",
+    "peak_for",
 ]

@@ -1,0 +1,89 @@
+"""Dense peak FLOP/s per GPU model and precision: the denominator of MFU (model FLOPs utilisation).
+
+Dense, never sparse: NVIDIA's datasheets lead with the 2:4 structured-sparsity figure for tensor
+cores (the H100 SXM's "1,979 TFLOPS bf16" is 989.4 dense), and using it halves every MFU; a run
+training dense weights can reach only the dense peak. Each figure is the datasheet's dense number
+(its sparse one divided by two where only that is printed), with the document it comes from.
+
+Precisions as autofit names them: `fp32` is IEEE float32 on the CUDA cores (autofit turns TF32 off
+for it), `tf32` the TF32 tensor-core rate, `bf16` and `fp16` the 16-bit tensor-core rate with fp32
+accumulation (what autocast uses; GeForce cards run fp16-accumulate at twice that, which PyTorch
+does not use). No entry, no MFU: a CPU, or a GPU not listed, reports null rather than a guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+T = 1e12
+
+
+@dataclass(frozen=True)
+class Peak:
+    """One GPU model's dense peaks in FLOP/s, and where they come from."""
+
+    model: str
+    fp32: float
+    tf32: float
+    bf16: float
+    source: str
+
+    def flops_per_s(self, precision: str) -> float:
+        return {"fp32": self.fp32, "tf32": self.tf32, "bf16": self.bf16, "fp16": self.bf16}[precision]
+
+
+_H100_SXM = Peak("H100 SXM", 67 * T, 494.7 * T, 989.4 * T,
+                 "NVIDIA H100 Tensor Core GPU datasheet (SXM5: FP32 67, TF32 989 / BF16 1,979 with sparsity)")
+_H200 = Peak("H200 SXM", 67 * T, 494.7 * T, 989.4 * T,
+             "NVIDIA H200 Tensor Core GPU datasheet (SXM: FP32 67, TF32 989 / BF16 1,979 with sparsity)")
+_A100 = Peak("A100", 19.5 * T, 156 * T, 312 * T,
+             "NVIDIA A100 Tensor Core GPU datasheet (40 and 80 GB, SXM and PCIe: FP32 19.5, TF32 156, BF16 312 dense)")
+
+#: NVML name fragments (lower case, "-" read as a space) to peaks, most specific first, since a
+#: fragment also matches longer names ("l4" is in "l40s", "a10" in "a100"): "h100" alone is the SXM
+#: part; the PCIe and NVL parts say so in their names ("NVIDIA H100 PCIe").
+PEAKS: tuple[tuple[str, Peak], ...] = (
+    ("h100 pcie", Peak("H100 PCIe", 51 * T, 378 * T, 756.5 * T,
+                       "NVIDIA H100 Tensor Core GPU datasheet (PCIe: FP32 51, TF32 756 / BF16 1,513 with sparsity)")),
+    ("h100 nvl", Peak("H100 NVL", 60 * T, 417.5 * T, 835 * T,
+                      "NVIDIA H100 NVL datasheet (per GPU: FP32 60, TF32 835 / BF16 1,671 with sparsity)")),
+    ("h100", _H100_SXM),
+    ("h200 nvl", Peak("H200 NVL", 60 * T, 417.5 * T, 835.5 * T,
+                      "NVIDIA H200 Tensor Core GPU datasheet (NVL: FP32 60, TF32 835 / BF16 1,671 with sparsity)")),
+    ("h200", _H200),
+    ("a100", _A100),
+    ("l40s", Peak("L40S", 91.6 * T, 183 * T, 362.05 * T,
+                  "NVIDIA L40S datasheet (FP32 91.6, TF32 366 / BF16 733 with sparsity)")),
+    ("l40", Peak("L40", 90.5 * T, 90.5 * T, 181.05 * T,
+                 "NVIDIA L40 datasheet (FP32 90.5, TF32 181 / BF16 362 with sparsity)")),
+    ("l4", Peak("L4", 30.3 * T, 60 * T, 121 * T,
+                "NVIDIA L4 Tensor Core GPU datasheet (FP32 30.3, TF32 120 / BF16 242 with sparsity)")),
+    ("a10g", Peak("A10G", 31.2 * T, 62.5 * T, 125 * T,
+                  "NVIDIA A10 datasheet (FP32 31.2, TF32 62.5, BF16 125 dense); AWS's A10G is that die")),
+    ("a10", Peak("A10", 31.2 * T, 62.5 * T, 125 * T,
+                 "NVIDIA A10 Tensor Core GPU datasheet (FP32 31.2, TF32 62.5, BF16 125 dense)")),
+    ("rtx 4090", Peak("GeForce RTX 4090", 82.6 * T, 82.6 * T, 165.2 * T,
+                      "NVIDIA Ada Lovelace architecture whitepaper, RTX 4090 (FP32 82.6; TF32 82.6, "
+                      "FP16/BF16 with FP32 accumulate 165.2, dense)")),
+    ("rtx 3090", Peak("GeForce RTX 3090", 35.6 * T, 35.6 * T, 71 * T,
+                      "NVIDIA Ampere GA102 architecture whitepaper, RTX 3090 (FP32 35.6; TF32 35.6, "
+                      "FP16/BF16 with FP32 accumulate 71, dense)")),
+)
+
+
+def peak_for(device_name: str) -> Peak | None:
+    """The dense peaks of the GPU NVML names `device_name` ("NVIDIA H100 80GB HBM3"), None when the
+    model is not listed (or the device is a CPU)."""
+    name = device_name.lower().replace("-", " ")
+    for fragment, peak in PEAKS:
+        if fragment in name:
+            return peak
+    return None
+
+
+def mfu(flops_per_s: float | None, device_name: str, precision: str) -> float | None:
+    """Model FLOPs utilisation: achieved model FLOP/s over the device's dense peak at `precision`."""
+    peak = peak_for(device_name)
+    if flops_per_s is None or peak is None:
+        return None
+    return flops_per_s / peak.flops_per_s(precision)
