@@ -66,8 +66,15 @@ class Candidate:
     tight: bool = False  # some probe of it needed allocator retries: it only just fits
 
 
+#: Close contenders: the first this many of the ranking, at least this share of the best's throughput.
+_CONTENDERS = 3
+_CONTENDER_SHARE = 0.95
+
+
 class Planner:
-    """Chooses the next config to probe. Stateless: every decision is made from the observations."""
+    """Chooses the next config to probe. Every decision is made from the observations; what the planner
+    holds besides are facts about the search (its space, usable memory, the estimator's predictions),
+    which change only through `learn`."""
 
     def __init__(self, space: SearchSpace, usable_bytes: float, *, check_noise: bool = True,
                  prediction: MemoryPrediction | None = None) -> None:
@@ -77,6 +84,14 @@ class Planner:
         self.check_noise = check_noise
         #: The memory estimator's predictions, when there are any.
         self.prediction = prediction
+
+    def learn(self, *, space: SearchSpace | None = None, prediction: MemoryPrediction | None = None) -> None:
+        """New facts about the search: the space narrowed to the knobs the function offers (known after
+        its first probe), the memory estimator's predictions (known once it answered). None: unchanged."""
+        if space is not None:
+            self.space = space
+        if prediction is not None:
+            self.prediction = prediction
 
     def _state(self, observations: Sequence[Observation]) -> _State:
         return _State(self.space, self.usable, observations, self.check_noise, self.prediction)
@@ -143,6 +158,27 @@ class Planner:
             return None  # leaders are confirmed once exploring is done
         leaders = [c for c in state.noise.unconfirmed_leaders() if c not in running]
         return leaders[0] if leaders else None
+
+    def contenders(self, observations: Sequence[Observation]) -> list[Config]:
+        """The close contenders to measure again, longer, before a winner is named, best first: the first
+        three of the ranking as it stood before any remeasurement, within 5% of the best and measured once
+        then; those remeasured already are left out."""
+        before = [o for o in observations if o.phase != "remeasure"]
+        remeasured = {o.config for o in observations if o.phase == "remeasure"}
+        ranked = self.ranked(before)
+        if not ranked:
+            return []
+        close = _CONTENDER_SHARE * ranked[0].samples_per_s
+        return [c.config for c in ranked[:_CONTENDERS]
+                if c.samples_per_s >= close and c.probes <= 1 and c.config not in remeasured]
+
+    def to_confirm(self, observations: Sequence[Observation]) -> Config | None:
+        """The config to confirm with a long run: the ranking's first, unless a confirmation run
+        measured it already (then the search has its winner); None when nothing ranks."""
+        ranked = self.ranked(observations)
+        if not ranked or any(o.phase == "confirm" and o.config == ranked[0].config for o in observations):
+            return None
+        return ranked[0].config
 
     def noise_summary(self, observations: Sequence[Observation]) -> str | None:
         """One line when the machine was too noisy to rank configs; None otherwise."""
