@@ -7,7 +7,7 @@ the search (`Search.start_probe`, `Search.finish_probe`)."""
 from __future__ import annotations
 
 import time
-from concurrent.futures import FIRST_COMPLETED, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import TYPE_CHECKING
 
 from autofit.config import Config
@@ -29,7 +29,7 @@ def explore(search: Search) -> str:
     to recheck) until the budget, --trials or the planner stop it; record each probe as it finishes.
     Returns why it stopped."""
     free = list(search.pool.runners)
-    running: dict = {}  # future -> RunningProbe
+    running: dict[Future, RunningProbe] = {}
     stopped: str | None = None
     knobs_known = False  # once known, always known: no need to read the study again
     try:
@@ -56,7 +56,7 @@ def explore(search: Search) -> str:
             else:
                 done, _ = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
             for future in done:
-                probe: RunningProbe = running.pop(future)
+                probe = running.pop(future)
                 free.append(probe.runner)
                 result = search.finish_probe(probe)
                 if probe.proposal.phase == "explore":

@@ -67,8 +67,12 @@ class AutofitSampler(BaseSampler):
         return self._proposed
 
     def given(self, trial: optuna.Trial | FrozenTrial) -> Proposal | None:
-        """The proposal a trial was given (its config is the trial's params)."""
-        return self._given.pop(trial.number, None)
+        """The proposal a trial was given (its config is the trial's params). Optuna asks the sampler
+        only when some param has a choice: a trial whose every param has one value takes the
+        proposal it would have been given."""
+        if trial.number not in self._given:
+            self._given[trial.number], self._proposed = self._proposed, None
+        return self._given.pop(trial.number)
 
     def _decide(self, seen: list[Observation], phase: str) -> Proposal | None:
         if phase == "explore":
