@@ -65,14 +65,14 @@ def test_parallel_options_that_cannot_work_are_one_line_errors(tmp_path, args, m
 def test_gpus_of_different_models_are_refused(monkeypatch):
     from autofit.devices._base import DeviceInfo
     from autofit.errors import UsageError
-    from autofit.search import _loop
+    from autofit.search import _session
 
     cards = {0: DeviceInfo("cuda", 0, "NVIDIA H100 80GB HBM3", 80 * 2**30),
              1: DeviceInfo("cuda", 1, "NVIDIA A100-SXM4-40GB", 40 * 2**30)}
-    monkeypatch.setattr(_loop, "check_device", lambda device, index: cards[index])
+    monkeypatch.setattr(_session, "check_device", lambda device, index: cards[index])
     with pytest.raises(UsageError, match="identical"):
-        _loop._same_devices("cuda", (0, 1))
-    assert _loop._same_devices("cuda", (0, 0)).name == "NVIDIA H100 80GB HBM3"
+        _session.same_devices("cuda", (0, 1))
+    assert _session.same_devices("cuda", (0, 0)).name == "NVIDIA H100 80GB HBM3"
 
 
 @pytest.mark.parametrize("backend", ["postgres", "journal"])

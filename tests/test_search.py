@@ -310,3 +310,49 @@ def test_confirmation_estimate_counts_accumulation_once(tmp_path):
     record_probe(study, trial, result, usable_bytes=2**30, phase="explore")
     budget = Budget(SearchSettings(script=script("fits_small.py"), storage=storage), started=0.0)
     assert budget.confirm_estimate(study, config, 50) == pytest.approx(10.0 + 45 * 1.0)
+
+
+def test_the_planner_decides_every_trial_through_the_sampler():
+    """Nothing is forced: the trial Optuna creates gets the sampler's proposal (the planner's pilot,
+    then its next config), and a trial asked without a proposal gets the planner's next config too."""
+    from autofit.planner import Planner, SearchSpace
+    from autofit.probing._record import ProbeResult
+    from autofit.search._sampler import AutofitSampler
+    from autofit.study._trials import record_probe, trial_config
+
+    planner = Planner(SearchSpace.build(batch_range=(1, 256), precisions=("fp32", "bf16")), 2**30)
+    sampler = AutofitSampler(planner)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    proposal = sampler.propose(study, "explore")
+    trial = study.ask(sampler.search_space)
+    assert sampler.given(trial) == proposal and proposal.phase == "explore"
+    assert trial_config(trial) == proposal.config == planner.next([])
+    result = ProbeResult(status="ok", config=proposal.config, samples_per_s=100.0, step_time_median_s=0.04,
+                         warmup_steps=2, measured_steps=5, wall_s=1.0, peak_bytes=2**28)
+    record_probe(study, trial, result, usable_bytes=2**30, phase="explore")
+    expected = planner.next(observations(study.get_trials()))
+    plain = study.ask(sampler.search_space)  # no proposal: the sampler decides now
+    assert expected not in (None, proposal.config)
+    assert trial_config(plain) == expected and sampler.given(plain).config == expected
+
+
+def test_contenders_are_remeasured_as_ranked_before_and_the_first_is_confirmed_once():
+    """The close contenders (within 5% of the best, measured once) keep the order they had before any
+    remeasurement, however a remeasurement moves them; the confirmed first is not confirmed again."""
+    from autofit.planner import Observation, Planner, SearchSpace
+
+    planner = Planner(SearchSpace.build(batch_range=(1, 64), precisions=("fp32",)), 2**30, check_noise=False)
+
+    def probe(batch, rate, phase="explore"):
+        return Observation(Config(batch), "ok", peak_bytes=2**20 * batch, samples_per_s=rate, phase=phase)
+
+    seen = [probe(64, 100.0), probe(48, 97.0), probe(32, 96.0), probe(24, 95.5), probe(16, 90.0)]
+    assert planner.contenders(seen) == [Config(64), Config(48), Config(32)]
+    seen.append(probe(64, 80.0, "remeasure"))  # the leader falls: 24 is now within 5% of the best, too late
+    assert planner.contenders(seen) == [Config(48), Config(32)]
+    seen += [probe(48, 97.0, "remeasure"), probe(32, 96.0, "remeasure")]
+    assert planner.contenders(seen) == []
+    first = planner.to_confirm(seen)
+    assert first == planner.best(seen)
+    seen.append(probe(first.batch_size, 97.0, "confirm"))
+    assert planner.to_confirm(seen) is None

@@ -8,7 +8,7 @@ from __future__ import annotations
 from autofit.planner._models import Line, ThroughputModel, fit_line, fit_throughput
 from autofit.planner._noise import NoiseReading
 from autofit.planner._observation import FAILED_STATUSES, Observation
-from autofit.planner._planner import TIE_TOLERANCE, Candidate, Planner
+from autofit.planner._planner import Planner
 from autofit.planner._prediction import (
     CPU_FACTORS,
     CUDA_FACTORS,
@@ -19,6 +19,7 @@ from autofit.planner._prediction import (
     estimated_key,
     memory_key,
 )
+from autofit.planner._ranking import TIE_TOLERANCE, Candidate
 from autofit.planner._space import SearchSpace, Strategy, checkpoint_levels, divisors_in, nice_batch_sizes
 
 __all__ = [

@@ -6,6 +6,7 @@ from typing import Any
 
 from autofit.search._loop import Search
 from autofit.search._progress import Reporter
+from autofit.search._session import Session
 from autofit.search._settings import SearchResult, SearchSettings
 
 
@@ -19,17 +20,17 @@ def follow_search(settings: SearchSettings) -> int:
     probes until that search ends (see autofit.probing._multinode). Returns the exit status."""
     from autofit.probing import DistributedWorker, JobBoard, follow
 
-    search = Search(settings, Reporter(quiet=True))  # the same study name and storage as node 0's
+    session = Session(settings)  # the same study name and storage as node 0's
 
     def make_worker(meta: dict) -> DistributedWorker:
         usable = meta.get("usable_bytes")
-        return DistributedWorker(search.script, settings.function, nproc=settings.nproc_per_node,
+        return DistributedWorker(session.script, settings.function, nproc=settings.nproc_per_node,
                                  device=settings.device, index=settings.index,
-                                 memory_limit=meta.get("limit_bytes") or search.limit,
-                                 usable_bytes=int(usable) if usable else None, log_dir=search.run_dir,
+                                 memory_limit=meta.get("limit_bytes") or session.limit,
+                                 usable_bytes=int(usable) if usable else None, log_dir=session.run_dir,
                                  nnodes=settings.nnodes, rdzv_endpoint=settings.rdzv_endpoint)
 
-    return follow(settings, JobBoard(search.storage, search.study_name), make_worker)
+    return follow(settings, JobBoard(session.storage, session.study_name), make_worker)
 
 
 def search_function(fn: Any, **kwargs: Any) -> SearchResult:

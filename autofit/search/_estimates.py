@@ -1,11 +1,12 @@
 """The memory estimator inside a search: asked once, when the search space is known, its answers
 kept on the study (a resumed search, `autofit show` and the report read them from there) and turned
-into the planner's predictions (see _prediction.py).
+into the planner's predictions (see autofit.planner's _prediction.py).
 
 Its process starts with the search and loads the script while the workers load theirs; it answers
 while no probe runs (two processes on two cores would time each other), within a share of the
 budget. Whatever it estimated before a crash or the time limit is used, and a search without
-estimates goes on as before, learning memory from its probes.
+estimates goes on as before, learning memory from its probes. `EstimatorLifecycle` is that life,
+start to end, in one place.
 """
 
 from __future__ import annotations
@@ -16,12 +17,61 @@ import optuna
 
 from autofit.config import Config
 from autofit.memory import Estimator
-from autofit.planner import SearchSpace, configs_to_estimate, estimated_key
-from autofit.study import ESTIMATES_ATTR, StoredEstimates
+from autofit.planner import MemoryPrediction, SearchSpace, configs_to_estimate, estimated_key
+from autofit.search._progress import Reporter
+from autofit.search._settings import SearchSettings
+from autofit.study import ESTIMATES_ATTR, StoredEstimates, stored_estimates
 
 #: The estimator may take this share of the budget, within these bounds in seconds.
 _BUDGET_SHARE = 0.15
 _MIN_S, _MAX_S = 30.0, 120.0
+
+
+class EstimatorLifecycle:
+    """The memory estimator through one search: it starts with the workers and loads the script while
+    they load theirs (`start`); it is ready before the first probe, so as not to slow it (`wait_ready`);
+    it is asked once, when the search space is known, and closed as soon as it answered, its memory
+    given back (`prediction`). A study that kept its estimates needs no estimator."""
+
+    def __init__(self, settings: SearchSettings, script: str, reporter: Reporter, notes: list[str]) -> None:
+        self.s = settings
+        self.script = script
+        self.reporter = reporter
+        self.wanted = settings.estimate and settings.world_size == 1  # ranks' sharded memory: not estimated yet
+        self.notes = notes
+        """The search's notes, where a failed estimator says why its estimates are missing or partial."""
+        self._estimator: Estimator | None = None
+
+    def start(self, study: optuna.Study) -> None:
+        if self.wanted and stored_estimates(study) is None:
+            self._estimator = Estimator(self.script, self.s.function)
+
+    def wait_ready(self) -> None:
+        if self._estimator is not None:
+            self._estimator.wait_ready()
+
+    def prediction(self, study: optuna.Study, space: SearchSpace, limit_bytes: float,
+                   device_type: str) -> MemoryPrediction | None:
+        """The planner's predictions for `space`: from the estimates kept on the study, or asked now (no
+        probe runs meanwhile). A failed estimator is reported; the search goes on without it."""
+        if not self.wanted:
+            return None
+        stored = stored_estimates(study)
+        if stored is None:
+            if self._estimator is None:  # resumed from a study written without estimates
+                self._estimator = Estimator(self.script, self.s.function)
+            self.reporter.note("asking the memory estimator (fake tensors, no memory spent) ...")
+            stored = estimate_space(study, self._estimator, space, self.s.budget_s, limit_bytes)
+            self.close()  # its work is done: its memory goes back
+            self.reporter.note(stored.summary())
+            if stored.error:
+                self.notes.append(stored.summary())
+        return stored.prediction(device_type)
+
+    def close(self) -> None:
+        if self._estimator is not None:
+            self._estimator.close()
+            self._estimator = None
 
 
 def estimate_space(study: optuna.Study, estimator: Estimator, space: SearchSpace, budget_s: float,

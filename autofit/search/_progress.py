@@ -34,10 +34,11 @@ class Reporter:
 
     def started(self, search, space: SearchSpace, existing: int) -> None:
         self.search = search
+        session = search.session
         resumed = f", resuming {existing} earlier trials" if existing else ""
         self._line(
-            f"search {search.study_name} on {search.device_info.type}:{search.device_info.index} "
-            f"({search.device_info.name}), limit {format_size(search.limit)}, usable {format_size(search.usable)}, "
+            f"search {session.study_name} on {session.device_info.type}:{session.device_info.index} "
+            f"({session.device_info.name}), limit {format_size(session.limit)}, usable {format_size(session.usable)}, "
             f"budget {format_duration(search.s.budget_s)}{resumed}"
         )
         if self.verbose:

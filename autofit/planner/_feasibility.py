@@ -1,0 +1,94 @@
+"""What the observations say fits, and what cannot: memory is monotone within one precision, sharding
+and compilation (peak rises with micro-batch, falls with more checkpointed blocks), so one OOM or one
+fit implies the answer for many configs that are then never probed; the data is a ceiling too."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from autofit.config import Config
+from autofit.planner._observation import Observation
+from autofit.planner._space import SearchSpace, Strategy
+
+
+class Feasibility:
+    """Which batches are known (or implied) to fit, which too big, which still open."""
+
+    def __init__(self, space: SearchSpace, usable: float, observations: Sequence[Observation]) -> None:
+        self.space = space
+        self.usable = usable
+        self._tried = {o.config for o in observations}
+        self.done = [o for o in observations if o.status != "running"]
+        """The observations of finished probes (not those running now)."""
+
+    def tried(self, config: Config) -> bool:
+        """Probed, or being probed now."""
+        return config in self._tried
+
+    def fit_max(self, strategy: Strategy) -> int | None:
+        """Largest batch known (or implied) to fit: fits with as many or fewer checkpointed blocks."""
+        fits = [
+            o.config.batch_size for o in self.done
+            if family(o.config) == strategy.family
+            and o.config.checkpoint_segments <= strategy.checkpoint_segments
+            and o.fits(self.usable)
+        ]
+        return max(fits) if fits else None
+
+    def oom_min(self, strategy: Strategy) -> int | None:
+        """Smallest batch known (or implied) too big: too big with as many or more blocks."""
+        too_big = [
+            o.config.batch_size for o in self.done
+            if family(o.config) == strategy.family
+            and o.config.checkpoint_segments >= strategy.checkpoint_segments
+            and o.too_big(self.usable)
+        ]
+        return min(too_big) if too_big else None
+
+    def data_ceiling(self) -> int | None:
+        """Smallest batch the data could not feed (the function ran out of batches): every strategy
+        stops below it, whatever its memory."""
+        bound = [o.config.batch_size for o in self.done if o.data_bound]
+        return min(bound) if bound else None
+
+    def implied_too_big(self, config: Config) -> bool:
+        """Known not to run: too big for memory (implied by an OOM), or for the data."""
+        bound = self.oom_min(self.space.strategy_of(config))
+        ceiling = self.data_ceiling()
+        return (bound is not None and config.batch_size >= bound) or (
+            ceiling is not None and config.batch_size >= ceiling)
+
+    def open_batches(self, strategy: Strategy) -> list[int]:
+        """Batches whose feasibility is still unknown: between the largest fit and smallest OOM."""
+        low = self.fit_max(strategy) or 0
+        highs = [h for h in (self.oom_min(strategy), self.data_ceiling()) if h is not None]
+        high = min(highs) if highs else None
+        return [
+            b for b in self.space.batch_sizes
+            if b > low and (high is None or b < high) and not self.tried(self.space.config(strategy, b))
+        ]
+
+    def strategy_unusable(self, strategy: Strategy) -> bool:
+        """A precision (sharding, compilation) that failed without ever running is not worth more
+        probes: after one failure when another one runs (the failure is its own), else after two."""
+        return (strategy.precision in self.unusable_precisions()
+                or strategy.sharding in self._unusable("sharding", self.space.shardings)
+                or strategy.compile in self._unusable("compile", self.space.compiles))
+
+    def unusable_precisions(self) -> set[str]:
+        return self._unusable("precision", self.space.precisions)
+
+    def _unusable(self, field: str, values: Sequence[str]) -> set[str]:
+        done = self.done
+        ran = {getattr(o.config, field) for o in done if o.status in ("ok", "oom")}
+        out = set()
+        for value in values:
+            failures = sum(o.failed for o in done if getattr(o.config, field) == value)
+            if value not in ran and failures >= (1 if ran else 2):
+                out.add(value)
+        return out
+
+
+def family(config: Config) -> tuple[str, str, bool]:
+    """The configs whose memory compares by batch and checkpointed blocks alone."""
+    return config.precision, config.sharding, config.compile

@@ -1,0 +1,123 @@
+"""What the planner believes about a strategy's memory: a line peak = a + m x batch, fitted from the
+peaks measured (or borrowed from the nearest fitted strategy with a prior ratio), raised to agree
+with every OOM seen, and believed beyond the usable memory only past its own margin of error; and the
+memory estimator's prediction, calibrated on the probes so far."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from autofit.config import Config
+from autofit.planner._models import Line, fit_line
+from autofit.planner._observation import Observation
+from autofit.planner._prediction import CalibratedPrediction, memory_key
+from autofit.planner._space import SearchSpace, Strategy
+
+#: Prior for how much a strategy's per-sample memory shrinks, relative to fp32 without checkpointing.
+_HALF_PRECISION_SLOPE = 0.6
+_FULL_CHECKPOINT_SLOPE = 0.4
+
+MemoryKey = tuple[str, str, int, bool]
+
+
+class MemoryModels:
+    """Every strategy's memory line, fitted once per reading of the observations."""
+
+    def __init__(self, space: SearchSpace, usable: float, done: Sequence[Observation],
+                 predicted: CalibratedPrediction | None) -> None:
+        self.space = space
+        self.usable = usable
+        self.done = done
+        self.predicted = predicted
+        """The memory estimator's prediction, calibrated on the probes so far (None without one)."""
+        self._lines: dict[MemoryKey, Line | None] = {}
+        self._max_k = (max(space.checkpoint_segments) if space.checkpoint_segments else 0) or 1
+
+    def peaks(self, strategy: Strategy) -> list[tuple[float, float]]:
+        return self._peaks(memory_key(strategy))
+
+    def _peaks(self, key: MemoryKey) -> list[tuple[float, float]]:
+        return [
+            (o.config.batch_size, float(o.peak_bytes)) for o in self.done
+            if o.status == "ok" and o.peak_bytes and memory_key(o.config) == key
+        ]
+
+    def margin(self, strategy: Strategy) -> float | None:
+        """How far past the usable memory a prediction must land to be believed without a probe.
+
+        Fitted on this strategy's own peaks: its residuals (at least 3%). Through one own peak with a
+        borrowed slope: 15%. With no own peak: never believed.
+        """
+        own = self.peaks(strategy)
+        line = fit_line(own)
+        if line is not None:
+            return max(0.03, 2 * line.max_rel_residual)
+        return 0.15 if own else None
+
+    def _prior_ratio(self, precision: str, k: int) -> float:
+        ratio = _HALF_PRECISION_SLOPE if precision in ("bf16", "fp16") else 1.0
+        return ratio * (1 - (1 - _FULL_CHECKPOINT_SLOPE) * k / self._max_k)
+
+    def line(self, strategy: Strategy) -> Line | None:
+        """peak = a + m*batch for this precision, sharding and checkpoint level.
+
+        Fitted from its own peaks when it has two batch sizes; otherwise borrowed from the nearest
+        fitted strategy with a prior ratio (sharding splits the weights and optimizer state, not the
+        activations: an unsharded intercept is an upper bound). Raised to agree with every OOM seen.
+        """
+        key = memory_key(strategy)
+        if key in self._lines:
+            return self._lines[key]
+        own = self._peaks(key)
+        line = fit_line(own)
+        if line is None or line.slope <= 0:
+            line = self._borrowed_line(key, own)
+        if line is not None:
+            line = self._respect_ooms(line, key)
+        self._lines[key] = line
+        return line
+
+    def _borrowed_line(self, key: MemoryKey, own: list[tuple[float, float]]) -> Line | None:
+        precision, sharding, k, compiled = key
+        references = []
+        for p in self.space.precisions:
+            for h in self.space.shardings:
+                for kk in self.space.checkpoint_segments:
+                    for c in self.space.compiles:
+                        ref = fit_line(self._peaks((p, h, kk, c)))
+                        if ref is not None and ref.slope > 0:
+                            distance = (p != precision) * 10 + (h != sharding) * 5 + (c != compiled) * 3 + abs(kk - k)
+                            references.append((distance, p, kk, ref))
+        if not references:
+            return None
+        _, p, kk, ref = min(references, key=lambda r: r[0])
+        slope = ref.slope * self._prior_ratio(precision, k) / self._prior_ratio(p, kk)
+        if own:  # one peak of its own: the borrowed intercept (weights, optimizer) through it
+            b, peak = max(own)
+            if peak > ref.intercept:
+                return Line(ref.intercept, (peak - ref.intercept) / b)
+            return Line(peak - slope * b, slope)
+        return Line(ref.intercept, slope)
+
+    def _respect_ooms(self, line: Line, key: MemoryKey) -> Line:
+        slope = line.slope
+        for o in self.done:
+            if o.status == "oom" and memory_key(o.config) == key:
+                # It crossed at least the usable memory at this batch.
+                slope = max(slope, (self.usable - line.intercept) / o.config.batch_size)
+        return Line(line.intercept, slope, line.max_rel_residual, line.points)
+
+    def says_too_big(self, config: Config) -> bool:
+        """The measured memory line, beyond its margin, or the prediction, at its low end, says it
+        does not fit."""
+        if self.predicted is not None and self.predicted.too_big(config, self.usable):
+            return True
+        strategy = self.space.strategy_of(config)
+        margin = self.margin(strategy)
+        line = self.line(strategy)
+        return margin is not None and line is not None and line(config.batch_size) > self.usable * (1 + margin)
+
+    def predicted_gamble(self, config: Config) -> bool:
+        """Predicted neither to fit nor not to: probing it risks an OOM."""
+        return (self.predicted is not None and self.predicted.peak(config) is not None
+                and not self.predicted.safe(config, self.usable))

@@ -1,0 +1,99 @@
+"""What the planner believes about a strategy's throughput: its own fitted curve (time per micro-batch
+= c0 + c1 x batch) where it has two measured batch sizes, else one measured point carried along the
+most similar strategy's curve, else the strategy it only adds work to (no checkpointing, DDP, eager)
+slowed as much as that addition was seen to slow others. Used to bound what a strategy can reach."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from autofit.planner._models import ThroughputModel, fit_throughput
+from autofit.planner._ranking import Ranking
+from autofit.planner._space import SearchSpace, Strategy
+
+#: Prior slowdown of checkpointing every block (it recomputes the forward pass); measured values win.
+_CHECKPOINT_SLOWDOWN = 0.2
+
+
+class ThroughputModels:
+    """Throughput estimates of every strategy from the trusted measurements of one reading."""
+
+    def __init__(self, space: SearchSpace, ranking: Ranking) -> None:
+        self.space = space
+        self.ranking = ranking
+        self._max_k = (max(space.checkpoint_segments) if space.checkpoint_segments else 0) or 1
+
+    def points(self, strategy: Strategy) -> list[tuple[int, float]]:
+        """(batch, samples/s) of the strategy's trusted measurements."""
+        return [
+            (c.config.batch_size, c.samples_per_s) for c in self.ranking.measured()
+            if self.space.strategy_of(c.config) == strategy
+        ]
+
+    def estimate(self, strategy: Strategy, batch: int) -> float | None:
+        """Best guess of samples/s at `batch`, or None when nothing comparable was measured.
+
+        Own model with two sizes; with one, another strategy's curve through that point; with none,
+        for checkpointing, its precision without checkpointing times the slowdown checkpointing
+        showed elsewhere (it only adds compute); for sharding, the same strategy under DDP times the
+        slowdown sharding showed elsewhere (it only adds communication).
+        """
+        own = self.points(strategy)
+        model = fit_throughput(own)
+        if model is not None and model.line.slope > 0:
+            return min(model(batch), model.ceiling)
+        reference = self._reference_model(strategy)
+        if own:
+            b1, t1 = own[0]
+            if reference is None:
+                return t1 if batch <= b1 else None
+            return t1 * reference(batch) / reference(b1)
+        if strategy.checkpoint_segments:
+            base = replace(strategy, checkpoint_segments=0)
+            estimate = self.estimate(base, batch)
+            return estimate * self._checkpoint_slowdown(strategy) if estimate is not None else None
+        if strategy.sharding != "ddp":
+            estimate = self.estimate(replace(strategy, sharding="ddp"), batch)
+            return estimate * self._sharding_slowdown(strategy.sharding) if estimate is not None else None
+        if strategy.compile:  # no compiled probe yet: as fast as eager, until one says otherwise
+            return self.estimate(replace(strategy, compile=False), batch)
+        return None
+
+    def _reference_model(self, strategy: Strategy) -> ThroughputModel | None:
+        """The fitted curve of the most similar strategy (same precision first)."""
+        best = None
+        for other in self.space.strategies():
+            if other == strategy:
+                continue
+            model = fit_throughput(self.points(other))
+            if model is None or model.line.slope <= 0:
+                continue
+            distance = (other.precision != strategy.precision) * 100 + (other.sharding != strategy.sharding) * 50 + abs(
+                other.checkpoint_segments - strategy.checkpoint_segments
+            ) + (other.accumulation_steps != strategy.accumulation_steps) * 10 + (other.compile != strategy.compile) * 20
+            if best is None or distance < best[0]:
+                best = (distance, model)
+        return best[1] if best else None
+
+    def _checkpoint_slowdown(self, strategy: Strategy) -> float:
+        """Smallest measured ratio (checkpointed / not) for as many or fewer blocks; a prior if unseen."""
+        ratios = []
+        for c in self.ranking.measured():
+            k = c.config.checkpoint_segments
+            if 0 < k <= strategy.checkpoint_segments:
+                base = self.estimate(replace(self.space.strategy_of(c.config), checkpoint_segments=0),
+                                     c.config.batch_size)
+                if base:
+                    ratios.append(min(1.0, c.samples_per_s / base))
+        return min(ratios) if ratios else 1 - _CHECKPOINT_SLOWDOWN * strategy.checkpoint_segments / self._max_k
+
+    def _sharding_slowdown(self, sharding: str) -> float:
+        """Smallest measured ratio (sharded / DDP at the same batch and settings); 1.0 if unseen."""
+        ratios = []
+        for c in self.ranking.measured():
+            if c.config.sharding == sharding:
+                base = self.estimate(replace(self.space.strategy_of(c.config), sharding="ddp"),
+                                     c.config.batch_size)
+                if base:
+                    ratios.append(min(1.0, c.samples_per_s / base))
+        return min(ratios) if ratios else 1.0

@@ -1,0 +1,177 @@
+"""The phases of a search, in order: explore (the planner's configs, and suspect measurements
+rechecked, on every runner at once), remeasure (the close contenders measured again, longer), confirm
+(the winner's long run) and export (the best-config file). Each phase asks the sampler what its next
+trial would probe (`AutofitSampler.propose`), checks that the clock allows it, and probes it through
+the search (`Search.start_probe`, `Search.finish_probe`)."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import TYPE_CHECKING
+
+from autofit.config import Config
+from autofit.errors import NoFeasibleConfig, UserCodeError
+from autofit.export import default_best_path, device_tag, write_best
+from autofit.planner import Observation
+from autofit.probing import ProbeResult
+from autofit.search._sampler import Proposal
+from autofit.search._settings import SearchResult
+from autofit.study import best_document, fault_notes, nothing_fits, record_end
+
+if TYPE_CHECKING:
+    from autofit.search._loop import RunningProbe, Search
+    from autofit.search._pool import Runner
+
+
+def explore(search: Search) -> str:
+    """Keep every runner busy with the sampler's next trial (the planner's next config, or a suspect one
+    to recheck) until the budget, --trials or the planner stop it; record each probe as it finishes.
+    Returns why it stopped."""
+    free = list(search.pool.runners)
+    running: dict[Future, RunningProbe] = {}
+    stopped: str | None = None
+    knobs_known = False  # once known, always known: no need to read the study again
+    try:
+        while True:
+            knobs_known = knobs_known or search.session.knobs() is not None
+            while free and stopped is None and (knobs_known or not running):
+                launch = _next_explore(search, len(running))
+                if isinstance(launch, str):
+                    stopped = launch
+                elif launch is None:
+                    break  # nothing new until a running probe reports
+                else:
+                    runner = free.pop()
+                    probe = search.start_probe(runner, search.s.steps)
+                    if probe is None:
+                        free.append(runner)  # another searcher claimed the config first
+                        continue
+                    running[probe.future] = probe
+            if not running:
+                if stopped is not None:
+                    return stopped
+                time.sleep(1.0)  # another searcher's probes are running: what they find decides
+                done = set()
+            else:
+                done, _ = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
+            for future in done:
+                probe = running.pop(future)
+                free.append(probe.runner)
+                result = search.finish_probe(probe)
+                if probe.proposal.phase == "explore":
+                    _check_fatal(result, search.session.observations(exclude=probe.trial.number))
+                    search.learn_knobs(result)
+            search.session.check_liveness()  # a searcher that died: its configs are probed again (by anyone)
+    finally:
+        for probe in running.values():  # an interruption or a fault: stop them at once
+            probe.runner.kill()
+
+
+def _next_explore(search: Search, running: int) -> Proposal | str | None:
+    """What a free runner probes next; a reason (str) to stop launching; or None when nothing is
+    worth probing until the probes running now report."""
+    if search.s.trials is not None and search.probes_this_run + running >= search.s.trials:
+        return f"reached --trials {search.s.trials}"
+    study, budget = search.session.study, search.budget
+    seen = search.session.observations()
+    if budget.left() < budget.next_probe_estimate(seen) + budget.confirm_reserve(search.planner, seen, study):
+        return "the time budget"
+    proposal = search.sampler.propose(study, "explore")
+    if proposal is None:
+        if running or any(o.status == "running" for o in seen):
+            return None  # what the probes running now (here or in another searcher) find decides
+        return "the planner had nothing left worth probing"
+    return proposal
+
+
+def _check_fatal(result: ProbeResult, seen: list[Observation]) -> None:
+    """The function raised before any probe ran: a bug to fix, not a config to rule out."""
+    if result.status == "error" and not any(o.status in ("ok", "oom") for o in seen):
+        raise UserCodeError(
+            f"The training function raised on the first probe ({result.config.label()}): "
+            f"{result.error_type}: {(result.error_message or '').splitlines()[0] if result.error_message else ''}\n"
+            f"{result.traceback or ''}".rstrip()
+            + f"\nFix the error (its output is in {result.log_path}); nothing was exported."
+        )
+
+
+def remeasure(search: Search, runner: Runner) -> None:
+    """Noise: the close contenders get a second measurement, twice as long, before a winner is named."""
+    study, budget = search.session.study, search.budget
+    seen = search.session.observations()
+    steps = search.s.steps * 2
+    while (proposal := search.sampler.propose(study, "remeasure")) is not None:
+        if budget.left() < budget.confirm_estimate(study, proposal.config, steps) \
+                + budget.confirm_reserve(search.planner, seen, study):
+            break
+        search.probe(runner, steps)
+
+
+def confirm(search: Search, runner: Runner) -> None:
+    """Confirm the winner with a long run; fall back to the next one if it fails or crosses the
+    headroom (three tries at most)."""
+    study = search.session.study
+    for _ in range(3):
+        proposal = search.sampler.propose(study, "confirm")
+        if proposal is None:
+            return
+        steps = search.budget.confirm_steps(study, proposal.config)
+        if steps is None:
+            search.notes.append("the winner was not confirmed with a longer run: the budget ran out")
+            return
+        result = search.probe(runner, steps)
+        if result is not None and result.ok and (result.peak_bytes or 0) <= search.session.usable:
+            continue  # confirmed; if its longer run moved it down the ranking, confirm the new first
+        search.notes.append(f"{proposal.config.label()} failed its confirmation run "
+                            f"({result.status if result else 'claimed'}); falling back to the next best")
+
+
+def export(search: Search, stopped: str, partial: bool) -> SearchResult:
+    """The search's result, and the best-config file written from the study (none when nothing fits)."""
+    session, planner = search.session, search.planner
+    study = session.study
+    seen = session.observations()
+    search.notes[:0] = fault_notes(study, planner, seen)
+    noisy = planner.noise_summary(seen)
+    if noisy:
+        search.notes.append(noisy)
+    done = [o for o in seen if o.status != "running"]
+    ranked = planner.ranked(seen)
+    record_end(study, stopped, partial)
+    result = SearchResult(
+        best=ranked[0].config if ranked else None, document=None, json_path=None, ranked=ranked,
+        study_name=session.study_name, storage=session.storage_url, probes=len(done),
+        ooms=sum(o.too_big(session.usable) for o in done), failed=sum(o.failed for o in done),
+        elapsed_s=time.monotonic() - search.started, stopped=stopped, partial=partial,
+        usable_bytes=session.usable, notes=search.notes,
+    )
+    if not ranked:
+        if partial:
+            return result
+        raise NoFeasibleConfig(nothing_fits(done, session.usable, session.limit, search.s.headroom))
+    document = best_document(study, session.storage_url, planner=planner, stopped=stopped, partial=partial)
+    result.why = document["why"]
+    device = session.device_info
+    path = search.s.out or default_best_path(session.script, search.info.function, session.output_dir,
+                                             device_tag(device.type, device.name))
+    lowered_note = _lowered_run_note(path)
+    if lowered_note:
+        result.notes.append(lowered_note)
+    result.json_path = write_best(path, document)
+    result.document = document
+    return result
+
+
+def _lowered_run_note(best_path: str) -> str | None:
+    """What a real run with the previous answer recorded when it ran out of memory, if it did."""
+    from autofit.runtime import lowered_path, read_lowerings
+
+    recorded = read_lowerings(lowered_path(best_path))
+    if not recorded or not recorded.get("lowerings"):
+        return None
+    first = recorded["lowerings"][0]
+    before, after = Config.from_dict(first["before"]), Config.from_dict(recorded["ended_with"])
+    return (f"a real run of {before.label()} ran out of memory at step {first['step']} ({first['where']}) and went "
+            f"on with {after.label()} ({lowered_path(best_path)}): if its inputs grow beyond what the probes "
+            f"saw, keep more --headroom or probe with the largest inputs")

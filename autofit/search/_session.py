@@ -1,0 +1,169 @@
+"""Where a search's probes are kept, and under what: the storage and the study (new, or resumed), the
+device and memory limit the probes are measured under, the trials this search asked for and how they
+end, and the liveness of every searcher's trials (a dead searcher's configs are probed again)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import optuna
+
+from autofit.devices import DeviceInfo, check_device, current_allocator_settings
+from autofit.errors import UsageError
+from autofit.export import script_sha256
+from autofit.planner import Observation, SearchSpace
+from autofit.probing import ProbeResult, WorkerInfo, check_script
+from autofit.search._liveness import Heartbeat, fail_stale, owner_record
+from autofit.search._resume import fail_trials, open_study
+from autofit.search._sampler import AutofitSampler, Proposal
+from autofit.search._settings import SearchSettings
+from autofit.study import (
+    HEARTBEAT_S,
+    default_study_name,
+    observations,
+    open_storage,
+    quiet_heartbeat_warnings,
+    record_probe,
+    storage_label,
+    trial_config,
+)
+
+
+class Session:
+    """One search's study and what its probes are measured under; `open()` opens or resumes the study."""
+
+    def __init__(self, settings: SearchSettings) -> None:
+        self.s = settings
+        self.script = check_script(settings.script)
+        self.slots = settings.worker_indices()
+        """The device index of each worker: one per listed GPU, or --workers of them on the CPU."""
+        self.device_info = same_devices(settings.device, self.slots)
+        self.storage_url = storage_label(settings.storage)
+        self.storage = open_storage(settings.storage)  # a bad storage fails before any probe
+        self.study_name = settings.study or default_study_name(self.script, settings.function, settings.device,
+                                                               settings.index) \
+            + (f"-{settings.world_size}ranks" if settings.world_size > 1 else "")
+        self.run_dir = os.path.join(self.output_dir, "runs", self.study_name)
+        """Where the probes' logs go: one per trial (and per worker when there are several)."""
+        self.limit = settings.memory_limit or self._device_memory()
+        self.usable = self.limit * (1 - settings.headroom)
+        self.script_sha256 = script_sha256(self.script)  # the script as these probes measure it
+        self.study: optuna.Study | None = None
+        self.notes: list[str] = []
+        """What resuming found (a changed script, a dead searcher's trials)."""
+        self._asked: list[int] = []
+        self._next_liveness_check = 0.0
+
+    @property
+    def output_dir(self) -> str:
+        """Where the study's storage lives (the best config and the probes' logs go beside it)."""
+        url = self.storage_url
+        if url.startswith("sqlite:///"):
+            return os.path.dirname(os.path.abspath(url[len("sqlite:///"):]))
+        return os.path.abspath("studies")
+
+    def _device_memory(self) -> int:
+        info = self.device_info
+        if info.type == "cpu":  # no limit given: cap at what is free now, so the machine survives
+            return int((info.free_bytes or info.total_bytes) / len(self.slots))  # each worker its share
+        return int(info.total_bytes)
+
+    def open(self) -> optuna.Study:
+        """The study, new or resumed; a resumed one may bring its own limit (see open_study)."""
+        opened = open_study(self.storage, self.study_name, fresh=self.s.fresh, device_name=self.device_info.name,
+                            limit_bytes=self.limit, limit_given=self.s.memory_limit is not None,
+                            headroom=self.s.headroom, script_sha256=self.script_sha256,
+                            world_size=self.s.world_size)
+        self.limit = opened.limit_bytes
+        self.usable = self.limit * (1 - self.s.headroom)
+        self.notes.extend(opened.notes)
+        self.study = opened.study
+        self._next_liveness_check = time.monotonic() + HEARTBEAT_S
+        return self.study
+
+    # --- the search's settings on the study ---------------------------------------------------
+    @property
+    def meta(self) -> dict:
+        return self.study.user_attrs.get("autofit") or {}
+
+    def knobs(self) -> dict | None:
+        """The knobs the function offers, once a probe (of any searcher of this study) reported them."""
+        return self.meta.get("knobs")
+
+    def stored_space(self) -> SearchSpace:
+        """The space as the study keeps it (narrowed by whichever searcher learnt the knobs first)."""
+        return SearchSpace.from_dict(self.meta["space"])
+
+    def save_meta(self, info: WorkerInfo, space: SearchSpace, knobs: dict | None) -> None:
+        self.study.set_user_attr("autofit", {
+            "script": self.script, "function": info.function, "device": self.device_info.name,
+            "device_info": self.device_info.to_dict(), "limit_bytes": self.limit,
+            "limit_given": self.s.memory_limit is not None, "script_sha256": self.script_sha256,
+            "headroom": self.s.headroom, "usable_bytes": self.usable, "space": space.to_dict(),
+            "world_size": self.s.world_size, "allocator": current_allocator_settings(self.s.alloc_conf),
+            "knobs": knobs, "versions": info.versions,
+        })
+
+    # --- trials -------------------------------------------------------------------------------
+    def observations(self, exclude: int | None = None) -> list[Observation]:
+        return observations(self.study.get_trials(deepcopy=False), exclude=exclude)
+
+    def ask(self, sampler: AutofitSampler, device: str) -> tuple[optuna.Trial, Proposal] | None:
+        """A trial for the sampler's proposal, claimed for this searcher and `device`; None when another
+        searcher claimed the same config first (the trial is then PRUNED as a duplicate)."""
+        with quiet_heartbeat_warnings():
+            trial = self.study.ask(sampler.search_space)
+        self._asked.append(trial.number)
+        proposal = sampler.given(trial)
+        if proposal is None:
+            raise RuntimeError(f"trial {trial.number} was asked with nothing to probe (propose first)")
+        if proposal.phase == "explore" and self._claimed_earlier(trial.number, proposal.config):
+            trial.set_user_attr("duplicate", True)
+            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            return None
+        trial.set_user_attr("phase", proposal.phase)
+        trial.set_user_attr("owner", {**owner_record(), "device": device})
+        return trial, proposal
+
+    def _claimed_earlier(self, number: int, config) -> bool:
+        """Another process asked for the same config first (parallel workers): the lower trial
+        number keeps it, so exactly one of two racing workers probes it."""
+        for other in self.study.get_trials(deepcopy=False):
+            if other.number < number and not other.user_attrs.get("duplicate") \
+                    and other.user_attrs.get("phase", "explore") == "explore" and trial_config(other) == config \
+                    and (other.state == optuna.trial.TrialState.RUNNING or "probe" in other.user_attrs):
+                return True
+        return False
+
+    def heartbeat(self, trial: optuna.Trial) -> Heartbeat:
+        """Keeps `trial` alive in the eyes of other searchers while its probe runs."""
+        return Heartbeat(self.study, trial)
+
+    def record(self, trial: optuna.Trial, result: ProbeResult, phase: str) -> None:
+        record_probe(self.study, trial, result, self.usable, phase)
+
+    def fail_unfinished(self) -> None:
+        """Ctrl-C or autofit's own failure: the trials this search asked for and never finished are FAIL,
+        so their configs are probed again when the same command resumes."""
+        fail_trials(self.study, self._asked)
+
+    def check_liveness(self) -> None:
+        """Every HEARTBEAT_S: fail the trials of searchers that died, so their configs are probed again
+        (by anyone)."""
+        if time.monotonic() >= self._next_liveness_check:
+            fail_stale(self.study)
+            self._next_liveness_check = time.monotonic() + HEARTBEAT_S
+
+
+def same_devices(device: str, indices: tuple[int, ...]) -> DeviceInfo:
+    """The device all workers run on: probes compare only across identical devices (same model and
+    memory), so a list of GPUs that differ is refused."""
+    infos = [check_device(device, index) for index in dict.fromkeys(indices)]
+    first = infos[0]
+    for other in infos[1:]:
+        if (other.name, other.total_bytes) != (first.name, first.total_bytes):
+            raise UsageError(f"The GPUs of one search must be identical (probes compare only on the same model and "
+                             f"memory), but {device}:{first.index} is {first.name} and {device}:{other.index} is "
+                             f"{other.name}: search each model separately.")
+    return first

@@ -1,0 +1,52 @@
+"""The space a search probes: the decorator's options with the command line's on top, the precisions
+the device runs, and the knobs the training function offers. A search starts before it knows those
+knobs; its first probe reports them, and the space narrows to what the function can change."""
+
+from __future__ import annotations
+
+from autofit.config import SHARDINGS, device_shardings
+from autofit.errors import UsageError
+from autofit.options import SearchOptions
+from autofit.planner import SearchSpace
+from autofit.probing import WorkerInfo
+from autofit.search._settings import SearchSettings
+
+
+def search_options(info: WorkerInfo, settings: SearchSettings) -> SearchOptions:
+    """The decorator's options (as the worker read them from the script), overridden by the settings."""
+    options = SearchOptions(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in info.options.items()}) \
+        if info.options else SearchOptions()
+    return options.merged(global_batch=settings.global_batch, batch_size=settings.batch_size,
+                          precision=settings.precision, accumulation=settings.accumulation,
+                          sharding=settings.sharding, compile=settings.compile)
+
+
+def build_space(settings: SearchSettings, options: SearchOptions, info: WorkerInfo, knobs: dict | None) -> SearchSpace:
+    """The configs worth probing; `knobs` (None until the first probe reports them) drops the settings
+    the function ignores: precision without run.autocast(), accumulation without run.backward(), ..."""
+    precisions = info.precisions
+    wanted = options.precision or tuple(info.default_precisions)
+    unsupported = [p for p in wanted if p not in precisions]
+    if unsupported:
+        raise UsageError(f"The precision must be one the device runs ({', '.join(precisions)}), "
+                         f"but got {', '.join(unsupported)}.")
+    if knobs is not None and not knobs.get("autocast"):
+        wanted = wanted[:1]  # the function never enters run.autocast(): precision changes nothing
+    blocks = knobs.get("checkpoint_blocks") if knobs else None
+    accumulations = options.accumulation
+    if knobs is not None and not knobs.get("backward") and accumulations:
+        accumulations = (1,)
+    global_batch = options.global_batch
+    world = settings.world_size
+    if global_batch and world > 1:  # the micro-batch and accumulation are per rank
+        if global_batch % world:
+            raise UsageError(f"The global batch must divide among the {world} ranks, but got {global_batch}.")
+        global_batch //= world
+    shardings = ("ddp",)  # one process, or a function that offers no blocks to shard
+    if world > 1 and knobs is not None and knobs.get("shard_blocks"):
+        shardings = tuple(h for h in options.sharding or SHARDINGS if h in device_shardings(settings.device))
+    compiles = (False, True) if knobs and knobs.get("compile") and options.compile else (False,)
+    return SearchSpace.build(batch_range=options.batch_size, precisions=tuple(wanted),
+                             checkpoint_blocks=blocks, use_checkpoint=options.checkpoint,
+                             global_batch=global_batch, accumulations=accumulations, shardings=shardings,
+                             compiles=compiles)
