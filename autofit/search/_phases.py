@@ -141,7 +141,7 @@ def export(search: Search, stopped: str, partial: bool) -> SearchResult:
     record_end(study, stopped, partial)
     result = SearchResult(
         best=ranked[0].config if ranked else None, document=None, json_path=None, ranked=ranked,
-        study_name=session.study_name, storage=session.storage_url, probes=len(done),
+        study_name=session.study_name, storage=session.storage_label, probes=len(done),
         ooms=sum(o.too_big(session.usable) for o in done), failed=sum(o.failed for o in done),
         elapsed_s=time.monotonic() - search.started, stopped=stopped, partial=partial,
         usable_bytes=session.usable, notes=search.notes,
@@ -150,7 +150,7 @@ def export(search: Search, stopped: str, partial: bool) -> SearchResult:
         if partial:
             return result
         raise NoFeasibleConfig(nothing_fits(done, session.usable, session.limit, search.s.headroom))
-    document = best_document(study, session.storage_url, planner=planner, stopped=stopped, partial=partial)
+    document = best_document(study, session.storage_label, planner=planner, stopped=stopped, partial=partial)
     result.why = document["why"]
     device = session.device_info
     path = search.s.out or default_best_path(session.script, search.info.function, session.output_dir,

@@ -20,11 +20,14 @@ from autofit.search._sampler import AutofitSampler, Proposal
 from autofit.search._settings import SearchSettings
 from autofit.study import (
     HEARTBEAT_S,
+    default_storage_url,
     default_study_name,
+    is_journal,
     observations,
     open_storage,
     quiet_heartbeat_warnings,
     record_probe,
+    storage_file,
     storage_label,
     trial_config,
 )
@@ -39,7 +42,8 @@ class Session:
         self.slots = settings.worker_indices()
         """The device index of each worker: one per listed GPU, or --workers of them on the CPU."""
         self.device_info = same_devices(settings.device, self.slots)
-        self.storage_url = storage_label(settings.storage)
+        self.storage_label = storage_label(settings.storage)
+        """The storage as it may be printed or written (a password masked)."""
         self.storage = open_storage(settings.storage)  # a bad storage fails before any probe
         self.study_name = settings.study or default_study_name(self.script, settings.function, settings.device,
                                                                settings.index) \
@@ -58,9 +62,10 @@ class Session:
     @property
     def output_dir(self) -> str:
         """Where the study's storage lives (the best config and the probes' logs go beside it)."""
-        url = self.storage_url
-        if url.startswith("sqlite:///"):
-            return os.path.dirname(os.path.abspath(url[len("sqlite:///"):]))
+        url = self.s.storage or default_storage_url()
+        path = storage_file(url)
+        if path is not None and not is_journal(url):
+            return os.path.dirname(os.path.abspath(path))
         return os.path.abspath("studies")
 
     def _device_memory(self) -> int:
