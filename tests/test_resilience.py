@@ -5,14 +5,11 @@ In-process tests inject the allocator's own error where a real one surfaces (for
 optimizer step) to check the bookkeeping exactly; tests/test_resilience_real.py runs real scripts
 under a real memory limit.
 """
-from collections import namedtuple
-
 import pytest
 import torch
 
 from autofit.config import Config
-from autofit.runtime._redo import OutOfMemoryAtBatchOne, lowered, lowered_path, recovery_enabled, split_batch
-from autofit.runtime._run import Run
+from autofit.runtime import OutOfMemoryAtBatchOne, Run, lowered, lowered_path, recovery_enabled
 
 CPU_OOM = "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 1"
 
@@ -24,17 +21,6 @@ def test_lowered_halves_and_keeps_the_global_batch():
     assert lowered(Config(9)) == Config(3, accumulation_steps=3)  # largest divisor below half
     assert lowered(Config(7)) == Config(1, accumulation_steps=7)
     assert lowered(Config(1)) is None
-
-
-def test_split_batch_cuts_every_tensor_and_keeps_the_rest():
-    Pair = namedtuple("Pair", "x y")
-    batch = {"x": torch.arange(8).view(8, 1), "y": Pair(torch.arange(8), torch.zeros(8, 2)), "name": "b", "n": 3}
-    pieces = split_batch(batch, 3)
-    assert [len(p["x"]) for p in pieces] == [3, 3, 2]
-    assert torch.equal(torch.cat([p["y"].x for p in pieces]), torch.arange(8))
-    assert all(p["name"] == "b" and p["n"] == 3 and isinstance(p["y"], Pair) for p in pieces)
-    whole = (torch.ones(4), torch.ones(4))
-    assert split_batch(whole, 4) == [whole]
 
 
 def test_lowered_path_sits_beside_the_exported_file():

@@ -4,7 +4,7 @@ micro-batch and more accumulation, so the global batch and the optimizer's view 
 A probe meets only the shapes it was given; a real run later meets a longer sequence, a bigger
 image or a fragmented allocator. Crashing there loses hours; silently changing the global batch
 (what the batch-size finders do) changes the training. This module owns the pieces: which smaller
-config keeps the global batch, how a loader's batch is cut into micro-batches, how the memory of
+config keeps the global batch, how the memory of
 the failed step is handed back, and how the change is told and recorded.
 """
 
@@ -14,7 +14,6 @@ import json
 import os
 import sys
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -52,45 +51,6 @@ def lowered(config: Config) -> Config | None:
     if smaller is None:
         return None
     return replace(config, batch_size=smaller, accumulation_steps=config.accumulation_steps * (size // smaller))
-
-
-def split_batch(batch: Any, size: int) -> list[Any]:
-    """`batch` cut into micro-batches of `size` samples along dim 0 (views, no copy).
-
-    Tensors inside tuples, lists, namedtuples and dicts are cut alike; other values (strings, ints,
-    None) are given to every piece unchanged. A batch of at most `size` samples is returned whole.
-    """
-    count = _batch_len(batch)
-    if count is None or count <= size:
-        return [batch]
-    return [_take(batch, start, min(start + size, count)) for start in range(0, count, size)]
-
-
-def _batch_len(batch: Any) -> int | None:
-    import torch  # here, so that reading a record (the search's parent process) needs no torch
-
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() > 0 else None
-    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
-    for value in values:
-        found = _batch_len(value)
-        if found is not None:
-            return found
-    return None
-
-
-def _take(batch: Any, start: int, stop: int) -> Any:
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return batch[start:stop] if batch.dim() > 0 else batch
-    if isinstance(batch, Mapping):
-        return type(batch)({k: _take(v, start, stop) for k, v in batch.items()})
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(_take(v, start, stop) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_take(v, start, stop) for v in batch)
-    return batch
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import statistics
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,10 +21,11 @@ import torch
 from torch.utils.checkpoint import checkpoint as _torch_checkpoint
 
 from autofit.config import Config
+from autofit.runtime._batch import count_samples, split_batch, to_device
 from autofit.runtime._distributed import Ranks, agree_on_most
 from autofit.runtime._oom import is_oom
 from autofit.runtime._precision import make_grad_scaler, precision_context, precision_scope
-from autofit.runtime._redo import Lowering, OutOfMemoryAtBatchOne, announce, lowered, split_batch
+from autofit.runtime._redo import Lowering, OutOfMemoryAtBatchOne, announce, lowered
 
 
 class ProbeFinished(BaseException):
@@ -645,37 +646,6 @@ def apply_checkpoint(block: torch.nn.Module) -> torch.nn.Module:
     block.forward = checkpointed_forward
     block._autofit_checkpointed = True
     return block
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    """Move tensors, and tensors inside tuples, lists and dicts, to `device`."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, Mapping):
-        return type(batch)({k: to_device(v, device) for k, v in batch.items()})
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(to_device(v, device) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch
-
-
-def _first_tensor(batch: Any) -> torch.Tensor | None:
-    if isinstance(batch, torch.Tensor):
-        return batch
-    values = batch.values() if isinstance(batch, Mapping) else batch
-    if isinstance(values, (list, tuple)) or isinstance(batch, Mapping):
-        for value in values:
-            found = _first_tensor(value)
-            if found is not None:
-                return found
-    return None
-
-
-def count_samples(batch: Any) -> int:
-    """Samples in a batch: the first dimension of its first tensor."""
-    tensor = _first_tensor(batch)
-    return int(tensor.shape[0]) if tensor is not None and tensor.dim() > 0 else 1
 
 
 def _count_tokens(batch: Any, tokens: int | Callable[[Any], int] | None) -> int:
