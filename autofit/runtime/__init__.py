@@ -1,6 +1,6 @@
 """What a train function sees: the `Run` (one config, its step clock, the knobs it offers), precision
-as data, activation checkpointing, distributed set-up, OOM classification, the one OOM-redo path
-and the one walk over a nested batch (`map_batch`).
+as data, activation checkpointing, distributed set-up, OOM classification, the one OOM-redo path,
+the one walk over a nested batch (`map_batch`) and a normal run's memory cap.
 
 Everything here runs inside the user's process (a probe's worker, a rank, a normal run)."""
 
@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from autofit.runtime._batch import batch_len, batch_tensors, count_samples, map_batch, split_batch, to_device
 from autofit.runtime._distributed import Ranks, leave_process_group, per_rank_config, ranks_from_env
+from autofit.runtime._memory_cap import LIMIT_ENV, describe_limit, limit_from_env
 from autofit.runtime._oom import breaks_the_device, is_oom
 from autofit.runtime._precision import precision_context, precision_scope
 from autofit.runtime._redo import (
+    RECOVERY_ENV,
     Lowering,
     OutOfMemoryAtBatchOne,
     announce,
-    describe_limit,
-    limit_from_env,
     lowered,
     lowered_path,
     read_lowerings,
@@ -25,6 +25,8 @@ from autofit.runtime._redo import (
 from autofit.runtime._run import DataTooSmall, ProbeFinished, Run, drop_graph
 
 __all__ = [
+    "LIMIT_ENV",
+    "RECOVERY_ENV",
     "DataTooSmall",
     "Lowering",
     "OutOfMemoryAtBatchOne",

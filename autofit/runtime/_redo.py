@@ -18,12 +18,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autofit.config import Config
-from autofit.units import format_size, parse_size
 
 #: Set to 0 to let a real run's OOM propagate as it would without autofit.
 RECOVERY_ENV = "AUTOFIT_OOM_RECOVERY"
-#: A memory limit for a normal run ("12GiB", or "json": the limit the exported config was searched under).
-LIMIT_ENV = "AUTOFIT_MEMORY_LIMIT"
 
 
 class OutOfMemoryAtBatchOne(RuntimeError):
@@ -119,18 +116,3 @@ def read_lowerings(path: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return document if isinstance(document, dict) and document.get("schema") == "autofit.lowered/1" else None
-
-
-def limit_from_env(exported_limit: int | None) -> int | None:
-    """The memory limit a normal run enforces: $AUTOFIT_MEMORY_LIMIT as a size, or "json" for the
-    limit the exported config was searched under; None when unset."""
-    value = os.environ.get(LIMIT_ENV, "").strip()
-    if not value:
-        return None
-    if value.lower() == "json":
-        return exported_limit
-    return parse_size(value)
-
-
-def describe_limit(limit: int) -> str:
-    return f"autofit: this run enforces a memory limit of {format_size(limit)} (${LIMIT_ENV})"
