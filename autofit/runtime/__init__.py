@@ -1,6 +1,6 @@
 """What a train function sees: the `Run` (one config, its step clock, the knobs it offers), precision
-as data, activation checkpointing, distributed set-up, OOM classification, the one OOM-redo path,
-the one walk over a nested batch (`map_batch`) and a normal run's memory cap.
+as data, activation checkpointing, distributed set-up, OOM classification, the one OOM-redo path
+(`StepRedo`), the one walk over a nested batch (`map_batch`) and a normal run's memory cap.
 
 Everything here runs inside the user's process (a probe's worker, a rank, a normal run)."""
 
@@ -15,14 +15,16 @@ from autofit.runtime._redo import (
     RECOVERY_ENV,
     Lowering,
     OutOfMemoryAtBatchOne,
+    StepRedo,
     announce,
+    drop_graph,
     lowered,
     lowered_path,
     read_lowerings,
     record_lowerings,
     recovery_enabled,
 )
-from autofit.runtime._run import DataTooSmall, ProbeFinished, Run, drop_graph
+from autofit.runtime._run import DataTooSmall, ProbeFinished, Run
 
 __all__ = [
     "LIMIT_ENV",
@@ -33,6 +35,7 @@ __all__ = [
     "ProbeFinished",
     "Ranks",
     "Run",
+    "StepRedo",
     "announce",
     "batch_len",
     "batch_tensors",
