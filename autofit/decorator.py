@@ -12,7 +12,7 @@ from autofit.config import MAX_BATCH, PRECISIONS, Config
 from autofit.options import SearchOptions
 
 if TYPE_CHECKING:
-    from autofit.runtime import Run
+    from autofit.runtime import Run, StepRedo
 
 #: Steps a normal run leaves out of its reported throughput (a probe's default warm-up).
 _NORMAL_RUN_WARMUP = 2
@@ -32,35 +32,45 @@ class AutofitFunction:
         return f"<autofit function {self.fn.__module__}.{self.fn.__qualname__}>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from autofit.runtime import Run, announce, record_lowerings
+        from autofit.runtime import Run, record_lowerings
 
         if args and isinstance(args[0], Run):  # a probe, or a caller who built the Run
             return self.fn(*args, **kwargs)
         plan = self.plan_run(config_path=kwargs.pop("autofit_config", None))
-        run = self.make_run(plan=plan)
-        restarts = []
+        attempts = [self.make_run(plan=plan)]  # the Run of the attempt under way, last
+        redo = attempts[-1].redo  # shared by every attempt: it keeps the lowerings of all of them
+        world_size = attempts[-1].world_size
+
+        def train() -> Any:
+            with attempts[-1].active():
+                return self.fn(attempts[-1], *args, **kwargs)
+
+        def start_again(exc: Exception) -> Callable[[], Any] | None:
+            # An OOM before the first optimizer step: nothing was trained, so the function starts
+            # again with the lowered config, in a new Run; the failed one goes now, so that its
+            # memory (its optimizer, the model through it) is freed with the traceback's.
+            lowering = attempts[-1].restart_lowering
+            if lowering is None:
+                return None
+            attempts.pop()
+            config = redo.take(lowering)
+
+            def again() -> Any:
+                attempts.append(self.make_run(plan=plan._replace(config=config, searched_world=world_size),
+                                              redo=redo))
+                return train()
+
+            return again
+
         try:
-            while True:
-                try:
-                    with run.active():
-                        result = self.fn(run, *args, **kwargs)
-                    break
-                except Exception:
-                    if run.restart_config is None:
-                        raise
-                # An OOM before the first optimizer step: nothing was trained, so start again with
-                # the lowered config (the failed attempt's memory goes with its traceback, here).
-                restarts.append(run.restart_lowering)
-                announce(run.restart_lowering)
-                run = self.make_run(plan=plan._replace(config=run.restart_config, searched_world=run.world_size))
-                run.lowerings.extend(restarts)
-            run.finish()
-            run.report()
+            result = redo.until_it_fits(train, start_again)
+            attempts[-1].finish()
+            attempts[-1].report()
             return result
         finally:
-            if run.lowerings:
-                record_lowerings(plan.record_path, plan.config, run.lowerings, plan.path)
-            if run.world_size > 1:
+            if redo.lowerings:
+                record_lowerings(plan.record_path, plan.config, redo.lowerings, plan.path)
+            if world_size > 1:
                 from autofit.runtime import leave_process_group
 
                 leave_process_group()
@@ -75,14 +85,16 @@ class AutofitFunction:
         return plan
 
     def make_run(self, config_path: str | os.PathLike | None = None, device: str | None = None,
-                 *, plan: Any = None) -> Run:
+                 *, plan: Any = None, redo: StepRedo | None = None) -> Run:
         """The Run a normal call trains with: the best exported config if there is one, recovering
-        from OOM unless turned off, under $AUTOFIT_MEMORY_LIMIT when set."""
+        from OOM unless turned off, under $AUTOFIT_MEMORY_LIMIT when set. `redo`: the OOM-redo path
+        of an earlier attempt of the same call, which this Run goes on with (None: a new one)."""
         import torch
 
         from autofit.devices import make_backend
         from autofit.runtime import (
             Run,
+            StepRedo,
             describe_limit,
             limit_from_env,
             per_rank_config,
@@ -112,10 +124,11 @@ class AutofitFunction:
         if limit is not None and getattr(backend, "limit_bytes", None) != limit:
             backend.apply_memory_limit(limit, limit)
             print(describe_limit(limit), file=sys.stderr)
+        if redo is None:
+            redo = StepRedo(enabled=recover, release_memory=backend.release, used_memory=backend.used_bytes)
         # The same warm-up a probe skips is left out of the run's own throughput figure.
-        return Run(config, torch_device, probing=False, warmup_steps=_NORMAL_RUN_WARMUP, recover_oom=recover,
-                   release_memory=backend.release, used_memory=backend.used_bytes, defaults=plan.path is None,
-                   ranks=ranks)
+        return Run(config, torch_device, probing=False, warmup_steps=_NORMAL_RUN_WARMUP, defaults=plan.path is None,
+                   ranks=ranks, redo=redo)
 
     def search(self, **kwargs: Any):
         """Search this function's best config from Python; see `autofit.search.run_search`."""

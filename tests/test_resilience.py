@@ -5,14 +5,25 @@ In-process tests inject the allocator's own error where a real one surfaces (for
 optimizer step) to check the bookkeeping exactly; tests/test_resilience_real.py runs real scripts
 under a real memory limit.
 """
-from collections import namedtuple
+import copy
+import weakref
 
 import pytest
 import torch
 
+from autofit import autofit
 from autofit.config import Config
-from autofit.runtime._redo import OutOfMemoryAtBatchOne, lowered, lowered_path, recovery_enabled, split_batch
-from autofit.runtime._run import Run
+from autofit.export import config_entry, write_best
+from autofit.integrations._recovery import StepRecovery
+from autofit.runtime import (
+    OutOfMemoryAtBatchOne,
+    Run,
+    StepRedo,
+    lowered,
+    lowered_path,
+    read_lowerings,
+    recovery_enabled,
+)
 
 CPU_OOM = "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 1"
 
@@ -24,17 +35,6 @@ def test_lowered_halves_and_keeps_the_global_batch():
     assert lowered(Config(9)) == Config(3, accumulation_steps=3)  # largest divisor below half
     assert lowered(Config(7)) == Config(1, accumulation_steps=7)
     assert lowered(Config(1)) is None
-
-
-def test_split_batch_cuts_every_tensor_and_keeps_the_rest():
-    Pair = namedtuple("Pair", "x y")
-    batch = {"x": torch.arange(8).view(8, 1), "y": Pair(torch.arange(8), torch.zeros(8, 2)), "name": "b", "n": 3}
-    pieces = split_batch(batch, 3)
-    assert [len(p["x"]) for p in pieces] == [3, 3, 2]
-    assert torch.equal(torch.cat([p["y"].x for p in pieces]), torch.arange(8))
-    assert all(p["name"] == "b" and p["n"] == 3 and isinstance(p["y"], Pair) for p in pieces)
-    whole = (torch.ones(4), torch.ones(4))
-    assert split_batch(whole, 4) == [whole]
 
 
 def test_lowered_path_sits_beside_the_exported_file():
@@ -170,3 +170,114 @@ def test_other_errors_are_never_taken_for_an_oom():
                 loss = recorder.model(x).mean()
             run.backward(loss, recorder.opt)
     assert not run.lowerings
+
+
+def test_the_redo_frees_a_failed_attempt_once_its_except_block_is_left():
+    """The traceback holds the failed step's frames (its activations): the memory goes back after."""
+    failed: list = []
+    freed_at_release: list = []
+    redo = StepRedo(release_memory=lambda: freed_at_release.append(failed[0]() is None))
+    config = [Config(8)]
+
+    def attempt():
+        if not failed:
+            activations = torch.ones(1024)
+            failed.append(weakref.ref(activations))
+            raise RuntimeError(CPU_OOM)
+        return config[0]
+
+    def after_oom(exc):
+        lowering = redo.lower(config[0], exc, "forward", 3)
+        if lowering is None:
+            return None
+        config[0] = redo.take(lowering)
+        return attempt
+
+    assert redo.until_it_fits(attempt, after_oom) == Config(4, accumulation_steps=2)
+    assert freed_at_release == [True]
+    [lowering] = redo.lowerings
+    assert (lowering.step, lowering.where, lowering.restart) == (3, "forward", False)
+    with pytest.raises(ZeroDivisionError):
+        redo.until_it_fits(lambda: 1 / 0, after_oom)
+    assert len(redo.lowerings) == 1 and freed_at_release == [True]  # not an OOM: nothing lowered, nothing freed
+    assert StepRedo(enabled=False).lower(Config(8), RuntimeError(CPU_OOM), "forward", 3) is None
+
+
+def test_a_run_hands_the_failed_steps_memory_back_once_per_redo():
+    released = []
+    run = Run(Config(8), recover_oom=True, release_memory=lambda: released.append(run.config))
+    _Recorder().loop(run, fail_backward_at=4)
+    assert released == [Config(4, accumulation_steps=2)]  # after the lowering, before the step is fed again
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_framework_step_redone_after_an_oom_has_the_whole_steps_gradient(where):
+    """StepRecovery (HF, Lightning): the trainer keeps feeding micro-batches of 8; after the OOM each
+    is cut in two weighted pieces; a backward OOM leaves part of a gradient, so the step is fed again."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    reference = copy.deepcopy(model)
+    micro_batches = [torch.randn(8, 4) for _ in range(2)]  # one optimizer step, accumulation 2
+    reference(torch.cat(micro_batches)).pow(2).mean().backward()
+    run = Run(Config(8, accumulation_steps=2), recover_oom=True)
+    run.clock.steps_done = 3  # mid-run: the step is redone in place
+    recovery = StepRecovery(run, lambda: model.zero_grad(set_to_none=True))
+    pieces_run = []
+    failed = []
+
+    def work(piece, weight, accumulation):
+        recovery.where = "forward"
+        loss = model(piece).pow(2).mean() * weight / accumulation
+        fails = len(pieces_run) == 1 and True not in failed  # the second micro-batch, first time round
+        failed.append(fails)
+        if fails and where == "forward":
+            raise RuntimeError(CPU_OOM)
+        recovery.where = "backward"
+        loss.backward()  # a backward that fails after adding part of its gradient
+        if fails:
+            raise RuntimeError(CPU_OOM)
+        pieces_run.append(len(piece))
+        return loss.detach()
+
+    for x in micro_batches:
+        recovery.feed(x, 2, work)
+    recovery.step_done()
+    assert run.config == Config(4, accumulation_steps=4)
+    assert [lowering.where for lowering in run.lowerings] == [where]
+    # forward: only the failed micro-batch again, in pieces; backward: the whole step so far again
+    assert pieces_run == ([8, 4, 4] if where == "forward" else [8, 4, 4, 4, 4])
+    for a, b in zip(reference.parameters(), model.parameters()):
+        torch.testing.assert_close(b.grad, a.grad)
+
+
+def test_the_decorator_starts_again_through_the_same_redo(tmp_path, monkeypatch, capsys):
+    """An OOM before the first optimizer step starts the function again with a new Run that shares
+    the first one's StepRedo; the failed Run is gone before the new attempt begins."""
+    write_best(str(tmp_path / "t.best.json"), {
+        "partial": False, "config": config_entry(Config(8)), "measured": {}, "memory": {"limit_bytes": None},
+        "device": {"type": "cpu"}, "versions": {}, "script": {}})
+    monkeypatch.setenv("AUTOFIT_CONFIG", str(tmp_path / "t.best.json"))
+    monkeypatch.setenv("AUTOFIT_DEVICE", "cpu")
+    monkeypatch.delenv("AUTOFIT_MEMORY_LIMIT", raising=False)
+    monkeypatch.delenv("AUTOFIT_OOM_RECOVERY", raising=False)
+    attempts = []
+
+    @autofit
+    def train(run):
+        assert not attempts or attempts[-1]() is None  # the failed attempt's Run (and model) went first
+        attempts.append(weakref.ref(run))
+        # the first attempt fails in its first step; the second in the first micro-batch of step 3
+        _Recorder().loop(run, fail_forward_at=1 if len(attempts) == 1 else 5)
+        return run.redo, run.lowerings
+
+    redo, lowerings = train()
+    assert len(attempts) == 2
+    restart, in_place = lowerings
+    assert lowerings is redo.lowerings
+    assert (restart.step, restart.restart, restart.after) == (1, True, Config(4, accumulation_steps=2))
+    assert (in_place.step, in_place.restart, in_place.after) == (3, False, Config(2, accumulation_steps=4))
+    err = capsys.readouterr().err
+    assert err.index("starting again") < err.index("redoing the step")
+    record = read_lowerings(lowered_path(str(tmp_path / "t.best.json")))
+    assert [item["restart"] for item in record["lowerings"]] == [True, False]
+    assert Config.from_dict(record["ended_with"]) == Config(2, accumulation_steps=4)

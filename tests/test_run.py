@@ -1,11 +1,9 @@
 """The Run API in-process: accumulation, checkpointing, device moves, step counting."""
-from collections import namedtuple
-
 import pytest
 import torch
 
 from autofit.config import Config
-from autofit.runtime._run import ProbeFinished, Run, to_device
+from autofit.runtime import ProbeFinished, Run
 
 
 def _loop(run, n_batches=100, batch=4):
@@ -102,15 +100,6 @@ def test_autocast_uses_the_precision():
 def test_fp16_uses_a_grad_scaler_and_others_do_not():
     assert Run(Config(batch_size=1, precision="fp16"))._scaler is not None
     assert Run(Config(batch_size=1, precision="bf16"))._scaler is None
-
-
-def test_to_device_handles_nested_batches():
-    Pair = namedtuple("Pair", "x y")
-    batch = {"a": torch.ones(2), "b": [torch.zeros(1), (torch.ones(3), "label")], "c": Pair(torch.ones(1), 3)}
-    moved = to_device(batch, torch.device("cpu"))
-    assert isinstance(moved["c"], Pair) and moved["c"].y == 3
-    assert moved["b"][1][1] == "label"
-    assert torch.equal(moved["a"], batch["a"])
 
 
 def test_samples_counted_from_dicts():

@@ -1,20 +1,23 @@
 """OOM recovery inside a framework's training loop (HF Trainer, Lightning).
 
 The trainer keeps its loader, its accumulation and its optimizer steps. After an out-of-memory,
-the run's config is lowered (autofit.runtime._redo) and each micro-batch the trainer hands over is cut
-into pieces of the lowered micro-batch, run one after another, each loss weighted by its share of
-the micro-batch's samples: the gradient is the one the whole micro-batch gives, the global batch is
-unchanged. A forward OOM leaves the gradients whole, so only that micro-batch is run again; an OOM
-in a backward leaves part of one in them, so they are zeroed and the optimizer step's micro-batches
-so far are fed again.
+the run's config is lowered (the run's StepRedo, autofit.runtime) and each micro-batch the trainer
+hands over is cut into pieces of the lowered micro-batch, run one after another, each loss weighted
+by its share of the micro-batch's samples: the gradient is the one the whole micro-batch gives, the
+global batch is unchanged. A forward OOM leaves the gradients whole, so only that micro-batch is run
+again; an OOM in a backward leaves part of one in them, so they are zeroed and the optimizer step's
+micro-batches so far are fed again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from autofit.runtime import Run, count_samples, split_batch
+from autofit.runtime import Run, count_samples, drop_graph, split_batch
+
+if TYPE_CHECKING:
+    import torch
 
 T = TypeVar("T")
 #: Runs one piece of a micro-batch, forward and backward: (piece, weight, context) -> its result.
@@ -53,28 +56,37 @@ class StepRecovery:
     def feed(self, batch: Any, context: Any, work: PieceWork) -> list:
         """Add `batch` to the step and run `work` on each of its pieces, recovering from OOMs."""
         self.add(batch, context)
-        while True:
-            try:
-                return [work(piece, weight, context) for piece, weight in self.pieces(batch)]
-            except Exception as exc:
-                if not self.lowered(exc):
-                    raise
-                whole_step = self.where != "forward"
-            if whole_step:
-                return self.redo_step(work)
-            self._run.release_memory()  # the failed forward's memory, now that its exception is gone
+        return self.until_it_fits(lambda: self._work_on(batch, context, work), work)
 
-    def redo_step(self, work: PieceWork) -> list:
-        """Zero the gradients and feed every micro-batch of the step so far again, piece by piece,
-        lowering again on a further OOM. Returns the results of the last micro-batch's pieces."""
-        while True:
+    def until_it_fits(self, attempt: Callable[[], T], work: PieceWork, *, loss: torch.Tensor | None = None) -> T | list:
+        """`attempt()` (the work on the micro-batch last added), again after each OOM until it fits.
+
+        After an OOM in a forward, `attempt` runs again at the lowered micro-batch; after one in a
+        backward (or in a redone step), the gradients are zeroed and every micro-batch of the step so
+        far is fed again, piece by piece, and the results of the last one's pieces are returned.
+        `loss`: computed before `attempt`, whose backward is part of it; it cannot be computed again,
+        so any OOM redoes the whole step, its graph dropped first (the framework still holds it)."""
+        redoing_step = loss is not None
+
+        def after_oom(exc: Exception) -> Callable[[], Any] | None:
+            nonlocal redoing_step
+            if not self.lowered(exc):
+                return None
+            if loss is not None:
+                drop_graph(loss)
+            if self.where == "forward" and not redoing_step:
+                return attempt  # the gradients are whole: this micro-batch again, in pieces
             self._zero_grad()
-            self._run.release_memory()
-            try:
-                results: list = []
-                for batch, context in self._step:
-                    results = [work(piece, weight, context) for piece, weight in self.pieces(batch)]
-                return results
-            except Exception as exc:
-                if not self.lowered(exc):
-                    raise
+            redoing_step = True
+            return lambda: self._whole_step(work)
+
+        return self._run.redo.until_it_fits(attempt, after_oom)
+
+    def _work_on(self, batch: Any, context: Any, work: PieceWork) -> list:
+        return [work(piece, weight, context) for piece, weight in self.pieces(batch)]
+
+    def _whole_step(self, work: PieceWork) -> list:
+        results: list = []
+        for batch, context in self._step:
+            results = self._work_on(batch, context, work)
+        return results

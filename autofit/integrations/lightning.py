@@ -24,7 +24,7 @@ import torch
 from autofit.config import Config
 from autofit.integrations._blocks import checkpointable_blocks
 from autofit.integrations._recovery import StepRecovery
-from autofit.runtime import Run, count_samples, drop_graph
+from autofit.runtime import Run, count_samples
 
 #: autofit's precision names in Lightning's words.
 PRECISION = {"fp32": "32-true", "tf32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
@@ -124,31 +124,29 @@ def _recover_in(trainer: pl.Trainer, run: Run, module: pl.LightningModule) -> St
 
     def recovering_training_step(batch: Any, *rest: Any, **kwargs: Any) -> Any:
         current.update(batch=batch, rest=rest, kwargs=kwargs)
-        while True:
-            try:
-                recovery.where = "forward"
-                piece, weight = recovery.pieces(batch)[0]
-                return _weighted(training_step(piece, *rest, **kwargs), weight)
-            except Exception as exc:
-                if not recovery.lowered(exc):
-                    raise
-            run.release_memory()  # the gradients are whole: run this micro-batch again, in pieces
+
+        def first_piece() -> Any:
+            recovery.where = "forward"
+            piece, weight = recovery.pieces(batch)[0]
+            return _weighted(training_step(piece, *rest, **kwargs), weight)
+
+        # Only forwards here: after an OOM the gradients are whole, and the first piece runs again.
+        return recovery.until_it_fits(first_piece, whole_piece)
 
     def recovering_backward(loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         batch, context = current["batch"], (current["rest"], current["kwargs"], optimizer)
         recovery.add(batch, context)
-        try:
+
+        def backward_and_the_other_pieces() -> Any:
             recovery.where = "backward"
             result = backward(loss, optimizer, *args, **kwargs)
             for piece, weight in recovery.pieces(batch)[1:]:
                 whole_piece(piece, weight, context)
             return result
-        except Exception as exc:
-            if not recovery.lowered(exc):
-                raise
-        drop_graph(loss)  # what a failed backward left of the graph: Lightning's closure still holds it
-        recovery.redo_step(whole_piece)
-        return None
+
+        # `loss` is Lightning's: it cannot be computed again, so an OOM redoes the step so far.
+        recovery.until_it_fits(backward_and_the_other_pieces, whole_piece, loss=loss)
+        return None  # Lightning's backward_fn ignores what the strategy's backward returns
 
     strategy.training_step, strategy.backward = recovering_training_step, recovering_backward
     return recovery

@@ -1,36 +1,44 @@
 """What a train function sees: the `Run` (one config, its step clock, the knobs it offers), precision
-as data, activation checkpointing, distributed set-up, OOM classification and the one OOM-redo path.
+as data, activation checkpointing, distributed set-up, OOM classification, the one OOM-redo path
+(`StepRedo`), the one walk over a nested batch (`map_batch`) and a normal run's memory cap.
 
 Everything here runs inside the user's process (a probe's worker, a rank, a normal run)."""
 
 from __future__ import annotations
 
+from autofit.runtime._batch import batch_len, batch_tensors, count_samples, map_batch, split_batch, to_device
 from autofit.runtime._distributed import Ranks, leave_process_group, per_rank_config, ranks_from_env
+from autofit.runtime._memory_cap import LIMIT_ENV, describe_limit, limit_from_env
 from autofit.runtime._oom import breaks_the_device, is_oom
 from autofit.runtime._precision import precision_context, precision_scope
 from autofit.runtime._redo import (
+    RECOVERY_ENV,
     Lowering,
     OutOfMemoryAtBatchOne,
+    StepRedo,
     announce,
-    describe_limit,
-    limit_from_env,
+    drop_graph,
     lowered,
     lowered_path,
     read_lowerings,
     record_lowerings,
     recovery_enabled,
-    split_batch,
 )
-from autofit.runtime._run import DataTooSmall, ProbeFinished, Run, count_samples, drop_graph, to_device
+from autofit.runtime._run import DataTooSmall, ProbeFinished, Run
 
 __all__ = [
+    "LIMIT_ENV",
+    "RECOVERY_ENV",
     "DataTooSmall",
     "Lowering",
     "OutOfMemoryAtBatchOne",
     "ProbeFinished",
     "Ranks",
     "Run",
+    "StepRedo",
     "announce",
+    "batch_len",
+    "batch_tensors",
     "breaks_the_device",
     "count_samples",
     "describe_limit",
@@ -40,6 +48,7 @@ __all__ = [
     "limit_from_env",
     "lowered",
     "lowered_path",
+    "map_batch",
     "per_rank_config",
     "precision_context",
     "precision_scope",

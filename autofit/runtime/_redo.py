@@ -3,28 +3,33 @@ micro-batch and more accumulation, so the global batch and the optimizer's view 
 
 A probe meets only the shapes it was given; a real run later meets a longer sequence, a bigger
 image or a fragmented allocator. Crashing there loses hours; silently changing the global batch
-(what the batch-size finders do) changes the training. This module owns the pieces: which smaller
-config keeps the global batch, how a loader's batch is cut into micro-batches, how the memory of
-the failed step is handed back, and how the change is told and recorded.
+(what the batch-size finders do) changes the training. This module owns the one redo path
+(`StepRedo`), whoever drives the step: `Run.batches`, a framework's trainer (autofit.integrations)
+or the decorator starting the function again. It decides which smaller config keeps the global
+batch, hands back the memory of the failed step, and tells and records the change.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from autofit.config import Config
-from autofit.units import format_size, parse_size
+from autofit.runtime._oom import is_oom
+
+if TYPE_CHECKING:
+    import torch
+
+T = TypeVar("T")
 
 #: Set to 0 to let a real run's OOM propagate as it would without autofit.
 RECOVERY_ENV = "AUTOFIT_OOM_RECOVERY"
-#: A memory limit for a normal run ("12GiB", or "json": the limit the exported config was searched under).
-LIMIT_ENV = "AUTOFIT_MEMORY_LIMIT"
 
 
 class OutOfMemoryAtBatchOne(RuntimeError):
@@ -52,45 +57,6 @@ def lowered(config: Config) -> Config | None:
     if smaller is None:
         return None
     return replace(config, batch_size=smaller, accumulation_steps=config.accumulation_steps * (size // smaller))
-
-
-def split_batch(batch: Any, size: int) -> list[Any]:
-    """`batch` cut into micro-batches of `size` samples along dim 0 (views, no copy).
-
-    Tensors inside tuples, lists, namedtuples and dicts are cut alike; other values (strings, ints,
-    None) are given to every piece unchanged. A batch of at most `size` samples is returned whole.
-    """
-    count = _batch_len(batch)
-    if count is None or count <= size:
-        return [batch]
-    return [_take(batch, start, min(start + size, count)) for start in range(0, count, size)]
-
-
-def _batch_len(batch: Any) -> int | None:
-    import torch  # here, so that reading a record (the search's parent process) needs no torch
-
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() > 0 else None
-    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
-    for value in values:
-        found = _batch_len(value)
-        if found is not None:
-            return found
-    return None
-
-
-def _take(batch: Any, start: int, stop: int) -> Any:
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return batch[start:stop] if batch.dim() > 0 else batch
-    if isinstance(batch, Mapping):
-        return type(batch)({k: _take(v, start, stop) for k, v in batch.items()})
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(_take(v, start, stop) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_take(v, start, stop) for v in batch)
-    return batch
 
 
 @dataclass(frozen=True)
@@ -122,7 +88,90 @@ class Lowering:
 
 
 def announce(lowering: Lowering) -> None:
+    """Say on stderr what the run goes on with: a lowered config is slower, and the user should know why."""
     print(lowering.message(), file=sys.stderr, flush=True)
+
+
+class StepRedo:
+    """The one way a real run survives a step that ran out of memory.
+
+    Whoever drives the step uses it in the same three moments:
+
+    1. inside the `except` block, `lower()`: is this an OOM the run recovers from, and with which
+       smaller config (OutOfMemoryAtBatchOne at micro-batch 1); `take()` then goes on with it
+       (announced on stderr, kept for the lowerings file);
+    2. after the `except` block, `free()`: the traceback holds the failed step's frames, and with
+       them its activations, until the block is left; only then can their memory go back;
+    3. the step again, at the lowered micro-batch.
+
+    `until_it_fits` does all three for a caller that can call its step again (a framework's step
+    hook, the decorator starting the function again); `Run.batches` feeds the step again itself.
+    One StepRedo may serve several Runs one after another (the decorator's attempts): it keeps the
+    lowerings of all of them.
+    """
+
+    def __init__(self, *, enabled: bool = True, release_memory: Callable[[], None] | None = None,
+                 used_memory: Callable[[], int] | None = None) -> None:
+        self.enabled = enabled
+        """False in a probe (an OOM is its answer) and where recovery is turned off."""
+        self.lowerings: list[Lowering] = []
+        self._release_memory = release_memory or (lambda: None)
+        self._used_memory = used_memory
+
+    def lower(self, config: Config, exc: BaseException, where: str, step: int, *,
+              restart: bool = False) -> Lowering | None:
+        """The lowering `exc` calls for, not yet taken; None when it is not an OOM this run recovers
+        from (let it propagate). `restart`: before the first optimizer step, where the function is
+        started again rather than the step redone. At micro-batch 1, OutOfMemoryAtBatchOne."""
+        if not self.enabled or not is_oom(exc):
+            return None
+        smaller = lowered(config)
+        if smaller is None:
+            raise OutOfMemoryAtBatchOne(
+                f"Out of memory in the {where} of step {step} even at micro-batch 1 "
+                f"({config.label()}): the model, its optimizer state and one sample's activations do not "
+                f"fit. Turn on checkpointing, use bf16, or train on a device with more memory.") from exc
+        return Lowering(step, where, config, smaller, self._memory_now(), time.time(), restart=restart)
+
+    def take(self, lowering: Lowering) -> Config:
+        """Go on with `lowering`: say so, keep it for the lowerings file; its config is returned."""
+        self.lowerings.append(lowering)
+        announce(lowering)
+        return lowering.after
+
+    def free(self) -> None:
+        """Hand the memory of a failed step back to the device (call once its exception is gone)."""
+        gc.collect()  # the failed step's frames may sit in reference cycles
+        self._release_memory()
+
+    def until_it_fits(self, attempt: Callable[[], T],
+                      after_oom: Callable[[Exception], Callable[[], T] | None]) -> T:
+        """`attempt()`, again after each OOM until it fits. `after_oom(exc)` runs inside the `except`
+        block: it lowers (`lower`, `take`) and returns the next attempt, or None to let `exc`
+        propagate; the failed attempt's memory is freed once the block is left, before the next."""
+        while True:
+            try:
+                return attempt()
+            except Exception as exc:
+                following = after_oom(exc)
+                if following is None:
+                    raise
+            attempt = following
+            self.free()
+
+    def _memory_now(self) -> int | None:
+        try:
+            return self._used_memory() if self._used_memory else None
+        except Exception:  # noqa: BLE001 - a figure for the record, never a reason to fail
+            return None
+
+
+def drop_graph(loss: torch.Tensor) -> None:
+    """Free what a failed step's graph still holds through `loss`, whoever keeps a reference to it."""
+    try:
+        loss.detach_()
+    except RuntimeError:  # a view cannot be detached in place: its graph goes with it
+        pass
 
 
 def lowered_path(config_path: str) -> str:
@@ -159,18 +208,3 @@ def read_lowerings(path: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return document if isinstance(document, dict) and document.get("schema") == "autofit.lowered/1" else None
-
-
-def limit_from_env(exported_limit: int | None) -> int | None:
-    """The memory limit a normal run enforces: $AUTOFIT_MEMORY_LIMIT as a size, or "json" for the
-    limit the exported config was searched under; None when unset."""
-    value = os.environ.get(LIMIT_ENV, "").strip()
-    if not value:
-        return None
-    if value.lower() == "json":
-        return exported_limit
-    return parse_size(value)
-
-
-def describe_limit(limit: int) -> str:
-    return f"autofit: this run enforces a memory limit of {format_size(limit)} (${LIMIT_ENV})"

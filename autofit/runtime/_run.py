@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import json
 import math
 import os
@@ -12,7 +11,7 @@ import statistics
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,10 +20,10 @@ import torch
 from torch.utils.checkpoint import checkpoint as _torch_checkpoint
 
 from autofit.config import Config
+from autofit.runtime._batch import count_samples, split_batch, to_device
 from autofit.runtime._distributed import Ranks, agree_on_most
-from autofit.runtime._oom import is_oom
 from autofit.runtime._precision import make_grad_scaler, precision_context, precision_scope
-from autofit.runtime._redo import Lowering, OutOfMemoryAtBatchOne, announce, lowered, split_batch
+from autofit.runtime._redo import Lowering, StepRedo, drop_graph
 
 
 class ProbeFinished(BaseException):
@@ -159,9 +158,11 @@ class StepClock:
 class Run:
     """One training run under one `Config`: a probe of a few steps, or the real thing.
 
-    A real run with `recover_oom` survives a step that runs out of memory (see autofit.runtime._redo):
+    A real run with `recover_oom` survives a step that runs out of memory (its `redo`, a StepRedo):
     after the first optimizer step it redoes the step in place with a smaller micro-batch; before
-    it, there is nothing to keep, and `restart_config` tells the launcher what to start again with.
+    it, there is nothing to keep, and `restart_lowering` tells the launcher what to start again with.
+    `redo` shares one StepRedo with earlier runs (the decorator's attempts); without it the run makes
+    its own from `recover_oom`, `release_memory` and `used_memory`.
     """
 
     def __init__(
@@ -180,6 +181,7 @@ class Run:
         used_memory: Callable[[], int] | None = None,
         defaults: bool = False,
         ranks: Ranks | None = None,
+        redo: StepRedo | None = None,
     ) -> None:
         self.config = config
         self.ranks = ranks or Ranks()
@@ -206,18 +208,17 @@ class Run:
         # activations and made a probe's memory grow step by step (~3 MiB per step, measured).
         self._all_finite: torch.Tensor | None = None
         self.checked_losses = 0
-        # OOM resilience (real runs only): see autofit.runtime._redo.
-        self._recovering = recover_oom and not probing
-        self._release_memory = release_memory or (lambda: None)
-        self._used_memory = used_memory
+        # OOM resilience (real runs only): see StepRedo.
+        self.redo = redo if redo is not None else StepRedo(
+            enabled=recover_oom and not probing, release_memory=release_memory, used_memory=used_memory)
+        self._recovering = self.redo.enabled and not probing
         self._optimizer: torch.optim.Optimizer | None = None
         self._data_parallel: torch.nn.parallel.DistributedDataParallel | None = None
         self._sharded: Any = None  # an FSDP2 module (run.distribute with shard=)
-        self._redo = False  # the step being fed ran out of memory: batches() feeds it again
-        self.lowerings: list[Lowering] = []
-        self.restart_config: Config | None = None
-        """Set when an OOM came before the first optimizer step: start the function again with it."""
+        self._redoing = False  # the step being fed ran out of memory: batches() feeds it again
         self.restart_lowering: Lowering | None = None
+        """Set when an OOM came before the first optimizer step: start the function again with its
+        config (not yet taken: only the launcher knows whether it starts again)."""
         self.data_context: Callable[[], Any] = contextlib.nullcontext
         """Entered around every read of the data in batches(): autofit's memory estimator reads real
         data there while the step itself runs on fake tensors."""
@@ -270,6 +271,16 @@ class Run:
         return self.ranks.is_main
 
     @property
+    def lowerings(self) -> list[Lowering]:
+        """The configs this run (and the attempts before it) lowered to after an OOM, oldest first."""
+        return self.redo.lowerings
+
+    @property
+    def restart_config(self) -> Config | None:
+        """The config to start the function again with after an OOM before the first optimizer step."""
+        return self.restart_lowering.after if self.restart_lowering is not None else None
+
+    @property
     def recovers_oom(self) -> bool:
         """True in a real run that survives an out-of-memory step by lowering its micro-batch."""
         return self._recovering
@@ -306,7 +317,7 @@ class Run:
         unscaling, over all micro-batches of the step), as `torch.nn.utils.clip_grad_norm_` would.
         """
         self.knobs.backward = True
-        if self._redo:
+        if self._redoing:
             return  # the loss of a micro-batch whose step ran out of memory: the step is redone
         self._optimizer = optimizer
         where = "backward"
@@ -350,71 +361,53 @@ class Run:
     # --- OOM resilience (real runs) -------------------------------------------------------------
     def _caught(self, exc: BaseException, where: str, loss: torch.Tensor | None = None) -> bool:
         """An exception in the step: True when it is an OOM this run recovers from in place (the
-        step will be redone), False to let it propagate (set `restart_config` first when the
+        step will be redone), False to let it propagate (set `restart_lowering` first when the
         launcher can start again because no optimizer step was taken yet)."""
-        if not self._recovering or not is_oom(exc):
+        lowering = self._lowering_for(exc, where)
+        if lowering is None:
             return False
-        smaller = self._smaller_or_fail(exc, where)
-        step = self.clock.steps_done + 1
-        if self.clock.steps_done == 0:  # nothing trained yet: the launcher starts the function again
-            self.restart_config = smaller
-            self.restart_lowering = Lowering(step, where, self.config, smaller, self._memory_now(), time.time(),
-                                             restart=True)
+        if lowering.restart:  # nothing trained yet: the launcher starts the function again
+            self.restart_lowering = lowering
             return False
         if not self.knobs.batches:
             return False  # no data this run can feed again
         if loss is not None:
             drop_graph(loss)  # now: the user's `loss` would hold the failed graph to the redo
-        self._lower_to(smaller, where)
+        self.config = self.redo.take(lowering)
         if self._scaler is not None:  # a step may have stopped after unscaling: start its state afresh
             self._scaler = torch.amp.GradScaler(self._device.type, init_scale=self._scaler.get_scale())
-        self._redo = True
+        self._redoing = True
         return True
 
     def lower_after_oom(self, exc: BaseException, where: str) -> bool:
         """An exception in a step that a framework's trainer drives (autofit.integrations): when it is
         an OOM and this run recovers, lower the config in place (micro-batch down, accumulation up,
-        the global batch kept), record and announce it, and return True; the caller redoes the work.
-        False: let it propagate. At micro-batch 1, OutOfMemoryAtBatchOne."""
-        if not self._recovering or not is_oom(exc):
+        the global batch kept), record and announce it, and return True; the caller redoes the work
+        (`redo.until_it_fits`). False: let it propagate. At micro-batch 1, OutOfMemoryAtBatchOne."""
+        lowering = self._lowering_for(exc, where, in_place=True)
+        if lowering is None:
             return False
-        self._lower_to(self._smaller_or_fail(exc, where), where)
+        self.config = self.redo.take(lowering)
         return True
 
-    def _smaller_or_fail(self, exc: BaseException, where: str) -> Config:
-        smaller = lowered(self.config)
-        if smaller is None:
-            raise OutOfMemoryAtBatchOne(
-                f"Out of memory in the {where} of step {self.clock.steps_done + 1} even at micro-batch 1 "
-                f"({self.config.label()}): the model, its optimizer state and one sample's activations do not "
-                f"fit. Turn on checkpointing, use bf16, or train on a device with more memory.") from exc
-        return smaller
-
-    def _lower_to(self, smaller: Config, where: str) -> None:
-        lowering = Lowering(self.clock.steps_done + 1, where, self.config, smaller, self._memory_now(), time.time())
-        self.config = smaller
-        self.lowerings.append(lowering)
-        announce(lowering)
+    def _lowering_for(self, exc: BaseException, where: str, *, in_place: bool = False) -> Lowering | None:
+        if not self._recovering:
+            return None
+        restart = not in_place and self.clock.steps_done == 0
+        return self.redo.lower(self.config, exc, where, self.clock.steps_done + 1, restart=restart)
 
     def release_memory(self) -> None:
         """Hand the memory of a failed step back to the device (call once its exception is gone)."""
-        gc.collect()
-        self._release_memory()
-
-    def _memory_now(self) -> int | None:
-        try:
-            return self._used_memory() if self._used_memory else None
-        except Exception:  # noqa: BLE001 - a figure for the record, never a reason to fail
-            return None
+        self.redo.free()
 
     def _begin_redo(self) -> None:
         """Forget the failed step: its gradients, its counters, and the memory it held."""
-        self._redo = False
+        self._redoing = False
         if self._optimizer is not None:
             self._optimizer.zero_grad(set_to_none=True)
         self._micro_in_step = self._backwards_in_step = 0
         self._step_samples = self._step_tokens = 0
-        self._release_memory()
+        self.redo.free()
 
     def _check_finite(self, loss: torch.Tensor) -> None:
         finite = torch.isfinite(loss.detach()).all()
@@ -503,7 +496,7 @@ class Run:
         this_step: list = []  # micro-batches of the step being fed (kept only to redo it after an OOM)
         yielded = 0
         while True:
-            if self._redo:  # the step ran out of memory: feed it again, cut to the new micro-batch
+            if self._redoing:  # the step ran out of memory: feed it again, cut to the new micro-batch
                 size = self.config.batch_size
                 pending = deque(piece for item in (*this_step, *pending) for piece in split_batch(item, size))
                 this_step = []
@@ -624,14 +617,6 @@ class _OomGuard:
         return exc is not None and isinstance(exc, Exception) and self._run._caught(exc, self._where)
 
 
-def drop_graph(loss: torch.Tensor) -> None:
-    """Free what a failed step's graph still holds through `loss`, whoever keeps a reference to it."""
-    try:
-        loss.detach_()
-    except RuntimeError:  # a view cannot be detached in place: its graph goes with it
-        pass
-
-
 def apply_checkpoint(block: torch.nn.Module) -> torch.nn.Module:
     """Make `block` recompute its activations in backward, in place (idempotent)."""
     if getattr(block, "_autofit_checkpointed", False):
@@ -645,37 +630,6 @@ def apply_checkpoint(block: torch.nn.Module) -> torch.nn.Module:
     block.forward = checkpointed_forward
     block._autofit_checkpointed = True
     return block
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    """Move tensors, and tensors inside tuples, lists and dicts, to `device`."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, Mapping):
-        return type(batch)({k: to_device(v, device) for k, v in batch.items()})
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(to_device(v, device) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch
-
-
-def _first_tensor(batch: Any) -> torch.Tensor | None:
-    if isinstance(batch, torch.Tensor):
-        return batch
-    values = batch.values() if isinstance(batch, Mapping) else batch
-    if isinstance(values, (list, tuple)) or isinstance(batch, Mapping):
-        for value in values:
-            found = _first_tensor(value)
-            if found is not None:
-                return found
-    return None
-
-
-def count_samples(batch: Any) -> int:
-    """Samples in a batch: the first dimension of its first tensor."""
-    tensor = _first_tensor(batch)
-    return int(tensor.shape[0]) if tensor is not None and tensor.dim() > 0 else 1
 
 
 def _count_tokens(batch: Any, tokens: int | Callable[[Any], int] | None) -> int:
