@@ -66,6 +66,7 @@ def agree_on_most(value: int) -> int:
 
 
 _joined = False  # autofit joined the process group (so autofit leaves it)
+_leaving_barrier: Any = None  # the work of the last barrier autofit left on, kept until the interpreter exits
 
 
 def ensure_process_group(device: torch.device) -> None:
@@ -77,12 +78,18 @@ def ensure_process_group(device: torch.device) -> None:
 
 
 def leave_process_group() -> None:
-    """Leave the process group autofit joined, before the interpreter exits: a gloo or NCCL group
-    torn down by interpreter shutdown can abort the process ("terminate called without an active
-    exception") after training has finished."""
-    global _joined
+    """Leave the process group autofit joined, after a barrier: no rank leaves (and takes the
+    rendezvous store with it) while another still needs it."""
+    global _joined, _leaving_barrier
     if _joined and dist.is_initialized():
-        dist.barrier()  # no rank leaves (and takes the rendezvous store with it) while another still needs it
+        # The barrier's work is kept until the interpreter exits, so the main thread frees it, not a
+        # gloo worker thread. A gloo barrier holds the collectives a worker had not yet let go of: the
+        # last gradient all-reduces, whose thread-local state holds a Python object (the context torch
+        # keeps during backward). A worker freeing them while the interpreter shuts down dies taking
+        # the GIL: "terminate called without an active exception" (SIGABRT) after training finished.
+        # destroy_process_group does not stop gloo's workers (DDP keeps the group alive).
+        _leaving_barrier = dist.barrier(async_op=True)
+        _leaving_barrier.wait()
         dist.destroy_process_group()
     _joined = False
 
