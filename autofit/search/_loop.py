@@ -16,7 +16,7 @@ from autofit.export import default_best_path, device_tag, script_sha256, write_b
 from autofit.memory import Estimator
 from autofit.options import SearchOptions
 from autofit.planner import Planner, SearchSpace
-from autofit.probing import JobBoard, ProbeResult, Worker, check_script
+from autofit.probing import JobBoard, ProbeResult, Worker, check_script, make_runner
 from autofit.search._budget import Budget
 from autofit.search._estimates import estimate_space
 from autofit.search._liveness import Heartbeat, fail_stale, owner_record
@@ -129,23 +129,16 @@ class Search:
     def run(self) -> SearchResult:
         study = self.open_study()
         many = len(self.slots) > 1
-        if self.s.world_size > 1:
-            from autofit.probing import DistributedWorker
-
-            if self.s.nnodes > 1:
-                self._board = JobBoard(self.storage, self.study_name)
-                self._session = self._board.open_session(self.s.nnodes, self.s.nproc_per_node)
-            workers = [DistributedWorker(self.script, self.s.function, nproc=self.s.nproc_per_node,
-                                         device=self.s.device, index=self.s.index, memory_limit=self.limit,
-                                         usable_bytes=int(self.usable), log_dir=self.run_dir, nnodes=self.s.nnodes,
-                                         rdzv_endpoint=self.s.rdzv_endpoint, board=self._board,
-                                         session=self._session)]
-        else:
-            env = {"PYTORCH_CUDA_ALLOC_CONF": self.s.alloc_conf} if self.s.alloc_conf else None
-            workers = [Worker(self.script, self.s.function, device=self.s.device, index=index,
-                              memory_limit=self.limit, usable_bytes=int(self.usable), env=env,
-                              log_dir=os.path.join(self.run_dir, f"worker-{n}") if many else self.run_dir)
-                       for n, index in enumerate(self.slots)]
+        if self.s.nnodes > 1:
+            self._board = JobBoard(self.storage, self.study_name)
+            self._session = self._board.open_session(self.s.nnodes, self.s.nproc_per_node)
+        env = {"PYTORCH_CUDA_ALLOC_CONF": self.s.alloc_conf} if self.s.alloc_conf else None
+        workers = [make_runner(self.script, self.s.function, device=self.s.device, index=index,
+                               memory_limit=self.limit, usable_bytes=int(self.usable), env=env,
+                               log_dir=os.path.join(self.run_dir, f"worker-{n}") if many else self.run_dir,
+                               nproc=self.s.nproc_per_node, nnodes=self.s.nnodes, rdzv_endpoint=self.s.rdzv_endpoint,
+                               board=self._board, session=self._session)
+                   for n, index in enumerate(self.slots)]
         self._worker_names = {id(w): f"cuda:{w.index}" if w.device == "cuda" else f"worker {n}"
                               for n, w in enumerate(workers)}
         # Each worker is started and probed from its own thread, which lives as long as the search:
