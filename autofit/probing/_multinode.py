@@ -166,9 +166,6 @@ class MultiNodeWorker(DistributedWorker):
                                      f"and --rdzv-endpoint?")
         return result
 
-    def _job_for(self, request, timeout: float, trial_id: int | None, session: str | None = None) -> dict[str, Any]:
-        return super()._job_for(request, timeout, trial_id, self.session)
-
     def _run_everywhere(self, job: dict[str, Any], log_path: str | None, trial_id: int | None,
                         ) -> tuple[dict[int, ProbeResult | None], int | None, bool, str]:
         if self.board is None or trial_id is None:
@@ -195,9 +192,9 @@ class MultiNodeWorker(DistributedWorker):
         return local, code == 0
 
 
-def follow(board: JobBoard, make_runner: Callable[[int | None, int | None], MultiNodeWorker], *, node_rank: int,
+def follow(board: JobBoard, runner_for: Callable[[int | None, int | None], MultiNodeWorker], *, node_rank: int,
            nnodes: int, wait_s: float = 600.0, out=sys.stderr) -> int:
-    """Run this node's share of every probe node 0 posts, until its search ends. `make_runner` gets
+    """Run this node's share of every probe node 0 posts, until its search ends. `runner_for` gets
     the memory limit and usable bytes node 0 set up for the study. Returns the exit status: 0 when
     the search ended, 1 when no search session appeared within `wait_s`."""
     print(f"autofit: node {node_rank} of {nnodes} waiting for node 0 "
@@ -217,7 +214,7 @@ def follow(board: JobBoard, make_runner: Callable[[int | None, int | None], Mult
             time.sleep(_POLL_S)
     meta = board.storage.get_study_user_attrs(board.study_id()).get("autofit") or {}
     usable = meta.get("usable_bytes")
-    runner = make_runner(meta.get("limit_bytes"), int(usable) if usable else None)
+    runner = runner_for(meta.get("limit_bytes"), int(usable) if usable else None)
     done: set[int] = set()
     while True:
         current = board.session() or {}

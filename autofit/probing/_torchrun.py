@@ -39,6 +39,8 @@ class DistributedWorker:
     autofit.probing._multinode's `MultiNodeWorker` runs each job's share of this node the same way."""
 
     nnodes = 1
+    session: str | None = None
+    """The search session a job across machines belongs to (none on one machine)."""
 
     def __init__(self, script: str, function: str | None = None, *, nproc: int, device: str = "cpu",
                  index: int = 0, memory_limit: int | None = None, usable_bytes: int | None = None,
@@ -91,11 +93,10 @@ class DistributedWorker:
         result.log_path = log_path
         return result
 
-    def _job_for(self, request: ProbeRequest, timeout: float, trial_id: int | None,
-                 session: str | None = None) -> dict[str, Any]:
+    def _job_for(self, request: ProbeRequest, timeout: float, trial_id: int | None) -> dict[str, Any]:
         """The job every node's share runs: the probe, its time limit, and its rendezvous."""
-        return {**request.to_wire(), "label": request.config.label(), "timeout": timeout, "session": session,
-                "rdzv_id": f"autofit-{session or 'local'}-{trial_id if trial_id is not None else 0}"}
+        return {**request.to_wire(), "label": request.config.label(), "timeout": timeout, "session": self.session,
+                "rdzv_id": f"autofit-{self.session or 'local'}-{trial_id if trial_id is not None else 0}"}
 
     def _run_everywhere(self, job: dict[str, Any], log_path: str | None, trial_id: int | None,
                         ) -> tuple[dict[int, ProbeResult | None], int | None, bool, str]:
