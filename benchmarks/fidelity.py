@@ -29,8 +29,7 @@ from dataclasses import dataclass
 
 from autofit.config import Config
 from autofit.export import config_entry, write_best
-from autofit.probing._torchrun import DistributedWorker
-from autofit.probing._worker import Worker
+from autofit.probing import make_runner
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -124,8 +123,7 @@ def measure(case: Case, rounds: int, device: str) -> list[dict]:
 def _measure(case: Case, rounds: int, device: str) -> list[dict]:
     rows = {config: {"probe": [], "normal": [], "probe_steps": [], "normal_steps": []} for config in case.configs}
     script = os.path.join(REPO, case.script)
-    worker = (DistributedWorker(script, nproc=case.nproc, device=device) if case.nproc > 1
-              else Worker(script, device=device))
+    worker = make_runner(script, device=device, nproc=case.nproc)
     with tempfile.TemporaryDirectory() as tmp, worker:
         worker.start()
         for _ in range(rounds):

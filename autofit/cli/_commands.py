@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
+from autofit.cli._context import CliContext, CommandFailed, as_click_error, into_context
 from autofit.cli._types import (
     DURATION,
     GPU_LIST,
@@ -20,53 +20,43 @@ from autofit.cli._types import (
     SIZE_LIST,
 )
 from autofit.config import PRECISIONS, SHARDINGS
-from autofit.errors import AutofitError, UsageError, UserCodeError
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"autofit: error: {message}", err=True)
-    sys.exit(code)
+from autofit.errors import AutofitError
 
 
 class _Group(click.Group):
-    """Turns autofit's own errors into one line and an exit status: 2 for bad input, 1 otherwise."""
+    """Turns autofit's own errors into click's exceptions: one line and an exit status, 2 for bad
+    input and 1 otherwise (autofit.cli._context)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except UsageError as exc:
-            _fail(str(exc), 2)
         except AutofitError as exc:
-            if getattr(exc, "traceback", None):  # the user's script failed: its traceback helps
-                click.echo(exc.traceback.rstrip(), err=True)
-            _fail(str(exc), 1)
+            raise as_click_error(exc, ctx) from exc
 
 
 def _device_options(f=None, *, many: bool = False):
+    """--device, --gpu (kept on the context object, which resolves them) and --memory-limit."""
     if f is None:
         return lambda g: _device_options(g, many=many)
     f = click.option("--memory-limit", type=MEMORY_SIZE, default=None,
                      help="Memory the probes may use, e.g. 2GiB (default: the whole device)" +
                           ("; each worker's own." if many else "."))(f)
     if many:
-        f = click.option("--gpu", type=GPU_LIST, default=None,
+        f = click.option("--gpu", type=GPU_LIST, default=None, expose_value=False, callback=into_context("gpu"),
                          help="GPU index, or several (0,1,2,3) to probe on all at once, one worker each; "
                               "implies --device cuda.")(f)
     else:
-        f = click.option("--gpu", type=click.IntRange(min=0), default=None,
-                         help="GPU index; implies --device cuda.")(f)
-    f = click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
+        f = click.option("--gpu", type=click.IntRange(min=0), default=None, expose_value=False,
+                         callback=into_context("gpu"), help="GPU index; implies --device cuda.")(f)
+    f = click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None, expose_value=False,
+                     callback=into_context("device_type"),
                      help="Where probes run (default: cuda if --gpu is given, else cpu).")(f)
     return f
 
 
-def _resolve_device(device: str | None, gpu: int | tuple[int, ...] | None) -> tuple[str, int]:
-    if gpu is not None and device == "cpu":
-        shown = ",".join(map(str, gpu)) if isinstance(gpu, tuple) else gpu
-        raise UsageError(f"--gpu must go with --device cuda, but got --device cpu --gpu {shown}.")
-    device = device or ("cuda" if gpu is not None else "cpu")
-    first = gpu[0] if isinstance(gpu, tuple) else gpu
-    return device, first or 0
+def _storage_option(help: str):
+    return click.option("--storage", default=None, expose_value=False, callback=into_context("storage_url"),
+                        help=help)
 
 
 def _nproc_option(f):
@@ -86,33 +76,12 @@ def _nodes_options(f):
                              "--node-rank.")(f)
 
 
-def _check_nodes(nnodes: int, node_rank: int, rdzv_endpoint: str | None) -> None:
-    if node_rank >= nnodes:
-        raise UsageError(f"--node-rank must be in [0, --nnodes), but got --nnodes {nnodes} --node-rank {node_rank}.")
-    if not rdzv_endpoint:
-        raise UsageError("--nnodes needs --rdzv-endpoint HOST:PORT (node 0's address and a free port), "
-                         "the same on every node.")
-
-
-def _follow_probe(worker, storage: str | None, nnodes: int, node_rank: int) -> int:
-    """A node other than 0 of `autofit probe --nnodes`: its share of node 0's probe."""
-    from types import SimpleNamespace
-
-    from autofit.probing import JobBoard, follow, probe_study_name
-    from autofit.study import open_storage
-
-    def make_worker(meta: dict):
-        worker.memory_limit = meta.get("limit_bytes") or worker.memory_limit
-        return worker
-
-    board = JobBoard(open_storage(storage), probe_study_name(worker.rdzv_endpoint))
-    return follow(SimpleNamespace(nnodes=nnodes, node_rank=node_rank), board, make_worker)
-
-
 @click.group(cls=_Group)
 @click.version_option(package_name="autofit")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """Find the fastest training configuration that fits your accelerator's memory."""
+    ctx.ensure_object(CliContext)
 
 
 @cli.command()
@@ -131,60 +100,42 @@ def cli() -> None:
 @_device_options
 @_nproc_option
 @_nodes_options
-@click.option("--storage", default=None,
-              help="With --nnodes: an Optuna storage every node reaches (default: sqlite:///studies/autofit.db).")
+@_storage_option("With --nnodes: an Optuna storage every node reaches (default: sqlite:///studies/autofit.db).")
 @click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True, help="Measured optimizer steps.")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Warm-up steps, not measured.")
 @click.option("--timeout", type=DURATION, default="5m", show_default=True, help="Kill the probe after this long.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumulation: int, compile_: bool,
-          sharding: str, device: str | None, gpu: int | None, memory_limit: int | None, nproc_per_node: int, nnodes: int,
-          node_rank: int, rdzv_endpoint: str | None, storage: str | None, steps: int,
-          warmup: int, timeout: float, as_json: bool) -> None:
+@click.pass_context
+def probe(ctx: click.Context, target: str, batch_size: int, precision: str, checkpoint: int, accumulation: int,
+          compile_: bool, sharding: str, memory_limit: int | None, nproc_per_node: int, nnodes: int, node_rank: int,
+          rdzv_endpoint: str | None, steps: int, warmup: int, timeout: float, as_json: bool) -> None:
     """Run one probe: a few real training steps of TARGET under one config.
 
     TARGET is a script with one @autofit function, or SCRIPT:FUNCTION. Exit status 0 when the
     probe ran its steps, 1 when it did not (oom, error, diverged, timeout, crashed).
     """
     from autofit.config import Config
-    from autofit.devices import check_device
-    from autofit.probing import Worker, check_script, parse_target
+    from autofit.probing import ProbeSettings, check_script, follow_probe, parse_target, probe_once
     from autofit.report import describe_probe
 
+    state: CliContext = ctx.obj
     script, function = parse_target(target)
     check_script(script)
-    device, index = _resolve_device(device, gpu)
-    info = check_device(device, index)
+    info = state.device_info()
     config = Config(batch_size=batch_size, precision=precision, checkpoint_segments=checkpoint,
                     accumulation_steps=accumulation, sharding=sharding, compile=compile_)
-    if nnodes > 1:
-        _check_nodes(nnodes, node_rank, rdzv_endpoint)
-    if nproc_per_node > 1 or nnodes > 1:
-        from autofit.probing import DistributedWorker
-
-        worker = DistributedWorker(script, function, nproc=nproc_per_node, device=device, index=index,
-                                   memory_limit=memory_limit, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint)
-    else:
-        worker = Worker(script, function, device=device, index=index, memory_limit=memory_limit)
-    if node_rank > 0:
-        sys.exit(_follow_probe(worker, storage, nnodes, node_rank))
-    with contextlib.closing(worker):
-        loaded = worker.start()
-        if precision not in loaded.precisions:
-            raise UsageError(f"The precision must be one the device runs ({', '.join(loaded.precisions)}), "
-                             f"but got {precision}.")
-        if nnodes > 1:
-            from autofit.probing import lead_probe
-            from autofit.study import open_storage
-
-            result = lead_probe(worker, open_storage(storage), config, warmup=warmup, steps=steps, timeout=timeout)
-        else:
-            result = worker.probe(config, warmup=warmup, steps=steps, timeout=timeout)
+    settings = ProbeSettings(script=script, function=function, config=config, device=state.device,
+                             index=state.index, memory_limit=memory_limit, nproc_per_node=nproc_per_node,
+                             nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, warmup=warmup,
+                             steps=steps, timeout=timeout)
+    if settings.node_rank > 0:
+        ctx.exit(follow_probe(settings, state.storage()))
+    result = probe_once(settings, storage=state.storage)
     if as_json:
         click.echo(json.dumps({"device": info.to_dict(), "result": result.to_dict()}, indent=2))
     else:
         click.echo(describe_probe(result, header=f"probe {target} on {info.type}:{info.index} ({info.name})"))
-    sys.exit(0 if result.ok else 1)
+    ctx.exit(0 if result.ok else 1)
 
 
 @cli.command()
@@ -210,7 +161,7 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
               help="With --nproc-per-node: shardings to consider, e.g. ddp,fsdp (default: all three when the "
                    "function offers its blocks to run.distribute).")
 @click.option("--study", default=None, help="Study name (default: SCRIPT.FUNCTION-DEVICE).")
-@click.option("--storage", default=None, help="Optuna storage URL (default: sqlite:///studies/autofit.db).")
+@_storage_option("Optuna storage URL (default: sqlite:///studies/autofit.db).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Where to write the best-config JSON (default: studies/SCRIPT.FUNCTION.DEVICE.best.json, "
                    "DEVICE being cpu or the GPU model).")
@@ -228,13 +179,12 @@ def probe(target: str, batch_size: int, precision: str, checkpoint: int, accumul
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 @click.option("-v", "--verbose", is_flag=True, help="A line when each probe starts, and the search space.")
-def search(target: str, device: str | None, gpu: tuple[int, ...] | None, workers: int, nproc_per_node: int,
-           nnodes: int, node_rank: int, rdzv_endpoint: str | None, memory_limit: int | None, budget: float,
-           trials: int | None, headroom: float, global_batch: int | None, batch_range, precision,
-           accumulation, sharding, study: str | None, storage: str | None, out: str | None, fresh: bool,
-           steps: int, warmup: int, probe_timeout: float | None, alloc_conf: str | None, compile_: bool | None,
-           estimate: bool,
-           as_json: bool, quiet: bool,
+@click.pass_context
+def search(ctx: click.Context, target: str, workers: int, nproc_per_node: int, nnodes: int, node_rank: int,
+           rdzv_endpoint: str | None, memory_limit: int | None, budget: float, trials: int | None, headroom: float,
+           global_batch: int | None, batch_range, precision, accumulation, sharding, study: str | None,
+           out: str | None, fresh: bool, steps: int, warmup: int, probe_timeout: float | None,
+           alloc_conf: str | None, compile_: bool | None, estimate: bool, as_json: bool, quiet: bool,
            verbose: bool) -> None:
     """Search the fastest config of TARGET that fits, within a time budget, and export it.
 
@@ -246,21 +196,21 @@ def search(target: str, device: str | None, gpu: tuple[int, ...] | None, workers
     from autofit.report import describe_search
     from autofit.search import LiveReporter, Reporter, SearchSettings, run_search
 
+    state: CliContext = ctx.obj
     script, function = parse_target(target)
-    device, index = _resolve_device(device, gpu)
     settings = SearchSettings(
-        script=script, function=function, device=device, index=index, memory_limit=memory_limit,
+        script=script, function=function, device=state.device, index=state.index, memory_limit=memory_limit,
         headroom=headroom, budget_s=budget, trials=trials, global_batch=global_batch,
         batch_size=batch_range, precision=precision, accumulation=accumulation, sharding=sharding, study=study,
-        storage=storage, out=out, fresh=fresh, warmup=warmup, steps=steps, probe_timeout=probe_timeout,
-        gpus=tuple(gpu) if gpu and len(gpu) > 1 else (), workers=workers, nproc_per_node=nproc_per_node,
+        storage=state.storage_url, out=out, fresh=fresh, warmup=warmup, steps=steps, probe_timeout=probe_timeout,
+        gpus=state.gpus, workers=workers, nproc_per_node=nproc_per_node,
         nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, estimate=estimate,
         compile=compile_, alloc_conf=alloc_conf,
     )
     if node_rank > 0:
         from autofit.search import follow_search
 
-        sys.exit(follow_search(settings))
+        ctx.exit(follow_search(settings))
     if not (quiet or as_json) and sys.stderr.isatty():
         reporter = LiveReporter(verbose=verbose)
     else:
@@ -276,7 +226,7 @@ def search(target: str, device: str | None, gpu: tuple[int, ...] | None, workers
     else:
         click.echo(describe_search(result))
     if result.partial:
-        sys.exit(130)
+        ctx.exit(130)
 
 
 @cli.command()
@@ -313,7 +263,7 @@ def estimate(target: str, sizes: tuple[int, ...] | None, memory_limit: int | Non
                     precisions=precision)
     try:
         if fits.unavailable:
-            raise UserCodeError(f"No memory estimate of {target} is possible: {fits.unavailable}. "
+            raise CommandFailed(f"No memory estimate of {target} is possible: {fits.unavailable}. "
                                 f"Probe it instead: autofit probe {target} --batch-size 8.")
         predicted = fits.predict_all(list(sizes), headroom)
     finally:

@@ -2,8 +2,9 @@
 tensors (PyTorch's FakeTensorMode: shapes and dtypes, no storage), under PyTorch's MemTracker, which
 sorts every tensor it sees into parameters, gradients, optimizer state, activations and temporaries.
 
-    python -m autofit.memory._estimate_process --serve READY SCRIPT FUNCTION DEVICE INDEX
-        (then one request path per line on stdin; see autofit.memory._estimator.Estimator)
+    python -m autofit.memory._estimate_process FD
+        (FD: its end of the channel to autofit.memory._estimator.Estimator: a load request, then
+        requests of configs; each config's estimate is sent as soon as it is known)
 
 Two steps, because the optimizer's state appears in the first step and the peak of a steady step
 holds it. The data is read for real (outside the fake mode, through Run.data_context); the model,
@@ -13,7 +14,6 @@ cannot handle (a crash in fake tensors, a function that reads a tensor's value) 
 
 from __future__ import annotations
 
-import json
 import sys
 import traceback
 from contextlib import contextmanager
@@ -114,41 +114,35 @@ def _moves_in_place():
         torch.nn.Module.to = original
 
 
-def serve(ready_path: str, script: str, function: str, device: str, index: str) -> int:
-    """Load the script once, say so (the `ready` file), then answer each request whose path comes on
-    stdin: its configs' estimates in REQUEST.out, written after each one (what is done survives a
-    crash), then REQUEST.done. Ends when stdin closes."""
+def main(argv: list[str]) -> int:
+    """Load the script once (as every child does: autofit.probing's bootstrap, without a memory cap,
+    since no tensor here has storage), say so, then answer each request of configs with one message
+    per estimate (what is done reaches the supervisor before a crash) and a last one. Ends when the
+    channel closes."""
     import torch._subclasses.fake_tensor  # noqa: F401 - loaded now, while the search's workers load too
     import torch.distributed._tools.mem_tracker  # noqa: F401
 
     from autofit.config import Config
-    from autofit.devices import make_backend
-    from autofit.probing import find_function, load_script
+    from autofit.probing import Channel, LoadRequest, ScriptError, bootstrap, ok_reply, serve
 
-    backend = make_backend(device, int(index))
-    fn = find_function(load_script(script), function or None, script)
-    options = getattr(fn, "options", None)
-    backend.release()
-    loaded = {"baseline_bytes": backend.used_bytes(), "options": options.__dict__ if options else None,
-              "function": getattr(fn, "__name__", function)}
-    open(ready_path, "w").close()
-    for line in sys.stdin:
-        request_path = line.strip()
-        with open(request_path) as handle:
-            request = json.load(handle)
-        reply = {**loaded, "estimates": []}
+    channel = Channel.from_fd(int(argv[1]))
+    message = channel.receive()
+    if message is None or message["op"] != "load":
+        return 0
+    try:
+        loaded = bootstrap(LoadRequest.from_wire(message["request"]), cap_memory=False)
+    except ScriptError as exc:
+        raise exc.__cause__ from None  # the process dies of the user's error: the supervisor reports how
+    channel.send(ok_reply(**loaded.describe()))
+    device = loaded.backend.torch_device()
+
+    def estimate(request: dict) -> dict:
         for config in request["configs"]:
-            reply["estimates"].append(estimate_one(fn, Config.from_dict(config), backend.torch_device()))
-            with open(request_path + ".out", "w") as handle:
-                json.dump(reply, handle)
-        if not request["configs"]:
-            with open(request_path + ".out", "w") as handle:
-                json.dump(reply, handle)
-        open(request_path + ".done", "w").close()
-    return 0
+            channel.send(ok_reply(estimate=estimate_one(loaded.fn, Config.from_dict(config), device)))
+        return ok_reply(done=True)
+
+    return serve(channel, {"estimate": estimate})
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["--serve"] or len(sys.argv) != 7:
-        sys.exit("usage: python -m autofit.memory._estimate_process --serve READY SCRIPT FUNCTION DEVICE INDEX")
-    sys.exit(serve(*sys.argv[2:]))
+    sys.exit(main(sys.argv))

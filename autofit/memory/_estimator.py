@@ -8,15 +8,14 @@ must add before an estimate is compared with a limit.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 
 from autofit.config import Config
+from autofit.probing import LoadRequest, start_child
 
 PARTS = ("parameters", "gradients", "optimizer", "activations", "temporaries", "other")
 #: Prior for what a CUDA device holds before any tensor: the context, cuBLAS/cuDNN workspaces.
@@ -53,65 +52,75 @@ class Estimates:
 
 class Estimator:
     """One estimator process for many requests: it loads torch and the user's script once (seconds),
-    then answers each request in the time its configs take. Requests and answers go through files
-    (the user's code may print anything); the process reads a request's path from its stdin and
-    exits when stdin closes. Never raises for what the user's code or the fake tensors do."""
+    then answers each request in the time its configs take. It speaks the channel every persistent
+    child of autofit speaks (autofit.probing's wire format; the user's prints go to a log, never into
+    it), sends each estimate as soon as it is known, and exits when the channel closes. Never raises
+    for what the user's code or the fake tensors do."""
 
     def __init__(self, script: str, function: str | None = None, *, device: str = "cpu", index: int = 0) -> None:
-        self._dir = tempfile.TemporaryDirectory(prefix="autofit-estimate-")
-        self._requests = 0
-        self._log = open(os.path.join(self._dir.name, "estimator.log"), "w+")  # noqa: SIM115 - closed in close()
-        self._ready = os.path.join(self._dir.name, "ready")
-        self._process: subprocess.Popen | None = subprocess.Popen(
-            [sys.executable, "-m", "autofit.memory._estimate_process", "--serve", self._ready, os.path.abspath(script),
-             function or "", device, str(index)],
-            stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, text=True)
+        self._log = tempfile.TemporaryFile("w+", prefix="autofit-estimate-")  # noqa: SIM115 - closed in close()
+        self._process: subprocess.Popen | None
+        self._process, self._channel = start_child("autofit.memory._estimate_process", output=self._log)
+        # Loading starts now, while the caller does other work (the search starts its workers).
+        self._channel.send({"op": "load", "request": LoadRequest(os.path.abspath(script), function, device=device,
+                                                                  index=index).to_wire()})
+        self._loaded: dict | None = None
         self.gone: str | None = None
         """Why the process can answer no more (it died, or was stopped at a time limit)."""
         self.timed_out = False
 
     def wait_ready(self, timeout: float = 300.0) -> bool:
         """Block until the process has loaded the script (False: it died or took too long)."""
-        return self._wait_for(self._ready, timeout)
+        return self._wait_loaded(time.monotonic() + timeout, timeout)
 
     def estimate(self, configs: list[Config], timeout: float = 300.0) -> Estimates:
         """Estimates of `configs`; what the process answered before it died or ran out of time
         is kept, and every other config says why it has none."""
-        request = os.path.join(self._dir.name, f"request-{self._requests}.json")
-        self._requests += 1
-        with open(request, "w") as handle:
-            json.dump({"configs": [c.to_dict() for c in configs]}, handle)
-        if self.gone is None:
-            try:
-                self._process.stdin.write(request + "\n")
-                self._process.stdin.flush()
-            except (BrokenPipeError, OSError):
-                pass  # it died: _wait_for says how
-            self._wait_for(request + ".done", timeout)
-        try:
-            with open(request + ".out") as handle:
-                reply = json.load(handle)
-        except (OSError, ValueError):
-            reply = {"estimates": []}
-        return _parse(configs, reply, self.gone)
-
-    def _wait_for(self, path: str, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        while not os.path.exists(path):
-            if self.gone is not None:
-                return False
-            status = self._process.poll()
-            if status is not None:
-                self.gone = f"the estimator exited with status {status}: {self._last_log_line()}"
-                return False
-            if time.monotonic() > deadline:
-                self.gone = f"the estimator did not finish within {timeout:.0f}s"
-                self.timed_out = True
+        found: list[dict] = []
+        failure = None
+        if self._wait_loaded(deadline, timeout):
+            try:
+                self._channel.send({"op": "estimate", "configs": [c.to_dict() for c in configs]})
+            except OSError:
+                pass  # it died: the next receive says how
+            while (reply := self._receive(deadline, timeout)) is not None:
+                if not reply["ok"]:
+                    failure = f"the estimator failed: {reply['message']}"
+                    break
+                if reply.get("done"):
+                    break
+                found.append(reply["estimate"])
+        return _parse(configs, {**(self._loaded or {}), "estimates": found}, self.gone or failure)
+
+    def _wait_loaded(self, deadline: float, timeout: float) -> bool:
+        if self._loaded is None and self.gone is None:
+            reply = self._receive(deadline, timeout)
+            if reply is not None:
+                self._loaded = {key: reply.get(key) for key in ("baseline_bytes", "options", "function")}
+        return self._loaded is not None
+
+    def _receive(self, deadline: float, timeout: float) -> dict | None:
+        """The process's next message; None, with `gone` saying why, when it died or ran past the
+        deadline (`timeout` seconds from the request)."""
+        if self.gone is not None:
+            return None
+        reply = self._channel.receive(max(0.0, deadline - time.monotonic()))
+        if reply is not None:
+            return reply
+        if self._channel.timed_out:
+            self.gone = f"the estimator did not finish within {timeout:.0f}s"
+            self.timed_out = True
+            self._process.kill()
+            self._process.wait()
+        else:
+            try:
+                status = self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
                 self._process.kill()
-                self._process.wait()
-                return False
-            time.sleep(0.02)
-        return True
+                status = self._process.wait()
+            self.gone = f"the estimator exited with status {status}: {self._last_log_line()}"
+        return None
 
     def _last_log_line(self) -> str:
         self._log.flush()
@@ -124,15 +133,14 @@ class Estimator:
         if self._log.closed:
             return
         if self._process is not None:
+            self._channel.close()  # the process ends at the end of its channel
             try:
-                self._process.stdin.close()
                 self._process.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
+            except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
             self._process = None
         self._log.close()
-        self._dir.cleanup()
 
     def __enter__(self) -> Estimator:
         return self

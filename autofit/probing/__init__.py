@@ -1,31 +1,71 @@
 """Probes: one config of the user's function, run for a few real steps in a process of its own, and
-measured. The runners that start those processes (a persistent worker, a torchrun job, a job across
-nodes), the scripts they load, and the record a probe leaves (`ProbeResult`).
+measured. The runners that start those processes behind one contract (`ProbeRunner`, picked by
+`make_runner`: a persistent worker, a torchrun job, a job across nodes), what every child process
+does before it runs the user's code (`bootstrap`, `serve`) and what it says on the wire (`LoadRequest`,
+`Channel`, ...), the scripts they load, and the record a probe leaves (`ProbeResult`).
 
 Kept light: every probe's process imports this package, so nothing here imports torch, optuna or
 pandas at import time (the probe itself, `_probe.run_probe`, is imported by the child that runs it)."""
 
 from __future__ import annotations
 
-from autofit.probing._multinode import JobBoard, follow, lead_probe, probe_study_name
-from autofit.probing._record import STATUSES, ProbeResult
+from autofit.probing._bootstrap import Loaded, ScriptError, bootstrap, prepare_process, serve
+from autofit.probing._multinode import (
+    JobBoard,
+    MultiNodeWorker,
+    check_nodes,
+    follow,
+    lead_probe,
+    probe_study_name,
+)
+from autofit.probing._once import ProbeSettings, follow_probe, probe_once
+from autofit.probing._record import STATUSES, ProbeResult, WorkerInfo
+from autofit.probing._runner import ProbeRunner, make_runner
 from autofit.probing._script import check_script, find_function, load_script, parse_target
 from autofit.probing._torchrun import DistributedWorker
-from autofit.probing._worker import Worker, WorkerInfo, WorkerStartError
+from autofit.probing._wire import (
+    Channel,
+    LoadRequest,
+    ProbeRequest,
+    failure_reply,
+    internal_failure,
+    ok_reply,
+    start_child,
+)
+from autofit.probing._worker import Worker, WorkerStartError
 
 __all__ = [
     "STATUSES",
+    "Channel",
     "DistributedWorker",
     "JobBoard",
+    "LoadRequest",
+    "Loaded",
+    "MultiNodeWorker",
+    "ProbeRequest",
     "ProbeResult",
+    "ProbeRunner",
+    "ProbeSettings",
+    "ScriptError",
     "Worker",
     "WorkerInfo",
     "WorkerStartError",
+    "bootstrap",
+    "check_nodes",
     "check_script",
+    "failure_reply",
     "find_function",
     "follow",
+    "follow_probe",
+    "internal_failure",
     "lead_probe",
     "load_script",
+    "make_runner",
+    "ok_reply",
     "parse_target",
+    "prepare_process",
+    "probe_once",
     "probe_study_name",
+    "serve",
+    "start_child",
 ]

@@ -21,12 +21,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import optuna
 
+from autofit.config import Config
+from autofit.errors import UsageError
 from autofit.probing._record import ProbeResult
+from autofit.probing._torchrun import DistributedWorker
 
 SESSION_ATTR = "multinode"
 JOB_ATTR = "multinode_job"
 #: How long node 0 waits, after its own ranks ended, for the other nodes' results to arrive.
 RESULTS_GRACE_S = 30.0
+#: How long the ranks of a multi-node probe wait for every node to join its rendezvous.
+JOIN_TIMEOUT_S = 60
 _POLL_S = 0.2
 
 
@@ -122,12 +127,77 @@ class JobBoard:
         return None
 
 
-def follow(settings, board: JobBoard, make_worker: Callable[[dict], Any], *, wait_s: float = 600.0,
-           out=sys.stderr) -> int:
-    """Run this node's share of every probe node 0 posts, until its search ends. `make_worker` gets
-    the study's settings (memory limit, usable bytes) once node 0 has set it up. Returns the exit
-    status: 0 when the search ended, 1 when no search session appeared within `wait_s`."""
-    print(f"autofit: node {settings.node_rank} of {settings.nnodes} waiting for node 0 "
+def check_nodes(nnodes: int, node_rank: int, rdzv_endpoint: str | None) -> None:
+    """A UsageError unless this node's place among `nnodes` and the rendezvous make sense."""
+    if nnodes < 1 or not 0 <= node_rank < nnodes:
+        raise UsageError(f"--node-rank must be in [0, --nnodes), but got --nnodes {nnodes} --node-rank {node_rank}.")
+    if nnodes > 1 and not rdzv_endpoint:
+        raise UsageError("--nnodes needs --rdzv-endpoint HOST:PORT (node 0's address and a free port), "
+                         "the same on every node.")
+
+
+class MultiNodeWorker(DistributedWorker):
+    """Probes as torchrun jobs across `nnodes` machines (a `ProbeRunner`), joined through torchrun's
+    c10d rendezvous at `rdzv_endpoint`. On node 0 (`probe`) each job is posted on its running trial
+    through `board` and the other nodes' results gathered from it; on the others (`run_job`, driven
+    by `follow`) this node's share of a posted job is run."""
+
+    def __init__(self, script: str, function: str | None = None, *, nproc: int, nnodes: int, rdzv_endpoint: str,
+                 device: str = "cpu", index: int = 0, memory_limit: int | None = None,
+                 usable_bytes: int | None = None, log_dir: str | None = None, env: dict[str, str] | None = None,
+                 board: JobBoard | None = None, session: str | None = None) -> None:
+        super().__init__(script, function, nproc=nproc, device=device, index=index, memory_limit=memory_limit,
+                         usable_bytes=usable_bytes, log_dir=log_dir, env=env)
+        self.nnodes = nnodes
+        self.rdzv_endpoint = rdzv_endpoint
+        self.board = board
+        """Node 0: where it posts each probe and finds the other nodes' results."""
+        self.session = session
+
+    def probe(self, config: Config, *, warmup: int = 2, steps: int = 5, timeout: float = 300.0,
+              log_path: str | None = None, min_measure_s: float | None = None,
+              trial_id: int | None = None) -> ProbeResult:
+        """One probe of `config` on every node's ranks, posted on the running trial `trial_id`."""
+        result = super().probe(config, warmup=warmup, steps=steps, timeout=timeout, log_path=log_path,
+                               min_measure_s=min_measure_s, trial_id=trial_id)
+        if result.status == "crashed":
+            result.error_message += (f" Ranks of another node missing: is `autofit search ... --nnodes {self.nnodes} "
+                                     f"--node-rank N` running on every other node with the same --study, --storage "
+                                     f"and --rdzv-endpoint?")
+        return result
+
+    def _run_everywhere(self, job: dict[str, Any], log_path: str | None, trial_id: int | None,
+                        ) -> tuple[dict[int, ProbeResult | None], int | None, bool, str]:
+        if self.board is None or trial_id is None:
+            raise ValueError("a probe across nodes needs the job board and its trial")
+        board = self.board
+        board.post_job(trial_id, job)
+        local, code, timed_out, log_file = self._launch(job, log_path, lambda: board.stop_here(trial_id, 0))
+        results: dict[int, ProbeResult | None] = dict.fromkeys(range(self.world_size))
+        results.update(local)
+        board.post_results(trial_id, 0, local, code == 0)  # a failure stops the other nodes' ranks
+        missing = {rank for rank, r in results.items() if r is None}
+        grace = RESULTS_GRACE_S if missing else 0.0
+        results.update(board.gather(trial_id, range(1, self.nnodes), missing, grace))
+        return results, code, timed_out, log_file
+
+    def _rendezvous(self, job: dict[str, Any]) -> list[str]:
+        return [f"--nnodes={self.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={self.rdzv_endpoint}",
+                f"--rdzv-id={job['rdzv_id']}", f"--rdzv-conf=join_timeout={JOIN_TIMEOUT_S}"]
+
+    def run_job(self, job: dict, stop: Callable[[], bool] | None = None) -> tuple[dict[int, ProbeResult], bool]:
+        """A follower node's share of a job node 0 posted: this node's ranks' results, and whether
+        its torchrun share ended well."""
+        local, code, _, _ = self._launch(job, None, stop)
+        return local, code == 0
+
+
+def follow(board: JobBoard, runner_for: Callable[[int | None, int | None], MultiNodeWorker], *, node_rank: int,
+           nnodes: int, wait_s: float = 600.0, out=sys.stderr) -> int:
+    """Run this node's share of every probe node 0 posts, until its search ends. `runner_for` gets
+    the memory limit and usable bytes node 0 set up for the study. Returns the exit status: 0 when
+    the search ended, 1 when no search session appeared within `wait_s`."""
+    print(f"autofit: node {node_rank} of {nnodes} waiting for node 0 "
           f"(study {board.study_name})", file=out, flush=True)
     deadline = time.monotonic() + wait_s
     session = None
@@ -142,12 +212,14 @@ def follow(settings, board: JobBoard, make_worker: Callable[[dict], Any], *, wai
             return 1
         else:
             time.sleep(_POLL_S)
-    worker = make_worker(board.storage.get_study_user_attrs(board.study_id()).get("autofit") or {})
+    meta = board.storage.get_study_user_attrs(board.study_id()).get("autofit") or {}
+    usable = meta.get("usable_bytes")
+    runner = runner_for(meta.get("limit_bytes"), int(usable) if usable else None)
     done: set[int] = set()
     while True:
         current = board.session() or {}
         if current.get("session") != session or current.get("state") != "running":
-            print(f"autofit: node 0 is done; node {settings.node_rank} ran {len(done)} probes",
+            print(f"autofit: node 0 is done; node {node_rank} ran {len(done)} probes",
                   file=out, flush=True)
             return 0
         posted = board.next_job(session, done)
@@ -156,10 +228,10 @@ def follow(settings, board: JobBoard, make_worker: Callable[[dict], Any], *, wai
             continue
         trial_id, job = posted
         done.add(trial_id)
-        results, ok = worker.run_job(job, stop=lambda trial=trial_id: board.stop_here(trial, settings.node_rank))
-        board.post_results(trial_id, settings.node_rank, results, ok)
+        results, ok = runner.run_job(job, stop=lambda trial=trial_id: board.stop_here(trial, node_rank))
+        board.post_results(trial_id, node_rank, results, ok)
         statuses = sorted({r.status for r in results.values()}) or ["no result"]
-        print(f"autofit: node {settings.node_rank}: {job['label']} {', '.join(statuses)}", file=out, flush=True)
+        print(f"autofit: node {node_rank}: {job['label']} {', '.join(statuses)}", file=out, flush=True)
 
 
 def probe_study_name(rdzv_endpoint: str) -> str:
@@ -167,20 +239,20 @@ def probe_study_name(rdzv_endpoint: str) -> str:
     return f"autofit-probe-{rdzv_endpoint}"
 
 
-def lead_probe(worker, storage: optuna.storages.BaseStorage, config, *, warmup: int, steps: int,
-               timeout: float) -> ProbeResult:
+def lead_probe(runner: MultiNodeWorker, storage: optuna.storages.BaseStorage, config: Config, *, warmup: int,
+               steps: int, timeout: float) -> ProbeResult:
     """Node 0 of `autofit probe --nnodes M`: one probe posted on a trial of its own study, which the
     other nodes (running `follow`) join; the study is left for the next probe on this endpoint."""
     import optuna
 
-    name = probe_study_name(worker.rdzv_endpoint)
+    name = probe_study_name(runner.rdzv_endpoint)
     study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True)
-    study.set_user_attr("autofit", {"limit_bytes": worker.memory_limit, "usable_bytes": worker.usable_bytes})
+    study.set_user_attr("autofit", {"limit_bytes": runner.memory_limit, "usable_bytes": runner.usable_bytes})
     board = JobBoard(storage, name)
-    worker.board, worker.session = board, board.open_session(worker.nnodes, worker.nproc)
+    runner.board, runner.session = board, board.open_session(runner.nnodes, runner.nproc)
     trial = study.ask()
     try:
-        return worker.probe(config, warmup=warmup, steps=steps, timeout=timeout, trial_id=trial._trial_id)
+        return runner.probe(config, warmup=warmup, steps=steps, timeout=timeout, trial_id=trial._trial_id)
     finally:
         study.tell(trial, state=optuna.trial.TrialState.FAIL)  # a carrier, not a search's trial
-        board.close_session(worker.session)
+        board.close_session(runner.session)

@@ -1,4 +1,5 @@
-"""ProbeResult: what one probe measured, as a plain record that crosses processes and storages."""
+"""Plain records that cross processes and storages: what one probe measured (`ProbeResult`), and what
+a runner learned of the user's function once it was loaded (`WorkerInfo`)."""
 
 from __future__ import annotations
 
@@ -82,3 +83,19 @@ class ProbeResult:
         if self.error_message and self.status != "ok":
             line += f"  ({self.error_type}: {self.error_message.splitlines()[0][:120]})"
         return line
+
+
+@dataclass
+class WorkerInfo:
+    """What a runner reported once torch and the user's script were loaded."""
+
+    function: str
+    options: dict | None
+    device: dict
+    precisions: list[str]
+    default_precisions: list[str]
+    baseline_bytes: int
+    limit_bytes: int | None
+    versions: dict
+    load_s: float
+    pid: int

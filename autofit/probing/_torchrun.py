@@ -14,7 +14,6 @@ available here.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -23,25 +22,29 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from autofit.config import Config
-from autofit.probing._multinode import RESULTS_GRACE_S, JobBoard
-from autofit.probing._record import ProbeResult
-from autofit.probing._worker import Worker, WorkerInfo, _tail
+from autofit.probing._failures import crash_result, log_tail, timeout_result
+from autofit.probing._record import ProbeResult, WorkerInfo
+from autofit.probing._wire import LoadRequest, ProbeRequest, read_rank_results, write_rank_request
+from autofit.probing._worker import Worker
 
-#: How long the ranks of a multi-node probe wait for every node to join its rendezvous.
-JOIN_TIMEOUT_S = 60
 #: Which rank's failure names the probe's status when several failed (an OOM explains the rest).
 _PRECEDENCE = ("oom", "diverged", "error", "crashed", "timeout")
 
 
 class DistributedWorker:
-    """A worker whose probes run as torchrun jobs of `nproc` ranks; the same interface as Worker."""
+    """Probes as torchrun jobs of `nproc` ranks on this machine (a `ProbeRunner`). Across machines,
+    autofit.probing._multinode's `MultiNodeWorker` runs each job's share of this node the same way."""
+
+    nnodes = 1
+    session: str | None = None
+    """The search session a job across machines belongs to (none on one machine)."""
 
     def __init__(self, script: str, function: str | None = None, *, nproc: int, device: str = "cpu",
                  index: int = 0, memory_limit: int | None = None, usable_bytes: int | None = None,
-                 log_dir: str | None = None, nnodes: int = 1, rdzv_endpoint: str | None = None,
-                 board: JobBoard | None = None, session: str | None = None) -> None:
+                 log_dir: str | None = None, env: dict[str, str] | None = None) -> None:
         self.script = os.path.abspath(script)
         self.function = function
         self.nproc = nproc
@@ -50,11 +53,8 @@ class DistributedWorker:
         self.memory_limit = memory_limit
         self.usable_bytes = usable_bytes
         self.log_dir = log_dir
-        self.nnodes = nnodes
-        self.rdzv_endpoint = rdzv_endpoint
-        self.board = board
-        """Several nodes: where this node (node 0) posts each probe and finds the others' results."""
-        self.session = session
+        #: Variables set for the ranks on top of the user's environment (allocator settings).
+        self.extra_env = dict(env or {})
         self.info: WorkerInfo | None = None
         self._job: subprocess.Popen | None = None
 
@@ -68,84 +68,69 @@ class DistributedWorker:
     def alive(self) -> bool:
         return True  # nothing stays running between probes
 
-    def start(self) -> WorkerInfo:
-        """Load the script once, in one process, for what the search needs to know of it."""
-        with Worker(self.script, self.function, device=self.device, index=self.index,
-                    memory_limit=self.memory_limit, usable_bytes=self.usable_bytes, log_dir=self.log_dir) as worker:
-            self.info = worker.start()
-        return self.info
-
     @property
     def world_size(self) -> int:
         return self.nproc * self.nnodes
 
+    def start(self) -> WorkerInfo:
+        """Load the script once, in one process, for what the search needs to know of it."""
+        with Worker(self.script, self.function, device=self.device, index=self.index, env=self.extra_env,
+                    memory_limit=self.memory_limit, usable_bytes=self.usable_bytes, log_dir=self.log_dir) as worker:
+            self.info = worker.start()
+        return self.info
+
     def probe(self, config: Config, *, warmup: int = 2, steps: int = 5, timeout: float = 300.0,
               log_path: str | None = None, min_measure_s: float | None = None,
               trial_id: int | None = None) -> ProbeResult:
-        """One probe of `config` on all ranks; across nodes, `trial_id` is the running trial on which
-        the job is posted for the other nodes and their results come back."""
+        """One probe of `config` on all ranks; `trial_id` names the job's rendezvous (and, across
+        nodes, the running trial on which it is posted for the other nodes)."""
         started = time.perf_counter()
-        job = {"config": config.to_dict(), "label": config.label(), "warmup": warmup, "steps": steps,
-               "min_measure_s": min_measure_s, "timeout": timeout, "session": self.session,
-               "rdzv_id": f"autofit-{self.session or 'local'}-{trial_id if trial_id is not None else 0}"}
-        if self.nnodes > 1:
-            if self.board is None or trial_id is None:
-                raise ValueError("a probe across nodes needs the job board and its trial")
-            self.board.post_job(trial_id, job)
-        stop = (lambda: self.board.stop_here(trial_id, 0)) if self.nnodes > 1 else None
-        local, code, timed_out, log_file = self._launch(job, log_path, stop)
-        results: dict[int, ProbeResult | None] = {rank: None for rank in range(self.world_size)}
-        results.update(local)
-        if self.nnodes > 1:
-            self.board.post_results(trial_id, 0, local, code == 0)  # a failure stops the other nodes' ranks
-            missing = {rank for rank, r in results.items() if r is None}
-            grace = RESULTS_GRACE_S if missing else 0.0
-            results.update(self.board.gather(trial_id, range(1, self.nnodes), missing, grace))
+        job = self._job_for(ProbeRequest(config, warmup=warmup, steps=steps, min_measure_s=min_measure_s),
+                            timeout, trial_id)
+        results, code, timed_out, log_file = self._run_everywhere(job, log_path, trial_id)
         result = combine(config, results, self.world_size, time.perf_counter() - started, code, timed_out, timeout,
                          log_file, self.memory_limit)
-        if self.nnodes > 1 and result.status == "crashed":
-            result.error_message += (f" Ranks of another node missing: is `autofit search ... --nnodes {self.nnodes} "
-                                     f"--node-rank N` running on every other node with the same --study, --storage "
-                                     f"and --rdzv-endpoint?")
         result.log_path = log_path
         return result
 
-    def run_job(self, job: dict, stop: Callable[[], bool] | None = None) -> tuple[dict[int, ProbeResult], bool]:
-        """A follower node's share of a job node 0 posted: this node's ranks' results, and whether
-        its torchrun share ended well."""
-        local, code, _, _ = self._launch(job, None, stop)
-        return local, code == 0
+    def _job_for(self, request: ProbeRequest, timeout: float, trial_id: int | None) -> dict[str, Any]:
+        """The job every node's share runs: the probe, its time limit, and its rendezvous."""
+        return {**request.to_wire(), "label": request.config.label(), "timeout": timeout, "session": self.session,
+                "rdzv_id": f"autofit-{self.session or 'local'}-{trial_id if trial_id is not None else 0}"}
+
+    def _run_everywhere(self, job: dict[str, Any], log_path: str | None, trial_id: int | None,
+                        ) -> tuple[dict[int, ProbeResult | None], int | None, bool, str]:
+        """Every rank's result (None: it left none), torchrun's exit status, whether the job was
+        killed at its timeout, and where its output went. One machine: its ranks are all of them."""
+        local, code, timed_out, log_file = self._launch(job, log_path)
+        results: dict[int, ProbeResult | None] = dict.fromkeys(range(self.world_size))
+        results.update(local)
+        return results, code, timed_out, log_file
+
+    def _rendezvous(self, job: dict[str, Any]) -> list[str]:
+        """torchrun's flags that say where the job's ranks meet."""
+        return ["--standalone"]
 
     def _launch(self, job: dict, log_path: str | None, stop: Callable[[], bool] | None = None,
                 ) -> tuple[dict[int, ProbeResult], int | None, bool, str]:
         """This node's torchrun share of `job`: its ranks' results (by global rank), torchrun's exit
         status, whether it was killed for its timeout, and where the ranks' output went. `stop`,
         asked every half second, ends the share early (another node's rank failed)."""
+        load = LoadRequest(self.script, self.function, device=self.device, index=self.index,
+                           memory_limit=self.memory_limit, usable_bytes=self.usable_bytes)
         with tempfile.TemporaryDirectory(prefix="autofit-ranks-") as out:
             request = os.path.join(out, "request.json")
-            with open(request, "w") as handle:
-                json.dump({"script": self.script, "function": self.function, "device": self.device,
-                           "config": job["config"], "warmup": job["warmup"], "steps": job["steps"], "out": out,
-                           "min_measure_s": job["min_measure_s"],
-                           "memory_limit": self.memory_limit, "usable_bytes": self.usable_bytes}, handle)
-            if self.nnodes > 1:
-                where = [f"--nnodes={self.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={self.rdzv_endpoint}",
-                         f"--rdzv-id={job['rdzv_id']}", f"--rdzv-conf=join_timeout={JOIN_TIMEOUT_S}"]
-            else:
-                where = ["--standalone"]
-            command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={self.nproc}", *where,
-                       "--max-restarts=0", "-m", "autofit.probing._rank_process", request]
+            write_rank_request(request, load, ProbeRequest.from_wire(job), out)
+            command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={self.nproc}",
+                       *self._rendezvous(job), "--max-restarts=0", "-m", "autofit.probing._rank_process", request]
             log_file = log_path or os.path.join(tempfile.gettempdir(), f"{job['rdzv_id']}.log")
+            env = {**os.environ, **self.extra_env} if self.extra_env else None
             with open(log_file, "w") as log:
-                self._job = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                self._job = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                             env=env)
                 code, timed_out = self._wait(job["timeout"], stop)
                 self._job = None
-            results = {}
-            for name in os.listdir(out):
-                if name.startswith("rank-") and name.endswith(".json"):
-                    result = _read(os.path.join(out, name))
-                    if result is not None:
-                        results[int(name[len("rank-"):-len(".json")])] = result
+            results = read_rank_results(out)
         return results, code, timed_out, log_file
 
     def _wait(self, timeout: float, stop: Callable[[], bool] | None) -> tuple[int | None, bool]:
@@ -176,14 +161,6 @@ class DistributedWorker:
         self.kill()
 
 
-def _read(path: str) -> ProbeResult | None:
-    try:
-        with open(path) as handle:
-            return ProbeResult.from_dict(json.load(handle))
-    except (OSError, ValueError):
-        return None
-
-
 def combine(config: Config, results: dict[int, ProbeResult | None], nproc: int, wall: float, code: int | None,
             timed_out: bool, timeout: float, log_path: str | None, limit: int | None) -> ProbeResult:
     """One result for the job: ok only when every rank ran its steps; else the most telling failure."""
@@ -209,13 +186,8 @@ def combine(config: Config, results: dict[int, ProbeResult | None], nproc: int, 
                        memory_after_bytes=None)
     missing = [rank for rank in range(nproc) if rank not in present]
     if timed_out:
-        return ProbeResult(status="timeout", config=config, wall_s=wall, limit_bytes=limit, world_size=nproc,
-                           error_type="Timeout", log_path=log_path,
-                           error_message=f"The probe's {nproc} ranks did not finish within {timeout:.0f}s and "
-                                         f"were killed; raise --probe-timeout if one step is really that slow.")
-    return ProbeResult(status="crashed", config=config, wall_s=wall, limit_bytes=limit, world_size=nproc,
-                       peak_bytes=peak, error_type="RankCrashed", log_path=log_path,
-                       error_message=f"rank(s) {', '.join(map(str, missing))} of {nproc} died without a result "
-                                     f"(torchrun exit status {code}); see the probe's log.",
-                       traceback=_tail(log_path))
-
+        return timeout_result(config, timeout=timeout, wall_s=wall, limit_bytes=limit, log_path=log_path, ranks=nproc)
+    return crash_result(config, f"rank(s) {', '.join(map(str, missing))} of {nproc} died without a result "
+                                f"(torchrun exit status {code}); see the probe's log.",
+                        error_type="RankCrashed", wall_s=wall, limit_bytes=limit, log_path=log_path, ranks=nproc,
+                        peak_bytes=peak, traceback=log_tail(log_path))

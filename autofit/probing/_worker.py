@@ -10,39 +10,21 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
-from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from typing import Any
 
 from autofit.config import Config
 from autofit.errors import AutofitError, UsageError, UserCodeError
-from autofit.probing._record import ProbeResult
+from autofit.probing._failures import crash_result, describe_exit, log_tail, timeout_result
+from autofit.probing._record import ProbeResult, WorkerInfo
+from autofit.probing._wire import Channel, LoadRequest, ProbeRequest, result_of, start_child
 from autofit.units import format_size
 
 #: The worker runs with the user's own environment: no allocator tuning of ours (a fixed glibc mmap
 #: threshold once cost ~30% on allocation-heavy steps and made probes slower than the real run).
 #: On CPU each probe runs in a process forked for it, so its memory goes when it exits.
 _WORKER_ENV = {"PYTHONUNBUFFERED": "1"}
-
-
-@dataclass
-class WorkerInfo:
-    """What the worker reported once torch and the user's script were loaded."""
-
-    function: str
-    options: dict | None
-    device: dict
-    precisions: list[str]
-    default_precisions: list[str]
-    baseline_bytes: int
-    limit_bytes: int | None
-    versions: dict
-    load_s: float
-    pid: int
 
 
 class WorkerStartError(AutofitError):
@@ -54,7 +36,7 @@ class WorkerStartError(AutofitError):
 
 
 class Worker:
-    """One persistent probe process for one script, device and memory limit."""
+    """One persistent probe process for one script, device and memory limit (a `ProbeRunner`)."""
 
     def __init__(
         self,
@@ -84,8 +66,7 @@ class Worker:
         self.info: WorkerInfo | None = None
         self.starts = 0
         self._proc: subprocess.Popen | None = None
-        self._conn: Connection | None = None
-        self._timed_out = False
+        self._channel: Channel | None = None
         self._warm_baseline: int | None = None
 
     # --- life cycle ---------------------------------------------------------------------------
@@ -106,33 +87,21 @@ class Worker:
     def start(self) -> WorkerInfo:
         """Start the process and load the script; raises UsageError/WorkerStartError on bad input."""
         self.close()
-        parent_sock, child_sock = socket.socketpair()
         log = self._log_path("worker.log")
-        env = {**os.environ, **_WORKER_ENV, **self.extra_env}
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "autofit.probing._worker_process", str(child_sock.fileno())],
-            pass_fds=(child_sock.fileno(),),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,  # Ctrl-C in the terminal reaches the supervisor only
-        )
-        child_sock.close()
-        self._conn = Connection(parent_sock.detach())
+        self._proc, self._channel = start_child(
+            "autofit.probing._worker_process", env={**os.environ, **_WORKER_ENV, **self.extra_env},
+            new_session=True)  # Ctrl-C in the terminal reaches the supervisor only
         self.starts += 1
-        reply = self._call(
-            {"op": "load", "script": self.script, "function": self.function, "device": self.device,
-             "index": self.index, "memory_limit": self.memory_limit, "usable_bytes": self.usable_bytes,
-             "log_path": log},
-            self.load_timeout,
-        )
+        request = LoadRequest(self.script, self.function, device=self.device, index=self.index,
+                              memory_limit=self.memory_limit, usable_bytes=self.usable_bytes)
+        reply = self._channel.request({"op": "load", "request": request.to_wire(), "log_path": log},
+                                      self.load_timeout)
         if reply is None:
             code = self._reap()
             self.close()
             raise WorkerStartError(
-                f"The worker died while loading {self.script} ({_describe_exit(code)}); "
-                f"see {log}" if log else f"The worker died while loading {self.script} ({_describe_exit(code)})."
+                f"The worker died while loading {self.script} ({describe_exit(code)}); "
+                f"see {log}" if log else f"The worker died while loading {self.script} ({describe_exit(code)})."
             )
         if not reply["ok"]:
             self.close()
@@ -148,14 +117,14 @@ class Worker:
 
     def close(self) -> None:
         """Stop the process (politely, then by force)."""
-        if self._conn is not None:
+        if self._channel is not None:
             try:
                 if self.alive:
-                    self._conn.send({"op": "exit"})
+                    self._channel.send({"op": "exit"})
             except OSError:
                 pass
-            self._conn.close()
-            self._conn = None
+            self._channel.close()
+            self._channel = None
         if self._proc is not None:
             try:
                 self._proc.wait(timeout=5)
@@ -178,56 +147,47 @@ class Worker:
         timeout: float = 300.0,
         log_path: str | None = None,
         min_measure_s: float | None = None,
+        trial_id: int | None = None,
     ) -> ProbeResult:
-        """Run one probe. Every outcome of the user's code is a status; only bad input raises."""
+        """Run one probe. Every outcome of the user's code is a status; only bad input raises.
+        `trial_id` is for runners across nodes; one process has no use for it."""
         if not self.alive:
             self.start()
+        assert self._channel is not None
         started = time.perf_counter()
-        reply = self._call(
-            {"op": "probe", "config": config.to_dict(), "warmup": warmup, "steps": steps,
-             "log_path": log_path, "min_measure_s": min_measure_s},
-            timeout,
-        )
+        request = ProbeRequest(config, warmup=warmup, steps=steps, min_measure_s=min_measure_s)
+        reply = self._channel.request({"op": "probe", "request": request.to_wire(), "log_path": log_path}, timeout)
         wall = time.perf_counter() - started
         if reply is None:
-            return self._dead_result(config, wall, timeout, log_path)
+            return self._dead_result(config, wall, timeout, log_path, timed_out=self._channel.timed_out)
         if not reply["ok"]:
             if reply["kind"] == "usage":
                 raise UsageError(reply["message"])
-            raise UserCodeError(f"autofit's worker failed: {reply['message']}\n{reply.get('traceback', '')}")
-        result = ProbeResult.from_dict(reply["result"])
+            raise UserCodeError(f"autofit's worker failed: {reply['message']}\n{reply.get('traceback') or ''}")
+        result = result_of(reply)
         result.log_path = log_path
         if result.status == "crashed" and result.traceback is None:
-            result.traceback = _tail(log_path)  # faulthandler's stack of the probe's process
+            result.traceback = log_tail(log_path)  # faulthandler's stack of the probe's process
         if result.restart_worker:
             self.close()  # a broken CUDA context is never reused: the next probe starts a fresh worker
         else:
             self._replace_if_leaking(result)
         return result
 
-    def _dead_result(self, config: Config, wall: float, timeout: float, log_path: str | None) -> ProbeResult:
-        timed_out = self._timed_out
+    def _dead_result(self, config: Config, wall: float, timeout: float, log_path: str | None,
+                     timed_out: bool) -> ProbeResult:
         if timed_out:
             self._kill()
         code = self._reap()
         self._kill_group()  # a probe process forked by the worker must not outlive it
         self.close()
-        tail = _tail(log_path)
+        tail = log_tail(log_path)
         if timed_out:
-            return ProbeResult(
-                status="timeout", config=config, wall_s=wall, limit_bytes=self.memory_limit,
-                error_type="Timeout",
-                error_message=f"The probe did not finish within {timeout:.0f}s and was killed; "
-                              f"raise --probe-timeout if one step is really that slow.",
-                traceback=tail, log_path=log_path,
-            )
-        return ProbeResult(
-            status="crashed", config=config, wall_s=wall, limit_bytes=self.memory_limit,
-            error_type="WorkerCrashed",
-            error_message=f"The worker died during the probe ({_describe_exit(code)}); "
-                          f"a fresh worker runs the next probe.",
-            traceback=tail, log_path=log_path,
-        )
+            return timeout_result(config, timeout=timeout, wall_s=wall, limit_bytes=self.memory_limit,
+                                  log_path=log_path, traceback=tail)
+        return crash_result(config, f"The worker died during the probe ({describe_exit(code)}); "
+                                    f"a fresh worker runs the next probe.",
+                            wall_s=wall, limit_bytes=self.memory_limit, log_path=log_path, traceback=tail)
 
     def _replace_if_leaking(self, result: ProbeResult) -> None:
         """Replace the worker when its memory after a probe grew past its warm baseline.
@@ -253,19 +213,6 @@ class Worker:
             self.close()
 
     # --- plumbing -----------------------------------------------------------------------------
-    def _call(self, msg: dict, timeout: float) -> dict | None:
-        """Send a request; the reply, or None if the worker died or ran past `timeout`."""
-        assert self._conn is not None
-        self._timed_out = False
-        try:
-            self._conn.send(msg)
-            if not self._conn.poll(timeout):
-                self._timed_out = True
-                return None
-            return self._conn.recv()
-        except (EOFError, OSError):
-            return None
-
     def _kill(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
             try:
@@ -295,21 +242,3 @@ class Worker:
             return None
         os.makedirs(self.log_dir, exist_ok=True)
         return os.path.join(self.log_dir, name)
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "exit status unknown"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit status {code}"
-
-
-def _tail(path: str | None, lines: int = 30) -> str | None:
-    if not path or not os.path.exists(path):
-        return None
-    with open(path, errors="replace") as handle:
-        return "".join(handle.readlines()[-lines:]) or None

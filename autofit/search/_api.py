@@ -17,20 +17,20 @@ def run_search(settings: SearchSettings, reporter: Reporter | None = None) -> Se
 
 def follow_search(settings: SearchSettings) -> int:
     """A node other than 0 of a search across nodes: run this node's share of each of node 0's
-    probes until that search ends (see autofit.probing._multinode). Returns the exit status."""
-    from autofit.probing import DistributedWorker, JobBoard, follow
+    probes until that search ends (see autofit.probing.follow). Returns the exit status."""
+    from autofit.probing import JobBoard, follow, make_runner
 
     session = Session(settings)  # the same study name and storage as node 0's
+    env = {"PYTORCH_CUDA_ALLOC_CONF": settings.alloc_conf} if settings.alloc_conf else None
 
-    def make_worker(meta: dict) -> DistributedWorker:
-        usable = meta.get("usable_bytes")
-        return DistributedWorker(session.script, settings.function, nproc=settings.nproc_per_node,
-                                 device=settings.device, index=settings.index,
-                                 memory_limit=meta.get("limit_bytes") or session.limit,
-                                 usable_bytes=int(usable) if usable else None, log_dir=session.run_dir,
-                                 nnodes=settings.nnodes, rdzv_endpoint=settings.rdzv_endpoint)
+    def make_follower(limit: int | None, usable: int | None):
+        return make_runner(session.script, settings.function, device=settings.device, index=settings.index,
+                           memory_limit=limit or session.limit, usable_bytes=usable, log_dir=session.run_dir,
+                           env=env, nproc=settings.nproc_per_node, nnodes=settings.nnodes,
+                           rdzv_endpoint=settings.rdzv_endpoint)
 
-    return follow(settings, JobBoard(session.storage, session.study_name), make_worker)
+    return follow(JobBoard(session.storage, session.study_name), make_follower, node_rank=settings.node_rank,
+                  nnodes=settings.nnodes)
 
 
 def search_function(fn: Any, **kwargs: Any) -> SearchResult:

@@ -10,34 +10,28 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from autofit.config import Config
-from autofit.probing import JobBoard, ProbeResult, Worker, WorkerInfo
+from autofit.probing import JobBoard, ProbeResult, ProbeRunner, WorkerInfo, make_runner
 from autofit.search._settings import SearchSettings
 
 if TYPE_CHECKING:
-    from autofit.probing import DistributedWorker
     from autofit.search._session import Session
 
-    Runner = Worker | DistributedWorker
+#: What a search probes with: any runner of the probing contract.
+Runner = ProbeRunner
 
 
 def build_runners(settings: SearchSettings, session: Session, board: JobBoard | None,
                   board_session: str | None) -> list[Runner]:
-    """The runners a search probes with: one DistributedWorker for probes on several ranks (across
-    nodes through `board`), else one Worker per slot, each logging to its own folder when there are
-    several."""
-    usable = int(session.usable)
-    if settings.world_size > 1:
-        from autofit.probing import DistributedWorker
-
-        return [DistributedWorker(session.script, settings.function, nproc=settings.nproc_per_node,
-                                  device=settings.device, index=settings.index, memory_limit=session.limit,
-                                  usable_bytes=usable, log_dir=session.run_dir, nnodes=settings.nnodes,
-                                  rdzv_endpoint=settings.rdzv_endpoint, board=board, session=board_session)]
+    """The runners a search probes with (probing.make_runner decides which kind): one per slot, each
+    logging to its own folder when there are several; a distributed search has one slot, its ranks
+    (across nodes, its jobs posted on `board`)."""
     many = len(session.slots) > 1
     env = {"PYTORCH_CUDA_ALLOC_CONF": settings.alloc_conf} if settings.alloc_conf else None
-    return [Worker(session.script, settings.function, device=settings.device, index=index,
-                   memory_limit=session.limit, usable_bytes=usable, env=env,
-                   log_dir=os.path.join(session.run_dir, f"worker-{n}") if many else session.run_dir)
+    return [make_runner(session.script, settings.function, device=settings.device, index=index,
+                        memory_limit=session.limit, usable_bytes=int(session.usable), env=env,
+                        log_dir=os.path.join(session.run_dir, f"worker-{n}") if many else session.run_dir,
+                        nproc=settings.nproc_per_node, nnodes=settings.nnodes, rdzv_endpoint=settings.rdzv_endpoint,
+                        board=board, session=board_session)
             for n, index in enumerate(session.slots)]
 
 

@@ -1,0 +1,133 @@
+"""What every child process does before it runs the user's code, and the request loop of those that
+serve many requests. The children: the probe worker (autofit.probing._worker_process), a rank of a
+torchrun job (autofit.probing._rank_process) and the memory estimator (autofit.memory._estimate_process).
+
+Each of them opens its device, imports the user's script, finds the function, and (but the
+estimator, whose tensors are fake) caps its memory; `bootstrap` does that once for all three, in the one
+order that keeps the limit honest: the device first (a GPU made current before the user's module
+can allocate on it), the import, then the device's caches released and the cap applied, so the
+baseline the cap is checked against is what the process needs just to start.
+
+Kept light like the rest of autofit.probing: torch is imported by the device backend when `bootstrap`
+runs, never when this module is imported.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from autofit.errors import UsageError
+from autofit.probing._script import find_function, load_script
+from autofit.probing._wire import Channel, LoadRequest, failure_reply, internal_failure
+
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class ScriptError(Exception):
+    """The user's module raised while it was imported: their bug, reported with their traceback."""
+
+    def __init__(self, message: str, traceback: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.traceback = traceback
+
+
+@dataclass
+class Loaded:
+    """The user's function in this process, on its device, under its limit."""
+
+    backend: Any  # autofit.devices.DeviceBackend (imported with the device, in the child)
+    fn: Any
+    name: str | None
+
+    def describe(self) -> dict[str, Any]:
+        """What the supervisor learns once the function is loaded: its name, the decorator's
+        options, and the memory the process holds before any step."""
+        options = getattr(self.fn, "options", None)
+        return {"function": getattr(self.fn, "__name__", self.name),
+                "options": options.__dict__ if options is not None else None,
+                "baseline_bytes": self.backend.used_bytes()}
+
+
+def bootstrap(request: LoadRequest, *, cap_memory: bool = True) -> Loaded:
+    """Open the device, import the script, find the function, release caches, apply the limit.
+
+    Raises UsageError for bad input (no such script or function, a limit below what the process
+    needs to start) and ScriptError when the user's module raises at import.
+    """
+    from autofit.devices import make_backend
+
+    backend = make_backend(request.device, request.index)
+    backend.torch_device()  # on a GPU: made current, so the module's own tensors land on it
+    try:
+        module = load_script(request.script)
+    except UsageError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the user's module failed at import
+        raise ScriptError(f"{type(exc).__name__}: {exc}", traceback.format_exc()) from exc
+    fn = find_function(module, request.function, request.script)
+    backend.release()
+    if cap_memory:
+        backend.apply_memory_limit(request.memory_limit, request.usable_bytes)
+    return Loaded(backend, fn, request.function)
+
+
+def prepare_process(*, follow_parent: bool = False) -> None:
+    """A segfault in the user's code leaves a stack in the output (faulthandler). `follow_parent`:
+    this process is killed when its parent dies and ignores Ctrl-C (the supervisor decides when
+    it stops; a supervisor SIGKILLed or OOM-killed takes it along)."""
+    faulthandler.enable()
+    if follow_parent:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        die_with_parent()
+
+
+def die_with_parent() -> None:
+    """Linux: SIGKILL this process when the thread that started it ends (PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def redirect_output(path: str | None) -> None:
+    """Point fd 1 and 2 at `path` (append), so the user's output lands in the probe's log."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    target = os.open(path or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(target, 1)
+    os.dup2(target, 2)
+    os.close(target)
+
+
+def serve(channel: Channel, handlers: dict[str, Handler],
+          before: Callable[[dict[str, Any]], None] | None = None) -> int:
+    """Answer requests until the supervisor says `exit` or goes away. Each request's `op` names its
+    handler; whatever a handler raises becomes a failure reply, never the end of the process."""
+    while True:
+        message = channel.receive()
+        if message is None or message["op"] == "exit":
+            return 0
+        if before is not None:
+            before(message)
+        try:
+            reply = handlers[message["op"]](message)
+        except UsageError as exc:
+            reply = failure_reply("usage", str(exc))
+        except ScriptError as exc:
+            reply = failure_reply("script", exc.message, exc.traceback)
+        except BaseException as exc:  # noqa: BLE001 - report, never die silently
+            reply = internal_failure(exc)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        channel.send(reply)

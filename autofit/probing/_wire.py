@@ -1,0 +1,203 @@
+"""What the runners and their child processes say to each other: one encoding, two transports.
+
+The encoding, for every child (the probe worker, the ranks of a torchrun job, the memory estimator):
+a `LoadRequest` (load the user's function, on which device, under which limit), a `ProbeRequest`
+(one config, its steps), and replies that are plain data: `{"ok": True, ...}`, with a probe's
+`ProbeResult` as `result_reply` writes it, or a failure `{"ok": False, "kind": "usage" | "script" |
+"internal", "message": ..., "traceback": ...}`. Everything on the wire is JSON-able, so the same
+dicts go through a socket, a file or a study's attributes (a job posted across nodes).
+
+The transports differ where they must:
+- a `Channel` (a socket pair, messages pickled by multiprocessing's Connection) for the children
+  autofit starts itself and keeps for many requests: the worker and the estimator. The user's prints
+  never reach it (they go to fd 1 and 2, a log file); a child that dies is end-of-file and one that
+  hangs is a poll that times out, so the supervisor never blocks on a broken child.
+- files for the ranks of a torchrun job: torchrun starts them, so no socket can be handed down, and
+  each rank writes its own result file (atomically), so a rank killed mid-job leaves the others'
+  results readable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import traceback
+from dataclasses import asdict, dataclass, fields
+from multiprocessing.connection import Connection
+from typing import IO, Any
+
+from autofit.config import Config
+from autofit.probing._record import ProbeResult
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """Load the user's function in a child process: which script and function, on which device,
+    under which memory limit (`usable_bytes`: the limit less the search's headroom)."""
+
+    script: str
+    function: str | None = None
+    device: str = "cpu"
+    index: int = 0
+    memory_limit: int | None = None
+    usable_bytes: int | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> LoadRequest:
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """Probe one config: `warmup` steps, then `steps` measured ones (more, up to `min_measure_s`)."""
+
+    config: Config
+    warmup: int = 2
+    steps: int = 5
+    min_measure_s: float | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        """The keys a job posted across nodes has always carried (studies keep them)."""
+        return {"config": self.config.to_dict(), "warmup": self.warmup, "steps": self.steps,
+                "min_measure_s": self.min_measure_s}
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> ProbeRequest:
+        return cls(Config.from_dict(data["config"]), warmup=data.get("warmup", 2), steps=data.get("steps", 5),
+                   min_measure_s=data.get("min_measure_s"))
+
+
+# --- replies ----------------------------------------------------------------------------------------
+def ok_reply(**fields: Any) -> dict[str, Any]:
+    return {"ok": True, **fields}
+
+
+def result_reply(result: ProbeResult) -> dict[str, Any]:
+    """A probe's result, as every child sends it."""
+    return ok_reply(result=result.to_dict())
+
+
+def result_of(reply: dict[str, Any]) -> ProbeResult:
+    return ProbeResult.from_dict(reply["result"])
+
+
+def failure_reply(kind: str, message: str, traceback: str | None = None) -> dict[str, Any]:
+    """A request the child could not serve. `kind`: "usage" (bad input: `message` is for the user as
+    it is), "script" (the user's module failed to import), "internal" (anything else)."""
+    return {"ok": False, "kind": kind, "message": message, "traceback": traceback}
+
+
+def internal_failure(exc: BaseException) -> dict[str, Any]:
+    """An unexpected exception as a failure reply; call it where the exception is being handled."""
+    return failure_reply("internal", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+
+
+# --- files: the ranks of a torchrun job --------------------------------------------------------------
+def write_rank_request(path: str, load: LoadRequest, probe: ProbeRequest, out: str) -> None:
+    with open(path, "w") as handle:
+        json.dump({"load": load.to_wire(), "probe": probe.to_wire(), "out": out}, handle)
+
+
+def read_rank_request(path: str) -> tuple[LoadRequest, ProbeRequest, str]:
+    with open(path) as handle:
+        data = json.load(handle)
+    return LoadRequest.from_wire(data["load"]), ProbeRequest.from_wire(data["probe"]), data["out"]
+
+
+def rank_result_path(out: str, rank: int) -> str:
+    return os.path.join(out, f"rank-{rank}.json")
+
+
+def write_rank_result(out: str, rank: int, result: ProbeResult) -> None:
+    """Atomically: a reader sees the whole result or none."""
+    path = rank_result_path(out, rank)
+    with open(path + ".tmp", "w") as handle:
+        json.dump(result.to_dict(), handle)
+    os.replace(path + ".tmp", path)
+
+
+def read_rank_results(out: str) -> dict[int, ProbeResult]:
+    """The results the ranks wrote to `out`, by global rank (a rank that died wrote none)."""
+    results = {}
+    for name in os.listdir(out):
+        if name.startswith("rank-") and name.endswith(".json"):
+            try:
+                with open(os.path.join(out, name)) as handle:
+                    results[int(name[len("rank-"):-len(".json")])] = ProbeResult.from_dict(json.load(handle))
+            except (OSError, ValueError):
+                continue
+    return results
+
+
+# --- the channel: a socket to a child autofit keeps ----------------------------------------------------
+class Channel:
+    """One end of a connection between a supervisor and its child; messages are wire dicts."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self.timed_out = False
+        """Whether the last `receive` gave up at its timeout (rather than finding the child gone)."""
+
+    @classmethod
+    def from_fd(cls, fd: int) -> Channel:
+        """The child's end, from the descriptor its command line names."""
+        return cls(Connection(fd))
+
+    @classmethod
+    def pipe(cls) -> tuple[Channel, Channel]:
+        """A one-way channel (reading end, writing end), for a process forked for one probe."""
+        read_end, write_end = os.pipe()
+        return cls(Connection(read_end, writable=False)), cls(Connection(write_end, readable=False))
+
+    def send(self, message: dict[str, Any]) -> None:
+        self._connection.send(message)
+
+    def receive(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """The next message; None when the other end is gone or nothing came within `timeout`."""
+        self.timed_out = False
+        try:
+            if timeout is not None and not self._connection.poll(timeout):
+                self.timed_out = True
+                return None
+            return self._connection.recv()
+        except (EOFError, OSError):
+            return None
+
+    def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        """Send `message` and wait for the reply (None: the child died, or ran past `timeout`)."""
+        self.timed_out = False
+        try:
+            self.send(message)
+        except OSError:
+            return None
+        return self.receive(timeout)
+
+    def close(self) -> None:
+        self._connection.close()
+
+
+def start_child(module: str, *, output: int | IO[Any] = subprocess.DEVNULL, env: dict[str, str] | None = None,
+                new_session: bool = False) -> tuple[subprocess.Popen, Channel]:
+    """`python -m MODULE FD`, FD its end of a socket pair; the process and the supervisor's channel.
+    `output`: where the child's fd 1 and 2 go (the user's prints); `new_session`: its own process
+    group, which Ctrl-C in the terminal does not reach and which can be killed as a whole."""
+    parent, child = socket.socketpair()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", module, str(child.fileno())],
+            pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=output,
+            stderr=subprocess.DEVNULL if output is subprocess.DEVNULL else subprocess.STDOUT,
+            env=env, start_new_session=new_session,
+        )
+    except BaseException:
+        parent.close()
+        raise
+    finally:
+        child.close()
+    return process, Channel(Connection(parent.detach()))
