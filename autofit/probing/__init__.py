@@ -21,7 +21,7 @@ from autofit.probing._multinode import (
 from autofit.probing._once import ProbeSettings, follow_probe, probe_once
 from autofit.probing._record import STATUSES, ProbeResult, WorkerInfo
 from autofit.probing._runner import ProbeRunner, make_runner
-from autofit.probing._script import check_script, find_function, load_script, parse_target
+from autofit.probing._script import check_script, decorated_name, find_function, load_script, parse_target
 from autofit.probing._torchrun import DistributedWorker
 from autofit.probing._wire import (
     Channel,
@@ -53,6 +53,7 @@ __all__ = [
     "bootstrap",
     "check_nodes",
     "check_script",
+    "decorated_name",
     "failure_reply",
     "find_function",
     "follow",

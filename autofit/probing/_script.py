@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import sys
@@ -40,6 +41,27 @@ def load_script(path: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def decorated_name(path: str) -> str | None:
+    """The name of the script's one @autofit function, read from its source without running it (the
+    searching process never imports the user's module): studies and files are named after it. None
+    when the source does not say (no decorated function, several, or a file Python cannot parse):
+    the worker, which imports the script, then names the problem."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read(), filename=path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+    def is_autofit(decorator: ast.expr) -> bool:
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        return (isinstance(target, ast.Name) and target.id == "autofit") or (
+            isinstance(target, ast.Attribute) and target.attr == "autofit")
+
+    names = [node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+             and any(is_autofit(d) for d in node.decorator_list)]
+    return names[0] if len(names) == 1 else None
 
 
 def decorated_functions(module: ModuleType) -> dict[str, Any]:

@@ -45,7 +45,7 @@ class Session:
         self.storage_label = storage_label(settings.storage)
         """The storage as it may be printed or written (a password masked)."""
         self.storage = open_storage(settings.storage)  # a bad storage fails before any probe
-        self.study_name = settings.study or default_study_name(self.script, settings.function, settings.device,
+        self.study_name = settings.study or default_study_name(self.script, settings.function or decorated_name(self.script), settings.device,
                                                                settings.index) \
             + (f"-{settings.world_size}ranks" if settings.world_size > 1 else "")
         self.run_dir = os.path.join(self.output_dir, "runs", self.study_name)
