@@ -148,7 +148,7 @@ def test_on_cuda_each_rank_joins_with_nccl_on_its_own_gpu(monkeypatch):
     distributed.data_parallel(Model(2, 2), torch.device("cuda", 1))
     assert wrapped == {"to": torch.device("cuda", 1), "device_ids": [1]}
 
-    from autofit import api
+    from autofit import decorator as api
 
     made = {}
     monkeypatch.setenv("RANK", "1")

@@ -37,6 +37,7 @@ def _run(tmp_path, name: str, config: Config, limit: str | None = None, *, scrip
                           text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_a_run_whose_memory_grows_lowers_its_micro_batch_and_trains_to_the_end(tmp_path):
     grown = _run(tmp_path, "grown", Config(32), LIMIT)
     assert grown.returncode == 0, grown.stderr[-2000:]

@@ -20,7 +20,7 @@ from autofit.study._storage import open_storage
 from autofit.study._trials import observations
 
 LIMIT = 768 * 2**20
-TRIALS = 6
+TRIALS = 4
 
 
 @pytest.fixture(scope="module")
@@ -226,6 +226,7 @@ def test_changed_script_warns_when_the_config_is_loaded(tmp_path):
     assert json.loads((tmp_path / "r.json").read_text())["batch_size"] == 5
 
 
+@pytest.mark.slow
 def test_a_run_under_other_allocator_settings_than_the_search_is_warned(tmp_path):
     _records_config_with_best(tmp_path, script={"path": str(tmp_path / "train.py")},
                               allocator={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",

@@ -70,6 +70,7 @@ def test_hang_is_killed_at_the_timeout():
         assert not w.alive
 
 
+@pytest.mark.slow
 def test_segfault_is_crashed_and_the_next_probe_works(tmp_path):
     with Worker(script("crashes.py")) as w:
         w.start()
@@ -178,6 +179,7 @@ def test_script_failing_at_import_is_reported_with_its_traceback():
     assert "import_error.py" in info.value.traceback
 
 
+@pytest.mark.slow
 def test_a_sticky_cuda_error_replaces_the_worker_before_the_next_probe():
     """After an illegal memory access the CUDA context is broken: that process never probes again."""
     with Worker(script("sticky_error.py")) as w:
