@@ -40,7 +40,8 @@ def versions(torch_version: str | None = None, cuda_version: str | None = None) 
 
 
 def config_entry(config: Config, world_size: int = 1) -> dict[str, Any]:
-    """A config as the best-config file holds it; `sharding` in the files of distributed searches."""
+    """A config as the best-config file holds it: `sharding` in the files of distributed searches,
+    `compile` only when true (a file without it, as every eager one, reads back eager)."""
     return {
         "batch_size": config.batch_size,
         "accumulation_steps": config.accumulation_steps,
@@ -48,6 +49,7 @@ def config_entry(config: Config, world_size: int = 1) -> dict[str, Any]:
         "precision": config.precision,
         "checkpoint_segments": config.checkpoint_segments,
         **({"sharding": config.sharding} if world_size > 1 or config.sharding != "ddp" else {}),
+        **({"compile": True} if config.compile else {}),
     }
 
 

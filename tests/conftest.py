@@ -77,3 +77,16 @@ def postgres_url(postgres_base, request):
     from tests.postgres import create_database
 
     return create_database(postgres_base, "t_" + re.sub(r"\W", "_", request.node.name)[:50].lower())
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests skip where torch sees no CUDA device (torch is imported only when one is selected)."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device: torch.cuda.is_available() is False")
+        for item in gpu:
+            item.add_marker(skip)

@@ -456,3 +456,14 @@ def test_real_pynvml_errors_are_caught():
     errors = cuda_mod._nvml_errors(pynvml)
     assert pynvml.NVMLError in errors and pynvml.NVMLLibraryMismatchError in errors
     assert issubclass(pynvml.NVMLError_LibraryNotFound, errors)  # raised by nvmlInit without a driver
+
+
+@pytest.mark.gpu
+def test_the_cuda_backend_on_a_real_gpu():
+    """scripts/check_cuda.py's checks on the real device (listing, limits, OOM, probes, NCCL), where
+    the fakes above cannot reach: every check passes or says why it was skipped."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    checked = subprocess.run([sys.executable, os.path.join(root, "scripts", "check_cuda.py")], cwd=root,
+                             capture_output=True, text=True, timeout=900)
+    assert checked.returncode == 0, checked.stdout[-4000:] + checked.stderr[-3000:]
+    assert "All checks passed." in checked.stdout

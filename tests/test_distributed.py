@@ -34,6 +34,7 @@ def _run(tmp_path, name: str, nproc: int | None, *, via: str | None = None, **en
                           timeout=300, cwd=tmp_path)
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp2"])
 def test_two_ranks_keep_the_global_batch_and_train_as_one_process_would(tmp_path, sharding):
     best = _config_file(tmp_path / "ddp.best.json", Config(8, accumulation_steps=4))  # searched: global 32
@@ -53,7 +54,7 @@ def test_two_ranks_keep_the_global_batch_and_train_as_one_process_would(tmp_path
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.distributed
 def test_every_rank_that_trained_to_the_end_exits_cleanly(tmp_path):
     """A run that trained to the end exits 0 on every rank, every time. A rank used to abort now and
     then after training ("terminate called without an active exception", SIGABRT, so torchrun failed):
@@ -73,6 +74,7 @@ def test_every_rank_that_trained_to_the_end_exits_cleanly(tmp_path):
         assert "ddp_train: world 2 micro 8 accumulation 2 global 32 steps 16" in ran.stdout
 
 
+@pytest.mark.distributed
 def test_ranks_with_different_configs_stop_with_a_clear_error(tmp_path):
     first = _config_file(tmp_path / "a.best.json", Config(8, accumulation_steps=4))
     second = _config_file(tmp_path / "b.best.json", Config(16, accumulation_steps=2))
@@ -102,6 +104,7 @@ def _probe(tmp_path, script_name: str, batch: int, *extra: str):
     return done.returncode, (json.loads(done.stdout)["result"] if done.stdout.strip().startswith("{") else done.stderr)
 
 
+@pytest.mark.distributed
 def test_a_distributed_probe_runs_every_rank_and_counts_all_their_samples(tmp_path):
     code, result = _probe(tmp_path, "ddp_train.py", 8, "--accumulation", "2")
     assert code == 0, result
@@ -109,6 +112,7 @@ def test_a_distributed_probe_runs_every_rank_and_counts_all_their_samples(tmp_pa
     assert result["samples_per_s"] > 0 and result["peak_bytes"] < 2**30
 
 
+@pytest.mark.distributed
 def test_an_oom_on_one_rank_is_the_configs_and_a_killed_rank_is_crashed(tmp_path):
     code, oom = _probe(tmp_path, "ddp_faults.py", 16)  # rank 1 alone runs out of memory
     assert code == 1 and oom["status"] == "oom" and "rank 1 of 2" in oom["error_message"]
@@ -118,6 +122,7 @@ def test_an_oom_on_one_rank_is_the_configs_and_a_killed_rank_is_crashed(tmp_path
     assert code == 1 and crashed["status"] == "crashed" and crashed["error_type"] == "RankCrashed"
 
 
+@pytest.mark.distributed
 def test_a_search_on_two_ranks_exports_a_config_a_torchrun_run_picks_up(tmp_path):
     import json
 

@@ -29,14 +29,18 @@ def settings(tmp_path, name: str, **kwargs) -> SearchSettings:
 
 
 def trials(tmp_path, result):
-    return optuna.load_study(study_name=result.study_name, storage=f"sqlite:///{tmp_path}/s.db").trials
+    return _study_trials(tmp_path, result.study_name)
+
+
+def _study_trials(tmp_path, name: str):
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/s.db").trials
 
 
 def test_oom_at_every_batch_ends_quickly_with_nothing_fits_and_no_json(tmp_path):
-    started = time.monotonic()
     with pytest.raises(NoFeasibleConfig, match=r"Nothing fits under .*smallest config tried .* ran out of memory"):
-        run_search(settings(tmp_path, "oom_always.py", budget_s=300))
-    assert time.monotonic() - started < 60
+        run_search(settings(tmp_path, "oom_always.py", budget_s=300, study="oom"))
+    probed = [o.config.batch_size for o in observations(_study_trials(tmp_path, "oom"))]
+    assert probed and probed[-1] == 1 and len(probed) <= 3  # down to batch 1, not through the budget
     assert not (tmp_path / "best.json").exists()
 
 
@@ -49,14 +53,14 @@ def test_oom_at_every_batch_exits_1_from_the_cli(tmp_path):
 
 
 def test_exception_on_every_probe_stops_after_the_first_with_the_traceback(tmp_path):
-    started = time.monotonic()
     with pytest.raises(UserCodeError) as info:
-        run_search(settings(tmp_path, "raises.py", budget_s=600))
+        run_search(settings(tmp_path, "raises.py", budget_s=600, study="raises"))
     assert "helper_that_fails" in str(info.value) and "ValueError: bad shape" in str(info.value)
-    assert time.monotonic() - started < 30  # did not burn the budget
+    assert len(_study_trials(tmp_path, "raises")) == 1  # did not burn the budget
     assert not (tmp_path / "best.json").exists()
 
 
+@pytest.mark.slow
 def test_exception_under_one_precision_marks_it_unusable_and_goes_on(tmp_path):
     # No rechecks: a noisy machine's rechecks must not use up the trials before fp16's turn.
     result = run_search(settings(tmp_path, "fp16_raises.py", trials=8, recheck=False))
@@ -67,6 +71,7 @@ def test_exception_under_one_precision_marks_it_unusable_and_goes_on(tmp_path):
     assert {o.config.precision for o in observations(trials(tmp_path, result)) if o.status == "ok"} >= {"fp32", "bf16"}
 
 
+@pytest.mark.slow
 def test_segfault_in_user_code_is_crashed_and_the_search_goes_on(tmp_path):
     result = run_search(settings(tmp_path, "crashes_above.py", trials=6))
     seen = observations(trials(tmp_path, result))
@@ -77,15 +82,17 @@ def test_segfault_in_user_code_is_crashed_and_the_search_goes_on(tmp_path):
     assert any("crashed" in n and "SIGSEGV" in n for n in result.notes)
 
 
+@pytest.mark.slow
 def test_hang_is_killed_at_the_probe_timeout_and_the_search_goes_on(tmp_path):
-    started = time.monotonic()
-    result = run_search(settings(tmp_path, "hangs_above.py", trials=5, probe_timeout=4))
+    result = run_search(settings(tmp_path, "hangs_above.py", trials=5, probe_timeout=10))
     seen = observations(trials(tmp_path, result))
-    assert [o for o in seen if o.status == "timeout"]
+    timeouts = [t for t in trials(tmp_path, result) if t.user_attrs.get("status") == "timeout"]
+    assert timeouts and all("within 10s" in t.user_attrs["probe"]["error_message"] for t in timeouts)
+    assert [o for o in seen if o.status == "ok" and o.config.batch_size < 8]
     assert result.best is not None and result.best.batch_size < 8
-    assert time.monotonic() - started < 90
 
 
+@pytest.mark.slow
 def test_a_leaking_function_cannot_leak_into_later_cpu_probes(tmp_path):
     """Each CPU probe runs in its own forked process: 100 MiB kept per call is gone with it."""
     result = run_search(settings(tmp_path, "leaks_search.py", trials=4))
@@ -93,6 +100,7 @@ def test_a_leaking_function_cannot_leak_into_later_cpu_probes(tmp_path):
     assert result.best is not None
 
 
+@pytest.mark.slow
 def test_nan_loss_makes_the_config_unusable(tmp_path):
     result = run_search(settings(tmp_path, "fp16_diverges.py", trials=8))
     seen = observations(trials(tmp_path, result))
@@ -105,6 +113,7 @@ def _search_cmd(tmp_path, *extra):
             "--storage", f"sqlite:///{tmp_path}/s.db", "--study", "shared", "--out", str(tmp_path / "best.json"), *extra]
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_finished_probes_exports_partial_and_resumes(tmp_path):
     proc = subprocess.Popen(_search_cmd(tmp_path, "--budget", "5m"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=tmp_path)
@@ -135,6 +144,7 @@ def test_ctrl_c_keeps_finished_probes_exports_partial_and_resumes(tmp_path):
 
 
 @pytest.mark.parametrize("storage", ["default", "url"])
+@pytest.mark.slow
 def test_two_searches_on_one_study_record_every_trial_once(tmp_path, storage):
     extra = ["--trials", "4", "--budget", "3m", "-q", "--json"]
     cmd = _search_cmd(tmp_path, *extra)
@@ -156,18 +166,22 @@ def test_two_searches_on_one_study_record_every_trial_once(tmp_path, storage):
 
 
 @pytest.mark.parametrize("make_storage", ["not_a_database", "unmakeable_folder"])
-def test_storage_that_cannot_be_opened_fails_before_any_probe(tmp_path, make_storage):
+def test_storage_that_cannot_be_opened_fails_before_any_probe(tmp_path, monkeypatch, make_storage):
     if make_storage == "not_a_database":
         (tmp_path / "s.db").write_bytes(b"this is not sqlite" * 100)
         url = f"sqlite:///{tmp_path}/s.db"
     else:
         url = "sqlite:////proc/autofit-cannot-exist/s.db"  # unwritable even for root
-    started = time.monotonic()
+    from autofit.probing._worker import Worker
+
+    started = []
+    real_start = Worker.start
+    monkeypatch.setattr(Worker, "start", lambda self: started.append(self) or real_start(self))
     result = CliRunner().invoke(cli, ["search", script("grows.py"), "--storage", url, "--budget", "1m",
                                       "--out", str(tmp_path / "b.json")])
     assert result.exit_code == 1
     assert result.output.startswith("autofit: error: The storage") and result.output.count("\n") == 1
-    assert time.monotonic() - started < 5  # no worker was started, no probe ran
+    assert started == []  # no worker was started, no probe ran
     assert not (tmp_path / "b.json").exists()
 
 
@@ -178,6 +192,7 @@ def _running_trials(storage: str, study: str) -> list:
             if t.state == optuna.trial.TrialState.RUNNING]
 
 
+@pytest.mark.slow
 def test_a_search_killed_mid_probe_resumes_and_probes_the_unfinished_config(tmp_path):
     """SIGKILL (or the OOM killer) gives the searcher no chance to clean up: its trial is left
     RUNNING. The same command run again fails it as stale and probes that config, without repeating
@@ -238,6 +253,7 @@ def _worker_pids() -> list[int]:
     return pids
 
 
+@pytest.mark.slow
 def test_a_supervisor_failure_leaves_no_trial_running(tmp_path, monkeypatch):
     """An exception inside autofit itself (here: the pipe to the worker breaks) ends the search with
     the error, the finished probes kept and the unfinished one FAIL, to be probed again."""
@@ -262,6 +278,7 @@ def test_a_supervisor_failure_leaves_no_trial_running(tmp_path, monkeypatch):
     assert all(t.state != optuna.trial.TrialState.RUNNING for t in trials)
 
 
+@pytest.mark.slow
 def test_a_cpu_study_without_a_memory_limit_resumes(tmp_path):
     """The default CPU limit is the memory free at the start, different every run: a resumed study
     keeps the limit it began with instead of refusing to resume."""

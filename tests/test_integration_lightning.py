@@ -25,6 +25,7 @@ def _run(tmp_path, config_path=None):
                           timeout=300, cwd=tmp_path)
 
 
+@pytest.mark.frameworks
 def test_a_lightning_script_is_searched_keeps_its_global_batch_and_runs_with_the_answer(tmp_path):
     best = tmp_path / "pl.best.json"
     searched = autofit_cli("search", script("lightning_module.py"), "--device", "cpu", "--memory-limit", LIMIT, "--headroom", "0",
@@ -45,6 +46,7 @@ def test_a_lightning_script_is_searched_keeps_its_global_batch_and_runs_with_the
     assert f"trained 16 optimizer steps with {config.label()}" in ran.stderr
 
 
+@pytest.mark.frameworks
 def test_without_a_search_the_trainer_keeps_the_users_own_settings(tmp_path):
     ran = _run(tmp_path)
     assert ran.returncode == 0, ran.stderr[-3000:]
@@ -66,6 +68,7 @@ def test_the_config_becomes_the_trainers_settings(precision, lightning_precision
     assert probing["max_epochs"] == -1 and probing["limit_val_batches"] == 0 and probing["logger"] is False
 
 
+@pytest.mark.frameworks
 def test_the_frameworks_own_step_runs_out_of_memory_above_the_limit(tmp_path):
     """b=64 in one micro-batch does not fit under LIMIT: the probe's status says so (exit 1)."""
     status, result = probe_result("lightning_module.py", LIMIT, 64, tmp_path, env={"PL_OUT": str(tmp_path / "out")})

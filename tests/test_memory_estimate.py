@@ -2,6 +2,8 @@
 part. Real runs of the bundled MLP (no allocation of its ~0.3-0.5 GiB of tensors happens)."""
 from __future__ import annotations
 
+import pytest
+
 from autofit.config import Config
 from autofit.memory._estimator import PARTS, estimate_memory
 from tests.conftest import STUDIES, script
@@ -37,6 +39,7 @@ def test_an_estimator_that_dies_is_reported_not_raised(tmp_path):
     assert found.error and "status" in found.error and Config(8) in found.unavailable
 
 
+@pytest.mark.slow
 def test_estimate_answers_each_card_size_and_more_memory_never_answers_worse(tmp_path):
     import json
 

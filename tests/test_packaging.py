@@ -23,6 +23,7 @@ def test_best_config_files_have_ordinary_permissions(tmp_path):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
 
 
+@pytest.mark.slow
 def test_export_keeps_the_searchs_script_hash_so_a_changed_script_warns(tmp_path):
     """The exported file carries the hash of the script the probes measured, not of the script as
     it is at export time: a script changed after the search must make the real run warn."""
@@ -66,6 +67,7 @@ def installed_wheel(tmp_path_factory):
     return site
 
 
+@pytest.mark.packaging
 def test_a_wheel_ships_the_recorded_studies_and_the_commands_read_them(installed_wheel, tmp_path):
     elsewhere = tmp_path / "somewhere"
     elsewhere.mkdir()

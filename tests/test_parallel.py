@@ -34,6 +34,7 @@ def _explored_once(trials) -> None:
     assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
 
 
+@pytest.mark.slow
 def test_two_cpu_workers_feed_one_study_and_export_one_answer(tmp_path):
     storage = f"sqlite:///{tmp_path}/w.db"
     searched = autofit_cli(*_search(tmp_path, storage, "--workers", "2", "--trials", "8", "--budget", "3m")[3:],
@@ -75,7 +76,7 @@ def test_gpus_of_different_models_are_refused(monkeypatch):
     assert _session.same_devices("cuda", (0, 0)).name == "NVIDIA H100 80GB HBM3"
 
 
-@pytest.mark.parametrize("backend", ["postgres", "journal"])
+@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres), pytest.param("journal", marks=pytest.mark.slow)])
 def test_two_searchers_on_one_shared_storage_record_every_config_once(tmp_path, request, backend):
     storage = request.getfixturevalue("postgres_url") if backend == "postgres" else str(tmp_path / "shared.journal")
     command = _search(tmp_path, storage, "--trials", "4", "--budget", "3m", "-q", "--json")
@@ -95,6 +96,7 @@ def test_two_searchers_on_one_shared_storage_record_every_config_once(tmp_path, 
     assert shown.returncode == 0 and "samples/s" in shown.stdout, shown.stderr
 
 
+@pytest.mark.postgres
 def test_a_searcher_killed_mid_probe_has_its_trial_probed_by_another(tmp_path, postgres_url):
     """SIGKILL leaves the killed searcher's trial RUNNING; the searcher still alive waits for it (what it
     finds decides the search), fails it once its owner is dead, and probes that config itself. One
@@ -129,6 +131,7 @@ def test_a_searcher_killed_mid_probe_has_its_trial_probed_by_another(tmp_path, p
     _explored_once(trials)
 
 
+@pytest.mark.postgres
 def test_a_searcher_on_another_machine_is_dead_once_its_heartbeat_is_stale(postgres_url):
     """Across machines the owner's pid cannot be checked: Optuna's heartbeat decides. A running trial
     owned by another host is trusted while its heartbeat is fresh and failed once it is stale."""

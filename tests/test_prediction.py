@@ -90,6 +90,7 @@ def test_recorded_landscapes_need_no_oom_probe_in_the_median_with_predictions(pa
     assert statistics.median(r.ratio for r in runs) >= 0.97
 
 
+@pytest.mark.slow
 def test_a_search_whose_estimator_crashes_says_so_and_goes_on(tmp_path):
     out = tmp_path / "best.json"
     done = autofit_cli("search", script("crashes_under_fake_tensors.py"), "--trials", "3",

@@ -10,6 +10,8 @@ import torch
 from autofit.config import Config
 from tests.test_resilience_real import _run
 
+pytestmark = pytest.mark.frameworks
+
 #: Measured on this machine (RLIMIT_DATA): HF at 850 MiB runs out in a forward (step 7, batch 16) and
 #: then in a backward (batch 8); Lightning at 650 MiB in a forward, then a backward, of step 7.
 CASES = {

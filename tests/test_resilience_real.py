@@ -37,6 +37,7 @@ def _run(tmp_path, name: str, config: Config, limit: str | None = None, *, scrip
                           text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_a_run_whose_memory_grows_lowers_its_micro_batch_and_trains_to_the_end(tmp_path):
     grown = _run(tmp_path, "grown", Config(32), LIMIT)
     assert grown.returncode == 0, grown.stderr[-2000:]
@@ -67,6 +68,7 @@ def test_without_recovery_the_same_run_fails_in_the_allocator(tmp_path):
     assert not (tmp_path / "off.lowered.json").exists()
 
 
+@pytest.mark.slow
 def test_an_oom_before_the_first_step_starts_again_lower(tmp_path):
     """Long sequences from the first sample: batch 32 never fits, so the function starts again."""
     started = _run(tmp_path, "start", Config(32), LIMIT, LONG_TOKENS="2048", SHORT_FIRST="0")

@@ -36,8 +36,8 @@ LIMIT = 768 * 2**20
 
 RUNNERS = [
     pytest.param("worker", id="worker"),
-    pytest.param("torchrun", id="torchrun-2-ranks", marks=pytest.mark.slow),
-    pytest.param("multinode", id="multinode-1-node", marks=pytest.mark.slow),
+    pytest.param("torchrun", id="torchrun-2-ranks", marks=pytest.mark.distributed),
+    pytest.param("multinode", id="multinode-1-node", marks=pytest.mark.distributed),
 ]
 
 

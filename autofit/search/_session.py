@@ -13,7 +13,7 @@ from autofit.devices import DeviceInfo, check_device, current_allocator_settings
 from autofit.errors import UsageError
 from autofit.export import script_sha256
 from autofit.planner import Observation, SearchSpace
-from autofit.probing import ProbeResult, WorkerInfo, check_script
+from autofit.probing import ProbeResult, WorkerInfo, check_script, decorated_name
 from autofit.search._liveness import Heartbeat, fail_stale, owner_record
 from autofit.search._resume import fail_trials, open_study
 from autofit.search._sampler import AutofitSampler, Proposal
