@@ -130,7 +130,7 @@ def main() -> int:
         try:
             backend.apply_memory_limit(used // 2)
         except UsageError as error:
-            return backend.limit_bytes is None, f"refused: {error}"
+            return backend.memory_limit is None, f"refused: {error}"
         backend.apply_memory_limit(None)
         return False, f"a limit of {mib(used // 2)} below usage {mib(used)} was accepted"
 

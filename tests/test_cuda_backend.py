@@ -285,7 +285,7 @@ def test_limit_fraction_deducts_nvml_process_overhead(nvml, fake_cuda):
     fraction, device = fake_cuda.fractions[-1]
     assert fraction == pytest.approx((16 * GiB - 512 * MiB) / (80 * GiB))
     assert device == 0
-    assert backend.limit_bytes == 16 * GiB
+    assert backend.memory_limit == 16 * GiB
     assert backend.overhead_source == "nvml-process"
 
 
@@ -328,7 +328,7 @@ def test_limit_below_current_usage_is_refused(nvml, fake_cuda):
     with pytest.raises(UsageError, match=r"must exceed what the worker needs just to start \(900\.00 MiB"):
         backend.apply_memory_limit(512 * MiB)
     assert fake_cuda.fractions == []
-    assert backend.limit_bytes is None
+    assert backend.memory_limit is None
 
 
 def test_limit_above_the_card_is_the_whole_card(nvml, fake_cuda):
@@ -343,7 +343,7 @@ def test_no_limit_is_fraction_one(nvml, fake_cuda):
     backend.apply_memory_limit(8 * GiB)
     backend.apply_memory_limit(None)
     assert fake_cuda.fractions[-1] == (1.0, 0)
-    assert backend.limit_bytes is None
+    assert backend.memory_limit is None
 
 
 def test_reset_peak_rededucts_grown_overhead(nvml, fake_cuda):
@@ -369,7 +369,7 @@ def test_allocator_is_capped_at_the_usable_memory_not_the_limit(nvml, fake_cuda)
     backend = CudaBackend(0)
     backend.apply_memory_limit(20 * GiB, usable_bytes=18 * GiB)
     assert fake_cuda.fractions[-1][0] == pytest.approx((18 * GiB - 512 * MiB) / (80 * GiB))
-    assert backend.limit_bytes == 20 * GiB and backend.cap_bytes == 18 * GiB
+    assert backend.memory_limit == 20 * GiB and backend.allocator_cap == 18 * GiB
     with_process(nvml, used=1 * GiB)  # overhead grew: the cap still counts it
     backend.reset_peak()
     assert fake_cuda.fractions[-1][0] == pytest.approx((18 * GiB - 1 * GiB) / (80 * GiB))

@@ -124,7 +124,7 @@ def test_a_backend_describes_its_device(device):
     assert backend.torch_device().type == backend.type
     assert "fp32" in backend.supported_precisions()
     assert set(backend.default_precisions()) <= set(backend.supported_precisions())
-    assert backend.limit_bytes is None  # no limit until one is applied
+    assert backend.memory_limit is None  # no limit until one is applied
 
 
 def test_a_limit_caps_between_the_usable_memory_and_the_limit_and_is_lifted(device):
@@ -133,12 +133,12 @@ def test_a_limit_caps_between_the_usable_memory_and_the_limit_and_is_lifted(devi
     used = backend.used_bytes()
     limit, usable = used + 512 * MiB, used + 384 * MiB
     backend.apply_memory_limit(limit, usable)
-    assert backend.limit_bytes == limit
+    assert backend.memory_limit == limit
     cap = device.cap()
     assert cap is not None and usable <= cap <= limit
     assert backend.used_bytes() < cap
     backend.apply_memory_limit(None)
-    assert backend.limit_bytes is None and device.cap() is None
+    assert backend.memory_limit is None and device.cap() is None
 
 
 def test_a_limit_below_the_baseline_is_refused_and_changes_nothing(device):
@@ -148,7 +148,7 @@ def test_a_limit_below_the_baseline_is_refused_and_changes_nothing(device):
     assert baseline > 0  # the process's own memory counts, as the limit counts it
     with pytest.raises(UsageError, match="must exceed what the worker needs just to start"):
         backend.apply_memory_limit(baseline // 2)
-    assert backend.limit_bytes is None and device.cap() == cap
+    assert backend.memory_limit is None and device.cap() == cap
 
 
 def test_the_peak_counts_what_was_allocated_since_reset_and_release_returns_to_the_baseline(device):

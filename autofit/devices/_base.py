@@ -34,7 +34,7 @@ class DeviceBackend(ABC):
 
     def __init__(self, index: int = 0) -> None:
         self.index = index
-        self.limit_bytes: int | None = None
+        self.memory_limit: int | None = None
 
     @abstractmethod
     def torch_device(self) -> torch.device:
@@ -53,8 +53,8 @@ class DeviceBackend(ABC):
         return self.supported_precisions()
 
     @abstractmethod
-    def apply_memory_limit(self, limit_bytes: int | None, usable_bytes: int | None = None) -> None:
-        """Enforce `limit_bytes` on this process from now on (None: the whole device).
+    def apply_memory_limit(self, memory_limit: int | None, usable_bytes: int | None = None) -> None:
+        """Enforce `memory_limit` (bytes) on this process from now on (None: the whole device).
 
         `usable_bytes` is what a config may use (the limit less the search's headroom); a backend
         whose allocator caches memory caps it there, so the cache cannot hide a config that needs

@@ -119,24 +119,24 @@ class CpuBackend(DeviceBackend):
         # CPU has bf16 instructions: without them a bf16 MLP step measured 15x slower than fp32.
         return ("fp32", "bf16") if cpu_has_native_bf16() else ("fp32",)
 
-    def apply_memory_limit(self, limit_bytes: int | None, usable_bytes: int | None = None) -> None:
+    def apply_memory_limit(self, memory_limit: int | None, usable_bytes: int | None = None) -> None:
         # The cap is the limit itself: glibc keeps no cache that a probe's peak could hide in, so the
         # measured peak is the need, and the search judges it against the usable memory.
         _, hard = resource.getrlimit(resource.RLIMIT_DATA)
-        if limit_bytes is None:
+        if memory_limit is None:
             resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
-            self.limit_bytes = None
+            self.memory_limit = None
             return
         used = self.used_bytes()
-        if used >= limit_bytes:
+        if used >= memory_limit:
             raise UsageError(
                 f"The memory limit must exceed what the worker needs just to start "
-                f"({format_size(used)}: Python, torch and your script), but got {format_size(limit_bytes)}."
+                f"({format_size(used)}: Python, torch and your script), but got {format_size(memory_limit)}."
             )
-        if hard != resource.RLIM_INFINITY and limit_bytes > hard:
-            limit_bytes = hard
-        resource.setrlimit(resource.RLIMIT_DATA, (limit_bytes, hard))
-        self.limit_bytes = limit_bytes
+        if hard != resource.RLIM_INFINITY and memory_limit > hard:
+            memory_limit = hard
+        resource.setrlimit(resource.RLIMIT_DATA, (memory_limit, hard))
+        self.memory_limit = memory_limit
 
     def used_bytes(self) -> int:
         return read_proc_status()["VmData"]

@@ -197,7 +197,7 @@ class CudaBackend(DeviceBackend):
         #: Where the last overhead figure came from: "nvml-process" or "device-wide".
         self.overhead_source: str | None = None
         #: What the caching allocator is capped at: the usable memory (see the module docstring).
-        self.cap_bytes: int | None = None
+        self.allocator_cap: int | None = None
 
     # -- torch and NVML, both lazily -------------------------------------------------------------
 
@@ -310,28 +310,28 @@ class CudaBackend(DeviceBackend):
         cuda.set_per_process_memory_fraction(fraction, self.index)
         return fraction
 
-    def apply_memory_limit(self, limit_bytes: int | None, usable_bytes: int | None = None) -> None:
-        if limit_bytes is None:
+    def apply_memory_limit(self, memory_limit: int | None, usable_bytes: int | None = None) -> None:
+        if memory_limit is None:
             self._set_fraction(None, 0)
-            self.limit_bytes = self.cap_bytes = None
+            self.memory_limit = self.allocator_cap = None
             return
         overhead = self.overhead_bytes()
         used = int(self._cuda().memory_reserved(self.index)) + overhead
-        if used >= limit_bytes:
+        if used >= memory_limit:
             raise UsageError(
                 f"The memory limit must exceed what the worker needs just to start "
                 f"({format_size(used)}: CUDA context, libraries and tensors already on the GPU), "
-                f"but got {format_size(limit_bytes)}."
+                f"but got {format_size(memory_limit)}."
             )
-        cap = min(limit_bytes, usable_bytes) if usable_bytes else limit_bytes
+        cap = min(memory_limit, usable_bytes) if usable_bytes else memory_limit
         if used >= cap:
             raise UsageError(
                 f"The usable memory (the limit less the headroom) must exceed what the worker needs just "
                 f"to start ({format_size(used)}), but got {format_size(cap)}: raise the limit or lower --headroom."
             )
         self._set_fraction(cap, overhead)
-        self.limit_bytes = limit_bytes
-        self.cap_bytes = cap
+        self.memory_limit = memory_limit
+        self.allocator_cap = cap
 
     def used_bytes(self) -> int:
         overhead = self.overhead_bytes()
@@ -339,9 +339,9 @@ class CudaBackend(DeviceBackend):
 
     def reset_peak(self) -> None:
         cuda = self._cuda()
-        if self.cap_bytes is not None:
+        if self.allocator_cap is not None:
             # Overhead grows as libraries load at first use: re-deduct it so the cap keeps counting it.
-            self._set_fraction(self.cap_bytes, self.overhead_bytes())
+            self._set_fraction(self.allocator_cap, self.overhead_bytes())
         cuda.reset_peak_memory_stats(self.index)
         cuda.reset_accumulated_memory_stats(self.index)  # retries and OOMs counted per probe
 

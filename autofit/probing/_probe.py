@@ -52,7 +52,7 @@ def run_probe(
         max_measured_steps=measured_steps * _MAX_EXTENSION,
         ranks=ranks,
     )
-    result = ProbeResult(status="ok", config=config, warmup_steps=warmup_steps, limit_bytes=backend.limit_bytes)
+    result = ProbeResult(status="ok", config=config, warmup_steps=warmup_steps, limit_bytes=backend.memory_limit)
     try:
         with run.active():
             fn(run)

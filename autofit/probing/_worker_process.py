@@ -52,7 +52,7 @@ class _Session:
             torch_device=str(backend.torch_device()),
             precisions=list(backend.supported_precisions()),
             default_precisions=list(backend.default_precisions()),
-            limit_bytes=backend.limit_bytes,
+            limit_bytes=backend.memory_limit,
             versions={"torch": torch.__version__, "cuda": torch.version.cuda},
             load_s=time.perf_counter() - started,
             pid=os.getpid(),
@@ -114,7 +114,7 @@ class _Session:
         how = describe_exit(os.waitstatus_to_exitcode(status))
         return result_reply(crash_result(
             request.config, f"The probe's process died ({how}); the next probe starts in a fresh one.",
-            limit_bytes=backend.limit_bytes, memory_after_bytes=backend.used_bytes()))
+            limit_bytes=backend.memory_limit, memory_after_bytes=backend.used_bytes()))
 
 
 def main(argv: list[str]) -> int:

@@ -125,7 +125,7 @@ class Search:
             self.planner.learn(space=space, prediction=self._prediction(space))
 
     def _prediction(self, space: SearchSpace) -> MemoryPrediction | None:
-        return self.estimator.prediction(self.session.study, space, self.session.limit,
+        return self.estimator.prediction(self.session.study, space, self.session.memory_limit,
                                          self.session.device_info.type)
 
     def start_probe(self, runner: Runner, steps: int) -> RunningProbe | None:

@@ -149,7 +149,7 @@ def export(search: Search, stopped: str, partial: bool) -> SearchResult:
     if not ranked:
         if partial:
             return result
-        raise NoFeasibleConfig(nothing_fits(done, session.usable, session.limit, search.s.headroom))
+        raise NoFeasibleConfig(nothing_fits(done, session.usable, session.memory_limit, search.s.headroom))
     document = best_document(study, session.storage_label, planner=planner, stopped=stopped, partial=partial)
     result.why = document["why"]
     device = session.device_info

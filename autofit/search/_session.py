@@ -50,8 +50,8 @@ class Session:
             + (f"-{settings.world_size}ranks" if settings.world_size > 1 else "")
         self.run_dir = os.path.join(self.output_dir, "runs", self.study_name)
         """Where the probes' logs go: one per trial (and per worker when there are several)."""
-        self.limit = settings.memory_limit or self._device_memory()
-        self.usable = self.limit * (1 - settings.headroom)
+        self.memory_limit = settings.memory_limit or self._device_memory()
+        self.usable = self.memory_limit * (1 - settings.headroom)
         self.script_sha256 = script_sha256(self.script)  # the script as these probes measure it
         self.study: optuna.Study | None = None
         self.notes: list[str] = []
@@ -77,11 +77,11 @@ class Session:
     def open(self) -> optuna.Study:
         """The study, new or resumed; a resumed one may bring its own limit (see open_study)."""
         opened = open_study(self.storage, self.study_name, fresh=self.s.fresh, device_name=self.device_info.name,
-                            limit_bytes=self.limit, limit_given=self.s.memory_limit is not None,
+                            limit_bytes=self.memory_limit, limit_given=self.s.memory_limit is not None,
                             headroom=self.s.headroom, script_sha256=self.script_sha256,
                             world_size=self.s.world_size)
-        self.limit = opened.limit_bytes
-        self.usable = self.limit * (1 - self.s.headroom)
+        self.memory_limit = opened.limit_bytes
+        self.usable = self.memory_limit * (1 - self.s.headroom)
         self.notes.extend(opened.notes)
         self.study = opened.study
         self._next_liveness_check = time.monotonic() + HEARTBEAT_S
@@ -103,7 +103,7 @@ class Session:
     def save_meta(self, info: WorkerInfo, space: SearchSpace, knobs: dict | None) -> None:
         self.study.set_user_attr("autofit", {
             "script": self.script, "function": info.function, "device": self.device_info.name,
-            "device_info": self.device_info.to_dict(), "limit_bytes": self.limit,
+            "device_info": self.device_info.to_dict(), "limit_bytes": self.memory_limit,
             "limit_given": self.s.memory_limit is not None, "script_sha256": self.script_sha256,
             "headroom": self.s.headroom, "usable_bytes": self.usable, "space": space.to_dict(),
             "world_size": self.s.world_size, "allocator": current_allocator_settings(self.s.alloc_conf),
