@@ -1,0 +1,99 @@
+"""The package's layout keeps its rules: no module reaches into another subpackage's private modules,
+no module-level import circle, at most 12 modules at the top, and the processes that must start light
+(the CLI, every probe's child) import no torch, optuna or pandas at import time."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+PACKAGE = os.path.join(REPO, "autofit")
+
+
+def _modules() -> dict[str, str]:
+    """Dotted module name -> file, for every module of the package."""
+    found = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                dotted = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+                found[dotted.removesuffix(".__init__")] = path
+    return found
+
+
+def _imports(path: str, *, top_level_only: bool) -> list[str]:
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    names = []
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+    return [n for n in names if n == "autofit" or n.startswith("autofit.")]
+
+
+def test_no_module_imports_another_subpackages_private_modules():
+    offending = []
+    for module, path in _modules().items():
+        parts = module.split(".")  # autofit.<subpackage>[.<module>]: the subpackage a module is inside
+        inside = len(parts) >= 3 or (len(parts) == 2 and os.path.basename(path) == "__init__.py")
+        own = parts[1] if inside else None
+        for imported in _imports(path, top_level_only=False):
+            target = imported.split(".")
+            if len(target) >= 3 and target[2].startswith("_") and target[1] != own:
+                offending.append(f"{module} imports {imported}")
+    assert offending == []
+
+
+def test_no_module_level_import_circle():
+    modules = _modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {m: {resolve(i) for i in _imports(p, top_level_only=True)} - {None, m} for m, p in modules.items()}
+    # A package's __init__ is imported before any of its modules: a module importing its own package
+    # (or an ancestor) is part of that package's import, not a circle.
+    graph = {m: {i for i in deps if not m.startswith(i + ".")} for m, deps in graph.items()}
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*trail, node, nxt]
+            if nxt not in state and (found := visit(nxt, [*trail, node])):
+                return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            assert visit(start, []) is None
+
+
+def test_at_most_twelve_modules_at_the_top():
+    top = [n for n in os.listdir(PACKAGE) if n.endswith(".py")]
+    assert len(top) <= 12, sorted(top)
+
+
+@pytest.mark.parametrize("module", ["autofit", "autofit.cli", "autofit.probing", "autofit.probing._worker_process",
+                                    "autofit.probing._rank_process", "autofit.memory._estimate_process"])
+def test_light_processes_import_no_heavy_library(module):
+    code = (f"import importlib, json, sys; importlib.import_module({module!r}); "
+            "print(json.dumps(sorted(m for m in ('torch', 'optuna', 'pandas') if m in sys.modules)))")
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
+                         env={**os.environ, "PYTHONPATH": REPO})
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout) == []
