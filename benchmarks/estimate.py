@@ -18,8 +18,8 @@ import statistics
 import time
 
 from autofit.config import Config
-from autofit.memory._estimator import estimate_memory
-from autofit.probing._worker import Worker
+from autofit.memory import estimate_memory
+from autofit.probing import Worker
 from autofit.units import parse_size
 
 HERE = os.path.dirname(os.path.abspath(__file__))

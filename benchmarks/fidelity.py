@@ -48,7 +48,7 @@ class Case:
 def _cases() -> tuple[Case, ...]:
     """Several configs per script: batch sizes, checkpointing, and bf16 where the CPU runs it natively
     (emulated bf16 is ~15x slower and no search would pick it)."""
-    from autofit.devices._cpu import cpu_has_native_bf16
+    from autofit.devices import cpu_has_native_bf16
 
     bf16 = cpu_has_native_bf16()
     return (

@@ -23,7 +23,7 @@ import threading
 import time
 
 from autofit.config import Config
-from autofit.probing._worker import Worker
+from autofit.probing import Worker
 from autofit.search import SearchSettings, run_search
 from autofit.units import format_size, parse_duration, parse_size
 

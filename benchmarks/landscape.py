@@ -19,9 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
 from autofit.config import Config
-from autofit.planner._observation import Observation
-from autofit.planner._prediction import CPU_FACTORS, MemoryPrediction, configs_to_estimate
-from autofit.planner._space import SearchSpace
+from autofit.planner import CPU_FACTORS, MemoryPrediction, Observation, SearchSpace, configs_to_estimate
 
 LANDSCAPE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "landscapes")
 

@@ -18,9 +18,7 @@ import tempfile
 import time
 
 from autofit.search import SearchSettings, run_search
-from autofit.search._estimates import stored_estimates
-from autofit.study._storage import open_storage
-from autofit.study._trials import observations
+from autofit.study import observations, open_storage, stored_estimates
 from autofit.units import parse_duration
 from benchmarks.landscape import Landscape, landscape_paths
 

@@ -22,7 +22,7 @@ import time
 import optuna
 
 from autofit.search import SearchSettings, run_search
-from autofit.study._trials import trial_config
+from autofit.study import trial_config
 from autofit.units import format_size, parse_duration, parse_size
 from benchmarks.interference import remeasure
 

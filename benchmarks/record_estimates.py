@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from autofit.memory._estimator import estimate_memory
+from autofit.memory import estimate_memory
 from benchmarks.landscape import Landscape, landscape_paths
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

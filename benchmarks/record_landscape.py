@@ -21,8 +21,8 @@ import sys
 import time
 
 from autofit.config import PRECISIONS, Config
-from autofit.planner._space import SearchSpace
-from autofit.probing._worker import Worker
+from autofit.planner import SearchSpace
+from autofit.probing import Worker
 from autofit.units import format_size, parse_size
 from benchmarks.landscape import LANDSCAPE_DIR, Entry, Landscape, describe
 

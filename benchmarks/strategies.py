@@ -27,8 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from autofit.config import Config
-from autofit.planner._observation import Observation
-from autofit.planner._space import SearchSpace, Strategy
+from autofit.planner import Observation, SearchSpace, Strategy
 from benchmarks.landscape import Landscape
 
 #: "Reaching the best": the strategy's pick is within this fraction of the grid's best throughput.
@@ -162,7 +161,7 @@ def snap_down(space: SearchSpace, batch: float) -> int | None:
 # --- (a) autofit ------------------------------------------------------------------------------
 def _planner_class():
     try:
-        from autofit.planner._planner import Planner
+        from autofit.planner import Planner
         return Planner, None
     except ImportError:
         return StandInPlanner, "stand-in planner (autofit.planner._planner missing)"

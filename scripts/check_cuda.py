@@ -79,7 +79,7 @@ def main() -> int:
 
     def check_precisions():
         try:
-            from autofit.runtime._precision import precision_context
+            from autofit.runtime import precision_context
         except ImportError:
             precision_context = None
         expected = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -188,7 +188,7 @@ def main() -> int:
     def check_tf32_whole_run():
         """TF32 holds for forward and backward inside precision_scope, is off for fp32, and the
         process's own setting comes back after; a script that set the new API first still works."""
-        from autofit.runtime._precision import precision_scope
+        from autofit.runtime import precision_scope
 
         x64 = torch.randn(1024, 1024, dtype=torch.float64, device=device)
         w64 = torch.randn(1024, 1024, dtype=torch.float64, device=device)
@@ -276,7 +276,7 @@ def main() -> int:
 
     def distributed_probe(config, **env):
         """A probe of tests/scripts/ddp_train.py as a torchrun job with one rank per visible GPU."""
-        from autofit.probing._torchrun import DistributedWorker
+        from autofit.probing import DistributedWorker
 
         count = torch.cuda.device_count()
         if count < 2:

@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from autofit import autofit
-from autofit.runtime._run import Run
+from autofit.runtime import Run
 
 IMAGE_SIZE = 64
 N_CLASSES = 10

@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from autofit import autofit
-from autofit.runtime._run import Run
+from autofit.runtime import Run
 
 SEQ_LEN = 128
 N_LAYERS = 4

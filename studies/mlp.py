@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from autofit import autofit
-from autofit.runtime._run import Run
+from autofit.runtime import Run
 
 N_FEATURES = 256
 N_CLASSES = 16

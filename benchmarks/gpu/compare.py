@@ -15,7 +15,7 @@ import json
 import statistics
 
 from autofit.config import Config
-from autofit.probing._worker import Worker
+from autofit.probing import Worker
 
 
 def parse_config(text: str) -> tuple[str, Config]:

@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from autofit import autofit
-from autofit.runtime._run import Run
+from autofit.runtime import Run
 
 SEQ_LEN = int(os.environ.get("GPT124M_SEQ", 1024))
 N_LAYERS = int(os.environ.get("GPT124M_LAYERS", 12))
