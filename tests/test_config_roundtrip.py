@@ -1,0 +1,74 @@
+"""Every Config field survives every way a config travels: the best-config file, an Optuna trial's
+params, a probe's record (the wire and the study), and the config a normal run trains with. A new field
+that one of these drops fails here: the test's non-default values must name every field."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import optuna
+import pytest
+
+from autofit import Config
+from autofit.decorator import AutofitFunction
+from autofit.export import config_entry, read_best, write_best
+from autofit.launch import resolve_run_config
+from autofit.options import SearchOptions
+from autofit.probing import ProbeResult
+from autofit.study import config_params, distributions, trial_config
+
+#: A value other than the default for every field of Config.
+NON_DEFAULT = {"batch_size": 24, "precision": "bf16", "checkpoint_segments": 2, "accumulation_steps": 3,
+               "sharding": "fsdp", "compile": True}
+
+
+def test_the_non_default_values_name_every_config_field():
+    fields = dataclasses.fields(Config)
+    assert set(NON_DEFAULT) == {f.name for f in fields}
+    for f in fields:
+        if f.default is not dataclasses.MISSING:
+            assert NON_DEFAULT[f.name] != f.default, f.name
+
+
+CONFIGS = [Config(**NON_DEFAULT), Config(8),
+           *(Config(**{"batch_size": 8, name: value}) for name, value in NON_DEFAULT.items() if name != "batch_size")]
+
+
+@pytest.fixture(params=CONFIGS, ids=lambda c: c.label().replace(" ", "_"))
+def config(request) -> Config:
+    return request.param
+
+
+def _write(tmp_path, config: Config, world_size: int = 1) -> str:
+    return write_best(str(tmp_path / "train.train.best.json"), {
+        "config": config_entry(config, world_size), "measured": {}, "memory": {},
+        "device": {"type": "cpu", "name": "cpu"}, "versions": {}, "script": {}})
+
+
+def test_the_best_config_file(tmp_path, config):
+    assert read_best(_write(tmp_path, config)).config == config
+
+
+def test_an_optuna_trial(config):
+    params = config_params(config)
+    trial = optuna.trial.create_trial(params=params, value=1.0, distributions={
+        name: dist for name, dist in distributions((1, 64), 4, 8, sharded=True, compiled=True).items()})
+    assert trial_config(trial) == config
+
+
+def test_a_probe_record(config):
+    result = ProbeResult(status="ok", config=config, samples_per_s=10.0)
+    assert ProbeResult.from_dict(result.to_dict()).config == config
+
+
+def test_the_config_a_normal_run_trains_with(tmp_path, config, monkeypatch):
+    """The exported file is exactly what runs: the run resolves the same config from the file."""
+    path = _write(tmp_path, config)
+    monkeypatch.setenv("AUTOFIT_CONFIG", path)
+    fn = AutofitFunction(lambda run: None, SearchOptions())
+    plan = resolve_run_config(fn, None, "cpu")
+    assert plan.config == config and plan.path == path
+    run = fn.make_run(plan=plan)
+    assert run.config == config
+    assert (run.batch_size, run.accumulation_steps, run.precision) == (
+        config.batch_size, config.accumulation_steps, config.precision)
