@@ -233,3 +233,17 @@ def test_a_probe_over_data_smaller_than_its_batch_stops_instead_of_spinning():
         for _ in range(10**6):
             for (x,) in run.batches(loader):
                 run.backward(model(x).mean(), opt)
+
+
+def test_the_sampler_has_set_epoch_in_one_process_too():
+    """A DDP script calls `sampler.set_epoch(epoch)`; the same script run without torchrun must too."""
+    run = Run(Config(4), torch.device("cpu"), probing=False)
+    data = torch.utils.data.TensorDataset(torch.arange(20))
+    sampler = run.sampler(data)
+    sampler.set_epoch(0)
+    first = list(sampler)
+    sampler.set_epoch(1)
+    second = list(sampler)
+    assert sorted(first) == sorted(second) == list(range(20))  # the whole dataset, each sample once
+    assert first != second  # a new epoch, a new order
+    assert list(run.sampler(data, shuffle=False)) == list(range(20))

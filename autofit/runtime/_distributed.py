@@ -106,13 +106,11 @@ def check_same_config(config: Config) -> None:
 
 
 def data_sampler(dataset: Any, ranks: Ranks, *, shuffle: bool, seed: int) -> torch.utils.data.Sampler:
-    """Each rank's shard of `dataset` (DistributedSampler); a plain sampler in a single process."""
-    if ranks.world_size > 1:
-        return torch.utils.data.DistributedSampler(dataset, num_replicas=ranks.world_size, rank=ranks.rank,
-                                                   shuffle=shuffle, seed=seed)
-    if shuffle:
-        return torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
-    return torch.utils.data.SequentialSampler(dataset)
+    """Each rank's shard of `dataset`: a DistributedSampler in every case, one process being a world
+    of one (the whole dataset, no process group needed), so the same script runs with and without
+    torchrun: `set_epoch(epoch)` exists and reshuffles either way."""
+    return torch.utils.data.DistributedSampler(dataset, num_replicas=ranks.world_size, rank=ranks.rank,
+                                               shuffle=shuffle, seed=seed)
 
 
 def fully_sharded(model: torch.nn.Module, blocks: list[torch.nn.Module], device: torch.device, *,

@@ -451,9 +451,9 @@ class Run:
         return self._data_parallel
 
     def sampler(self, dataset: Any, *, shuffle: bool = True, seed: int = 0) -> torch.utils.data.Sampler:
-        """The sampler for your DataLoader: this rank's shard of `dataset` under torchrun
-        (DistributedSampler; call `.set_epoch(epoch)` on it each epoch to reshuffle), the whole of it
-        otherwise."""
+        """The sampler for your DataLoader: this rank's shard of `dataset` under torchrun, the whole of
+        it in one process; a DistributedSampler either way, so call `.set_epoch(epoch)` on it each
+        epoch to reshuffle (the same script runs with and without torchrun)."""
         from autofit.runtime._distributed import data_sampler
 
         return data_sampler(dataset, self.ranks, shuffle=shuffle, seed=seed)
