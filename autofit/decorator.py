@@ -147,7 +147,7 @@ def autofit(
     sharding: tuple[str, ...] | list[str] | str | None = None,
     checkpoint: bool = True,
     compile: bool = True,
-    default_batch_size: int = 32,
+    default_batch_size: int | None = None,
     recover_oom: bool = True,
 ) -> Any:
     """Mark a train function `train(run)` for search: `@autofit` or `@autofit(global_batch=256)`."""

@@ -79,10 +79,10 @@ def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: st
         candidates = _candidate_paths(fn, device)
         found = next((p for p in candidates if os.path.exists(p)), None)
         if found is None:
-            config = Config(batch_size=fn.options.default_batch_size)
+            config, why = fn.options.unsearched_config()
             return RunPlan(config, device, (
                 f"no best config found for {fn.fn.__name__} (looked for {candidates[0]}); "
-                f"running with defaults: {config.label()}. Run `autofit search` to find a faster one."
+                f"running with defaults: {config.label()}{why}. Run `autofit search` to find a faster one."
             ), None, lowered_path(candidates[0]), None)
         best = read_best(found)
     _warn_if_stale(fn, best.document, device)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autofit.config import MAX_BATCH, check_precision, check_sharding
+from autofit.config import MAX_BATCH, Config, check_precision, check_sharding
 from autofit.errors import UsageError
 
 
@@ -29,8 +29,9 @@ class SearchOptions:
     """Consider activation checkpointing when the function offers blocks to run.checkpoint()."""
     compile: bool = True
     """Consider torch.compile when the function offers its model to run.compile()."""
-    default_batch_size: int = 32
-    """Micro-batch used when the function is called normally and no search result exists."""
+    default_batch_size: int | None = None
+    """Micro-batch of a normal call when no search result exists (None: the global batch if one is
+    declared, else 32); with a global batch, the accumulation is derived to keep it."""
     recover_oom: bool = True
     """Called normally, redo a step that runs out of memory with a smaller micro-batch and more
     accumulation (the global batch kept) instead of crashing; $AUTOFIT_OOM_RECOVERY=0 turns it off."""
@@ -47,6 +48,24 @@ class SearchOptions:
             check_sharding(name)
         if self.global_batch is not None and self.global_batch < 1:
             raise UsageError(f"The global batch must be at least 1, but got {self.global_batch}.")
+
+    def unsearched_config(self) -> tuple[Config, str]:
+        """The config a normal call trains with before any search, and how it follows from what the
+        user declared: the global batch kept (micro-batch x accumulation), the micro-batch within the
+        declared range, fp32 unless the declared precisions leave it out (then the first of them)."""
+        lo, hi = self.batch_size
+        wanted = self.default_batch_size or self.global_batch or 32
+        batch = min(max(wanted, lo), hi)
+        accumulation, why = 1, []
+        if self.global_batch is not None:
+            batch = max([d for d in range(1, min(batch, self.global_batch) + 1) if self.global_batch % d == 0])
+            accumulation = self.global_batch // batch
+            why.append(f"global batch {self.global_batch} as declared")
+        if self.default_batch_size is not None:
+            why.append(f"default micro-batch {self.default_batch_size}")
+        precision = "fp32" if not self.precision or "fp32" in self.precision else self.precision[0]
+        config = Config(batch_size=batch, precision=precision, accumulation_steps=accumulation)
+        return config, (f" ({', '.join(why)})" if why else "")
 
     def merged(self, **overrides: Any) -> SearchOptions:
         """These options with every override that is not None applied (CLI flags win)."""

@@ -1,0 +1,37 @@
+"""Before any search, a decorated function trains what its decorator declared, and says so: a declared
+global batch is kept, an explicit default micro-batch is taken, the batch range and precisions hold."""
+
+from __future__ import annotations
+
+import pytest
+
+from autofit import Config, autofit
+from autofit.options import SearchOptions
+
+
+@pytest.mark.parametrize(("declared", "expected"), [
+    ({}, Config(32)),
+    ({"global_batch": 16}, Config(16)),
+    ({"global_batch": 64, "default_batch_size": 16}, Config(16, accumulation_steps=4)),
+    ({"global_batch": 96, "batch_size": (1, 64)}, Config(48, accumulation_steps=2)),
+    ({"default_batch_size": 8}, Config(8)),
+    ({"batch_size": (1, 8)}, Config(8)),
+    ({"precision": ("bf16", "fp32")}, Config(32)),
+    ({"precision": ("bf16",)}, Config(32, "bf16")),
+])
+def test_the_unsearched_config_follows_the_declaration(declared, expected):
+    assert SearchOptions(**declared).unsearched_config()[0] == expected
+
+
+def test_a_decorated_call_without_a_search_trains_the_declared_global_batch(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # no best-config file anywhere
+    monkeypatch.delenv("AUTOFIT_CONFIG", raising=False)
+    seen = {}
+
+    @autofit(global_batch=16)
+    def train(run):
+        seen.update(batch=run.batch_size, accumulation=run.accumulation_steps, global_batch=run.global_batch)
+
+    train()
+    assert seen == {"batch": 16, "accumulation": 1, "global_batch": 16}
+    assert "running with defaults: fp32 b=16 (global batch 16 as declared)" in capsys.readouterr().err
