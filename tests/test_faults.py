@@ -11,7 +11,7 @@ import time
 import optuna
 import pytest
 from click.testing import CliRunner
-from conftest import script
+from conftest import REPO, script
 
 from autofit.cli import cli
 from autofit.errors import NoFeasibleConfig, UsageError, UserCodeError
@@ -108,39 +108,105 @@ def test_nan_loss_makes_the_config_unusable(tmp_path):
     assert result.best.precision == "fp32"
 
 
-def _search_cmd(tmp_path, *extra):
-    return [sys.executable, "-m", "autofit.cli", "search", script("grows.py"), "--memory-limit", "768MiB",
+def _search_cmd(tmp_path, *extra, name: str = "grows.py"):
+    return [sys.executable, "-m", "autofit.cli", "search", script(name), "--memory-limit", "768MiB",
             "--storage", f"sqlite:///{tmp_path}/s.db", "--study", "shared", "--out", str(tmp_path / "best.json"), *extra]
+
+
+def _interrupting(tmp_path, moment: str | None) -> dict:
+    """The environment of a search of interrupts_search.py that sends itself SIGINT at `moment`
+    (None: never); every process of that search carries the count file's path in its environment."""
+    env = {**os.environ, "PYTHONPATH": REPO, "AUTOFIT_TEST_INTERRUPT_COUNT": str(tmp_path / "probes")}
+    env.pop("AUTOFIT_TEST_INTERRUPT", None)
+    return {**env, "AUTOFIT_TEST_INTERRUPT": moment} if moment else env
+
+
+def _processes_with(marker: str) -> list[str]:
+    """The command lines of live processes whose environment holds `marker`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as handle:
+                    if marker.encode() not in handle.read():
+                        continue
+                with open(f"/proc/{entry}/stat") as stat:
+                    if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        continue
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    found.append(handle.read().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                continue
+    return found
+
+
+def _none_left(marker: str) -> list[str]:
+    """The processes still holding `marker` once the killed ones had a few seconds to go."""
+    for _ in range(50):
+        left = _processes_with(marker)
+        if not left:
+            return []
+        time.sleep(0.2)
+    return left
 
 
 @pytest.mark.slow
 def test_ctrl_c_keeps_finished_probes_exports_partial_and_resumes(tmp_path):
-    proc = subprocess.Popen(_search_cmd(tmp_path, "--budget", "5m"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=tmp_path)
+    """SIGINT in the middle of the fourth probe (the script sends it: no race with the search's pace)."""
     storage = f"sqlite:///{tmp_path}/s.db"
-    deadline = time.monotonic() + 120
-    done = 0
-    while time.monotonic() < deadline and done < 3:  # wait until three probes have finished
-        time.sleep(0.5)
-        try:
-            done = sum("probe" in t.user_attrs for t in optuna.load_study(study_name="shared", storage=storage).trials)
-        except Exception:  # noqa: BLE001 - the study may not exist yet
-            pass
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    interrupted = subprocess.run(_search_cmd(tmp_path, "--budget", "5m", name="interrupts_search.py"),
+                                 capture_output=True, text=True, cwd=tmp_path, env=_interrupting(tmp_path, "probe:4"),
+                                 timeout=300)
+    assert interrupted.returncode == 130, interrupted.stderr
     document = json.loads((tmp_path / "best.json").read_text())
     assert document["partial"] is True
     kept = [t for t in optuna.load_study(study_name="shared", storage=storage).trials if "probe" in t.user_attrs]
-    assert len(kept) >= 3
+    assert len(kept) == 3
     assert not [t for t in optuna.load_study(study_name="shared", storage=storage).trials
                 if t.state == optuna.trial.TrialState.RUNNING]
-    again = subprocess.run(_search_cmd(tmp_path, "--budget", "3m", "--trials", "2", "--json"), capture_output=True,
-                           text=True, cwd=tmp_path, timeout=240)
+    again = subprocess.run(_search_cmd(tmp_path, "--budget", "3m", "--trials", "2", "--json",
+                                       name="interrupts_search.py"),
+                           capture_output=True, text=True, cwd=tmp_path, env=_interrupting(tmp_path, None), timeout=240)
     assert again.returncode == 0, again.stderr
     explored = [o.config for o in observations(optuna.load_study(study_name="shared", storage=storage).trials)
                 if o.phase == "explore"]
     assert len(explored) == len(set(explored)) >= len(kept)
+
+
+@pytest.mark.parametrize(("moment", "extra", "kept", "lost_phases", "sigint_ignored"), [
+    ("worker-load", ("--no-estimate",), 0, (), False),  # the search waits for its worker to load
+    ("estimator-load", (), 0, (), False),  # ... for the memory estimator to load
+    ("estimate", (), 1, (), False),  # ... for the estimator's answers, after the first probe
+    ("probe:2", ("--no-estimate",), 1, ("explore", "recheck"), False),
+    ("probe:2", ("--no-estimate", "--trials", "1"), 1, ("remeasure", "confirm"), False),  # after exploring
+    # As a shell starts a background job: SIGINT ignored, which Python keeps unless told otherwise.
+    ("probe:2", ("--no-estimate", "--trials", "4", "--probe-timeout", "30s"), 1, ("explore", "recheck"), True),
+], ids=["worker-load", "estimator-load", "estimate", "probe", "confirm", "sigint-ignored"])
+def test_ctrl_c_stops_the_search_in_every_phase(tmp_path, moment, extra, kept, lost_phases, sigint_ignored):
+    """Whatever the search is doing when SIGINT comes (the script sends it, then keeps that moment
+    going until the search stops it): exit 130, the finished probes kept, the unfinished one FAIL,
+    the best so far exported as partial, and no process of the search left behind."""
+    env = _interrupting(tmp_path, moment)
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
+    done = subprocess.run(_search_cmd(tmp_path, "--budget", "5m", "--json", *extra, name="interrupts_search.py"),
+                          capture_output=True, text=True, cwd=tmp_path, env=env, preexec_fn=ignore, timeout=300)
+    assert done.returncode == 130, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["partial"] is True and summary["stopped"] == "interrupted (Ctrl-C)"
+    assert not _none_left(env["AUTOFIT_TEST_INTERRUPT_COUNT"])
+    study = optuna.load_study(study_name="shared", storage=f"sqlite:///{tmp_path}/s.db")
+    assert len([t for t in study.trials if "probe" in t.user_attrs]) == summary["probes"] == kept
+    unfinished = [(t.state, t.user_attrs.get("phase")) for t in study.trials if "probe" not in t.user_attrs]
+    if lost_phases:  # the probe SIGINT came in: FAIL, to be probed again on resume
+        assert len(unfinished) == 1 and unfinished[0][0] == optuna.trial.TrialState.FAIL
+        assert unfinished[0][1] in lost_phases
+    else:
+        assert unfinished == []
+    assert "autofit_estimates" not in study.user_attrs  # an interrupted estimate is asked again on resume
+    if kept:
+        assert json.loads((tmp_path / "best.json").read_text())["partial"] is True
+    else:
+        assert not (tmp_path / "best.json").exists()
 
 
 @pytest.mark.parametrize("storage", ["default", "url"])

@@ -32,6 +32,9 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except AutofitError as exc:
             raise as_click_error(exc, ctx) from exc
+        except KeyboardInterrupt:  # not click's "Aborted!" and exit 1: an interrupt is 130
+            click.echo("autofit: interrupted (Ctrl-C)", err=True)
+            raise click.exceptions.Exit(130) from None
 
 
 def _device_options(f=None, *, many: bool = False):
@@ -194,7 +197,7 @@ def search(ctx: click.Context, target: str, workers: int, nproc_per_node: int, n
     """
     from autofit.probing import parse_target
     from autofit.report import describe_search
-    from autofit.search import LiveReporter, Reporter, SearchSettings, run_search
+    from autofit.search import LiveReporter, Reporter, SearchSettings, run_search, take_ctrl_c
 
     state: CliContext = ctx.obj
     script, function = parse_target(target)
@@ -207,6 +210,7 @@ def search(ctx: click.Context, target: str, workers: int, nproc_per_node: int, n
         nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, estimate=estimate,
         compile=compile_, alloc_conf=alloc_conf,
     )
+    take_ctrl_c()  # a search started with SIGINT ignored (a background job) still stops on Ctrl-C
     if node_rank > 0:
         from autofit.search import follow_search
 

@@ -6,6 +6,7 @@ clock and what it prints. `run_search` from Python, `search_function` for the de
 from __future__ import annotations
 
 from autofit.search._api import follow_search, run_search, search_function
+from autofit.search._interrupt import take_ctrl_c
 from autofit.search._progress import LiveReporter, Reporter
 from autofit.search._settings import SearchResult, SearchSettings
 
@@ -17,4 +18,5 @@ __all__ = [
     "follow_search",
     "run_search",
     "search_function",
+    "take_ctrl_c",
 ]

@@ -81,9 +81,13 @@ class Search:
             self.estimator.close()
 
     def _run(self, study: optuna.Study) -> SearchResult:
-        self.estimator.start(study)  # it loads the script while the runners load theirs
-        self.info = self.pool.start()
-        self.estimator.wait_ready()  # loaded before the first probe, so as not to slow it
+        try:
+            self.estimator.start(study)  # it loads the script while the runners load theirs
+            self.info = self.pool.start()
+            self.estimator.wait_ready()  # loaded before the first probe, so as not to slow it
+        except KeyboardInterrupt:  # Ctrl-C while loading: nothing probed, nothing to export
+            self.pool.stop()
+            return self._interrupted_while_loading()
         self.options = search_options(self.info, self.s)
         knobs = self.session.knobs()
         space = build_space(self.s, self.options, self.info, knobs)
@@ -114,6 +118,12 @@ class Search:
             self.session.fail_unfinished()
             raise
         return export(self, stopped, partial)
+
+    def _interrupted_while_loading(self) -> SearchResult:
+        return SearchResult(best=None, document=None, json_path=None, ranked=[], study_name=self.session.study_name,
+                            storage=self.session.storage_label, probes=0, ooms=0, failed=0,
+                            elapsed_s=time.monotonic() - self.started, stopped="interrupted (Ctrl-C)", partial=True,
+                            usable_bytes=self.session.usable, notes=self.notes)
 
     # --- what the phases call -----------------------------------------------------------------
     def learn_knobs(self, result: ProbeResult) -> None:
