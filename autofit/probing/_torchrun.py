@@ -178,7 +178,9 @@ def combine(config: Config, results: dict[int, ProbeResult | None], nproc: int, 
                        step_time_median_s=max((r.step_time_median_s or 0) for r in ranks) or None,
                        step_time_iqr_s=max((r.step_time_iqr_s or 0) for r in ranks),
                        measured_steps=min(r.measured_steps for r in ranks),
-                       memory_after_bytes=None, baseline_bytes=max((r.baseline_bytes or 0) for r in ranks) or None)
+                       memory_after_bytes=None, baseline_bytes=max((r.baseline_bytes or 0) for r in ranks) or None,
+                       flops_per_s=sum(r.flops_per_s or 0 for r in ranks) or None,
+                       mfu=_mean([r.mfu for r in ranks]), joules_per_sample=_mean([r.joules_per_sample for r in ranks]))
     if failed:
         rank, worst = failed[0]
         return replace(worst, wall_s=wall, world_size=nproc, peak_bytes=peak, log_path=log_path,
@@ -191,3 +193,10 @@ def combine(config: Config, results: dict[int, ProbeResult | None], nproc: int, 
                                 f"(torchrun exit status {code}); see the probe's log.",
                         error_type="RankCrashed", wall_s=wall, limit_bytes=limit, log_path=log_path, ranks=nproc,
                         peak_bytes=peak, traceback=log_tail(log_path))
+
+
+def _mean(values: list[float | None]) -> float | None:
+    """The ranks' mean of a per-rank figure (MFU, joules per sample), None unless every rank has it."""
+    if not values or any(v is None for v in values):
+        return None
+    return sum(values) / len(values)

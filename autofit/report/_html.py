@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from autofit.errors import NoFeasibleConfig
+from autofit.report._probe_text import work_text
 from autofit.study import redacted
 from autofit.units import format_duration, format_size
 
@@ -86,6 +87,8 @@ def render_report(stored: StoredStudy, pngs: dict[str, bytes]) -> str:
             f"{measured['samples_per_s']:,.1f} samples/s, peak {e(format_size(measured['peak_bytes']))} of "
             f"{e(format_size(stored.usable_bytes))} usable"
             f"{' (confirmed by a longer run)' if measured['confirmed'] else ''}.<br>"
+            + (f"Model FLOPs: {e(work_text(measured['flops_per_s'], measured.get('mfu'), measured.get('joules_per_sample')))}.<br>"
+               if measured.get("flops_per_s") else "") +
             f"Why: {e(document['why'])}.</div>")
     else:
         parts.append("<div class=\"winner\"><b>No winner</b>: no probe fits under the usable memory.</div>")

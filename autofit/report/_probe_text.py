@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from autofit.probing import ProbeResult
-from autofit.units import format_size
+from autofit.units import format_flops, format_size
 
 
 def describe_probe(result: ProbeResult, header: str | None = None) -> str:
@@ -24,6 +24,9 @@ def describe_probe(result: ProbeResult, header: str | None = None) -> str:
         if result.limit_bytes:
             peak += f" of {format_size(result.limit_bytes)} ({100 * result.peak_bytes / result.limit_bytes:.0f}%)"
         rows.append(("peak memory", peak))
+    if result.flops_per_s is not None or result.flops_per_sample is not None:
+        rows.append(("model FLOPs", work_text(result.flops_per_s, result.mfu, result.joules_per_sample,
+                                              result.flops_per_sample)))
     if result.compile_s is not None:
         rows.append(("compile", f"{result.compile_s:.1f} s in the warm-up (torch.compile; not in the throughput)"))
     used = [name for name in ("autocast", "backward", "batches", "compile") if result.knobs.get(name)]
@@ -47,3 +50,15 @@ def describe_probe(result: ProbeResult, header: str | None = None) -> str:
     if result.status == "oom":
         lines.append("hint         a smaller batch, bf16/fp16, or more checkpointed blocks would fit")
     return "\n".join(lines)
+
+
+def work_text(flops_per_s: float | None, mfu: float | None, joules_per_sample: float | None,
+              flops_per_sample: float | None = None) -> str:
+    """'12.3 TFLOP/s, MFU 31.2% of the dense peak, 0.41 J/sample': how hard the device worked."""
+    parts = [format_flops(flops_per_s)] if flops_per_s else []
+    if flops_per_sample:
+        parts.append(f"{flops_per_sample / 1e9:,.2f} GFLOP per sample")
+    parts.append(f"MFU {mfu:.1%} of the dense peak" if mfu is not None else "MFU n/a (no known peak for this device)")
+    if joules_per_sample is not None:
+        parts.append(f"{joules_per_sample:.3g} J/sample")
+    return ", ".join(parts)

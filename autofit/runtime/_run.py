@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint as _torch_checkpoint
 from autofit.config import Config
 from autofit.runtime._batch import count_samples, split_batch, to_device
 from autofit.runtime._distributed import Ranks, agree_on_most
+from autofit.runtime._flops import StepFlops
 from autofit.runtime._precision import make_grad_scaler, precision_context, precision_scope
 from autofit.runtime._redo import Lowering, StepRedo, drop_graph
 
@@ -84,6 +85,9 @@ class StepClock:
     min_measure_s: float = 0.0
     max_measured_steps: int | None = None
     agree: Callable[[int], int] | None = None
+    energy: Callable[[], float | None] | None = None
+    """The device's energy counter in joules (NVML's total energy), read where measuring starts and
+    ends; None where the device has none (a CPU)."""
     steps_done: int = 0
     measured_time_s: float = 0.0
     measured_samples: int = 0
@@ -91,6 +95,9 @@ class StepClock:
     step_times: deque = field(default_factory=lambda: deque(maxlen=_RECENT_STEPS))
     warmup_time_s: float | None = None
     """From the start to the end of warm-up (compilation and first-use costs land here)."""
+    measured_energy_j: float | None = None
+    """Energy the device drew over the measured steps (probes on a device with an energy counter)."""
+    _energy_start: float | None = None
     _started: float | None = None
     _last: float | None = None
     _agreed_steps: int | None = None
@@ -113,7 +120,18 @@ class StepClock:
         return time.perf_counter()
 
     def start(self) -> None:
-        self._last = self._started = self._stamp(exact=self.warmup_steps == 0 and self.measured_steps is not None)
+        exact = self.warmup_steps == 0 and self.measured_steps is not None
+        self._last = self._started = self._stamp(exact=exact)
+        if exact:
+            self._read_energy_start()
+
+    def _read_energy_start(self) -> None:
+        self._energy_start = self.energy() if self.energy is not None else None
+
+    def _read_energy_end(self) -> None:
+        if self._energy_start is not None and self.energy is not None:
+            end = self.energy()
+            self.measured_energy_j = end - self._energy_start if end is not None else None
 
     def step_done(self, samples: int, tokens: int) -> None:
         self.steps_done += 1
@@ -122,6 +140,8 @@ class StepClock:
             self._last = self._stamp(exact=probing and self.steps_done == self.warmup_steps)
             if self.steps_done == self.warmup_steps and self._started is not None:
                 self.warmup_time_s = self._last - self._started
+            if probing and self.steps_done == self.warmup_steps:
+                self._read_energy_start()
             return
         now = self._stamp(exact=False)
         if probing and self.agree is not None and self.steps_measured == 1:
@@ -129,6 +149,7 @@ class StepClock:
         if probing and self._enough(self.measured_time_s + now - self._last):
             now = self._stamp(exact=True)
             self.complete = True
+            self._read_energy_end()
         self.step_times.append(now - self._last)
         self.measured_time_s += now - self._last
         self.measured_samples += samples
@@ -182,6 +203,8 @@ class Run:
         defaults: bool = False,
         ranks: Ranks | None = None,
         redo: StepRedo | None = None,
+        count_flops: bool = False,
+        energy: Callable[[], float | None] | None = None,
     ) -> None:
         self.config = config
         self.ranks = ranks or Ranks()
@@ -196,7 +219,11 @@ class Run:
         self.compile_enabled = True
         self.clock = StepClock(warmup_steps, measured_steps, synchronize or (lambda: None),
                                min_measure_s=min_measure_s, max_measured_steps=max_measured_steps,
-                               agree=agree_on_most if probing and self.ranks.world_size > 1 else None)
+                               agree=agree_on_most if probing and self.ranks.world_size > 1 else None,
+                               energy=energy)
+        sharded = self.ranks.world_size > 1 and config.sharding != "ddp"
+        self.flops: StepFlops | None = StepFlops() if count_flops and not config.compile and not sharded else None
+        """Model FLOPs of the first optimizer step (probes of eager, unsharded configs: see _flops)."""
         self._scaler = make_grad_scaler(config.precision, self._device)
         self._micro_batches = 0  # handed out by batches()
         self._micro_in_step = 0  # of the optimizer step being fed
@@ -512,7 +539,7 @@ class Run:
             batch = pending.popleft()
             yielded += 1
             if self._micro_batches == 0:
-                self.clock.start()
+                self._start_clock()
             elif self._micro_in_step >= self.config.accumulation_steps and self._step_samples:
                 self._finish_step()  # (not already closed at the end of the data)
                 this_step = []
@@ -545,11 +572,19 @@ class Run:
         self.knobs.batches = self.knobs.backward = self.knobs.autocast = True
         if checkpoint_blocks is not None:
             self.knobs.checkpoint_blocks = checkpoint_blocks
+        self._start_clock()
+
+    def _start_clock(self) -> None:
+        """The first step begins: the clock starts, and the FLOP counter with it."""
         self.clock.start()
+        if self.flops is not None:
+            self.flops.begin()
 
     def step_taken(self, samples: int, tokens: int = 0) -> None:
         """A framework's trainer took one optimizer step of `samples` samples; a probe that has its
         steps ends here (ProbeFinished)."""
+        if self.flops is not None and self.flops.counting:
+            self.flops.end(samples)
         self.clock.step_done(samples, tokens)
         if self._probing and self.clock.complete:
             raise ProbeFinished()
@@ -562,8 +597,12 @@ class Run:
     @contextmanager
     def active(self) -> Iterator[Run]:
         """The run's lifetime: its precision holds for all of it (forward, backward, optimizer step)."""
-        with precision_scope(self.config.precision, self._device):
-            yield self
+        try:
+            with precision_scope(self.config.precision, self._device):
+                yield self
+        finally:
+            if self.flops is not None and self.flops.counting:
+                self.flops.abandon()  # the first step never closed (an error left it)
 
     def summary(self) -> dict[str, Any]:
         """What this run measured after its warm-up steps: the real run's figures, next to a probe's."""

@@ -71,6 +71,13 @@ def observations(trials: list[FrozenTrial], exclude: int | None = None) -> list[
     return out
 
 
+def model_flops_per_sample(trials: list[FrozenTrial]) -> float | None:
+    """The function's model FLOPs per sample as its probes counted them (the median: the count does
+    not depend on the config, and compiled or sharded probes count none), None before any count."""
+    counted = sorted(r.flops_per_sample for t in trials if (r := trial_result(t)) and r.flops_per_sample)
+    return counted[len(counted) // 2] if counted else None
+
+
 def record_probe(study: optuna.Study, trial: optuna.Trial, result: ProbeResult, usable_bytes: float, phase: str) -> FrozenTrial:
     """Store the whole probe on its trial; OOM and over-headroom are infeasible COMPLETE trials."""
     trial.set_user_attr("probe", result.to_dict())
