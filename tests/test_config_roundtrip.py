@@ -49,6 +49,16 @@ def test_the_best_config_file(tmp_path, config):
     assert read_best(_write(tmp_path, config)).config == config
 
 
+def test_a_distributed_file_states_the_true_global_batch_and_the_per_rank_micro_batch(tmp_path):
+    config = Config(batch_size=16, accumulation_steps=2)
+    best = read_best(_write(tmp_path, config, world_size=4))
+    entry = best.document["config"]
+    assert entry["global_batch"] == 16 * 2 * 4 and entry["ranks"] == 4 and entry["batch_size"] == 16
+    assert entry["sharding"] == "ddp" and best.config == config  # the micro-batch read back is each rank's
+    one = read_best(_write(tmp_path, config)).document["config"]
+    assert one["global_batch"] == 32 and "ranks" not in one and "sharding" not in one
+
+
 def test_an_optuna_trial(config):
     params = config_params(config)
     trial = optuna.trial.create_trial(params=params, value=1.0, distributions={
