@@ -12,6 +12,7 @@ from autofit.planner._loader import (
     LoaderChoices,
     loader_reason,
     next_loader_config,
+    wait_share,
 )
 from autofit.planner._models import Line, ThroughputModel, fit_line, fit_throughput
 from autofit.planner._noise import NoiseReading
@@ -60,4 +61,5 @@ __all__ = [
     "memory_key",
     "next_loader_config",
     "nice_batch_sizes",
+    "wait_share",
 ]

@@ -106,7 +106,7 @@ def _walk(choices: LoaderChoices, ranked: Sequence[Candidate], observations: Seq
 
 
 def _more_workers(choices: LoaderChoices, best: Config, share: float) -> list[Config]:
-    keep_pace = max(1, math.ceil(share / max(1e-9, 1 - share)))
+    keep_pace = max(1, math.ceil(share / max(1e-9, 1 - share) - 1e-6))  # (0.8/0.2 is 4.000000000000001)
     above = [w for w in choices.workers if w > choices.declared_workers]
     start = next((w for w in above if w >= keep_pace), above[-1] if above else None)
     return [replace(best, loader_workers=w) for w in above if start is not None and w >= start]

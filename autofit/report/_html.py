@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from autofit.errors import NoFeasibleConfig
+from autofit.probing import input_bound_text
 from autofit.study import redacted
 from autofit.units import format_duration, format_size
 
@@ -86,6 +87,8 @@ def render_report(stored: StoredStudy, pngs: dict[str, bytes]) -> str:
             f"{measured['samples_per_s']:,.1f} samples/s, peak {e(format_size(measured['peak_bytes']))} of "
             f"{e(format_size(stored.usable_bytes))} usable"
             f"{' (confirmed by a longer run)' if measured['confirmed'] else ''}.<br>"
+            + (f"{e(input_bound_text(measured.get('data_wait_share')).capitalize())}.<br>"
+               if input_bound_text(measured.get("data_wait_share")) else "") +
             f"Why: {e(document['why'])}.</div>")
     else:
         parts.append("<div class=\"winner\"><b>No winner</b>: no probe fits under the usable memory.</div>")

@@ -15,7 +15,7 @@ import optuna
 from autofit.config import Config
 from autofit.errors import NoFeasibleConfig, UsageError
 from autofit.export import config_entry, versions
-from autofit.planner import Planner, SearchSpace
+from autofit.planner import Planner, SearchSpace, wait_share
 from autofit.study._explain import explain
 from autofit.study._storage import redacted
 from autofit.study._trials import observations, trial_config, trial_result
@@ -92,6 +92,8 @@ def best_document(
             "peak_bytes": best.peak_bytes,
             "probes": best.probes,
             "confirmed": confirmed,
+            # share of the measured time the winner's probes waited for data (when autofit saw the data)
+            **({"data_wait_share": share} if (share := wait_share(best.config, done)) is not None else {}),
         },
         "memory": {"limit_bytes": meta["limit_bytes"], "headroom": meta["headroom"], "usable_bytes": int(usable)},
         "device": meta["device_info"],

@@ -10,11 +10,15 @@ from autofit import autofit
 
 #: Seconds each sample takes to load (AUTOFIT_TEST_LOAD_S overrides it).
 LOAD_S = float(os.environ.get("AUTOFIT_TEST_LOAD_S", "0.002"))
+#: Samples in the dataset (AUTOFIT_TEST_SAMPLES overrides it: a normal run trains one pass over them).
+SAMPLES = int(os.environ.get("AUTOFIT_TEST_SAMPLES", "4096"))
+#: The loaders run.loader() built in this process (a test reads what a normal run trained with).
+LOADERS = []
 
 
 class SlowData(torch.utils.data.Dataset):
     def __len__(self) -> int:
-        return 4096
+        return SAMPLES
 
     def __getitem__(self, index: int):
         time.sleep(LOAD_S)
@@ -26,6 +30,7 @@ def train_steps(run, dataset=None):
     model = torch.nn.Linear(16, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = run.loader(dataset if dataset is not None else SlowData(), num_workers=0)
+    LOADERS.append(loader)
     while True:
         for x, y in run.batches(loader):
             with run.autocast():
