@@ -173,6 +173,12 @@ def test_a_search_of_an_input_bound_function_exports_loader_workers_and_a_run_tr
     chosen = read_best(str(best))
     assert chosen.config.loader_workers and chosen.config.loader_workers > 0, done.stderr[-3000:]
     assert "input-bound:" in chosen.document["why"] and "workers" in chosen.document["why"]
+    assert chosen.document["measured"]["data_wait_share"] > 0
+    storage = f"sqlite:///{tmp_path}/s.db"
+    shown = autofit_cli("show", "--storage", storage, cwd=tmp_path)
+    assert "input-bound:" in shown.stdout.split("best:")[1], shown.stdout  # the winner's line
+    reported = autofit_cli("report", "--storage", storage, "--out", str(tmp_path / "r.html"), cwd=tmp_path)
+    assert reported.returncode == 0 and "Input-bound:" in (tmp_path / "r.html").read_text()
     # A normal run with the exported file trains with the chosen workers.
     monkeypatch.setenv("AUTOFIT_CONFIG", str(best))
     monkeypatch.setenv("AUTOFIT_TEST_SAMPLES", "64")

@@ -121,7 +121,8 @@ def _pin_memory(choices: LoaderChoices, best: Config, share: float) -> list[Conf
     return [replace(best, pin_memory=p) for p in choices.pin_memory]
 
 
-def loader_reason(choices: LoaderChoices, ranked: Sequence[Candidate], observations: Sequence[Observation]) -> str | None:
+def loader_reason(choices: LoaderChoices, ranked: Sequence[Candidate],
+                  observations: Sequence[Observation]) -> str | None:
     """Why the winner's loader settings were chosen: 'input-bound: 38% of the step waiting for data with
     0 workers; 2 workers: 1.6x'. None when the winner keeps the script's loader."""
     if not ranked or not ranked[0].config.loader:

@@ -20,8 +20,9 @@ def describe_probe(result: ProbeResult, header: str | None = None) -> str:
             f"over {result.measured_steps} steps after {result.warmup_steps} warm-up",
         ))
     if result.data_wait_s is not None and result.data_wait_share is not None:
+        bound = input_bound_text(result.data_wait_share)
         rows.append(("data wait", f"{result.data_wait_s:.4f} s, {result.data_wait_share:.0%} of the measured time"
-                     + (f" ({input_bound_text(result.data_wait_share)})" if input_bound_text(result.data_wait_share) else "")))
+                     + (f" ({bound})" if bound else "")))
     if result.peak_bytes is not None:
         peak = format_size(result.peak_bytes)
         if result.limit_bytes:

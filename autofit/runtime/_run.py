@@ -491,7 +491,8 @@ class Run:
 
         self.knobs.loader = True
         self.knobs.declared_workers = int(kwargs.get("num_workers", 0) or 0)
-        sampler = None if isinstance(dataset, torch.utils.data.IterableDataset) else self.sampler(dataset, shuffle=shuffle)
+        iterable = isinstance(dataset, torch.utils.data.IterableDataset)  # it yields in its own order: no sampler
+        sampler = None if iterable else self.sampler(dataset, shuffle=shuffle)
         return build_loader(dataset, self.config, self.batch_size, sampler, kwargs, probing=self._probing)
 
     def compile(self, model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
