@@ -69,18 +69,6 @@ def next_loader_config(choices: LoaderChoices, ranked: Sequence[Candidate],
                        observations: Sequence[Observation]) -> Config | None:
     """The next loader variant of the leader to probe, or None when there is none worth probing (or
     one is running: the next step depends on what it measures)."""
-    walk = _walk(choices, ranked, observations)
-    return walk.proposal if walk is not None else None
-
-
-@dataclass(frozen=True)
-class _Walk:
-    proposal: Config | None
-    best: Config
-    best_rate: float
-
-
-def _walk(choices: LoaderChoices, ranked: Sequence[Candidate], observations: Sequence[Observation]) -> _Walk | None:
     if not choices.offered:
         return None
     base = leader(ranked)
@@ -89,20 +77,20 @@ def _walk(choices: LoaderChoices, ranked: Sequence[Candidate], observations: Seq
     share = wait_share(base.config, observations)
     if share is None or share < MIN_LOADER_SHARE:
         return None
+    if any(o.status == "running" and o.config.loader and base_of(o.config) == base.config for o in observations):
+        return None
     rates = {c.config: c.samples_per_s for c in ranked}
     done = {o.config for o in observations if o.status != "running"}
-    if any(o.status == "running" and o.config.loader and base_of(o.config) == base.config for o in observations):
-        return _Walk(None, base.config, base.samples_per_s)
     best, best_rate = base.config, base.samples_per_s
     for step in (_more_workers, _prefetch_further, _pin_memory):
         for config in step(choices, best, share):
             if config not in done:
-                return _Walk(config, best, best_rate)
+                return config
             rate = rates.get(config)
             if rate is None or rate < best_rate * _LOADER_GAIN:
-                break  # no faster (or failed): the rest of this ladder is not tried
+                break  # no faster (or failed): the rest of this step is not tried
             best, best_rate = config, rate
-    return _Walk(None, best, best_rate)
+    return None
 
 
 def _more_workers(choices: LoaderChoices, best: Config, share: float) -> list[Config]:
