@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from autofit.config import PRECISIONS, SHARDINGS, Config
 from autofit.errors import UsageError
+from autofit.planner._loader import LoaderChoices
 
 #: Precisions ranked by the memory their activations take (higher = more memory).
 MEMORY_RANK = {"fp32": 2, "tf32": 2, "bf16": 1, "fp16": 1}
@@ -69,6 +70,8 @@ class SearchSpace:
     shardings: tuple[str, ...] = ("ddp",)
     compiles: tuple[bool, ...] = (False,)
     """(False,): eager only; (False, True): the function offers run.compile(), both are probed."""
+    loader: LoaderChoices = LoaderChoices()
+    """The loader settings to try on the leader (none: the function does not offer run.loader())."""
 
     @classmethod
     def build(
@@ -82,6 +85,7 @@ class SearchSpace:
         accumulations: tuple[int, ...] | None = None,
         shardings: tuple[str, ...] = ("ddp",),
         compiles: tuple[bool, ...] = (False,),
+        loader: LoaderChoices = LoaderChoices(),
     ) -> SearchSpace:
         low, high = batch_range
         if global_batch is not None:
@@ -105,6 +109,7 @@ class SearchSpace:
             global_batch=global_batch,
             shardings=tuple(h for h in SHARDINGS if h in shardings) or ("ddp",),
             compiles=tuple(sorted(set(compiles))) or (False,),
+            loader=loader,
         )
 
     def strategies(self) -> list[Strategy]:
@@ -140,6 +145,9 @@ class SearchSpace:
             "global_batch": self.global_batch,
             "shardings": list(self.shardings),
             **({"compiles": list(self.compiles)} if self.compiles != (False,) else {}),
+            **({"loader": {"workers": list(self.loader.workers), "pin_memory": list(self.loader.pin_memory),
+                           "prefetch_factors": list(self.loader.prefetch_factors),
+                           "declared_workers": self.loader.declared_workers}} if self.loader.offered else {}),
         }
 
     @classmethod
@@ -152,4 +160,14 @@ class SearchSpace:
             global_batch=data.get("global_batch"),
             shardings=tuple(data.get("shardings", ("ddp",))),
             compiles=tuple(bool(c) for c in data.get("compiles", (False,))),
+            loader=_loader_choices(data.get("loader")),
         )
+
+
+def _loader_choices(data: dict | None) -> LoaderChoices:
+    if not data:
+        return LoaderChoices()
+    return LoaderChoices(workers=tuple(int(w) for w in data["workers"]),
+                         pin_memory=tuple(bool(p) for p in data.get("pin_memory", ())),
+                         prefetch_factors=tuple(int(p) for p in data.get("prefetch_factors", ())),
+                         declared_workers=int(data.get("declared_workers", 0)))

@@ -118,6 +118,7 @@ def _fill_timing(result: ProbeResult, run: Run) -> None:
     result.tokens_per_s = tokens / total if tokens and total > 0 else None
     result.step_time_median_s = statistics.median(times)
     result.warmup_s = run.clock.warmup_time_s
+    result.data_wait_s, result.data_wait_share = run.clock.data_wait_s, run.clock.data_wait_share
     if result.config.compile and result.warmup_s is not None:
         result.compile_s = max(0.0, result.warmup_s - result.warmup_steps * result.step_time_median_s)
     if len(times) >= 4:

@@ -11,6 +11,18 @@ from autofit.config import Config
 #: diverged: loss became NaN/inf. timeout: killed at the time limit. crashed: the worker died.
 STATUSES = ("ok", "oom", "error", "diverged", "timeout", "crashed")
 
+#: A probe that waited this share of its measured time for data is called input-bound: below it, a
+#: faster loader gains under 1/(1-0.10) = 1.11x, about what the choice between close configs moves;
+#: above it, the loader is worth a look before anything else.
+INPUT_BOUND_SHARE = 0.10
+
+
+def input_bound_text(share: float | None) -> str | None:
+    """'input-bound: 42% of the time waiting for data' from INPUT_BOUND_SHARE up; None below it."""
+    if share is None or share < INPUT_BOUND_SHARE:
+        return None
+    return f"input-bound: {share:.0%} of the time waiting for data"
+
 
 @dataclass
 class ProbeResult:
@@ -40,6 +52,12 @@ class ProbeResult:
     """Wall time of the warm-up steps: compilation (torch.compile), cuDNN autotuning, first-use costs."""
     compile_s: float | None = None
     """Compiled configs: the warm-up's time beyond its steps at the measured pace (compilation)."""
+    data_wait_s: float | None = None
+    """Host time the measured steps waited inside `next()` on the data (run.batches): an upper bound on
+    the device's idle time, since on a GPU the wait can overlap kernels queued before it."""
+    data_wait_share: float | None = None
+    """data_wait_s over the measured time; None where autofit does not drive the loop (a framework's
+    trainer, run.adopt_loop)."""
     restart_worker: bool = False
     """The probe left the worker unusable (a sticky CUDA error): replace it before the next probe."""
     flops_per_sample: float | None = None
@@ -102,6 +120,8 @@ class ProbeResult:
             line += f"  {format_flops(self.flops_per_s)}"
             if self.mfu is not None:
                 line += f" (MFU {self.mfu:.1%})"
+        if self.ok and input_bound_text(self.data_wait_share):
+            line += f"  ({input_bound_text(self.data_wait_share)})"
         if self.compile_s is not None:
             line += f"  (compiled in {self.compile_s:.1f}s, not counted)"
         if self.error_message and self.status != "ok":

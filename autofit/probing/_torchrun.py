@@ -172,7 +172,8 @@ def combine(config: Config, results: dict[int, ProbeResult | None], nproc: int, 
     if len(present) == nproc and not failed:
         ranks = list(present.values())
         first = ranks[0]
-        return replace(first, wall_s=wall, world_size=nproc, peak_bytes=peak, log_path=log_path,
+        waiting = max(ranks, key=lambda r: r.data_wait_share or -1.0)  # the rank the data held back most
+        return replace(first, data_wait_s=waiting.data_wait_s, data_wait_share=waiting.data_wait_share, wall_s=wall, world_size=nproc, peak_bytes=peak, log_path=log_path,
                        samples_per_s=sum(r.samples_per_s or 0 for r in ranks) or None,
                        tokens_per_s=sum(r.tokens_per_s or 0 for r in ranks) or None,
                        step_time_median_s=max((r.step_time_median_s or 0) for r in ranks) or None,

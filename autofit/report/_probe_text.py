@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autofit.probing import ProbeResult
+from autofit.probing import ProbeResult, input_bound_text
 from autofit.units import format_flops, format_size
 
 
@@ -19,6 +19,10 @@ def describe_probe(result: ProbeResult, header: str | None = None) -> str:
             f"{result.step_time_median_s:.4f} s median (IQR {result.step_time_iqr_s or 0:.4f} s) "
             f"over {result.measured_steps} steps after {result.warmup_steps} warm-up",
         ))
+    if result.data_wait_s is not None and result.data_wait_share is not None:
+        bound = input_bound_text(result.data_wait_share)
+        rows.append(("data wait", f"{result.data_wait_s:.4f} s, {result.data_wait_share:.0%} of the measured time"
+                     + (f" ({bound})" if bound else "")))
     if result.peak_bytes is not None:
         peak = format_size(result.peak_bytes)
         if result.limit_bytes:
@@ -29,7 +33,7 @@ def describe_probe(result: ProbeResult, header: str | None = None) -> str:
                                               result.flops_per_sample)))
     if result.compile_s is not None:
         rows.append(("compile", f"{result.compile_s:.1f} s in the warm-up (torch.compile; not in the throughput)"))
-    used = [name for name in ("autocast", "backward", "batches", "compile") if result.knobs.get(name)]
+    used = [name for name in ("autocast", "backward", "batches", "compile", "loader") if result.knobs.get(name)]
     if result.knobs.get("checkpoint_blocks") is not None:
         used.append(f"checkpoint ({result.knobs['checkpoint_blocks']} blocks)")
     if result.knobs.get("shard_blocks"):

@@ -48,10 +48,13 @@ class Knobs:
     batches: bool = False
     shard_blocks: int | None = None  # blocks offered to run.distribute(blocks=...): sharding is searched
     compile: bool = False  # a model offered to run.compile(): torch.compile is searched
+    loader: bool = False  # the data comes through run.loader(): its workers, pinning and prefetch are searched
+    declared_workers: int | None = None  # the workers the script declares to run.loader() (0: DataLoader's default)
 
     def to_dict(self) -> dict:
         return {
             "compile": self.compile,
+            **({"loader": True, "declared_workers": self.declared_workers} if self.loader else {}),
             "autocast": self.autocast,
             "backward": self.backward,
             "checkpoint_blocks": self.checkpoint_blocks,
@@ -98,6 +101,11 @@ class StepClock:
     measured_energy_j: float | None = None
     """Energy the device drew over the measured steps (probes on a device with an energy counter)."""
     _energy_start: float | None = None
+    data_wait_s: float | None = None
+    """Host time the measured steps spent waiting for their data (inside `next()` on the user's
+    iterable); None where autofit does not see the data (a framework's trainer drives the loop). On a
+    GPU the wait can overlap kernels queued before it, so it bounds the device's idle time from above."""
+    _waiting_s: float = 0.0  # data wait since the last step boundary: counts only if that step is measured
     _started: float | None = None
     _last: float | None = None
     _agreed_steps: int | None = None
@@ -122,6 +130,7 @@ class StepClock:
     def start(self) -> None:
         exact = self.warmup_steps == 0 and self.measured_steps is not None
         self._last = self._started = self._stamp(exact=exact)
+        self._waiting_s = 0.0  # the first fetch came before the clock started
         if exact:
             self._read_energy_start()
 
@@ -133,8 +142,16 @@ class StepClock:
             end = self.energy()
             self.measured_energy_j = end - self._energy_start if end is not None else None
 
+    def data_waited(self, seconds: float) -> None:
+        """A fetch of the data took `seconds` (it counts for the step it falls in, if that step is measured)."""
+        self.data_wait_s = self.data_wait_s or 0.0
+        self._waiting_s += seconds
+
     def step_done(self, samples: int, tokens: int) -> None:
         self.steps_done += 1
+        waited, self._waiting_s = self._waiting_s, 0.0
+        if self.data_wait_s is not None and self.steps_done > self.warmup_steps:
+            self.data_wait_s += waited
         probing = self.measured_steps is not None
         if self.steps_done <= self.warmup_steps:
             self._last = self._stamp(exact=probing and self.steps_done == self.warmup_steps)
@@ -170,6 +187,13 @@ class StepClock:
         if measured_s >= self.min_measure_s:
             return True
         return self.max_measured_steps is not None and self.steps_measured >= self.max_measured_steps
+
+    @property
+    def data_wait_share(self) -> float | None:
+        """The measured time's share spent waiting for data (None: not seen, or nothing measured)."""
+        if self.data_wait_s is None or self.measured_time_s <= 0:
+            return None
+        return min(1.0, self.data_wait_s / self.measured_time_s)
 
     def measured(self) -> tuple[list[float], int, int]:
         """Recent step times after warm-up, and the samples and tokens of all measured steps."""
@@ -485,6 +509,19 @@ class Run:
 
         return data_sampler(dataset, self.ranks, shuffle=shuffle, seed=seed)
 
+    def loader(self, dataset: Any, *, shuffle: bool = True, **kwargs: Any) -> torch.utils.data.DataLoader:
+        """A DataLoader over `dataset` with this run's micro-batch and sampler (`run.sampler`; none for an
+        IterableDataset), `drop_last=True` unless given. `num_workers`, `pin_memory` and `prefetch_factor`
+        come from the config where it sets them, else from `kwargs` (what the script declares), else
+        DataLoader's defaults: offering the loader here lets a search choose them."""
+        from autofit.runtime._loader import build_loader
+
+        self.knobs.loader = True
+        self.knobs.declared_workers = int(kwargs.get("num_workers", 0) or 0)
+        iterable = isinstance(dataset, torch.utils.data.IterableDataset)  # it yields in its own order: no sampler
+        sampler = None if iterable else self.sampler(dataset, shuffle=shuffle)
+        return build_loader(dataset, self.config, self.batch_size, sampler, kwargs, probing=self._probing)
+
     def compile(self, model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
         """`torch.compile(model, **kwargs)` when the config says so, else `model` as it is: offering
         the model here lets a search probe compiled and eager as separate strategies (the compile
@@ -531,7 +568,11 @@ class Run:
             if not pending:
                 try:
                     with self.data_context():
-                        batch = next(source)
+                        fetch_started = time.perf_counter()
+                        try:
+                            batch = next(source)
+                        finally:
+                            self.clock.data_waited(time.perf_counter() - fetch_started)
                 except StopIteration:
                     break
                 # After a lowering the loader still gives the batch it was built with: cut it.
@@ -620,6 +661,8 @@ class Run:
             "samples_per_s": samples * self.ranks.world_size / seconds if seconds > 0 else None,
             "tokens_per_s": tokens * self.ranks.world_size / seconds if tokens and seconds > 0 else None,
             "step_time_median_s": statistics.median(times) if times else None,
+            "data_wait_s": self.clock.data_wait_s,
+            "data_wait_share": self.clock.data_wait_share,
             "recent_step_times_s": [round(t, 6) for t in times],
             "lowerings": [item.to_dict() for item in self.lowerings],
         }

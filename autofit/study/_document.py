@@ -16,7 +16,7 @@ from autofit.config import Config
 from autofit.devices import mfu
 from autofit.errors import NoFeasibleConfig, UsageError
 from autofit.export import config_entry, versions
-from autofit.planner import Planner, SearchSpace
+from autofit.planner import Planner, SearchSpace, wait_share
 from autofit.study._explain import explain
 from autofit.study._storage import redacted
 from autofit.study._trials import model_flops_per_sample, observations, trial_config, trial_result
@@ -94,6 +94,8 @@ def best_document(
             "probes": best.probes,
             "confirmed": confirmed,
             **work_figures(trials, best.config, best.samples_per_s, meta, world_size),
+            # share of the measured time the winner's probes waited for data (when autofit saw the data)
+            **({"data_wait_share": share} if (share := wait_share(best.config, done)) is not None else {}),
         },
         "memory": {"limit_bytes": meta["limit_bytes"], "headroom": meta["headroom"], "usable_bytes": int(usable)},
         "device": meta["device_info"],
