@@ -139,8 +139,9 @@ def test_without_recovery_the_oom_reaches_the_script():
 
 
 # --- the corpus script, for real -------------------------------------------------------------------
-#: Measured on this machine (block 64, probe peaks with the process's baseline): see the test below.
-LIMIT = "560MiB"
+#: Measured on this machine (block 64, probe peaks with the process's baseline of ~330 MiB):
+#: b=4 acc=4 404 MiB, b=8 acc=2 444 MiB, b=16 519 MiB, b=16 with 4 checkpointed blocks 446 MiB.
+LIMIT = "480MiB"
 
 
 @pytest.mark.frameworks
@@ -163,7 +164,9 @@ def test_the_corpus_script_is_searched_under_a_limit_and_runs_with_the_answer(tm
     assert config.global_batch == 16  # the script's own 4 x 4, held by @autofit(global_batch=16)
     probes = probed_configs(searched.stderr)
     assert probes and all(batch * accumulation == 16 for _, batch, accumulation in probes)
-    assert any(status == "oom" for status, _, _ in probes), searched.stderr[-3000:]  # the limit bites
+    assert all(status in ("ok", "oom") for status, _, _ in probes)
+    # fp32 b=16 without checkpointing does not fit (519 MiB); bf16 may, on a CPU with fast bf16.
+    assert config.precision != "fp32" or config.batch_size < 16 or config.checkpoint_segments > 0
 
     ran = subprocess.run([sys.executable, CORPUS], env={**os.environ, "PYTHONPATH": REPO, "AUTOFIT_CONFIG": str(best)},
                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
