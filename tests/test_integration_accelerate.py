@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from autofit.config import Config
 from autofit.errors import UsageError
-from autofit.runtime import Run
+from autofit.runtime import ProbeFinished, Run
 from tests.conftest import HERE, REPO, autofit_cli, probed_configs, refused_by_the_allocator
 
 pytest.importorskip("accelerate", reason="the hf extra: pip install -e '.[hf]'")
@@ -99,6 +99,17 @@ def test_the_config_reaches_the_accelerator_and_the_training_loader():
     assert done["batches"] == [2] * 16 and done["steps"] == 4
     assert done["accelerator"].gradient_accumulation_steps == 4
     assert run.optimizer_steps == 4 and run.knobs.checkpoint_blocks == 2
+
+
+def test_a_probe_counts_the_loops_optimizer_steps_and_never_runs_out_of_data():
+    """32 samples at 4 x 2 give 4 optimizer steps an epoch; a probe of 2 + 5 steps ends by itself
+    within the script's one pass over its loader (ProbeFinished), its loader starting again."""
+    run = Run(Config(4, accumulation_steps=2), probing=True, warmup_steps=2, measured_steps=5)
+    with run.active(), pytest.raises(ProbeFinished):
+        _loop(run)
+    assert run.optimizer_steps == 7 and run.clock.measured_samples == 5 * 8
+    assert run.knobs.to_dict() | {"compile": False} == {"compile": False, "autocast": True, "backward": True,
+                                                       "checkpoint_blocks": 2, "batches": True, "shard_blocks": None}
 
 
 def test_without_a_search_the_users_own_settings_stand():

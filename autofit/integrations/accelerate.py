@@ -121,6 +121,7 @@ class AutofitAccelerator(Accelerator):
         self._autofit_users_accumulation = _users_accumulation(kwargs)
         self._autofit_trains_loader = False  # the training DataLoader was prepared
         self._autofit_optimizer: Any = None  # the one whose steps are counted
+        self._autofit_adopted = False  # the run's clock started
         self._autofit_accumulating = False  # accumulate() was entered
         self._autofit_samples = 0  # of the optimizer step being fed
         self._autofit_recovery = StepRecovery(run, self._autofit_zero_grad) if run.recovers_oom else None
@@ -194,17 +195,28 @@ class AutofitAccelerator(Accelerator):
                 return result
 
             prepared.step = counted_step
-            self._autofit_run.adopt_loop(checkpoint_blocks=self._autofit_block_count)
         return prepared
 
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        prepared = super().prepare(*args, device_placement=device_placement)
+        self._autofit_adopt()
+        return prepared
+
+    def _autofit_adopt(self) -> None:
+        """The loop is the script's: every knob counts, and the clock starts once the optimizer is ready."""
+        if self._autofit_optimizer is not None and not self._autofit_adopted:
+            self._autofit_adopted = True
+            self._autofit_run.adopt_loop(checkpoint_blocks=self._autofit_block_count)
+
     # --- the loop: steps counted, OOMs redone -----------------------------------------------------
-    @functools.wraps(Accelerator.accumulate)
     def accumulate(self, *models: torch.nn.Module) -> Any:
+        """Accelerate's own; autofit notes that the loop accumulates where Accelerate says."""
         self._autofit_accumulating = True
         return super().accumulate(*models)
 
     def _autofit_step_taken(self) -> None:
         run = self._autofit_run
+        self._autofit_adopt()  # an optimizer prepared by prepare_optimizer() alone
         if run.accumulation_steps > 1 and not self._autofit_accumulating and self.gradient_accumulation_steps > 1:
             raise UsageError(
                 f"This config accumulates {run.accumulation_steps} micro-batches per optimizer step, but the loop "
