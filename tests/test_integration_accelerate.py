@@ -62,9 +62,10 @@ class Tiny(torch.nn.Module):
         return {"loss": (h - y).pow(2).mean()}
 
 
-def _loop(run: Run, *, grows: str | None = None, loader_batch: int = 4, accumulation: int = 2) -> dict:
+def _loop(run: Run, *, grows: str | None = None, loader_batch: int = 4, accumulation: int = 2,
+          own_loss: bool = False) -> dict:
     """A no_trainer loop over 32 samples; from the second optimizer step on, batches above 2 samples
-    run out of memory in the phase `grows` names."""
+    run out of memory in the phase `grows` names. `own_loss`: the loop scales the model's loss itself."""
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(32, 8), torch.randn(32, 8))
     accelerator = AutofitAccelerator(run, gradient_accumulation_steps=accumulation)
@@ -77,6 +78,8 @@ def _loop(run: Run, *, grows: str | None = None, loader_batch: int = 4, accumula
         batches.append(len(x))
         with accelerator.accumulate(model):
             loss = model(x, y)["loss"]
+            if own_loss:
+                loss = loss * 1.0
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
@@ -141,6 +144,12 @@ def test_an_oom_in_the_loop_is_redone_in_pieces_and_trains_as_the_lower_micro_ba
         reference = _loop(lower)
     for key, value in reference["weights"].items():
         torch.testing.assert_close(done["weights"][key], value, rtol=1e-6, atol=1e-6)
+
+
+def test_a_loop_that_computes_its_own_loss_is_told_why_its_oom_cannot_be_redone():
+    run = Run(Config(4, accumulation_steps=2), recover_oom=True)
+    with run.active(), pytest.raises(UsageError, match="this loop computes its own"):
+        _loop(run, grows="forward", own_loss=True)
 
 
 def test_without_recovery_the_oom_reaches_the_script():

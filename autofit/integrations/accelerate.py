@@ -256,7 +256,7 @@ class AutofitAccelerator(Accelerator):
             output = self._autofit_forward(*args, **kwargs)
             if len(pieces) > 1 and _loss_of(output) is None:
                 raise UsageError(
-                    "autofit: after an out-of-memory the micro-batch is run in pieces, which needs the loss the "
+                    "After an out-of-memory the micro-batch is run in pieces, which needs the loss the "
                     "model returns (pass labels to an HF model); this model returns none.")
             return _weighted(output, weight)
 
@@ -272,7 +272,7 @@ class AutofitAccelerator(Accelerator):
         recovery.where = "forward"
         loss = _loss_of(self._autofit_forward(*args, **kwargs))
         if loss is None:
-            raise UsageError("autofit: an out-of-memory step is redone in pieces, which needs the loss the model "
+            raise UsageError("An out-of-memory step is redone in pieces, which needs the loss the model "
                              "returns (pass labels to an HF model); this model returns none.")
         recovery.where = "backward"
         super().backward(loss * weight)
@@ -285,7 +285,7 @@ class AutofitAccelerator(Accelerator):
         if loss is not self._autofit_loss:
             if len(recovery.pieces(batch)) > 1:
                 raise UsageError(
-                    "autofit: after an out-of-memory the micro-batch is run in pieces, which needs the loss the "
+                    "After an out-of-memory the micro-batch is run in pieces, which needs the loss the "
                     "model returns, given to accelerator.backward() as it is (`loss = outputs.loss`); this loop "
                     "computes its own. Use a micro-batch that fits, or AUTOFIT_OOM_RECOVERY=0.")
             return super().backward(loss, **kwargs)  # not the model's loss: no redo for this step
