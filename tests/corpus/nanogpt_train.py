@@ -42,13 +42,13 @@ block_size = 64
 n_layer, n_head, n_embd, dropout, bias = 2, 2, 64, 0.0, False
 vocab_size = 512
 learning_rate = 1e-3
-max_iters = 60
+max_iters = 40
 weight_decay = 1e-1
 beta1, beta2 = 0.9, 0.99
 grad_clip = 1.0
 decay_lr = True
 warmup_iters = 10
-lr_decay_iters = 60
+lr_decay_iters = 40
 min_lr = 1e-4
 compile = False  # nanoGPT compiles by default; its CPU configs pass --compile=False
 # -----------------------------------------------------------------------------
