@@ -108,8 +108,9 @@ def normal_run(script: Script, best: str, tmp: str) -> dict:
     report = os.path.join(tmp, "run.json")
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={script.nproc}"]
                 if script.nproc > 1 else [sys.executable])
+    env = _env(tmp, AUTOFIT_CONFIG=best, AUTOFIT_RUN_REPORT=report)
     process = subprocess.Popen([*launcher, script.path], cwd=tmp, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, env=_env(tmp, AUTOFIT_CONFIG=best, AUTOFIT_RUN_REPORT=report))
+                               stderr=subprocess.DEVNULL, env=env)
     _, status, usage = os.wait4(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode != 0:
@@ -162,7 +163,8 @@ def table(rows: list[dict], trials: int, rounds: int, seconds: float) -> str:
         f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores), {seconds / 60:.1f} min.",
         "",
         "| script | winner | samples/s (search) | probes (OOM) | search s | peak MiB: estimate raw | "
-        "predicted range | measured (probe) | normal run RSS | probe samples/s | normal run samples/s | probe ÷ normal |",
+        "predicted range | measured (probe) | normal run RSS | probe samples/s | normal run samples/s | "
+        "probe ÷ normal |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
@@ -170,9 +172,10 @@ def table(rows: list[dict], trials: int, rounds: int, seconds: float) -> str:
             f"{r['estimate_range'][0] / MIB:,.0f}–{r['estimate_range'][1] / MIB:,.0f}"
         ratio = "—" if r["ratio"] is None else f"{r['ratio']:.3f}"
         ranks = f" ({r['world']} ranks)" if r["world"] > 1 else ""
-        lines.append(f"| {r['name']}{ranks} | {r['config']} | {r['search_samples_per_s']:,.1f} | {r['probes']} ({r['oom']}) | "
-                     f"{r['search_s']:.0f} | {_mib(r['estimate_raw'])} | {predicted} | {_mib(r['measured_peak'])} | "
-                     f"{_mib(r['run_rss'])} | {r['probe'] or 0:,.1f} | {r['normal'] or 0:,.1f} | {ratio} |")
+        lines.append(f"| {r['name']}{ranks} | {r['config']} | {r['search_samples_per_s']:,.1f} | "
+                     f"{r['probes']} ({r['oom']}) | {r['search_s']:.0f} | {_mib(r['estimate_raw'])} | {predicted} | "
+                     f"{_mib(r['measured_peak'])} | {_mib(r['run_rss'])} | {r['probe'] or 0:,.1f} | "
+                     f"{r['normal'] or 0:,.1f} | {ratio} |")
     lines += ["", *[f"- {r['name']}: {r['estimator']}" for r in rows]]
     return "\n".join(lines) + "\n"
 
@@ -188,7 +191,8 @@ def main() -> None:
     if unknown:
         parser.error(f"no such corpus script: {', '.join(sorted(unknown))}")
     started = time.perf_counter()
-    rows = [measure(script, args.trials, args.rounds) for script in SCRIPTS if not args.names or script.name in args.names]
+    chosen = [script for script in SCRIPTS if not args.names or script.name in args.names]
+    rows = [measure(script, args.trials, args.rounds) for script in chosen]
     text = table(rows, args.trials, args.rounds, time.perf_counter() - started)
     print(text)
     with open(args.out, "w") as handle:

@@ -146,7 +146,8 @@ def train(run):  # autofit
             # (2) Update G network: maximize log(D(G(z)))
             ###########################
             netG.zero_grad()
-            label = torch.full((batch_size,), real_label, dtype=real_cpu.dtype, device=device)  # fake labels are real for generator cost
+            # fake labels are real for generator cost
+            label = torch.full((batch_size,), real_label, dtype=real_cpu.dtype, device=device)  # autofit: was fill_
             with run.autocast():  # autofit
                 output = netD(fake).float()
                 errG = criterion(output, label)

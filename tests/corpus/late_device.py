@@ -55,7 +55,8 @@ class ConvStage(nn.Module):
 class SmallResNet(nn.Module):
     def __init__(self, widths=(16, 32, 64), num_classes: int = NUM_CLASSES) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, padding=1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU())
+        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, padding=1, bias=False), nn.BatchNorm2d(widths[0]),
+                                  nn.ReLU())
         self.stages = nn.ModuleList(ConvStage(cin, cout) for cin, cout in zip((widths[0], *widths[:-1]), widths))
         self.head = nn.Linear(widths[-1], num_classes)
 
@@ -101,7 +102,8 @@ def train(run):  # autofit
                 for e, p in zip(ema.state_dict().values(), model.state_dict().values()):
                     e.copy_(e * 0.99 + p * 0.01) if e.is_floating_point() else e.copy_(p)
             if step % LOG_EVERY == 0:
-                print(f"epoch {epoch} step {step} loss {loss.item():.4f} lr {scheduler.get_last_lr()[0]:.4f}", flush=True)
+                print(f"epoch {epoch} step {step} loss {loss.item():.4f} lr {scheduler.get_last_lr()[0]:.4f}",
+                      flush=True)
     print(f"late_device: done, {run.optimizer_steps} optimizer steps", flush=True)
 
 
