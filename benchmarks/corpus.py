@@ -11,7 +11,8 @@ through $AUTOFIT_RUN_REPORT, interleaved so that a drift of the machine hits bot
 - the search's answer: the winner, its samples/s, probes (of them out of memory), wall seconds;
 - peak memory of the winner: the memory estimator's raw figure (baseline + tensor bytes) and its
   calibrated range from the study's other probes (as the planner predicts a config before probing
-  it), against the peak the search measured and the normal run's peak resident set (one process only);
+  it), against the peak the search measured and the normal run's peak, counted as a probe counts it
+  (resident less file-backed pages, or the data segment; one process only);
 - throughput: the probe's and the normal run's samples/s (medians over the rounds) and their ratio.
 
 Writes the markdown table to stdout and to `--out`. Throughput figures need a quiet machine.
@@ -102,22 +103,45 @@ def predicted_peak(study, config) -> tuple[float | None, tuple[float, float] | N
     return raw, (None if peak is None else (peak.low, peak.high))
 
 
+def _status_bytes(pid: int) -> dict[str, int]:
+    """/proc/PID/status's memory fields in bytes (empty once the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return {}
+    fields = (line.split(":", 1) for line in lines if line.endswith(" kB"))
+    return {key: int(value.split()[0]) * 1024 for key, value in fields}
+
+
+def peak_while_running(process: subprocess.Popen, every_s: float = 0.01) -> int:
+    """The process's peak as a CPU probe counts it: the larger of its peak resident set less file-backed
+    and shared pages, and its data segment (what RLIMIT_DATA caps), sampled until it exits."""
+    peak = 0
+    while process.poll() is None:
+        status = _status_bytes(process.pid)
+        if status:
+            resident = status.get("VmHWM", 0) - status.get("RssFile", 0) - status.get("RssShmem", 0)
+            peak = max(peak, resident, status.get("VmData", 0))
+        time.sleep(every_s)
+    return peak
+
+
 def normal_run(script: Script, best: str, tmp: str) -> dict:
-    """`python script.py` (or torchrun) with the exported file; its report, and its peak resident set
-    (one process only: under torchrun the ranks are the launcher's children)."""
+    """`python script.py` (or torchrun) with the exported file; its report, and its peak memory
+    counted as a probe counts it (one process only: under torchrun the ranks are the launcher's children)."""
     report = os.path.join(tmp, "run.json")
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={script.nproc}"]
                 if script.nproc > 1 else [sys.executable])
     env = _env(tmp, AUTOFIT_CONFIG=best, AUTOFIT_RUN_REPORT=report)
     process = subprocess.Popen([*launcher, script.path], cwd=tmp, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, env=env)
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
+    peak = peak_while_running(process)
     if process.returncode != 0:
         raise RuntimeError(f"the normal run of {script.name} failed ({process.returncode})")
     with open(report) as handle:
         measured = json.load(handle)
-    measured["max_rss_bytes"] = usage.ru_maxrss * 1024 if script.nproc == 1 else None
+    measured["peak_bytes"] = peak if script.nproc == 1 else None
     return measured
 
 
@@ -128,7 +152,7 @@ def measure(script: Script, trials: int, rounds: int) -> dict:
         config = read_best(found["path"]).config
         frame = study.trials_frame()
         raw, calibrated = predicted_peak(study, config)
-        probes, normals, rss = [], [], []
+        probes, normals, run_peaks = [], [], []
         worker = make_runner(script.path, device="cpu", nproc=script.nproc)
         with worker:
             worker.start()
@@ -138,8 +162,8 @@ def measure(script: Script, trials: int, rounds: int) -> dict:
                     probes.append(result.samples_per_s)
                 run = normal_run(script, found["path"], tmp)
                 normals.append(run["samples_per_s"])
-                if run["max_rss_bytes"]:
-                    rss.append(run["max_rss_bytes"])
+                if run["peak_bytes"]:
+                    run_peaks.append(run["peak_bytes"])
                 print(f"  {script.name:<20} {config.label():<18} probe {result.samples_per_s or 0:9.1f}  "
                       f"normal {run['samples_per_s'] or 0:9.1f} samples/s", file=sys.stderr, flush=True)
     probe = statistics.median(probes) if probes else None
@@ -148,7 +172,7 @@ def measure(script: Script, trials: int, rounds: int) -> dict:
             "search_samples_per_s": document["measured"]["samples_per_s"],
             "probes": len(frame), "oom": int((frame["status"] == "oom").sum()), "search_s": found["wall_s"],
             "estimate_raw": raw, "estimate_range": calibrated, "measured_peak": document["measured"]["peak_bytes"],
-            "run_rss": max(rss) if rss else None, "probe": probe, "normal": normal,
+            "run_peak": max(run_peaks) if run_peaks else None, "probe": probe, "normal": normal,
             "ratio": probe / normal if probe and normal else None,
             "estimator": study.estimates.summary() if study.estimates else "not run"}
 
@@ -163,7 +187,7 @@ def table(rows: list[dict], trials: int, rounds: int, seconds: float) -> str:
         f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores), {seconds / 60:.1f} min.",
         "",
         "| script | winner | samples/s (search) | probes (OOM) | search s | peak MiB: estimate raw | "
-        "predicted range | measured (probe) | normal run RSS | probe samples/s | normal run samples/s | "
+        "predicted range | measured (probe) | normal run | probe samples/s | normal run samples/s | "
         "probe ÷ normal |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -174,7 +198,7 @@ def table(rows: list[dict], trials: int, rounds: int, seconds: float) -> str:
         ranks = f" ({r['world']} ranks)" if r["world"] > 1 else ""
         lines.append(f"| {r['name']}{ranks} | {r['config']} | {r['search_samples_per_s']:,.1f} | "
                      f"{r['probes']} ({r['oom']}) | {r['search_s']:.0f} | {_mib(r['estimate_raw'])} | {predicted} | "
-                     f"{_mib(r['measured_peak'])} | {_mib(r['run_rss'])} | {r['probe'] or 0:,.1f} | "
+                     f"{_mib(r['measured_peak'])} | {_mib(r['run_peak'])} | {r['probe'] or 0:,.1f} | "
                      f"{r['normal'] or 0:,.1f} | {ratio} |")
     lines += ["", *[f"- {r['name']}: {r['estimator']}" for r in rows]]
     return "\n".join(lines) + "\n"
