@@ -88,6 +88,37 @@ def test_checkpointing_recomputes_forward_in_backward():
         assert calls["n"] == expected
 
 
+def test_a_model_met_again_with_fewer_checkpointed_blocks_recomputes_only_those():
+    # A model built once (at import: tests/corpus/late_device.py) meets several configs in one process
+    # (probes in a CUDA worker): the blocks a config leaves out must run without checkpointing again.
+    calls = {"n": 0}
+
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            calls["n"] += 1
+            return torch.relu(self.lin(x))
+
+    blocks = torch.nn.ModuleList([Counting(), Counting()])
+    keys = list(blocks.state_dict())
+    for segments, expected in ((2, 4), (1, 3), (0, 2), (2, 4)):
+        calls["n"] = 0
+        Run(Config(batch_size=2, checkpoint_segments=segments)).checkpoint(blocks)
+        h = torch.randn(2, 4, requires_grad=True)
+        for b in blocks:
+            h = b(h)
+        h.sum().backward()
+        assert calls["n"] == expected, segments
+        assert [getattr(b, "_autofit_checkpointed", False) for b in blocks] == [i < segments for i in range(2)]
+        assert list(blocks.state_dict()) == keys
+    assert "forward" in vars(blocks[0])
+    Run(Config(batch_size=2)).checkpoint(blocks)
+    assert "forward" not in vars(blocks[0])  # the class's own forward again
+
+
 def test_autocast_uses_the_precision():
     lin = torch.nn.Linear(4, 4)
     for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)):

@@ -532,14 +532,18 @@ class Run:
         return torch.compile(model, **kwargs)
 
     def checkpoint(self, blocks: Sequence[torch.nn.Module]) -> Sequence[torch.nn.Module]:
-        """Activation checkpointing on the first `checkpoint_segments` of `blocks`.
+        """Activation checkpointing on the first `checkpoint_segments` of `blocks`, and on none of
+        the others (a model built once, at import, meets several configs in one process).
 
         Uses PyTorch's non-reentrant checkpoint; the modules keep their names and state-dict keys.
         """
         blocks = list(blocks) if not isinstance(blocks, torch.nn.ModuleList) else blocks
         self.knobs.checkpoint_blocks = len(blocks)
-        for block in list(blocks)[: self.config.checkpoint_segments]:
-            apply_checkpoint(block)
+        for index, block in enumerate(blocks):
+            if index < self.config.checkpoint_segments:
+                apply_checkpoint(block)
+            else:
+                remove_checkpoint(block)
         return blocks
 
     def batches(
@@ -711,6 +715,19 @@ def apply_checkpoint(block: torch.nn.Module) -> torch.nn.Module:
 
     block.forward = checkpointed_forward
     block._autofit_checkpointed = True
+    block._autofit_forward = forward
+    return block
+
+
+def remove_checkpoint(block: torch.nn.Module) -> torch.nn.Module:
+    """Undo `apply_checkpoint` on `block`, in place (nothing to do on a block it never wrapped)."""
+    if not getattr(block, "_autofit_checkpointed", False):
+        return block
+    if block._autofit_forward == getattr(type(block), "forward").__get__(block):
+        del block.forward  # the class's own forward again
+    else:
+        block.forward = block._autofit_forward
+    del block._autofit_checkpointed, block._autofit_forward
     return block
 
 
