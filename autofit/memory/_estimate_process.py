@@ -79,7 +79,7 @@ def estimate_one(fn: Any, config: Any, device: Any) -> dict:
                 raise
     except Exception as exc:  # noqa: BLE001 - the estimate is unavailable or partial, and the reason is reported
         failure = failure or exc
-        why = f"{type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}"[:400]
+        why = _why(failure)
         if known is None:
             return {"ok": False, "error": why, "traceback": traceback.format_exc()[-3000:]}
         breakdown, missing = known
@@ -96,6 +96,17 @@ def estimate_one(fn: Any, config: Any, device: Any) -> dict:
                 breakdown[name] += int(value)
     return {"ok": True, "breakdown": breakdown, "missing": [], "notes": list(mode.notes.values()),
             "knobs": run.knobs.to_dict()}
+
+
+def _why(failure: BaseException) -> str:
+    """What stopped the fake tensors, in one line: the op a value or a size depends on, where it is one."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    if isinstance(failure, (DynamicOutputShapeException, DataDependentOutputException)):
+        op = getattr(getattr(failure, "func", None), "overloadpacket", failure).__name__
+        what = "has a data-dependent size" if isinstance(failure, DynamicOutputShapeException) else "reads a value"
+        return f"`{op}` {what}"
+    return f"{type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}"[:400]
 
 
 def _known_parts(optimizers: list) -> tuple[dict[str, int], list[str]] | None:

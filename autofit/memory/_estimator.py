@@ -46,13 +46,18 @@ class MemoryEstimate:
     def summary(self) -> str | None:
         """One line on what was not predicted, or guessed; None for a complete estimate without guesses."""
         if self.missing:
-            known = [p for p in ("parameters", "gradients", "optimizer") if p not in self.missing]
             named = {"optimizer": "optimizer state"}
-            return (f"memory estimator: {' and '.join(named.get(p, p) for p in self.missing if p != 'temporaries')} "
-                    f"not predicted ({self.why_missing}); {', '.join(named.get(p, p) for p in known)} predicted")
+            known = [named.get(p, p) for p in ("parameters", "gradients", "optimizer") if p not in self.missing]
+            missing = [named.get(p, p) for p in self.missing if p != "temporaries"]
+            return (f"memory estimator: {_listed(missing)} not predicted ({self.why_missing}); "
+                    f"{_listed(known)} predicted")
         if self.notes:
             return "memory estimator: " + "; ".join(self.notes)
         return None
+
+
+def _listed(names: list[str]) -> str:
+    return " and ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 @dataclass

@@ -94,11 +94,14 @@ class MemoryPrediction:
     """The estimator's tensor bytes of a search's configs, and the device's prior factor range."""
 
     def __init__(self, tensor_bytes: TensorBytes, *, device_bytes: float,
-                 factors: tuple[float, float] = CPU_FACTORS) -> None:
+                 factors: tuple[float, float] = CPU_FACTORS, floor_bytes: float | None = None) -> None:
         self.tensor_bytes = tensor_bytes
         #: What the device holds before any tensor (the process on CPU, the CUDA context on a GPU).
         self.device_bytes = float(device_bytes)
         self.factors = factors
+        #: Tensor bytes every config holds at least, where only some parts were estimated (the
+        #: parameters, gradients and optimizer state of a step the fake tensors could not follow).
+        self.floor_bytes = floor_bytes
 
     @classmethod
     def from_estimates(cls, estimated: Mapping[Config, float], **kwargs) -> MemoryPrediction:
@@ -168,7 +171,8 @@ class CalibratedPrediction:
         """
         tensor = self.prediction.tensor_bytes(config)
         if tensor is None:
-            return None
+            floor = self.prediction.floor_bytes
+            return PeakRange(self.prediction.device_bytes + floor, float("inf")) if floor else None
         own = self.anchors.get(memory_key(config))
         if own:
             below = [a for a in own if a[0] <= config.batch_size]
