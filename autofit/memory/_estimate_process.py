@@ -31,15 +31,13 @@ def estimate_one(fn: Any, config: Any, device: Any) -> dict:
     parameters, their gradients and the optimizer's state (`_known_parts`), with the rest missing."""
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.distributed._tools.mem_tracker import MemTracker
-
     from autofit.memory._fake_values import ValueFreeFakeMode
     from autofit.runtime import ProbeFinished, Run
 
     run = Run(config, device, probing=True, warmup_steps=1, measured_steps=1, min_measure_s=0.0,
               max_measured_steps=1)
     run.compile_enabled = False  # fake tensors through inductor: estimated as the eager model
-    tracker = MemTracker()
+    tracker = _tracker()
 
     @contextmanager
     def read_data():
@@ -96,6 +94,24 @@ def estimate_one(fn: Any, config: Any, device: Any) -> dict:
                 breakdown[name] += int(value)
     return {"ok": True, "breakdown": breakdown, "missing": [], "notes": list(mode.notes.values()),
             "knobs": run.knobs.to_dict()}
+
+
+def _tracker():
+    """PyTorch's MemTracker, for a training loop's steps: a second forward before the optimizer step
+    (gradient accumulation) starts a new iteration of its per-module statistics instead of stopping it,
+    and a forward inside the optimizer's step (Lightning's closure) makes activations, not state."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class StepTracker(MemTracker):
+        def _pre_fw_hook(self, module, inputs):
+            self._in_opt = False  # the optimizer's post-step hook still files its state as OPT
+            try:
+                super()._pre_fw_hook(module, inputs)
+            except NotImplementedError:  # "multiple iterative calls": the next micro-batch
+                self.reset_mod_stats()
+                super()._pre_fw_hook(module, inputs)
+
+    return StepTracker()
 
 
 def _why(failure: BaseException) -> str:
