@@ -93,17 +93,21 @@ def test_a_partial_estimate_keeps_its_known_parts_for_the_planner():
 
 
 @pytest.mark.slow
-def test_the_nanogpt_loop_s_estimate_is_near_a_probe_s_measured_peak():
+def test_the_nanogpt_loop_s_estimate_grows_with_the_batch_as_probes_measure():
+    """A CPU's measured peak carries a fixed offset the tensors do not (allocator caching, oneDNN):
+    what the planner relies on is how the peak grows per tensor byte, within its prior 1.0-2.5."""
+    from autofit.planner import CPU_FACTORS
     from autofit.probing import Worker
 
-    config = Config(32)
-    (estimate,) = _estimate("nanogpt_loop.py", [config])
+    configs = [Config(16), Config(64)]
+    small, large = _estimate("nanogpt_loop.py", configs)
     with Worker(script("nanogpt_loop.py"), device="cpu", memory_limit=4 * 2**30) as worker:
         worker.start()
-        result = worker.probe(config, warmup=2, steps=3, timeout=300)
-    assert result.ok, result
-    measured = result.peak_bytes - result.baseline_bytes
-    assert 0.5 < estimate.total_bytes / measured < 2.0, (estimate.total_bytes, measured)
+        results = [worker.probe(config, warmup=2, steps=3, timeout=300) for config in configs]
+    assert all(r.ok for r in results), results
+    measured = results[1].peak_bytes - results[0].peak_bytes
+    factor = measured / (large.total_bytes - small.total_bytes)
+    assert CPU_FACTORS[0] * 0.8 < factor < CPU_FACTORS[1], (factor, measured)
 
 
 @pytest.mark.frameworks

@@ -193,9 +193,9 @@ def _parse(configs: list[Config], reply: dict, failure: str | None) -> Estimates
                      out.knobs)
     for config, found in zip(configs, reply["estimates"]):
         if found["ok"]:
-            out.estimates[config] = MemoryEstimate(config, {part: int(found["breakdown"].get(part, 0)) for part in PARTS},
-                                                   tuple(found.get("missing", ())), tuple(found.get("notes", ())),
-                                                   found.get("error"))
+            breakdown = {part: int(found["breakdown"].get(part, 0)) for part in PARTS}
+            out.estimates[config] = MemoryEstimate(config, breakdown, tuple(found.get("missing", ())),
+                                                   tuple(found.get("notes", ())), found.get("error"))
         else:
             out.unavailable[config] = found["error"]
     missing = configs[len(reply["estimates"]):]
