@@ -20,7 +20,7 @@ def train(run):
             for _ in range(4)]
     while True:
         for x, y in run.batches(data):
-            counts = torch.bincount(y).float()
+            counts = torch.bincount(y, minlength=CLASSES).float()
             weight = counts.sum() / (counts.clamp(min=1) * len(counts))
             loss = F.cross_entropy(model(x), y, weight=weight)
             run.backward(loss, opt)
