@@ -27,6 +27,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 aten = torch.ops.aten
+prims = torch.ops.prims
 
 #: Ops whose output holds its (first) input's value or density hint.
 _SAME_HINT = {
@@ -35,13 +36,19 @@ _SAME_HINT = {
     aten.unsqueeze.default, aten.expand.default, aten.select.int, aten.slice.Tensor, aten.any.default,
     aten.all.default, aten.any.dim, aten.all.dim, aten.amax.default, aten.amin.default, aten.max.default,
     aten.min.default, aten.lift_fresh_copy.default, aten.t.default, aten.transpose.int, aten.permute.default,
-    aten.contiguous.default, aten.flatten.using_ints,
+    aten.contiguous.default, aten.flatten.using_ints, aten.as_strided.default, aten.unbind.int,
+    prims.convert_element_type.default,
 }
+_EITHER = {aten.logical_or.default, aten.bitwise_or.Tensor}
+_BOTH = {aten.logical_and.default, aten.bitwise_and.Tensor, aten.mul.Tensor}
 _NEGATE = {aten.logical_not.default, aten.bitwise_not.default}
 _NOT_FINITE = {aten.isnan.default, aten.isinf.default, aten.isposinf.default, aten.isneginf.default}
 _DYNAMIC = {aten.nonzero.default, aten.masked_select.default, aten._unique2.default, aten.unique_dim.default,
             aten.unique_consecutive.default, aten.argwhere.default}
 _HINT = "_autofit_hint"
+#: In-place ops after which a tensor still holds what it was built to: GradScaler's unscaling writes
+#: `found_inf` only where a gradient is not finite, which a fake step's never is.
+_KEEPS_VALUE = {aten._amp_foreach_non_finite_check_and_unscale_.default, aten.fill_.Scalar, aten.zero_.default}
 
 
 class ValueFreeFakeMode(FakeTensorMode):
@@ -120,6 +127,8 @@ def _hint_output(func, args, kwargs, out) -> None:
     """What the output of `func` is known to hold (see the module's docstring), as an attribute."""
     hint = None
     source = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    if source is not None and func._schema.is_mutable and func not in _KEEPS_VALUE and hasattr(source, _HINT):
+        delattr(source, _HINT)  # `acc += x`: what it was built to hold is gone
     if func in (aten.full.default, aten.full_like.default, aten.fill_.Scalar):
         hint = ("value", args[1])
     elif func in (aten.zeros.default, aten.zeros_like.default, aten.zero_.default):
@@ -130,6 +139,10 @@ def _hint_output(func, args, kwargs, out) -> None:
         hint = ("value", False)
     elif func is aten.isfinite.default:
         hint = ("value", True)
+    elif func is aten.eq.Tensor and len(args) > 1 and args[0] is args[1]:
+        hint = ("value", True)  # x == x: no NaN (isfinite's decomposition)
+    elif func in (aten.eq.Scalar, aten.ne.Scalar) and len(args) > 1 and args[1] in (math.inf, -math.inf):
+        hint = ("value", func is aten.ne.Scalar)  # abs(x) != inf: finite
     elif func is aten.topk.default:
         dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
         _set(out[1], ("uniform", source.shape[dim]))
@@ -145,17 +158,25 @@ def _hint_output(func, args, kwargs, out) -> None:
             hint = ("value", not value)
         elif func in _NEGATE and kind == "density":
             hint = ("density", 1 - value)
-        elif kind == "uniform" and func in (aten.eq.Scalar, aten.ne.Scalar):
+        elif kind == "uniform" and func in (aten.eq.Scalar, aten.ne.Scalar, aten.eq.Tensor, aten.ne.Tensor):
+            # chosen == e, or one_hot(chosen, n) (chosen == arange(n)): one of n values matches
             density = 1 / max(1, value)
-            hint = ("density", density if func is aten.eq.Scalar else 1 - density)
-        elif kind == "uniform" and func in _SAME_HINT:
-            hint = known
+            hint = ("density", density if func in (aten.eq.Scalar, aten.eq.Tensor) else 1 - density)
+        elif kind == "value" and not value and func in (aten.sum.default, aten.sum.dim_IntList):
+            hint = ("value", 0)  # torch.isnan(x).sum(): no NaN counted
+        elif kind == "value" and (func in _EITHER or func in _BOTH) and len(args) > 1:
+            other = getattr(args[1], _HINT, None)
+            if other is not None and other[0] == "value":
+                hint = ("value", (value or other[1]) if func in _EITHER else (value and other[1]))
     if hint is not None:
         _set(out, hint)
 
 
 def _set(out, hint: tuple) -> None:
-    if isinstance(out, torch.Tensor):
+    if isinstance(out, (tuple, list)):  # unbind: each piece holds what the whole did
+        for piece in out:
+            _set(piece, hint)
+    elif isinstance(out, torch.Tensor):
         try:
             setattr(out, _HINT, hint)
         except (AttributeError, TypeError):
