@@ -111,6 +111,20 @@ def _tracker():
                 self.reset_mod_stats()
                 super()._pre_fw_hook(module, inputs)
 
+        # A module whose forward ran before the last step's reset (a GAN's generator, stepped after
+        # the discriminator): its statistics are gone, the global peak this estimate reads is not.
+        def _post_fw_hook(self, module, inputs, outputs):
+            if module in self.memory_tracking:
+                super()._post_fw_hook(module, inputs, outputs)
+
+        def _pre_bw_hook(self, module, args):
+            if module in self.memory_tracking:
+                super()._pre_bw_hook(module, args)
+
+        def _post_bw_hook(self, module, args):
+            if module in self.memory_tracking:
+                super()._post_bw_hook(module, args)
+
     return StepTracker()
 
 
@@ -181,12 +195,15 @@ def _fake_deep_copies():
     Lightning's `self.log` makes): PyTorch's copies its storage, which a fake tensor has on the meta
     device only; a clone is the same copy without it."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
     original = torch.Tensor.__deepcopy__
 
     def deepcopy(tensor, memo):
-        if not isinstance(tensor, FakeTensor) or type(tensor) is torch.nn.Parameter:
+        if not isinstance(tensor, FakeTensor):  # a real one (a model built at import): copied for real
+            with unset_fake_temporarily():
+                return original(tensor, memo)
+        if type(tensor) is torch.nn.Parameter:
             return original(tensor, memo)
         if id(tensor) not in memo:
             with torch.no_grad():
@@ -263,8 +280,10 @@ def main(argv: list[str]) -> int:
     message = channel.receive()
     if message is None or message["op"] != "load":
         return 0
+    request = LoadRequest.from_wire(message["request"])
+    sys.argv = [request.script]  # a script that parses its command line sees its own, not this process's
     try:
-        loaded = bootstrap(LoadRequest.from_wire(message["request"]), cap_memory=False)
+        loaded = bootstrap(request, cap_memory=False)
     except ScriptError as exc:
         raise exc.__cause__ from None  # the process dies of the user's error: the supervisor reports how
     channel.send(ok_reply(**loaded.describe()))
