@@ -43,6 +43,15 @@ def test_a_reads_loss_value_loop_is_estimated():
     assert large.total_bytes > small.total_bytes
 
 
+def test_a_gan_built_at_import_with_argparse_an_ema_copy_and_two_optimizers_is_estimated():
+    small, large = _estimate("gan_ema_argparse.py", [Config(16), Config(256)])
+    generator = (64 * 512 + 512) + 2 * 512 + (512 * 1024 + 1024)
+    discriminator = (1024 * 512 + 512) + (512 + 1)
+    assert small.breakdown["parameters"] >= 4 * (generator + discriminator)  # (and the EMA copy's)
+    assert small.breakdown["optimizer"] >= 2 * 4 * (generator + discriminator)  # both Adams
+    assert large.total_bytes > small.total_bytes
+
+
 def test_moe_routing_sizes_follow_the_router_s_top_k_and_are_said_to_be_guessed():
     small, large = _estimate("moe_routing.py", [Config(16), Config(64)])
     assert large.breakdown["activations"] > 3 * small.breakdown["activations"] > 0
