@@ -8,8 +8,12 @@ sorts every tensor it sees into parameters, gradients, optimizer state, activati
 
 Two steps, because the optimizer's state appears in the first step and the peak of a steady step
 holds it. The data is read for real (outside the fake mode, through Run.data_context); the model,
-the step and the optimizer never allocate. A separate process, so that anything the estimator
-cannot handle (a crash in fake tensors, a function that reads a tensor's value) costs nothing.
+the step and the optimizer never allocate. The fake mode answers what a loop reads from its tensors
+(`loss.item()`, GradScaler's checks) and guesses data-dependent sizes (autofit.memory._fake_values);
+conversions and copies of fake parameters (tied weights, `.to()`, an EMA's deepcopy) are done without
+the storage swaps PyTorch would make. Where a step still cannot be followed, the estimate is partial:
+what the optimizers created hold. A separate process, so that anything the estimator cannot handle (a
+crash in fake tensors) costs nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ def estimate_one(fn: Any, config: Any, device: Any) -> dict:
     parameters, their gradients and the optimizer's state (`_known_parts`), with the rest missing."""
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
+
     from autofit.memory._fake_values import ValueFreeFakeMode
     from autofit.runtime import ProbeFinished, Run
 
