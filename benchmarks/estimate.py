@@ -24,7 +24,7 @@ import time
 
 from autofit.config import Config
 from autofit.memory import estimate_memory
-from autofit.probing import Worker
+from autofit.probing import Worker, WorkerStartError
 from autofit.units import parse_size
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,7 +88,11 @@ def main() -> None:
         cases = {study: (os.path.join(REPO, "studies", f"{study}.py"), configs) for study, configs in CASES.items()}
     for study, (script, configs) in cases.items():
         with Worker(script, device="cpu", memory_limit=limit) as worker:
-            info = worker.start()
+            try:
+                info = worker.start()
+            except WorkerStartError as exc:  # nothing to measure against: said, and the next script
+                print(f"  {study}: no probe ({exc})", flush=True)
+                continue
             configs = configs or _configs(info.options, [int(b) for b in args.batches.split(",")])
             estimates = estimate_memory(script, list(configs))
             for config in configs:
