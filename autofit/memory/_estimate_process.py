@@ -286,7 +286,7 @@ def main(argv: list[str]) -> int:
     if message is None or message["op"] != "load":
         return 0
     request = LoadRequest.from_wire(message["request"])
-    sys.argv = [request.script]  # a script that parses its command line sees its own, not this process's
+    del sys.argv[1:]  # a script that parses its command line finds no arguments, not this process's FD
     try:
         loaded = bootstrap(request, cap_memory=False)
     except ScriptError as exc:
