@@ -131,3 +131,18 @@ def test_framework_trainers_are_estimated(name, config):
     (estimate,) = _estimate(name, [config])
     assert estimate.breakdown["parameters"] > 0 and estimate.breakdown["optimizer"] > 0
     assert estimate.total_bytes > estimate.breakdown["parameters"] * 3
+
+
+def test_a_batch_the_data_cannot_feed_is_no_estimate_not_a_partial_one(tmp_path):
+    """The data's end is the config's limit, not the fake tensors': no estimate (the search and
+    `autofit estimate` read it as the data's ceiling), even though an optimizer exists by then."""
+    path = tmp_path / "small_data.py"
+    path.write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom autofit import autofit\n\n\n"
+        "@autofit\ndef train(run):\n    model = torch.nn.Linear(8, 8)\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    loader = DataLoader(TensorDataset(torch.randn(16, 8)), batch_size=run.batch_size, drop_last=True)\n"
+        "    while True:\n        for (x,) in run.batches(loader):\n            run.backward(model(x).sum(), opt)\n")
+    found = estimate_memory(str(path), [Config(8), Config(32)])
+    assert found.estimates[Config(8)].complete
+    assert Config(32) not in found.estimates and "DataTooSmall" in found.unavailable[Config(32)]

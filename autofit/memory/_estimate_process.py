@@ -37,7 +37,8 @@ def estimate_one(fn: Any, config: Any, device: Any) -> dict:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     from autofit.memory._fake_values import ValueFreeFakeMode
-    from autofit.runtime import ProbeFinished, Run
+    from autofit.errors import AutofitError
+    from autofit.runtime import DataTooSmall, ProbeFinished, Run
 
     run = Run(config, device, probing=True, warmup_steps=1, measured_steps=1, min_measure_s=0.0,
               max_measured_steps=1)
@@ -76,6 +77,8 @@ def estimate_one(fn: Any, config: Any, device: Any) -> dict:
                     fn(run)
             except ProbeFinished:
                 pass
+            except (DataTooSmall, AutofitError):
+                raise  # the config, not the fake tensors: no estimate of it at all
             except Exception as exc:  # noqa: BLE001 - what the optimizers hold is still known
                 failure = exc
                 known = _known_parts(optimizers)
