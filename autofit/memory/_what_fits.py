@@ -247,7 +247,7 @@ class WhatFits:
 
 def _as_estimated(config: Config) -> Config:
     """TF32 changes the matmul unit, not a tensor's bytes: estimated as fp32 (the CPU has none). fp16
-    holds the bytes bf16 does, and its loss scaler reads values that fake tensors do not have: as bf16."""
+    holds the bytes bf16 does (its loss scaler's few scalars aside): as bf16, one estimate for both."""
     same_bytes = {"tf32": "fp32", "fp16": "bf16"}.get(config.precision)
     if same_bytes is None:
         return config
