@@ -171,8 +171,7 @@ class CalibratedPrediction:
         """
         tensor = self.prediction.tensor_bytes(config)
         if tensor is None:
-            floor = self.prediction.floor_bytes
-            return PeakRange(self.prediction.device_bytes + floor, float("inf")) if floor else None
+            return None
         own = self.anchors.get(memory_key(config))
         if own:
             below = [a for a in own if a[0] <= config.batch_size]
@@ -202,6 +201,11 @@ class CalibratedPrediction:
         return found is not None and found.high <= usable
 
     def too_big(self, config: Config, usable: float) -> bool:
-        """Predicted not to fit even at the low end of its range."""
+        """Predicted not to fit even at the low end of its range; without a prediction, when the
+        tensors known to be held (a partial estimate's floor) alone do not fit. A floor makes no
+        config a gamble: the planner explores above it as it would without an estimate."""
         found = self.peak(config)
-        return found is not None and found.low > usable
+        if found is None:
+            floor = self.prediction.floor_bytes
+            return bool(floor) and self.prediction.device_bytes + floor > usable
+        return found.low > usable
