@@ -147,3 +147,21 @@ def test_a_batch_the_data_cannot_feed_is_no_estimate_not_a_partial_one(tmp_path)
     found = estimate_memory(str(path), [Config(8), Config(32)])
     assert found.estimates[Config(8)].complete
     assert Config(32) not in found.estimates and "DataTooSmall" in found.unavailable[Config(32)]
+
+
+@pytest.mark.slow
+def test_a_search_keeps_a_partial_estimate_s_known_parts_and_still_explores(tmp_path):
+    """The partial estimate is kept on the study with its line; its floor rules nothing out under a
+    roomy limit and makes no batch a gamble, so the search grows the batch past its pilot."""
+    import autofit
+    from autofit.search import SearchSettings, run_search
+
+    storage = f"sqlite:///{tmp_path}/s.db"
+    result = run_search(SearchSettings(script=script("class_balanced.py"), memory_limit=2**30, storage=storage,
+                                       study="partial", out=str(tmp_path / "best.json"), budget_s=300, trials=3))
+    stored = autofit.load_study("partial", storage)
+    assert stored.estimates is not None and not stored.estimates.breakdowns
+    assert stored.estimates.known_bytes > 80 * 2**20  # Adam's model: ~20 MiB of weights, x4
+    assert "activations not predicted (`bincount` has a data-dependent size)" in stored.estimates.summary()
+    probed = {t.user_attrs["probe"]["config"]["batch_size"] for t in stored.trials() if "probe" in t.user_attrs}
+    assert max(probed) > 32, (probed, result)
