@@ -53,7 +53,7 @@ _KEEPS_VALUE = {aten._amp_foreach_non_finite_check_and_unscale_.default, aten.fi
 
 class ValueFreeFakeMode(FakeTensorMode):
     """FakeTensorMode that reads values and data-dependent sizes as described in the module's docstring;
-    `notes` says which sizes it guessed (once per op)."""
+    `notes` says which sizes it guessed, once per op and way of guessing."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -107,7 +107,7 @@ class ValueFreeFakeMode(FakeTensorMode):
     def _note(self, name: str, mask: torch.Tensor, count: int) -> None:
         how = "from its mask's known density" if getattr(mask, _HINT, ("",))[0] == "density" else \
             "taken at its upper bound (every element)"
-        self.notes.setdefault(name, f"`{name}` has a data-dependent size: {how}")
+        self.notes.setdefault(f"{name} {how}", f"`{name}` has a data-dependent size: {how}")
 
     def _empty(self, shape: tuple, dtype: torch.dtype, device: torch.device, types) -> torch.Tensor:
         return super().__torch_dispatch__(aten.empty.memory_format, types, (list(shape),),
