@@ -55,7 +55,12 @@ class WhatFits:
         self.estimates: dict[Config, MemoryEstimate | None] = {}
         self.why_not: dict[Config, str] = {}
         self.estimator = Estimator(script, function)  # one process for every question: loaded once
-        pilot = self.estimator.estimate([Config(8)])
+        pilot = self.estimator.estimate([_pilot(global_batch)])
+        declared = (pilot.options or {}).get("global_batch")
+        if global_batch is None and declared:
+            # The function keeps a global batch (@autofit(global_batch=...)): a framework integration
+            # refuses a config that changes it, so the pilot must keep it too.
+            pilot = self.estimator.estimate([_pilot(declared)])
         self.baseline = CUDA_CONTEXT_BYTES if on_gpu else (baseline_bytes or pilot.baseline_bytes or 0)
         self.partial: MemoryEstimate | None = None
         """The pilot's estimate when the fake tensors could not follow a step: only its known parts."""
@@ -258,3 +263,12 @@ def _native_cpu_bf16() -> bool:
     from autofit.devices import cpu_has_native_bf16
 
     return cpu_has_native_bf16()
+
+
+def _pilot(global_batch: int | None) -> Config:
+    """The first config estimated: micro-batch 8, or the largest divisor of the global batch up to 8
+    with the accumulation that keeps it."""
+    if not global_batch:
+        return Config(8)
+    batch = max(d for d in range(1, min(8, global_batch) + 1) if global_batch % d == 0)
+    return Config(batch, accumulation_steps=global_batch // batch)
