@@ -7,6 +7,12 @@ would be hardware FLOPs, HFU, and would make checkpointing look like better util
 counter does not see that recompute (torch 2.13: the checkpoint's unpack hook runs it outside the
 mode), which tests/test_flops.py holds it to.
 
+The counting is PyTorch's: its per-op formulas (`torch.utils.flop_counter.flop_registry`, what
+FlopCounterMode sums), applied by a dispatch mode of our own. FlopCounterMode itself cannot be
+used in a probe: its module tracker's hooks keep a checkpointed block's recomputed activations alive
+in backward, and the counted step then set the probe's peak (a fully checkpointed studies/gpt.py
+probe: 1,217 MiB counted against 832 MiB not; benchmarks/checkpoint-policy.md).
+
 Not counted (None): compiled configs (the counter cannot see inside an inductor graph, and the
 model FLOPs are the eager ones anyway: a search takes them from an eager probe) and sharded
 (FSDP2) configs, whose DTensors would be counted at their global shapes.
@@ -15,6 +21,29 @@ model FLOPs are the eager ones anyway: a search takes them from an eager probe) 
 from __future__ import annotations
 
 from typing import Any
+
+import torch
+from torch.utils import flop_counter
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class FlopCount(TorchDispatchMode):
+    """Sums PyTorch's FLOP formulas over the ops that run under it; holds no tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        formula = flop_counter.flop_registry.get(func._overloadpacket)
+        if formula is not None:
+            try:
+                self.total += int(formula(*args, **kwargs, out_val=out))
+            except Exception:  # noqa: BLE001 - it runs inside the user's op: a formula that fails counts 0
+                pass
+        return out
 
 
 class StepFlops:
@@ -33,10 +62,8 @@ class StepFlops:
 
     def begin(self) -> None:
         try:
-            from torch.utils.flop_counter import FlopCounterMode
-
             _count_cpu_attention()
-            mode = FlopCounterMode(display=False)
+            mode = FlopCount()
             mode.__enter__()
         except Exception as error:  # noqa: BLE001 - counting is a nicety; the probe goes on
             self.failure = f"FLOPs not counted ({type(error).__name__}: {error})"
@@ -50,11 +77,10 @@ class StepFlops:
             return
         try:
             mode.__exit__(None, None, None)
-            total = int(mode.get_total_flops())
         except Exception as error:  # noqa: BLE001
             self.failure = f"FLOPs not counted ({type(error).__name__}: {error})"
             return
-        self.flops = total
+        self.flops = mode.total
         self.samples = samples
 
     def abandon(self) -> None:
@@ -78,7 +104,7 @@ _cpu_attention_counted = False
 
 
 def _count_cpu_attention() -> None:
-    """Give the CPU's fused attention kernels the formulas FlopCounterMode has for the CUDA ones.
+    """Give the CPU's fused attention kernels the formulas PyTorch has for the CUDA ones.
 
     PyTorch registers FLOP formulas for the flash, efficient and cuDNN attention kernels but not for
     `_scaled_dot_product_flash_attention_for_cpu` (torch 2.13), so on a CPU every
@@ -89,9 +115,6 @@ def _count_cpu_attention() -> None:
     if _cpu_attention_counted:
         return
     _cpu_attention_counted = True
-    import torch
-    from torch.utils import flop_counter
-
     aten = torch.ops.aten
     pairs = (("_scaled_dot_product_flash_attention_for_cpu", flop_counter.sdpa_flop),
              ("_scaled_dot_product_flash_attention_for_cpu_backward", flop_counter.sdpa_backward_flop))
@@ -99,16 +122,4 @@ def _count_cpu_attention() -> None:
         op = getattr(aten, name, None)
         if op is not None and op not in flop_counter.flop_registry:
             # get_raw: the public formulas are already wrapped to take shapes.
-            flop_counter.register_flop_formula(op, get_raw=True)(_never_raising(formula))
-
-
-def _never_raising(formula: Any) -> Any:
-    """A formula that counts 0 rather than fail: it runs inside the user's op call."""
-
-    def counted(*args: Any, **kwargs: Any) -> int:
-        try:
-            return int(formula(*args, **kwargs))
-        except Exception:  # noqa: BLE001
-            return 0
-
-    return counted
+            flop_counter.register_flop_formula(op, get_raw=True)(formula)
