@@ -19,6 +19,11 @@ PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
 #: the CPU between uses. One process ignores it.
 SHARDINGS: tuple[str, ...] = ("ddp", "fsdp", "fsdp-offload")
 
+#: What a checkpointed block (run.checkpoint) recomputes in backward, most memory saved first:
+#: "full" its whole forward; "selective" all but the outputs of matmuls, convolutions and attention,
+#: which it keeps (torchtitan's op-level selective checkpointing).
+CHECKPOINT_POLICIES: tuple[str, ...] = ("full", "selective")
+
 
 @dataclass(frozen=True)
 class Config:
@@ -36,10 +41,14 @@ class Config:
     """Distributed runs only: ddp, fsdp or fsdp-offload (see SHARDINGS)."""
     compile: bool = False
     """torch.compile the model the function offers through run.compile() (eager when False)."""
+    checkpoint_policy: str = "full"
+    """What the checkpointed blocks recompute (see CHECKPOINT_POLICIES): "selective" keeps the matmul,
+    convolution and attention outputs, so it saves less memory than "full" for little recompute."""
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
         check_sharding(self.sharding)
+        check_checkpoint_policy(self.checkpoint_policy)
         if self.batch_size < 1:
             raise UsageError(f"The batch size must be at least 1, but got {self.batch_size}.")
         if self.accumulation_steps < 1:
@@ -56,13 +65,16 @@ class Config:
         return self.batch_size * self.accumulation_steps
 
     def to_dict(self) -> dict:
-        """The fields; `sharding` and `compile` only when not the default, so that single-process,
-        eager configs (and every study recorded before they existed) keep their form."""
+        """The fields; `sharding`, `compile` and `checkpoint_policy` only when not the default, so that
+        single-process, eager, fully checkpointed configs (and every study recorded before those
+        existed) keep their form."""
         data = asdict(self)
         if self.sharding == "ddp":
             del data["sharding"]
         if not self.compile:
             del data["compile"]
+        if self.checkpoint_policy == "full":
+            del data["checkpoint_policy"]
         return data
 
     @classmethod
@@ -74,13 +86,16 @@ class Config:
             accumulation_steps=int(data.get("accumulation_steps", 1)),
             sharding=str(data.get("sharding", "ddp")),
             compile=bool(data.get("compile", False)),
+            checkpoint_policy=str(data.get("checkpoint_policy", "full")),
         )
 
     def label(self) -> str:
-        """Short human form: 'bf16 b=64 ckpt=2 acc=4'."""
+        """Short human form: 'bf16 b=64 ckpt=2 selective acc=4'."""
         parts = [self.precision, f"b={self.batch_size}"]
         if self.checkpoint_segments:
             parts.append(f"ckpt={self.checkpoint_segments}")
+            if self.checkpoint_policy != "full":
+                parts.append(self.checkpoint_policy)
         if self.accumulation_steps > 1:
             parts.append(f"acc={self.accumulation_steps}")
         if self.sharding != "ddp":
@@ -98,6 +113,12 @@ def device_shardings(device_type: str) -> tuple[str, ...]:
 def check_sharding(name: str) -> str:
     if name not in SHARDINGS:
         raise UsageError(f"The sharding must be one of {', '.join(SHARDINGS)}, but got {name!r}.")
+    return name
+
+
+def check_checkpoint_policy(name: str) -> str:
+    if name not in CHECKPOINT_POLICIES:
+        raise UsageError(f"The checkpoint policy must be one of {', '.join(CHECKPOINT_POLICIES)}, but got {name!r}.")
     return name
 
 

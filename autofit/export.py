@@ -41,7 +41,8 @@ def versions(torch_version: str | None = None, cuda_version: str | None = None) 
 
 def config_entry(config: Config, world_size: int = 1) -> dict[str, Any]:
     """A config as the best-config file holds it: `sharding` in the files of distributed searches,
-    `compile` only when true (a file without it, as every eager one, reads back eager)."""
+    `compile` only when true (a file without it, as every eager one, reads back eager),
+    `checkpoint_policy` only when not "full" (likewise)."""
     return {
         "batch_size": config.batch_size,
         "accumulation_steps": config.accumulation_steps,
@@ -50,6 +51,7 @@ def config_entry(config: Config, world_size: int = 1) -> dict[str, Any]:
         "checkpoint_segments": config.checkpoint_segments,
         **({"sharding": config.sharding} if world_size > 1 or config.sharding != "ddp" else {}),
         **({"compile": True} if config.compile else {}),
+        **({"checkpoint_policy": config.checkpoint_policy} if config.checkpoint_policy != "full" else {}),
     }
 
 

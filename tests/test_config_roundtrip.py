@@ -19,7 +19,7 @@ from autofit.study import config_params, distributions, trial_config
 
 #: A value other than the default for every field of Config.
 NON_DEFAULT = {"batch_size": 24, "precision": "bf16", "checkpoint_segments": 2, "accumulation_steps": 3,
-               "sharding": "fsdp", "compile": True}
+               "sharding": "fsdp", "compile": True, "checkpoint_policy": "selective"}
 
 
 def test_the_non_default_values_name_every_config_field():
@@ -52,7 +52,7 @@ def test_the_best_config_file(tmp_path, config):
 def test_an_optuna_trial(config):
     params = config_params(config)
     trial = optuna.trial.create_trial(params=params, value=1.0, distributions={
-        name: dist for name, dist in distributions((1, 64), 4, 8, sharded=True, compiled=True).items()})
+        name: dist for name, dist in distributions((1, 64), 4, 8, sharded=True, compiled=True, selective=True).items()})
     assert trial_config(trial) == config
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import math
 import os
@@ -17,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.checkpoint import checkpoint as _torch_checkpoint
 
 from autofit.config import Config
 from autofit.runtime._batch import count_samples, split_batch, to_device
+from autofit.runtime._checkpoint import apply_checkpoint
 from autofit.runtime._distributed import Ranks, agree_on_most
 from autofit.runtime._precision import make_grad_scaler, precision_context, precision_scope
 from autofit.runtime._redo import Lowering, StepRedo, drop_graph
@@ -468,14 +467,16 @@ class Run:
         return torch.compile(model, **kwargs)
 
     def checkpoint(self, blocks: Sequence[torch.nn.Module]) -> Sequence[torch.nn.Module]:
-        """Activation checkpointing on the first `checkpoint_segments` of `blocks`.
+        """Activation checkpointing on the first `checkpoint_segments` of `blocks`, under the config's
+        `checkpoint_policy`: "full" recomputes each block's forward in backward, "selective" all of it
+        but the matmul, convolution and attention outputs, which it keeps.
 
         Uses PyTorch's non-reentrant checkpoint; the modules keep their names and state-dict keys.
         """
         blocks = list(blocks) if not isinstance(blocks, torch.nn.ModuleList) else blocks
         self.knobs.checkpoint_blocks = len(blocks)
         for block in list(blocks)[: self.config.checkpoint_segments]:
-            apply_checkpoint(block)
+            apply_checkpoint(block, policy=self.config.checkpoint_policy)
         return blocks
 
     def batches(
@@ -615,21 +616,6 @@ class _OomGuard:
         if self._inner.__exit__(kind, exc, tb):
             return True
         return exc is not None and isinstance(exc, Exception) and self._run._caught(exc, self._where)
-
-
-def apply_checkpoint(block: torch.nn.Module) -> torch.nn.Module:
-    """Make `block` recompute its activations in backward, in place (idempotent)."""
-    if getattr(block, "_autofit_checkpointed", False):
-        return block
-    forward = block.forward
-
-    @functools.wraps(forward)
-    def checkpointed_forward(*args: Any, **kwargs: Any) -> Any:
-        return _torch_checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-    block.forward = checkpointed_forward
-    block._autofit_checkpointed = True
-    return block
 
 
 def _count_tokens(batch: Any, tokens: int | Callable[[Any], int] | None) -> int:

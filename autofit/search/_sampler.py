@@ -114,4 +114,5 @@ def space_distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
         max(space.global_batch or 1, max(space.accumulations)),
         sharded=space.shardings != ("ddp",),
         compiled=True in space.compiles,
+        selective="selective" in space.checkpoint_policies,
     )

@@ -4,7 +4,7 @@ knobs; its first probe reports them, and the space narrows to what the function 
 
 from __future__ import annotations
 
-from autofit.config import SHARDINGS, device_shardings
+from autofit.config import CHECKPOINT_POLICIES, SHARDINGS, device_shardings
 from autofit.errors import UsageError
 from autofit.options import SearchOptions
 from autofit.planner import SearchSpace
@@ -18,7 +18,8 @@ def search_options(info: WorkerInfo, settings: SearchSettings) -> SearchOptions:
         if info.options else SearchOptions()
     return options.merged(global_batch=settings.global_batch, batch_size=settings.batch_size,
                           precision=settings.precision, accumulation=settings.accumulation,
-                          sharding=settings.sharding, compile=settings.compile)
+                          sharding=settings.sharding, compile=settings.compile,
+                          checkpoint_policy=settings.checkpoint_policy)
 
 
 def build_space(settings: SearchSettings, options: SearchOptions, info: WorkerInfo, knobs: dict | None) -> SearchSpace:
@@ -49,4 +50,4 @@ def build_space(settings: SearchSettings, options: SearchOptions, info: WorkerIn
     return SearchSpace.build(batch_range=options.batch_size, precisions=tuple(wanted),
                              checkpoint_blocks=blocks, use_checkpoint=options.checkpoint,
                              global_batch=global_batch, accumulations=accumulations, shardings=shardings,
-                             compiles=compiles)
+                             compiles=compiles, checkpoint_policies=options.checkpoint_policy or CHECKPOINT_POLICIES)

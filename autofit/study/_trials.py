@@ -10,7 +10,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autofit.config import PRECISIONS, SHARDINGS, Config
+from autofit.config import CHECKPOINT_POLICIES, PRECISIONS, SHARDINGS, Config
 from autofit.planner import Observation
 from autofit.probing import ProbeResult
 
@@ -21,9 +21,11 @@ _COMPLETE_STATUSES = ("ok", "oom")
 
 
 def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumulation: int,
-                  sharded: bool = False, compiled: bool = False) -> dict[str, BaseDistribution]:
+                  sharded: bool = False, compiled: bool = False,
+                  selective: bool = False) -> dict[str, BaseDistribution]:
     """The trial parameters. Integer ranges, so a study may widen them later (Optuna allows that).
-    `sharding` and `compile` only where the search considers them: other studies keep their form."""
+    `sharding`, `compile` and `checkpoint_policy` only where the search considers them: other studies
+    keep their form."""
     return {
         "batch_size": IntDistribution(batch_range[0], max(batch_range[0], batch_range[1])),
         "precision": CategoricalDistribution(PRECISIONS),
@@ -31,12 +33,14 @@ def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumul
         "accumulation_steps": IntDistribution(1, max(1, max_accumulation)),
         **({"sharding": CategoricalDistribution(SHARDINGS)} if sharded else {}),
         **({"compile": CategoricalDistribution((False, True))} if compiled else {}),
+        **({"checkpoint_policy": CategoricalDistribution(CHECKPOINT_POLICIES)} if selective else {}),
     }
 
 
 def config_params(config: Config) -> dict[str, Any]:
     """The trial parameters of a config: the config's own fields (Optuna takes those it asks for)."""
-    return {**config.to_dict(), "sharding": config.sharding, "compile": config.compile}
+    return {**config.to_dict(), "sharding": config.sharding, "compile": config.compile,
+            "checkpoint_policy": config.checkpoint_policy}
 
 
 def trial_config(trial: FrozenTrial) -> Config | None:
