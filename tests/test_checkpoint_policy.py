@@ -174,3 +174,41 @@ def test_a_space_without_blocks_or_selective_is_the_space_it_was():
     labels = [s.label() for s in Planner(both, 1e9)._order(Planner(both, 1e9)._state([]))]
     assert labels == ["fp32", "fp32 ckpt=1 selective", "fp32 ckpt=1", "fp32 ckpt=2 selective", "fp32 ckpt=2",
                       "fp32 ckpt=4 selective", "fp32 ckpt=4"]
+
+
+@pytest.mark.parametrize("winner", ["selective", "full"])
+def test_the_planner_finds_the_policy_that_wins_and_implies_only_along_the_order(winner: str):
+    """Selective checkpointing of every block fits twice none's batch, full four times it. Where the
+    pace saturates early, selective (99% of none's pace) wins; where it saturates late, full (98%)
+    does, at a batch selective cannot reach: an OOM of selective there must not stop full. The
+    planner must reach the winner, and never probe a config an earlier probe implies too big under
+    the order of rule 1."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from benchmarks.landscape import synthetic
+
+    space = SearchSpace.build(batch_range=(8, 1024), precisions=("fp32",), checkpoint_blocks=4,
+                              checkpoint_policies=("full", "selective"))
+    saturation = 24 if winner == "selective" else 4000
+
+    def peak(c: Config) -> float:
+        kept = 0.1 if c.checkpoint_policy == "selective" else 0.2
+        return (300 + 6.0 * (1 - kept * c.checkpoint_segments) * c.batch_size) * MiB
+
+    def rate(c: Config) -> float:
+        slowdown = 0.0025 if c.checkpoint_policy == "selective" else (0.1 if winner == "selective" else 0.005)
+        return 100.0 / (1 + slowdown * c.checkpoint_segments) * c.batch_size / (c.batch_size + saturation)
+
+    land = synthetic("policies", space, 1536 * MiB, 0.1, peak, rate, baseline_bytes=250 * MiB)
+    planner = Planner(space, land.usable_bytes)
+    observations: list[Observation] = []
+    while (config := planner.next(observations)) is not None:
+        assert len(observations) < len(land.configs()) / 2, "the planner did not finish"
+        assert not any(o.too_big(land.usable_bytes) and needs_no_more_memory(o.config, config)
+                       and config.batch_size >= o.config.batch_size for o in observations), config.label()
+        observations.append(land.probe(config))
+    best = planner.best(observations)
+    assert best.checkpoint_policy == winner and best.checkpoint_segments == 4, best.label()
+    assert land.true_throughput(best) >= 0.97 * land.best_throughput()
