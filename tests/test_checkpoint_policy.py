@@ -212,3 +212,81 @@ def test_the_planner_finds_the_policy_that_wins_and_implies_only_along_the_order
     best = planner.best(observations)
     assert best.checkpoint_policy == winner and best.checkpoint_segments == 4, best.label()
     assert land.true_throughput(best) >= 0.97 * land.best_throughput()
+
+
+@pytest.mark.parametrize("declared,flag,expected", [
+    (None, None, ("full", "selective")),  # a function that offers run.checkpoint(): both by default
+    (("full",), None, ("full",)),  # @autofit(checkpoint_policy="full")
+    (None, ("selective",), ("selective",)),  # --checkpoint-policy selective
+    (("full",), ("full", "selective"), ("full", "selective")),  # the command line wins
+])
+def test_the_policies_a_search_considers(declared, flag, expected):
+    from autofit.options import SearchOptions
+    from autofit.probing import WorkerInfo
+    from autofit.search._settings import SearchSettings
+    from autofit.search._space import build_space, search_options
+
+    info = WorkerInfo(function="train", options=SearchOptions(checkpoint_policy=declared).__dict__,
+                      device={"type": "cpu"}, precisions=["fp32"], default_precisions=["fp32"], baseline_bytes=0,
+                      limit_bytes=None, versions={}, load_s=0.0, pid=0)
+    settings = SearchSettings(script="train.py", checkpoint_policy=flag)
+    options = search_options(info, settings)
+    space = build_space(settings, options, info, {"checkpoint_blocks": 4, "autocast": True, "backward": True})
+    assert space.checkpoint_policies == expected
+    assert {c.checkpoint_policy for c in space.configs() if c.checkpoint_segments} == set(expected)
+    unoffered = build_space(settings, options, info, {"checkpoint_blocks": None, "autocast": True})
+    assert unoffered.checkpoint_policies == ("full",) and {c.checkpoint_policy for c in unoffered.configs()} == {"full"}
+
+
+def test_a_bad_policy_on_the_command_line_is_one_line_and_exit_2(tmp_path):
+    from click.testing import CliRunner
+
+    from autofit.cli import cli
+
+    for command, value in (("search", "full,some"), ("probe", "some")):
+        args = ["--batch-size", "4"] if command == "probe" else ["--out", str(tmp_path / "b.json")]
+        result = CliRunner().invoke(cli, [command, script("fits_small.py"), "--checkpoint-policy", value, *args])
+        assert result.exit_code == 2 and "some" in result.output and "Traceback" not in result.output, result.output
+    with pytest.raises(UsageError, match="The checkpoint policy must be one of full, selective, but got 'some'."):
+        from autofit import autofit
+
+        autofit(checkpoint_policy="some")
+
+
+def test_a_probe_from_the_command_line_runs_under_the_policy_it_names(tmp_path):
+    import json
+
+    from conftest import autofit_cli
+
+    done = autofit_cli("probe", script("fits_small.py"), "--device", "cpu", "--memory-limit", "768MiB",
+                       "--batch-size", "4", "--checkpoint", "2", "--checkpoint-policy", "selective", "--steps", "1",
+                       "--warmup", "1", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)["result"]
+    assert result["status"] == "ok" and result["config"]["checkpoint_policy"] == "selective"
+    assert Config.from_dict(result["config"]).label() == "fp32 b=4 ckpt=2 selective"
+
+
+@pytest.mark.slow
+def test_a_search_probes_selective_checkpointing_and_exports_what_wins(tmp_path):
+    """A real search of the eight blocks under a cap none fits only at small batches: selective
+    strategies are probed (an Optuna param of this study) and the exported file reads back as ranked."""
+    import optuna
+    from conftest import autofit_cli
+
+    import autofit
+    from autofit.export import read_best
+    from autofit.study._trials import trial_result
+
+    storage = f"sqlite:///{tmp_path}/s.db"
+    done = autofit_cli("search", script("transformer_blocks.py"), "--device", "cpu", "--memory-limit", "700MiB",
+                       "--precision", "fp32", "--batch-size", "64:1024", "--budget", "5m", "--trials", "12",
+                       "--storage", storage, "--study", "s", "--out", str(tmp_path / "best.json"), cwd=tmp_path,
+                       timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = optuna.load_study(study_name="s", storage=storage).trials
+    results = [r for t in trials if (r := trial_result(t))]
+    assert any(r.config.checkpoint_policy == "selective" and r.config.checkpoint_segments for r in results), \
+        [r.config.label() for r in results]
+    assert all("checkpoint_policy" in t.params for t in trials if t.params)
+    assert read_best(str(tmp_path / "best.json")).config == autofit.load_study("s", storage).best()
