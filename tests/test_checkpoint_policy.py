@@ -288,5 +288,5 @@ def test_a_search_probes_selective_checkpointing_and_exports_what_wins(tmp_path)
     results = [r for t in trials if (r := trial_result(t))]
     assert any(r.config.checkpoint_policy == "selective" and r.config.checkpoint_segments for r in results), \
         [r.config.label() for r in results]
-    assert all("checkpoint_policy" in t.params for t in trials if t.params)
+    assert any(t.params.get("checkpoint_policy") == "selective" for t in trials)  # a param once knobs are known
     assert read_best(str(tmp_path / "best.json")).config == autofit.load_study("s", storage).best()
