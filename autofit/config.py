@@ -41,6 +41,15 @@ class Config:
     """Distributed runs only: ddp, fsdp or fsdp-offload (see SHARDINGS)."""
     compile: bool = False
     """torch.compile the model the function offers through run.compile() (eager when False)."""
+    # The input pipeline (run.loader); None: as the script declares it (else DataLoader's default).
+    loader_workers: int | None = None
+    """DataLoader worker processes: batches load in parallel with the step, for CPU cores and memory
+    (each worker holds a copy of the dataset object); 0 loads in the training process itself."""
+    pin_memory: bool | None = None
+    """Page-locked host batches: faster, asynchronous copies to a GPU, for host memory that cannot be
+    swapped out (no gain on the CPU)."""
+    prefetch_factor: int | None = None
+    """Batches each worker loads ahead (workers > 0 only): absorbs uneven loading times, for host memory."""
     checkpoint_policy: str = "full"
     """What the checkpointed blocks recompute (see CHECKPOINT_POLICIES): "selective" keeps the matmul,
     convolution and attention outputs, so it saves less memory than "full" for little recompute."""
@@ -59,20 +68,24 @@ class Config:
             raise UsageError(
                 f"The checkpoint segments must be 0 or more, but got {self.checkpoint_segments}."
             )
+        check_loader(self.loader_workers, self.prefetch_factor)
 
     @property
     def global_batch(self) -> int:
         return self.batch_size * self.accumulation_steps
 
     def to_dict(self) -> dict:
-        """The fields; `sharding`, `compile` and `checkpoint_policy` only when not the default, so that
-        single-process, eager, fully checkpointed configs (and every study recorded before those
-        existed) keep their form."""
+        """The fields; `sharding`, `compile` and `checkpoint_policy` only when not the default, the
+        loader's only when set, so that single-process, eager, fully checkpointed configs (and every
+        study recorded before those existed) keep their form."""
         data = asdict(self)
         if self.sharding == "ddp":
             del data["sharding"]
         if not self.compile:
             del data["compile"]
+        for name in LOADER_FIELDS:
+            if data[name] is None:
+                del data[name]
         if self.checkpoint_policy == "full":
             del data["checkpoint_policy"]
         return data
@@ -86,8 +99,16 @@ class Config:
             accumulation_steps=int(data.get("accumulation_steps", 1)),
             sharding=str(data.get("sharding", "ddp")),
             compile=bool(data.get("compile", False)),
+            loader_workers=_optional(data.get("loader_workers"), int),
+            pin_memory=_optional(data.get("pin_memory"), bool),
+            prefetch_factor=_optional(data.get("prefetch_factor"), int),
             checkpoint_policy=str(data.get("checkpoint_policy", "full")),
         )
+
+    @property
+    def loader(self) -> dict:
+        """The loader fields this config sets (empty: the loader as the script declares it)."""
+        return {name: getattr(self, name) for name in LOADER_FIELDS if getattr(self, name) is not None}
 
     def label(self) -> str:
         """Short human form: 'bf16 b=64 ckpt=2 selective acc=4'."""
@@ -102,7 +123,31 @@ class Config:
             parts.append(self.sharding)
         if self.compile:
             parts.append("compiled")
+        if self.loader_workers is not None:
+            parts.append(f"workers={self.loader_workers}")
+        if self.pin_memory is not None:
+            parts.append("pinned" if self.pin_memory else "unpinned")
+        if self.prefetch_factor is not None:
+            parts.append(f"prefetch={self.prefetch_factor}")
         return " ".join(parts)
+
+
+#: The Config fields of the input pipeline (run.loader), None unless a config sets them.
+LOADER_FIELDS: tuple[str, ...] = ("loader_workers", "pin_memory", "prefetch_factor")
+
+
+def _optional(value, kind):
+    return None if value is None else kind(value)
+
+
+def check_loader(workers: int | None, prefetch: int | None) -> None:
+    if workers is not None and workers < 0:
+        raise UsageError(f"The loader workers must be 0 or more, but got {workers}.")
+    if prefetch is not None and prefetch < 1:
+        raise UsageError(f"The prefetch factor must be at least 1, but got {prefetch}.")
+    if prefetch is not None and workers == 0:
+        raise UsageError("The prefetch factor needs loader workers (batches load ahead in workers), "
+                         "but got 0 workers.")
 
 
 def device_shardings(device_type: str) -> tuple[str, ...]:

@@ -40,19 +40,22 @@ def versions(torch_version: str | None = None, cuda_version: str | None = None) 
 
 
 def config_entry(config: Config, world_size: int = 1) -> dict[str, Any]:
-    """A config as the best-config file holds it: `sharding` in the files of distributed searches,
-    `compile` only when true (a file without it, as every eager one, reads back eager),
-    `checkpoint_policy` only when not "full" (likewise)."""
-    return {
-        "batch_size": config.batch_size,
-        "accumulation_steps": config.accumulation_steps,
-        "global_batch": config.global_batch,
-        "precision": config.precision,
-        "checkpoint_segments": config.checkpoint_segments,
-        **({"sharding": config.sharding} if world_size > 1 or config.sharding != "ddp" else {}),
-        **({"compile": True} if config.compile else {}),
-        **({"checkpoint_policy": config.checkpoint_policy} if config.checkpoint_policy != "full" else {}),
+    """A config as the best-config file holds it: every field `Config.to_dict()` writes (so a field
+    added to Config cannot be dropped on its way to the file), and the global batch that all ranks
+    train together. In a distributed search's file `batch_size` is each rank's micro-batch: `ranks`
+    says how many, and `sharding` is always written."""
+    fields = config.to_dict()
+    entry: dict[str, Any] = {
+        "batch_size": fields.pop("batch_size"),
+        "accumulation_steps": fields.pop("accumulation_steps"),
+        **({"ranks": world_size} if world_size > 1 else {}),
+        "global_batch": config.global_batch * world_size,
+        "precision": fields.pop("precision"),
+        "checkpoint_segments": fields.pop("checkpoint_segments"),
     }
+    if world_size > 1:
+        entry["sharding"] = config.sharding
+    return {**entry, **fields}
 
 
 def write_best(path: str, document: dict[str, Any]) -> str:

@@ -66,3 +66,13 @@ def format_duration(seconds: float) -> str:
     if seconds >= 60:
         return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
     return f"{seconds:.1f}s"
+
+
+def format_flops(flops_per_s: float | None) -> str:
+    """'312.4 TFLOP/s', '1.2 GFLOP/s': rates of model FLOPs."""
+    if flops_per_s is None:
+        return "-"
+    for unit, scale in (("PFLOP/s", 1e15), ("TFLOP/s", 1e12), ("GFLOP/s", 1e9), ("MFLOP/s", 1e6)):
+        if flops_per_s >= scale:
+            return f"{flops_per_s / scale:.1f} {unit}"
+    return f"{flops_per_s:.0f} FLOP/s"

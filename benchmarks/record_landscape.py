@@ -87,6 +87,8 @@ def record(
     name: str | None = None,
     function: str | None = None,
     headroom: float = 0.1,
+    device: str = "cpu",
+    compile: bool = False,
     checkpoint: bool = True,
     accumulations: tuple[int, ...] | None = None,
     warmup: int = 2,
@@ -112,7 +114,7 @@ def record(
             os.environ[var] = str(threads)
     started = time.perf_counter()
     entries: dict[Config, Entry] = {}
-    with Worker(study, function, device="cpu", memory_limit=memory_limit) as worker:
+    with Worker(study, function, device=device, memory_limit=memory_limit) as worker:
         info = worker.start()
         usable_precisions = tuple(p for p in precisions if p in info.precisions)
         dropped = sorted(set(precisions) - set(usable_precisions))
@@ -125,7 +127,8 @@ def record(
         blocks = pilot.knobs.get("checkpoint_blocks")
         space = SearchSpace.build(batch_range=batch_range, precisions=usable_precisions,
                                   checkpoint_blocks=blocks, use_checkpoint=checkpoint,
-                                  accumulations=accumulations)
+                                  accumulations=accumulations,
+                                  compiles=(False, True) if compile and pilot.knobs.get("compile") else (False,))
         configs = space.configs()
         log(f"{name}: {len(configs)} configs ({len(space.batch_sizes)} batches x "
             f"{len(space.strategies())} strategies), limit {format_size(memory_limit)}, "
@@ -199,6 +202,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--headroom", type=float, default=0.1,
                         help="fraction of the limit kept free: feasible = peak <= limit*(1-headroom)")
     parser.add_argument("--no-checkpoint", action="store_true", help="leave activation checkpointing out")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--compile", action="store_true",
+                        help="every config compiled too, where the function offers run.compile()")
     parser.add_argument("--accumulation", default=None, help="comma-separated accumulation steps (default 1)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
@@ -218,7 +224,8 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"unknown precision {p!r}")
     accumulations = tuple(int(a) for a in args.accumulation.split(",")) if args.accumulation else None
     record(study, memory_limit=args.memory_limit, batch_range=args.batch, precisions=precisions,
-           name=args.name, function=function or None, headroom=args.headroom,
+           name=args.name, function=function or None, headroom=args.headroom, device=args.device,
+           compile=args.compile,
            checkpoint=not args.no_checkpoint, accumulations=accumulations, warmup=args.warmup,
            steps=args.steps, timeout=args.timeout, threads=args.threads, repeats=args.repeats,
            out=args.out)

@@ -23,6 +23,13 @@ def test_probe_json_reports_an_ok_probe():
     assert data["result"]["peak_bytes"] < 2**30 == data["result"]["limit_bytes"]
 
 
+def test_a_script_that_parses_its_arguments_at_import_gets_its_defaults_in_a_probe():
+    # pytorch/examples call argparse's parse_args() at import: the worker's own argv must not reach it
+    result = invoke("probe", script("parses_args.py"), "--batch-size", "4", "--memory-limit", "1GiB", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["result"]["status"] == "ok"
+
+
 def test_probe_text_reports_oom_with_exit_1():
     result = invoke("probe", script("fits_small.py") + ":train", "--batch-size", "2000", "--memory-limit", "768MiB")
     assert result.exit_code == 1

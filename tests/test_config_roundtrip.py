@@ -19,7 +19,8 @@ from autofit.study import config_params, distributions, trial_config
 
 #: A value other than the default for every field of Config.
 NON_DEFAULT = {"batch_size": 24, "precision": "bf16", "checkpoint_segments": 2, "accumulation_steps": 3,
-               "sharding": "fsdp", "compile": True, "checkpoint_policy": "selective"}
+               "sharding": "fsdp", "compile": True, "loader_workers": 4, "pin_memory": True, "prefetch_factor": 4,
+               "checkpoint_policy": "selective"}
 
 
 def test_the_non_default_values_name_every_config_field():
@@ -49,10 +50,21 @@ def test_the_best_config_file(tmp_path, config):
     assert read_best(_write(tmp_path, config)).config == config
 
 
+def test_a_distributed_file_states_the_true_global_batch_and_the_per_rank_micro_batch(tmp_path):
+    config = Config(batch_size=16, accumulation_steps=2)
+    best = read_best(_write(tmp_path, config, world_size=4))
+    entry = best.document["config"]
+    assert entry["global_batch"] == 16 * 2 * 4 and entry["ranks"] == 4 and entry["batch_size"] == 16
+    assert entry["sharding"] == "ddp" and best.config == config  # the micro-batch read back is each rank's
+    one = read_best(_write(tmp_path, config)).document["config"]
+    assert one["global_batch"] == 32 and "ranks" not in one and "sharding" not in one
+
+
 def test_an_optuna_trial(config):
     params = config_params(config)
     trial = optuna.trial.create_trial(params=params, value=1.0, distributions={
-        name: dist for name, dist in distributions((1, 64), 4, 8, sharded=True, compiled=True, selective=True).items()})
+        name: dist for name, dist in distributions((1, 64), 4, 8, sharded=True, compiled=True, loader=True,
+                                                   selective=True).items()})
     assert trial_config(trial) == config
 
 

@@ -467,3 +467,13 @@ def test_the_cuda_backend_on_a_real_gpu():
                              capture_output=True, text=True, timeout=900)
     assert checked.returncode == 0, checked.stdout[-4000:] + checked.stderr[-3000:]
     assert "All checks passed." in checked.stdout
+
+
+def test_the_backend_reads_the_dense_peak_and_the_energy_counter_from_nvml(nvml, fake_cuda):
+    backend = CudaBackend(1)  # the fake's second GPU: an H100 SXM
+    assert backend.peak_flops_per_s("bf16") == pytest.approx(989.4e12)
+    assert backend.peak_flops_per_s("fp32") == pytest.approx(67e12)
+    assert backend.energy_joules() is None  # a GPU whose NVML has no energy counter
+    nvml.nvmlDeviceGetTotalEnergyConsumption = lambda handle: 1_234_500 if handle == 1 else 0  # millijoules
+    assert backend.energy_joules() == pytest.approx(1234.5)
+    assert CudaBackend(0).peak_flops_per_s("bf16") == pytest.approx(312e12)  # the A100

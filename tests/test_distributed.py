@@ -137,6 +137,7 @@ def test_a_search_on_two_ranks_exports_a_config_a_torchrun_run_picks_up(tmp_path
     document = json.loads((tmp_path / "d.best.json").read_text())
     config = Config.from_dict(document["config"])
     assert document["world_size"] == 2 and config.global_batch * 2 == 32  # @autofit(global_batch=32), all ranks
+    assert document["config"]["global_batch"] == 32 and document["config"]["ranks"] == 2  # the file says so too
     ran = _run(tmp_path, "picked", 2, AUTOFIT_CONFIG=str(tmp_path / "d.best.json"))
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert (f"ddp_train: world 2 micro {config.batch_size} accumulation {config.accumulation_steps} global 32"

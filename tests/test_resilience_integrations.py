@@ -45,3 +45,29 @@ def test_a_framework_run_whose_memory_grows_lowers_its_micro_batch_and_trains_th
         assert a["step_losses"][step] == pytest.approx(loss, rel=1e-5)
     for key in a["weights"]:
         torch.testing.assert_close(a["weights"][key], b["weights"][key], rtol=1e-4, atol=1e-4)
+
+
+def test_an_accelerate_loop_whose_memory_grows_lowers_its_micro_batch_and_trains_the_same(tmp_path):
+    """The script's own loop (AutofitAccelerator): its loss.item() logs a piece's share after a lowering,
+    so the training is compared by its weights, which every step's gradient reaches."""
+    pytest.importorskip("accelerate")
+    pytest.importorskip("transformers")
+    config = Config(16)
+    # Measured on this machine: at 850 MiB step 7 runs out in its forward at b=16, then at b=8.
+    grown = _run(tmp_path, "grown", config, "850MiB", script_name="accelerate_longer_later.py")
+    assert grown.returncode == 0, grown.stderr[-3000:]
+    assert "global batch 16 unchanged" in grown.stderr
+    record = json.loads((tmp_path / "grown.lowered.json").read_text())
+    ended = Config.from_dict(record["ended_with"])
+    assert ended.batch_size < 16 and ended.global_batch == 16
+    assert record["lowerings"][0]["step"] == 7  # the first step of long sequences
+    assert {item["where"] for item in record["lowerings"]} <= {"forward", "backward"}
+    assert json.loads((tmp_path / "grown.run.json").read_text())["optimizer_steps"] == 12
+    assert "micro-batch 16 accumulation 1 steps 12" in grown.stdout  # the loader kept its batches
+
+    lower = _run(tmp_path, "lower", ended, script_name="accelerate_longer_later.py")
+    assert lower.returncode == 0, lower.stderr[-3000:]
+    a, b = torch.load(tmp_path / "grown.pt"), torch.load(tmp_path / "lower.pt")
+    assert sorted(a["step_losses"]) == sorted(b["step_losses"]) == list(range(12))
+    for key in a["weights"]:
+        torch.testing.assert_close(a["weights"][key], b["weights"][key], rtol=1e-4, atol=1e-4)

@@ -366,3 +366,13 @@ def test_contenders_are_remeasured_as_ranked_before_and_the_first_is_confirmed_o
     assert first == planner.best(seen)
     seen.append(probe(first.batch_size, 97.0, "confirm"))
     assert planner.to_confirm(seen) is None
+
+
+def test_the_best_config_carries_model_flops_and_a_null_mfu_on_cpu(searched):
+    result, study, _, _ = searched
+    measured = read_best(result.json_path).document["measured"]
+    counted = [t.user_attrs["probe"]["flops_per_sample"] for t in study.trials if t.user_attrs.get("status") == "ok"]
+    assert counted and all(c and c == counted[0] for c in counted)  # the model's, whatever the config
+    assert measured["flops_per_sample"] == counted[0]
+    assert measured["flops_per_s"] == pytest.approx(measured["samples_per_s"] * counted[0])
+    assert measured["mfu"] is None and measured["joules_per_sample"] is None  # no dense peak, no NVML on a CPU

@@ -103,6 +103,12 @@ def cli(ctx: click.Context) -> None:
               help="torch.compile the model the function offers to run.compile().")
 @click.option("--sharding", type=click.Choice(SHARDINGS), default="ddp", show_default=True,
               help="With --nproc-per-node: how run.distribute(model, blocks=...) holds the model.")
+@click.option("--loader-workers", type=click.IntRange(min=0), default=None,
+              help="DataLoader workers of run.loader() (default: as the script declares).")
+@click.option("--pin-memory/--no-pin-memory", default=None,
+              help="Pinned host batches in run.loader() (default: as the script declares).")
+@click.option("--prefetch-factor", type=click.IntRange(min=1), default=None,
+              help="Batches each run.loader() worker loads ahead (default: as the script declares).")
 @_device_options
 @_nproc_option
 @_nodes_options
@@ -113,7 +119,9 @@ def cli(ctx: click.Context) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
 def probe(ctx: click.Context, target: str, batch_size: int, precision: str, checkpoint: int,
-          checkpoint_policy: str, accumulation: int, compile_: bool, sharding: str, memory_limit: int | None, nproc_per_node: int, nnodes: int, node_rank: int,
+          checkpoint_policy: str, accumulation: int, compile_: bool, sharding: str, loader_workers: int | None,
+          pin_memory: bool | None, prefetch_factor: int | None, memory_limit: int | None, nproc_per_node: int,
+          nnodes: int, node_rank: int,
           rdzv_endpoint: str | None, steps: int, warmup: int, timeout: float, as_json: bool) -> None:
     """Run one probe: a few real training steps of TARGET under one config.
 
@@ -130,6 +138,7 @@ def probe(ctx: click.Context, target: str, batch_size: int, precision: str, chec
     info = state.device_info()
     config = Config(batch_size=batch_size, precision=precision, checkpoint_segments=checkpoint,
                     accumulation_steps=accumulation, sharding=sharding, compile=compile_,
+                    loader_workers=loader_workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
                     checkpoint_policy=checkpoint_policy)
     settings = ProbeSettings(script=script, function=function, config=config, device=state.device,
                              index=state.index, memory_limit=memory_limit, nproc_per_node=nproc_per_node,

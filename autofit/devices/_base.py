@@ -84,3 +84,12 @@ class DeviceBackend(ABC):
     def allocator_stats(self) -> dict:
         """Extra allocator counters worth keeping with a probe (e.g. CUDA alloc retries)."""
         return {}
+
+    def energy_joules(self) -> float | None:
+        """The device's cumulative energy counter in joules, or None where it has none (a CPU):
+        probes read it where measuring starts and ends for joules per sample."""
+        return None
+
+    def peak_flops_per_s(self, precision: str) -> float | None:
+        """The device's dense peak FLOP/s at `precision` (MFU's denominator), None where unknown."""
+        return None

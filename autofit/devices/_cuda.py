@@ -42,6 +42,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from autofit.devices._base import DeviceBackend, DeviceInfo
+from autofit.devices._peaks import peak_flops_per_s
 from autofit.errors import UsageError
 from autofit.units import format_size
 
@@ -198,6 +199,7 @@ class CudaBackend(DeviceBackend):
         self.overhead_source: str | None = None
         #: What the caching allocator is capped at: the usable memory (see the module docstring).
         self.allocator_cap: int | None = None
+        self._device_name: str | None = None  # NVML's name, read once for the peak FLOP/s
 
     # -- torch and NVML, both lazily -------------------------------------------------------------
 
@@ -355,6 +357,23 @@ class CudaBackend(DeviceBackend):
     def release(self) -> None:
         gc.collect()  # drop tensors held only by reference cycles before emptying the cache
         self._cuda().empty_cache()
+
+    def energy_joules(self) -> float | None:
+        """NVML's total energy since the driver loaded (millijoules, Volta and later); None where the
+        GPU or a MIG slice does not report it."""
+        try:
+            nvml, handle = self._nvml_device()
+        except UsageError:
+            return None
+        try:
+            return int(nvml.nvmlDeviceGetTotalEnergyConsumption(handle)) / 1000.0
+        except (*_nvml_errors(nvml), AttributeError):
+            return None
+
+    def peak_flops_per_s(self, precision: str) -> float | None:
+        if self._device_name is None:
+            self._device_name = self.info().name
+        return peak_flops_per_s(self._device_name, precision)
 
     def allocator_stats(self) -> dict:
         stats = self._cuda().memory_stats(self.index)

@@ -81,9 +81,15 @@ def peak_for(device_name: str) -> Peak | None:
     return None
 
 
+def peak_flops_per_s(device_name: str, precision: str) -> float | None:
+    """The dense peak FLOP/s of the GPU NVML names `device_name` at `precision`; None where unknown."""
+    peak = peak_for(device_name)
+    return peak.flops_per_s(precision) if peak is not None else None
+
+
 def mfu(flops_per_s: float | None, device_name: str, precision: str) -> float | None:
     """Model FLOPs utilisation: achieved model FLOP/s over the device's dense peak at `precision`."""
-    peak = peak_for(device_name)
+    peak = peak_flops_per_s(device_name, precision)
     if flops_per_s is None or peak is None:
         return None
-    return flops_per_s / peak.flops_per_s(precision)
+    return flops_per_s / peak

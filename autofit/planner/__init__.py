@@ -5,6 +5,15 @@ and the benchmark's replays all ask the same planner."""
 
 from __future__ import annotations
 
+from autofit.planner._loader import (
+    LOADER_PREFETCH,
+    LOADER_WORKERS,
+    MIN_LOADER_SHARE,
+    LoaderChoices,
+    loader_reason,
+    next_loader_config,
+    wait_share,
+)
 from autofit.planner._models import Line, ThroughputModel, fit_line, fit_throughput
 from autofit.planner._noise import NoiseReading
 from autofit.planner._observation import FAILED_STATUSES, Observation
@@ -26,10 +35,14 @@ __all__ = [
     "CPU_FACTORS",
     "CUDA_FACTORS",
     "FAILED_STATUSES",
+    "LOADER_PREFETCH",
+    "LOADER_WORKERS",
+    "MIN_LOADER_SHARE",
     "TIE_TOLERANCE",
     "CalibratedPrediction",
     "Candidate",
     "Line",
+    "LoaderChoices",
     "MemoryPrediction",
     "NoiseReading",
     "Observation",
@@ -44,6 +57,9 @@ __all__ = [
     "estimated_key",
     "fit_line",
     "fit_throughput",
+    "loader_reason",
     "memory_key",
+    "next_loader_config",
     "nice_batch_sizes",
+    "wait_share",
 ]

@@ -20,6 +20,7 @@ class Observation:
     spread: float | None = None  # step-time IQR / median step time: how steady the probe's steps were
     tight: bool = False  # the allocator had to free its cache and retry to stay under the cap
     data_bound: bool = False  # the data ran out before the probe had its steps: the batch is too big for it
+    data_wait_share: float | None = None  # share of the measured time spent waiting for data (run.batches)
 
     def fits(self, usable_bytes: float) -> bool:
         """Ran its steps with its peak inside the usable memory."""

@@ -23,6 +23,9 @@ benchmark's replays all run the same decisions. The rules, in order:
 5. With the memory estimator's prediction (see _prediction.py), from the first probe on: each
    strategy starts at the largest batch predicted to fit at the high end of its range, a batch
    whose low end does not fit is never probed, and one in between only if it could be faster.
+6. When the function offers run.loader() and the leader waited for its data, the leader is probed
+   with more loader workers, deeper prefetch and pinned memory, last (see _loader.py). Rules 1-5 work
+   with the loader as the script declares it.
 
 The planner decides; what the observations say is read by its parts, once per decision (`_State`):
 what fits (_feasibility.py, rule 1), the memory lines and the calibrated prediction
@@ -37,6 +40,7 @@ from collections.abc import Sequence
 
 from autofit.config import SHARDINGS, Config
 from autofit.planner._feasibility import Feasibility
+from autofit.planner._loader import leader, next_loader_config
 from autofit.planner._memory_model import MemoryModels
 from autofit.planner._models import Line
 from autofit.planner._noise import NoiseReading
@@ -98,7 +102,10 @@ class Planner:
             proposal = self._next_in_strategy(state, strategy)
             if proposal is not None:
                 return proposal
-        return self._refine_best(state)
+        refined = self._refine_best(state)
+        if refined is not None:
+            return refined
+        return next_loader_config(self.space.loader, state.ranking.ranked(), state.observations)
 
     def ranked(self, observations: Sequence[Observation]) -> list[Candidate]:
         """Feasible configs, best first: throughput, with near-ties broken toward configs that did
@@ -240,16 +247,16 @@ class Planner:
 
     def _cannot_beat_best(self, state: _State, strategy: Strategy, open_batches: list[int]) -> bool:
         """True when even the best open batch of `strategy` is bounded below the best so far."""
-        ranked = state.ranking.ranked()
-        if not ranked:
+        best = leader(state.ranking.ranked())  # loader variants speed up the input, not a strategy
+        if best is None:
             return False
-        if self.space.strategy_of(ranked[0].config) == strategy and len(state.throughput.points(strategy)) < 3:
+        if self.space.strategy_of(best.config) == strategy and len(state.throughput.points(strategy)) < 3:
             return False  # two noisy points of the leading strategy cannot say its curve has turned
         memory = state.memory.line(strategy)
         reachable = [b for b in open_batches if memory is None or memory(b) <= self.usable]
         largest = max(reachable) if reachable else min(open_batches)
         estimate = state.throughput.estimate(strategy, largest)
-        return estimate is not None and estimate * _PRUNE_SLACK < ranked[0].samples_per_s
+        return estimate is not None and estimate * _PRUNE_SLACK < best.samples_per_s
 
     def _predicted_next(self, state: _State, strategy: Strategy, candidates: list[int]) -> Config | None:
         """With predictions: the largest batch predicted to fit at the high end of its range; when
@@ -282,10 +289,10 @@ class Planner:
     def _refine_best(self, state: _State) -> Config | None:
         """Probe around the best batch, so a throughput peak below the memory limit is not missed:
         half the batch first (while halving keeps improving), then the untried neighbours."""
-        ranked = state.ranking.ranked()
-        if not ranked:
+        top = leader(state.ranking.ranked())  # the loader as the script declares it (rule 6 comes after)
+        if top is None:
             return None
-        best = ranked[0].config
+        best = top.config
         strategy = self.space.strategy_of(best)
         sizes = self.space.batch_sizes
         i = sizes.index(best.batch_size) if best.batch_size in sizes else None
@@ -318,7 +325,8 @@ class _State:
         by_config: dict[Config, list[Observation]] = defaultdict(list)
         for obs in self.observations:
             by_config[obs.config].append(obs)
-        self.noise = NoiseReading(self.observations, space.strategy_of)
+        # Loader variants are compared with their own kind, not with the batches around them.
+        self.noise = NoiseReading(self.observations, lambda c: (space.strategy_of(c), tuple(c.loader.items())))
         self.feasible = Feasibility(space, usable, self.observations)
         self.predicted: CalibratedPrediction | None = (
             prediction.calibrate(self.feasible.done) if prediction is not None else None)

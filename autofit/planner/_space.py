@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from autofit.config import CHECKPOINT_POLICIES, PRECISIONS, SHARDINGS, Config
 from autofit.errors import UsageError
+from autofit.planner._loader import LoaderChoices
 
 #: Precisions ranked by the memory their activations take (higher = more memory).
 MEMORY_RANK = {"fp32": 2, "tf32": 2, "bf16": 1, "fp16": 1}
@@ -106,6 +107,8 @@ class SearchSpace:
     shardings: tuple[str, ...] = ("ddp",)
     compiles: tuple[bool, ...] = (False,)
     """(False,): eager only; (False, True): the function offers run.compile(), both are probed."""
+    loader: LoaderChoices = LoaderChoices()
+    """The loader settings to try on the leader (none: the function does not offer run.loader())."""
     checkpoint_policies: tuple[str, ...] = ("full",)
     """What the checkpointed levels recompute: ("full",), or with "selective" too, both are probed."""
 
@@ -121,6 +124,7 @@ class SearchSpace:
         accumulations: tuple[int, ...] | None = None,
         shardings: tuple[str, ...] = ("ddp",),
         compiles: tuple[bool, ...] = (False,),
+        loader: LoaderChoices = LoaderChoices(),
         checkpoint_policies: tuple[str, ...] = ("full",),
     ) -> SearchSpace:
         low, high = batch_range
@@ -145,6 +149,7 @@ class SearchSpace:
             global_batch=global_batch,
             shardings=tuple(h for h in SHARDINGS if h in shardings) or ("ddp",),
             compiles=tuple(sorted(set(compiles))) or (False,),
+            loader=loader,
             checkpoint_policies=tuple(q for q in CHECKPOINT_POLICIES if q in checkpoint_policies and levels != [0])
             or ("full",),
         )
@@ -185,6 +190,9 @@ class SearchSpace:
             "global_batch": self.global_batch,
             "shardings": list(self.shardings),
             **({"compiles": list(self.compiles)} if self.compiles != (False,) else {}),
+            **({"loader": {"workers": list(self.loader.workers), "pin_memory": list(self.loader.pin_memory),
+                           "prefetch_factors": list(self.loader.prefetch_factors),
+                           "declared_workers": self.loader.declared_workers}} if self.loader.offered else {}),
             **({"checkpoint_policies": list(self.checkpoint_policies)} if self.checkpoint_policies != ("full",) else {}),
         }
 
@@ -198,5 +206,15 @@ class SearchSpace:
             global_batch=data.get("global_batch"),
             shardings=tuple(data.get("shardings", ("ddp",))),
             compiles=tuple(bool(c) for c in data.get("compiles", (False,))),
+            loader=_loader_choices(data.get("loader")),
             checkpoint_policies=tuple(data.get("checkpoint_policies", ("full",))),
         )
+
+
+def _loader_choices(data: dict | None) -> LoaderChoices:
+    if not data:
+        return LoaderChoices()
+    return LoaderChoices(workers=tuple(int(w) for w in data["workers"]),
+                         pin_memory=tuple(bool(p) for p in data.get("pin_memory", ())),
+                         prefetch_factors=tuple(int(p) for p in data.get("prefetch_factors", ())),
+                         declared_workers=int(data.get("declared_workers", 0)))

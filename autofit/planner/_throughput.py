@@ -25,10 +25,15 @@ class ThroughputModels:
         self.ranking = ranking
         self._max_k = (max(space.checkpoint_segments) if space.checkpoint_segments else 0) or 1
 
+    def _measured(self) -> list:
+        """The trusted measurements, less the loader variants (run.loader): they speed up the input, not
+        the steps a strategy's curve describes, and would bend it."""
+        return [c for c in self.ranking.measured() if not c.config.loader]
+
     def points(self, strategy: Strategy) -> list[tuple[int, float]]:
         """(batch, samples/s) of the strategy's trusted measurements."""
         return [
-            (c.config.batch_size, c.samples_per_s) for c in self.ranking.measured()
+            (c.config.batch_size, c.samples_per_s) for c in self._measured()
             if self.space.strategy_of(c.config) == strategy
         ]
 
@@ -82,7 +87,7 @@ class ThroughputModels:
         """Smallest measured ratio (checkpointed / not) of checkpointing that recomputes no more (as
         many or fewer blocks; selective for full); a prior if unseen."""
         ratios = []
-        for c in self.ranking.measured():
+        for c in self._measured():
             if c.config.checkpoint_segments and recomputes_no_more(c.config, strategy):
                 base = self.estimate(replace(self.space.strategy_of(c.config), checkpoint_segments=0,
                                              checkpoint_policy="full"), c.config.batch_size)
@@ -94,7 +99,7 @@ class ThroughputModels:
     def _sharding_slowdown(self, sharding: str) -> float:
         """Smallest measured ratio (sharded / DDP at the same batch and settings); 1.0 if unseen."""
         ratios = []
-        for c in self.ranking.measured():
+        for c in self._measured():
             if c.config.sharding == sharding:
                 base = self.estimate(replace(self.space.strategy_of(c.config), sharding="ddp"),
                                      c.config.batch_size)

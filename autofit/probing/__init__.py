@@ -19,7 +19,7 @@ from autofit.probing._multinode import (
     probe_study_name,
 )
 from autofit.probing._once import ProbeSettings, follow_probe, probe_once
-from autofit.probing._record import STATUSES, ProbeResult, WorkerInfo
+from autofit.probing._record import INPUT_BOUND_SHARE, STATUSES, ProbeResult, WorkerInfo, input_bound_text
 from autofit.probing._runner import ProbeRunner, make_runner
 from autofit.probing._script import check_script, decorated_name, find_function, load_script, parse_target
 from autofit.probing._torchrun import DistributedWorker
@@ -35,6 +35,7 @@ from autofit.probing._wire import (
 from autofit.probing._worker import Worker, WorkerStartError
 
 __all__ = [
+    "INPUT_BOUND_SHARE",
     "STATUSES",
     "Channel",
     "DistributedWorker",
@@ -56,6 +57,7 @@ __all__ = [
     "decorated_name",
     "failure_reply",
     "find_function",
+    "input_bound_text",
     "follow",
     "follow_probe",
     "internal_failure",

@@ -51,6 +51,8 @@ def run_probe(
         min_measure_s=min_measure_s,
         max_measured_steps=measured_steps * _MAX_EXTENSION,
         ranks=ranks,
+        count_flops=True,
+        energy=backend.energy_joules,
     )
     result = ProbeResult(status="ok", config=config, warmup_steps=warmup_steps, limit_bytes=backend.memory_limit)
     try:
@@ -92,6 +94,7 @@ def run_probe(
     result.allocator = backend.allocator_stats()
     if result.status == "ok":
         _fill_timing(result, run)
+        _fill_work(result, run, backend)
         if not run.losses_finite():
             result.status = "diverged"
             result.error_type = "NonFiniteLoss"
@@ -115,6 +118,7 @@ def _fill_timing(result: ProbeResult, run: Run) -> None:
     result.tokens_per_s = tokens / total if tokens and total > 0 else None
     result.step_time_median_s = statistics.median(times)
     result.warmup_s = run.clock.warmup_time_s
+    result.data_wait_s, result.data_wait_share = run.clock.data_wait_s, run.clock.data_wait_share
     if result.config.compile and result.warmup_s is not None:
         result.compile_s = max(0.0, result.warmup_s - result.warmup_steps * result.step_time_median_s)
     if len(times) >= 4:
@@ -122,6 +126,17 @@ def _fill_timing(result: ProbeResult, run: Run) -> None:
         result.step_time_iqr_s = q[2] - q[0]
     else:
         result.step_time_iqr_s = max(times) - min(times)
+
+
+def _fill_work(result: ProbeResult, run: Run, backend: DeviceBackend) -> None:
+    """FLOPs per sample, FLOP/s and MFU, and joules per sample, where they can be known."""
+    if run.flops is not None and run.flops.failure:
+        result.notes.append(run.flops.failure)
+    if run.flops is not None and run.flops.per_sample is not None:
+        result.set_flops(run.flops.per_sample, backend.peak_flops_per_s(result.config.precision))
+    energy, samples = run.clock.measured_energy_j, run.clock.measured_samples
+    if energy is not None and energy >= 0 and samples:
+        result.joules_per_sample = energy / samples
 
 
 def _user_traceback(exc: BaseException) -> str:

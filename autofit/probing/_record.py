@@ -11,6 +11,18 @@ from autofit.config import Config
 #: diverged: loss became NaN/inf. timeout: killed at the time limit. crashed: the worker died.
 STATUSES = ("ok", "oom", "error", "diverged", "timeout", "crashed")
 
+#: A probe that waited this share of its measured time for data is called input-bound: below it, a
+#: faster loader gains under 1/(1-0.10) = 1.11x, about what the choice between close configs moves;
+#: above it, the loader is worth a look before anything else.
+INPUT_BOUND_SHARE = 0.10
+
+
+def input_bound_text(share: float | None) -> str | None:
+    """'input-bound: 42% of the time waiting for data' from INPUT_BOUND_SHARE up; None below it."""
+    if share is None or share < INPUT_BOUND_SHARE:
+        return None
+    return f"input-bound: {share:.0%} of the time waiting for data"
+
 
 @dataclass
 class ProbeResult:
@@ -40,8 +52,24 @@ class ProbeResult:
     """Wall time of the warm-up steps: compilation (torch.compile), cuDNN autotuning, first-use costs."""
     compile_s: float | None = None
     """Compiled configs: the warm-up's time beyond its steps at the measured pace (compilation)."""
+    data_wait_s: float | None = None
+    """Host time the measured steps waited inside `next()` on the data (run.batches): an upper bound on
+    the device's idle time, since on a GPU the wait can overlap kernels queued before it."""
+    data_wait_share: float | None = None
+    """data_wait_s over the measured time; None where autofit does not drive the loop (a framework's
+    trainer, run.adopt_loop)."""
     restart_worker: bool = False
     """The probe left the worker unusable (a sticky CUDA error): replace it before the next probe."""
+    flops_per_sample: float | None = None
+    """Model FLOPs per sample (forward, backward, optimizer; checkpointing's recompute left out),
+    counted by FlopCounterMode on the first step; None for compiled or sharded configs."""
+    flops_per_s: float | None = None
+    """Model FLOP/s achieved: samples/s x FLOPs per sample (all ranks of a distributed probe)."""
+    mfu: float | None = None
+    """Model FLOPs utilisation: FLOP/s over the device's dense peak at this precision (None on a CPU
+    or a GPU without a known peak: autofit.devices.PEAKS)."""
+    joules_per_sample: float | None = None
+    """Energy the GPU drew per sample over the measured steps (NVML's energy counter; None elsewhere)."""
 
     @property
     def ok(self) -> bool:
@@ -52,6 +80,16 @@ class ProbeResult:
         """It ran, but the allocator had to free its cache and retry allocations to stay under the
         cap (CUDA's num_alloc_retries): at the edge of memory, and slower for it."""
         return self.ok and int(self.allocator.get("num_alloc_retries", 0) or 0) > 0
+
+    def set_flops(self, flops_per_sample: float, peak_flops_per_s: float | None) -> None:
+        """FLOPs per sample, and from them FLOP/s and MFU against one device's dense peak (every rank
+        of a distributed probe has its own device, so the peak counts once per rank)."""
+        self.flops_per_sample = flops_per_sample
+        if not self.samples_per_s:
+            return
+        self.flops_per_s = self.samples_per_s * flops_per_sample
+        if peak_flops_per_s:
+            self.mfu = self.flops_per_s / (peak_flops_per_s * max(1, self.world_size))
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -67,7 +105,7 @@ class ProbeResult:
 
     def summary(self) -> str:
         """One line for logs: 'ok  bf16 b=64  812.3 samples/s  peak 1.21 GiB'."""
-        from autofit.units import format_size
+        from autofit.units import format_flops, format_size
 
         line = f"{self.status:<8} {self.config.label():<24}"
         if self.samples_per_s is not None:
@@ -78,6 +116,12 @@ class ProbeResult:
             line += f" of {format_size(self.limit_bytes)}"
         if self.only_just_fits:
             line += "  (only just fits: allocator retries)"
+        if self.flops_per_s:
+            line += f"  {format_flops(self.flops_per_s)}"
+            if self.mfu is not None:
+                line += f" (MFU {self.mfu:.1%})"
+        if self.ok and input_bound_text(self.data_wait_share):
+            line += f"  ({input_bound_text(self.data_wait_share)})"
         if self.compile_s is not None:
             line += f"  (compiled in {self.compile_s:.1f}s, not counted)"
         if self.error_message and self.status != "ok":

@@ -28,8 +28,13 @@ def check_script(path: str) -> str:
 
 
 def load_script(path: str) -> ModuleType:
-    """Import the script as a module (not as __main__, so its `if __name__ == "__main__"` stays put)."""
+    """Import the script as a module (not as __main__, so its `if __name__ == "__main__"` stays put).
+
+    `sys.argv` becomes what `python script.py` gives the script, so a script that parses its
+    arguments at import (argparse's `parse_args()`, as pytorch/examples do) gets its defaults
+    rather than the arguments of the process that loads it (only autofit's child processes do)."""
     path = check_script(path)
+    sys.argv = [path]
     directory = os.path.dirname(path)
     if directory not in sys.path:
         sys.path.insert(0, directory)

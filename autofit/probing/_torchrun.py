@@ -172,13 +172,16 @@ def combine(config: Config, results: dict[int, ProbeResult | None], nproc: int, 
     if len(present) == nproc and not failed:
         ranks = list(present.values())
         first = ranks[0]
-        return replace(first, wall_s=wall, world_size=nproc, peak_bytes=peak, log_path=log_path,
+        waiting = max(ranks, key=lambda r: r.data_wait_share or -1.0)  # the rank the data held back most
+        return replace(first, data_wait_s=waiting.data_wait_s, data_wait_share=waiting.data_wait_share, wall_s=wall, world_size=nproc, peak_bytes=peak, log_path=log_path,
                        samples_per_s=sum(r.samples_per_s or 0 for r in ranks) or None,
                        tokens_per_s=sum(r.tokens_per_s or 0 for r in ranks) or None,
                        step_time_median_s=max((r.step_time_median_s or 0) for r in ranks) or None,
                        step_time_iqr_s=max((r.step_time_iqr_s or 0) for r in ranks),
                        measured_steps=min(r.measured_steps for r in ranks),
-                       memory_after_bytes=None, baseline_bytes=max((r.baseline_bytes or 0) for r in ranks) or None)
+                       memory_after_bytes=None, baseline_bytes=max((r.baseline_bytes or 0) for r in ranks) or None,
+                       flops_per_s=sum(r.flops_per_s or 0 for r in ranks) or None,
+                       mfu=_mean([r.mfu for r in ranks]), joules_per_sample=_mean([r.joules_per_sample for r in ranks]))
     if failed:
         rank, worst = failed[0]
         return replace(worst, wall_s=wall, world_size=nproc, peak_bytes=peak, log_path=log_path,
@@ -191,3 +194,10 @@ def combine(config: Config, results: dict[int, ProbeResult | None], nproc: int, 
                                 f"(torchrun exit status {code}); see the probe's log.",
                         error_type="RankCrashed", wall_s=wall, limit_bytes=limit, log_path=log_path, ranks=nproc,
                         peak_bytes=peak, traceback=log_tail(log_path))
+
+
+def _mean(values: list[float | None]) -> float | None:
+    """The ranks' mean of a per-rank figure (MFU, joules per sample), None unless every rank has it."""
+    if not values or any(v is None for v in values):
+        return None
+    return sum(values) / len(values)

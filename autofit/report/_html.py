@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from autofit.errors import NoFeasibleConfig
+from autofit.probing import input_bound_text
+from autofit.report._probe_text import work_text
 from autofit.study import redacted
 from autofit.units import format_duration, format_size
 
@@ -81,12 +83,16 @@ def render_report(stored: StoredStudy, pngs: dict[str, bytes]) -> str:
         from autofit.config import Config
 
         measured = document["measured"]
-        parts.append(
-            f"<div class=\"winner\"><b>Winner: {e(Config.from_dict(document['config']).label())}</b>, "
-            f"{measured['samples_per_s']:,.1f} samples/s, peak {e(format_size(measured['peak_bytes']))} of "
-            f"{e(format_size(stored.usable_bytes))} usable"
-            f"{' (confirmed by a longer run)' if measured['confirmed'] else ''}.<br>"
-            f"Why: {e(document['why'])}.</div>")
+        lines = [f"<b>Winner: {e(Config.from_dict(document['config']).label())}</b>, "
+                 f"{measured['samples_per_s']:,.1f} samples/s, peak {e(format_size(measured['peak_bytes']))} of "
+                 f"{e(format_size(stored.usable_bytes))} usable"
+                 f"{' (confirmed by a longer run)' if measured['confirmed'] else ''}."]
+        if measured.get("flops_per_s"):
+            lines.append(f"Model FLOPs: {e(work_text(measured['flops_per_s'], measured.get('mfu'), measured.get('joules_per_sample')))}.")
+        if input_bound_text(measured.get("data_wait_share")):
+            lines.append(f"{e(input_bound_text(measured['data_wait_share']).capitalize())}.")
+        lines.append(f"Why: {e(document['why'])}.")
+        parts.append(f"<div class=\"winner\">{'<br>'.join(lines)}</div>")
     else:
         parts.append("<div class=\"winner\"><b>No winner</b>: no probe fits under the usable memory.</div>")
     for stem, title, how in SECTIONS:

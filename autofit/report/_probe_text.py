@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from autofit.probing import ProbeResult
-from autofit.units import format_size
+from autofit.probing import ProbeResult, input_bound_text
+from autofit.units import format_flops, format_size
 
 
 def describe_probe(result: ProbeResult, header: str | None = None) -> str:
@@ -19,14 +19,21 @@ def describe_probe(result: ProbeResult, header: str | None = None) -> str:
             f"{result.step_time_median_s:.4f} s median (IQR {result.step_time_iqr_s or 0:.4f} s) "
             f"over {result.measured_steps} steps after {result.warmup_steps} warm-up",
         ))
+    if result.data_wait_s is not None and result.data_wait_share is not None:
+        bound = input_bound_text(result.data_wait_share)
+        rows.append(("data wait", f"{result.data_wait_s:.4f} s, {result.data_wait_share:.0%} of the measured time"
+                     + (f" ({bound})" if bound else "")))
     if result.peak_bytes is not None:
         peak = format_size(result.peak_bytes)
         if result.limit_bytes:
             peak += f" of {format_size(result.limit_bytes)} ({100 * result.peak_bytes / result.limit_bytes:.0f}%)"
         rows.append(("peak memory", peak))
+    if result.flops_per_s is not None or result.flops_per_sample is not None:
+        rows.append(("model FLOPs", work_text(result.flops_per_s, result.mfu, result.joules_per_sample,
+                                              result.flops_per_sample)))
     if result.compile_s is not None:
         rows.append(("compile", f"{result.compile_s:.1f} s in the warm-up (torch.compile; not in the throughput)"))
-    used = [name for name in ("autocast", "backward", "batches", "compile") if result.knobs.get(name)]
+    used = [name for name in ("autocast", "backward", "batches", "compile", "loader") if result.knobs.get(name)]
     if result.knobs.get("checkpoint_blocks") is not None:
         used.append(f"checkpoint ({result.knobs['checkpoint_blocks']} blocks)")
     if result.knobs.get("shard_blocks"):
@@ -47,3 +54,15 @@ def describe_probe(result: ProbeResult, header: str | None = None) -> str:
     if result.status == "oom":
         lines.append("hint         a smaller batch, bf16/fp16, or more checkpointed blocks would fit")
     return "\n".join(lines)
+
+
+def work_text(flops_per_s: float | None, mfu: float | None, joules_per_sample: float | None,
+              flops_per_sample: float | None = None) -> str:
+    """'12.3 TFLOP/s, MFU 31.2% of the dense peak, 0.41 J/sample': how hard the device worked."""
+    parts = [format_flops(flops_per_s)] if flops_per_s else []
+    if flops_per_sample:
+        parts.append(f"{flops_per_sample / 1e9:,.2f} GFLOP per sample")
+    parts.append(f"MFU {mfu:.1%} of the dense peak" if mfu is not None else "MFU n/a (no known peak for this device)")
+    if joules_per_sample is not None:
+        parts.append(f"{joules_per_sample:.3g} J/sample")
+    return ", ".join(parts)

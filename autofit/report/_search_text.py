@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from autofit.probing import input_bound_text
 from autofit.units import format_duration, format_size
 
 
@@ -19,6 +20,9 @@ def describe_search(result) -> str:
         mark = "* " if i == 0 else "  "
         lines.append(f"{mark}{c.config.label():<28}{c.samples_per_s:>12,.1f}{format_size(c.peak_bytes):>12}{c.probes:>8}")
     lines.append("")
+    waited = input_bound_text((result.document or {}).get("measured", {}).get("data_wait_share"))
+    if waited:
+        lines.append(waited)
     lines.append(f"why: {result.why}")
     for note in result.notes:
         lines.append(f"note: {note}")

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from autofit.errors import NoFeasibleConfig, UsageError
-from autofit.probing import STATUSES
+from autofit.probing import STATUSES, input_bound_text
 from autofit.report._memory_text import describe_memory
-from autofit.report._probe_text import describe_probe
+from autofit.report._probe_text import describe_probe, work_text
 from autofit.study import COLUMNS, redacted
 from autofit.units import format_duration, format_size
 
@@ -108,6 +108,10 @@ def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame
     lines.append(f"best: {winner}  {measured['samples_per_s']:,.1f} samples/s, peak "
                  f"{format_size(measured['peak_bytes'])} of {format_size(stored.usable_bytes)} usable "
                  f"({measured['probes']} probe{'s' if measured['probes'] != 1 else ''}, {confirmed})")
+    if measured.get("flops_per_s"):
+        lines.append(f"work: {work_text(measured['flops_per_s'], measured.get('mfu'), measured.get('joules_per_sample'))}")
+    if input_bound_text(measured.get("data_wait_share")):
+        lines.append(input_bound_text(measured['data_wait_share']))
     lines.append(f"why: {document['why']}")
     lines.append(f"stopped: {document['study']['stopped']}")
     lines.append("legend: * the best config   ! ran, but its peak crossed the headroom (infeasible)")

@@ -21,6 +21,7 @@ from autofit.config import Config
 from autofit.runtime._batch import count_samples, split_batch, to_device
 from autofit.runtime._checkpoint import apply_checkpoint
 from autofit.runtime._distributed import Ranks, agree_on_most
+from autofit.runtime._flops import StepFlops
 from autofit.runtime._precision import make_grad_scaler, precision_context, precision_scope
 from autofit.runtime._redo import Lowering, StepRedo, drop_graph
 
@@ -46,10 +47,13 @@ class Knobs:
     batches: bool = False
     shard_blocks: int | None = None  # blocks offered to run.distribute(blocks=...): sharding is searched
     compile: bool = False  # a model offered to run.compile(): torch.compile is searched
+    loader: bool = False  # the data comes through run.loader(): its workers, pinning and prefetch are searched
+    declared_workers: int | None = None  # the workers the script declares to run.loader() (0: DataLoader's default)
 
     def to_dict(self) -> dict:
         return {
             "compile": self.compile,
+            **({"loader": True, "declared_workers": self.declared_workers} if self.loader else {}),
             "autocast": self.autocast,
             "backward": self.backward,
             "checkpoint_blocks": self.checkpoint_blocks,
@@ -83,6 +87,9 @@ class StepClock:
     min_measure_s: float = 0.0
     max_measured_steps: int | None = None
     agree: Callable[[int], int] | None = None
+    energy: Callable[[], float | None] | None = None
+    """The device's energy counter in joules (NVML's total energy), read where measuring starts and
+    ends; None where the device has none (a CPU)."""
     steps_done: int = 0
     measured_time_s: float = 0.0
     measured_samples: int = 0
@@ -90,6 +97,14 @@ class StepClock:
     step_times: deque = field(default_factory=lambda: deque(maxlen=_RECENT_STEPS))
     warmup_time_s: float | None = None
     """From the start to the end of warm-up (compilation and first-use costs land here)."""
+    measured_energy_j: float | None = None
+    """Energy the device drew over the measured steps (probes on a device with an energy counter)."""
+    _energy_start: float | None = None
+    data_wait_s: float | None = None
+    """Host time the measured steps spent waiting for their data (inside `next()` on the user's
+    iterable); None where autofit does not see the data (a framework's trainer drives the loop). On a
+    GPU the wait can overlap kernels queued before it, so it bounds the device's idle time from above."""
+    _waiting_s: float = 0.0  # data wait since the last step boundary: counts only if that step is measured
     _started: float | None = None
     _last: float | None = None
     _agreed_steps: int | None = None
@@ -112,15 +127,37 @@ class StepClock:
         return time.perf_counter()
 
     def start(self) -> None:
-        self._last = self._started = self._stamp(exact=self.warmup_steps == 0 and self.measured_steps is not None)
+        exact = self.warmup_steps == 0 and self.measured_steps is not None
+        self._last = self._started = self._stamp(exact=exact)
+        self._waiting_s = 0.0  # the first fetch came before the clock started
+        if exact:
+            self._read_energy_start()
+
+    def _read_energy_start(self) -> None:
+        self._energy_start = self.energy() if self.energy is not None else None
+
+    def _read_energy_end(self) -> None:
+        if self._energy_start is not None and self.energy is not None:
+            end = self.energy()
+            self.measured_energy_j = end - self._energy_start if end is not None else None
+
+    def data_waited(self, seconds: float) -> None:
+        """A fetch of the data took `seconds` (it counts for the step it falls in, if that step is measured)."""
+        self.data_wait_s = self.data_wait_s or 0.0
+        self._waiting_s += seconds
 
     def step_done(self, samples: int, tokens: int) -> None:
         self.steps_done += 1
+        waited, self._waiting_s = self._waiting_s, 0.0
+        if self.data_wait_s is not None and self.steps_done > self.warmup_steps:
+            self.data_wait_s += waited
         probing = self.measured_steps is not None
         if self.steps_done <= self.warmup_steps:
             self._last = self._stamp(exact=probing and self.steps_done == self.warmup_steps)
             if self.steps_done == self.warmup_steps and self._started is not None:
                 self.warmup_time_s = self._last - self._started
+            if probing and self.steps_done == self.warmup_steps:
+                self._read_energy_start()
             return
         now = self._stamp(exact=False)
         if probing and self.agree is not None and self.steps_measured == 1:
@@ -128,6 +165,7 @@ class StepClock:
         if probing and self._enough(self.measured_time_s + now - self._last):
             now = self._stamp(exact=True)
             self.complete = True
+            self._read_energy_end()
         self.step_times.append(now - self._last)
         self.measured_time_s += now - self._last
         self.measured_samples += samples
@@ -148,6 +186,13 @@ class StepClock:
         if measured_s >= self.min_measure_s:
             return True
         return self.max_measured_steps is not None and self.steps_measured >= self.max_measured_steps
+
+    @property
+    def data_wait_share(self) -> float | None:
+        """The measured time's share spent waiting for data (None: not seen, or nothing measured)."""
+        if self.data_wait_s is None or self.measured_time_s <= 0:
+            return None
+        return min(1.0, self.data_wait_s / self.measured_time_s)
 
     def measured(self) -> tuple[list[float], int, int]:
         """Recent step times after warm-up, and the samples and tokens of all measured steps."""
@@ -181,6 +226,8 @@ class Run:
         defaults: bool = False,
         ranks: Ranks | None = None,
         redo: StepRedo | None = None,
+        count_flops: bool = False,
+        energy: Callable[[], float | None] | None = None,
     ) -> None:
         self.config = config
         self.ranks = ranks or Ranks()
@@ -195,7 +242,11 @@ class Run:
         self.compile_enabled = True
         self.clock = StepClock(warmup_steps, measured_steps, synchronize or (lambda: None),
                                min_measure_s=min_measure_s, max_measured_steps=max_measured_steps,
-                               agree=agree_on_most if probing and self.ranks.world_size > 1 else None)
+                               agree=agree_on_most if probing and self.ranks.world_size > 1 else None,
+                               energy=energy)
+        sharded = self.ranks.world_size > 1 and config.sharding != "ddp"
+        self.flops: StepFlops | None = StepFlops() if count_flops and not config.compile and not sharded else None
+        """Model FLOPs of the first optimizer step (probes of eager, unsharded configs: see _flops)."""
         self._scaler = make_grad_scaler(config.precision, self._device)
         self._micro_batches = 0  # handed out by batches()
         self._micro_in_step = 0  # of the optimizer step being fed
@@ -457,6 +508,19 @@ class Run:
 
         return data_sampler(dataset, self.ranks, shuffle=shuffle, seed=seed)
 
+    def loader(self, dataset: Any, *, shuffle: bool = True, **kwargs: Any) -> torch.utils.data.DataLoader:
+        """A DataLoader over `dataset` with this run's micro-batch and sampler (`run.sampler`; none for an
+        IterableDataset), `drop_last=True` unless given. `num_workers`, `pin_memory` and `prefetch_factor`
+        come from the config where it sets them, else from `kwargs` (what the script declares), else
+        DataLoader's defaults: offering the loader here lets a search choose them."""
+        from autofit.runtime._loader import build_loader
+
+        self.knobs.loader = True
+        self.knobs.declared_workers = int(kwargs.get("num_workers", 0) or 0)
+        iterable = isinstance(dataset, torch.utils.data.IterableDataset)  # it yields in its own order: no sampler
+        sampler = None if iterable else self.sampler(dataset, shuffle=shuffle)
+        return build_loader(dataset, self.config, self.batch_size, sampler, kwargs, probing=self._probing)
+
     def compile(self, model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
         """`torch.compile(model, **kwargs)` when the config says so, else `model` as it is: offering
         the model here lets a search probe compiled and eager as separate strategies (the compile
@@ -505,7 +569,11 @@ class Run:
             if not pending:
                 try:
                     with self.data_context():
-                        batch = next(source)
+                        fetch_started = time.perf_counter()
+                        try:
+                            batch = next(source)
+                        finally:
+                            self.clock.data_waited(time.perf_counter() - fetch_started)
                 except StopIteration:
                     break
                 # After a lowering the loader still gives the batch it was built with: cut it.
@@ -513,7 +581,7 @@ class Run:
             batch = pending.popleft()
             yielded += 1
             if self._micro_batches == 0:
-                self.clock.start()
+                self._start_clock()
             elif self._micro_in_step >= self.config.accumulation_steps and self._step_samples:
                 self._finish_step()  # (not already closed at the end of the data)
                 this_step = []
@@ -546,11 +614,19 @@ class Run:
         self.knobs.batches = self.knobs.backward = self.knobs.autocast = True
         if checkpoint_blocks is not None:
             self.knobs.checkpoint_blocks = checkpoint_blocks
+        self._start_clock()
+
+    def _start_clock(self) -> None:
+        """The first step begins: the clock starts, and the FLOP counter with it."""
         self.clock.start()
+        if self.flops is not None:
+            self.flops.begin()
 
     def step_taken(self, samples: int, tokens: int = 0) -> None:
         """A framework's trainer took one optimizer step of `samples` samples; a probe that has its
         steps ends here (ProbeFinished)."""
+        if self.flops is not None and self.flops.counting:
+            self.flops.end(samples)
         self.clock.step_done(samples, tokens)
         if self._probing and self.clock.complete:
             raise ProbeFinished()
@@ -563,8 +639,12 @@ class Run:
     @contextmanager
     def active(self) -> Iterator[Run]:
         """The run's lifetime: its precision holds for all of it (forward, backward, optimizer step)."""
-        with precision_scope(self.config.precision, self._device):
-            yield self
+        try:
+            with precision_scope(self.config.precision, self._device):
+                yield self
+        finally:
+            if self.flops is not None and self.flops.counting:
+                self.flops.abandon()  # the first step never closed (an error left it)
 
     def summary(self) -> dict[str, Any]:
         """What this run measured after its warm-up steps: the real run's figures, next to a probe's."""
@@ -582,6 +662,8 @@ class Run:
             "samples_per_s": samples * self.ranks.world_size / seconds if seconds > 0 else None,
             "tokens_per_s": tokens * self.ranks.world_size / seconds if tokens and seconds > 0 else None,
             "step_time_median_s": statistics.median(times) if times else None,
+            "data_wait_s": self.clock.data_wait_s,
+            "data_wait_share": self.clock.data_wait_share,
             "recent_step_times_s": [round(t, 6) for t in times],
             "lowerings": [item.to_dict() for item in self.lowerings],
         }

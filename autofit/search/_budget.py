@@ -23,9 +23,16 @@ class Budget:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def next_probe_estimate(self, seen) -> float:
-        """The longest of the last three probes: what the next one may well take."""
-        walls = [o.wall_s for o in seen if o.status != "running"][-3:]
+    def next_probe_estimate(self, seen, config: Config | None = None) -> float:
+        """The longest of the last three probes: what the next one may well take. A compiled config
+        compiles in its warm-up, which eager probes never paid: for one, the longest compiled probe
+        so far (its compilation included), once there is one."""
+        done = [o for o in seen if o.status != "running"]
+        if config is not None and config.compile:
+            compiled = [o.wall_s for o in done if o.config.compile]
+            if compiled:
+                return max(compiled)
+        walls = [o.wall_s for o in done][-3:]
         return max(walls) if walls else 0.0
 
     def confirm_estimate(self, study: optuna.Study, config: Config, steps: int) -> float:

@@ -82,6 +82,9 @@ def _next_explore(search: Search, running: int) -> Proposal | str | None:
         if running or any(o.status == "running" for o in seen):
             return None  # what the probes running now (here or in another searcher) find decides
         return "the planner had nothing left worth probing"
+    if proposal.config.compile and budget.left() < (budget.next_probe_estimate(seen, proposal.config)
+                                                    + budget.confirm_reserve(search.planner, seen, study)):
+        return "the time budget (a compiled probe compiles first)"
     return proposal
 
 

@@ -114,5 +114,6 @@ def space_distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
         max(space.global_batch or 1, max(space.accumulations)),
         sharded=space.shardings != ("ddp",),
         compiled=True in space.compiles,
+        loader=space.loader.offered,
         selective="selective" in space.checkpoint_policies,
     )

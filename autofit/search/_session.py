@@ -9,7 +9,7 @@ import time
 
 import optuna
 
-from autofit.devices import DeviceInfo, check_device, current_allocator_settings
+from autofit.devices import DeviceInfo, check_device, current_allocator_settings, peak_flops_per_s
 from autofit.errors import UsageError
 from autofit.export import script_sha256
 from autofit.planner import Observation, SearchSpace
@@ -23,6 +23,7 @@ from autofit.study import (
     default_storage_url,
     default_study_name,
     is_journal,
+    model_flops_per_sample,
     observations,
     open_storage,
     quiet_heartbeat_warnings,
@@ -146,6 +147,10 @@ class Session:
         return Heartbeat(self.study, trial)
 
     def record(self, trial: optuna.Trial, result: ProbeResult, phase: str) -> None:
+        if result.ok and result.flops_per_sample is None:  # compiled or sharded: the eager probes' count
+            counted = model_flops_per_sample(self.study.get_trials(deepcopy=False))
+            if counted is not None:
+                result.set_flops(counted, peak_flops_per_s(self.device_info.name, result.config.precision))
         record_probe(self.study, trial, result, self.usable, phase)
 
     def fail_unfinished(self) -> None:

@@ -4,10 +4,12 @@ knobs; its first probe reports them, and the space narrows to what the function 
 
 from __future__ import annotations
 
+import os
+
 from autofit.config import CHECKPOINT_POLICIES, SHARDINGS, device_shardings
 from autofit.errors import UsageError
 from autofit.options import SearchOptions
-from autofit.planner import SearchSpace
+from autofit.planner import LOADER_PREFETCH, LOADER_WORKERS, LoaderChoices, SearchSpace
 from autofit.probing import WorkerInfo
 from autofit.search._settings import SearchSettings
 
@@ -50,4 +52,18 @@ def build_space(settings: SearchSettings, options: SearchOptions, info: WorkerIn
     return SearchSpace.build(batch_range=options.batch_size, precisions=tuple(wanted),
                              checkpoint_blocks=blocks, use_checkpoint=options.checkpoint,
                              global_batch=global_batch, accumulations=accumulations, shardings=shardings,
-                             compiles=compiles, checkpoint_policies=options.checkpoint_policy or CHECKPOINT_POLICIES)
+                             compiles=compiles, loader=loader_choices(settings, knobs),
+                             checkpoint_policies=options.checkpoint_policy or CHECKPOINT_POLICIES)
+
+
+def loader_choices(settings: SearchSettings, knobs: dict | None) -> LoaderChoices:
+    """The loader settings worth trying when the function offers run.loader(): worker counts up to the
+    CPUs a probe may use (more only compete for them), pinned memory on a GPU (the CPU copies nothing),
+    and prefetching beyond DataLoader's default of 2."""
+    if not knobs or not knobs.get("loader"):
+        return LoaderChoices()
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return LoaderChoices(workers=tuple(w for w in LOADER_WORKERS if w <= cpus),
+                         pin_memory=(True,) if settings.device != "cpu" else (),
+                         prefetch_factors=tuple(p for p in LOADER_PREFETCH if p != 2),
+                         declared_workers=int(knobs.get("declared_workers") or 0))

@@ -13,12 +13,13 @@ from typing import Any
 import optuna
 
 from autofit.config import Config
+from autofit.devices import mfu
 from autofit.errors import NoFeasibleConfig, UsageError
 from autofit.export import config_entry, versions
-from autofit.planner import Planner, SearchSpace
+from autofit.planner import Planner, SearchSpace, wait_share
 from autofit.study._explain import explain
 from autofit.study._storage import redacted
-from autofit.study._trials import observations, trial_config, trial_result
+from autofit.study._trials import model_flops_per_sample, observations, trial_config, trial_result
 
 #: Study user attribute where the search records how it ended ({"stopped": ..., "partial": ...}).
 END_ATTR = "autofit_end"
@@ -92,6 +93,9 @@ def best_document(
             "peak_bytes": best.peak_bytes,
             "probes": best.probes,
             "confirmed": confirmed,
+            **work_figures(trials, best.config, best.samples_per_s, meta, world_size),
+            # share of the measured time the winner's probes waited for data (when autofit saw the data)
+            **({"data_wait_share": share} if (share := wait_share(best.config, done)) is not None else {}),
         },
         "memory": {"limit_bytes": meta["limit_bytes"], "headroom": meta["headroom"], "usable_bytes": int(usable)},
         "device": meta["device_info"],
@@ -120,3 +124,17 @@ def best_tokens(trials, config: Config) -> float | None:
     values = [r.tokens_per_s for t in trials
               if trial_config(t) == config and (r := trial_result(t)) and r.tokens_per_s]
     return max(values) if values else None
+
+
+def work_figures(trials, config: Config, samples_per_s: float, meta: dict, world_size: int) -> dict[str, Any]:
+    """Model FLOP/s and MFU at the measured samples/s (FLOPs per sample as the study's probes counted
+    them), and the GPU's joules per sample over the config's probes (None where nothing says)."""
+    flops = model_flops_per_sample(trials)
+    flops_per_s = samples_per_s * flops if flops and samples_per_s else None
+    device = meta.get("device_info") or {}
+    utilisation = (mfu(flops_per_s / max(1, world_size), device.get("name", ""), config.precision)
+                   if flops_per_s and device.get("type") == "cuda" else None)
+    joules = sorted(r.joules_per_sample for t in trials
+                    if trial_config(t) == config and (r := trial_result(t)) and r.joules_per_sample)
+    return {"flops_per_sample": flops, "flops_per_s": flops_per_s, "mfu": utilisation,
+            "joules_per_sample": joules[len(joules) // 2] if joules else None}

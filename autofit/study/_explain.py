@@ -7,7 +7,7 @@ from __future__ import annotations
 import optuna
 
 from autofit.config import Config
-from autofit.planner import TIE_TOLERANCE, Candidate, Planner
+from autofit.planner import TIE_TOLERANCE, Candidate, Planner, loader_reason
 from autofit.study._trials import DATA_BOUND_ERRORS, trial_result
 from autofit.units import format_size
 
@@ -16,6 +16,9 @@ def explain(ranked: list[Candidate], done, planner: Planner, usable: float) -> s
     """Why the winner won, in one sentence a person can check."""
     best = ranked[0]
     parts = [f"{best.config.label()}: {best.samples_per_s:,.1f} samples/s"]
+    loader = loader_reason(planner.space.loader, ranked, done)
+    if loader:
+        parts.append(loader)
     others = {}
     for c in ranked[1:]:
         key = c.config.precision

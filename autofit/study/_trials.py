@@ -10,8 +10,8 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autofit.config import CHECKPOINT_POLICIES, PRECISIONS, SHARDINGS, Config
-from autofit.planner import Observation
+from autofit.config import CHECKPOINT_POLICIES, LOADER_FIELDS, PRECISIONS, SHARDINGS, Config
+from autofit.planner import LOADER_PREFETCH, LOADER_WORKERS, Observation
 from autofit.probing import ProbeResult
 
 #: Errors that say the data cannot feed a batch this large (a ceiling, not a fault of the code).
@@ -21,11 +21,12 @@ _COMPLETE_STATUSES = ("ok", "oom")
 
 
 def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumulation: int,
-                  sharded: bool = False, compiled: bool = False,
+                  sharded: bool = False, compiled: bool = False, loader: bool = False,
                   selective: bool = False) -> dict[str, BaseDistribution]:
     """The trial parameters. Integer ranges, so a study may widen them later (Optuna allows that).
-    `sharding`, `compile` and `checkpoint_policy` only where the search considers them: other studies
-    keep their form."""
+    `sharding`, `compile`, the loader's fields and `checkpoint_policy` only where the search considers
+    them: other studies keep their form. The loader's choices include None: the loader as the script
+    declares it."""
     return {
         "batch_size": IntDistribution(batch_range[0], max(batch_range[0], batch_range[1])),
         "precision": CategoricalDistribution(PRECISIONS),
@@ -33,6 +34,9 @@ def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumul
         "accumulation_steps": IntDistribution(1, max(1, max_accumulation)),
         **({"sharding": CategoricalDistribution(SHARDINGS)} if sharded else {}),
         **({"compile": CategoricalDistribution((False, True))} if compiled else {}),
+        **({"loader_workers": CategoricalDistribution((None, *LOADER_WORKERS)),
+            "pin_memory": CategoricalDistribution((None, False, True)),
+            "prefetch_factor": CategoricalDistribution((None, *LOADER_PREFETCH))} if loader else {}),
         **({"checkpoint_policy": CategoricalDistribution(CHECKPOINT_POLICIES)} if selective else {}),
     }
 
@@ -40,6 +44,7 @@ def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumul
 def config_params(config: Config) -> dict[str, Any]:
     """The trial parameters of a config: the config's own fields (Optuna takes those it asks for)."""
     return {**config.to_dict(), "sharding": config.sharding, "compile": config.compile,
+            **{name: getattr(config, name) for name in LOADER_FIELDS},
             "checkpoint_policy": config.checkpoint_policy}
 
 
@@ -71,8 +76,16 @@ def observations(trials: list[FrozenTrial], exclude: int | None = None) -> list[
                   if result.step_time_iqr_s is not None and result.step_time_median_s else None)
         out.append(Observation(config, result.status, result.peak_bytes, result.samples_per_s,
                                result.wall_s, trial.user_attrs.get("phase", "explore"), spread,
-                               result.only_just_fits, result.error_type in DATA_BOUND_ERRORS))
+                               result.only_just_fits, result.error_type in DATA_BOUND_ERRORS,
+                               result.data_wait_share))
     return out
+
+
+def model_flops_per_sample(trials: list[FrozenTrial]) -> float | None:
+    """The function's model FLOPs per sample as its probes counted them (the median: the count does
+    not depend on the config, and compiled or sharded probes count none), None before any count."""
+    counted = sorted(r.flops_per_sample for t in trials if (r := trial_result(t)) and r.flops_per_sample)
+    return counted[len(counted) // 2] if counted else None
 
 
 def record_probe(study: optuna.Study, trial: optuna.Trial, result: ProbeResult, usable_bytes: float, phase: str) -> FrozenTrial:

@@ -3,7 +3,8 @@
     python -m benchmarks.gpu.compare benchmarks/gpu/gpt124m.py --device cuda \
         --config autofit=bf16:48:0 --config lightning=fp32:16:0 --rounds 3 --steps 10
 
-A config is PRECISION:BATCH[:CHECKPOINTED_BLOCKS[:ACCUMULATION]]. Every config runs the same training
+A config is PRECISION:BATCH[:CHECKPOINTED_BLOCKS[:ACCUMULATION]], or @FILE: the config of a
+best-config file exactly as exported (every field, so what runs is what the search picked). Every config runs the same training
 program in the same process, round after round, so a drift of the machine hits them all alike. The
 median samples/s over the rounds is reported, with the peak memory and the status of each round.
 """
@@ -20,6 +21,10 @@ from autofit.probing import Worker
 
 def parse_config(text: str) -> tuple[str, Config]:
     name, _, spec = text.partition("=")
+    if spec.startswith("@"):
+        from autofit.export import read_best
+
+        return name, read_best(spec[1:]).config
     parts = spec.split(":")
     precision, batch = parts[0], int(parts[1])
     checkpoint = int(parts[2]) if len(parts) > 2 else 0
@@ -43,7 +48,8 @@ def main() -> None:
 
     limit = parse_size(args.memory_limit) if args.memory_limit else None
     configs = [parse_config(text) for text in args.config]
-    rows = {name: {"config": config.to_dict(), "samples_per_s": [], "status": [], "peak_bytes": []}
+    rows = {name: {"config": config.to_dict(), "samples_per_s": [], "status": [], "peak_bytes": [], "mfu": [],
+                   "flops_per_s": []}
             for name, config in configs}
     with Worker(args.script, device=args.device, memory_limit=limit, usable_bytes=limit) as worker:
         info = worker.start()
@@ -54,6 +60,8 @@ def main() -> None:
                 rows[name]["peak_bytes"].append(result.peak_bytes)
                 if result.samples_per_s:
                     rows[name]["samples_per_s"].append(round(result.samples_per_s, 2))
+                    rows[name]["flops_per_s"].append(result.flops_per_s)
+                    rows[name]["mfu"].append(result.mfu)
                 print(f"{name:>12} {config.label():<28} {result.status:<8} "
                       f"{result.samples_per_s or 0:9.1f} samples/s  peak {(result.peak_bytes or 0) / 2**30:6.2f} GiB",
                       flush=True)

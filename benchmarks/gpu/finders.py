@@ -3,7 +3,8 @@
     python -m benchmarks.gpu.finders lightning --device cuda --out lightning.json
     python -m benchmarks.gpu.finders hf --device cuda --start 256 --out hf.json
 
-Each finder runs in this process (that is how those tools work), in its default precision (fp32),
+Each finder runs in this process (that is how those tools work), in its default precision (fp32) or
+in bf16 as an engineer configures it (`--precision bf16`: Lightning's "bf16-mixed", HF's `bf16=True`),
 then trains `--fit-steps` steps with the batch it found, the way a user's `fit()`/`train()` would
 continue, timing each step with the device synchronised. The JSON says which batch it found, how
 long finding took, whether the following training ran or ran out of memory, and its samples/s.
@@ -44,7 +45,7 @@ class StepTimer:
         return batch / statistics.median(times) if times else None
 
 
-def lightning_finder(device: str, fit_steps: int, mode: str) -> dict:
+def lightning_finder(device: str, fit_steps: int, mode: str, precision: str = "fp32") -> dict:
     import lightning as L
     from lightning.pytorch.tuner import Tuner
     from torch.utils.data import DataLoader, TensorDataset
@@ -71,7 +72,7 @@ def lightning_finder(device: str, fit_steps: int, mode: str) -> dict:
             return DataLoader(TensorDataset(TOKENS), batch_size=self.batch_size, shuffle=True, drop_last=True)
 
     module = Module()
-    trainer = L.Trainer(accelerator="gpu" if device == "cuda" else "cpu", devices=1, precision="32-true",
+    trainer = L.Trainer(accelerator="gpu" if device == "cuda" else "cpu", devices=1, precision="bf16-mixed" if precision == "bf16" else "32-true",
                         max_steps=fit_steps, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
     started = time.perf_counter()
@@ -79,7 +80,7 @@ def lightning_finder(device: str, fit_steps: int, mode: str) -> dict:
     find_s = time.perf_counter() - started
     timer.stamps.clear()
     outcome = _fit(lambda: trainer.fit(module))
-    return {"tool": f"lightning-{mode}", "batch_size": found, "precision": "fp32", "find_s": round(find_s, 1),
+    return {"tool": f"lightning-{mode}", "batch_size": found, "precision": precision, "find_s": round(find_s, 1),
             **outcome, "samples_per_s": timer.samples_per_s(found) if outcome["fit"] == "ok" else None,
             "peak_reserved_bytes": torch.cuda.max_memory_reserved() if device == "cuda" else None}
 
@@ -92,7 +93,7 @@ class TokenDataset(Dataset):
         return {"input_ids": TOKENS[i], "labels": TOKENS[i]}
 
 
-def hf_finder(device: str, fit_steps: int, start: int) -> dict:
+def hf_finder(device: str, fit_steps: int, start: int, precision: str = "fp32") -> dict:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     timer = StepTimer(device)
@@ -106,6 +107,7 @@ def hf_finder(device: str, fit_steps: int, start: int) -> dict:
             output_dir=out, per_device_train_batch_size=start, auto_find_batch_size=True,
             max_steps=fit_steps, report_to="none", save_strategy="no", logging_strategy="no",
             dataloader_drop_last=True, use_cpu=device == "cpu", learning_rate=3e-4, weight_decay=0.1,
+            bf16=precision == "bf16",
         )
         trainer = Trainer(model=build_model(), args=args, train_dataset=TokenDataset(), callbacks=[Timing()])
         started = time.perf_counter()
@@ -115,7 +117,7 @@ def hf_finder(device: str, fit_steps: int, start: int) -> dict:
     # The finder and the training are one loop: the steps after the last restart are the training.
     steps = fit_steps + 1
     timer.stamps = timer.stamps[-steps:]
-    return {"tool": "hf-auto_find_batch_size", "batch_size": found, "precision": "fp32", "start": start,
+    return {"tool": "hf-auto_find_batch_size", "batch_size": found, "precision": precision, "start": start,
             "find_and_fit_s": round(wall, 1), **outcome,
             "samples_per_s": timer.samples_per_s(found) if outcome["fit"] == "ok" else None,
             "peak_reserved_bytes": torch.cuda.max_memory_reserved() if device == "cuda" else None}
@@ -140,6 +142,8 @@ def main() -> None:
     parser.add_argument("--fit-steps", type=int, default=12)
     parser.add_argument("--start", type=int, default=256, help="HF: the batch size auto_find_batch_size starts from")
     parser.add_argument("--mode", default="power", help="Lightning: power or binsearch")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                        help="the precision the finder and its training run in (bf16: as an engineer sets it)")
     parser.add_argument("--memory-limit", default=None,
                         help="CPU: cap this process's memory as autofit caps a probe's (RLIMIT_DATA), e.g. 2GiB")
     parser.add_argument("--out", default=None)
@@ -151,9 +155,9 @@ def main() -> None:
         limit = parse_size(args.memory_limit)
         make_backend(args.device, 0).apply_memory_limit(limit, limit)
     if args.tool == "lightning":
-        result = lightning_finder(args.device, args.fit_steps, args.mode)
+        result = lightning_finder(args.device, args.fit_steps, args.mode, args.precision)
     else:
-        result = hf_finder(args.device, args.fit_steps, args.start)
+        result = hf_finder(args.device, args.fit_steps, args.start, args.precision)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

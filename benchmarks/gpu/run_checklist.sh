@@ -5,6 +5,9 @@
 #   benchmarks/gpu/run_checklist.sh search    autofit on GPT-2 small
 #   benchmarks/gpu/run_checklist.sh compare --config NAME=PREC:BATCH ...   picks re-measured interleaved
 #   benchmarks/gpu/run_checklist.sh fidelity  probe vs normal run of GPT-2 small (benchmarks/fidelity.py)
+#   benchmarks/gpu/run_checklist.sh nanogpt   the nanoGPT-style 124M searched over every knob, then its exhaustive grid
+#   benchmarks/gpu/run_checklist.sh experts   autofit vs the expert baselines (bf16 finders, bf16 largest fit, grid)
+#   benchmarks/gpu/run_checklist.sh xl        the same where memory binds: GPT-2 XL (1.5B) at context 1024
 # Everything is logged to $OUT (default: out/gpu); PYTHON picks the interpreter (default python3).
 set -u
 cd "$(dirname "$0")/../.."
@@ -43,6 +46,33 @@ search)
 fidelity)
     step "probe vs normal run, interleaved (benchmarks/fidelity.py --device cuda)"
     "$PYTHON" -m benchmarks.fidelity --device cuda --rounds "${ROUNDS:-2}" --out "$OUT/fidelity-cuda.md"
+    ;;
+nanogpt)
+    step "autofit search benchmarks/gpu/nanogpt.py --gpu 0 --budget ${BUDGET}"
+    "$PYTHON" -m autofit.cli search benchmarks/gpu/nanogpt.py --gpu 0 --budget "$BUDGET" --fresh \
+        --storage "sqlite:///$OUT/nanogpt.db" --out "$OUT/nanogpt.best.json"
+    echo "exit status $?"
+    "$PYTHON" -m autofit.cli show --study nanogpt.train-cuda0 --storage "sqlite:///$OUT/nanogpt.db"
+    step "the exhaustive grid: every precision x checkpoint level x batch, eager and compiled"
+    "$PYTHON" -m benchmarks.record_landscape --study benchmarks/gpu/nanogpt.py --device cuda --compile \
+        --memory-limit "${LIMIT:-78GiB}" --batch 8:128 --precision tf32,bf16,fp16 --out "$OUT/nanogpt-grid.json"
+    step "the pick against the grid's best, interleaved"
+    best=$("$PYTHON" -c "import json,sys; from benchmarks.landscape import Landscape; \
+        c=Landscape.load(sys.argv[1]).best_config(); print(f'{c.precision}:{c.batch_size}:{c.checkpoint_segments}:{c.accumulation_steps}')" "$OUT/nanogpt-grid.json")
+    "$PYTHON" -m benchmarks.gpu.compare benchmarks/gpu/nanogpt.py --device cuda --rounds 3 --steps 20 \
+        --config "autofit=@$OUT/nanogpt.best.json" --config "grid=$best" --out "$OUT/nanogpt-compare.json"
+    ;;
+experts)
+    step "autofit against the expert baselines on GPT-2 small (benchmarks/experts.py)"
+    "$PYTHON" -m benchmarks.experts --device cuda --full-size --memory-limit "${LIMIT:-78GiB}" --budget "$BUDGET" \
+        --grid-batch 4:128 --rounds 3 --steps 10
+    cp benchmarks/experts-cuda.md "$OUT/"
+    ;;
+xl)
+    step "GPT-2 XL (1.5B, context 1024): memory binds on one GPU"
+    GPT124M_LAYERS=48 GPT124M_WIDTH=1600 "$PYTHON" -m benchmarks.experts --device cuda --full-size \
+        --memory-limit "${LIMIT:-78GiB}" --budget "$BUDGET" --grid-batch 1:32 --rounds 2 --steps 5
+    cp benchmarks/experts-cuda.md "$OUT/experts-xl-cuda.md"
     ;;
 compare)
     shift

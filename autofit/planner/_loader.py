@@ -1,0 +1,135 @@
+"""The input pipeline's turn (rule 6 of the planner): when the function offers `run.loader()` and the
+leader's probes waited for their data, probe the leader with other loader settings.
+
+Waiting a share s of the step for data, a faster loader makes the step at most 1/(1-s) faster: under
+MIN_LOADER_SHARE that is within a probe's noise, and the loader is left as the script declares it.
+Otherwise three steps, each on the fastest config so far, each stopping at the first variant that is
+no faster: more workers (from the count that could keep pace, s/(1-s) workers loading in parallel
+with the step, up the ladder), then prefetching further ahead (workers only), then pinned host memory
+(a GPU only). Pure logic over observations, like the rest of the planner.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from autofit.config import Config
+from autofit.planner._observation import Observation
+from autofit.planner._ranking import Candidate
+
+#: The worker counts a search tries (those within the CPUs the probes may use).
+LOADER_WORKERS: tuple[int, ...] = (0, 1, 2, 4, 8)
+#: Prefetch depths per worker: DataLoader's default and one further ahead.
+LOADER_PREFETCH: tuple[int, ...] = (2, 4)
+#: Below this share of the measured time waiting for data, a faster loader gains under 1/(1-0.03), about
+#: 3%: within the noise of a probe, so no probe is spent on it.
+MIN_LOADER_SHARE = 0.03
+#: A loader variant must be this much faster than the best so far for the search to go on up its ladder.
+_LOADER_GAIN = 1.03
+
+
+@dataclass(frozen=True)
+class LoaderChoices:
+    """The loader settings a search may try (empty workers: the function does not offer run.loader)."""
+
+    workers: tuple[int, ...] = ()
+    """Worker counts, capped by the CPUs the probes may use."""
+    pin_memory: tuple[bool, ...] = ()
+    """(True,) on a GPU: pinned batches copy faster; () on the CPU, where pinning gains nothing."""
+    prefetch_factors: tuple[int, ...] = ()
+    """Prefetch depths other than DataLoader's default of 2, tried only with workers."""
+    declared_workers: int = 0
+    """The workers the script declares (run.loader's num_workers; DataLoader's default 0)."""
+
+    @property
+    def offered(self) -> bool:
+        return bool(self.workers)
+
+
+def leader(ranked: Sequence[Candidate]) -> Candidate | None:
+    """The fastest config with the loader as the script declares it (the configs the other rules probe)."""
+    return next((c for c in ranked if not c.config.loader), None)
+
+
+def wait_share(config: Config, observations: Sequence[Observation]) -> float | None:
+    """The median share of the measured time `config`'s probes waited for data (None: never seen)."""
+    shares = sorted(o.data_wait_share for o in observations
+                    if o.config == config and o.status == "ok" and o.data_wait_share is not None)
+    return shares[len(shares) // 2] if shares else None
+
+
+def base_of(config: Config) -> Config:
+    """`config` with the loader as the script declares it."""
+    return replace(config, loader_workers=None, pin_memory=None, prefetch_factor=None)
+
+
+def next_loader_config(choices: LoaderChoices, ranked: Sequence[Candidate],
+                       observations: Sequence[Observation]) -> Config | None:
+    """The next loader variant of the leader to probe, or None when there is none worth probing (or
+    one is running: the next step depends on what it measures)."""
+    if not choices.offered:
+        return None
+    base = leader(ranked)
+    if base is None:
+        return None
+    share = wait_share(base.config, observations)
+    if share is None or share < MIN_LOADER_SHARE:
+        return None
+    if any(o.status == "running" and o.config.loader and base_of(o.config) == base.config for o in observations):
+        return None
+    rates = {c.config: c.samples_per_s for c in ranked}
+    done = {o.config for o in observations if o.status != "running"}
+    best, best_rate = base.config, base.samples_per_s
+    for step in (_more_workers, _prefetch_further, _pin_memory):
+        for config in step(choices, best, share):
+            if config not in done:
+                return config
+            rate = rates.get(config)
+            if rate is None or rate < best_rate * _LOADER_GAIN:
+                break  # no faster (or failed): the rest of this step is not tried
+            best, best_rate = config, rate
+    return None
+
+
+def _more_workers(choices: LoaderChoices, best: Config, share: float) -> list[Config]:
+    keep_pace = max(1, math.ceil(share / max(1e-9, 1 - share) - 1e-6))  # (0.8/0.2 is 4.000000000000001)
+    above = [w for w in choices.workers if w > choices.declared_workers]
+    start = next((w for w in above if w >= keep_pace), above[-1] if above else None)
+    return [replace(best, loader_workers=w) for w in above if start is not None and w >= start]
+
+
+def _prefetch_further(choices: LoaderChoices, best: Config, share: float) -> list[Config]:
+    workers = best.loader_workers if best.loader_workers is not None else choices.declared_workers
+    return [replace(best, prefetch_factor=p) for p in choices.prefetch_factors if workers > 0]
+
+
+def _pin_memory(choices: LoaderChoices, best: Config, share: float) -> list[Config]:
+    return [replace(best, pin_memory=p) for p in choices.pin_memory]
+
+
+def loader_reason(choices: LoaderChoices, ranked: Sequence[Candidate],
+                  observations: Sequence[Observation]) -> str | None:
+    """Why the winner's loader settings were chosen: 'input-bound: 38% of the step waiting for data with
+    0 workers; 2 workers: 1.6x'. None when the winner keeps the script's loader."""
+    if not ranked or not ranked[0].config.loader:
+        return None
+    base = leader(ranked)
+    winner = ranked[0]
+    if base is None or base_of(winner.config) != base.config:
+        return None
+    share = wait_share(base.config, observations)
+    declared = base.config.loader_workers if base.config.loader_workers is not None else choices.declared_workers
+    waited = f"{share:.0%} of the step waiting for data" if share is not None else "waiting for data"
+    changes = ", ".join(_change(name, value) for name, value in winner.config.loader.items())
+    return (f"input-bound: {waited} with {declared} workers; {changes}: "
+            f"{winner.samples_per_s / base.samples_per_s:.1f}x")
+
+
+def _change(name: str, value) -> str:
+    if name == "loader_workers":
+        return f"{value} workers"
+    if name == "pin_memory":
+        return "pinned memory" if value else "unpinned memory"
+    return f"prefetch {value}"

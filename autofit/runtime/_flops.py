@@ -1,0 +1,114 @@
+"""Model FLOPs of one training step, counted by PyTorch's own FlopCounterMode.
+
+A probe counts its first optimizer step (a warm-up step, never timed: the counter's dispatch costs
+Python time on every op). What is counted are *model* FLOPs, the numerator of MFU: forward,
+backward and optimizer, not the forward that activation checkpointing runs again in backward (that
+would be hardware FLOPs, HFU, and would make checkpointing look like better utilisation). The
+counter does not see that recompute (torch 2.13: the checkpoint's unpack hook runs it outside the
+mode), which tests/test_flops.py holds it to.
+
+Not counted (None): compiled configs (the counter cannot see inside an inductor graph, and the
+model FLOPs are the eager ones anyway: a search takes them from an eager probe) and sharded
+(FSDP2) configs, whose DTensors would be counted at their global shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class StepFlops:
+    """Counts the FLOPs of one step: `begin()` when the step starts, `end(samples)` when it closes."""
+
+    def __init__(self) -> None:
+        self._mode: Any = None
+        self.flops: int | None = None
+        self.samples = 0
+        self.failure: str | None = None
+        """Why nothing was counted (the counter could not start or stop), for the probe's notes."""
+
+    @property
+    def counting(self) -> bool:
+        return self._mode is not None
+
+    def begin(self) -> None:
+        try:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            _count_cpu_attention()
+            mode = FlopCounterMode(display=False)
+            mode.__enter__()
+        except Exception as error:  # noqa: BLE001 - counting is a nicety; the probe goes on
+            self.failure = f"FLOPs not counted ({type(error).__name__}: {error})"
+            return
+        self._mode = mode
+
+    def end(self, samples: int) -> None:
+        """Close the counted step of `samples` samples."""
+        mode, self._mode = self._mode, None
+        if mode is None:
+            return
+        try:
+            mode.__exit__(None, None, None)
+            total = int(mode.get_total_flops())
+        except Exception as error:  # noqa: BLE001
+            self.failure = f"FLOPs not counted ({type(error).__name__}: {error})"
+            return
+        self.flops = total
+        self.samples = samples
+
+    def abandon(self) -> None:
+        """The step did not finish (an exception left it): stop counting, keep nothing."""
+        mode, self._mode = self._mode, None
+        if mode is not None:
+            try:
+                mode.__exit__(None, None, None)
+            except Exception:  # noqa: BLE001
+                pass
+
+    @property
+    def per_sample(self) -> float | None:
+        """Model FLOPs per sample of the counted step (None when nothing was counted)."""
+        if not self.flops or not self.samples:
+            return None
+        return self.flops / self.samples
+
+
+_cpu_attention_counted = False
+
+
+def _count_cpu_attention() -> None:
+    """Give the CPU's fused attention kernels the formulas FlopCounterMode has for the CUDA ones.
+
+    PyTorch registers FLOP formulas for the flash, efficient and cuDNN attention kernels but not for
+    `_scaled_dot_product_flash_attention_for_cpu` (torch 2.13), so on a CPU every
+    `F.scaled_dot_product_attention` would count as zero FLOPs. The arguments lead with the same
+    tensors (query, key, value; backward: grad_out, query, key, value), so the same formulas apply.
+    """
+    global _cpu_attention_counted
+    if _cpu_attention_counted:
+        return
+    _cpu_attention_counted = True
+    import torch
+    from torch.utils import flop_counter
+
+    aten = torch.ops.aten
+    pairs = (("_scaled_dot_product_flash_attention_for_cpu", flop_counter.sdpa_flop),
+             ("_scaled_dot_product_flash_attention_for_cpu_backward", flop_counter.sdpa_backward_flop))
+    for name, formula in pairs:
+        op = getattr(aten, name, None)
+        if op is not None and op not in flop_counter.flop_registry:
+            # get_raw: the public formulas are already wrapped to take shapes.
+            flop_counter.register_flop_formula(op, get_raw=True)(_never_raising(formula))
+
+
+def _never_raising(formula: Any) -> Any:
+    """A formula that counts 0 rather than fail: it runs inside the user's op call."""
+
+    def counted(*args: Any, **kwargs: Any) -> int:
+        try:
+            return int(formula(*args, **kwargs))
+        except Exception:  # noqa: BLE001
+            return 0
+
+    return counted

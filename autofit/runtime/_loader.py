@@ -1,0 +1,43 @@
+"""The DataLoader `run.loader()` builds: the config's loader fields over what the script declares."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from autofit.config import Config
+
+#: Config field -> the DataLoader argument it sets.
+_ARGUMENTS = {"loader_workers": "num_workers", "pin_memory": "pin_memory", "prefetch_factor": "prefetch_factor"}
+
+
+def loader_arguments(config: Config, declared: dict[str, Any], *, probing: bool = False) -> dict[str, Any]:
+    """DataLoader keyword arguments: `declared` (the script's), with the config's loader fields on top.
+
+    Arguments that need workers are dropped when there are none (DataLoader refuses them then), and
+    a probe never keeps its workers alive between epochs (persistent_workers): each probe is a fresh
+    run, and workers kept alive would outlive it.
+    """
+    arguments = dict(declared)
+    for field, argument in _ARGUMENTS.items():
+        value = getattr(config, field)
+        if value is not None:
+            arguments[argument] = value
+    arguments.setdefault("drop_last", True)
+    if not arguments.get("num_workers"):
+        for argument in ("prefetch_factor", "persistent_workers"):
+            arguments.pop(argument, None)
+    if probing:
+        arguments.pop("persistent_workers", None)
+    return arguments
+
+
+def build_loader(dataset: Any, config: Config, batch_size: int, sampler: torch.utils.data.Sampler | None,
+                 declared: dict[str, Any], *, probing: bool = False) -> torch.utils.data.DataLoader:
+    """The DataLoader over `dataset` with `batch_size` and `sampler`, as `loader_arguments` says."""
+    arguments = loader_arguments(config, declared, probing=probing)
+    if sampler is not None:
+        arguments["sampler"] = sampler
+        arguments.pop("shuffle", None)  # the sampler shuffles
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, **arguments)

@@ -1,0 +1,165 @@
+"""autofit's pick against what an expert would set by hand, and against the exhaustive grid, in one run.
+
+    python -m benchmarks.experts [--device cpu] [--memory-limit 2GiB] [--budget 3m] [--rounds 3]
+    python -m benchmarks.experts --device cuda --script benchmarks/gpu/gpt124m.py --full-size --budget 4m
+
+The baselines are the strongest sensible choices, not the weakest:
+- Lightning's `scale_batch_size` (power mode from 2) and HF's `auto_find_batch_size` (from 256), each
+  run **in bf16** as an engineer configures them (`precision="bf16-mixed"`, `bf16=True`), in their
+  own process, as their users run them, capped by the same limit;
+- "bf16 at the largest batch that fits, no checkpointing": the hand-set expert config, read off the grid;
+- the exhaustive grid's best (the truth): every precision x checkpoint level x batch of the search
+  space probed for real (benchmarks/record_landscape.py), the fastest that fits the usable memory.
+autofit searches the same script under the same limit; its exported best-config file is measured as
+written. All picks are then re-measured **interleaved** (A B C A B C ...) in one worker under the limit
+(benchmarks/gpu/compare.py), so a drift of the machine hits them all alike. Writes
+benchmarks/experts-DEVICE.md with the table and the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from autofit.config import Config
+from autofit.units import format_flops, parse_size
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+SCRIPT = "benchmarks/gpu/gpt124m.py"
+#: The small GPT-2 of the CPU rows (benchmarks/finders-cpu.md uses the same).
+SMALL_GPT = {"GPT124M_SEQ": "64", "GPT124M_LAYERS": "4", "GPT124M_WIDTH": "256", "GPT124M_SAMPLES": "1024"}
+
+
+def _run(args: list[str], env: dict) -> subprocess.CompletedProcess:
+    print("$", " ".join(args), file=sys.stderr, flush=True)
+    done = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(done.stderr[-2000:], file=sys.stderr)
+    return done
+
+
+def _spec(config: Config) -> str:
+    return f"{config.precision}:{config.batch_size}:{config.checkpoint_segments}:{config.accumulation_steps}"
+
+
+def run_finder(tool: str, args: argparse.Namespace, env: dict, tmp: str) -> dict:
+    out = os.path.join(tmp, f"{tool}.json")
+    began = time.perf_counter()
+    extra = ["--start", "256"] if tool == "hf" else []
+    done = _run(["-m", "benchmarks.gpu.finders", tool, "--device", args.device, "--memory-limit", args.memory_limit,
+                 "--precision", "bf16", "--fit-steps", "4", "--out", out, *extra], env)
+    if done.returncode != 0 or not os.path.exists(out):
+        tail = done.stderr.strip().splitlines()[-1][:200] if done.stderr.strip() else "failed"
+        return {"error": tail, "wall_s": time.perf_counter() - began}
+    return {**json.load(open(out)), "wall_s": time.perf_counter() - began}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--script", default=SCRIPT)
+    parser.add_argument("--full-size", action="store_true", help="the script as it is (default: the small GPT-2 env)")
+    parser.add_argument("--memory-limit", default="2GiB")
+    parser.add_argument("--budget", default="3m", help="autofit's search budget")
+    parser.add_argument("--grid-batch", default="4:256", help="the grid's micro-batch range LOW:HIGH")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=6)
+    args = parser.parse_args()
+    from benchmarks.record_landscape import record
+
+    env = {**os.environ, "PYTHONPATH": REPO, **({} if args.full_size else SMALL_GPT)}
+    os.environ.update(env)  # the grid's worker runs the same script under the same settings
+    started = time.perf_counter()
+    picks: dict[str, str] = {}
+    times: dict[str, float] = {}
+    notes: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for tool in ("lightning", "hf"):
+            found = run_finder(tool, args, env, tmp)
+            name = f"{tool} (bf16)"
+            times[name] = found["wall_s"]
+            if "batch_size" in found:
+                picks[name] = f"bf16:{found['batch_size']}"
+                notes[name] = f"its own training after finding: {found.get('fit')}"
+            else:
+                notes[name] = found["error"]
+        low, _, high = args.grid_batch.partition(":")
+        began = time.perf_counter()
+        grid = record(args.script, memory_limit=parse_size(args.memory_limit), batch_range=(int(low), int(high)),
+                      precisions=("fp32", "bf16"), name="experts-grid", out=os.path.join(tmp, "grid.json"),
+                      device=args.device)
+        times["grid best"] = time.perf_counter() - began
+        fits = [e for e in grid.entries.values() if e.status == "ok" and e.peak_bytes and e.peak_bytes <= grid.usable_bytes]
+        grid_best = grid.best_config()
+        if grid_best is not None:
+            picks["grid best"] = _spec(grid_best)
+        hand = [e.config for e in fits if e.config.precision == "bf16" and e.config.checkpoint_segments == 0]
+        if hand:
+            largest = max(hand, key=lambda c: c.batch_size)
+            picks["bf16, largest batch that fits"] = _spec(largest)
+            times["bf16, largest batch that fits"] = times["grid best"]
+            notes["bf16, largest batch that fits"] = "read off the grid (doubling by hand until OOM finds the same)"
+        best_file = os.path.join(tmp, "autofit.best.json")
+        began = time.perf_counter()
+        searched = _run(["-m", "autofit.cli", "search", args.script, "--device", args.device, "--memory-limit",
+                         args.memory_limit, "--budget", args.budget, "--storage", f"sqlite:///{tmp}/autofit.db",
+                         "--out", best_file], env)
+        times["autofit"] = time.perf_counter() - began
+        if searched.returncode != 0:
+            sys.exit(f"autofit search failed: {searched.stderr[-1000:]}")
+        picks["autofit"] = "@" + best_file  # measured as exported: every field of the file
+        compared_path = os.path.join(tmp, "compare.json")
+        compared = _run(["-m", "benchmarks.gpu.compare", args.script, "--device", args.device, "--memory-limit",
+                         args.memory_limit, "--rounds", str(args.rounds), "--steps", str(args.steps),
+                         "--out", compared_path,
+                         *[part for name, spec in picks.items() for part in ("--config", f"{name}={spec}")]], env)
+        if compared.returncode != 0:
+            sys.exit(f"compare failed: {compared.stderr[-1000:]}")
+        rows = json.load(open(compared_path))["rows"]
+    write_table(args, rows, picks, times, notes, time.perf_counter() - started, grid.meta.get("probed"))
+
+
+def write_table(args, rows: dict, picks: dict, times: dict, notes: dict, elapsed: float, grid_probes) -> None:
+    rate = {name: row["median_samples_per_s"] for name, row in rows.items()}
+    baselines = [n for n in rows if n not in ("autofit", "grid best") and rate.get(n)]
+    strongest = max(baselines, key=lambda n: rate[n]) if baselines else None
+    command = (f"python -m benchmarks.experts --device {args.device} --memory-limit {args.memory_limit} "
+               f"--budget {args.budget} --rounds {args.rounds}" + (" --full-size" if args.full_size else "")
+               + (f" --script {args.script}" if args.script != SCRIPT else ""))
+    lines = [
+        f"`{command}` ({elapsed / 60:.1f} min in all, {os.cpu_count()} cores; grid: {grid_probes} probes"
+        + ("" if args.full_size else f"; small GPT-2: {', '.join(f'{k}={v}' for k, v in SMALL_GPT.items())}") + ")",
+        "",
+        "| pick | config | time to pick | samples/s (interleaved, median) | ÷ strongest baseline | ÷ grid best | model FLOP/s | MFU | peak |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, row in rows.items():
+        config = Config.from_dict(row["config"])
+        samples = rate.get(name)
+        vs_strongest = f"{samples / rate[strongest]:.2f}" if samples and strongest else "—"
+        vs_grid = f"{samples / rate['grid best']:.2f}" if samples and rate.get("grid best") else "—"
+        flops = [f for f in row.get("flops_per_s", []) if f]
+        mfus = [m for m in row.get("mfu", []) if m is not None]
+        peak = max((p for p in row["peak_bytes"] if p), default=0) / 2**20
+        lines.append(f"| {name} | {config.label()} ({'/'.join(sorted(set(row['status'])))}) | {times.get(name, 0):.0f} s "
+                     f"| {samples or 0:,.1f} | {vs_strongest} | {vs_grid} | "
+                     f"{format_flops(sorted(flops)[len(flops) // 2]) if flops else '—'} | "
+                     f"{f'{sorted(mfus)[len(mfus) // 2]:.1%}' if mfus else 'n/a'} | {peak:.0f} MiB |")
+    if strongest and rate.get("autofit"):
+        lines += ["", f"autofit ÷ the strongest baseline ({strongest}): **{rate['autofit'] / rate[strongest]:.2f}x**; "
+                      f"÷ the grid's best: **{rate['autofit'] / rate['grid best']:.2f}**" if rate.get("grid best") else ""]
+    lines += [f"- {name}: {note}" for name, note in notes.items()]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    with open(os.path.join(HERE, f"experts-{args.device}.md"), "w") as handle:
+        handle.write(text)
+
+
+if __name__ == "__main__":
+    main()
