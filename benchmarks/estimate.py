@@ -2,11 +2,16 @@
 from what a probe measures, before and after a calibration fitted on the other configs.
 
     python -m benchmarks.estimate [--limit 4GiB]
+    python -m benchmarks.estimate --scripts DIR_OR_FILES [--batches 8,16,32] [--out PATH]
 
-For each bundled study and several configs: the estimated tensor bytes at the peak, and a real
-probe's peak less its baseline (the process before the step). Calibration: measured = a + k x
-estimate, least squares over the other configs of the same study (leave-one-out), as a search
-would calibrate from the probes of its script that it has before the next one. Writes benchmarks/estimate.md.
+For each bundled study (or, with --scripts, each script given or each .py in a folder given: the
+real-world-style ones in tests/scripts, a corpus) and several configs: the estimated tensor bytes at
+the peak, and a real probe's peak less its baseline (the process before the step). Calibration:
+measured = a + k x estimate, least squares over the other configs of the same study (leave-one-out),
+as a search would calibrate from the probes of its script that it has before the next one. Writes benchmarks/estimate.md
+(--scripts: benchmarks/estimate-scripts.md). A script whose step the fake tensors cannot follow has a
+partial estimate (parameters, gradients, optimizer state): its row says so, its error is the known
+parts' against the whole measured peak.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import time
 
 from autofit.config import Config
 from autofit.memory import estimate_memory
-from autofit.probing import Worker
+from autofit.probing import Worker, WorkerStartError
 from autofit.units import parse_size
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -40,42 +45,85 @@ def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     return my - k * mx, k
 
 
+#: --scripts without arguments: the reproductions of real-world scripts the estimator must follow.
+REAL_SCRIPTS = ("nanogpt_loop.py", "moe_routing.py", "built_on_cpu_then_moved.py", "reads_loss_value.py",
+                "class_balanced.py", "lightning_tied.py", "hf_trainer.py")
+
+
+def _script_paths(spec: str) -> list[str]:
+    """The scripts of `spec`: files or folders of them, comma-separated."""
+    paths = []
+    for item in spec.split(","):
+        if os.path.isdir(item):
+            paths += sorted(os.path.join(item, f) for f in os.listdir(item)
+                            if f.endswith(".py") and not f.startswith("_"))
+        else:
+            paths.append(item)
+    return paths
+
+
+def _configs(options: dict | None, batches: list[int]) -> tuple[Config, ...]:
+    """A config per batch, the global batch the decorator declares kept by accumulation (batches that
+    do not divide it are skipped)."""
+    global_batch = (options or {}).get("global_batch")
+    return tuple(Config(b, accumulation_steps=global_batch // b if global_batch else 1) for b in batches
+                 if not global_batch or global_batch % b == 0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", default="4GiB")
+    parser.add_argument("--scripts", nargs="?", const=",".join(os.path.join(REPO, "tests", "scripts", s)
+                                                              for s in REAL_SCRIPTS), default=None,
+                        help="scripts or folders of them, comma-separated (default: tests/scripts' real-world ones)")
+    parser.add_argument("--batches", default="8,16,32")
+    parser.add_argument("--out", default=None)
     args = parser.parse_args()
     limit = parse_size(args.limit)
     started = time.perf_counter()
     rows = []
-    for study, configs in CASES.items():
-        script = os.path.join(REPO, "studies", f"{study}.py")
-        estimates = estimate_memory(script, list(configs))
+    if args.scripts:
+        cases = {os.path.basename(p).removesuffix(".py"): (p, None) for p in _script_paths(args.scripts)}
+    else:
+        cases = {study: (os.path.join(REPO, "studies", f"{study}.py"), configs) for study, configs in CASES.items()}
+    for study, (script, configs) in cases.items():
         with Worker(script, device="cpu", memory_limit=limit) as worker:
-            worker.start()
+            try:
+                info = worker.start()
+            except WorkerStartError as exc:  # nothing to measure against: said, and the next script
+                print(f"  {study}: no probe ({exc})", flush=True)
+                continue
+            configs = configs or _configs(info.options, [int(b) for b in args.batches.split(",")])
+            estimates = estimate_memory(script, list(configs))
             for config in configs:
                 result = worker.probe(config, warmup=2, steps=5, timeout=300)
                 estimate = estimates.estimates.get(config)
                 if result.ok and estimate is not None:
                     rows.append({"study": study, "config": config.label(), "estimate": estimate.total_bytes,
                                  "measured": result.peak_bytes - (result.baseline_bytes or 0),
-                                 "activations": estimate.breakdown["activations"]})
+                                 "activations": estimate.breakdown["activations"],
+                                 "partial": "partial: " + "+".join(estimate.missing) + " missing"
+                                 if estimate.missing else ""})
+                why = estimates.unavailable.get(config, "")
                 print(f"  {study} {config.label():<16} estimate "
                       f"{(estimate.total_bytes if estimate else 0) / 2**20:8.1f} MiB  measured "
-                      f"{((result.peak_bytes or 0) - (result.baseline_bytes or 0)) / 2**20:8.1f} MiB  {result.status}",
-                      flush=True)
+                      f"{((result.peak_bytes or 0) - (result.baseline_bytes or 0)) / 2**20:8.1f} MiB  {result.status} "
+                      f"{(estimate.summary() or '') if estimate else why}", flush=True)
     for i, row in enumerate(rows):  # as a search calibrates: from the other probes of the same script
         a, k = _fit([(r["estimate"], r["measured"]) for j, r in enumerate(rows) if j != i and r["study"] == row["study"]])
-        row["calibrated"] = a + k * row["estimate"]
+        row["calibrated"] = a + k * row["estimate"]  # (a study with one config: k = 1, a = its own offset)
     a, k = _fit([(r["estimate"], r["measured"]) for r in rows])
     lines = [f"Memory estimate vs measured peak on CPU ({platform.processor() or platform.machine()}, "
-             f"{os.cpu_count()} cores), `python -m benchmarks.estimate --limit {args.limit}`, "
+             f"{os.cpu_count()} cores), `python -m benchmarks.estimate --limit {args.limit}"
+             f"{' --scripts ' + args.scripts if args.scripts else ''}`, "
              f"{(time.perf_counter() - started) / 60:.1f} min.", "",
              "| study | config | estimate (tensors) | measured (peak − baseline) | raw error | calibrated (same study, leave-one-out) | calibrated error |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         raw = r["estimate"] / r["measured"] - 1
         cal = r["calibrated"] / r["measured"] - 1
-        lines.append(f"| {r['study']} | {r['config']} | {r['estimate'] / 2**20:,.1f} MiB | {r['measured'] / 2**20:,.1f} MiB "
+        lines.append(f"| {r['study']} | {r['config']}{' (' + r['partial'] + ')' if r['partial'] else ''} "
+                     f"| {r['estimate'] / 2**20:,.1f} MiB | {r['measured'] / 2**20:,.1f} MiB "
                      f"| {raw:+.1%} | {r['calibrated'] / 2**20:,.1f} MiB | {cal:+.1%} |")
     errors = sorted(abs(r["calibrated"] / r["measured"] - 1) for r in rows)
     raws = sorted(abs(r["estimate"] / r["measured"] - 1) for r in rows)
@@ -84,7 +132,8 @@ def main() -> None:
               f"(leave-one-out): median {statistics.median(errors):.1%}, max {max(errors):.1%}"]
     text = "\n".join(lines) + "\n"
     print(text)
-    with open(os.path.join(HERE, "estimate.md"), "w") as handle:
+    out = args.out or os.path.join(HERE, "estimate-scripts.md" if args.scripts else "estimate.md")
+    with open(out, "w") as handle:
         handle.write(text)
 
 

@@ -124,3 +124,4 @@ def test_a_gpt_probe_counts_what_the_palm_formula_says(tmp_path):
     per_token = 6 * matmul_weights + 12 * layers * context * width
     assert result["flops_per_sample"] / context == pytest.approx(per_token, rel=0.03)
     assert result["flops_per_s"] == pytest.approx(result["samples_per_s"] * result["flops_per_sample"])
+

@@ -3,6 +3,8 @@ import pytest
 import torch
 
 from autofit.config import Config
+from autofit.devices import make_backend
+from autofit.probing._probe import run_probe
 from autofit.runtime import ProbeFinished, Run
 
 
@@ -86,6 +88,37 @@ def test_checkpointing_recomputes_forward_in_backward():
             h = b(h)
         h.sum().backward()
         assert calls["n"] == expected
+
+
+def test_a_model_met_again_with_fewer_checkpointed_blocks_recomputes_only_those():
+    # A model built once (at import: tests/corpus/late_device.py) meets several configs in one process
+    # (probes in a CUDA worker): the blocks a config leaves out must run without checkpointing again.
+    calls = {"n": 0}
+
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            calls["n"] += 1
+            return torch.relu(self.lin(x))
+
+    blocks = torch.nn.ModuleList([Counting(), Counting()])
+    keys = list(blocks.state_dict())
+    for segments, expected in ((2, 4), (1, 3), (0, 2), (2, 4)):
+        calls["n"] = 0
+        Run(Config(batch_size=2, checkpoint_segments=segments)).checkpoint(blocks)
+        h = torch.randn(2, 4, requires_grad=True)
+        for b in blocks:
+            h = b(h)
+        h.sum().backward()
+        assert calls["n"] == expected, segments
+        assert [getattr(b, "_autofit_checkpointed", False) for b in blocks] == [i < segments for i in range(2)]
+        assert list(blocks.state_dict()) == keys
+    assert "forward" in vars(blocks[0])
+    Run(Config(batch_size=2)).checkpoint(blocks)
+    assert "forward" not in vars(blocks[0])  # the class's own forward again
 
 
 def test_autocast_uses_the_precision():
@@ -247,3 +280,21 @@ def test_the_sampler_has_set_epoch_in_one_process_too():
     assert sorted(first) == sorted(second) == list(range(20))  # the whole dataset, each sample once
     assert first != second  # a new epoch, a new order
     assert list(run.sampler(data, shuffle=False)) == list(range(20))
+
+
+def test_a_loop_that_ends_after_enough_steps_is_measured_as_it_ran():
+    """A confirmation asks for 10x a probe's steps; a script whose own loop ends sooner (its data, its
+    max_train_steps) is measured as it ran, with a note; one that ends before a probe's few steps is
+    still an error that says how to loop."""
+
+    def sixteen_steps(run: Run) -> None:
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in run.batches([torch.randn(run.batch_size, 4) for _ in range(16)]):
+            run.backward(model(x).square().mean(), opt)
+
+    backend = make_backend("cpu", 0)
+    long = run_probe(sixteen_steps, Config(batch_size=2), backend, warmup_steps=2, measured_steps=50, min_measure_s=0)
+    assert long.ok and long.measured_steps == 14 and "returned after 16 optimizer steps" in long.notes[-1]
+    short = run_probe(sixteen_steps, Config(batch_size=2), backend, warmup_steps=12, measured_steps=5, min_measure_s=0)
+    assert short.status == "error" and short.error_type == "ProbeTooShort"

@@ -271,7 +271,7 @@ def estimate(target: str, sizes: tuple[int, ...] | None, memory_limit: int | Non
     from autofit.devices import check_device
     from autofit.memory import WhatFits
     from autofit.probing import check_script, parse_target
-    from autofit.report import describe_fits, fits_json
+    from autofit.report import describe_fits, describe_known_parts, fits_json, known_parts_json
 
     script, function = parse_target(target)
     check_script(script)
@@ -285,6 +285,10 @@ def estimate(target: str, sizes: tuple[int, ...] | None, memory_limit: int | Non
         if fits.unavailable:
             raise CommandFailed(f"No memory estimate of {target} is possible: {fits.unavailable}. "
                                 f"Probe it instead: autofit probe {target} --batch-size 8.")
+        if fits.partial is not None:
+            click.echo(json.dumps(known_parts_json(fits, target), indent=2) if as_json
+                       else describe_known_parts(fits, target))
+            return
         predicted = fits.predict_all(list(sizes), headroom)
     finally:
         fits.close()

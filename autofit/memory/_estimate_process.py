@@ -8,8 +8,12 @@ sorts every tensor it sees into parameters, gradients, optimizer state, activati
 
 Two steps, because the optimizer's state appears in the first step and the peak of a steady step
 holds it. The data is read for real (outside the fake mode, through Run.data_context); the model,
-the step and the optimizer never allocate. A separate process, so that anything the estimator
-cannot handle (a crash in fake tensors, a function that reads a tensor's value) costs nothing.
+the step and the optimizer never allocate. The fake mode answers what a loop reads from its tensors
+(`loss.item()`, GradScaler's checks) and guesses data-dependent sizes (autofit.memory._fake_values);
+conversions and copies of fake parameters (tied weights, `.to()`, an EMA's deepcopy) are done without
+the storage swaps PyTorch would make. Where a step still cannot be followed, the estimate is partial:
+what the optimizers created hold. A separate process, so that anything the estimator cannot handle (a
+crash in fake tensors) costs nothing.
 """
 
 from __future__ import annotations
@@ -25,29 +29,29 @@ _CATEGORIES = {"PARAM": "parameters", "BUFFER": "parameters", "GRAD": "gradients
 
 
 def estimate_one(fn: Any, config: Any, device: Any) -> dict:
-    """Peak tensor bytes of two steps of `fn` under `config`, by category; or why there is none."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
-    from torch.distributed._tools.mem_tracker import MemTracker
+    """Peak tensor bytes of two steps of `fn` under `config`, by category; or why there is none.
 
-    from autofit.runtime import ProbeFinished, Run
+    Where the fake tensors cannot follow a step, what the optimizers hold is still known: the
+    parameters, their gradients and the optimizer's state (`_known_parts`), with the rest missing."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from autofit.memory._fake_values import ValueFreeFakeMode
+    from autofit.errors import AutofitError
+    from autofit.runtime import DataTooSmall, ProbeFinished, Run
 
     run = Run(config, device, probing=True, warmup_steps=1, measured_steps=1, min_measure_s=0.0,
               max_measured_steps=1)
     run.compile_enabled = False  # fake tensors through inductor: estimated as the eager model
-    tracker = MemTracker()
-    tracking = []
+    tracker = _tracker()
 
     @contextmanager
-    def read_data_then_track():
-        """Data for real; the tracker from the first batch on: entered earlier, its weak references
-        to the new parameters would stop `model.to(device)` from swapping them."""
+    def read_data():
+        """Data for real (the loader's own tensors), outside the fake mode."""
         with unset_fake_temporarily():
             yield
-        if not tracking:
-            tracking.append(tracker.__enter__())
 
-    run.data_context = read_data_then_track
+    run.data_context = read_data
     step_taken, backward = run.step_taken, run.backward
     seen_optimizers: set[int] = set()
 
@@ -64,18 +68,29 @@ def estimate_one(fn: Any, config: Any, device: Any) -> dict:
 
     run.step_taken = step_taken_then_reset
     run.backward = backward_tracking_parameters
+    mode = ValueFreeFakeMode(allow_non_fake_inputs=True)
+    failure = known = None
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True), _moves_in_place(), run.active():
+        with mode, _conversions_in_place(), _fake_deep_copies(), _optimizers_created() as optimizers, run.active():
             try:
-                fn(run)
+                with tracker:  # from the start: a framework's trainer reads its data itself
+                    fn(run)
             except ProbeFinished:
                 pass
-            finally:
-                if tracking:
-                    tracker.__exit__(None, None, None)
-    except Exception as exc:  # noqa: BLE001 - the estimate is unavailable, and the reason is reported
-        return {"ok": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400],
-                "traceback": traceback.format_exc()[-3000:]}
+            except (DataTooSmall, AutofitError):
+                raise  # the config, not the fake tensors: no estimate of it at all
+            except Exception as exc:  # noqa: BLE001 - what the optimizers hold is still known
+                failure = exc
+                known = _known_parts(optimizers)
+                raise
+    except Exception as exc:  # noqa: BLE001 - the estimate is unavailable or partial, and the reason is reported
+        failure = failure or exc
+        why = _why(failure)
+        if known is None:
+            return {"ok": False, "error": why, "traceback": traceback.format_exc()[-3000:]}
+        breakdown, missing = known
+        return {"ok": True, "breakdown": breakdown, "missing": missing, "notes": list(mode.notes.values()),
+                "error": why, "knobs": run.knobs.to_dict(), "traceback": traceback.format_exc()[-3000:]}
     if run.clock.steps_done < 2:
         return {"ok": False, "error": f"the function returned after {run.clock.steps_done} optimizer steps "
                                       f"of the two an estimate runs"}
@@ -85,33 +100,177 @@ def estimate_one(fn: Any, config: Any, device: Any) -> dict:
             name = _CATEGORIES.get(getattr(key, "name", str(key)))
             if name is not None:
                 breakdown[name] += int(value)
-    return {"ok": True, "breakdown": breakdown, "knobs": run.knobs.to_dict()}
+    return {"ok": True, "breakdown": breakdown, "missing": [], "notes": list(mode.notes.values()),
+            "knobs": run.knobs.to_dict()}
+
+
+def _tracker():
+    """PyTorch's MemTracker, for a training loop's steps: a second forward before the optimizer step
+    (gradient accumulation) starts a new iteration of its per-module statistics instead of stopping it,
+    and a forward inside the optimizer's step (Lightning's closure) makes activations, not state."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class StepTracker(MemTracker):
+        def _pre_fw_hook(self, module, inputs):
+            self._in_opt = False  # the optimizer's post-step hook still files its state as OPT
+            try:
+                super()._pre_fw_hook(module, inputs)
+            except NotImplementedError:  # "multiple iterative calls": the next micro-batch
+                self.reset_mod_stats()
+                super()._pre_fw_hook(module, inputs)
+
+        # A module whose forward ran before the last step's reset (a GAN's generator, stepped after
+        # the discriminator): its statistics are gone, the global peak this estimate reads is not.
+        def _post_fw_hook(self, module, inputs, outputs):
+            if module in self.memory_tracking:
+                super()._post_fw_hook(module, inputs, outputs)
+
+        def _pre_bw_hook(self, module, args):
+            if module in self.memory_tracking:
+                super()._pre_bw_hook(module, args)
+
+        def _post_bw_hook(self, module, args):
+            if module in self.memory_tracking:
+                super()._post_bw_hook(module, args)
+
+    return StepTracker()
+
+
+def _why(failure: BaseException) -> str:
+    """What stopped the fake tensors, in one line: the op a value or a size depends on, where it is one."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    if isinstance(failure, (DynamicOutputShapeException, DataDependentOutputException)):
+        op = getattr(getattr(failure, "func", None), "overloadpacket", failure).__name__
+        what = "has a data-dependent size" if isinstance(failure, DynamicOutputShapeException) else "reads a value"
+        return f"`{op}` {what}"
+    return f"{type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}"[:400]
+
+
+def _known_parts(optimizers: list) -> tuple[dict[str, int], list[str]] | None:
+    """What the optimizers created so far hold once they have stepped: their parameters (each once:
+    tied weights are one tensor), a gradient per trainable one, and their state, made by one step of
+    each on fake gradients (the state of Adam, momentum and the like is created lazily by the first
+    step). None when no optimizer was created."""
+    import torch
+
+    params = {id(p): p for opt in optimizers for group in opt.param_groups for p in group["params"]}
+    if not params:
+        return None
+    breakdown = dict.fromkeys(_CATEGORIES.values(), 0)
+    breakdown["parameters"] = sum(p.numel() * p.element_size() for p in params.values())
+    breakdown["gradients"] = sum(p.numel() * p.element_size() for p in params.values() if p.requires_grad)
+    missing = ["activations", "temporaries"]
+    try:
+        with torch.no_grad():
+            for p in params.values():
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            for opt in optimizers:
+                if not opt.state:
+                    opt.step()
+        state = {id(t): t for opt in optimizers for per_param in opt.state.values()
+                 for t in per_param.values() if isinstance(t, torch.Tensor)}
+        breakdown["optimizer"] = sum(t.numel() * t.element_size() for t in state.values())
+    except Exception:  # noqa: BLE001 - the optimizer's state is missing too
+        missing.insert(0, "optimizer")
+    return breakdown, missing
 
 
 @contextmanager
-def _moves_in_place():
-    """`module.to(device)` of a model already there returns it as it is: PyTorch swaps fake
-    parameters into new ones, which fails while the fake mode holds references to them."""
-    import itertools
-
+def _optimizers_created():
+    """The optimizers the function creates, in order (the parts known without a step come from them)."""
     import torch
 
-    original = torch.nn.Module.to
+    created: list = []
+    original = torch.optim.Optimizer.__init__
 
-    def to(module, *args, **kwargs):
-        device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)
-        tensors = itertools.chain(module.parameters(), module.buffers())
-        if dtype is None and memory_format is None and all(
-                device is None or (t.device.type == device.type and device.index in (None, t.device.index))
-                for t in tensors):
-            return module
-        return original(module, *args, **kwargs)
+    def init(optimizer, *args, **kwargs):
+        original(optimizer, *args, **kwargs)
+        if not any(o is optimizer for o in created):
+            created.append(optimizer)
 
-    torch.nn.Module.to = to
+    torch.optim.Optimizer.__init__ = init
+    try:
+        yield created
+    finally:
+        torch.optim.Optimizer.__init__ = original
+
+
+@contextmanager
+def _fake_deep_copies():
+    """`copy.deepcopy` of a fake tensor (an EMA copy of the model, torchmetrics' state defaults, which
+    Lightning's `self.log` makes): PyTorch's copies its storage, which a fake tensor has on the meta
+    device only; a clone is the same copy without it."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+    original = torch.Tensor.__deepcopy__
+
+    def deepcopy(tensor, memo):
+        if not isinstance(tensor, FakeTensor):  # a real one (a model built at import): copied for real
+            with unset_fake_temporarily():
+                return original(tensor, memo)
+        if type(tensor) is torch.nn.Parameter:
+            return original(tensor, memo)
+        if id(tensor) not in memo:
+            with torch.no_grad():
+                copied = tensor.clone()
+            memo[id(tensor)] = copied.requires_grad_(tensor.requires_grad)
+        return memo[id(tensor)]
+
+    torch.Tensor.__deepcopy__ = deepcopy
     try:
         yield
     finally:
-        torch.nn.Module.to = original
+        torch.Tensor.__deepcopy__ = original
+
+
+@contextmanager
+def _conversions_in_place():
+    """`module.to(device)`, `.float()` and the like on fake parameters. PyTorch swaps each fake
+    parameter for a converted one, which fails while anything else refers to it (the other module of
+    a tied weight, the fake mode): a parameter the conversion leaves as it is stays, and one it does
+    change is swapped or, where that fails, replaced."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    original = torch.nn.Module._apply
+
+    def _apply(module, fn, recurse=True):
+        if not any(isinstance(p, FakeTensor) for p in module._parameters.values()):
+            return original(module, fn, recurse=recurse) if not recurse else _children_then(module, fn, original)
+        if recurse:
+            for child in module.children():
+                child._apply(fn)
+        for key, param in module._parameters.items():
+            if param is None:
+                continue
+            with torch.no_grad():
+                applied = fn(param)
+            if applied is param or (applied.dtype, applied.device, applied.shape) == (param.dtype, param.device,
+                                                                                      param.shape):
+                continue
+            converted = torch.nn.Parameter(applied, requires_grad=param.requires_grad)
+            try:
+                torch.utils.swap_tensors(param, converted)
+            except RuntimeError:
+                module._parameters[key] = converted
+        for key, buffer in module._buffers.items():
+            if buffer is not None:
+                module._buffers[key] = fn(buffer)
+        return module
+
+    def _children_then(module, fn, own):
+        for child in module.children():
+            child._apply(fn)
+        return own(module, fn, recurse=False)
+
+    torch.nn.Module._apply = _apply
+    try:
+        yield
+    finally:
+        torch.nn.Module._apply = original
 
 
 def main(argv: list[str]) -> int:
@@ -129,8 +288,10 @@ def main(argv: list[str]) -> int:
     message = channel.receive()
     if message is None or message["op"] != "load":
         return 0
+    request = LoadRequest.from_wire(message["request"])
+    del sys.argv[1:]  # a script that parses its command line finds no arguments, not this process's FD
     try:
-        loaded = bootstrap(LoadRequest.from_wire(message["request"]), cap_memory=False)
+        loaded = bootstrap(request, cap_memory=False)
     except ScriptError as exc:
         raise exc.__cause__ from None  # the process dies of the user's error: the supervisor reports how
     channel.send(ok_reply(**loaded.describe()))

@@ -28,10 +28,36 @@ class MemoryEstimate:
 
     config: Config
     breakdown: dict[str, int]
+    missing: tuple[str, ...] = ()
+    """Parts not predicted (their bytes are 0 in `breakdown`): the fake tensors could not follow a
+    step, so only what the optimizers hold is known (`why_missing` says what stopped them)."""
+    notes: tuple[str, ...] = ()
+    """What the estimate guessed (a data-dependent size taken at its upper bound, and the like)."""
+    why_missing: str | None = None
 
     @property
     def total_bytes(self) -> int:
         return sum(self.breakdown.values())
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing
+
+    def summary(self) -> str | None:
+        """One line on what was not predicted, or guessed; None for a complete estimate without guesses."""
+        if self.missing:
+            named = {"optimizer": "optimizer state"}
+            known = [named.get(p, p) for p in ("parameters", "gradients", "optimizer") if p not in self.missing]
+            missing = [named.get(p, p) for p in self.missing if p != "temporaries"]
+            return (f"memory estimator: {_listed(missing)} not predicted ({self.why_missing}); "
+                    f"{_listed(known)} predicted")
+        if self.notes:
+            return "memory estimator: " + "; ".join(self.notes)
+        return None
+
+
+def _listed(names: list[str]) -> str:
+    return " and ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 @dataclass
@@ -163,9 +189,13 @@ def _parse(configs: list[Config], reply: dict, failure: str | None) -> Estimates
     out.baseline_bytes = reply.get("baseline_bytes")
     out.options = reply.get("options")
     out.knobs = next((found["knobs"] for found in reply["estimates"] if found["ok"]), None)
+    out.knobs = next((found["knobs"] for found in reply["estimates"] if found["ok"] and not found.get("missing")),
+                     out.knobs)
     for config, found in zip(configs, reply["estimates"]):
         if found["ok"]:
-            out.estimates[config] = MemoryEstimate(config, {part: int(found["breakdown"].get(part, 0)) for part in PARTS})
+            breakdown = {part: int(found["breakdown"].get(part, 0)) for part in PARTS}
+            out.estimates[config] = MemoryEstimate(config, breakdown, tuple(found.get("missing", ())),
+                                                   tuple(found.get("notes", ())), found.get("error"))
         else:
             out.unavailable[config] = found["error"]
     missing = configs[len(reply["estimates"]):]

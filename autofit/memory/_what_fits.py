@@ -56,13 +56,22 @@ class WhatFits:
         self.why_not: dict[Config, str] = {}
         self.estimator = Estimator(script, function)  # one process for every question: loaded once
         pilot = self.estimator.estimate([Config(8)])
-        self.estimates.update(pilot.estimates)
+        self.baseline = CUDA_CONTEXT_BYTES if on_gpu else (baseline_bytes or pilot.baseline_bytes or 0)
+        self.partial: MemoryEstimate | None = None
+        """The pilot's estimate when the fake tensors could not follow a step: only its known parts."""
+        self.notes: list[str] = []
+        """What the estimates guessed or could not predict, one line each (from the pilot)."""
         if pilot.error or not pilot.estimates:
             self.unavailable = pilot.error or next(iter(pilot.unavailable.values()), "no estimate")
             return
         self.unavailable = None
+        first = next(iter(pilot.estimates.values()))
+        self.notes = [first.summary()] if first.summary() else []
+        if not first.complete:
+            self.partial = first
+            return
+        self.estimates.update(pilot.estimates)
         options = pilot.options or {}
-        self.baseline = CUDA_CONTEXT_BYTES if on_gpu else (baseline_bytes or pilot.baseline_bytes or 0)
         self.global_batch = global_batch or options.get("global_batch")
         low, high = batch_range or tuple(options.get("batch_size") or (1, _LARGEST_BATCH))
         high = min(high, _LARGEST_BATCH)
@@ -73,6 +82,11 @@ class WhatFits:
         self.precisions = tuple(p for p in order if wanted is None or p in wanted) if knobs.get("autocast") else ("fp32",)
         blocks = knobs.get("checkpoint_blocks") if checkpoint else None
         self.levels = checkpoint_levels(blocks)
+
+    def known_floor(self) -> int:
+        """A partial estimate's device peak at least: the device's own memory and the known parts."""
+        factor = 1 + ALLOCATOR_OVERHEAD if self.on_gpu else 1.0
+        return int(self.baseline + self.partial.total_bytes * factor)
 
     def close(self) -> None:
         """Stop the estimator process."""
@@ -85,9 +99,15 @@ class WhatFits:
             return
         found = self.estimator.estimate(missing)
         for config in missing:
-            self.estimates[config] = found.estimates.get(config)
+            estimate = found.estimates.get(config)
+            if estimate is not None and not estimate.complete:  # followed at batch 8, not at this one
+                self.why_not[config] = estimate.why_missing or "partial estimate"
+                estimate = None
+            self.estimates[config] = estimate
             if config in found.unavailable:
                 self.why_not[config] = found.unavailable[config]
+            if estimate is not None:
+                self.notes += [line for line in [estimate.summary()] if line and line not in self.notes]
 
     def peak(self, estimate: MemoryEstimate) -> int:
         """Predicted device peak: the device's own memory plus the tensors (and, on a GPU, rounding)."""
@@ -227,7 +247,7 @@ class WhatFits:
 
 def _as_estimated(config: Config) -> Config:
     """TF32 changes the matmul unit, not a tensor's bytes: estimated as fp32 (the CPU has none). fp16
-    holds the bytes bf16 does, and its loss scaler reads values that fake tensors do not have: as bf16."""
+    holds the bytes bf16 does (its loss scaler's few scalars aside): as bf16, one estimate for both."""
     same_bytes = {"tf32": "fp32", "fp16": "bf16"}.get(config.precision)
     if same_bytes is None:
         return config

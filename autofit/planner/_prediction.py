@@ -95,11 +95,14 @@ class MemoryPrediction:
     """The estimator's tensor bytes of a search's configs, and the device's prior factor range."""
 
     def __init__(self, tensor_bytes: TensorBytes, *, device_bytes: float,
-                 factors: tuple[float, float] = CPU_FACTORS) -> None:
+                 factors: tuple[float, float] = CPU_FACTORS, floor_bytes: float | None = None) -> None:
         self.tensor_bytes = tensor_bytes
         #: What the device holds before any tensor (the process on CPU, the CUDA context on a GPU).
         self.device_bytes = float(device_bytes)
         self.factors = factors
+        #: Tensor bytes every config holds at least, where only some parts were estimated (the
+        #: parameters, gradients and optimizer state of a step the fake tensors could not follow).
+        self.floor_bytes = floor_bytes
 
     @classmethod
     def from_estimates(cls, estimated: Mapping[Config, float], **kwargs) -> MemoryPrediction:
@@ -199,6 +202,11 @@ class CalibratedPrediction:
         return found is not None and found.high <= usable
 
     def too_big(self, config: Config, usable: float) -> bool:
-        """Predicted not to fit even at the low end of its range."""
+        """Predicted not to fit even at the low end of its range; without a prediction, when the
+        tensors known to be held (a partial estimate's floor) alone do not fit. A floor makes no
+        config a gamble: the planner explores above it as it would without an estimate."""
         found = self.peak(config)
-        return found is not None and found.low > usable
+        if found is None:
+            floor = self.prediction.floor_bytes
+            return bool(floor) and self.prediction.device_bytes + floor > usable
+        return found.low > usable

@@ -3,18 +3,20 @@ figures of a study; the self-contained HTML report. Nothing here decides anythin
 
 from __future__ import annotations
 
-from autofit.report._estimate_text import describe_fits, fits_json
+from autofit.report._estimate_text import describe_fits, describe_known_parts, fits_json, known_parts_json
 from autofit.report._probe_text import describe_probe
 from autofit.report._search_text import describe_search
 from autofit.report._study_text import describe_study, describe_trial, select_probes, studies_table
 
 __all__ = [
     "describe_fits",
+    "describe_known_parts",
     "describe_probe",
     "describe_search",
     "describe_study",
     "describe_trial",
     "fits_json",
+    "known_parts_json",
     "select_probes",
     "studies_table",
     "write_report",

@@ -14,10 +14,31 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.0f}"
 
 
+def describe_known_parts(fits: WhatFits, target: str) -> str:
+    """A partial estimate: the parts the optimizers hold, what was not predicted and why."""
+    estimate = fits.partial
+    known = [p for p in PARTS if p not in estimate.missing and estimate.breakdown[p]]
+    lines = [f"memory estimate of {target}: PARTIAL, predicted from fake tensors, not measured", *fits.notes, ""]
+    lines += [f"{part:>12}  {format_size(estimate.breakdown[part])}" for part in known]
+    device = "CUDA context prior" if fits.on_gpu else "this process before any step"
+    lines += ["", f"a device needs at least {format_size(fits.known_floor())} ({device} included) before "
+                  f"{' and '.join(p for p in estimate.missing if p != 'temporaries')}; "
+                  "`autofit search` measures the rest from its first probe."]
+    return "\n".join(lines)
+
+
+def known_parts_json(fits: WhatFits, target: str) -> dict:
+    estimate = fits.partial
+    return {"target": target, "predicted": "partial", "device": "gpu" if fits.on_gpu else "cpu",
+            "baseline_bytes": fits.baseline, "missing": list(estimate.missing), "why_missing": estimate.why_missing,
+            "notes": fits.notes, "known_bytes": {p: estimate.breakdown[p] for p in PARTS if p not in estimate.missing},
+            "at_least_bytes": fits.known_floor(), "fits": []}
+
+
 def describe_fits(fits: WhatFits, predicted: list[Fit], target: str) -> str:
     device = "GPU of each size" if fits.on_gpu else "this CPU"
     lines = [f"memory estimate of {target} on a {device}: PREDICTED from two steps on fake tensors, not measured",
-             ""]
+             *fits.notes, ""]
     header = f"{'memory':>10} {'config':<24} {'peak (pred.)':>12}  " + " ".join(f"{_SHORT[p]:>7}" for p in PARTS)
     lines += [header, "-" * len(header)]
     for fit in predicted:
@@ -47,7 +68,7 @@ def describe_fits(fits: WhatFits, predicted: list[Fit], target: str) -> str:
 def fits_json(fits: WhatFits, predicted: list[Fit], target: str) -> dict:
     return {
         "target": target, "predicted": True, "device": "gpu" if fits.on_gpu else "cpu",
-        "baseline_bytes": fits.baseline,
+        "baseline_bytes": fits.baseline, "notes": fits.notes,
         "fits": [{"memory_bytes": f.memory_bytes, "usable_bytes": f.usable_bytes,
                   "config": f.config.to_dict() if f.config else None,
                   "predicted_peak_bytes": f.predicted_peak_bytes,

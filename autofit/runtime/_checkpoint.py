@@ -60,3 +60,15 @@ def apply_checkpoint(block: torch.nn.Module, policy: str = "full") -> torch.nn.M
     block._autofit_checkpointed = True
     block._autofit_checkpoint_policy = policy
     return block
+
+
+def remove_checkpoint(block: torch.nn.Module) -> torch.nn.Module:
+    """Undo `apply_checkpoint` on `block`, in place (nothing to do on a block it never wrapped)."""
+    if not getattr(block, "_autofit_checkpointed", False):
+        return block
+    if block._autofit_forward == getattr(type(block), "forward").__get__(block):
+        del block.forward  # the class's own forward again
+    else:
+        block.forward = block._autofit_forward
+    del block._autofit_checkpointed, block._autofit_forward, block._autofit_checkpoint_policy
+    return block

@@ -19,7 +19,7 @@ import torch
 
 from autofit.config import Config
 from autofit.runtime._batch import count_samples, split_batch, to_device
-from autofit.runtime._checkpoint import apply_checkpoint
+from autofit.runtime._checkpoint import apply_checkpoint, remove_checkpoint
 from autofit.runtime._distributed import Ranks, agree_on_most
 from autofit.runtime._flops import StepFlops
 from autofit.runtime._precision import make_grad_scaler, precision_context, precision_scope
@@ -531,16 +531,20 @@ class Run:
         return torch.compile(model, **kwargs)
 
     def checkpoint(self, blocks: Sequence[torch.nn.Module]) -> Sequence[torch.nn.Module]:
-        """Activation checkpointing on the first `checkpoint_segments` of `blocks`, under the config's
-        `checkpoint_policy`: "full" recomputes each block's forward in backward, "selective" all of it
-        but the matmul, convolution and attention outputs, which it keeps.
+        """Activation checkpointing on the first `checkpoint_segments` of `blocks`, and on none of
+        the others (a model built once, at import, meets several configs in one process), under the
+        config's `checkpoint_policy`: "full" recomputes each block's forward in backward, "selective"
+        all of it but the matmul, convolution and attention outputs, which it keeps.
 
         Uses PyTorch's non-reentrant checkpoint; the modules keep their names and state-dict keys.
         """
         blocks = list(blocks) if not isinstance(blocks, torch.nn.ModuleList) else blocks
         self.knobs.checkpoint_blocks = len(blocks)
-        for block in list(blocks)[: self.config.checkpoint_segments]:
-            apply_checkpoint(block, policy=self.config.checkpoint_policy)
+        for index, block in enumerate(blocks):
+            if index < self.config.checkpoint_segments:
+                apply_checkpoint(block, policy=self.config.checkpoint_policy)
+            else:
+                remove_checkpoint(block)
         return blocks
 
     def batches(

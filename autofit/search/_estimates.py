@@ -64,7 +64,7 @@ class EstimatorLifecycle:
             stored = estimate_space(study, self._estimator, space, self.s.budget_s, limit_bytes)
             self.close()  # its work is done: its memory goes back
             self.reporter.note(stored.summary())
-            if stored.error:
+            if stored.error or stored.note:
                 self.notes.append(stored.summary())
         return stored.prediction(device_type)
 
@@ -89,6 +89,8 @@ def estimate_space(study: optuna.Study, estimator: Estimator, space: SearchSpace
     for config in configs:
         curves.setdefault(estimated_key(config), []).append(config)
     error, baseline, asked = None, None, 0
+    known: dict[Config, int] = {}  # partial estimates: the parts the optimizers hold
+    notes: list[str] = []
     for i in range(max(len(c) for c in curves.values())):
         wanted = [c[i] for c in curves.values() if i < len(c) and _may_fit(c[i], c[:i], breakdowns,
                                                                              baseline or 0, limit_bytes)]
@@ -97,10 +99,13 @@ def estimate_space(study: optuna.Study, estimator: Estimator, space: SearchSpace
         asked += len(wanted)
         found = estimator.estimate(wanted, timeout=max(1.0, deadline - time.monotonic()))
         baseline = found.baseline_bytes if found.baseline_bytes is not None else baseline
-        breakdowns.update({c: dict(e.breakdown) for c, e in found.estimates.items()})
+        breakdowns.update({c: dict(e.breakdown) for c, e in found.estimates.items() if e.complete})
+        known.update({c: e.total_bytes for c, e in found.estimates.items() if not e.complete})
+        notes += [line for e in found.estimates.values() if (line := e.summary()) and line not in notes]
         error = error or (f"its {allowed:.0f}s ran out" if estimator.timed_out else found.error) \
             or _first_reason(found.unavailable)
-    stored = StoredEstimates(breakdowns, baseline, time.monotonic() - started, error, asked)
+    stored = StoredEstimates(breakdowns, baseline, time.monotonic() - started, error, asked,
+                             min(known.values()) if known else None, notes[0] if notes else None)
     study.set_user_attr(ESTIMATES_ATTR, stored.to_dict())
     return stored
 

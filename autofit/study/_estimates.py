@@ -24,28 +24,33 @@ class StoredEstimates:
     seconds: float
     error: str | None
     asked: int
+    known_bytes: int | None = None
+    """Where the fake tensors could not follow a step: the tensor bytes still known (parameters,
+    gradients, optimizer state), a floor under every config's peak."""
+    note: str | None = None
+    """What the estimator could not predict or guessed, one line."""
 
     def to_dict(self) -> dict:
         return {"configs": [{"config": c.to_dict(), "breakdown": b} for c, b in self.breakdowns.items()],
                 "baseline_bytes": self.baseline_bytes, "seconds": round(self.seconds, 1), "error": self.error,
-                "asked": self.asked}
+                "asked": self.asked, "known_bytes": self.known_bytes, "note": self.note}
 
     @classmethod
     def from_dict(cls, data: dict) -> StoredEstimates:
         return cls({Config.from_dict(e["config"]): {p: int(v) for p, v in e["breakdown"].items()}
                     for e in data.get("configs", [])},
                    data.get("baseline_bytes"), float(data.get("seconds", 0.0)), data.get("error"),
-                   int(data.get("asked", 0)))
+                   int(data.get("asked", 0)), data.get("known_bytes"), data.get("note"))
 
     def prediction(self, device: str) -> MemoryPrediction | None:
-        """The planner's predictions; None when nothing was estimated."""
-        if not self.breakdowns:
+        """The planner's predictions; None when nothing was estimated (nor any part known)."""
+        if not self.breakdowns and not self.known_bytes:
             return None
         on_gpu = device == "cuda"
         return MemoryPrediction.from_estimates(
             {c: sum(b.values()) for c, b in self.breakdowns.items()},
             device_bytes=CUDA_CONTEXT_BYTES if on_gpu else (self.baseline_bytes or 0),
-            factors=CUDA_FACTORS if on_gpu else CPU_FACTORS)
+            factors=CUDA_FACTORS if on_gpu else CPU_FACTORS, floor_bytes=self.known_bytes)
 
     def breakdown(self, config: Config) -> dict[str, float] | None:
         """Predicted tensor bytes of `config` by part, interpolated along the batch like the totals."""
@@ -71,11 +76,13 @@ class StoredEstimates:
         return parts
 
     def summary(self) -> str:
+        if self.note and not self.breakdowns:
+            return f"{self.note}; the planner rules out what they alone do not fit, and learns the rest from probes"
         done = f"memory estimator: {len(self.breakdowns)} of {self.asked} configs estimated in {self.seconds:.0f}s"
         if self.error:
             return f"{done} ({self.error}); the planner predicts with those it has" if self.breakdowns else (
                 f"memory estimator: no estimate ({self.error}); memory is learnt from probes alone")
-        return done
+        return f"{done} ({self.note.removeprefix('memory estimator: ')})" if self.note else done
 
 
 def stored_estimates(study: optuna.Study) -> StoredEstimates | None:
