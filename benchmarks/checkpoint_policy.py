@@ -72,7 +72,8 @@ def report(args, configs: list[Config], results: dict[Config, list], blocks: int
     lines = [f"`{command}` ({minutes:.1f} min, {os.cpu_count()} cores; {args.study}, fp32 b={args.batch_size}, "
              f"limit {format_size(args.memory_limit)}; {args.rounds} interleaved rounds of {args.warmup} warm-up "
              f"and {args.steps} measured steps; worker baseline {baseline / MiB:.0f} MiB)", "",
-             "| checkpointing | probes ok | peak MiB | above baseline MiB | ÷ none (above baseline) | samples/s | ÷ none |",
+             "| checkpointing | probes ok | peak MiB | above baseline MiB | ÷ none (above baseline) "
+             "| samples/s | ÷ none |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for c in configs:
         above = peak[c] - baseline if peak[c] is not None else None

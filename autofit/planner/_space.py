@@ -193,7 +193,8 @@ class SearchSpace:
             **({"loader": {"workers": list(self.loader.workers), "pin_memory": list(self.loader.pin_memory),
                            "prefetch_factors": list(self.loader.prefetch_factors),
                            "declared_workers": self.loader.declared_workers}} if self.loader.offered else {}),
-            **({"checkpoint_policies": list(self.checkpoint_policies)} if self.checkpoint_policies != ("full",) else {}),
+            **({"checkpoint_policies": list(self.checkpoint_policies)}
+               if self.checkpoint_policies != ("full",) else {}),
         }
 
     @classmethod

@@ -77,8 +77,8 @@ class ThroughputModels:
                 continue
             distance = (other.precision != strategy.precision) * 100 + (other.sharding != strategy.sharding) * 50 + abs(
                 other.checkpoint_segments - strategy.checkpoint_segments
-            ) + (other.accumulation_steps != strategy.accumulation_steps) * 10 + (other.compile != strategy.compile) * 20 + (
-                other.checkpoint_policy != strategy.checkpoint_policy)
+            ) + (other.accumulation_steps != strategy.accumulation_steps) * 10 + (other.compile != strategy.compile) * 20
+            distance += other.checkpoint_policy != strategy.checkpoint_policy
             if best is None or distance < best[0]:
                 best = (distance, model)
         return best[1] if best else None

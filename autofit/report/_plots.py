@@ -315,7 +315,8 @@ def config_labels(frame: pd.DataFrame) -> pd.Series:
 
     from autofit.config import Config
 
-    labels = [Config(batch_size=int(r.batch_size), precision=r.precision, checkpoint_segments=int(r.checkpoint_segments),
-                     accumulation_steps=int(r.accumulation_steps), checkpoint_policy=r.checkpoint_policy).label()
+    labels = [Config(batch_size=int(r.batch_size), precision=r.precision,
+                     checkpoint_segments=int(r.checkpoint_segments), accumulation_steps=int(r.accumulation_steps),
+                     checkpoint_policy=r.checkpoint_policy).label()
               for r in frame.itertuples(index=False)]
     return pd.Series(labels, index=frame.index, dtype="string")

@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 
 COLUMNS = {
     "trial": "int64", "phase": "string", "status": "string", "precision": "string",
-    "batch_size": "int64", "checkpoint_segments": "int64", "checkpoint_policy": "string", "accumulation_steps": "int64",
+    "batch_size": "int64", "checkpoint_segments": "int64", "checkpoint_policy": "string",
+    "accumulation_steps": "int64",
     "global_batch": "int64", "samples_per_s": "float64", "tokens_per_s": "float64",
     "flops_per_s": "float64", "mfu": "float64", "joules_per_sample": "float64",
     "step_time_median_s": "float64", "peak_bytes": "Int64", "limit_bytes": "Int64",
