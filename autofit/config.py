@@ -19,6 +19,11 @@ PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
 #: the CPU between uses. One process ignores it.
 SHARDINGS: tuple[str, ...] = ("ddp", "fsdp", "fsdp-offload")
 
+#: What a checkpointed block (run.checkpoint) recomputes in backward, most memory saved first:
+#: "full" its whole forward; "selective" all but the outputs of matmuls, convolutions and attention,
+#: which it keeps (torchtitan's op-level selective checkpointing).
+CHECKPOINT_POLICIES: tuple[str, ...] = ("full", "selective")
+
 
 @dataclass(frozen=True)
 class Config:
@@ -45,10 +50,14 @@ class Config:
     swapped out (no gain on the CPU)."""
     prefetch_factor: int | None = None
     """Batches each worker loads ahead (workers > 0 only): absorbs uneven loading times, for host memory."""
+    checkpoint_policy: str = "full"
+    """What the checkpointed blocks recompute (see CHECKPOINT_POLICIES): "selective" keeps the matmul,
+    convolution and attention outputs, so it saves less memory than "full" for little recompute."""
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
         check_sharding(self.sharding)
+        check_checkpoint_policy(self.checkpoint_policy)
         if self.batch_size < 1:
             raise UsageError(f"The batch size must be at least 1, but got {self.batch_size}.")
         if self.accumulation_steps < 1:
@@ -66,8 +75,9 @@ class Config:
         return self.batch_size * self.accumulation_steps
 
     def to_dict(self) -> dict:
-        """The fields; `sharding` and `compile` only when not the default, the loader's only when set,
-        so that single-process, eager configs (and every study recorded before they existed) keep their form."""
+        """The fields; `sharding`, `compile` and `checkpoint_policy` only when not the default, the
+        loader's only when set, so that single-process, eager, fully checkpointed configs (and every
+        study recorded before those existed) keep their form."""
         data = asdict(self)
         if self.sharding == "ddp":
             del data["sharding"]
@@ -76,6 +86,8 @@ class Config:
         for name in LOADER_FIELDS:
             if data[name] is None:
                 del data[name]
+        if self.checkpoint_policy == "full":
+            del data["checkpoint_policy"]
         return data
 
     @classmethod
@@ -90,6 +102,7 @@ class Config:
             loader_workers=_optional(data.get("loader_workers"), int),
             pin_memory=_optional(data.get("pin_memory"), bool),
             prefetch_factor=_optional(data.get("prefetch_factor"), int),
+            checkpoint_policy=str(data.get("checkpoint_policy", "full")),
         )
 
     @property
@@ -98,10 +111,12 @@ class Config:
         return {name: getattr(self, name) for name in LOADER_FIELDS if getattr(self, name) is not None}
 
     def label(self) -> str:
-        """Short human form: 'bf16 b=64 ckpt=2 acc=4'."""
+        """Short human form: 'bf16 b=64 ckpt=2 selective acc=4'."""
         parts = [self.precision, f"b={self.batch_size}"]
         if self.checkpoint_segments:
             parts.append(f"ckpt={self.checkpoint_segments}")
+            if self.checkpoint_policy != "full":
+                parts.append(self.checkpoint_policy)
         if self.accumulation_steps > 1:
             parts.append(f"acc={self.accumulation_steps}")
         if self.sharding != "ddp":
@@ -143,6 +158,12 @@ def device_shardings(device_type: str) -> tuple[str, ...]:
 def check_sharding(name: str) -> str:
     if name not in SHARDINGS:
         raise UsageError(f"The sharding must be one of {', '.join(SHARDINGS)}, but got {name!r}.")
+    return name
+
+
+def check_checkpoint_policy(name: str) -> str:
+    if name not in CHECKPOINT_POLICIES:
+        raise UsageError(f"The checkpoint policy must be one of {', '.join(CHECKPOINT_POLICIES)}, but got {name!r}.")
     return name
 
 

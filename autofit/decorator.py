@@ -146,6 +146,7 @@ def autofit(
     accumulation: tuple[int, ...] | list[int] | None = None,
     sharding: tuple[str, ...] | list[str] | str | None = None,
     checkpoint: bool = True,
+    checkpoint_policy: tuple[str, ...] | list[str] | str | None = None,
     compile: bool = True,
     default_batch_size: int | None = None,
     recover_oom: bool = True,
@@ -155,6 +156,8 @@ def autofit(
         precision = (precision,)
     if isinstance(sharding, str):
         sharding = (sharding,)
+    if isinstance(checkpoint_policy, str):
+        checkpoint_policy = (checkpoint_policy,)
     options = SearchOptions(
         global_batch=global_batch,
         batch_size=tuple(batch_size),
@@ -162,6 +165,7 @@ def autofit(
         accumulation=tuple(accumulation) if accumulation is not None else None,
         sharding=tuple(sharding) if sharding is not None else None,
         checkpoint=checkpoint,
+        checkpoint_policy=tuple(checkpoint_policy) if checkpoint_policy is not None else None,
         compile=compile,
         default_batch_size=default_batch_size,
         recover_oom=recover_oom,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autofit.config import MAX_BATCH, Config, check_precision, check_sharding
+from autofit.config import MAX_BATCH, Config, check_checkpoint_policy, check_precision, check_sharding
 from autofit.errors import UsageError
 
 
@@ -27,6 +27,8 @@ class SearchOptions:
     offers its blocks to run.distribute; None: all three."""
     checkpoint: bool = True
     """Consider activation checkpointing when the function offers blocks to run.checkpoint()."""
+    checkpoint_policy: tuple[str, ...] | None = None
+    """Checkpoint policies to consider (full, selective; see CHECKPOINT_POLICIES); None: both."""
     compile: bool = True
     """Consider torch.compile when the function offers its model to run.compile()."""
     default_batch_size: int | None = None
@@ -46,6 +48,10 @@ class SearchOptions:
                 check_precision(name)
         for name in self.sharding or ():
             check_sharding(name)
+        for name in self.checkpoint_policy or ():
+            check_checkpoint_policy(name)
+        if self.checkpoint_policy is not None and not self.checkpoint_policy:
+            raise UsageError("The checkpoint policy list must not be empty.")
         if self.global_batch is not None and self.global_batch < 1:
             raise UsageError(f"The global batch must be at least 1, but got {self.global_batch}.")
 

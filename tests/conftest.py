@@ -37,7 +37,7 @@ def probed_configs(search_stderr: str) -> list[tuple[str, int, int]]:
     """(status, micro-batch, accumulation) of every probe a search printed."""
     import re
 
-    found = re.findall(r"trial \d+: (\w+)\s+\w+ b=(\d+)(?: ckpt=\d+)?(?: acc=(\d+))?", search_stderr)
+    found = re.findall(r"trial \d+: (\w+)\s+\w+ b=(\d+)(?: ckpt=\d+(?: selective)?)?(?: acc=(\d+))?", search_stderr)
     return [(status, int(batch), int(accumulation or 1)) for status, batch, accumulation in found]
 
 

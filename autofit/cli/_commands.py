@@ -10,6 +10,7 @@ import click
 
 from autofit.cli._context import CliContext, CommandFailed, as_click_error, into_context
 from autofit.cli._types import (
+    CHECKPOINT_POLICY_LIST,
     DURATION,
     GPU_LIST,
     INT_LIST,
@@ -19,7 +20,7 @@ from autofit.cli._types import (
     SHARDING_LIST,
     SIZE_LIST,
 )
-from autofit.config import PRECISIONS, SHARDINGS
+from autofit.config import CHECKPOINT_POLICIES, PRECISIONS, SHARDINGS
 from autofit.errors import AutofitError
 
 
@@ -94,6 +95,8 @@ def cli(ctx: click.Context) -> None:
               help="Numeric precision of the forward pass.")
 @click.option("--checkpoint", type=click.IntRange(min=0), default=0, show_default=True,
               help="Blocks with activation checkpointing.")
+@click.option("--checkpoint-policy", type=click.Choice(CHECKPOINT_POLICIES), default="full", show_default=True,
+              help="What the checkpointed blocks recompute: all of their forward, or all but matmuls and attention.")
 @click.option("--accumulation", type=click.IntRange(min=1), default=1, show_default=True,
               help="Micro-batches per optimizer step.")
 @click.option("--compile", "compile_", is_flag=True,
@@ -115,9 +118,10 @@ def cli(ctx: click.Context) -> None:
 @click.option("--timeout", type=DURATION, default="5m", show_default=True, help="Kill the probe after this long.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
-def probe(ctx: click.Context, target: str, batch_size: int, precision: str, checkpoint: int, accumulation: int,
-          compile_: bool, sharding: str, loader_workers: int | None, pin_memory: bool | None,
-          prefetch_factor: int | None, memory_limit: int | None, nproc_per_node: int, nnodes: int, node_rank: int,
+def probe(ctx: click.Context, target: str, batch_size: int, precision: str, checkpoint: int,
+          checkpoint_policy: str, accumulation: int, compile_: bool, sharding: str, loader_workers: int | None,
+          pin_memory: bool | None, prefetch_factor: int | None, memory_limit: int | None, nproc_per_node: int,
+          nnodes: int, node_rank: int,
           rdzv_endpoint: str | None, steps: int, warmup: int, timeout: float, as_json: bool) -> None:
     """Run one probe: a few real training steps of TARGET under one config.
 
@@ -134,7 +138,8 @@ def probe(ctx: click.Context, target: str, batch_size: int, precision: str, chec
     info = state.device_info()
     config = Config(batch_size=batch_size, precision=precision, checkpoint_segments=checkpoint,
                     accumulation_steps=accumulation, sharding=sharding, compile=compile_,
-                    loader_workers=loader_workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor)
+                    loader_workers=loader_workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
+                    checkpoint_policy=checkpoint_policy)
     settings = ProbeSettings(script=script, function=function, config=config, device=state.device,
                              index=state.index, memory_limit=memory_limit, nproc_per_node=nproc_per_node,
                              nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, warmup=warmup,
@@ -183,6 +188,9 @@ def probe(ctx: click.Context, target: str, batch_size: int, precision: str, chec
               help="Kill a probe after this long (default: derived from the budget and earlier probes).")
 @click.option("--compile/--no-compile", "compile_", default=None,
               help="Probe torch.compile as well as eager when the function offers run.compile() (default: yes).")
+@click.option("--checkpoint-policy", "checkpoint_policies", type=CHECKPOINT_POLICY_LIST, default=None,
+              help="Checkpoint policies to consider when the function offers run.checkpoint(), e.g. full "
+                   "(default: full,selective).")
 @click.option("--alloc-conf", default=None, metavar="SETTINGS",
               help="PYTORCH_CUDA_ALLOC_CONF for the probes, e.g. expandable_segments:True (recorded in the best config).")
 @click.option("--estimate/--no-estimate", default=True, show_default=True,
@@ -195,8 +203,8 @@ def search(ctx: click.Context, target: str, workers: int, nproc_per_node: int, n
            rdzv_endpoint: str | None, memory_limit: int | None, budget: float, trials: int | None, headroom: float,
            global_batch: int | None, batch_range, precision, accumulation, sharding, study: str | None,
            out: str | None, fresh: bool, steps: int, warmup: int, probe_timeout: float | None,
-           alloc_conf: str | None, compile_: bool | None, estimate: bool, as_json: bool, quiet: bool,
-           verbose: bool) -> None:
+           alloc_conf: str | None, compile_: bool | None, checkpoint_policies, estimate: bool, as_json: bool,
+           quiet: bool, verbose: bool) -> None:
     """Search the fastest config of TARGET that fits, within a time budget, and export it.
 
     TARGET is a script with one @autofit function, or SCRIPT:FUNCTION. Running the same command
@@ -216,7 +224,7 @@ def search(ctx: click.Context, target: str, workers: int, nproc_per_node: int, n
         storage=state.storage_url, out=out, fresh=fresh, warmup=warmup, steps=steps, probe_timeout=probe_timeout,
         gpus=state.gpus, workers=workers, nproc_per_node=nproc_per_node,
         nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, estimate=estimate,
-        compile=compile_, alloc_conf=alloc_conf,
+        compile=compile_, checkpoint_policy=checkpoint_policies, alloc_conf=alloc_conf,
     )
     take_ctrl_c()  # a search started with SIGINT ignored (a background job) still stops on Ctrl-C
     if node_rank > 0:

@@ -1,6 +1,7 @@
 """What the observations say fits, and what cannot: memory is monotone within one precision, sharding
-and compilation (peak rises with micro-batch, falls with more checkpointed blocks), so one OOM or one
-fit implies the answer for many configs that are then never probed; the data is a ceiling too."""
+and compilation (peak rises with micro-batch, falls with more checkpointing: `needs_no_more_memory`),
+so one OOM or one fit implies the answer for many configs that are then never probed; the data is a
+ceiling too."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Sequence
 
 from autofit.config import Config
 from autofit.planner._observation import Observation
-from autofit.planner._space import SearchSpace, Strategy
+from autofit.planner._space import SearchSpace, Strategy, needs_no_more_memory
 
 
 class Feasibility:
@@ -26,21 +27,23 @@ class Feasibility:
         return config in self._tried
 
     def fit_max(self, strategy: Strategy) -> int | None:
-        """Largest batch known (or implied) to fit: fits with as many or fewer checkpointed blocks."""
+        """Largest batch known (or implied) to fit: fits with checkpointing that needs as much memory or
+        more (as many or fewer checkpointed blocks, ...)."""
         fits = [
             o.config.batch_size for o in self.done
             if family(o.config) == strategy.family
-            and o.config.checkpoint_segments <= strategy.checkpoint_segments
+            and needs_no_more_memory(strategy, o.config)
             and o.fits(self.usable)
         ]
         return max(fits) if fits else None
 
     def oom_min(self, strategy: Strategy) -> int | None:
-        """Smallest batch known (or implied) too big: too big with as many or more blocks."""
+        """Smallest batch known (or implied) too big: too big with checkpointing that needs as little
+        memory or less (as many or more blocks, ...)."""
         too_big = [
             o.config.batch_size for o in self.done
             if family(o.config) == strategy.family
-            and o.config.checkpoint_segments >= strategy.checkpoint_segments
+            and needs_no_more_memory(o.config, strategy)
             and o.too_big(self.usable)
         ]
         return min(too_big) if too_big else None
@@ -90,5 +93,5 @@ class Feasibility:
 
 
 def family(config: Config) -> tuple[str, str, bool]:
-    """The configs whose memory compares by batch and checkpointed blocks alone."""
+    """The configs whose memory compares by batch and checkpointing alone."""
     return config.precision, config.sharding, config.compile

@@ -16,8 +16,10 @@ from autofit.planner._space import SearchSpace, Strategy
 #: Prior for how much a strategy's per-sample memory shrinks, relative to fp32 without checkpointing.
 _HALF_PRECISION_SLOPE = 0.6
 _FULL_CHECKPOINT_SLOPE = 0.4
+#: The same with every block under selective checkpointing, which keeps the matmul outputs.
+_SELECTIVE_CHECKPOINT_SLOPE = 0.7
 
-MemoryKey = tuple[str, str, int, bool]
+MemoryKey = tuple[str, str, int, bool, str]
 
 
 class MemoryModels:
@@ -54,9 +56,10 @@ class MemoryModels:
             return max(0.03, 2 * line.max_rel_residual)
         return 0.15 if own else None
 
-    def _prior_ratio(self, precision: str, k: int) -> float:
+    def _prior_ratio(self, precision: str, k: int, policy: str = "full") -> float:
         ratio = _HALF_PRECISION_SLOPE if precision in ("bf16", "fp16") else 1.0
-        return ratio * (1 - (1 - _FULL_CHECKPOINT_SLOPE) * k / self._max_k)
+        kept = _SELECTIVE_CHECKPOINT_SLOPE if policy == "selective" else _FULL_CHECKPOINT_SLOPE
+        return ratio * (1 - (1 - kept) * k / self._max_k)
 
     def line(self, strategy: Strategy) -> Line | None:
         """peak = a + m*batch for this precision, sharding and checkpoint level.
@@ -78,20 +81,22 @@ class MemoryModels:
         return line
 
     def _borrowed_line(self, key: MemoryKey, own: list[tuple[float, float]]) -> Line | None:
-        precision, sharding, k, compiled = key
+        precision, sharding, k, compiled, policy = key
         references = []
         for p in self.space.precisions:
             for h in self.space.shardings:
                 for kk in self.space.checkpoint_segments:
                     for c in self.space.compiles:
-                        ref = fit_line(self._peaks((p, h, kk, c)))
-                        if ref is not None and ref.slope > 0:
-                            distance = (p != precision) * 10 + (h != sharding) * 5 + (c != compiled) * 3 + abs(kk - k)
-                            references.append((distance, p, kk, ref))
+                        for q in self.space.checkpoint_policies if kk else ("full",):
+                            ref = fit_line(self._peaks((p, h, kk, c, q)))
+                            if ref is not None and ref.slope > 0:
+                                distance = ((p != precision) * 10 + (h != sharding) * 5 + (c != compiled) * 3
+                                            + abs(kk - k) + (q != policy))
+                                references.append((distance, p, kk, q, ref))
         if not references:
             return None
-        _, p, kk, ref = min(references, key=lambda r: r[0])
-        slope = ref.slope * self._prior_ratio(precision, k) / self._prior_ratio(p, kk)
+        _, p, kk, q, ref = min(references, key=lambda r: r[0])
+        slope = ref.slope * self._prior_ratio(precision, k, policy) / self._prior_ratio(p, kk, q)
         if own:  # one peak of its own: the borrowed intercept (weights, optimizer) through it
             b, peak = max(own)
             if peak > ref.intercept:

@@ -4,16 +4,19 @@ Pure logic over `Observation`s (no Optuna, no torch), so the live search, parall
 benchmark's replays all run the same decisions. The rules, in order:
 
 1. Memory is monotone: within one precision and sharding, peak memory rises with micro-batch and
-   falls with more checkpointed blocks. An OOM (or a peak inside the headroom) at batch b implies the same at every
-   larger batch with as many or fewer checkpointed blocks; a fit implies fits below. Implied answers
-   are never probed.
+   falls with more checkpointing: more checkpointed blocks under one policy, and at as many blocks or
+   more, full checkpointing below selective below none (selective on more blocks than full compares
+   with it neither way). An OOM (or a peak inside the headroom) at batch b implies the same at every
+   larger batch with checkpointing that needs as much memory or more; a fit implies fits below, and
+   with checkpointing that needs as little or less. Implied answers are never probed.
 2. A memory model per strategy (peak = a + m*batch, fitted from the peaks measured, bounded below by
    the OOMs) jumps straight to the largest batch predicted to fit, instead of doubling from 1. When
    the model, fitted on two or more points, predicts that the next batch would cross the usable
    memory by more than its own error, that batch is not probed.
 3. A throughput model per strategy (time per micro-batch = c0 + c1*batch) bounds what a strategy can
    reach: strategies (and the rest of a bracket) that cannot beat the best so far are skipped;
-   checkpointing, which only adds compute, is bounded by its precision's model without it, and a
+   checkpointing, which only adds compute, is bounded by its precision's model without it (and, once
+   measured, by checkpointing that recomputes less: fewer blocks, or selective for full), and a
    sharded strategy (FSDP2, which only adds communication) by the same strategy under DDP.
 4. Throughput is noisy and not always monotone: the neighbours of the best batch are probed before
    the search ends, climbing while they improve.
@@ -187,7 +190,8 @@ class Planner:
 
     def _order(self, state: _State) -> list[Strategy]:
         """Pilot strategy, then each precision without checkpointing, then checkpointing levels
-        (best precision first, fewest blocks first), then other accumulations, then shardings."""
+        (best precision first, fewest blocks first, selective before full: it recomputes less), then
+        other accumulations, then shardings."""
         strategies = self.space.strategies()
         first_acc = strategies[0].accumulation_steps
 
@@ -202,6 +206,7 @@ class Planner:
                 s.checkpoint_segments > 0,
                 -best_of_precision(s.precision) if s.checkpoint_segments else self.space.precisions.index(s.precision),
                 s.checkpoint_segments,
+                s.checkpoint_policy != "selective",
             )
 
         return sorted(strategies, key=key)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from autofit.config import Config
 from autofit.planner._observation import Observation
+from autofit.planner._space import checkpoint_policy
 
 #: Peak bytes per tensor byte the estimator counts, before any probe measures it.
 CPU_FACTORS = (1.0, 2.5)
@@ -52,7 +53,7 @@ def configs_to_estimate(configs: Iterable[Config]) -> list[Config]:
     curves: dict[tuple, dict[int, Config]] = {}
     for config in configs:
         eager = Config(config.batch_size, config.precision, config.checkpoint_segments, config.accumulation_steps,
-                       config.sharding)
+                       config.sharding, checkpoint_policy=checkpoint_policy(config))
         curves.setdefault(estimated_key(config), {}).setdefault(config.batch_size, eager)
     out = []
     for _, by_batch in sorted(curves.items(), key=lambda item: item[0][2] > 0):
@@ -67,15 +68,15 @@ def configs_to_estimate(configs: Iterable[Config]) -> list[Config]:
     return out
 
 
-def memory_key(item) -> tuple[str, str, int, bool]:
-    """What shares one measured memory curve: precision, sharding, checkpointed blocks, compilation
-    (not accumulation)."""
-    return item.precision, item.sharding, item.checkpoint_segments, item.compile
+def memory_key(item) -> tuple[str, str, int, bool, str]:
+    """What shares one measured memory curve: precision, sharding, checkpointed blocks, compilation,
+    checkpoint policy (not accumulation)."""
+    return item.precision, item.sharding, item.checkpoint_segments, item.compile, checkpoint_policy(item)
 
 
-def estimated_key(item) -> tuple[str, str, int]:
+def estimated_key(item) -> tuple[str, str, int, str]:
     """What shares one estimated curve: the estimator runs the model eager, compiled or not."""
-    return item.precision, item.sharding, item.checkpoint_segments
+    return item.precision, item.sharding, item.checkpoint_segments, checkpoint_policy(item)
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
-"""The search space: which micro-batches, precisions, checkpoint levels, accumulations and (for
-distributed probes) shardings to consider."""
+"""The search space: which micro-batches, precisions, checkpoint levels and policies, accumulations
+and (for distributed probes) shardings to consider."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autofit.config import PRECISIONS, SHARDINGS, Config
+from autofit.config import CHECKPOINT_POLICIES, PRECISIONS, SHARDINGS, Config
 from autofit.errors import UsageError
 from autofit.planner._loader import LoaderChoices
 
@@ -36,6 +36,39 @@ def checkpoint_levels(blocks: int | None) -> list[int]:
     return sorted({0, max(1, round(blocks / 4)), max(1, round(blocks / 2)), blocks})
 
 
+def checkpoint_policy(item) -> str:
+    """The checkpoint policy of a Config or Strategy as it acts: "full" where no block is checkpointed
+    (the policy then changes nothing), so such configs share one strategy and one memory curve."""
+    return item.checkpoint_policy if item.checkpoint_segments else "full"
+
+
+def needs_no_more_memory(a, b) -> bool:
+    """Whether `a` needs no more memory than `b` at the same micro-batch, both of one family (Configs
+    or Strategies): rule 1's order by checkpointing. More blocks under one policy need less; at as
+    many blocks or more, full checkpointing needs less than selective, which needs less than none.
+    Selective with more blocks than full compares with it neither way: unknown, never implied."""
+    ka, kb = a.checkpoint_segments, b.checkpoint_segments
+    if kb == 0:
+        return True
+    if ka < kb:
+        return False
+    pa, pb = checkpoint_policy(a), checkpoint_policy(b)
+    return pa == pb or pa == "full"
+
+
+def recomputes_no_more(a, b) -> bool:
+    """Whether `a` recomputes no more of the forward than `b` (rule 3's order by checkpointing):
+    none recomputes nothing; selective on as many blocks or fewer recomputes less than full; one
+    policy on fewer blocks, less than on more."""
+    ka, kb = a.checkpoint_segments, b.checkpoint_segments
+    if ka == 0:
+        return True
+    if kb < ka:
+        return False
+    pa, pb = checkpoint_policy(a), checkpoint_policy(b)
+    return pa == pb or pb == "full"
+
+
 @dataclass(frozen=True)
 class Strategy:
     """Everything but the micro-batch: within one strategy, memory rises with batch size."""
@@ -45,16 +78,20 @@ class Strategy:
     accumulation_steps: int | None = None  # None: derived from the global batch
     sharding: str = "ddp"
     compile: bool = False
+    checkpoint_policy: str = "full"
+    """"full" or "selective" (see CHECKPOINT_POLICIES); "full" when no block is checkpointed."""
 
     def label(self) -> str:
         text = self.precision + (f" ckpt={self.checkpoint_segments}" if self.checkpoint_segments else "")
+        text += " selective" if checkpoint_policy(self) == "selective" else ""
         if self.accumulation_steps and self.accumulation_steps > 1:
             text += f" acc={self.accumulation_steps}"
         return text + (f" {self.sharding}" if self.sharding != "ddp" else "") + (" compiled" if self.compile else "")
 
     @property
     def family(self) -> tuple[str, str, bool]:
-        """Strategies whose memory is ordered by checkpointing alone (rule 1 of the planner)."""
+        """Strategies whose memory is ordered by checkpointing alone (rule 1 of the planner; see
+        `needs_no_more_memory`)."""
         return self.precision, self.sharding, self.compile
 
 
@@ -72,6 +109,8 @@ class SearchSpace:
     """(False,): eager only; (False, True): the function offers run.compile(), both are probed."""
     loader: LoaderChoices = LoaderChoices()
     """The loader settings to try on the leader (none: the function does not offer run.loader())."""
+    checkpoint_policies: tuple[str, ...] = ("full",)
+    """What the checkpointed levels recompute: ("full",), or with "selective" too, both are probed."""
 
     @classmethod
     def build(
@@ -86,6 +125,7 @@ class SearchSpace:
         shardings: tuple[str, ...] = ("ddp",),
         compiles: tuple[bool, ...] = (False,),
         loader: LoaderChoices = LoaderChoices(),
+        checkpoint_policies: tuple[str, ...] = ("full",),
     ) -> SearchSpace:
         low, high = batch_range
         if global_batch is not None:
@@ -110,12 +150,15 @@ class SearchSpace:
             shardings=tuple(h for h in SHARDINGS if h in shardings) or ("ddp",),
             compiles=tuple(sorted(set(compiles))) or (False,),
             loader=loader,
+            checkpoint_policies=tuple(q for q in CHECKPOINT_POLICIES if q in checkpoint_policies and levels != [0])
+            or ("full",),
         )
 
     def strategies(self) -> list[Strategy]:
         accs = (None,) if self.global_batch else self.accumulations
-        return [Strategy(p, k, a, h, c) for c in self.compiles for h in self.shardings for p in self.precisions
-                for k in self.checkpoint_segments for a in accs]
+        return [Strategy(p, k, a, h, c, q) for c in self.compiles for h in self.shardings for p in self.precisions
+                for k in self.checkpoint_segments for q in (self.checkpoint_policies if k else ("full",))
+                for a in accs]
 
     def config(self, strategy: Strategy, batch_size: int) -> Config:
         if self.global_batch:
@@ -124,14 +167,16 @@ class SearchSpace:
             accumulation = strategy.accumulation_steps or 1
         return Config(batch_size=batch_size, precision=strategy.precision,
                       checkpoint_segments=strategy.checkpoint_segments, accumulation_steps=accumulation,
-                      sharding=strategy.sharding, compile=strategy.compile)
+                      sharding=strategy.sharding, compile=strategy.compile,
+                      checkpoint_policy=checkpoint_policy(strategy))
 
     def configs(self) -> list[Config]:
         return [self.config(s, b) for s in self.strategies() for b in self.batch_sizes]
 
     def strategy_of(self, config: Config) -> Strategy:
         acc = None if self.global_batch else config.accumulation_steps
-        return Strategy(config.precision, config.checkpoint_segments, acc, config.sharding, config.compile)
+        return Strategy(config.precision, config.checkpoint_segments, acc, config.sharding, config.compile,
+                        checkpoint_policy(config))
 
     def contains(self, config: Config) -> bool:
         return config in set(self.configs())
@@ -148,6 +193,8 @@ class SearchSpace:
             **({"loader": {"workers": list(self.loader.workers), "pin_memory": list(self.loader.pin_memory),
                            "prefetch_factors": list(self.loader.prefetch_factors),
                            "declared_workers": self.loader.declared_workers}} if self.loader.offered else {}),
+            **({"checkpoint_policies": list(self.checkpoint_policies)}
+               if self.checkpoint_policies != ("full",) else {}),
         }
 
     @classmethod
@@ -161,6 +208,7 @@ class SearchSpace:
             shardings=tuple(data.get("shardings", ("ddp",))),
             compiles=tuple(bool(c) for c in data.get("compiles", (False,))),
             loader=_loader_choices(data.get("loader")),
+            checkpoint_policies=tuple(data.get("checkpoint_policies", ("full",))),
         )
 
 

@@ -9,10 +9,12 @@ from dataclasses import replace
 
 from autofit.planner._models import ThroughputModel, fit_throughput
 from autofit.planner._ranking import Ranking
-from autofit.planner._space import SearchSpace, Strategy
+from autofit.planner._space import SearchSpace, Strategy, recomputes_no_more
 
 #: Prior slowdown of checkpointing every block (it recomputes the forward pass); measured values win.
 _CHECKPOINT_SLOWDOWN = 0.2
+#: The same under selective checkpointing, which recomputes only the cheap ops (no matmul).
+_SELECTIVE_SLOWDOWN = 0.05
 
 
 class ThroughputModels:
@@ -54,7 +56,7 @@ class ThroughputModels:
                 return t1 if batch <= b1 else None
             return t1 * reference(batch) / reference(b1)
         if strategy.checkpoint_segments:
-            base = replace(strategy, checkpoint_segments=0)
+            base = replace(strategy, checkpoint_segments=0, checkpoint_policy="full")
             estimate = self.estimate(base, batch)
             return estimate * self._checkpoint_slowdown(strategy) if estimate is not None else None
         if strategy.sharding != "ddp":
@@ -76,21 +78,23 @@ class ThroughputModels:
             distance = (other.precision != strategy.precision) * 100 + (other.sharding != strategy.sharding) * 50 + abs(
                 other.checkpoint_segments - strategy.checkpoint_segments
             ) + (other.accumulation_steps != strategy.accumulation_steps) * 10 + (other.compile != strategy.compile) * 20
+            distance += other.checkpoint_policy != strategy.checkpoint_policy
             if best is None or distance < best[0]:
                 best = (distance, model)
         return best[1] if best else None
 
     def _checkpoint_slowdown(self, strategy: Strategy) -> float:
-        """Smallest measured ratio (checkpointed / not) for as many or fewer blocks; a prior if unseen."""
+        """Smallest measured ratio (checkpointed / not) of checkpointing that recomputes no more (as
+        many or fewer blocks; selective for full); a prior if unseen."""
         ratios = []
         for c in self._measured():
-            k = c.config.checkpoint_segments
-            if 0 < k <= strategy.checkpoint_segments:
-                base = self.estimate(replace(self.space.strategy_of(c.config), checkpoint_segments=0),
-                                     c.config.batch_size)
+            if c.config.checkpoint_segments and recomputes_no_more(c.config, strategy):
+                base = self.estimate(replace(self.space.strategy_of(c.config), checkpoint_segments=0,
+                                             checkpoint_policy="full"), c.config.batch_size)
                 if base:
                     ratios.append(min(1.0, c.samples_per_s / base))
-        return min(ratios) if ratios else 1 - _CHECKPOINT_SLOWDOWN * strategy.checkpoint_segments / self._max_k
+        prior = _SELECTIVE_SLOWDOWN if strategy.checkpoint_policy == "selective" else _CHECKPOINT_SLOWDOWN
+        return min(ratios) if ratios else 1 - prior * strategy.checkpoint_segments / self._max_k
 
     def _sharding_slowdown(self, sharding: str) -> float:
         """Smallest measured ratio (sharded / DDP at the same batch and settings); 1.0 if unseen."""

@@ -64,6 +64,7 @@ def strategy_labels(frame: pd.DataFrame, global_batch: int | None = None) -> pd.
     labels = []
     for row in frame.itertuples(index=False):
         text = row.precision + (f" ckpt={row.checkpoint_segments}" if row.checkpoint_segments else "")
+        text += " selective" if row.checkpoint_segments and row.checkpoint_policy == "selective" else ""
         if global_batch is None and row.accumulation_steps > 1:
             text += f" acc={row.accumulation_steps}"
         labels.append(text)
@@ -314,6 +315,8 @@ def config_labels(frame: pd.DataFrame) -> pd.Series:
 
     from autofit.config import Config
 
-    labels = [Config(batch_size=int(r.batch_size), precision=r.precision, checkpoint_segments=int(r.checkpoint_segments),
-                     accumulation_steps=int(r.accumulation_steps)).label() for r in frame.itertuples(index=False)]
+    labels = [Config(batch_size=int(r.batch_size), precision=r.precision,
+                     checkpoint_segments=int(r.checkpoint_segments), accumulation_steps=int(r.accumulation_steps),
+                     checkpoint_policy=r.checkpoint_policy).label()
+              for r in frame.itertuples(index=False)]
     return pd.Series(labels, index=frame.index, dtype="string")

@@ -74,7 +74,7 @@ def _label(row: Any) -> str:
 
     return Config(batch_size=int(row.batch_size), precision=row.precision,
                   checkpoint_segments=int(row.checkpoint_segments),
-                  accumulation_steps=int(row.accumulation_steps)).label()
+                  accumulation_steps=int(row.accumulation_steps), checkpoint_policy=row.checkpoint_policy).label()
 
 
 def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import math
 import os
@@ -17,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.checkpoint import checkpoint as _torch_checkpoint
 
 from autofit.config import Config
 from autofit.runtime._batch import count_samples, split_batch, to_device
+from autofit.runtime._checkpoint import apply_checkpoint, remove_checkpoint
 from autofit.runtime._distributed import Ranks, agree_on_most
 from autofit.runtime._flops import StepFlops
 from autofit.runtime._precision import make_grad_scaler, precision_context, precision_scope
@@ -533,7 +532,9 @@ class Run:
 
     def checkpoint(self, blocks: Sequence[torch.nn.Module]) -> Sequence[torch.nn.Module]:
         """Activation checkpointing on the first `checkpoint_segments` of `blocks`, and on none of
-        the others (a model built once, at import, meets several configs in one process).
+        the others (a model built once, at import, meets several configs in one process), under the
+        config's `checkpoint_policy`: "full" recomputes each block's forward in backward, "selective"
+        all of it but the matmul, convolution and attention outputs, which it keeps.
 
         Uses PyTorch's non-reentrant checkpoint; the modules keep their names and state-dict keys.
         """
@@ -541,7 +542,7 @@ class Run:
         self.knobs.checkpoint_blocks = len(blocks)
         for index, block in enumerate(blocks):
             if index < self.config.checkpoint_segments:
-                apply_checkpoint(block)
+                apply_checkpoint(block, policy=self.config.checkpoint_policy)
             else:
                 remove_checkpoint(block)
         return blocks
@@ -701,34 +702,6 @@ class _OomGuard:
         if self._inner.__exit__(kind, exc, tb):
             return True
         return exc is not None and isinstance(exc, Exception) and self._run._caught(exc, self._where)
-
-
-def apply_checkpoint(block: torch.nn.Module) -> torch.nn.Module:
-    """Make `block` recompute its activations in backward, in place (idempotent)."""
-    if getattr(block, "_autofit_checkpointed", False):
-        return block
-    forward = block.forward
-
-    @functools.wraps(forward)
-    def checkpointed_forward(*args: Any, **kwargs: Any) -> Any:
-        return _torch_checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-    block.forward = checkpointed_forward
-    block._autofit_checkpointed = True
-    block._autofit_forward = forward
-    return block
-
-
-def remove_checkpoint(block: torch.nn.Module) -> torch.nn.Module:
-    """Undo `apply_checkpoint` on `block`, in place (nothing to do on a block it never wrapped)."""
-    if not getattr(block, "_autofit_checkpointed", False):
-        return block
-    if block._autofit_forward == getattr(type(block), "forward").__get__(block):
-        del block.forward  # the class's own forward again
-    else:
-        block.forward = block._autofit_forward
-    del block._autofit_checkpointed, block._autofit_forward
-    return block
 
 
 def _count_tokens(batch: Any, tokens: int | Callable[[Any], int] | None) -> int:

@@ -115,4 +115,5 @@ def space_distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
         sharded=space.shardings != ("ddp",),
         compiled=True in space.compiles,
         loader=space.loader.offered,
+        selective="selective" in space.checkpoint_policies,
     )

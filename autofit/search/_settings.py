@@ -44,6 +44,8 @@ class SearchSettings:
     """Probe suspect measurements again before they win or prune (off only to measure what it buys)."""
     compile: bool | None = None
     """Probe torch.compile as well as eager when the function offers run.compile() (None: the decorator's say)."""
+    checkpoint_policy: tuple[str, ...] | None = None
+    """Checkpoint policies to consider when the function offers run.checkpoint() (None: the decorator's say)."""
     alloc_conf: str | None = None
     """PYTORCH_CUDA_ALLOC_CONF for the probes (e.g. expandable_segments:True); None: the environment's."""
     estimate: bool = True

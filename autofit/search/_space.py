@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from autofit.config import SHARDINGS, device_shardings
+from autofit.config import CHECKPOINT_POLICIES, SHARDINGS, device_shardings
 from autofit.errors import UsageError
 from autofit.options import SearchOptions
 from autofit.planner import LOADER_PREFETCH, LOADER_WORKERS, LoaderChoices, SearchSpace
@@ -20,7 +20,8 @@ def search_options(info: WorkerInfo, settings: SearchSettings) -> SearchOptions:
         if info.options else SearchOptions()
     return options.merged(global_batch=settings.global_batch, batch_size=settings.batch_size,
                           precision=settings.precision, accumulation=settings.accumulation,
-                          sharding=settings.sharding, compile=settings.compile)
+                          sharding=settings.sharding, compile=settings.compile,
+                          checkpoint_policy=settings.checkpoint_policy)
 
 
 def build_space(settings: SearchSettings, options: SearchOptions, info: WorkerInfo, knobs: dict | None) -> SearchSpace:
@@ -51,7 +52,8 @@ def build_space(settings: SearchSettings, options: SearchOptions, info: WorkerIn
     return SearchSpace.build(batch_range=options.batch_size, precisions=tuple(wanted),
                              checkpoint_blocks=blocks, use_checkpoint=options.checkpoint,
                              global_batch=global_batch, accumulations=accumulations, shardings=shardings,
-                             compiles=compiles, loader=loader_choices(settings, knobs))
+                             compiles=compiles, loader=loader_choices(settings, knobs),
+                             checkpoint_policies=options.checkpoint_policy or CHECKPOINT_POLICIES)
 
 
 def loader_choices(settings: SearchSettings, knobs: dict | None) -> LoaderChoices:

@@ -10,7 +10,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autofit.config import LOADER_FIELDS, PRECISIONS, SHARDINGS, Config
+from autofit.config import CHECKPOINT_POLICIES, LOADER_FIELDS, PRECISIONS, SHARDINGS, Config
 from autofit.planner import LOADER_PREFETCH, LOADER_WORKERS, Observation
 from autofit.probing import ProbeResult
 
@@ -21,10 +21,12 @@ _COMPLETE_STATUSES = ("ok", "oom")
 
 
 def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumulation: int,
-                  sharded: bool = False, compiled: bool = False, loader: bool = False) -> dict[str, BaseDistribution]:
+                  sharded: bool = False, compiled: bool = False, loader: bool = False,
+                  selective: bool = False) -> dict[str, BaseDistribution]:
     """The trial parameters. Integer ranges, so a study may widen them later (Optuna allows that).
-    `sharding`, `compile` and the loader's fields only where the search considers them: other studies
-    keep their form. The loader's choices include None: the loader as the script declares it."""
+    `sharding`, `compile`, the loader's fields and `checkpoint_policy` only where the search considers
+    them: other studies keep their form. The loader's choices include None: the loader as the script
+    declares it."""
     return {
         "batch_size": IntDistribution(batch_range[0], max(batch_range[0], batch_range[1])),
         "precision": CategoricalDistribution(PRECISIONS),
@@ -35,13 +37,15 @@ def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumul
         **({"loader_workers": CategoricalDistribution((None, *LOADER_WORKERS)),
             "pin_memory": CategoricalDistribution((None, False, True)),
             "prefetch_factor": CategoricalDistribution((None, *LOADER_PREFETCH))} if loader else {}),
+        **({"checkpoint_policy": CategoricalDistribution(CHECKPOINT_POLICIES)} if selective else {}),
     }
 
 
 def config_params(config: Config) -> dict[str, Any]:
     """The trial parameters of a config: the config's own fields (Optuna takes those it asks for)."""
     return {**config.to_dict(), "sharding": config.sharding, "compile": config.compile,
-            **{name: getattr(config, name) for name in LOADER_FIELDS}}
+            **{name: getattr(config, name) for name in LOADER_FIELDS},
+            "checkpoint_policy": config.checkpoint_policy}
 
 
 def trial_config(trial: FrozenTrial) -> Config | None:
