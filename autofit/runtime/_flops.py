@@ -1,4 +1,4 @@
-"""Model FLOPs of one training step, counted by PyTorch's own FlopCounterMode.
+"""Model FLOPs of one training step, counted with PyTorch's own FLOP formulas.
 
 A probe counts its first optimizer step (a warm-up step, never timed: the counter's dispatch costs
 Python time on every op). What is counted are *model* FLOPs, the numerator of MFU: forward,
