@@ -45,7 +45,7 @@ def _run(args: list[str], env: dict) -> subprocess.CompletedProcess:
 
 
 def _spec(config: Config) -> str:
-    return f"{config.precision}:{config.batch_size}:{config.checkpoint_segments}:{config.accumulation_steps}"
+    return json.dumps(config.to_dict())  # every field (the checkpoint policy, the loader) reaches the compare
 
 
 def run_finder(tool: str, args: argparse.Namespace, env: dict, tmp: str) -> dict:

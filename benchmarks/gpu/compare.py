@@ -4,7 +4,8 @@
         --config autofit=bf16:48:0 --config lightning=fp32:16:0 --rounds 3 --steps 10
 
 A config is PRECISION:BATCH[:CHECKPOINTED_BLOCKS[:ACCUMULATION]], or @FILE: the config of a
-best-config file exactly as exported (every field, so what runs is what the search picked). Every config runs the same training
+best-config file exactly as exported (every field, so what runs is what the search picked), or a
+config as JSON (`{"batch_size": 8, "precision": "bf16", ...}`). Every config runs the same training
 program in the same process, round after round, so a drift of the machine hits them all alike. The
 median samples/s over the rounds is reported, with the peak memory and the status of each round.
 """
@@ -25,6 +26,8 @@ def parse_config(text: str) -> tuple[str, Config]:
         from autofit.export import read_best
 
         return name, read_best(spec[1:]).config
+    if spec.startswith("{"):
+        return name, Config.from_dict(json.loads(spec))
     parts = spec.split(":")
     precision, batch = parts[0], int(parts[1])
     checkpoint = int(parts[2]) if len(parts) > 2 else 0
