@@ -130,7 +130,8 @@ def write_table(args, rows: dict, picks: dict, times: dict, notes: dict, elapsed
     baselines = [n for n in rows if n not in ("autofit", "grid best") and rate.get(n)]
     strongest = max(baselines, key=lambda n: rate[n]) if baselines else None
     command = (f"python -m benchmarks.experts --device {args.device} --memory-limit {args.memory_limit} "
-               f"--budget {args.budget} --rounds {args.rounds}" + (" --full-size" if args.full_size else "")
+               f"--budget {args.budget} --rounds {args.rounds} --grid-batch {args.grid_batch}"
+               + (" --full-size" if args.full_size else "")
                + (f" --script {args.script}" if args.script != SCRIPT else ""))
     lines = [
         f"`{command}` ({elapsed / 60:.1f} min in all, {os.cpu_count()} cores; grid: {grid_probes} probes"

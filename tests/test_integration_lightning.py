@@ -54,6 +54,23 @@ def test_without_a_search_the_trainer_keeps_the_users_own_settings(tmp_path):
     assert "trained 16 optimizer steps with fp32 b=16 acc=4" in ran.stderr
 
 
+def test_before_a_search_a_trainer_that_changes_the_declared_global_batch_says_so(capsys):
+    """@autofit(global_batch=32) gives a micro-batch of 32 before any search; a Trainer that accumulates 2
+    of them trains 64. The loader was built first, so autofit cannot keep both: it says what trains and how
+    to train the declared batch."""
+    from autofit.integrations.lightning import trainer_settings
+    from autofit.runtime._run import Run
+
+    run = Run(Config(32), "cpu", defaults=True)  # the decorator's default for global_batch=32
+    settings = trainer_settings(run, {"accumulate_grad_batches": 2})
+    assert settings["accumulate_grad_batches"] == 2 and run.config.global_batch == 64
+    said = capsys.readouterr().err
+    assert "global batch is 64, not the 32 @autofit declares" in said and "default_batch_size=16" in said
+    kept = Run(Config(16, accumulation_steps=2), "cpu", defaults=True)  # default_batch_size=16
+    trainer_settings(kept, {"accumulate_grad_batches": 2})
+    assert kept.config.global_batch == 32 and "declares" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("precision, lightning_precision", [("fp32", "32-true"), ("bf16", "bf16-mixed"),
                                                            ("fp16", "16-mixed")])
 def test_the_config_becomes_the_trainers_settings(precision, lightning_precision):

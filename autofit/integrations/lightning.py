@@ -15,6 +15,8 @@ Needs `pip install autofit[lightning]`.
 
 from __future__ import annotations
 
+import sys
+
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,7 +40,14 @@ def trainer_settings(run: Run, kwargs: dict[str, Any]) -> dict[str, Any]:
     settings = dict(kwargs)
     if run.defaults and not run.probing:  # nothing searched yet: the user's precision and accumulation stand
         precision = _FROM_LIGHTNING.get(str(settings.get("precision", "32-true")), "fp32")
+        declared = run.config.global_batch
         run.config = Config(run.batch_size, precision, accumulation_steps=int(settings.get("accumulate_grad_batches", 1)))
+        if run.config.global_batch != declared and run.is_main:
+            # The loader was built with run.batch_size before the Trainer: only the user can keep both.
+            print(f"autofit: the Trainer accumulates {run.accumulation_steps} micro-batches of {run.batch_size}, so "
+                  f"this run's global batch is {run.config.global_batch}, not the {declared} @autofit declares: "
+                  f"give @autofit default_batch_size={max(1, declared // run.accumulation_steps)} (or leave out the "
+                  f"Trainer's accumulate_grad_batches) to train {declared} before a search", file=sys.stderr)
     settings["precision"] = PRECISION[run.precision]  # tf32: TF32 is set for the whole run by autofit
     settings["accumulate_grad_batches"] = run.accumulation_steps
     if run.device.type == "cpu":
