@@ -62,7 +62,7 @@ class ProbeResult:
     """The probe left the worker unusable (a sticky CUDA error): replace it before the next probe."""
     flops_per_sample: float | None = None
     """Model FLOPs per sample (forward, backward, optimizer; checkpointing's recompute left out),
-    counted by PyTorch's FLOP formulas on the first step; None for compiled or sharded configs."""
+    counted by PyTorch's FLOP formulas on one step after the measured ones; None for compiled or sharded configs."""
     flops_per_s: float | None = None
     """Model FLOP/s achieved: samples/s x FLOPs per sample (all ranks of a distributed probe)."""
     mfu: float | None = None

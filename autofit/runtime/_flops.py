@@ -1,7 +1,8 @@
 """Model FLOPs of one training step, counted with PyTorch's own FLOP formulas.
 
-A probe counts its first optimizer step (a warm-up step, never timed: the counter's dispatch costs
-Python time on every op). What is counted are *model* FLOPs, the numerator of MFU: forward,
+A probe counts one optimizer step taken after its measured steps (never timed: the counter's dispatch
+costs Python time on every op, and a step counted first made the measured steps after it 7% slower on
+a CPU, interleaved through autofit's worker). What is counted are *model* FLOPs, the numerator of MFU: forward,
 backward and optimizer, not the forward that activation checkpointing runs again in backward (that
 would be hardware FLOPs, HFU, and would make checkpointing look like better utilisation). The
 counter does not see that recompute (torch 2.13: the checkpoint's unpack hook runs it outside the
