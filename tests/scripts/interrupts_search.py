@@ -18,7 +18,11 @@ from _grow import train_steps
 from autofit import autofit
 
 WHEN = os.environ.get("AUTOFIT_TEST_INTERRUPT", "")
-PROCESS = os.path.basename(sys.argv[0])  # _worker_process.py (and its forked probes), _estimate_process.py
+# The process this runs in, from its real command line: autofit's children set sys.argv to
+# [script], as `python script.py` would. _worker_process.py (and its forked probes), _estimate_process.py.
+with open("/proc/self/cmdline", "rb") as _handle:
+    _COMMAND = _handle.read().decode(errors="replace")
+PROCESS = next((f"{name}.py" for name in ("_worker_process", "_estimate_process") if name in _COMMAND), "")
 
 
 def _searcher() -> int:
