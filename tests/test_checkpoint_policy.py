@@ -94,6 +94,7 @@ def _peaks(script_name: str, configs: list[Config]) -> list[int]:
     return [r.peak_bytes for r in results]
 
 
+@pytest.mark.slow
 def test_a_real_probe_peaks_lower_with_selective_and_lowest_with_full_checkpointing():
     """Eight transformer blocks at one batch: checkpointed selectively they keep the matmul and
     attention outputs, fully only each block's input."""

@@ -29,6 +29,7 @@ def test_a_nanogpt_loop_with_item_logging_clipping_and_a_grad_scaler_is_estimate
     assert large.breakdown["activations"] > 1.7 * small.breakdown["activations"] > 0
 
 
+@pytest.mark.slow
 def test_a_tied_model_built_on_the_cpu_cast_and_moved_late_is_estimated():
     small, large = _estimate("built_on_cpu_then_moved.py", [Config(8), Config(16)])
     params = 512 * 256 + (256 * 1024 + 1024) + (1024 * 256 + 256)  # the tied weight once
@@ -37,12 +38,14 @@ def test_a_tied_model_built_on_the_cpu_cast_and_moved_late_is_estimated():
     assert large.total_bytes > small.total_bytes
 
 
+@pytest.mark.slow
 def test_a_reads_loss_value_loop_is_estimated():
     small, large = _estimate("reads_loss_value.py", [Config(64), Config(256)])
     assert small.breakdown["parameters"] == 4 * (32 * 32 + 32)
     assert large.total_bytes > small.total_bytes
 
 
+@pytest.mark.slow
 def test_a_gan_built_at_import_with_argparse_an_ema_copy_and_two_optimizers_is_estimated():
     small, large = _estimate("gan_ema_argparse.py", [Config(16), Config(256)])
     generator = (64 * 512 + 512) + 2 * 512 + (512 * 1024 + 1024)
