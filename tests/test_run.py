@@ -206,6 +206,17 @@ def test_a_normal_run_reports_its_throughput(tmp_path, monkeypatch, capsys):
     assert "trained 20 optimizer steps with fp32 b=4" in capsys.readouterr().err
 
 
+def test_a_normal_run_shorter_than_its_warm_up_says_what_it_trained(capsys):
+    """A large batch over small data can end within the warm-up: nothing is timed, and the run still
+    says what it trained."""
+    run = Run(Config(batch_size=4), probing=False, warmup_steps=2)
+    _loop(run, n_batches=2)
+    run.finish()
+    run.report()
+    said = capsys.readouterr().err
+    assert "trained 2 optimizer steps with fp32 b=4: too few to time after 2 warm-up steps" in said
+
+
 @pytest.mark.parametrize(("precision", "expected"), [("fp32", "ieee"), ("tf32", "tf32"), ("bf16", "ieee")])
 def test_precision_holds_for_the_whole_cuda_run_and_is_restored(precision, expected):
     """TF32 is set for forward, backward and optimizer through the current API, then restored."""

@@ -687,11 +687,13 @@ class Run:
         if not self.ranks.is_main:
             return
         summary = self.summary()
+        ranks = f" on each of {self.ranks.world_size} ranks" if self.ranks.world_size > 1 else ""
+        trained = f"autofit: trained {summary['optimizer_steps']} optimizer steps with {self.config.label()}{ranks}"
         if summary["samples_per_s"]:
-            ranks = f" on each of {self.ranks.world_size} ranks" if self.ranks.world_size > 1 else ""
-            print(f"autofit: trained {summary['optimizer_steps']} optimizer steps with {self.config.label()}{ranks}: "
-                  f"{summary['samples_per_s']:,.1f} samples/s after {summary['warmup_steps']} warm-up steps",
+            print(f"{trained}: {summary['samples_per_s']:,.1f} samples/s after {summary['warmup_steps']} warm-up steps",
                   file=sys.stderr)
+        elif summary["optimizer_steps"]:  # the run ended within its warm-up: nothing was timed
+            print(f"{trained}: too few to time after {self.clock.warmup_steps} warm-up steps", file=sys.stderr)
         path = os.environ.get("AUTOFIT_RUN_REPORT")
         if path:
             with open(path, "w") as handle:
