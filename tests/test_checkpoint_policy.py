@@ -282,9 +282,9 @@ def test_a_search_probes_selective_checkpointing_and_exports_what_wins(tmp_path)
 
     storage = f"sqlite:///{tmp_path}/s.db"
     done = autofit_cli("search", script("transformer_blocks.py"), "--device", "cpu", "--memory-limit", "700MiB",
-                       "--precision", "fp32", "--batch-size", "64:1024", "--budget", "5m", "--trials", "12",
+                       "--precision", "fp32", "--batch-size", "64:1024", "--budget", "30m", "--trials", "12",
                        "--storage", storage, "--study", "s", "--out", str(tmp_path / "best.json"), cwd=tmp_path,
-                       timeout=600)
+                       timeout=1800)  # bounded by its 12 probes: the budget only guards a loaded machine
     assert done.returncode == 0, done.stderr[-3000:]
     trials = optuna.load_study(study_name="s", storage=storage).trials
     results = [r for t in trials if (r := trial_result(t))]
