@@ -11,8 +11,8 @@ import os
 import select
 import shutil
 import subprocess
-import tempfile
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 

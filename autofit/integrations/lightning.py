@@ -16,7 +16,6 @@ Needs `pip install autofit[lightning]`.
 from __future__ import annotations
 
 import sys
-
 from collections.abc import Sequence
 from typing import Any
 

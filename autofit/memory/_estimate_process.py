@@ -36,8 +36,8 @@ def estimate_one(fn: Any, config: Any, device: Any) -> dict:
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    from autofit.memory._fake_values import ValueFreeFakeMode
     from autofit.errors import AutofitError
+    from autofit.memory._fake_values import ValueFreeFakeMode
     from autofit.runtime import DataTooSmall, ProbeFinished, Run
 
     run = Run(config, device, probing=True, warmup_steps=1, measured_steps=1, min_measure_s=0.0,

@@ -66,7 +66,7 @@ def remove_checkpoint(block: torch.nn.Module) -> torch.nn.Module:
     """Undo `apply_checkpoint` on `block`, in place (nothing to do on a block it never wrapped)."""
     if not getattr(block, "_autofit_checkpointed", False):
         return block
-    if block._autofit_forward == getattr(type(block), "forward").__get__(block):
+    if block._autofit_forward == type(block).forward.__get__(block):
         del block.forward  # the class's own forward again
     else:
         block.forward = block._autofit_forward

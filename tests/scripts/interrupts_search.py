@@ -10,7 +10,6 @@ AUTOFIT_TEST_INTERRUPT, then keeps that moment going (sleeps) until the search s
 Unset, it is grows.py: a search resumed without it runs on the same script."""
 import os
 import signal
-import sys
 import time
 
 from _grow import train_steps
