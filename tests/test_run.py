@@ -67,17 +67,22 @@ def test_checkpoint_wraps_only_the_requested_blocks_and_keeps_state_dict():
     assert run.knobs.checkpoint_blocks == 5
 
 
-def test_checkpointing_recomputes_forward_in_backward():
+class Counting(torch.nn.Module):
+    """A block that counts its forward passes (a checkpointed one runs again in backward)."""
+
     calls = {"n": 0}
 
-    class Counting(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(4, 4)
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
 
-        def forward(self, x):
-            calls["n"] += 1
-            return torch.relu(self.lin(x))
+    def forward(self, x):
+        Counting.calls["n"] += 1
+        return torch.relu(self.lin(x))
+
+
+def test_checkpointing_recomputes_forward_in_backward():
+    calls = Counting.calls
 
     for segments, expected in ((0, 2), (2, 4)):
         calls["n"] = 0
@@ -93,16 +98,7 @@ def test_checkpointing_recomputes_forward_in_backward():
 def test_a_model_met_again_with_fewer_checkpointed_blocks_recomputes_only_those():
     # A model built once (at import: tests/corpus/late_device.py) meets several configs in one process
     # (probes in a CUDA worker): the blocks a config leaves out must run without checkpointing again.
-    calls = {"n": 0}
-
-    class Counting(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(4, 4)
-
-        def forward(self, x):
-            calls["n"] += 1
-            return torch.relu(self.lin(x))
+    calls = Counting.calls
 
     blocks = torch.nn.ModuleList([Counting(), Counting()])
     keys = list(blocks.state_dict())
