@@ -271,8 +271,10 @@ def test_a_probe_from_the_command_line_runs_under_the_policy_it_names(tmp_path):
 
 @pytest.mark.slow
 def test_a_search_probes_selective_checkpointing_and_exports_what_wins(tmp_path):
-    """A real search of the eight blocks under a cap none fits only at small batches: selective
-    strategies are probed (an Optuna param of this study) and the exported file reads back as ranked."""
+    """A real search of the eight blocks from batch 256, where no checkpointing does not fit the cap:
+    only checkpointed strategies run, selective ones are probed (an Optuna param of this study), and the
+    exported file reads back as ranked. (Over small batches too, a quiet CPU's flat throughput rightly
+    keeps the planner from checkpointing at all.)"""
     import optuna
     from conftest import autofit_cli
 
@@ -281,10 +283,10 @@ def test_a_search_probes_selective_checkpointing_and_exports_what_wins(tmp_path)
     from autofit.study._trials import trial_result
 
     storage = f"sqlite:///{tmp_path}/s.db"
-    done = autofit_cli("search", script("transformer_blocks.py"), "--device", "cpu", "--memory-limit", "700MiB",
-                       "--precision", "fp32", "--batch-size", "64:1024", "--budget", "30m", "--trials", "12",
+    done = autofit_cli("search", script("transformer_blocks.py"), "--device", "cpu", "--memory-limit", "800MiB",
+                       "--precision", "fp32", "--batch-size", "256:1024", "--budget", "30m", "--trials", "24",
                        "--storage", storage, "--study", "s", "--out", str(tmp_path / "best.json"), cwd=tmp_path,
-                       timeout=1800)  # bounded by its 12 probes: the budget only guards a loaded machine
+                       timeout=1800)  # bounded by its 24 probes (rechecks of noisy probes on a loaded machine take some)
     assert done.returncode == 0, done.stderr[-3000:]
     trials = optuna.load_study(study_name="s", storage=storage).trials
     results = [r for t in trials if (r := trial_result(t))]
