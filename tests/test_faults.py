@@ -93,6 +93,16 @@ def test_hang_is_killed_at_the_probe_timeout_and_the_search_goes_on(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_search_whose_every_probe_times_out_says_so_not_out_of_memory(tmp_path):
+    with pytest.raises(NoFeasibleConfig) as info:
+        run_search(settings(tmp_path, "hangs.py", trials=3, probe_timeout=5, budget_s=120))
+    message = str(info.value)
+    assert "timed out" in message and "--probe-timeout" in message
+    assert "out of memory" not in message.replace("none ran out of memory", "")
+    assert not (tmp_path / "best.json").exists()
+
+
+@pytest.mark.slow
 def test_a_leaking_function_cannot_leak_into_later_cpu_probes(tmp_path):
     """Each CPU probe runs in its own forked process: 100 MiB kept per call is gone with it."""
     result = run_search(settings(tmp_path, "leaks_search.py", trials=4))

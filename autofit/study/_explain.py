@@ -96,12 +96,22 @@ def fault_notes(study: optuna.Study, planner: Planner, seen) -> list[str]:
 
 
 def nothing_fits(done, usable: float, limit: float, headroom: float) -> str:
-    """Why nothing could be exported, with the smallest need seen, for the one-line error."""
+    """Why nothing could be exported, for the one-line error: memory when the probes ran out of it or
+    crossed the headroom, and what really happened when they timed out, crashed or raised instead."""
     peaks = [o.peak_bytes for o in done if o.status == "ok" and o.peak_bytes]
+    failed = [o for o in done if o.failed]
+    if failed and not peaks and not any(o.status == "oom" for o in done):
+        kinds = sorted({o.status for o in failed})
+        smallest = min(failed, key=lambda o: o.config.batch_size).config.label()
+        what = {"timeout": "timed out", "crashed": "crashed", "error": "raised an error",
+                "diverged": "diverged (non-finite loss)"}
+        return (f"No config could be measured: {len(failed)} probes failed ("
+                f"{', '.join(what[k] for k in kinds)}), none ran out of memory; the smallest tried was "
+                f"{smallest}. See `autofit show` for each probe's error"
+                + ("; a slow machine may need a longer --probe-timeout" if "timeout" in kinds else "") + ".")
     smallest = min(done, key=lambda o: o.config.batch_size).config.label() if done else "none"
     needed = (f"the smallest config tried ({smallest}) needed {format_size(min(peaks))}" if peaks
               else f"even the smallest config tried ({smallest}) ran out of memory")
-    failed = [o for o in done if o.failed]
     extra = f"; {len(failed)} probes failed (see autofit show)" if failed else ""
     return (f"Nothing fits under {format_size(usable)} usable "
             f"({format_size(limit)} limit, {headroom:.0%} headroom): {needed}{extra}.")
