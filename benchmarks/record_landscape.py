@@ -125,7 +125,7 @@ def record(
         pilot_config = Config(batch_range[0], usable_precisions[0], 0, (accumulations or (1,))[0])
         pilot = worker.probe(pilot_config, warmup=warmup, steps=steps, timeout=timeout)
         blocks = pilot.knobs.get("checkpoint_blocks")
-        space = SearchSpace.build(batch_range=batch_range, precisions=usable_precisions,
+        space = SearchSpace.build(batch_size=batch_range, precisions=usable_precisions,
                                   checkpoint_blocks=blocks, use_checkpoint=checkpoint,
                                   accumulations=accumulations,
                                   compiles=(False, True) if compile and pilot.knobs.get("compile") else (False,))

@@ -195,7 +195,7 @@ CHOICES = LoaderChoices(workers=(0, 1, 2, 4, 8), pin_memory=(True,), prefetch_fa
 
 
 def _space(choices: LoaderChoices = CHOICES) -> SearchSpace:
-    return SearchSpace.build(batch_range=(8, 8), precisions=("fp32",), loader=choices)
+    return SearchSpace.build(batch_size=(8, 8), precisions=("fp32",), loader=choices)
 
 
 def _seen(*probes: tuple[Config, float], share: float | None = 0.5) -> list[Observation]:
@@ -259,7 +259,7 @@ def test_why_says_the_loader_was_chosen():
 
 
 def test_a_space_without_the_loader_keeps_its_form_and_its_params():
-    plain = SearchSpace.build(batch_range=(1, 64), precisions=("fp32",))
+    plain = SearchSpace.build(batch_size=(1, 64), precisions=("fp32",))
     assert "loader" not in plain.to_dict()
     assert not {"loader_workers", "pin_memory", "prefetch_factor"} & set(space_distributions(plain))
     offered = _space()

@@ -279,7 +279,7 @@ def test_a_batch_the_data_cannot_feed_stops_the_climb_without_blaming_the_precis
     from autofit.planner._planner import Planner
     from autofit.planner._space import SearchSpace
 
-    space = SearchSpace.build(batch_range=(1, MAX_BATCH), precisions=("fp32", "bf16"))
+    space = SearchSpace.build(batch_size=(1, MAX_BATCH), precisions=("fp32", "bf16"))
     planner = Planner(space, 100 * 2**30)
 
     def ok(b, precision="fp32"):
@@ -330,7 +330,7 @@ def test_the_planner_decides_every_trial_through_the_sampler():
     from autofit.search._sampler import AutofitSampler
     from autofit.study._trials import record_probe, trial_config
 
-    planner = Planner(SearchSpace.build(batch_range=(1, 256), precisions=("fp32", "bf16")), 2**30)
+    planner = Planner(SearchSpace.build(batch_size=(1, 256), precisions=("fp32", "bf16")), 2**30)
     sampler = AutofitSampler(planner)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     proposal = sampler.propose(study, "explore")
@@ -351,7 +351,7 @@ def test_contenders_are_remeasured_as_ranked_before_and_the_first_is_confirmed_o
     remeasurement, however a remeasurement moves them; the confirmed first is not confirmed again."""
     from autofit.planner import Observation, Planner, SearchSpace
 
-    planner = Planner(SearchSpace.build(batch_range=(1, 64), precisions=("fp32",)), 2**30, check_noise=False)
+    planner = Planner(SearchSpace.build(batch_size=(1, 64), precisions=("fp32",)), 2**30, check_noise=False)
 
     def probe(batch, rate, phase="explore"):
         return Observation(Config(batch), "ok", peak_bytes=2**20 * batch, samples_per_s=rate, phase=phase)

@@ -168,7 +168,7 @@ def probe(ctx: click.Context, target: str, batch_size: int, precision: str, chec
               help="Fraction of the limit kept free: feasible means peak <= limit x (1 - headroom).")
 @click.option("--global-batch", type=click.IntRange(min=1), default=None,
               help="Keep micro-batch x accumulation equal to this; accumulation is derived.")
-@click.option("--batch-size", "batch_range", type=INT_RANGE, default=None, help="Micro-batch range MIN:MAX.")
+@click.option("--batch-size", type=INT_RANGE, default=None, help="Micro-batch range MIN:MAX.")
 @click.option("--precision", type=PRECISION_LIST, default=None,
               help="Precisions to consider, e.g. fp32,bf16 (default: what the device supports).")
 @click.option("--accumulation", type=INT_LIST, default=None,
@@ -201,7 +201,7 @@ def probe(ctx: click.Context, target: str, batch_size: int, precision: str, chec
 @click.pass_context
 def search(ctx: click.Context, target: str, workers: int, nproc_per_node: int, nnodes: int, node_rank: int,
            rdzv_endpoint: str | None, memory_limit: int | None, budget: float, trials: int | None, headroom: float,
-           global_batch: int | None, batch_range, precision, accumulation, sharding, study: str | None,
+           global_batch: int | None, batch_size: tuple[int, int] | None, precision, accumulation, sharding, study: str | None,
            out: str | None, fresh: bool, steps: int, warmup: int, probe_timeout: float | None,
            alloc_conf: str | None, compile_: bool | None, checkpoint_policies, estimate: bool, as_json: bool,
            quiet: bool, verbose: bool) -> None:
@@ -220,7 +220,7 @@ def search(ctx: click.Context, target: str, workers: int, nproc_per_node: int, n
     settings = SearchSettings(
         script=script, function=function, device=state.device, index=state.index, memory_limit=memory_limit,
         headroom=headroom, budget_s=budget, trials=trials, global_batch=global_batch,
-        batch_size=batch_range, precision=precision, accumulation=accumulation, sharding=sharding, study=study,
+        batch_size=batch_size, precision=precision, accumulation=accumulation, sharding=sharding, study=study,
         storage=state.storage_url, out=out, fresh=fresh, warmup=warmup, steps=steps, probe_timeout=probe_timeout,
         gpus=state.gpus, workers=workers, nproc_per_node=nproc_per_node,
         nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, estimate=estimate,
@@ -258,11 +258,11 @@ def search(ctx: click.Context, target: str, workers: int, nproc_per_node: int, n
               help="Fraction of each size kept free.")
 @click.option("--global-batch", type=click.IntRange(min=1), default=None,
               help="Keep micro-batch x accumulation equal to this.")
-@click.option("--batch-size", "batch_range", type=INT_RANGE, default=None, help="Micro-batch range MIN:MAX.")
+@click.option("--batch-size", type=INT_RANGE, default=None, help="Micro-batch range MIN:MAX.")
 @click.option("--precision", type=PRECISION_LIST, default=None, help="Precisions to consider, e.g. fp32,bf16.")
 @click.option("--json", "as_json", is_flag=True, help="Print the predictions as JSON.")
 def estimate(target: str, sizes: tuple[int, ...] | None, memory_limit: int | None, headroom: float,
-             global_batch: int | None, batch_range, precision, as_json: bool) -> None:
+             global_batch: int | None, batch_size: tuple[int, int] | None, precision, as_json: bool) -> None:
     """Predict, before any probe, the config that fits each memory size and where its memory goes.
 
     TARGET's function runs two steps on fake tensors (no memory is allocated) in a process of its own.
@@ -279,7 +279,7 @@ def estimate(target: str, sizes: tuple[int, ...] | None, memory_limit: int | Non
     if not on_gpu:
         info = check_device("cpu", 0)
         sizes = (memory_limit or info.free_bytes or info.total_bytes,)
-    fits = WhatFits(script, function, on_gpu=on_gpu, batch_range=batch_range, global_batch=global_batch,
+    fits = WhatFits(script, function, on_gpu=on_gpu, batch_size=batch_size, global_batch=global_batch,
                     precisions=precision)
     try:
         if fits.unavailable:

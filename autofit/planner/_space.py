@@ -116,7 +116,7 @@ class SearchSpace:
     def build(
         cls,
         *,
-        batch_range: tuple[int, int],
+        batch_size: tuple[int, int],
         precisions: tuple[str, ...],
         checkpoint_blocks: int | None = None,
         use_checkpoint: bool = True,
@@ -127,7 +127,7 @@ class SearchSpace:
         loader: LoaderChoices = LoaderChoices(),
         checkpoint_policies: tuple[str, ...] = ("full",),
     ) -> SearchSpace:
-        low, high = batch_range
+        low, high = batch_size
         if global_batch is not None:
             sizes = divisors_in(global_batch, low, high)
             if not sizes:

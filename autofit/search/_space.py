@@ -49,7 +49,7 @@ def build_space(settings: SearchSettings, options: SearchOptions, info: WorkerIn
     if world > 1 and knobs is not None and knobs.get("shard_blocks"):
         shardings = tuple(h for h in options.sharding or SHARDINGS if h in device_shardings(settings.device))
     compiles = (False, True) if knobs and knobs.get("compile") and options.compile else (False,)
-    return SearchSpace.build(batch_range=options.batch_size, precisions=tuple(wanted),
+    return SearchSpace.build(batch_size=options.batch_size, precisions=tuple(wanted),
                              checkpoint_blocks=blocks, use_checkpoint=options.checkpoint,
                              global_batch=global_batch, accumulations=accumulations, shardings=shardings,
                              compiles=compiles, loader=loader_choices(settings, knobs),
