@@ -17,13 +17,23 @@ from autofit.cli import cli
 from autofit.devices import make_backend
 from autofit.errors import UsageError
 from autofit.export import read_best
-from autofit.planner import MIN_LOADER_SHARE, LoaderChoices, Observation, Planner, SearchSpace
+from autofit.planner import (
+    MIN_LOADER_SHARE,
+    LoaderChoices,
+    Observation,
+    Planner,
+    SearchSpace,
+    shared_cores_loader_note,
+    worker_counts,
+)
 from autofit.probing import INPUT_BOUND_SHARE, ProbeResult
 from autofit.probing._probe import run_probe
 from autofit.report import describe_probe
 from autofit.runtime import Run
 from autofit.runtime._run import StepClock
+from autofit.search import SearchSettings
 from autofit.search._sampler import space_distributions
+from autofit.search._space import loader_choices, loader_note
 from autofit.study import explain
 
 
@@ -120,6 +130,25 @@ def test_what_the_script_declares_holds_where_the_config_says_nothing():
     assert run.knobs.declared_workers == 1
     default = Run(Config(8)).loader(_Squares())
     assert (default.num_workers, default.pin_memory, default.prefetch_factor) == (0, False, None)
+
+
+def test_the_training_loader_declares_the_workers_not_a_later_evaluation_one():
+    """A script building its training loader, then an evaluation one, is searched from the training one's
+    workers: those are the batches the probe measures."""
+    run = Run(Config(8))
+    train = run.loader(_Squares(), num_workers=2)
+    run.loader(_Squares(), shuffle=False, num_workers=0)  # evaluation
+    assert run.knobs.declared_workers == 2
+    next(run.batches(train))
+    assert run.knobs.declared_workers == 2
+
+
+def test_the_loader_run_batches_consumes_declares_the_workers_whichever_was_built_first():
+    run = Run(Config(8))
+    run.loader(_Squares(), shuffle=False, num_workers=0)  # evaluation, built first
+    train = run.loader(_Squares(), num_workers=1)
+    next(run.batches(train))
+    assert run.knobs.declared_workers == 1
 
 
 def test_a_config_without_workers_drops_what_needs_them():
@@ -248,6 +277,28 @@ def test_the_cpu_tries_no_pinning_and_declared_workers_are_not_tried_again():
     assert _next(_seen(share=0.8), choices) == Config(8, prefetch_factor=4)
     seen = _seen((Config(8, prefetch_factor=4), 101.0), share=0.8)
     assert _next(seen, choices) is None
+
+
+def test_a_probe_tries_no_more_workers_than_its_share_of_the_cores(monkeypatch):
+    """The workers a search tries are within the cores one process of the real run has (a node's cores
+    over its ranks), and within a probe's share while several probe at once: waiting 90% of the step,
+    the climb starts at the most it may try."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    knobs = {"loader": True, "declared_workers": 0}
+
+    def first(**settings) -> int:
+        choices = loader_choices(SearchSettings(script="train.py", **settings), knobs)
+        return _next(_seen(share=0.9), choices).loader_workers
+
+    assert first() == 8  # one process on 8 cores
+    assert first(nproc_per_node=4) == 2  # 4 ranks, each with its loader, on 8 cores
+    assert first(workers=2) == 4  # 2 probes at once share the 8 cores
+    assert worker_counts(3, ranks_per_node=4) == (0,)  # fewer cores than ranks: load in the main process
+    assert loader_note(SearchSettings(script="train.py", workers=2)) == (
+        "loader workers were tried up to 4, not the 8 your run could use: 2 probes at once shared 8 cores; "
+        "search with one worker to tune the loader fully")
+    assert loader_note(SearchSettings(script="train.py")) is None
+    assert shared_cores_loader_note(64, probes_at_once=2) is None  # 32 cores each: the whole ladder still
 
 
 def test_why_says_the_loader_was_chosen():

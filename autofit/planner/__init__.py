@@ -12,7 +12,9 @@ from autofit.planner._loader import (
     LoaderChoices,
     loader_reason,
     next_loader_config,
+    shared_cores_loader_note,
     wait_share,
+    worker_counts,
 )
 from autofit.planner._models import Line, ThroughputModel, fit_line, fit_throughput
 from autofit.planner._noise import NoiseReading
@@ -61,5 +63,7 @@ __all__ = [
     "memory_key",
     "next_loader_config",
     "nice_batch_sizes",
+    "shared_cores_loader_note",
     "wait_share",
+    "worker_counts",
 ]

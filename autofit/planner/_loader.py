@@ -19,7 +19,7 @@ from autofit.config import Config
 from autofit.planner._observation import Observation
 from autofit.planner._ranking import Candidate
 
-#: The worker counts a search tries (those within the CPUs the probes may use).
+#: The worker counts a search tries (those within the cores a probe may load with: `worker_counts`).
 LOADER_WORKERS: tuple[int, ...] = (0, 1, 2, 4, 8)
 #: Prefetch depths per worker: DataLoader's default and one further ahead.
 LOADER_PREFETCH: tuple[int, ...] = (2, 4)
@@ -35,7 +35,7 @@ class LoaderChoices:
     """The loader settings a search may try (empty workers: the function does not offer run.loader)."""
 
     workers: tuple[int, ...] = ()
-    """Worker counts, capped by the CPUs the probes may use."""
+    """Worker counts, capped by the cores a probe may load with (`worker_counts`)."""
     pin_memory: tuple[bool, ...] = ()
     """(True,) on a GPU: pinned batches copy faster; () on the CPU, where pinning gains nothing."""
     prefetch_factors: tuple[int, ...] = ()
@@ -46,6 +46,26 @@ class LoaderChoices:
     @property
     def offered(self) -> bool:
         return bool(self.workers)
+
+
+def worker_counts(cores: int, *, ranks_per_node: int = 1, probes_at_once: int = 1) -> tuple[int, ...]:
+    """The LOADER_WORKERS a search tries: within the cores one training process of the real run has (a
+    node's cores over its ranks, each rank with its own loader), and within a probe's share of them while
+    `probes_at_once` probes run side by side, where more workers would measure the other probes'
+    contention rather than the loader."""
+    share = cores // max(1, ranks_per_node) // max(1, probes_at_once)
+    return tuple(w for w in LOADER_WORKERS if w <= share)
+
+
+def shared_cores_loader_note(cores: int, *, ranks_per_node: int = 1, probes_at_once: int = 1) -> str | None:
+    """One line when probes running side by side kept the loader below the workers the real run could
+    use (None when they did not)."""
+    run = worker_counts(cores, ranks_per_node=ranks_per_node)
+    probed = worker_counts(cores, ranks_per_node=ranks_per_node, probes_at_once=probes_at_once)
+    if probed == run:
+        return None
+    return (f"loader workers were tried up to {probed[-1]}, not the {run[-1]} your run could use: {probes_at_once} "
+            f"probes at once shared {cores} cores; search with one worker to tune the loader fully")
 
 
 def leader(ranked: Sequence[Candidate]) -> Candidate | None:

@@ -9,6 +9,7 @@ import os
 import statistics
 import sys
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -48,7 +49,7 @@ class Knobs:
     shard_blocks: int | None = None  # blocks offered to run.distribute(blocks=...): sharding is searched
     compile: bool = False  # a model offered to run.compile(): torch.compile is searched
     loader: bool = False  # the data comes through run.loader(): its workers, pinning and prefetch are searched
-    declared_workers: int | None = None  # the workers the script declares to run.loader() (0: DataLoader's default)
+    declared_workers: int | None = None  # declared to the training run.loader() (0: DataLoader's default)
 
     def to_dict(self) -> dict:
         return {
@@ -238,6 +239,8 @@ class Run:
         self._device = torch.device(device)
         self._probing = probing
         self.knobs = Knobs()
+        self._declared_workers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        """The workers the script declared to each loader run.loader() built (which one trains, run.batches says)."""
         #: False where the model must stay eager (the memory estimator's fake tensors).
         self.compile_enabled = True
         self.clock = StepClock(warmup_steps, measured_steps, synchronize or (lambda: None),
@@ -517,11 +520,15 @@ class Run:
         DataLoader's defaults: offering the loader here lets a search choose them."""
         from autofit.runtime._loader import build_loader
 
+        declared = int(kwargs.get("num_workers", 0) or 0)
+        if not self.knobs.loader:  # the first is the training loader (an evaluation one comes after it)
+            self.knobs.declared_workers = declared
         self.knobs.loader = True
-        self.knobs.declared_workers = int(kwargs.get("num_workers", 0) or 0)
         iterable = isinstance(dataset, torch.utils.data.IterableDataset)  # it yields in its own order: no sampler
         sampler = None if iterable else self.sampler(dataset, shuffle=shuffle)
-        return build_loader(dataset, self.config, self.batch_size, sampler, kwargs, probing=self._probing)
+        loader = build_loader(dataset, self.config, self.batch_size, sampler, kwargs, probing=self._probing)
+        self._declared_workers[loader] = declared
+        return loader
 
     def compile(self, model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
         """`torch.compile(model, **kwargs)` when the config says so, else `model` as it is: offering
@@ -560,6 +567,9 @@ class Run:
         `tokens`: tokens per sample (an int) or a function of the batch, for tokens/s.
         In a probe, the loop ends (via ProbeFinished) once the probe has its steps.
         """
+        if not self.knobs.batches and isinstance(iterable, torch.utils.data.DataLoader) \
+                and iterable in self._declared_workers:  # the loader the steps take their batches from
+            self.knobs.declared_workers = self._declared_workers[iterable]
         self.knobs.batches = True
         with self.data_context():
             source = iter(iterable)

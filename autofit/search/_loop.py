@@ -25,7 +25,7 @@ from autofit.search._progress import Reporter
 from autofit.search._sampler import AutofitSampler, Proposal
 from autofit.search._session import Session
 from autofit.search._settings import SearchResult, SearchSettings
-from autofit.search._space import build_space, search_options
+from autofit.search._space import available_cores, build_space, search_options
 
 if TYPE_CHECKING:
     from autofit.search._pool import Runner
@@ -169,7 +169,6 @@ class Search:
 
 
 def _shared_cores_note(workers: int) -> str:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (f"{workers} workers shared {cores} cores, each probe with the threads your run gets: their probes slowed "
+    return (f"{workers} workers shared {available_cores()} cores, each probe with the threads your run gets: their probes slowed "
             f"each other, so the ranking (and the answer) may be off; one worker gives the answer to trust "
             f"(benchmarks/parallel.md)")

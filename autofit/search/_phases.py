@@ -17,6 +17,7 @@ from autofit.planner import Observation
 from autofit.probing import ProbeResult
 from autofit.search._sampler import Proposal
 from autofit.search._settings import SearchResult
+from autofit.search._space import loader_note
 from autofit.study import best_document, fault_notes, nothing_fits, record_end
 
 if TYPE_CHECKING:
@@ -139,6 +140,9 @@ def export(search: Search, stopped: str, partial: bool) -> SearchResult:
     noisy = planner.noise_summary(seen)
     if noisy:
         search.notes.append(noisy)
+    shared_loader = loader_note(search.s) if planner.space.loader.offered else None
+    if shared_loader:
+        search.notes.append(shared_loader)
     done = [o for o in seen if o.status != "running"]
     ranked = planner.ranked(seen)
     record_end(study, stopped, partial)

@@ -9,7 +9,7 @@ import os
 from autofit.config import CHECKPOINT_POLICIES, SHARDINGS, device_shardings
 from autofit.errors import UsageError
 from autofit.options import SearchOptions
-from autofit.planner import LOADER_PREFETCH, LOADER_WORKERS, LoaderChoices, SearchSpace
+from autofit.planner import LOADER_PREFETCH, LoaderChoices, SearchSpace, shared_cores_loader_note, worker_counts
 from autofit.probing import WorkerInfo
 from autofit.search._settings import SearchSettings
 
@@ -56,14 +56,28 @@ def build_space(settings: SearchSettings, options: SearchOptions, info: WorkerIn
                              checkpoint_policies=options.checkpoint_policy or CHECKPOINT_POLICIES)
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its affinity, which a container or taskset may narrow)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def loader_choices(settings: SearchSettings, knobs: dict | None) -> LoaderChoices:
-    """The loader settings worth trying when the function offers run.loader(): worker counts up to the
-    CPUs a probe may use (more only compete for them), pinned memory on a GPU (the CPU copies nothing),
-    and prefetching beyond DataLoader's default of 2."""
+    """The loader settings worth trying when the function offers run.loader(): worker counts within the
+    cores one process of the real run has (per rank under --nproc-per-node) and a probe's share of them
+    while several probe at once (more only compete for them), pinned memory on a GPU (the CPU copies
+    nothing), and prefetching beyond DataLoader's default of 2."""
     if not knobs or not knobs.get("loader"):
         return LoaderChoices()
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return LoaderChoices(workers=tuple(w for w in LOADER_WORKERS if w <= cpus),
+    workers = worker_counts(available_cores(), ranks_per_node=settings.nproc_per_node,
+                            probes_at_once=len(settings.worker_indices()))
+    return LoaderChoices(workers=workers,
                          pin_memory=(True,) if settings.device != "cpu" else (),
                          prefetch_factors=tuple(p for p in LOADER_PREFETCH if p != 2),
                          declared_workers=int(knobs.get("declared_workers") or 0))
+
+
+def loader_note(settings: SearchSettings) -> str | None:
+    """One line when probes side by side (--workers N, several GPUs) kept the loader's workers below
+    what the real run could use."""
+    return shared_cores_loader_note(available_cores(), ranks_per_node=settings.nproc_per_node,
+                                    probes_at_once=len(settings.worker_indices()))
