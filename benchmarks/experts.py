@@ -8,8 +8,8 @@ The baselines are the strongest sensible choices, not the weakest:
   run **in bf16** as an engineer configures them (`precision="bf16-mixed"`, `bf16=True`), in their
   own process, as their users run them, capped by the same limit;
 - "bf16 at the largest batch that fits, no checkpointing": the hand-set expert config, read off the grid;
-- the exhaustive grid's best (the truth): every precision x checkpoint level x batch of the search
-  space probed for real (benchmarks/record_landscape.py), the fastest that fits the usable memory.
+- the exhaustive grid's best (the truth): every precision x checkpoint level x checkpoint policy (full,
+  selective) x batch of the search space probed for real (benchmarks/record_landscape.py), the fastest that fits the usable memory.
 autofit searches the same script under the same limit; its exported best-config file is measured as
 written. All picks are then re-measured **interleaved** (A B C A B C ...) in one worker under the limit
 (benchmarks/gpu/compare.py), so a drift of the machine hits them all alike. Writes
@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from autofit.config import Config
+from autofit.config import CHECKPOINT_POLICIES, Config
 from autofit.units import format_flops, parse_size
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -92,8 +92,8 @@ def main() -> None:
         low, _, high = args.grid_batch.partition(":")
         began = time.perf_counter()
         grid = record(args.script, memory_limit=parse_size(args.memory_limit), batch_range=(int(low), int(high)),
-                      precisions=("fp32", "bf16"), name="experts-grid", out=os.path.join(tmp, "grid.json"),
-                      device=args.device)
+                      precisions=("fp32", "bf16"), checkpoint_policies=CHECKPOINT_POLICIES,  # as the search
+                      name="experts-grid", out=os.path.join(tmp, "grid.json"), device=args.device)
         times["grid best"] = time.perf_counter() - began
         fits = [e for e in grid.entries.values() if e.status == "ok" and e.peak_bytes and e.peak_bytes <= grid.usable_bytes]
         grid_best = grid.best_config()

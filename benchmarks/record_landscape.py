@@ -1,10 +1,11 @@
 """Record a full landscape: every config of a search space, probed for real under a memory limit.
 
     python -m benchmarks.record_landscape --study studies/gpt.py --memory-limit 1.5GiB \
-        --batch 1:512 [--precision fp32,bf16,fp16] [--name gpt]
+        --batch 1:512 [--precision fp32,bf16,fp16] [--name gpt] [--no-selective]
 
 One worker serves the whole landscape (it survives OOMs and restarts itself after crashes). Batches
-are probed smallest first, every strategy (precision, checkpoint level, accumulation) at each; once
+are probed smallest first, every strategy (precision, checkpoint level and, where it checkpoints,
+policy: full or selective, as a search tries them; accumulation) at each; once
 a batch runs out of memory, every larger batch of that strategy is recorded as `oom` with
 `"implied": true` and the wall time of the OOM probe that implied it (what probing it would have
 cost, about), instead of being probed. Everything else is measured.
@@ -20,7 +21,7 @@ import statistics
 import sys
 import time
 
-from autofit.config import PRECISIONS, Config
+from autofit.config import CHECKPOINT_POLICIES, PRECISIONS, Config
 from autofit.planner import SearchSpace
 from autofit.probing import Worker
 from autofit.units import format_size, parse_size
@@ -90,6 +91,7 @@ def record(
     device: str = "cpu",
     compile: bool = False,
     checkpoint: bool = True,
+    checkpoint_policies: tuple[str, ...] = CHECKPOINT_POLICIES,
     accumulations: tuple[int, ...] | None = None,
     warmup: int = 2,
     steps: int = 5,
@@ -103,7 +105,9 @@ def record(
 
     With `repeats` > 1, every config probed in the first pass is probed again in further passes
     (alternately in reverse order, so a drift of the machine's load averages out) and its entry
-    aggregates the runs (see `_entry`)."""
+    aggregates the runs (see `_entry`). `checkpoint_policies`: what the checkpointed levels recompute,
+    each a strategy of its own (("full",): selective checkpointing left out, as landscapes recorded
+    before it had it)."""
     name = name or os.path.splitext(os.path.basename(study))[0]
     out = out or os.path.join(LANDSCAPE_DIR, f"{name}.json")
     if threads:
@@ -127,12 +131,12 @@ def record(
         blocks = pilot.knobs.get("checkpoint_blocks")
         space = SearchSpace.build(batch_size=batch_range, precisions=usable_precisions,
                                   checkpoint_blocks=blocks, use_checkpoint=checkpoint,
-                                  accumulations=accumulations,
+                                  accumulations=accumulations, checkpoint_policies=checkpoint_policies,
                                   compiles=(False, True) if compile and pilot.knobs.get("compile") else (False,))
         configs = space.configs()
         log(f"{name}: {len(configs)} configs ({len(space.batch_sizes)} batches x "
             f"{len(space.strategies())} strategies), limit {format_size(memory_limit)}, "
-            f"checkpoint blocks {blocks}")
+            f"checkpoint blocks {blocks}, policies {', '.join(space.checkpoint_policies)}")
         # Batch by batch, every strategy at each: a slow drift of the machine's load (other jobs)
         # then biases batch sizes, not whole strategies against each other.
         oom_wall: dict = {}  # strategy -> wall of the OOM probe that implies its larger batches
@@ -202,6 +206,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--headroom", type=float, default=0.1,
                         help="fraction of the limit kept free: feasible = peak <= limit*(1-headroom)")
     parser.add_argument("--no-checkpoint", action="store_true", help="leave activation checkpointing out")
+    parser.add_argument("--no-selective", action="store_true",
+                        help="leave selective checkpointing out: checkpointed levels recompute all (full) only")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--compile", action="store_true",
                         help="every config compiled too, where the function offers run.compile()")
@@ -226,7 +232,8 @@ def main(argv: list[str] | None = None) -> None:
     record(study, memory_limit=args.memory_limit, batch_range=args.batch, precisions=precisions,
            name=args.name, function=function or None, headroom=args.headroom, device=args.device,
            compile=args.compile,
-           checkpoint=not args.no_checkpoint, accumulations=accumulations, warmup=args.warmup,
+           checkpoint=not args.no_checkpoint,
+           checkpoint_policies=("full",) if args.no_selective else CHECKPOINT_POLICIES, accumulations=accumulations, warmup=args.warmup,
            steps=args.steps, timeout=args.timeout, threads=args.threads, repeats=args.repeats,
            out=args.out)
 

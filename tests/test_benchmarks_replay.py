@@ -162,3 +162,39 @@ def test_deepspeed_extrapolates_from_the_profile_and_tries_around_the_prediction
     # Model states 100 MiB, 10 MiB per sample: (180 - 100) / 10 = 8 -> tries 8 (1.05x, 1x) and 6 (0.95x).
     r = run_strategy("deepspeed", tiny(), seed=0, noise=0.0)
     assert (r.probes, r.oom_probes, r.pick) == (3, 0, Config(8, "fp32"))
+
+
+def test_the_grid_records_selective_checkpointing_unless_told_not_to(monkeypatch) -> None:
+    """record_landscape probes selective checkpointing as a strategy of its own where a level
+    checkpoints (as a search tries it); --no-selective records full only, as the bundled landscapes."""
+    import benchmarks.record_landscape as recorder
+
+    asked: list[tuple[str, ...]] = []
+    monkeypatch.setattr(recorder, "record", lambda *a, **k: asked.append(k["checkpoint_policies"]))
+    argv = ["--study", "studies/gpt.py", "--memory-limit", "512MiB", "--batch", "8:16"]
+    recorder.main(argv)
+    recorder.main([*argv, "--no-selective"])
+    assert asked == [("full", "selective"), ("full",)]
+
+
+def test_a_landscape_with_selective_checkpointing_round_trips_and_its_grid_best_may_be_selective() -> None:
+    """Selective keeps the matmul outputs: more memory than full, less recompute. Here it is the best."""
+    space = SearchSpace.build(batch_range=(8, 32), precisions=("fp32",), checkpoint_blocks=2,
+                              checkpoint_policies=("full", "selective"))
+    saved = {"full": 0.4, "selective": 0.2}  # of the activations, per checkpointed level
+    slower = {"full": 0.3, "selective": 0.05}  # recompute, per checkpointed level
+    land = synthetic(
+        "selective", space, 400 * MiB, 0.1,
+        peak=lambda c: (100 + 10 * c.batch_size * (1 - saved[c.checkpoint_policy] * c.checkpoint_segments)) * MiB,
+        rate=lambda c: c.batch_size / (1 + slower[c.checkpoint_policy] * c.checkpoint_segments))
+    assert {c.checkpoint_policy for c in land.configs() if c.checkpoint_segments} == {"full", "selective"}
+    assert all(c.checkpoint_policy == "full" for c in land.configs() if not c.checkpoint_segments)
+    assert Landscape.from_dict(land.to_dict()).entries == land.entries
+    # b=32 fits the usable 360 MiB with one level checkpointed selectively (356 MiB), not unchecked (420).
+    assert land.best_config() == Config(32, "fp32", 1, checkpoint_policy="selective")
+    assert run_strategy("grid", land, seed=0, noise=0.0).pick == land.best_config()
+    # A landscape recorded before the axis (no checkpoint_policies in its space) loads as full only.
+    old = land.to_dict()
+    old["space"].pop("checkpoint_policies")
+    old["configs"] = [e for e in old["configs"] if e["config"].get("checkpoint_policy", "full") == "full"]
+    assert Landscape.from_dict(old).space.checkpoint_policies == ("full",)
