@@ -278,6 +278,6 @@ def describe(landscape: Landscape, configs: Iterable[Config] | None = None) -> s
         rate = f"{e.samples_per_s:8.1f}" if e.samples_per_s else "       -"
         peak = f"{e.peak_bytes / 2**20:8.0f} MiB" if e.peak_bytes else "           -"
         mark = " *" if landscape.feasible(c) else ""
-        lines.append(f"{c.label():<22} {e.status:<5}{' (implied)' if e.implied else '':<10} "
+        lines.append(f"{c.label():<32} {e.status:<5}{' (implied)' if e.implied else '':<10} "
                      f"{rate} samples/s {peak} {e.wall_s:6.1f}s{mark}")
     return "\n".join(lines)
