@@ -179,7 +179,7 @@ def test_the_grid_records_selective_checkpointing_unless_told_not_to(monkeypatch
 
 def test_a_landscape_with_selective_checkpointing_round_trips_and_its_grid_best_may_be_selective() -> None:
     """Selective keeps the matmul outputs: more memory than full, less recompute. Here it is the best."""
-    space = SearchSpace.build(batch_range=(8, 32), precisions=("fp32",), checkpoint_blocks=2,
+    space = SearchSpace.build(batch_size=(8, 32), precisions=("fp32",), checkpoint_blocks=2,
                               checkpoint_policies=("full", "selective"))
     saved = {"full": 0.4, "selective": 0.2}  # of the activations, per checkpointed level
     slower = {"full": 0.3, "selective": 0.05}  # recompute, per checkpointed level
