@@ -68,6 +68,16 @@ def test_a_probe_of_data_in_memory_is_not():
     assert "input-bound" not in probe.summary() and "input-bound" not in describe_probe(probe)
 
 
+def test_a_normal_run_of_a_slow_loader_says_it_is_input_bound(monkeypatch, capsys):
+    """The user's own run (no search) ends with the same verdict a probe gives."""
+    monkeypatch.setenv("AUTOFIT_TEST_SAMPLES", "96")
+    monkeypatch.delenv("AUTOFIT_CONFIG", raising=False)
+    module = _load(script("slow_loader.py"), "slow_loader_normal")
+    module.train()
+    said = capsys.readouterr().err
+    assert "samples/s after" in said and "of the time waiting for data)" in said, said
+
+
 def test_the_probe_json_carries_the_data_wait(tmp_path):
     code, result = probe_result("slow_loader.py", "1GiB", 4, tmp_path)
     assert code == 0, result

@@ -23,6 +23,7 @@ from autofit.runtime._batch import count_samples, split_batch, to_device
 from autofit.runtime._checkpoint import apply_checkpoint, remove_checkpoint
 from autofit.runtime._distributed import Ranks, agree_on_most
 from autofit.runtime._flops import StepFlops
+from autofit.runtime._loader import build_loader
 from autofit.runtime._precision import make_grad_scaler, precision_context, precision_scope
 from autofit.runtime._redo import Lowering, StepRedo, drop_graph
 
@@ -518,7 +519,6 @@ class Run:
         IterableDataset), `drop_last=True` unless given. `num_workers`, `pin_memory` and `prefetch_factor`
         come from the config where it sets them, else from `kwargs` (what the script declares), else
         DataLoader's defaults: offering the loader here lets a search choose them."""
-        from autofit.runtime._loader import build_loader
 
         declared = int(kwargs.get("num_workers", 0) or 0)
         if not self.knobs.loader:  # the first is the training loader (an evaluation one comes after it)
@@ -700,8 +700,11 @@ class Run:
         ranks = f" on each of {self.ranks.world_size} ranks" if self.ranks.world_size > 1 else ""
         trained = f"autofit: trained {summary['optimizer_steps']} optimizer steps with {self.config.label()}{ranks}"
         if summary["samples_per_s"]:
-            print(f"{trained}: {summary['samples_per_s']:,.1f} samples/s after {summary['warmup_steps']} warm-up steps",
-                  file=sys.stderr)
+            from autofit.probing import input_bound_text  # the verdict a probe gives, in its light record
+
+            waited = input_bound_text(summary["data_wait_share"])
+            print(f"{trained}: {summary['samples_per_s']:,.1f} samples/s after {summary['warmup_steps']} warm-up steps"
+                  + (f" ({waited})" if waited else ""), file=sys.stderr)
         elif summary["optimizer_steps"]:  # the run ended within its warm-up: nothing was timed
             print(f"{trained}: too few to time after {self.clock.warmup_steps} warm-up steps", file=sys.stderr)
         path = os.environ.get("AUTOFIT_RUN_REPORT")
