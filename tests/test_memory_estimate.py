@@ -88,3 +88,21 @@ def test_estimate_of_a_function_the_estimator_cannot_run_is_one_clear_line(tmp_p
     assert done.returncode == 1
     assert "No memory estimate of" in done.stderr and "autofit probe" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_table_says_why_a_peak_without_accumulation_holds_no_gradients():
+    from types import SimpleNamespace
+
+    from autofit.memory import Fit, MemoryEstimate
+    from autofit.report import describe_fits
+
+    def fit(config: Config, gradients: int) -> Fit:
+        parts = {**dict.fromkeys(PARTS, 0), "parameters": 40 * 2**20, "gradients": gradients,
+                 "activations": 900 * 2**20}
+        return Fit(2**30, 2**30, config, MemoryEstimate(config, parts), 2**30)
+
+    fits = SimpleNamespace(on_gpu=False, notes=[], baseline=0, data_bound=lambda config: False)
+    line = "grads near 0 (acc=1): the peak comes at the forward's end or the backward's start"
+    assert line in describe_fits(fits, [fit(Config(16), 0)], "train.py")
+    assert line not in describe_fits(fits, [fit(Config(8, accumulation_steps=2), 40 * 2**20)], "train.py")
+    assert line not in describe_fits(fits, [fit(Config(16), 40 * 2**20)], "train.py")  # held at the peak

@@ -58,11 +58,21 @@ def describe_fits(fits: WhatFits, predicted: list[Fit], target: str) -> str:
     else:
         lines.append(f"peak = tensors + {format_size(fits.baseline)} (this process before any step: Python, torch, "
                      f"the script); the CPU allocator's caching is not in the estimate.")
+    if any(_holds_no_gradients(f) for f in predicted):
+        lines.append("grads near 0 (acc=1): the peak comes at the forward's end or the backward's start, before this "
+                     "step's gradients exist (the last step's were freed by zero_grad).")
     if any(f.config is not None and fits.data_bound(f.config) for f in predicted):
         lines.append("(data): the data feeds no larger micro-batch (a DataLoader with drop_last over fewer samples).")
     lines.append("preference without measurements: the fastest precision, then the fewest checkpointed blocks, at "
                  "the largest micro-batch that fits; `autofit search` measures which is really fastest.")
     return "\n".join(lines)
+
+
+def _holds_no_gradients(fit: Fit) -> bool:
+    """A peak without gradients: no accumulation keeps them over the next forward, where the peak is."""
+    if fit.config is None or fit.config.accumulation_steps > 1:
+        return False
+    return fit.estimate.breakdown["gradients"] < fit.estimate.breakdown["parameters"] / 10
 
 
 def fits_json(fits: WhatFits, predicted: list[Fit], target: str) -> dict:
