@@ -205,3 +205,23 @@ def test_the_corpus_scripts_step_runs_out_of_memory_above_the_limit(tmp_path):
     assert probed.returncode == 1, probed.stderr[-3000:]
     result = json.loads(probed.stdout)["result"]
     assert result["status"] == "oom" and refused_by_the_allocator(result["error_message"])
+
+
+@pytest.mark.frameworks
+def test_the_corpus_scripts_estimate_holds_its_gradients_where_the_loop_does():
+    """Through AutofitAccelerator's prepared optimizer, every trainable parameter's gradient is filed as
+    one: accumulating (acc=2), the first micro-batch's gradients are held through the second's forward,
+    where the peak is; without accumulation the peak comes before the step's gradients exist (the last
+    step's were freed by `optimizer.zero_grad()`, set_to_none as Accelerate calls it)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from autofit.memory import estimate_memory
+
+    accumulating, plain = Config(8, accumulation_steps=2), Config(16)
+    found = estimate_memory(CORPUS, [accumulating, plain])
+    assert found.error is None and not found.unavailable, found.unavailable
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=512, n_positions=64, n_embd=128, n_layer=4, n_head=4))
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters())  # the tied head once
+    held = found.estimates[accumulating].breakdown
+    assert held["gradients"] == trainable and held["parameters"] >= trainable
+    assert found.estimates[plain].breakdown["gradients"] < trainable / 10

@@ -88,3 +88,49 @@ def test_estimate_of_a_function_the_estimator_cannot_run_is_one_clear_line(tmp_p
     assert done.returncode == 1
     assert "No memory estimate of" in done.stderr and "autofit probe" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_table_says_why_a_peak_without_accumulation_holds_no_gradients():
+    from types import SimpleNamespace
+
+    from autofit.memory import Fit, MemoryEstimate
+    from autofit.report import describe_fits
+
+    def fit(config: Config, gradients: int) -> Fit:
+        parts = {**dict.fromkeys(PARTS, 0), "parameters": 40 * 2**20, "gradients": gradients,
+                 "activations": 900 * 2**20}
+        return Fit(2**30, 2**30, config, MemoryEstimate(config, parts), 2**30)
+
+    fits = SimpleNamespace(on_gpu=False, notes=[], baseline=0, data_bound=lambda config: False)
+    line = "grads near 0 (acc=1): the peak comes at the forward's end or the backward's start"
+    assert line in describe_fits(fits, [fit(Config(16), 0)], "train.py")
+    assert line not in describe_fits(fits, [fit(Config(8, accumulation_steps=2), 40 * 2**20)], "train.py")
+    assert line not in describe_fits(fits, [fit(Config(16), 40 * 2**20)], "train.py")  # held at the peak
+
+
+def test_estimate_considers_selective_checkpointing_which_keeps_less_than_none_and_more_than_full():
+    """`autofit estimate` tries selective checkpointing before full at as many blocks, its estimate run
+    under the selective policy: the activations kept are the matmul and attention outputs, between none
+    and full; where no checkpointing does not fit and selective does, selective is the answer."""
+    from autofit.memory import WhatFits
+    from autofit.planner import Strategy
+    from autofit.report import describe_fits, fits_json
+
+    fits = WhatFits(f"{STUDIES}/gpt.py", None, on_gpu=False, batch_range=(64, 64), precisions=("fp32",))
+    try:
+        level = fits.levels[1]  # the fewest blocks checkpointed (of gpt.py's 4)
+        none, selective, full = (Strategy("fp32", k, checkpoint_policy=q)
+                                 for k, q in ((0, "full"), (level, "selective"), (level, "full")))
+        assert fits.strategies()[:3] == [none, selective, full]
+        configs = [fits.config(s, 64) for s in (none, selective, full)]
+        assert configs[1].label() == f"fp32 b=64 ckpt={level} selective"
+        fits.fill(configs)
+        kept = [fits.estimates[c].breakdown["activations"] for c in configs]
+        assert kept[0] > kept[1] > kept[2] > 0, kept
+        usable = (fits.peak(fits.estimates[configs[0]]) + fits.peak(fits.estimates[configs[1]])) // 2
+        predicted = fits.predict_all([int(usable / 0.9) + 1], 0.1)
+    finally:
+        fits.close()
+    assert predicted[0].config == configs[1]
+    assert f"ckpt={level} selective" in describe_fits(fits, predicted, "gpt.py")
+    assert fits_json(fits, predicted, "gpt.py")["fits"][0]["config"]["checkpoint_policy"] == "selective"

@@ -260,9 +260,12 @@ def search(ctx: click.Context, target: str, workers: int, nproc_per_node: int, n
               help="Keep micro-batch x accumulation equal to this.")
 @click.option("--batch-size", type=INT_RANGE, default=None, help="Micro-batch range MIN:MAX.")
 @click.option("--precision", type=PRECISION_LIST, default=None, help="Precisions to consider, e.g. fp32,bf16.")
+@click.option("--checkpoint-policy", "checkpoint_policies", type=CHECKPOINT_POLICY_LIST, default=None,
+              help="Checkpoint policies to consider when the function offers run.checkpoint(), e.g. full "
+                   "(default: full,selective).")
 @click.option("--json", "as_json", is_flag=True, help="Print the predictions as JSON.")
 def estimate(target: str, sizes: tuple[int, ...] | None, memory_limit: int | None, headroom: float,
-             global_batch: int | None, batch_size: tuple[int, int] | None, precision, as_json: bool) -> None:
+             global_batch: int | None, batch_size: tuple[int, int] | None, precision, checkpoint_policies, as_json: bool) -> None:
     """Predict, before any probe, the config that fits each memory size and where its memory goes.
 
     TARGET's function runs two steps on fake tensors (no memory is allocated) in a process of its own.
@@ -280,7 +283,7 @@ def estimate(target: str, sizes: tuple[int, ...] | None, memory_limit: int | Non
         info = check_device("cpu", 0)
         sizes = (memory_limit or info.free_bytes or info.total_bytes,)
     fits = WhatFits(script, function, on_gpu=on_gpu, batch_size=batch_size, global_batch=global_batch,
-                    precisions=precision)
+                    precisions=precision, checkpoint_policies=checkpoint_policies)
     try:
         if fits.unavailable:
             raise CommandFailed(f"No memory estimate of {target} is possible: {fits.unavailable}. "

@@ -3,7 +3,8 @@ estimates (autofit.memory._estimator) before a single probe, with where its memo
 
 The answer per size is the most preferred strategy that fits a micro-batch, at the largest
 micro-batch it fits: the fastest precision first (on GPUs bf16, fp16, tf32, fp32; on a CPU bf16 only
-where it is native), then the fewest checkpointed blocks. With no measured throughput that is a
+where it is native), then the fewest checkpointed blocks, selective checkpointing before full (it
+recomputes the cheap ops only, and keeps the matmul, convolution and attention outputs). With no measured throughput that is a
 rule, not a ranking: a search measures which is really fastest. More memory never gives a less
 preferred strategy or a smaller micro-batch.
 
@@ -18,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autofit.config import Config
+from autofit.config import CHECKPOINT_POLICIES, Config
 from autofit.memory._estimator import CUDA_CONTEXT_BYTES, Estimator, MemoryEstimate
-from autofit.planner import checkpoint_levels, divisors_in, nice_batch_sizes
+from autofit.planner import Strategy, checkpoint_levels, divisors_in, nice_batch_sizes
 
 #: Prior for a CUDA device: the caching allocator's rounding and fragmentation over the tensors' own
 #: bytes (the context's prior is memory_estimate.CUDA_CONTEXT_BYTES).
@@ -49,7 +50,8 @@ class WhatFits:
 
     def __init__(self, script: str, function: str | None, *, on_gpu: bool, baseline_bytes: int | None = None,
                  batch_size: tuple[int, int] | None = None, global_batch: int | None = None,
-                 precisions: tuple[str, ...] | None = None, checkpoint: bool = True) -> None:
+                 precisions: tuple[str, ...] | None = None, checkpoint: bool = True,
+                 checkpoint_policies: tuple[str, ...] | None = None) -> None:
         self.script, self.function = script, function
         self.on_gpu = on_gpu
         self.estimates: dict[Config, MemoryEstimate | None] = {}
@@ -87,6 +89,9 @@ class WhatFits:
         self.precisions = tuple(p for p in order if wanted is None or p in wanted) if knobs.get("autocast") else ("fp32",)
         blocks = knobs.get("checkpoint_blocks") if checkpoint else None
         self.levels = checkpoint_levels(blocks)
+        policies = checkpoint_policies or tuple(options.get("checkpoint_policy") or ()) or CHECKPOINT_POLICIES
+        # Selective first: at as many blocks it recomputes less (the planner's order among them too).
+        self.policies = tuple(q for q in ("selective", "full") if q in policies)
 
     def known_floor(self) -> int:
         """A partial estimate's device peak at least: the device's own memory and the known parts."""
@@ -119,21 +124,24 @@ class WhatFits:
         factor = 1 + ALLOCATOR_OVERHEAD if self.on_gpu else 1.0
         return int(self.baseline + estimate.total_bytes * factor)
 
-    def config(self, precision: str, level: int, batch: int) -> Config:
+    def config(self, strategy: Strategy, batch: int) -> Config:
         accumulation = self.global_batch // batch if self.global_batch else 1
-        return Config(batch, precision, level, accumulation)
+        return Config(batch, strategy.precision, strategy.checkpoint_segments, accumulation,
+                      checkpoint_policy=strategy.checkpoint_policy)
 
-    def strategies(self) -> list[tuple[str, int]]:
-        """Most preferred first: the fastest precision, then the fewest checkpointed blocks."""
-        return [(p, k) for p in self.precisions for k in self.levels]
+    def strategies(self) -> list[Strategy]:
+        """Most preferred first: the fastest precision, then the fewest checkpointed blocks, then
+        selective checkpointing before full."""
+        return [Strategy(p, k, checkpoint_policy=q) for p in self.precisions for k in self.levels
+                for q in (self.policies if k else ("full",))]
 
     def _line_batches(self) -> list[int]:
         return [b for b in _LINE_BATCHES if b in self.batches] or self.batches[-2:] or self.batches
 
-    def _line(self, precision: str, level: int) -> tuple[int, int, float] | None:
+    def _line(self, strategy: Strategy) -> tuple[int, int, float] | None:
         """(batch, peak, bytes per sample) through the largest two line points that rise; None
         when the peak does not rise over them (the optimizer step's peak dominates throughout)."""
-        points = [(b, self.estimates.get(_as_estimated(self.config(precision, level, b))))
+        points = [(b, self.estimates.get(_as_estimated(self.config(strategy, b))))
                   for b in self._line_batches()]
         points = [(b, self.peak(e)) for b, e in points if e is not None]
         for (b1, p1), (b2, p2) in reversed(list(zip(points, points[1:]))):
@@ -141,10 +149,10 @@ class WhatFits:
                 return b2, p2, (p2 - p1) / (b2 - b1)
         return None
 
-    def proposals(self, precision: str, level: int, usable: int) -> list[int]:
+    def proposals(self, strategy: Strategy, usable: int) -> list[int]:
         """Batches to confirm for `usable` bytes, largest first: the line's largest fit and the one
         below it (the line's error); the largest two when there is no line."""
-        line = self._line(precision, level)
+        line = self._line(strategy)
         ceiling = self.data_ceiling()
         candidates = [b for b in self.batches if ceiling is None or b < ceiling] or self.batches[:1]
         if line is not None:
@@ -166,20 +174,19 @@ class WhatFits:
             open_sizes = [size for size in sizes if size not in answers]
             if not open_sizes:
                 break
-            precision, level = strategy
-            self.fill([self.config(precision, level, b) for b in self._line_batches()])
+            self.fill([self.config(strategy, b) for b in self._line_batches()])
             for _ in range(3):  # again while confirmations found the data's end (proposals move below it)
                 ceiling = self.data_ceiling()
-                self.fill([self.config(precision, level, b) for size in open_sizes
-                           for b in self.proposals(precision, level, wanted[size])])
+                self.fill([self.config(strategy, b) for size in open_sizes
+                           for b in self.proposals(strategy, wanted[size])])
                 if self.data_ceiling() == ceiling:
                     break
             for size in open_sizes:
                 fit = self._choose(size, wanted[size], [strategy])
-                if fit.config is None and not self._beyond_reach(precision, level, wanted[size]):
+                if fit.config is None and not self._beyond_reach(strategy, wanted[size]):
                     # the line was off: a coarser look below its proposal
-                    below = self._coarse_below(max(self.proposals(precision, level, wanted[size])))
-                    self.fill([self.config(precision, level, b) for b in below])
+                    below = self._coarse_below(max(self.proposals(strategy, wanted[size])))
+                    self.fill([self.config(strategy, b) for b in below])
                     fit = self._choose(size, wanted[size], [strategy], everything=True)
                 if fit.config is not None:
                     answers[size] = fit
@@ -191,14 +198,14 @@ class WhatFits:
         bound = [c.batch_size for c, why in self.why_not.items() if "DataTooSmall" in why]
         return min(bound) if bound else None
 
-    def _beyond_reach(self, precision: str, level: int, usable: int) -> bool:
+    def _beyond_reach(self, strategy: Strategy, usable: int) -> bool:
         """Even the smallest batch is estimated (or, by the line, predicted 10% or more) over `usable`."""
-        smallest = self.estimates.get(_as_estimated(self.config(precision, level, self.batches[0])))
+        smallest = self.estimates.get(_as_estimated(self.config(strategy, self.batches[0])))
         if smallest is not None:
             return self.peak(smallest) > usable
-        estimated = [self.estimates.get(_as_estimated(self.config(precision, level, b))) for b in self._line_batches()]
+        estimated = [self.estimates.get(_as_estimated(self.config(strategy, b))) for b in self._line_batches()]
         lowest = min((self.peak(e) for e in estimated if e is not None), default=None)
-        line = self._line(precision, level)
+        line = self._line(strategy)
         if lowest is not None and lowest > usable * 1.1 and line is None:
             return True  # flat, and over: the optimizer step alone does not fit
         return line is not None and line[1] + line[2] * (self.batches[0] - line[0]) > usable * 1.1
@@ -212,12 +219,12 @@ class WhatFits:
 
     def data_bound(self, config: Config) -> bool:
         """The data feeds no batch of this strategy above `config`'s (memory is not what stops it)."""
+        strategy = _strategy_of(_as_estimated(config))
         tried = sorted(c.batch_size for c in (*self.estimates, *self.why_not)
-                       if c.batch_size > config.batch_size and c.precision == config.precision
-                       and c.checkpoint_segments == config.checkpoint_segments)
+                       if c.batch_size > config.batch_size and _strategy_of(c) == strategy)
         if not tried:
             return False
-        why = self.why_not.get(_as_estimated(self.config(config.precision, config.checkpoint_segments, tried[0])))
+        why = self.why_not.get(_as_estimated(self.config(strategy, tried[0])))
         return why is not None and "DataTooSmall" in why
 
     def _monotone(self, fits: list[Fit]) -> list[Fit]:
@@ -227,7 +234,7 @@ class WhatFits:
         def rank(fit: Fit) -> tuple:
             if fit.config is None:
                 return (len(order), 0)
-            return (order.index((fit.config.precision, fit.config.checkpoint_segments)), -fit.config.batch_size)
+            return (order.index(_strategy_of(fit.config)), -fit.config.batch_size)
 
         best: Fit | None = None
         out = {}
@@ -238,15 +245,15 @@ class WhatFits:
             out[fit.memory_bytes] = fit
         return [out[f.memory_bytes] for f in fits]
 
-    def _choose(self, size: int, usable: int, strategies: list[tuple[str, int]], everything: bool = False) -> Fit:
-        for precision, level in strategies:
-            batches = self.proposals(precision, level, usable)
+    def _choose(self, size: int, usable: int, strategies: list[Strategy], everything: bool = False) -> Fit:
+        for strategy in strategies:
+            batches = self.proposals(strategy, usable)
             if everything:
                 batches = self._coarse_below(max(batches))
             for batch in batches:
-                estimate = self.estimates.get(_as_estimated(self.config(precision, level, batch)))
+                estimate = self.estimates.get(_as_estimated(self.config(strategy, batch)))
                 if estimate is not None and self.peak(estimate) <= usable:
-                    return Fit(size, usable, self.config(precision, level, batch), estimate, self.peak(estimate))
+                    return Fit(size, usable, self.config(strategy, batch), estimate, self.peak(estimate))
         return Fit(size, usable, None, None, None)
 
 
@@ -256,7 +263,14 @@ def _as_estimated(config: Config) -> Config:
     same_bytes = {"tf32": "fp32", "fp16": "bf16"}.get(config.precision)
     if same_bytes is None:
         return config
-    return Config(config.batch_size, same_bytes, config.checkpoint_segments, config.accumulation_steps)
+    return Config(config.batch_size, same_bytes, config.checkpoint_segments, config.accumulation_steps,
+                  checkpoint_policy=config.checkpoint_policy)
+
+
+def _strategy_of(config: Config) -> Strategy:
+    """The strategy `config` trains (as `WhatFits.strategies` names it: no accumulation, which the
+    global batch sets)."""
+    return Strategy(config.precision, config.checkpoint_segments, checkpoint_policy=config.checkpoint_policy)
 
 
 def _native_cpu_bf16() -> bool:

@@ -39,15 +39,17 @@ def describe_fits(fits: WhatFits, predicted: list[Fit], target: str) -> str:
     device = "GPU of each size" if fits.on_gpu else "this CPU"
     lines = [f"memory estimate of {target} on a {device}: PREDICTED from two steps on fake tensors, not measured",
              *fits.notes, ""]
-    header = f"{'memory':>10} {'config':<24} {'peak (pred.)':>12}  " + " ".join(f"{_SHORT[p]:>7}" for p in PARTS)
+    labels = {f.memory_bytes: f.config.label() + (" (data)" if fits.data_bound(f.config) else "")
+              for f in predicted if f.config is not None}
+    width = max([24, *map(len, labels.values())])  # "bf16 b=16 ckpt=2 selective acc=8"
+    header = f"{'memory':>10} {'config':<{width}} {'peak (pred.)':>12}  " + " ".join(f"{_SHORT[p]:>7}" for p in PARTS)
     lines += [header, "-" * len(header)]
     for fit in predicted:
         if fit.config is None:
-            lines.append(f"{format_size(fit.memory_bytes):>10} {'nothing fits':<24}")
+            lines.append(f"{format_size(fit.memory_bytes):>10} {'nothing fits':<{width}}")
             continue
         parts = " ".join(f"{_mib(fit.estimate.breakdown[p]):>7}" for p in PARTS)
-        label = fit.config.label() + (" (data)" if fits.data_bound(fit.config) else "")
-        lines.append(f"{format_size(fit.memory_bytes):>10} {label:<24} "
+        lines.append(f"{format_size(fit.memory_bytes):>10} {labels[fit.memory_bytes]:<{width}} "
                      f"{format_size(fit.predicted_peak_bytes):>12}  {parts}")
     lines += ["", "parts in MiB of tensors at the predicted peak; usable memory is each size less the "
                   f"headroom ({format_size(predicted[0].usable_bytes)} of {format_size(predicted[0].memory_bytes)})."]
@@ -58,11 +60,22 @@ def describe_fits(fits: WhatFits, predicted: list[Fit], target: str) -> str:
     else:
         lines.append(f"peak = tensors + {format_size(fits.baseline)} (this process before any step: Python, torch, "
                      f"the script); the CPU allocator's caching is not in the estimate.")
+    if any(_holds_no_gradients(f) for f in predicted):
+        lines.append("grads near 0 (acc=1): the peak comes at the forward's end or the backward's start, before this "
+                     "step's gradients exist (the last step's were freed by zero_grad).")
     if any(f.config is not None and fits.data_bound(f.config) for f in predicted):
         lines.append("(data): the data feeds no larger micro-batch (a DataLoader with drop_last over fewer samples).")
-    lines.append("preference without measurements: the fastest precision, then the fewest checkpointed blocks, at "
-                 "the largest micro-batch that fits; `autofit search` measures which is really fastest.")
+    lines.append("preference without measurements: the fastest precision, then the fewest checkpointed blocks "
+                 "(selective before full), at the largest micro-batch that fits; `autofit search` measures which is "
+                 "really fastest.")
     return "\n".join(lines)
+
+
+def _holds_no_gradients(fit: Fit) -> bool:
+    """A peak without gradients: no accumulation keeps them over the next forward, where the peak is."""
+    if fit.config is None or fit.config.accumulation_steps > 1:
+        return False
+    return fit.estimate.breakdown["gradients"] < fit.estimate.breakdown["parameters"] / 10
 
 
 def fits_json(fits: WhatFits, predicted: list[Fit], target: str) -> dict:
