@@ -86,7 +86,8 @@ def main() -> None:
             times[name] = found["wall_s"]
             if "batch_size" in found:
                 picks[name] = f"bf16:{found['batch_size']}"
-                notes[name] = f"its own training after finding: {found.get('fit')}"
+                notes[name] = f"its own training after finding: {found.get('fit')}" + (
+                    f" ({found['error'][:160]})" if found.get("fit") != "ok" and found.get("error") else "")
             else:
                 notes[name] = found["error"]
         low, _, high = args.grid_batch.partition(":")
