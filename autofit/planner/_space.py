@@ -59,14 +59,9 @@ def needs_no_more_memory(a, b) -> bool:
 def recomputes_no_more(a, b) -> bool:
     """Whether `a` recomputes no more of the forward than `b` (rule 3's order by checkpointing):
     none recomputes nothing; selective on as many blocks or fewer recomputes less than full; one
-    policy on fewer blocks, less than on more."""
-    ka, kb = a.checkpoint_segments, b.checkpoint_segments
-    if ka == 0:
-        return True
-    if kb < ka:
-        return False
-    pa, pb = checkpoint_policy(a), checkpoint_policy(b)
-    return pa == pb or pb == "full"
+    policy on fewer blocks, less than on more. The memory order reversed: what keeps more of the forward
+    recomputes less of it."""
+    return needs_no_more_memory(b, a)
 
 
 @dataclass(frozen=True)
