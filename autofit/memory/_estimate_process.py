@@ -239,7 +239,7 @@ def _conversions_in_place():
 
     def _apply(module, fn, recurse=True):
         if not any(isinstance(p, FakeTensor) for p in module._parameters.values()):
-            return original(module, fn, recurse=recurse) if not recurse else _children_then(module, fn, original)
+            return original(module, fn, recurse=recurse)  # its children go through this one: patched
         if recurse:
             for child in module.children():
                 child._apply(fn)
@@ -260,11 +260,6 @@ def _conversions_in_place():
             if buffer is not None:
                 module._buffers[key] = fn(buffer)
         return module
-
-    def _children_then(module, fn, own):
-        for child in module.children():
-            child._apply(fn)
-        return own(module, fn, recurse=False)
 
     torch.nn.Module._apply = _apply
     try:

@@ -99,6 +99,11 @@ class Estimator:
         """Block until the process has loaded the script (False: it died or took too long)."""
         return self._wait_loaded(time.monotonic() + timeout, timeout)
 
+    @property
+    def options(self) -> dict:
+        """What the function declared to @autofit (its load reply's; empty until loaded)."""
+        return (self._loaded or {}).get("options") or {}
+
     def estimate(self, configs: list[Config], timeout: float = 300.0) -> Estimates:
         """Estimates of `configs`; what the process answered before it died or ran out of time
         is kept, and every other config says why it has none."""
@@ -188,9 +193,8 @@ def _parse(configs: list[Config], reply: dict, failure: str | None) -> Estimates
     out = Estimates()
     out.baseline_bytes = reply.get("baseline_bytes")
     out.options = reply.get("options")
-    out.knobs = next((found["knobs"] for found in reply["estimates"] if found["ok"]), None)
-    out.knobs = next((found["knobs"] for found in reply["estimates"] if found["ok"] and not found.get("missing")),
-                     out.knobs)
+    answered = [found for found in reply["estimates"] if found["ok"]]  # a complete estimate's knobs first
+    out.knobs = next((found["knobs"] for found in sorted(answered, key=lambda f: bool(f.get("missing")))), None)
     for config, found in zip(configs, reply["estimates"]):
         if found["ok"]:
             breakdown = {part: int(found["breakdown"].get(part, 0)) for part in PARTS}

@@ -17,6 +17,7 @@ and the caching allocator's rounding (CUDA_CONTEXT_BYTES, ALLOCATOR_OVERHEAD), u
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from autofit.config import CHECKPOINT_POLICIES, Config
@@ -57,12 +58,10 @@ class WhatFits:
         self.estimates: dict[Config, MemoryEstimate | None] = {}
         self.why_not: dict[Config, str] = {}
         self.estimator = Estimator(script, function)  # one process for every question: loaded once
-        pilot = self.estimator.estimate([_pilot(global_batch)])
-        declared = (pilot.options or {}).get("global_batch")
-        if global_batch is None and declared:
-            # The function keeps a global batch (@autofit(global_batch=...)): a framework integration
-            # refuses a config that changes it, so the pilot must keep it too.
-            pilot = self.estimator.estimate([_pilot(declared)])
+        self.estimator.wait_ready()
+        # A function that keeps a global batch (@autofit(global_batch=...)): a framework integration
+        # refuses a config that changes it, so the pilot must keep it too.
+        pilot = self.estimator.estimate([_pilot(global_batch or self.estimator.options.get("global_batch"))])
         self.baseline = CUDA_CONTEXT_BYTES if on_gpu else (baseline_bytes or pilot.baseline_bytes or 0)
         self.partial: MemoryEstimate | None = None
         """The pilot's estimate when the fake tensors could not follow a step: only its known parts."""
@@ -73,7 +72,7 @@ class WhatFits:
             return
         self.unavailable = None
         first = next(iter(pilot.estimates.values()))
-        self.notes = [first.summary()] if first.summary() else []
+        self.notes = [summary] if (summary := first.summary()) else []
         if not first.complete:
             self.partial = first
             return
@@ -95,8 +94,7 @@ class WhatFits:
 
     def known_floor(self) -> int:
         """A partial estimate's device peak at least: the device's own memory and the known parts."""
-        factor = 1 + ALLOCATOR_OVERHEAD if self.on_gpu else 1.0
-        return int(self.baseline + self.partial.total_bytes * factor)
+        return self.peak(self.partial)
 
     def close(self) -> None:
         """Stop the estimator process."""
@@ -263,8 +261,7 @@ def _as_estimated(config: Config) -> Config:
     same_bytes = {"tf32": "fp32", "fp16": "bf16"}.get(config.precision)
     if same_bytes is None:
         return config
-    return Config(config.batch_size, same_bytes, config.checkpoint_segments, config.accumulation_steps,
-                  checkpoint_policy=config.checkpoint_policy)
+    return dataclasses.replace(config, precision=same_bytes)
 
 
 def _strategy_of(config: Config) -> Strategy:
@@ -284,5 +281,5 @@ def _pilot(global_batch: int | None) -> Config:
     with the accumulation that keeps it."""
     if not global_batch:
         return Config(8)
-    batch = max(d for d in range(1, min(8, global_batch) + 1) if global_batch % d == 0)
+    batch = divisors_in(global_batch, 1, 8)[-1]
     return Config(batch, accumulation_steps=global_batch // batch)

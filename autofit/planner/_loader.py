@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from autofit.config import Config
+from autofit.config import LOADER_FIELDS, Config
 from autofit.planner._observation import Observation
 from autofit.planner._ranking import Candidate
 
@@ -82,7 +82,7 @@ def wait_share(config: Config, observations: Sequence[Observation]) -> float | N
 
 def base_of(config: Config) -> Config:
     """`config` with the loader as the script declares it."""
-    return replace(config, loader_workers=None, pin_memory=None, prefetch_factor=None)
+    return replace(config, **dict.fromkeys(LOADER_FIELDS))
 
 
 def next_loader_config(choices: LoaderChoices, ranked: Sequence[Candidate],
@@ -140,7 +140,7 @@ def loader_reason(choices: LoaderChoices, ranked: Sequence[Candidate],
     if base is None or base_of(winner.config) != base.config:
         return None
     share = wait_share(base.config, observations)
-    declared = base.config.loader_workers if base.config.loader_workers is not None else choices.declared_workers
+    declared = choices.declared_workers  # the leader runs the loader as the script declares it
     waited = f"{share:.0%} of the step waiting for data" if share is not None else "waiting for data"
     changes = ", ".join(_change(name, value) for name, value in winner.config.loader.items())
     return (f"input-bound: {waited} with {declared} workers; {changes}: "

@@ -120,8 +120,8 @@ class ProbeResult:
             line += f"  {format_flops(self.flops_per_s)}"
             if self.mfu is not None:
                 line += f" (MFU {self.mfu:.1%})"
-        if self.ok and input_bound_text(self.data_wait_share):
-            line += f"  ({input_bound_text(self.data_wait_share)})"
+        if self.ok and (waited := input_bound_text(self.data_wait_share)):
+            line += f"  ({waited})"
         if self.compile_s is not None:
             line += f"  (compiled in {self.compile_s:.1f}s, not counted)"
         if self.error_message and self.status != "ok":

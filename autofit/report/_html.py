@@ -89,8 +89,8 @@ def render_report(stored: StoredStudy, pngs: dict[str, bytes]) -> str:
                  f"{' (confirmed by a longer run)' if measured['confirmed'] else ''}."]
         if measured.get("flops_per_s"):
             lines.append(f"Model FLOPs: {e(work_text(measured['flops_per_s'], measured.get('mfu'), measured.get('joules_per_sample')))}.")
-        if input_bound_text(measured.get("data_wait_share")):
-            lines.append(f"{e(input_bound_text(measured['data_wait_share']).capitalize())}.")
+        if waited := input_bound_text(measured.get("data_wait_share")):
+            lines.append(f"{e(waited.capitalize())}.")
         lines.append(f"Why: {e(document['why'])}.")
         parts.append(f"<div class=\"winner\">{'<br>'.join(lines)}</div>")
     else:

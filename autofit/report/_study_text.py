@@ -110,8 +110,8 @@ def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame
                  f"({measured['probes']} probe{'s' if measured['probes'] != 1 else ''}, {confirmed})")
     if measured.get("flops_per_s"):
         lines.append(f"work: {work_text(measured['flops_per_s'], measured.get('mfu'), measured.get('joules_per_sample'))}")
-    if input_bound_text(measured.get("data_wait_share")):
-        lines.append(input_bound_text(measured['data_wait_share']))
+    if waited := input_bound_text(measured.get("data_wait_share")):
+        lines.append(waited)
     lines.append(f"why: {document['why']}")
     lines.append(f"stopped: {document['study']['stopped']}")
     lines.append("legend: * the best config   ! ran, but its peak crossed the headroom (infeasible)")

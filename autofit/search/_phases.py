@@ -76,15 +76,15 @@ def _next_explore(search: Search, running: int) -> Proposal | str | None:
         return f"reached --trials {search.s.trials}"
     study, budget = search.session.study, search.budget
     seen = search.session.observations()
-    if budget.left() < budget.next_probe_estimate(seen) + budget.confirm_reserve(search.planner, seen, study):
+    reserve = budget.confirm_reserve(search.planner, seen, study)
+    if budget.left() < budget.next_probe_estimate(seen) + reserve:
         return "the time budget"
     proposal = search.sampler.propose(study, "explore")
     if proposal is None:
         if running or any(o.status == "running" for o in seen):
             return None  # what the probes running now (here or in another searcher) find decides
         return "the planner had nothing left worth probing"
-    if proposal.config.compile and budget.left() < (budget.next_probe_estimate(seen, proposal.config)
-                                                    + budget.confirm_reserve(search.planner, seen, study)):
+    if proposal.config.compile and budget.left() < budget.next_probe_estimate(seen, proposal.config) + reserve:
         return "the time budget (a compiled probe compiles first)"
     return proposal
 
