@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from conftest import STUDIES, script
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -15,7 +16,7 @@ from autofit.planner import Observation, Planner, SearchSpace, Strategy
 from autofit.planner._feasibility import Feasibility
 from autofit.planner._space import needs_no_more_memory, recomputes_no_more
 from autofit.probing import Worker
-from autofit.runtime import Run
+from autofit.runtime import Run, checkpoint_policy_of
 
 MiB = 2**20
 
@@ -77,9 +78,9 @@ def test_applying_another_policy_changes_it_and_keeps_the_module():
     keys = list(blocks.state_dict())
     Run(Config(4, checkpoint_segments=2)).checkpoint(blocks)
     Run(Config(4, checkpoint_segments=2)).checkpoint(blocks)  # idempotent: not checkpointed twice
-    assert [b._autofit_checkpoint_policy for b in blocks] == ["full", "full"]
+    assert [checkpoint_policy_of(b) for b in blocks] == ["full", "full"]
     Run(Config(4, checkpoint_segments=1, checkpoint_policy="selective")).checkpoint(blocks)
-    assert [getattr(b, "_autofit_checkpoint_policy", None) for b in blocks] == ["selective", None]
+    assert [checkpoint_policy_of(b) for b in blocks] == ["selective", None]
     assert "forward" not in vars(blocks[1])  # unwrapped: the class's own forward again
     assert list(blocks.state_dict()) == keys
 

@@ -5,7 +5,7 @@ import torch
 from autofit.config import Config
 from autofit.devices import make_backend
 from autofit.probing._probe import run_probe
-from autofit.runtime import ProbeFinished, Run
+from autofit.runtime import ProbeFinished, Run, checkpoint_policy_of
 
 
 def _loop(run, n_batches=100, batch=4):
@@ -62,7 +62,7 @@ def test_checkpoint_wraps_only_the_requested_blocks_and_keeps_state_dict():
     keys = list(blocks.state_dict())
     run = Run(Config(batch_size=2, checkpoint_segments=3))
     run.checkpoint(blocks)
-    assert [getattr(b, "_autofit_checkpointed", False) for b in blocks] == [True] * 3 + [False] * 2
+    assert [(checkpoint_policy_of(b) is not None) for b in blocks] == [True] * 3 + [False] * 2
     assert list(blocks.state_dict()) == keys
     assert run.knobs.checkpoint_blocks == 5
 
@@ -110,7 +110,7 @@ def test_a_model_met_again_with_fewer_checkpointed_blocks_recomputes_only_those(
             h = b(h)
         h.sum().backward()
         assert calls["n"] == expected, segments
-        assert [getattr(b, "_autofit_checkpointed", False) for b in blocks] == [i < segments for i in range(2)]
+        assert [(checkpoint_policy_of(b) is not None) for b in blocks] == [i < segments for i in range(2)]
         assert list(blocks.state_dict()) == keys
     assert "forward" in vars(blocks[0])
     Run(Config(batch_size=2)).checkpoint(blocks)

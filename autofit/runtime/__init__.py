@@ -6,6 +6,7 @@ Everything here runs inside the user's process (a probe's worker, a rank, a norm
 
 from __future__ import annotations
 
+from autofit.runtime._checkpoint import checkpoint_policy_of
 from autofit.runtime._batch import batch_len, batch_tensors, count_samples, map_batch, split_batch, to_device
 from autofit.runtime._distributed import Ranks, leave_process_group, per_rank_config, ranks_from_env
 from autofit.runtime._memory_cap import LIMIT_ENV, describe_limit, limit_from_env
@@ -40,6 +41,7 @@ __all__ = [
     "batch_len",
     "batch_tensors",
     "breaks_the_device",
+    "checkpoint_policy_of",
     "count_samples",
     "describe_limit",
     "drop_graph",

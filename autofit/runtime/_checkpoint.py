@@ -41,34 +41,60 @@ def _selective_contexts() -> tuple[Any, Any]:
     return create_selective_checkpoint_contexts(_save_compute_intensive)
 
 
+class CheckpointedForward:
+    """A block's forward under activation checkpointing, put in place of `block.forward`.
+
+    An object that holds its block, not a closure over it: `copy.deepcopy` and `pickle` copy the
+    block it names along with the block, so an EMA or teacher copy of a checkpointed model computes
+    with its own weights (a closure kept the original's bound forward, and the copy silently trained
+    against the live model). The state-dict keys, the module tree and `type(block)` are unchanged."""
+
+    def __init__(self, block: torch.nn.Module, inner: Any, policy: str) -> None:
+        self.block = block
+        self.inner = inner
+        """The forward it replaced when the instance had its own (another wrapper); None: the class's."""
+        self.policy = policy
+
+    @property
+    def __wrapped__(self) -> Any:  # inspect.signature(block.forward) gives the real signature
+        return self.inner if self.inner is not None else type(self.block).forward.__get__(self.block)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        context = {"context_fn": _selective_contexts} if self.policy == "selective" else {}
+        return checkpoint(self.__wrapped__, *args, use_reentrant=False, **context, **kwargs)
+
+
+def _installed(block: torch.nn.Module) -> CheckpointedForward | None:
+    forward = block.__dict__.get("forward")
+    return forward if isinstance(forward, CheckpointedForward) else None
+
+
+def checkpoint_policy_of(block: torch.nn.Module) -> str | None:
+    """The policy `block` is checkpointed under ("full", "selective"), or None when it is not."""
+    installed = _installed(block)
+    return installed.policy if installed is not None else None
+
+
 def apply_checkpoint(block: torch.nn.Module, policy: str = "full") -> torch.nn.Module:
     """Make `block` recompute its activations in backward, in place: all of them ("full"), or all
     but the outputs of matmuls, convolutions and attention ("selective"). Idempotent; applied again
     with another policy, the policy changes. The module keeps its names and state-dict keys."""
     check_checkpoint_policy(policy)
-    if getattr(block, "_autofit_checkpoint_policy", None) == policy:
+    installed = _installed(block)
+    if installed is not None:
+        installed.policy = policy
         return block
-    forward = getattr(block, "_autofit_forward", None) or block.forward
-    context = {"context_fn": _selective_contexts} if policy == "selective" else {}
-
-    @functools.wraps(forward)
-    def checkpointed_forward(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(forward, *args, use_reentrant=False, **context, **kwargs)
-
-    block._autofit_forward = forward
-    block.forward = checkpointed_forward
-    block._autofit_checkpointed = True
-    block._autofit_checkpoint_policy = policy
+    block.forward = CheckpointedForward(block, block.__dict__.get("forward"), policy)
     return block
 
 
 def remove_checkpoint(block: torch.nn.Module) -> torch.nn.Module:
     """Undo `apply_checkpoint` on `block`, in place (nothing to do on a block it never wrapped)."""
-    if not getattr(block, "_autofit_checkpointed", False):
+    installed = _installed(block)
+    if installed is None:
         return block
-    if block._autofit_forward == type(block).forward.__get__(block):
+    if installed.inner is None:
         del block.forward  # the class's own forward again
     else:
-        block.forward = block._autofit_forward
-    del block._autofit_checkpointed, block._autofit_forward, block._autofit_checkpoint_policy
+        block.forward = installed.inner
     return block

@@ -275,6 +275,10 @@ class Run:
         self.restart_lowering: Lowering | None = None
         """Set when an OOM came before the first optimizer step: start the function again with its
         config (not yet taken: only the launcher knows whether it starts again)."""
+        self._wrapped_blocks: weakref.WeakSet = weakref.WeakSet()
+        """Blocks this run checkpointed: unwrapped when the run ends, so a model that outlives the run
+        (built at import, met again by the next probe in one process or by a second call) is the
+        user's own again."""
         self.data_context: Callable[[], Any] = contextlib.nullcontext
         """Entered around every read of the data in batches(): autofit's memory estimator reads real
         data there while the step itself runs on fake tensors."""
@@ -552,6 +556,7 @@ class Run:
         for index, block in enumerate(blocks):
             if index < self.config.checkpoint_segments:
                 apply_checkpoint(block, policy=self.config.checkpoint_policy)
+                self._wrapped_blocks.add(block)
             else:
                 remove_checkpoint(block)
         return blocks
@@ -668,6 +673,13 @@ class Run:
         finally:
             if self.flops is not None and self.flops.counting:
                 self.flops.abandon()  # the counted step never closed (an error, or the data ended)
+            self.unwrap_blocks()
+
+    def unwrap_blocks(self) -> None:
+        """Take this run's activation checkpointing off the blocks it put it on."""
+        for block in list(self._wrapped_blocks):
+            remove_checkpoint(block)
+        self._wrapped_blocks.clear()
 
     def summary(self) -> dict[str, Any]:
         """What this run measured after its warm-up steps: the real run's figures, next to a probe's."""
