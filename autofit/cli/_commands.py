@@ -22,6 +22,7 @@ from autofit.cli._types import (
 )
 from autofit.config import CHECKPOINT_POLICIES, PRECISIONS, SHARDINGS
 from autofit.errors import AutofitError
+from autofit.probing import PROBE_PROCESSES
 
 
 class _Group(click.Group):
@@ -116,13 +117,17 @@ def cli(ctx: click.Context) -> None:
 @click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True, help="Measured optimizer steps.")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Warm-up steps, not measured.")
 @click.option("--timeout", type=DURATION, default="5m", show_default=True, help="Kill the probe after this long.")
+@click.option("--probe-process", type=click.Choice(PROBE_PROCESSES), default=None,
+              help="How probes run: fork (each in a fresh child of a warm process: the CPU's default) or "
+                   "persistent (one after another in one process, as CUDA must run them).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
 def probe(ctx: click.Context, target: str, batch_size: int, precision: str, checkpoint: int,
           checkpoint_policy: str, accumulation: int, compile_: bool, sharding: str, loader_workers: int | None,
           pin_memory: bool | None, prefetch_factor: int | None, memory_limit: int | None, nproc_per_node: int,
           nnodes: int, node_rank: int,
-          rdzv_endpoint: str | None, steps: int, warmup: int, timeout: float, as_json: bool) -> None:
+          rdzv_endpoint: str | None, steps: int, warmup: int, timeout: float, probe_process: str | None,
+          as_json: bool) -> None:
     """Run one probe: a few real training steps of TARGET under one config.
 
     TARGET is a script with one @autofit function, or SCRIPT:FUNCTION. Exit status 0 when the
@@ -143,7 +148,7 @@ def probe(ctx: click.Context, target: str, batch_size: int, precision: str, chec
     settings = ProbeSettings(script=script, function=function, config=config, device=state.device,
                              index=state.index, memory_limit=memory_limit, nproc_per_node=nproc_per_node,
                              nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, warmup=warmup,
-                             steps=steps, timeout=timeout)
+                             steps=steps, timeout=timeout, probe_process=probe_process)
     if settings.node_rank > 0:
         ctx.exit(follow_probe(settings, state.storage()))
     result = probe_once(settings, storage=state.storage)
@@ -193,6 +198,9 @@ def probe(ctx: click.Context, target: str, batch_size: int, precision: str, chec
                    "(default: full,selective).")
 @click.option("--alloc-conf", default=None, metavar="SETTINGS",
               help="PYTORCH_CUDA_ALLOC_CONF for the probes, e.g. expandable_segments:True (recorded in the best config).")
+@click.option("--probe-process", type=click.Choice(PROBE_PROCESSES), default=None,
+              help="How probes run: fork (each in a fresh child of a warm process: the CPU's default) or "
+                   "persistent (one after another in one process, as CUDA must run them).")
 @click.option("--estimate/--no-estimate", default=True, show_default=True,
               help="Predict each config's memory with the memory estimator before probing (fake tensors).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
@@ -203,8 +211,8 @@ def search(ctx: click.Context, target: str, workers: int, nproc_per_node: int, n
            rdzv_endpoint: str | None, memory_limit: int | None, budget: float, trials: int | None, headroom: float,
            global_batch: int | None, batch_size: tuple[int, int] | None, precision, accumulation, sharding, study: str | None,
            out: str | None, fresh: bool, steps: int, warmup: int, probe_timeout: float | None,
-           alloc_conf: str | None, compile_: bool | None, checkpoint_policies, estimate: bool, as_json: bool,
-           quiet: bool, verbose: bool) -> None:
+           alloc_conf: str | None, compile_: bool | None, checkpoint_policies, probe_process: str | None,
+           estimate: bool, as_json: bool, quiet: bool, verbose: bool) -> None:
     """Search the fastest config of TARGET that fits, within a time budget, and export it.
 
     TARGET is a script with one @autofit function, or SCRIPT:FUNCTION. Running the same command
@@ -225,6 +233,7 @@ def search(ctx: click.Context, target: str, workers: int, nproc_per_node: int, n
         gpus=state.gpus, workers=workers, nproc_per_node=nproc_per_node,
         nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, estimate=estimate,
         compile=compile_, checkpoint_policy=checkpoint_policies, alloc_conf=alloc_conf,
+        probe_process=probe_process,
     )
     take_ctrl_c()  # a search started with SIGINT ignored (a background job) still stops on Ctrl-C
     if node_rank > 0:

@@ -25,17 +25,20 @@ from autofit.probing._script import check_script, decorated_name, find_function,
 from autofit.probing._torchrun import DistributedWorker
 from autofit.probing._wire import (
     Channel,
+    PROBE_PROCESSES,
     LoadRequest,
     ProbeRequest,
     failure_reply,
     internal_failure,
     ok_reply,
+    probe_process_for,
     start_child,
 )
 from autofit.probing._worker import Worker, WorkerStartError
 
 __all__ = [
     "INPUT_BOUND_SHARE",
+    "PROBE_PROCESSES",
     "STATUSES",
     "Channel",
     "DistributedWorker",
@@ -68,6 +71,7 @@ __all__ = [
     "parse_target",
     "prepare_process",
     "probe_once",
+    "probe_process_for",
     "probe_study_name",
     "serve",
     "start_child",

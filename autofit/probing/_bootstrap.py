@@ -46,6 +46,8 @@ class Loaded:
     backend: Any  # autofit.devices.DeviceBackend (imported with the device, in the child)
     fn: Any
     name: str | None
+    module: Any = None
+    """The user's script, imported (its globals are part of what a probe must find as loaded)."""
 
     def describe(self) -> dict[str, Any]:
         """What the supervisor learns once the function is loaded: its name, the decorator's
@@ -76,7 +78,7 @@ def bootstrap(request: LoadRequest, *, cap_memory: bool = True) -> Loaded:
     backend.release()
     if cap_memory:
         backend.apply_memory_limit(request.memory_limit, request.usable_bytes)
-    return Loaded(backend, fn, request.function)
+    return Loaded(backend, fn, request.function, module)
 
 
 def prepare_process(*, follow_parent: bool = False) -> None:

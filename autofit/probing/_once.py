@@ -13,6 +13,7 @@ from autofit.errors import UsageError
 from autofit.probing._multinode import JobBoard, check_nodes, follow, lead_probe, probe_study_name
 from autofit.probing._record import ProbeResult
 from autofit.probing._runner import ProbeRunner, make_runner
+from autofit.probing._wire import probe_process_for
 
 if TYPE_CHECKING:
     import optuna
@@ -39,8 +40,11 @@ class ProbeSettings:
     warmup: int = 2
     steps: int = 5
     timeout: float = 300.0
+    probe_process: str | None = None
+    """"fork" or "persistent" (None: the device's default, autofit.probing.probe_process_for)."""
 
     def __post_init__(self) -> None:
+        probe_process_for(self.device, self.probe_process)  # bad input fails here, before any process starts
         if self.nproc_per_node < 1:
             raise UsageError(f"--nproc-per-node must be at least 1, but got {self.nproc_per_node}.")
         check_nodes(self.nnodes, self.node_rank, self.rdzv_endpoint)
@@ -49,7 +53,8 @@ class ProbeSettings:
         """The runner these settings call for (`memory_limit`: another than the settings' own)."""
         return make_runner(self.script, self.function, device=self.device, index=self.index,
                            memory_limit=memory_limit or self.memory_limit, usable_bytes=usable_bytes,
-                           nproc=self.nproc_per_node, nnodes=self.nnodes, rdzv_endpoint=self.rdzv_endpoint)
+                           nproc=self.nproc_per_node, nnodes=self.nnodes, rdzv_endpoint=self.rdzv_endpoint,
+                           probe_process=self.probe_process)
 
 
 def probe_once(settings: ProbeSettings,

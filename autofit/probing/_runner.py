@@ -64,12 +64,14 @@ def make_runner(script: str, function: str | None = None, *, device: str = "cpu"
                 memory_limit: int | None = None, usable_bytes: int | None = None, log_dir: str | None = None,
                 env: dict[str, str] | None = None, nproc: int = 1, nnodes: int = 1,
                 rdzv_endpoint: str | None = None, board: JobBoard | None = None,
-                session: str | None = None) -> ProbeRunner:
+                session: str | None = None, probe_process: str | None = None) -> ProbeRunner:
     """The runner for `nproc` ranks on each of `nnodes` machines: one process (the persistent
     `Worker`), a torchrun job on this machine (`DistributedWorker`), or a torchrun job across
     machines met at `rdzv_endpoint` (`MultiNodeWorker`; node 0 also passes the `board` its jobs are
     posted on and the search `session` they belong to). `env`: variables for the probes' processes
-    on top of the user's environment (allocator settings)."""
+    on top of the user's environment (allocator settings). `probe_process`: how the one-process worker
+    runs its probes ("fork" or "persistent"; None: the device's default); a torchrun job starts fresh
+    ranks for every probe."""
     if nnodes > 1:
         if not rdzv_endpoint:
             raise ValueError("a runner across machines needs the rendezvous endpoint")
@@ -80,4 +82,4 @@ def make_runner(script: str, function: str | None = None, *, device: str = "cpu"
         return DistributedWorker(script, function, nproc=nproc, device=device, index=index,
                                  memory_limit=memory_limit, usable_bytes=usable_bytes, log_dir=log_dir, env=env)
     return Worker(script, function, device=device, index=index, memory_limit=memory_limit,
-                  usable_bytes=usable_bytes, log_dir=log_dir, env=env)
+                  usable_bytes=usable_bytes, log_dir=log_dir, env=env, probe_process=probe_process)

@@ -30,13 +30,33 @@ from multiprocessing.connection import Connection
 from typing import IO, Any
 
 from autofit.config import Config
+from autofit.errors import UsageError
 from autofit.probing._record import ProbeResult
+
+
+#: How a worker runs its probes: each in a child forked from the warm process ("fork", the CPU's
+#: default), or one after another in the process itself ("persistent", as CUDA must).
+PROBE_PROCESSES = ("fork", "persistent")
+
+
+def probe_process_for(device: str, asked: str | None) -> str:
+    """The process model a worker on `device` runs its probes in: `asked`, else the device's default.
+    A CUDA context cannot be forked, so CUDA is always persistent."""
+    if asked is not None and asked not in PROBE_PROCESSES:
+        raise UsageError(f"The probe process must be one of {', '.join(PROBE_PROCESSES)}, but got {asked!r}.")
+    if device == "cuda":
+        if asked == "fork":
+            raise UsageError("The probe process must be persistent on CUDA (a CUDA context cannot be forked), "
+                             "but got --probe-process fork.")
+        return "persistent"
+    return asked or "fork"
 
 
 @dataclass(frozen=True)
 class LoadRequest:
     """Load the user's function in a child process: which script and function, on which device,
-    under which memory limit (`usable_bytes`: the limit less the search's headroom)."""
+    under which memory limit (`usable_bytes`: the limit less the search's headroom), and how its
+    probes run (`probe_process`, one of PROBE_PROCESSES)."""
 
     script: str
     function: str | None = None
@@ -44,6 +64,7 @@ class LoadRequest:
     index: int = 0
     memory_limit: int | None = None
     usable_bytes: int | None = None
+    probe_process: str = "fork"
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)

@@ -18,7 +18,7 @@ from autofit.config import Config
 from autofit.errors import AutofitError, UsageError, UserCodeError
 from autofit.probing._failures import crash_result, describe_exit, log_tail, timeout_result
 from autofit.probing._record import ProbeResult, WorkerInfo
-from autofit.probing._wire import Channel, LoadRequest, ProbeRequest, result_of, start_child
+from autofit.probing._wire import Channel, LoadRequest, ProbeRequest, probe_process_for, result_of, start_child
 from autofit.units import format_size
 
 #: The worker runs with the user's own environment: no allocator tuning of ours (a fixed glibc mmap
@@ -51,8 +51,11 @@ class Worker:
         load_timeout: float = 300.0,
         leak_tolerance: int | None = None,
         env: dict[str, str] | None = None,
+        probe_process: str | None = None,
     ) -> None:
         self.script = os.path.abspath(script)
+        #: "fork" (each probe in a child of the warm process) or "persistent" (one after another in it).
+        self.probe_process = probe_process_for(device, probe_process)
         #: Variables set for the probe process on top of the user's environment (allocator settings).
         self.extra_env = dict(env or {})
         self.function = function
@@ -93,7 +96,8 @@ class Worker:
             new_session=True)  # Ctrl-C in the terminal reaches the supervisor only
         self.starts += 1
         request = LoadRequest(self.script, self.function, device=self.device, index=self.index,
-                              memory_limit=self.memory_limit, usable_bytes=self.usable_bytes)
+                              memory_limit=self.memory_limit, usable_bytes=self.usable_bytes,
+                              probe_process=self.probe_process)
         reply = self._channel.request({"op": "load", "request": request.to_wire(), "log_path": log},
                                       self.load_timeout)
         if reply is None:

@@ -12,12 +12,15 @@ of earlier probes (a fixed mmap threshold made memory return but cost ~30% on al
 steps). The warm process runs with one intra-op thread until it forks, because GNU OpenMP hangs in a
 child forked from a process whose thread team exists; the child sets the thread count back.
 On CUDA the probe runs in this process (a CUDA context cannot be forked) and the caching allocator
-is emptied between probes.
+is emptied between probes; `--probe-process persistent` walks that path on the CPU. There, before
+every probe, the process is put back as it was once the script loaded (`_isolation.Pristine`), so a
+probe starts where a forked one would.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import sys
 import time
 from typing import Any
@@ -31,13 +34,14 @@ class _Session:
         self.loaded: Loaded | None = None
         self.fork_probes = False
         self.threads = 1
+        self.pristine: Any = None  # persistent probes: the process as the script loaded it
 
     def load(self, message: dict) -> dict:
         started = time.perf_counter()
         import torch
 
         request = LoadRequest.from_wire(message["request"])
-        self.fork_probes = request.device == "cpu"
+        self.fork_probes = request.device == "cpu" and request.probe_process == "fork"
         if self.fork_probes:
             self.threads = torch.get_num_threads()  # what the user's own run would get
             torch.set_num_threads(1)  # no OpenMP team in the process that forks (see the docstring)
@@ -46,6 +50,10 @@ class _Session:
             self.threads = torch.get_num_threads()  # the script chose its own thread count at import
             torch.set_num_threads(1)
         backend = loaded.backend
+        if not self.fork_probes:
+            from autofit.probing._isolation import Pristine
+
+            self.pristine = Pristine.capture(loaded.module)
         return ok_reply(
             **loaded.describe(),
             device=backend.info().to_dict(),
@@ -62,7 +70,12 @@ class _Session:
         request = ProbeRequest.from_wire(message["request"])
         if self.fork_probes:
             return self._probe_in_child(request)
-        return result_reply(self._run_probe(request))
+        self.pristine.restore()
+        carried = self.pristine.carried_over()  # what earlier probes changed and could not be put back
+        result = self._run_probe(request)
+        if carried:
+            result.notes.append(carried)
+        return result_reply(result)
 
     def _run_probe(self, request: ProbeRequest) -> Any:
         from autofit.probing._probe import run_probe
@@ -84,11 +97,13 @@ class _Session:
         from autofit.probing._failures import crash_result, describe_exit
 
         reader, writer = Channel.pipe()
+        python_rng = random.getstate()  # `random` reseeds itself in a forked child: the script's seed is lost
         pid = os.fork()
         if pid == 0:  # the child: run the probe, send the result, leave without cleanup
             code = 0
             try:
                 die_with_parent()
+                random.setstate(python_rng)  # as the script left it at import, as in its own run
                 reader.close()
                 torch.set_num_threads(self.threads)
                 reply = result_reply(self._run_probe(request))

@@ -27,7 +27,7 @@ def follow_search(settings: SearchSettings) -> int:
         return make_runner(session.script, settings.function, device=settings.device, index=settings.index,
                            memory_limit=memory_limit or session.memory_limit, usable_bytes=usable, log_dir=session.run_dir,
                            env=env, nproc=settings.nproc_per_node, nnodes=settings.nnodes,
-                           rdzv_endpoint=settings.rdzv_endpoint)
+                           rdzv_endpoint=settings.rdzv_endpoint, probe_process=settings.probe_process)
 
     return follow(JobBoard(session.storage, session.study_name), make_follower, node_rank=settings.node_rank,
                   nnodes=settings.nnodes)

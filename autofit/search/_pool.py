@@ -31,7 +31,7 @@ def build_runners(settings: SearchSettings, session: Session, board: JobBoard | 
                         memory_limit=session.memory_limit, usable_bytes=int(session.usable), env=env,
                         log_dir=os.path.join(session.run_dir, f"worker-{n}") if many else session.run_dir,
                         nproc=settings.nproc_per_node, nnodes=settings.nnodes, rdzv_endpoint=settings.rdzv_endpoint,
-                        board=board, session=board_session)
+                        board=board, session=board_session, probe_process=settings.probe_process)
             for n, index in enumerate(session.slots)]
 
 

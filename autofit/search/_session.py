@@ -108,7 +108,7 @@ class Session:
             "limit_given": self.s.memory_limit is not None, "script_sha256": self.script_sha256,
             "headroom": self.s.headroom, "usable_bytes": self.usable, "space": space.to_dict(),
             "world_size": self.s.world_size, "allocator": current_allocator_settings(self.s.alloc_conf),
-            "knobs": knobs, "versions": info.versions,
+            "knobs": knobs, "versions": info.versions, "probe_process": self.s.probe_process,
         })
 
     # --- trials -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import optuna
 from autofit.config import Config, device_shardings
 from autofit.errors import UsageError
 from autofit.planner import Candidate
+from autofit.probing import probe_process_for
 from autofit.study import open_storage
 
 
@@ -48,6 +49,9 @@ class SearchSettings:
     """Checkpoint policies to consider when the function offers run.checkpoint() (None: the decorator's say)."""
     alloc_conf: str | None = None
     """PYTORCH_CUDA_ALLOC_CONF for the probes (e.g. expandable_segments:True); None: the environment's."""
+    probe_process: str | None = None
+    """How each worker runs its probes: "fork" (each in a child of the warm process, the CPU's default) or
+    "persistent" (one after another in one process, as on CUDA, where it is the only choice)."""
     estimate: bool = True
     """Ask the memory estimator before probing, so the planner predicts what fits (off: probes alone)."""
     gpus: tuple[int, ...] = ()
@@ -64,6 +68,7 @@ class SearchSettings:
     """HOST:PORT of torchrun's c10d rendezvous for probes across nodes (a port free on HOST)."""
 
     def __post_init__(self) -> None:
+        self.probe_process = probe_process_for(self.device, self.probe_process)
         if not 0 <= self.headroom < 1:
             raise UsageError(f"The headroom must be a fraction in [0, 1), but got {self.headroom}.")
         if self.workers < 1:
