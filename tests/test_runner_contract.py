@@ -1,7 +1,8 @@
 """The contract every probe runner keeps (autofit.probing.ProbeRunner), one suite run over each of
 them, the way Optuna runs one suite over every storage: the persistent worker, a torchrun job of two
 gloo ranks, and a job across machines (here one machine joined through c10d rendezvous, its jobs
-posted on a study's trials). Real processes under a real RLIMIT_DATA cap on CPU; a runner added to
+posted on a study's trials); the worker runs in both process models (each probe forked from a warm
+process, or all of them in one process as on CUDA). Real processes under a real RLIMIT_DATA cap on CPU; a runner added to
 RUNNERS gets every test.
 
 Whatever the user's code does is a status in the result, never an exception, and the runner probes
@@ -36,6 +37,8 @@ LIMIT = 768 * 2**20
 
 RUNNERS = [
     pytest.param("worker", id="worker"),
+    # every probe in one process, as on CUDA (slow tier: the default keeps the forked worker)
+    pytest.param("worker-persistent", id="worker-persistent", marks=pytest.mark.slow),
     pytest.param("torchrun", id="torchrun-2-ranks", marks=pytest.mark.distributed),
     pytest.param("multinode", id="multinode-1-node", marks=pytest.mark.distributed),
 ]
@@ -68,6 +71,8 @@ def runner_for(request) -> Iterator[Callable[..., Probing]]:
         study = optuna.create_study(storage=storage, study_name="contract")
         if request.param == "worker":
             runner, world = make_runner(script(name), memory_limit=LIMIT), 1
+        elif request.param == "worker-persistent":
+            runner, world = make_runner(script(name), memory_limit=LIMIT, probe_process="persistent"), 1
         elif request.param == "torchrun":
             runner, world = make_runner(script(name), memory_limit=LIMIT, nproc=2), 2
         else:

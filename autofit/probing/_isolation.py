@@ -12,7 +12,8 @@ before every probe, so that both process models give a probe the same start:
 - torch-function and dispatch modes left entered;
 - torch.compile's caches (dynamo's compiled frames and its recompile counts);
 - `os.environ` (allocator settings included) and `sys.argv`;
-- the script module's global names (a counter the function rebinds, a list it replaces).
+- the script module's global names (a counter the function rebinds, a list it replaces), and the
+  contents of the lists, dicts, sets and deques they name (a list the function appends to).
 
 What cannot be put back is said in one line (`carried_over`): objects the script built at import and
 the function changed in place, a model's weights first among them.
@@ -20,6 +21,7 @@ the function changed in place, a model's weights first among them.
 
 from __future__ import annotations
 
+import collections
 import os
 import random
 import sys
@@ -77,6 +79,7 @@ class Pristine:
     argv: list[str] = field(default_factory=list)
     script_globals: dict[str, Any] = field(default_factory=dict)
     models: list[tuple[str, torch.nn.Module, dict[int, int]]] = field(default_factory=list)
+    containers: list[tuple[Any, Any]] = field(default_factory=list)
     threads: int = 1
     grad_enabled: bool = True
     default_dtype: torch.dtype = torch.float32
@@ -99,6 +102,8 @@ class Pristine:
         if script is not None:
             state.script_globals = dict(vars(script))
             for name, value in state.script_globals.items():
+                if type(value) in _CONTAINERS and not name.startswith("__"):  # never __builtins__
+                    state.containers.append((value, _CONTAINERS[type(value)][0](value)))
                 if isinstance(value, torch.nn.Module):
                     state.models.append((name, value, _versions(value)))
                     for sub in value.modules():
@@ -133,6 +138,8 @@ class Pristine:
             for name in set(namespace) - set(self.script_globals):
                 del namespace[name]
             namespace.update(self.script_globals)
+        for container, contents in self.containers:
+            _CONTAINERS[type(container)][1](container, contents)
         _set_rng_state(self.rng)
 
     def carried_over(self) -> str | None:
@@ -144,6 +151,18 @@ class Pristine:
         return (f"the script builds {names} at import and the function trains it in place: in one process its "
                 f"weights carry over from probe to probe (speed and memory are measured as usual; build the "
                 f"model inside the function for every probe to start from the same weights)")
+
+
+def _refill(container: Any, contents: Any) -> None:
+    add = container.extend if isinstance(container, list | collections.deque) else container.update
+    container.clear()
+    add(contents)
+
+
+#: The containers whose contents are put back in place: type -> (copy, refill).
+_CONTAINERS: dict[type, tuple[Any, Any]] = {
+    kind: (kind.copy, _refill) for kind in (list, dict, set, collections.OrderedDict, collections.defaultdict)}
+_CONTAINERS[collections.deque] = (list, _refill)
 
 
 def _versions(model: torch.nn.Module) -> dict[int, int]:
