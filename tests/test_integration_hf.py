@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from autofit.config import Config
+from autofit.probing import Worker
 from tests.conftest import REPO, autofit_cli, probe_result, probed_configs, refused_by_the_allocator, script
 
 pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
@@ -16,6 +17,7 @@ pytestmark = pytest.mark.frameworks
 #: Measured on this machine (seq 128, probe peaks with the process's baseline of ~330 MiB):
 #: b=4 acc=4 436 MiB, b=8 acc=2 503 MiB, b=16 624 MiB, b=16 with 4 checkpointed blocks 556 MiB.
 LIMIT = "560MiB"
+SCRIPT = script("hf_trainer.py")
 
 
 def test_a_trainer_script_is_searched_keeps_its_global_batch_and_runs_with_the_answer(tmp_path):
@@ -69,3 +71,14 @@ def test_the_frameworks_own_step_runs_out_of_memory_above_the_limit(tmp_path):
     status, result = probe_result("hf_trainer.py", LIMIT, 16, tmp_path, env={"HF_OUT": str(tmp_path / "out")})
     assert status == 1
     assert result["status"] == "oom" and refused_by_the_allocator(result["error_message"])
+
+
+def test_a_model_built_at_import_loses_the_last_probes_checkpointing(monkeypatch):
+    """In one process (CUDA's model), a ckpt=0 probe of a model built at import must run without the
+    checkpointing the probe before it put on the blocks: it would measure too little memory."""
+    monkeypatch.setenv("MODEL_AT_IMPORT", "1")
+    with Worker(SCRIPT, memory_limit=3 * 2**30, probe_process="persistent") as worker:
+        checkpointed = worker.probe(Config(batch_size=8, accumulation_steps=2, checkpoint_segments=2), timeout=300)
+        plain = worker.probe(Config(batch_size=8, accumulation_steps=2), timeout=300)
+    assert checkpointed.status == "ok", checkpointed.error_message
+    assert plain.status == "ok", plain.error_message

@@ -171,9 +171,9 @@ class AutofitAccelerator(Accelerator):
         if not evaluation_mode and self._autofit_block_count is None:
             blocks = self._autofit_blocks if self._autofit_blocks is not None else checkpointable_blocks(model)
             self._autofit_block_count = len(blocks)
-            if run.checkpoint_segments and blocks and not (run.defaults and not run.probing):
-                run.checkpoint(blocks)
-                if getattr(getattr(model, "config", None), "use_cache", False):
+            if blocks and not (run.defaults and not run.probing):
+                run.checkpoint(blocks)  # at 0 segments too: no block keeps another run's checkpointing
+                if run.checkpoint_segments and getattr(getattr(model, "config", None), "use_cache", False):
                     model.config.use_cache = False  # a cache filled twice by recomputation (as HF does it)
         prepared = super().prepare_model(model, device_placement=device_placement, evaluation_mode=evaluation_mode)
         if not evaluation_mode and not self._autofit_models:

@@ -97,9 +97,9 @@ class AutofitTrainer(Trainer):
         kwargs["args"] = arguments_for(run, training_args)
         blocks = checkpoint_blocks if checkpoint_blocks is not None else (
             checkpointable_blocks(model) if model is not None else ())
-        if run.checkpoint_segments and blocks:
-            run.checkpoint(blocks)
-            if getattr(getattr(model, "config", None), "use_cache", False):
+        if blocks:
+            run.checkpoint(blocks)  # at 0 segments too: no block keeps another run's checkpointing
+            if run.checkpoint_segments and getattr(getattr(model, "config", None), "use_cache", False):
                 model.config.use_cache = False  # a cache filled twice by recomputation (as HF does it)
         self._autofit_recovery = StepRecovery(run, self._zero_grad) if run.recovers_oom else None
         self._autofit_weight = 1.0  # a piece's share of its micro-batch's loss (after an OOM)

@@ -105,8 +105,8 @@ class AutofitLightningTrainer(pl.Trainer):
     def fit(self, model: pl.LightningModule, *args: Any, **kwargs: Any) -> None:
         blocks = self._autofit_blocks if self._autofit_blocks is not None else checkpointable_blocks(model)
         self._autofit_counter.blocks = len(blocks)
-        if self._autofit_run.checkpoint_segments and blocks:
-            self._autofit_run.checkpoint(blocks)
+        if blocks:
+            self._autofit_run.checkpoint(blocks)  # at 0 segments too: no block keeps another run's checkpointing
         if self._autofit_run.recovers_oom and model.automatic_optimization:
             self._autofit_counter.recovery = _recover_in(self, self._autofit_run, model)
         return super().fit(model, *args, **kwargs)

@@ -27,10 +27,21 @@ class Tokens(torch.utils.data.Dataset):
 DATA = Tokens(512)
 
 
+def _model():
+    return GPT2LMHeadModel(GPT2Config(vocab_size=512, n_positions=SEQ_LEN, n_embd=128, n_layer=4, n_head=4))
+
+
+# $MODEL_AT_IMPORT: the model is built once, at import, as many scripts do; in one process (CUDA's
+# probes, --probe-process persistent) every probe meets the same model.
+MODEL = _model() if os.environ.get("MODEL_AT_IMPORT") else None
+
+
 @autofit(global_batch=16)  # autofit: 3 (a function around the Trainer, marked for search)
 def train(run):
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=512, n_positions=SEQ_LEN, n_embd=128, n_layer=4, n_head=4))
+    model = MODEL if MODEL is not None else _model()
+    if MODEL is not None and any(vars(block).get("forward") for block in MODEL.transformer.h):
+        raise RuntimeError("a block still has the checkpointing of an earlier run")
     args = TrainingArguments(output_dir=os.environ.get("HF_OUT", "hf_out"), per_device_train_batch_size=4,
                              gradient_accumulation_steps=4, learning_rate=1e-3, num_train_epochs=1,
                              logging_steps=10, save_strategy="no", report_to="none", seed=0)
