@@ -87,6 +87,35 @@ def test_a_probe_is_ok(entry, tmp_path):
     assert result["knobs"]["batches"]  # it went through run.batches() or the framework's loop
 
 
+def _config(arguments: tuple[str, ...], **changes) -> Config:
+    """The Config of `autofit probe` arguments (--batch-size, --accumulation, --checkpoint)."""
+    given = dict(zip(arguments[::2], arguments[1::2]))
+    fields = {"batch_size": int(given["--batch-size"]), "accumulation_steps": int(given.get("--accumulation", 1)),
+              "checkpoint_segments": int(given.get("--checkpoint", 0))}
+    return Config(**{**fields, **changes})
+
+
+@pytest.mark.parametrize("entry", [p for p in _params() if p.values[0].nproc == 1])
+def test_probes_in_one_process_are_ok(entry, tmp_path, monkeypatch):
+    """CUDA's process model on the CPU: the entry's config, then the same without checkpointing and at
+    half the micro-batch (the global batch kept), one after the other in one process, each as a probe in a
+    fresh process would be."""
+    from autofit.probing import Worker
+
+    for name, value in _environment(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    first = _config(entry.probe)
+    second = _config(entry.probe, checkpoint_segments=0, batch_size=first.batch_size // 2,
+                     accumulation_steps=first.accumulation_steps * 2)
+    with Worker(entry.path, memory_limit=2 * 2**30, probe_process="persistent") as worker:
+        results = [worker.probe(config, timeout=300) for config in (first, second)]
+    for result in results:
+        assert result.status == "ok", (result.config.label(), result.error_message, result.traceback)
+        assert result.samples_per_s > 0 and result.knobs["batches"]
+    assert results[0].knobs == results[1].knobs
+
+
 @pytest.mark.parametrize("entry", _params())
 def test_a_search_exports_a_config_the_normal_run_trains_with(entry, tmp_path):
     env = _environment(tmp_path)
