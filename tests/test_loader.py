@@ -61,6 +61,43 @@ def test_a_probe_of_a_slow_loader_is_input_bound():
     assert "input-bound:" in describe_probe(probe)
 
 
+class _SlowSamples(torch.utils.data.Dataset):
+    """10 ms to load a sample: a batch of 4 takes 40 ms of a worker's time, a step microseconds."""
+
+    def __len__(self) -> int:
+        return 4096
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        import time
+
+        time.sleep(0.01)
+        return torch.ones(4)
+
+
+def _prefetching_steps(run) -> None:
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = torch.utils.data.DataLoader(_SlowSamples(), batch_size=run.batch_size, num_workers=2, prefetch_factor=8)
+    for x in run.batches(loader):
+        if run.optimizer_steps == 0:
+            import time
+
+            time.sleep(0.5)  # a first step's one-off costs (compilation, autotuning): the queue fills meanwhile
+        run.backward(model(x).mean(), opt)
+
+
+def test_a_loader_probe_measures_after_its_prefetch_queue_drained():
+    """16 batches queued by 2 workers while the first step ran: measured from there, five steps would
+    time the queue (2,800 samples/s measured) rather than the loading, which cannot supply more than
+    2 workers x 4 samples per 40 ms = 200 samples/s. The warm-up takes the queue first."""
+    probe = run_probe(_prefetching_steps, Config(4), make_backend("cpu"), warmup_steps=1, measured_steps=5,
+                      min_measure_s=0)
+    assert probe.ok, probe.error_message
+    assert probe.warmup_steps == 1 + 2 * 8
+    assert any("prefetch queue (2 workers x 8 batches) drained" in note for note in probe.notes)
+    assert probe.samples_per_s < 2 * 200  # sleep() only ever lasts longer: 200/s is the loading's ceiling
+
+
 def test_a_probe_of_data_in_memory_is_not():
     probe = _probe("fits_small")
     assert probe.ok, probe.error_message

@@ -62,6 +62,7 @@ def run_probe(
         with run.active():
             fn(run)
         run.finish()
+        warmup_steps = run.clock.warmup_steps  # longer where a loader's prefetch queue had to drain
         needed = warmup_steps + min(measured_steps, ENOUGH_MEASURED_STEPS)
         if needed <= run.clock.steps_done < warmup_steps + measured_steps:
             # A long run (the confirmation) of a function whose own loop ended first (its data, its
@@ -93,6 +94,8 @@ def run_probe(
         del exc
     result.wall_s = time.perf_counter() - started
     result.knobs = run.knobs.to_dict()
+    result.warmup_steps = run.clock.warmup_steps
+    result.notes.extend(run.notes)
     result.baseline_bytes = baseline
     if result.restart_worker:
         return result  # the device answers nothing more in this process: no peak, no clean-up

@@ -279,6 +279,8 @@ class Run:
         """Blocks this run checkpointed: unwrapped when the run ends, so a model that outlives the run
         (built at import, met again by the next probe in one process or by a second call) is the
         user's own again."""
+        self.notes: list[str] = []
+        """What the run changed in how it measures (a probe's result carries them)."""
         self.data_context: Callable[[], Any] = contextlib.nullcontext
         """Entered around every read of the data in batches(): autofit's memory estimator reads real
         data there while the step itself runs on fake tensors."""
@@ -575,6 +577,8 @@ class Run:
         if not self.knobs.batches and isinstance(iterable, torch.utils.data.DataLoader) \
                 and iterable in self._declared_workers:  # the loader the steps take their batches from
             self.knobs.declared_workers = self._declared_workers[iterable]
+        if not self.knobs.batches:
+            self._drain_prefetch(iterable)
         self.knobs.batches = True
         with self.data_context():
             source = iter(iterable)
@@ -621,6 +625,22 @@ class Run:
             raise DataTooSmall(
                 f"The data yields no batch of {self.config.batch_size}: the batch is larger than the "
                 f"data can feed (a DataLoader with drop_last=True over fewer samples, say).")
+
+    def _drain_prefetch(self, iterable: Iterable[Any]) -> None:
+        """Count the optimizer steps that empty the loader's prefetch queue as warm-up too.
+
+        A DataLoader's workers fill their queue (workers x prefetch_factor batches) while the first,
+        slow steps run; measured from there, a short window would time the queue rather than the
+        loading, and a deeper prefetch would "win" by its size. The same rule holds for a probe and a
+        normal run, so their figures are measured alike."""
+        workers = getattr(iterable, "num_workers", 0) if isinstance(iterable, torch.utils.data.DataLoader) else 0
+        if not workers:
+            return
+        queued = workers * (iterable.prefetch_factor or 2)
+        steps = math.ceil(queued / self.config.accumulation_steps)
+        self.clock.warmup_steps += steps
+        self.notes.append(f"warm-up {steps} optimizer steps longer: the loader's prefetch queue "
+                          f"({workers} workers x {iterable.prefetch_factor or 2} batches) drained before measuring")
 
     def _finish_step(self) -> None:
         samples, tokens = self._step_samples, self._step_tokens
