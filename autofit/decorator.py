@@ -12,6 +12,7 @@ from autofit.config import MAX_BATCH, PRECISIONS, Config
 from autofit.options import SearchOptions
 
 if TYPE_CHECKING:
+    from autofit.devices import DeviceBackend
     from autofit.runtime import Run, StepRedo
 
 #: Steps a normal run leaves out of its reported throughput (a probe's default warm-up).
@@ -27,6 +28,9 @@ class AutofitFunction:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.options = options
+        #: The backend of each device a normal call ran on, kept for the process's lifetime: the memory
+        #: limit it enforces is the process's, applied (and announced) once, not again at each attempt.
+        self._backends: dict[tuple[str, int], DeviceBackend] = {}
 
     def __repr__(self) -> str:
         return f"<autofit function {self.fn.__module__}.{self.fn.__qualname__}>"
@@ -119,9 +123,12 @@ class AutofitFunction:
         elif note or config != plan.config:
             print(f"autofit: searched on {plan.searched_world} ranks, run as one process: {config.label()}"
                   + (f"; {note}" if note else ""), file=sys.stderr)
-        backend = make_backend(torch_device.type, torch_device.index or 0)
+        key = (torch_device.type, torch_device.index or 0)
+        backend = self._backends.get(key)
+        if backend is None:
+            backend = self._backends[key] = make_backend(*key)
         limit = limit_from_env(plan.searched_limit)
-        if limit is not None and getattr(backend, "limit_bytes", None) != limit:
+        if limit is not None and backend.memory_limit != limit:
             backend.apply_memory_limit(limit, limit)
             print(describe_limit(limit), file=sys.stderr)
         if redo is None:

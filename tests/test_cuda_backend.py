@@ -93,6 +93,10 @@ class FakeCuda:
         self.fractions: list[tuple[float, object]] = []
         self.calls: list[str] = []
         self.stats: dict = {}
+        #: What get_device_properties says of each CUDA index: its UUID (as torch prints it, no
+        #: prefix; None: not matched through NVML) and its SMs.
+        self.uuids: dict[int, str] = {}
+        self.multiprocessors: dict[int, int] = {}
 
 
 @pytest.fixture
@@ -128,6 +132,8 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(c, "synchronize", record("synchronize"))
     monkeypatch.setattr(c, "empty_cache", record("empty_cache"))
     monkeypatch.setattr(c, "memory_stats", lambda device=None: state.stats)
+    monkeypatch.setattr(c, "get_device_properties", lambda device=None: SimpleNamespace(
+        uuid=state.uuids.get(device), multi_processor_count=state.multiprocessors.get(device, 108)))
     return state
 
 
@@ -477,3 +483,34 @@ def test_the_backend_reads_the_dense_peak_and_the_energy_counter_from_nvml(nvml,
     nvml.nvmlDeviceGetTotalEnergyConsumption = lambda handle: 1_234_500 if handle == 1 else 0  # millijoules
     assert backend.energy_joules() == pytest.approx(1234.5)
     assert CudaBackend(0).peak_flops_per_s("bf16") == pytest.approx(312e12)  # the A100
+
+
+def test_the_backend_finds_its_gpu_in_nvml_by_cudas_uuid_not_by_position(monkeypatch, fake_cuda):
+    """A mixed machine: NVML numbers the GPUs in PCI order, CUDA fastest first, so CUDA's device 0
+    is NVML's GPU 1. Its name, peak and memory are the H100's, found by the UUID CUDA gives it."""
+    fake = FakeNVML([{**gpu(name="NVIDIA A100-SXM4-80GB"), "uuid": "GPU-aaaa"},
+                     {**gpu(name="NVIDIA H100 80GB HBM3"), "uuid": "GPU-bbbb"}])
+    monkeypatch.setattr(cuda_mod, "_load_nvml", lambda: fake)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    fake_cuda.uuids = {0: "bbbb", 1: "aaaa"}
+    fake_cuda.multiprocessors = {0: 132, 1: 108}
+    backend = CudaBackend(0)
+    backend.torch_device()
+    assert backend.info().name == "NVIDIA H100 80GB HBM3"
+    assert backend.peak_flops_per_s("bf16") == pytest.approx(989.4e12)
+    fake_cuda.reserved = 1 * GiB
+    with_process(fake, used=1 * GiB + 300 * MiB, index=1)  # this process, as NVML counts it on the H100
+    assert backend.overhead_bytes() == 300 * MiB and backend.overhead_source == "nvml-process"
+
+
+def test_a_mig_slice_has_its_share_of_the_gpus_peak_by_its_sms(monkeypatch, fake_cuda):
+    fake = FakeNVML([{**gpu(name="NVIDIA A100-SXM4-80GB MIG 1g.10gb", total=10 * GiB, free=9 * GiB),
+                      "uuid": "MIG-cccc"}])
+    monkeypatch.setattr(cuda_mod, "_load_nvml", lambda: fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-cccc")
+    fake_cuda.uuids = {0: "cccc"}
+    fake_cuda.multiprocessors = {0: 14}  # one of the seven 1g slices: 14 of the A100's 108 SMs
+    backend = CudaBackend(0)
+    backend.torch_device()
+    assert backend.peak_flops_per_s("bf16") == pytest.approx(312e12 * 14 / 108)
+    assert backend.peak_flops_per_s("fp32") == pytest.approx(19.5e12 * 14 / 108)

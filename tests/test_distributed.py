@@ -12,7 +12,7 @@ import torch
 
 from autofit.config import Config
 from autofit.runtime._distributed import Ranks, per_rank_config
-from tests.conftest import REPO, script
+from tests.conftest import REPO, autofit_cli, script
 from tests.test_resilience_real import _config_file
 
 
@@ -97,8 +97,6 @@ def test_the_global_batch_is_kept_when_the_accumulation_divides_among_the_ranks(
 def _probe(tmp_path, script_name: str, batch: int, *extra: str):
     import json
 
-    from tests.conftest import autofit_cli
-
     done = autofit_cli("probe", script(script_name), "--nproc-per-node", "2", "--batch-size", str(batch),
                        "--memory-limit", "1GiB", "--json", *extra, cwd=tmp_path, env={"WEIGHTS_OUT": str(tmp_path / "w.pt")})
     return done.returncode, (json.loads(done.stdout)["result"] if done.stdout.strip().startswith("{") else done.stderr)
@@ -110,6 +108,50 @@ def test_a_distributed_probe_runs_every_rank_and_counts_all_their_samples(tmp_pa
     assert code == 0, result
     assert result["status"] == "ok" and result["world_size"] == 2
     assert result["samples_per_s"] > 0 and result["peak_bytes"] < 2**30
+
+
+@pytest.mark.distributed
+def test_a_probe_without_a_log_of_its_own_writes_nothing_at_a_shared_fixed_path(tmp_path):
+    """The job's output once went to $TMPDIR/autofit-local-0.log, opened through any link planted there."""
+    shared = tmp_path / "shared-tmp"
+    shared.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not yours to overwrite\n")
+    (shared / "autofit-local-0.log").symlink_to(victim)
+    done = autofit_cli("probe", script("ddp_train.py"), "--nproc-per-node", "2", "--batch-size", "8",
+                       "--memory-limit", "1GiB", "--json", cwd=tmp_path,
+                       env={"TMPDIR": str(shared), "WEIGHTS_OUT": str(tmp_path / "w.pt")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert victim.read_text() == "not yours to overwrite\n"
+    # The runner's private folder went with it (torch may leave its own caches there).
+    assert [name for name in os.listdir(shared) if name.startswith("autofit")] == ["autofit-local-0.log"]
+
+
+def test_the_ranks_log_is_private_to_its_runner_and_never_opened_through_a_link(tmp_path):
+    from autofit.errors import UsageError
+    from autofit.probing import DistributedWorker
+    from autofit.probing._torchrun import open_log
+
+    first, second = (DistributedWorker(script("ddp_train.py"), nproc=2) for _ in range(2))
+    paths = [runner._log_file("autofit-local-0.log") for runner in (first, second)]
+    assert paths[0] != paths[1]  # two runs at once: each its own file
+    for path in paths:
+        assert os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
+    first.close()
+    assert not os.path.exists(os.path.dirname(paths[0]))
+    second.close()
+    logged = DistributedWorker(script("ddp_train.py"), nproc=2, log_dir=str(tmp_path / "run"))
+    assert logged._log_file("autofit-local-0.log") == str(tmp_path / "run" / "autofit-local-0.log")
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("kept")
+    (tmp_path / "planted.log").symlink_to(victim)
+    with pytest.raises(UsageError, match="not a symbolic link"):
+        open_log(str(tmp_path / "planted.log"))
+    assert victim.read_text() == "kept"
+    with open_log(str(tmp_path / "own.log")) as log:
+        log.write("rank 0\n")
+    assert os.stat(tmp_path / "own.log").st_mode & 0o777 == 0o600
 
 
 @pytest.mark.distributed
@@ -126,7 +168,6 @@ def test_an_oom_on_one_rank_is_the_configs_and_a_killed_rank_is_crashed(tmp_path
 def test_a_search_on_two_ranks_exports_a_config_a_torchrun_run_picks_up(tmp_path):
     import json
 
-    from tests.conftest import autofit_cli
 
     searched = autofit_cli("search", script("ddp_train.py"), "--nproc-per-node", "2", "--memory-limit", "1GiB",
                            "--precision", "fp32", "--budget", "60s", "--storage", f"sqlite:///{tmp_path}/d.db",

@@ -16,9 +16,10 @@ T = 1e12
     ("NVIDIA H100 NVL", "H100 NVL"),
     ("NVIDIA H200", "H200 SXM"),
     ("NVIDIA H200 NVL", "H200 NVL"),
-    ("NVIDIA A100-SXM4-80GB", "A100"),
-    ("NVIDIA A100-PCIE-40GB", "A100"),
-    ("NVIDIA A100 80GB PCIe", "A100"),
+    ("NVIDIA A100-SXM4-80GB", "A100 SXM"),
+    ("NVIDIA A100-SXM4-40GB", "A100 SXM"),
+    ("NVIDIA A100-PCIE-40GB", "A100 PCIe"),
+    ("NVIDIA A100 80GB PCIe", "A100 PCIe"),
     ("NVIDIA L4", "L4"),
     ("NVIDIA L40S", "L40S"),
     ("NVIDIA L40", "L40"),
@@ -45,3 +46,31 @@ def test_mfu_against_the_dense_peak_and_null_where_unknown():
     assert mfu(1e12, "cpu", "bf16") is None
     assert mfu(1e12, "AMD Instinct MI300X", "bf16") is None
     assert mfu(None, "NVIDIA H100 80GB HBM3", "bf16") is None
+
+
+@pytest.mark.parametrize("nvml_name", [
+    "NVIDIA RTX A1000",  # "a100" and "a10" are fragments of its name, not its model
+    "NVIDIA RTX A1000 6GB Laptop GPU",
+    "NVIDIA GH200 480GB",  # not the H200
+    "NVIDIA GeForce RTX 4090 D",  # fewer SMs than the 4090
+    "NVIDIA GeForce RTX 4090 Laptop GPU",
+    "NVIDIA H100L",
+    "NVIDIA L40G",
+    "Tesla V100-SXM2-16GB",
+])
+def test_a_model_is_matched_by_whole_words_never_by_a_fragment(nvml_name):
+    assert peak_for(nvml_name) is None
+
+
+def test_a_mig_slice_has_no_peak_from_its_name_alone_and_its_share_of_sms_with_them():
+    """The profile's "1g" counts compute slices, not SMs (seven 1g slices hold 98 of an A100's 108):
+    without the slice's SM count there is no honest peak, with it the GPU's is scaled."""
+    name = "NVIDIA A100-SXM4-80GB MIG 1g.10gb"
+    assert peak_for(name) is None
+    assert mfu(1e12, name, "bf16") is None
+    slice_ = peak_for(name, multiprocessors=14)
+    assert slice_.flops_per_s("bf16") == pytest.approx(312 * T * 14 / 108)
+    assert "14 of 108 SMs" in slice_.model
+    assert peak_for("NVIDIA H100 80GB HBM3 MIG 7g.80gb", multiprocessors=132).flops_per_s("bf16") == \
+        pytest.approx(989.4 * T)
+    assert peak_for("NVIDIA L4", multiprocessors=10).flops_per_s("bf16") == pytest.approx(121 * T)  # no MIG: whole

@@ -88,5 +88,8 @@ def test_an_oom_that_persists_at_micro_batch_one_is_a_clear_error(tmp_path, from
     assert failed.returncode != 0
     assert "OutOfMemoryAtBatchOne" in failed.stderr and "even at micro-batch 1" in failed.stderr
     assert failed.stderr.count(redone) == 2  # 4 -> 2 -> 1, then the error
+    # The limit is the process's: applied once, not again by each attempt that starts over (a second
+    # RLIMIT_DATA after an OOM could refuse a process already above it).
+    assert failed.stderr.count("enforces a memory limit") == 1
     record = json.loads((tmp_path / "always.lowered.json").read_text())
     assert Config.from_dict(record["ended_with"]) == Config(1, accumulation_steps=4)

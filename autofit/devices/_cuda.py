@@ -30,8 +30,10 @@ Device indices are CUDA's (what `torch.device("cuda", i)` means). NVML numbers G
 order and ignores CUDA_VISIBLE_DEVICES, so the listing maps them: plain integers are NVML indices;
 UUIDs (GPU-..., and MIG-... for a MIG slice) are looked up with `nvmlDeviceGetHandleByUUID`, so a
 MIG slice is listed with its own name and memory, which is what the process can use and what the
-default limit is. CUDA itself orders GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID: on a
-machine with mixed GPU models, set CUDA_DEVICE_ORDER=PCI_BUS_ID so that both orders agree.
+default limit is. CUDA itself orders GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, so on a
+machine with mixed GPU models the two orders differ: the backend, once CUDA is up, finds its GPU in
+NVML by the UUID CUDA gives it (`get_device_properties(i).uuid`), never by position; the listing,
+which runs without torch, can only assume PCI order (set CUDA_DEVICE_ORDER=PCI_BUS_ID there).
 """
 
 from __future__ import annotations
@@ -143,6 +145,19 @@ def _handle(nvml: ModuleType, index: int) -> Any:
     return handles[index]
 
 
+def _by_uuid(nvml: ModuleType, uuid: str | None) -> Any:
+    """The NVML handle of the GPU or MIG slice CUDA knows by `uuid`; None when NVML knows neither."""
+    if not uuid:
+        return None
+    named = uuid.upper().startswith(("GPU-", "MIG-"))  # CUDA's string has no prefix; NVML's has one
+    for candidate in [uuid] if named else ["GPU-" + uuid, "MIG-" + uuid]:
+        try:
+            return nvml.nvmlDeviceGetHandleByUUID(candidate)
+        except _nvml_errors(nvml):
+            continue
+    return None
+
+
 def _device_info(nvml: ModuleType, handle: Any, index: int) -> DeviceInfo:
     memory = nvml.nvmlDeviceGetMemoryInfo(handle)
     return DeviceInfo(
@@ -224,23 +239,36 @@ class CudaBackend(DeviceBackend):
         return torch.device("cuda", self.index)
 
     def _nvml_device(self) -> tuple[ModuleType, Any]:
-        """pynvml and the handle of this GPU, or a UsageError that says what NVML answered."""
+        """pynvml and the handle of this GPU, or a UsageError that says what NVML answered.
+
+        Once CUDA is up, the handle is the one whose UUID is CUDA's for this device, whatever order
+        either numbers GPUs in; before, CUDA_VISIBLE_DEVICES read in NVML's order (`_handle`), which
+        is not kept, so that the first call after CUDA starts finds the GPU by its UUID."""
         if self._nvml_handle is not None:
             return self._nvml, self._nvml_handle
-        nvml = _load_nvml()
+        nvml = self._nvml or _load_nvml()
         if nvml is None:
             raise UsageError(
                 "The device cuda needs NVML (package nvidia-ml-py) to read GPU memory, but it is not installed."
             )
         try:
-            nvml.nvmlInit()  # reference-counted; kept open for the worker's lifetime
-            handle = _handle(nvml, self.index)
+            if self._nvml is None:
+                nvml.nvmlInit()  # reference-counted; kept open for the worker's lifetime
+                self._nvml = nvml
+            handle = _by_uuid(nvml, self._cuda_uuid()) if self._torch_ready else None
+            if handle is not None:
+                self._nvml_handle = handle
+                return nvml, handle
+            return nvml, _handle(nvml, self.index)
         except _nvml_errors(nvml) as error:
             raise UsageError(
                 f"NVML must answer to read GPU {self.index} (is the NVIDIA driver loaded?), but it failed: {error}"
             ) from error
-        self._nvml, self._nvml_handle = nvml, handle
-        return nvml, handle
+
+    def _cuda_uuid(self) -> str | None:
+        """CUDA's UUID of this device (a GPU's or a MIG slice's), as torch gives it (without NVML's prefix)."""
+        uuid = getattr(self._cuda().get_device_properties(self.index), "uuid", None)
+        return str(uuid) if uuid else None
 
     def _process_bytes_from_nvml(self) -> int | None:
         """This process's used GPU memory according to NVML, or None where NVML cannot tell."""
@@ -371,9 +399,11 @@ class CudaBackend(DeviceBackend):
             return None
 
     def peak_flops_per_s(self, precision: str) -> float | None:
+        """The GPU's dense peak (autofit.devices._peaks); a MIG slice's scaled by its SMs, as CUDA counts them."""
         if self._device_name is None:
             self._device_name = self.info().name
-        return peak_flops_per_s(self._device_name, precision)
+        multiprocessors = self._cuda().get_device_properties(self.index).multi_processor_count
+        return peak_flops_per_s(self._device_name, precision, multiprocessors)
 
     def allocator_stats(self) -> dict:
         stats = self._cuda().memory_stats(self.index)

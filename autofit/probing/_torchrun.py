@@ -14,7 +14,9 @@ available here.
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,9 +24,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import IO, Any
 
 from autofit.config import Config
+from autofit.errors import UsageError
 from autofit.probing._failures import crash_result, log_tail, timeout_result
 from autofit.probing._record import ProbeResult, WorkerInfo
 from autofit.probing._wire import LoadRequest, ProbeRequest, read_rank_results, write_rank_request
@@ -57,6 +60,9 @@ class DistributedWorker:
         self.extra_env = dict(env or {})
         self.info: WorkerInfo | None = None
         self._job: subprocess.Popen | None = None
+        self._private_dir: str | None = None
+        """Where jobs without a log of their own write, when there is no log_dir: made by mkdtemp
+        (mode 0700, a fresh name) for this runner alone, removed by `close`."""
 
     def __enter__(self) -> DistributedWorker:
         return self
@@ -123,15 +129,26 @@ class DistributedWorker:
             write_rank_request(request, load, ProbeRequest.from_wire(job), out)
             command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={self.nproc}",
                        *self._rendezvous(job), "--max-restarts=0", "-m", "autofit.probing._rank_process", request]
-            log_file = log_path or os.path.join(tempfile.gettempdir(), f"{job['rdzv_id']}.log")
+            log_file = log_path or self._log_file(f"{job['rdzv_id']}.log")
             env = {**os.environ, **self.extra_env} if self.extra_env else None
-            with open(log_file, "w") as log:
+            with open_log(log_file) as log:
                 self._job = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                              env=env)
                 code, timed_out = self._wait(job["timeout"], stop)
                 self._job = None
             results = read_rank_results(out)
         return results, code, timed_out, log_file
+
+    def _log_file(self, name: str) -> str:
+        """A job's log when the probe names none: in the run's log folder, else in this runner's
+        private folder; never a fixed name in the shared temporary folder, where concurrent runs would
+        write over each other's and another user could plant a link."""
+        if self.log_dir is not None:
+            os.makedirs(self.log_dir, exist_ok=True)
+            return os.path.join(self.log_dir, name)
+        if self._private_dir is None:
+            self._private_dir = tempfile.mkdtemp(prefix="autofit-ranks-logs-")
+        return os.path.join(self._private_dir, name)
 
     def _wait(self, timeout: float, stop: Callable[[], bool] | None) -> tuple[int | None, bool]:
         """torchrun's exit status (None when killed), and whether it ran past `timeout`."""
@@ -159,6 +176,21 @@ class DistributedWorker:
 
     def close(self) -> None:
         self.kill()
+        if self._private_dir is not None:
+            shutil.rmtree(self._private_dir, ignore_errors=True)
+            self._private_dir = None
+
+
+def open_log(path: str) -> IO[str]:
+    """`path` opened for writing from its start, as a file of this user's (0600), never through a
+    symbolic link: a link there is refused, its target left untouched."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UsageError(f"A probe's log must be a file, not a symbolic link, but {path} is one.") from None
+        raise
+    return os.fdopen(fd, "w")
 
 
 def combine(config: Config, results: dict[int, ProbeResult | None], nproc: int, wall: float, code: int | None,

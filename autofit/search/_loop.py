@@ -123,7 +123,8 @@ class Search:
         return SearchResult(best=None, document=None, json_path=None, ranked=[], study_name=self.session.study_name,
                             storage=self.session.storage_label, probes=0, ooms=0, failed=0,
                             elapsed_s=time.monotonic() - self.started, stopped="interrupted (Ctrl-C)", partial=True,
-                            usable_bytes=self.session.usable, notes=self.notes)
+                            usable_bytes=self.session.usable, notes=self.notes,
+                            url=self.session.s.storage)
 
     # --- what the phases call -----------------------------------------------------------------
     def learn_knobs(self, result: ProbeResult) -> None:

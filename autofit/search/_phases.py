@@ -151,7 +151,7 @@ def export(search: Search, stopped: str, partial: bool) -> SearchResult:
         study_name=session.study_name, storage=session.storage_label, probes=len(done),
         ooms=sum(o.too_big(session.usable) for o in done), failed=sum(o.failed for o in done),
         elapsed_s=time.monotonic() - search.started, stopped=stopped, partial=partial,
-        usable_bytes=session.usable, notes=search.notes,
+        usable_bytes=session.usable, notes=search.notes, url=session.s.storage,
     )
     if not ranked:
         if partial:

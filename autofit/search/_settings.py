@@ -3,7 +3,7 @@ CLI, the decorator's `train.search()` and the benchmarks fill in and read."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import optuna
 
@@ -11,7 +11,7 @@ from autofit.config import Config, device_shardings
 from autofit.errors import UsageError
 from autofit.planner import Candidate
 from autofit.probing import probe_process_for
-from autofit.study import open_storage
+from autofit.study import open_for_reading
 
 
 @dataclass
@@ -132,10 +132,16 @@ class SearchResult:
     why: str = ""
     usable_bytes: float | None = None
     notes: list[str] = field(default_factory=list)
+    url: InitVar[str | None] = None
+    """The storage's URL as given, secrets and all: kept in memory only, for `trials_frame` (not a
+    field, so neither repr nor asdict shows it); `storage` is the URL as it may be shown."""
+
+    def __post_init__(self, url: str | None) -> None:
+        self._url = url
 
     def trials_frame(self):
         """The study's probes as a pandas DataFrame (see autofit.study._frame.COLUMNS)."""
         from autofit.study import trials_frame
 
-        study = optuna.load_study(study_name=self.study_name, storage=open_storage(self.storage))
+        study = optuna.load_study(study_name=self.study_name, storage=open_for_reading(self._url or self.storage))
         return trials_frame(study.get_trials(deepcopy=False), self.usable_bytes)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 import warnings
+from urllib.parse import unquote, unquote_plus
 
 import optuna
 
@@ -87,17 +89,60 @@ def storage_file(url: str) -> str | None:
     return url if is_journal(url) else None
 
 
+#: Query-string parameters whose values are secrets (libpq's password and sslpassword, MySQL
+#: drivers' passwd and pwd, tokens and keys of cloud drivers), matched on the lower-cased name.
+_SECRET_PARAMETERS = frozenset({"password", "passwd", "pwd", "sslpassword", "token", "secret", "key",
+                                "api_key", "apikey", "access_token", "auth_token", "secret_key", "access_key"})
+_PARAMETER = re.compile(r"(?P<name>[^&;=#]+)=(?P<value>[^&;#]*)")
+_SCHEME = re.compile(r"^[A-Za-z][\w+.-]*:/+")
+#: After the scheme: `user:password@host...`, the password up to the last "@" before the query.
+_CREDENTIALS = re.compile(r"^(?P<user>[^:@/]*):(?P<password>.*)@(?P<host>[^@]*)$")
+
+
+def _credentials(base: str) -> tuple[str, re.Match | None]:
+    """The scheme of a URL without its query, and its `user:password@host` part where it has one."""
+    scheme = _SCHEME.match(base)
+    prefix = scheme[0] if scheme else ""
+    return prefix, _CREDENTIALS.match(base[len(prefix):])
+
+
+def _is_secret(name: str) -> bool:
+    name = unquote_plus(name).strip().lower()
+    return name in _SECRET_PARAMETERS or any(word in name for word in ("password", "passwd", "secret", "token"))
+
+
+def secrets_in(url: str) -> list[str]:
+    """The secrets a storage URL carries: the password of `user:password@`, and the value of each
+    secret query-string parameter; each as written and percent-decoded, longest first."""
+    base, _, query = url.partition("?")
+    found = []
+    _, credentials = _credentials(base)
+    if credentials and credentials["password"]:
+        found.append(credentials["password"])
+    found += [m["value"] for m in _PARAMETER.finditer(query) if m["value"] and _is_secret(m["name"])]
+    forms = {form for secret in found for form in (secret, unquote(secret), unquote_plus(secret)) if form}
+    return sorted(forms, key=len, reverse=True)
+
+
 def redacted(url: str | None) -> str:
-    """The URL as it may be printed or written to a file: a password becomes `***`
-    (`postgresql://autofit:***@db:5432/studies`). Pass the password through libpq's PGPASSWORD or
+    """The URL as it may be printed or written to a file: every secret becomes `***`, the password of
+    `user:password@` and secret query-string parameters alike (`postgresql://autofit:***@db:5432/studies`,
+    `postgresql://autofit@db/studies?password=***`). Pass the password through libpq's PGPASSWORD or
     ~/.pgpass instead, and it never appears at all."""
     url = url or default_storage_url()
-    scheme, sep, rest = url.partition("://")
-    credentials, at, host = rest.rpartition("@")
-    if not sep or not at or ":" not in credentials:
-        return url
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}"
+    base, question, query = url.partition("?")
+    scheme, credentials = _credentials(base)
+    if credentials and credentials["password"]:
+        base = f"{scheme}{credentials['user']}:***@{credentials['host']}"
+    query = _PARAMETER.sub(lambda m: f"{m['name']}=***" if _is_secret(m["name"]) else m[0], query)
+    return base + question + query
+
+
+def scrubbed(text: str, url: str) -> str:
+    """`text` (a driver's error, which may echo the URL or its parts) with `url`'s secrets masked."""
+    for secret in secrets_in(url):
+        text = text.replace(secret, "***")
+    return text
 
 
 def _journal(url: str) -> optuna.storages.BaseStorage:
@@ -107,10 +152,9 @@ def _journal(url: str) -> optuna.storages.BaseStorage:
 
 
 def _first_line(exc: BaseException, url: str) -> str:
-    """A driver error's first line, with the URL's password (which drivers may echo) masked."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    secret = url.partition("://")[2].rpartition("@")[0].partition(":")[2]
-    return (first.replace(secret, "***") if secret else first)[:300]
+    """A driver error's first line, with the URL's secrets (which drivers may echo) masked."""
+    text = scrubbed(str(exc), url).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
 
 
 def engine_url(url: str) -> str:
