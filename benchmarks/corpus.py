@@ -1,6 +1,12 @@
 """The corpus (tests/corpus/): scripts in the styles of widely used public examples, searched and run.
 
     python -m benchmarks.corpus [NAME ...] [--trials 8] [--rounds 3] [--out benchmarks/corpus.md]
+    python -m benchmarks.corpus --probe-process persistent --out benchmarks/corpus-persistent.md
+    python -m benchmarks.corpus --device cuda --trials 6 --rounds 1 --out $OUT/corpus-cuda.md
+
+`--probe-process persistent` runs every probe of a search in one process, as CUDA must (a CUDA context
+cannot be forked). On CUDA the whole card is the limit, the normal run's peak is the GPU memory NVML
+reports for its process, and scripts of several ranks are left out on one GPU.
 
 For each script: a real search under the script's CPU memory limit, bounded by its probe count
 (`--trials`), into a study of its own; then, round after round, one probe of the winner (as a search
@@ -64,36 +70,38 @@ SCRIPTS = (
 )
 
 
-def _env(tmp: str, **extra: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": REPO, "AUTOFIT_DEVICE": "cpu", "HF_OUT": os.path.join(tmp, "hf_out"),
+def _env(tmp: str, device: str = "cpu", **extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": REPO, "AUTOFIT_DEVICE": device, "HF_OUT": os.path.join(tmp, "hf_out"),
             "PL_OUT": os.path.join(tmp, "pl_out"), **extra}
 
 
-def search(script: Script, trials: int, tmp: str) -> dict:
+def search(script: Script, trials: int, tmp: str, device: str = "cpu", probe_process: str | None = None) -> dict:
     """A real search of `script` in `tmp`; the exported document, the stored study and the wall time."""
     from autofit.study import load_study
 
     storage = f"sqlite:///{tmp}/corpus.db"
     best = os.path.join(tmp, "best.json")
     ranks = ["--nproc-per-node", str(script.nproc)] if script.nproc > 1 else []
+    where = ["--gpu", "0"] if device == "cuda" else ["--device", "cpu", "--memory-limit", script.limit]
+    process = ["--probe-process", probe_process] if probe_process and script.nproc == 1 else []
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "autofit.cli", "search", script.path, "--device", "cpu",
-                           "--memory-limit", script.limit, "--trials", str(trials), "--storage", storage,
-                           "--out", best, *ranks], cwd=tmp, env=_env(tmp), capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "autofit.cli", "search", script.path, *where, *process,
+                           "--trials", str(trials), "--storage", storage,
+                           "--out", best, *ranks], cwd=tmp, env=_env(tmp, device), capture_output=True, text=True)
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"search of {script.name} failed ({done.returncode}): {done.stderr[-2000:]}")
     return {"document": read_best(best).document, "path": best, "study": load_study(storage=storage), "wall_s": wall}
 
 
-def predicted_peak(study, config) -> tuple[float | None, tuple[float, float] | None]:
+def predicted_peak(study, config, device: str = "cpu") -> tuple[float | None, tuple[float, float] | None]:
     """The estimator's raw peak of `config` (baseline + tensors) and the planner's calibrated range
     from the study's probes of other configs; None where the study has no estimates."""
     from autofit.study import observations
 
     if study.estimates is None:
         return None, None
-    prediction = study.estimates.prediction("cpu")
+    prediction = study.estimates.prediction(device)
     if prediction is None:
         return None, None
     tensors = prediction.tensor_bytes(config)
@@ -127,16 +135,31 @@ def peak_while_running(process: subprocess.Popen, every_s: float = 0.01) -> int:
     return peak
 
 
-def normal_run(script: Script, best: str, tmp: str) -> dict:
+def gpu_peak_while_running(process: subprocess.Popen, every_s: float = 0.01) -> int:
+    """The largest GPU memory NVML reports for the process (context, allocator pools), until it exits."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    peak = 0
+    while process.poll() is None:
+        for app in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if app.pid == process.pid and app.usedGpuMemory:
+                peak = max(peak, app.usedGpuMemory)
+        time.sleep(every_s)
+    return peak
+
+
+def normal_run(script: Script, best: str, tmp: str, device: str = "cpu") -> dict:
     """`python script.py` (or torchrun) with the exported file; its report, and its peak memory
     counted as a probe counts it (one process only: under torchrun the ranks are the launcher's children)."""
     report = os.path.join(tmp, "run.json")
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={script.nproc}"]
                 if script.nproc > 1 else [sys.executable])
-    env = _env(tmp, AUTOFIT_CONFIG=best, AUTOFIT_RUN_REPORT=report)
+    env = _env(tmp, device, AUTOFIT_CONFIG=best, AUTOFIT_RUN_REPORT=report)
     process = subprocess.Popen([*launcher, script.path], cwd=tmp, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, env=env)
-    peak = peak_while_running(process)
+    peak = gpu_peak_while_running(process) if device == "cuda" else peak_while_running(process)
     if process.returncode != 0:
         raise RuntimeError(f"the normal run of {script.name} failed ({process.returncode})")
     with open(report) as handle:
@@ -145,22 +168,22 @@ def normal_run(script: Script, best: str, tmp: str) -> dict:
     return measured
 
 
-def measure(script: Script, trials: int, rounds: int) -> dict:
+def measure(script: Script, trials: int, rounds: int, device: str = "cpu", probe_process: str | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        found = search(script, trials, tmp)
+        found = search(script, trials, tmp, device, probe_process)
         document, study = found["document"], found["study"]
         config = read_best(found["path"]).config
         frame = study.trials_frame()
-        raw, calibrated = predicted_peak(study, config)
+        raw, calibrated = predicted_peak(study, config, device)
         probes, normals, run_peaks = [], [], []
-        worker = make_runner(script.path, device="cpu", nproc=script.nproc)
+        worker = make_runner(script.path, device=device, nproc=script.nproc, probe_process=probe_process)
         with worker:
             worker.start()
             for _ in range(rounds):
                 result = worker.probe(config, warmup=2, steps=5, timeout=600)
                 if result.ok:
                     probes.append(result.samples_per_s)
-                run = normal_run(script, found["path"], tmp)
+                run = normal_run(script, found["path"], tmp, device)
                 normals.append(run["samples_per_s"])
                 if run["peak_bytes"]:
                     run_peaks.append(run["peak_bytes"])
@@ -181,16 +204,28 @@ def _mib(value: float | None) -> str:
     return "—" if value is None else f"{value / MIB:,.0f}"
 
 
-def table(rows: list[dict], trials: int, rounds: int, seconds: float) -> str:
+def _device_words(device: str, probe_process: str | None) -> str:
+    if device == "cuda":
+        import torch
+
+        return f"{torch.cuda.get_device_name(0)}, every probe of a search in one process"
+    how = ", every probe of a search in one process (--probe-process persistent)" if probe_process == "persistent" else ""
+    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores){how}"
+
+
+def table(rows: list[dict], trials: int, rounds: int, seconds: float, device: str = "cpu",
+          probe_process: str | None = None) -> str:
     lines = [
         f"The corpus searched (`--trials {trials}`) and run, {rounds} interleaved rounds of probe vs normal run; "
-        f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores), {seconds / 60:.1f} min.",
+        f"{_device_words(device, probe_process)}, {seconds / 60:.1f} min.",
         "",
         "| script | winner | samples/s (search) | probes (OOM) | search s | peak MiB: estimate raw | "
         "predicted range | measured (probe) | normal run | probe samples/s | normal run samples/s | "
         "probe ÷ normal |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    failed = [r for r in rows if "failed" in r]
+    rows = [r for r in rows if "failed" not in r]
     for r in rows:
         predicted = "—" if r["estimate_range"] is None else \
             f"{r['estimate_range'][0] / MIB:,.0f}–{r['estimate_range'][1] / MIB:,.0f}"
@@ -200,7 +235,8 @@ def table(rows: list[dict], trials: int, rounds: int, seconds: float) -> str:
                      f"{r['probes']} ({r['oom']}) | {r['search_s']:.0f} | {_mib(r['estimate_raw'])} | {predicted} | "
                      f"{_mib(r['measured_peak'])} | {_mib(r['run_peak'])} | {r['probe'] or 0:,.1f} | "
                      f"{r['normal'] or 0:,.1f} | {ratio} |")
-    lines += ["", *[f"- {r['name']}: {r['estimator']}" for r in rows]]
+    lines += ["", *[f"- {r['name']}: {r['estimator']}" for r in rows],
+              *[f"- {r['name']}: FAILED: {r['failed']}" for r in failed]]
     return "\n".join(lines) + "\n"
 
 
@@ -210,14 +246,25 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=8, help="probes each search may explore")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=os.path.join(HERE, "corpus.md"))
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--probe-process", default=None, choices=["fork", "persistent"],
+                        help="how each search's worker runs its probes (default: the device's)")
     args = parser.parse_args()
     unknown = set(args.names) - {s.name for s in SCRIPTS}
     if unknown:
         parser.error(f"no such corpus script: {', '.join(sorted(unknown))}")
     started = time.perf_counter()
     chosen = [script for script in SCRIPTS if not args.names or script.name in args.names]
-    rows = [measure(script, args.trials, args.rounds) for script in chosen]
-    text = table(rows, args.trials, args.rounds, time.perf_counter() - started)
+    if args.device == "cuda":
+        chosen = [script for script in chosen if script.nproc == 1]  # one GPU: one rank
+    rows = []
+    for script in chosen:
+        try:
+            rows.append(measure(script, args.trials, args.rounds, args.device, args.probe_process))
+        except Exception as error:  # one script's failure is a row, not the end of the table
+            print(f"{script.name}: {error}", file=sys.stderr, flush=True)
+            rows.append({"name": script.name, "failed": str(error).splitlines()[0][:300]})
+    text = table(rows, args.trials, args.rounds, time.perf_counter() - started, args.device, args.probe_process)
     print(text)
     with open(args.out, "w") as handle:
         handle.write(text)
