@@ -85,6 +85,7 @@ class Pristine:
     default_dtype: torch.dtype = torch.float32
     deterministic: tuple[bool, bool] = (False, False)
     modes: tuple[int, int] = (0, 0)
+    autocast: dict[str, tuple[bool, torch.dtype]] = field(default_factory=dict)
 
     @classmethod
     def capture(cls, script: ModuleType | None) -> Pristine:
@@ -97,6 +98,8 @@ class Pristine:
         state.deterministic = (torch.are_deterministic_algorithms_enabled(),
                                torch.is_deterministic_algorithms_warn_only_enabled())
         state.modes = (torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack())
+        state.autocast = {name: (torch.is_autocast_enabled(name), torch.get_autocast_dtype(name))
+                          for name in ("cpu", "cuda")}
         registries = {**_registries(_module_hooks, _MODULE_HOOKS),
                       **_registries(_optimizer_hooks, _OPTIMIZER_HOOKS)}
         if script is not None:
@@ -116,9 +119,9 @@ class Pristine:
         """Put the process back as it was captured (what can be put back)."""
         _pop_modes(*self.modes)
         _reset_compiled()
-        for name in ("cpu", "cuda"):
-            if torch.is_autocast_enabled(name):
-                torch.set_autocast_enabled(name, False)
+        for name, (enabled, dtype) in self.autocast.items():  # an autocast entered and never left
+            torch.set_autocast_enabled(name, enabled)
+            torch.set_autocast_dtype(name, dtype)
         torch.clear_autocast_cache()
         for registry, keys in self.hook_keys.values():
             for key in set(registry) - keys:
