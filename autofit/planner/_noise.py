@@ -13,7 +13,8 @@ A config's measurement is *suspect* when:
 
 A suspect config is measured again (a "recheck" probe) before it may win or bound anything: until it
 is resolved (two agreeing probes, or three probes: then the fastest steady one counts, since
-interference slows probes and never speeds them up) the planner leaves it out of
+interference slows probes and never speeds them up; or a confirmation run, whose long figure then
+counts, lower or not) the planner leaves it out of
 its ranking and its throughput models. A probe slowed evenly looks normal on its own, so before a
 search ends, the leader of each precision within reach of the best is probed a second time too: if
 that reveals a slowdown, the strategies it pruned are open again. When suspects keep appearing (more than a third of the
@@ -70,10 +71,23 @@ class NoiseReading:
 
     # --- the rules ------------------------------------------------------------------------------
     def rate(self, config: Config) -> float:
-        """What `config`'s probes say its samples/s is: the median of its steady probes, or, when
-        they disagree beyond the noise seen, the fastest (interference slows a probe, never speeds
-        it up). Erratic probes count only when a config has no steady one."""
-        obs = self.ok[config]
+        """What `config`'s probes say its samples/s is. A confirmation (the long run of the winner,
+        `confirm_factor` x a probe's steps) says it: it measures what the real run will see, and a
+        figure it does not bear out must not stay in the file, so it may lower the winner, and then
+        the next best is confirmed in its turn. Without one, `probes_rate`."""
+        confirmed = self.confirmed_rate(config)
+        return confirmed if confirmed is not None else self.probes_rate(config)
+
+    def confirmed_rate(self, config: Config) -> float | None:
+        """The samples/s of `config`'s latest confirmation run; None when it has none."""
+        runs = [o.samples_per_s for o in self.ok[config] if o.phase == "confirm"]
+        return runs[-1] if runs else None
+
+    def probes_rate(self, config: Config) -> float:
+        """What `config`'s short probes say: the median of its steady probes, or, when they disagree
+        beyond the noise seen, the fastest (interference slows a probe, never speeds it up). Erratic
+        probes count only when a config has no steady one."""
+        obs = [o for o in self.ok[config] if o.phase != "confirm"] or self.ok[config]
         steady = [o for o in obs if o.spread is None or o.spread <= self._spread_limit] or obs
         rates = [o.samples_per_s for o in steady]
         if len(rates) >= 2 and (max(rates) - min(rates)) / max(rates) > self._repeat_limit:
@@ -84,8 +98,8 @@ class NoiseReading:
         found: dict[Config, Suspicion] = {}
         repeat_limit, spread_limit = self._repeat_limit, self._spread_limit
         for config, obs in self.ok.items():
-            if len(obs) >= _RESOLVING_PROBES:
-                continue
+            if len(obs) >= _RESOLVING_PROBES or self.confirmed_rate(config) is not None:
+                continue  # resolved: enough probes, or a long run that says what the config does
             rates = [o.samples_per_s for o in obs]
             if len(obs) == 2:
                 gap = abs(rates[0] - rates[1]) / max(rates)

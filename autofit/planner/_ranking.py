@@ -55,7 +55,9 @@ class Ranking:
             ok = [o for o in obs if o.status == "ok" and o.samples_per_s]
             if ok:
                 peaks = [o.peak_bytes for o in ok if o.peak_bytes is not None]
-                rate = self.noise.rate(config) if self.check_noise else statistics.median(o.samples_per_s for o in ok)
+                confirmed = self.noise.confirmed_rate(config)
+                rate = (self.noise.rate(config) if self.check_noise else
+                        confirmed if confirmed is not None else statistics.median(o.samples_per_s for o in ok))
                 out.append(Candidate(config, rate, max(peaks) if peaks else None, len(ok),
                                      any(o.tight for o in ok)))
         self._measured = out

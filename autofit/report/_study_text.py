@@ -105,6 +105,8 @@ def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame
         return "\n".join(lines)
     measured = document["measured"]
     confirmed = "confirmed by a longer run" if measured["confirmed"] else "not confirmed by a longer run"
+    if measured.get("figure") == "confirmation":
+        confirmed += ", whose figure this is"
     lines.append(f"best: {winner}  {measured['samples_per_s']:,.1f} samples/s, peak "
                  f"{format_size(measured['peak_bytes'])} of {format_size(stored.usable_bytes)} usable "
                  f"({measured['probes']} probe{'s' if measured['probes'] != 1 else ''}, {confirmed})")

@@ -82,6 +82,7 @@ def best_document(
     partial = partial if partial is not None else bool(end.get("partial", True))
     best = ranked[0]
     confirmed = any(o.phase == "confirm" and o.config == best.config and o.fits(usable) for o in done)
+    confirmation = [o for o in done if o.phase == "confirm" and o.config == best.config and o.status == "ok"]
     run_versions = meta.get("versions") or {}
     world_size = meta.get("world_size", 1)
     return {
@@ -89,10 +90,13 @@ def best_document(
         "config": config_entry(best.config, world_size),
         "measured": {
             "samples_per_s": best.samples_per_s,
-            "tokens_per_s": best_tokens(trials, best.config),
+            "tokens_per_s": best_tokens(trials, best.config, best.samples_per_s),
             "peak_bytes": best.peak_bytes,
             "probes": best.probes,
             "confirmed": confirmed,
+            # which measurement the figures are: the long confirmation run where there is one (it may
+            # be lower than the short probes; it is what the real run sees), else the short probes
+            "figure": "confirmation" if confirmation else "probes",
             **work_figures(trials, best.config, best.samples_per_s, meta, world_size),
             # share of the measured time the winner's probes waited for data (when autofit saw the data)
             **({"data_wait_share": share} if (share := wait_share(best.config, done)) is not None else {}),
@@ -119,11 +123,13 @@ def best_document(
     }
 
 
-def best_tokens(trials, config: Config) -> float | None:
-    """The best tokens/s measured for `config` (None when the function does not count tokens)."""
-    values = [r.tokens_per_s for t in trials
-              if trial_config(t) == config and (r := trial_result(t)) and r.tokens_per_s]
-    return max(values) if values else None
+def best_tokens(trials, config: Config, samples_per_s: float) -> float | None:
+    """Tokens/s at the document's samples/s: one rule for every rate in the file (FLOP/s likewise), so
+    tokens/s is never the fastest probe's while samples/s is the ranking's figure. Tokens per sample
+    come from the config's probes (their median); None when the function does not count tokens."""
+    ratios = sorted(r.tokens_per_s / r.samples_per_s for t in trials
+                    if trial_config(t) == config and (r := trial_result(t)) and r.tokens_per_s and r.samples_per_s)
+    return samples_per_s * ratios[len(ratios) // 2] if ratios else None
 
 
 def work_figures(trials, config: Config, samples_per_s: float, meta: dict, world_size: int) -> dict[str, Any]:
