@@ -1,0 +1,50 @@
+"""What one probe implies for others: accumulation (gradients held beside the next forward) and a
+selective checkpoint policy that never runs."""
+
+from __future__ import annotations
+
+from autofit.config import Config
+from autofit.planner import Observation, Planner, SearchSpace
+from autofit.planner._feasibility import Feasibility
+
+GiB = 2**30
+
+
+def _obs(config: Config, status: str, peak: int | None = None) -> Observation:
+    return Observation(config, status, peak_bytes=peak, samples_per_s=100.0 if status == "ok" else None)
+
+
+def test_an_oom_with_accumulation_rules_out_nothing_without_it():
+    space = SearchSpace.build(batch_size=(1, 64), precisions=("fp32",), global_batch=64)
+    feasible = Feasibility(space, GiB, [_obs(Config(32, accumulation_steps=2), "oom")])
+    assert not feasible.implied_too_big(Config(64, accumulation_steps=1))  # no gradients held: unknown
+    strategy = space.strategy_of(Config(64, accumulation_steps=1))
+    assert 64 in feasible.open_batches(strategy)
+
+
+def test_an_oom_without_accumulation_rules_out_larger_batches_with_it():
+    space = SearchSpace.build(batch_size=(1, 64), precisions=("fp32",), accumulations=(1, 2))
+    feasible = Feasibility(space, GiB, [_obs(Config(16), "oom")])
+    assert feasible.implied_too_big(Config(32, accumulation_steps=2))
+    assert feasible.implied_too_big(Config(16, accumulation_steps=2))
+
+
+def test_a_fit_without_accumulation_implies_no_fit_with_it():
+    space = SearchSpace.build(batch_size=(1, 64), precisions=("fp32",), accumulations=(1, 2))
+    feasible = Feasibility(space, GiB, [_obs(Config(32), "ok", 2**20)])
+    with_accumulation = space.strategy_of(Config(8, accumulation_steps=2))
+    assert feasible.fit_max(space.strategy_of(Config(8))) == 32
+    assert feasible.fit_max(with_accumulation) is None
+
+
+def test_selective_checkpointing_that_fails_for_a_reason_not_memory_is_abandoned():
+    space = SearchSpace.build(batch_size=(1, 64), precisions=("fp32",), checkpoint_blocks=4,
+                              checkpoint_policies=("full", "selective"))
+    selective = Config(8, checkpoint_segments=4, checkpoint_policy="selective")
+    seen = [_obs(Config(8), "ok", 2**20), _obs(selective, "error")]
+    feasible = Feasibility(space, GiB, seen)
+    assert feasible.strategy_unusable(space.strategy_of(Config(8, checkpoint_segments=1, checkpoint_policy="selective")))
+    assert not feasible.strategy_unusable(space.strategy_of(Config(8, checkpoint_segments=1)))
+    planner = Planner(space, GiB)
+    proposed = planner.next(seen)
+    assert proposed is None or proposed.checkpoint_policy != "selective" or not proposed.checkpoint_segments
