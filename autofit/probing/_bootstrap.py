@@ -33,10 +33,23 @@ Handler = Callable[[dict[str, Any]], dict[str, Any]]
 class ScriptError(Exception):
     """The user's module raised while it was imported: their bug, reported with their traceback."""
 
-    def __init__(self, message: str, traceback: str) -> None:
+    def __init__(self, message: str, traceback: str | None) -> None:
         super().__init__(message)
         self.message = message
         self.traceback = traceback
+
+
+#: Frames under this directory are autofit's own; importlib's are "<frozen ...>".
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback of an exception raised by the user's module, without autofit's or importlib's
+    frames: what they need to fix it."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith(_PACKAGE_DIR) and not f.filename.startswith("<frozen")]
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
+    return "".join(lines + traceback.format_exception_only(type(exc), exc))
 
 
 @dataclass
@@ -72,8 +85,12 @@ def bootstrap(request: LoadRequest, *, cap_memory: bool = True) -> Loaded:
         module = load_script(request.script)
     except UsageError:
         raise
+    except SyntaxError as exc:  # one line says it all: where, what, and the text
+        where = f"{os.path.basename(exc.filename or request.script)}, line {exc.lineno}"
+        text = f": `{exc.text.strip()}`" if exc.text and exc.text.strip() else ""
+        raise ScriptError(f"SyntaxError in {where}{text}: {exc.msg}; fix the script and run again", None) from exc
     except BaseException as exc:  # noqa: BLE001 - the user's module failed at import
-        raise ScriptError(f"{type(exc).__name__}: {exc}", traceback.format_exc()) from exc
+        raise ScriptError(f"{type(exc).__name__}: {exc}", user_traceback(exc)) from exc
     fn = find_function(module, request.function, request.script)
     backend.release()
     if cap_memory:

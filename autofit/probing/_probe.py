@@ -11,11 +11,10 @@ from typing import Any
 
 from autofit.config import Config
 from autofit.devices import DeviceBackend
+from autofit.probing._bootstrap import user_traceback
 from autofit.probing._record import ProbeResult
 from autofit.runtime import ProbeFinished, Ranks, Run, breaks_the_device, is_oom
 
-#: Frames under this directory are autofit's own, not the user's.
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 #: A probe measures at least this long (unless its steps reach _MAX_EXTENSION x the asked number).
 MIN_MEASURE_S = 0.5
 _MAX_EXTENSION = 50
@@ -89,7 +88,7 @@ def run_probe(
                 f"{type(exc).__name__} leaves the CUDA context unusable; the worker was replaced")
         result.error_type = type(exc).__name__
         result.error_message = str(exc).strip()[:2000]
-        result.traceback = _user_traceback(exc)
+        result.traceback = user_traceback(exc)
         traceback.clear_frames(exc.__traceback__)  # frames hold the user's tensors
         del exc
     result.wall_s = time.perf_counter() - started
@@ -149,11 +148,3 @@ def _fill_work(result: ProbeResult, run: Run, backend: DeviceBackend) -> None:
     energy, samples = run.clock.measured_energy_j, run.clock.measured_samples
     if energy is not None and energy >= 0 and samples:
         result.joules_per_sample = energy / samples
-
-
-def _user_traceback(exc: BaseException) -> str:
-    """The traceback without autofit's own frames: the user's code is what they need to see."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_PACKAGE_DIR)]
-    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
-    lines += traceback.format_exception_only(type(exc), exc)
-    return "".join(lines)

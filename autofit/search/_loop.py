@@ -22,6 +22,7 @@ from autofit.search._estimates import EstimatorLifecycle
 from autofit.search._phases import confirm, explore, export, remeasure
 from autofit.search._pool import RunnerPool
 from autofit.search._progress import Reporter
+from autofit.search._resume import forget_if_unused
 from autofit.search._sampler import AutofitSampler, Proposal
 from autofit.search._session import Session
 from autofit.search._settings import SearchResult, SearchSettings
@@ -76,6 +77,10 @@ class Search:
         self.pool = RunnerPool(self.s, self.session)
         try:
             return self._run(study)
+        except BaseException:
+            self.pool.close()  # before the study goes: nothing may write to it any more
+            forget_if_unused(self.session.opened, self.session.study_name, self.session.storage)
+            raise
         finally:
             self.pool.close()
             self.estimator.close()

@@ -18,6 +18,9 @@ class OpenedStudy:
     limit_bytes: int
     """The limit to search under: the study's own when it resumes with a defaulted limit."""
     notes: list[str] = field(default_factory=list)
+    created: bool = False
+    """This search made the study (it did not exist before): a search that fails before its first
+    probe removes it again, so `studies` and `show` list no empty study."""
 
 
 def open_study(storage: optuna.storages.BaseStorage, name: str, *, fresh: bool, device_name: str,
@@ -29,8 +32,9 @@ def open_study(storage: optuna.storages.BaseStorage, name: str, *, fresh: bool, 
             optuna.delete_study(study_name=name, storage=storage)
         except KeyError:
             pass
+    existed = name in optuna.get_all_study_names(storage)
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
-    opened = OpenedStudy(study, limit_bytes)
+    opened = OpenedStudy(study, limit_bytes, created=not existed)
     meta = study.user_attrs.get("autofit")
     if meta is not None:
         if not limit_given and not meta.get("limit_given", True):
@@ -63,3 +67,16 @@ def fail_trials(study: optuna.Study, numbers: list[int]) -> None:
             study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
         except Exception:  # noqa: BLE001 - already finished or removed: nothing to do
             continue
+
+
+def forget_if_unused(opened: OpenedStudy, name: str, storage: optuna.storages.BaseStorage) -> bool:
+    """Remove a study this search created and never probed in (it failed first: bad input, a script
+    that does not load); a study that existed before, or holds a trial, is never touched."""
+    if not opened.created or opened.study.get_trials(deepcopy=False):
+        return False
+    try:
+        optuna.delete_study(study_name=name, storage=storage)
+    except KeyError:
+        return False
+    return True
+

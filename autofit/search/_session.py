@@ -81,6 +81,7 @@ class Session:
                             limit_bytes=self.memory_limit, limit_given=self.s.memory_limit is not None,
                             headroom=self.s.headroom, script_sha256=self.script_sha256,
                             world_size=self.s.world_size)
+        self.opened = opened
         self.memory_limit = opened.limit_bytes
         self.usable = self.memory_limit * (1 - self.s.headroom)
         self.notes.extend(opened.notes)
