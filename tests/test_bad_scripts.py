@@ -5,6 +5,7 @@ leaves no empty study behind; a study that existed before is never touched."""
 from __future__ import annotations
 
 import optuna
+import pytest
 from conftest import autofit_cli
 
 from autofit.study._storage import open_storage
@@ -29,6 +30,7 @@ def test_a_syntax_error_is_one_line_saying_where_and_what(tmp_path):
     assert "SyntaxError in bad.py, line 5: `def train(run)`: expected ':'" in lines[0]
 
 
+@pytest.mark.slow
 def test_an_exception_at_import_shows_the_users_frames_only(tmp_path):
     done, _ = _search(tmp_path, "raises.py", RAISES)
     assert done.returncode != 0
@@ -36,6 +38,7 @@ def test_an_exception_at_import_shows_the_users_frames_only(tmp_path):
     assert "autofit/" not in done.stderr.replace("autofit: error", "") and "<frozen" not in done.stderr
 
 
+@pytest.mark.slow
 def test_a_search_that_fails_before_its_first_probe_leaves_no_study(tmp_path):
     done, storage = _search(tmp_path, "bad.py", SYNTAX)
     assert done.returncode != 0
@@ -44,6 +47,7 @@ def test_a_search_that_fails_before_its_first_probe_leaves_no_study(tmp_path):
     assert "(no studies)" in listed.stdout
 
 
+@pytest.mark.slow
 def test_a_study_that_existed_before_is_kept(tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     optuna.create_study(study_name="mine", storage=open_storage(storage))

@@ -188,13 +188,16 @@ def test_ctrl_c_keeps_finished_probes_exports_partial_and_resumes(tmp_path):
 
 
 @pytest.mark.parametrize(("moment", "extra", "kept", "lost_phases", "sigint_ignored"), [
-    ("worker-load", ("--no-estimate",), 0, (), False),  # the search waits for its worker to load
-    ("estimator-load", (), 0, (), False),  # ... for the memory estimator to load
-    ("estimate", (), 1, (), False),  # ... for the estimator's answers, after the first probe
+    # Every phase but a probe's runs in the slow tier (the default tier stays under 5 minutes on 2 cores).
+    pytest.param("worker-load", ("--no-estimate",), 0, (), False, marks=pytest.mark.slow),  # the worker loads
+    pytest.param("estimator-load", (), 0, (), False, marks=pytest.mark.slow),  # ... the memory estimator loads
+    pytest.param("estimate", (), 1, (), False, marks=pytest.mark.slow),  # ... it answers, after the first probe
     ("probe:2", ("--no-estimate",), 1, ("explore", "recheck"), False),
-    ("probe:2", ("--no-estimate", "--trials", "1"), 1, ("remeasure", "confirm"), False),  # after exploring
+    pytest.param("probe:2", ("--no-estimate", "--trials", "1"), 1, ("remeasure", "confirm"), False,  # after exploring
+                 marks=pytest.mark.slow),
     # As a shell starts a background job: SIGINT ignored, which Python keeps unless told otherwise.
-    ("probe:2", ("--no-estimate", "--trials", "4", "--probe-timeout", "30s"), 1, ("explore", "recheck"), True),
+    pytest.param("probe:2", ("--no-estimate", "--trials", "4", "--probe-timeout", "30s"), 1, ("explore", "recheck"),
+                 True, marks=pytest.mark.slow),
 ], ids=["worker-load", "estimator-load", "estimate", "probe", "confirm", "sigint-ignored"])
 def test_ctrl_c_stops_the_search_in_every_phase(tmp_path, moment, extra, kept, lost_phases, sigint_ignored):
     """Whatever the search is doing when SIGINT comes (the script sends it, then keeps that moment

@@ -29,7 +29,7 @@ def _two_probes(monkeypatch, tmp_path, leaves: str, probe_process: str):
         return [worker.probe(Config(batch_size=batch), warmup=1, steps=2, timeout=120) for batch in (8, 16)]
 
 
-@pytest.mark.parametrize("probe_process", ["persistent", "fork"])
+@pytest.mark.parametrize("probe_process", ["persistent", pytest.param("fork", marks=pytest.mark.slow)])
 def test_a_probe_finds_nothing_the_one_before_it_left(monkeypatch, tmp_path, probe_process):
     first, second = _two_probes(monkeypatch, tmp_path, "all", probe_process)
     assert first.status == "ok", first.error_message
@@ -44,6 +44,7 @@ def test_each_kind_of_state_is_put_back_in_one_process(monkeypatch, tmp_path, le
     assert second.status == "ok", second.error_message
 
 
+@pytest.mark.slow
 def test_a_model_built_at_import_is_reported_in_one_process_only(monkeypatch, tmp_path):
     persistent = _two_probes(monkeypatch, tmp_path, "module_model", "persistent")
     assert all(p.status == "ok" for p in persistent)
