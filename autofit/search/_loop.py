@@ -75,15 +75,16 @@ class Search:
         study = self.session.open()
         self.notes.extend(self.session.notes)
         self.pool = RunnerPool(self.s, self.session)
+        failed = True
         try:
-            return self._run(study)
-        except BaseException:
-            self.pool.close()  # before the study goes: nothing may write to it any more
-            forget_if_unused(self.session.opened, self.session.study_name, self.session.storage)
-            raise
+            result = self._run(study)
+            failed = False
+            return result
         finally:
             self.pool.close()
             self.estimator.close()
+            if failed:  # after the runners are gone: nothing writes to the study any more
+                forget_if_unused(self.session.opened, self.session.study_name, self.session.storage)
 
     def _run(self, study: optuna.Study) -> SearchResult:
         try:
