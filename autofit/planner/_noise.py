@@ -14,7 +14,8 @@ A config's measurement is *suspect* when:
 A suspect config is measured again (a "recheck" probe) before it may win or bound anything: until it
 is resolved (two agreeing probes, or three probes: then the fastest steady one counts, since
 interference slows probes and never speeds them up) the planner leaves it out of
-its ranking and its throughput models. A probe slowed evenly looks normal on its own, so before a
+its ranking and its throughput models. The winner's confirmation (a long run, see `Measurement`)
+settles it: its steady figure counts, and may lower the winner below the next config. A probe slowed evenly looks normal on its own, so before a
 search ends, the leader of each precision within reach of the best is probed a second time too: if
 that reveals a slowdown, the strategies it pruned are open again. When suspects keep appearing (more than a third of the
 configs, at least three), the machine is too noisy to rank configs, and the search says so.
@@ -53,6 +54,33 @@ class Suspicion:
     reason: str
 
 
+@dataclass(frozen=True)
+class Measurement:
+    """The probes a config's figures come from, and the rule that chose them: "confirmation" (its
+    steady confirmation runs: the winner's long run measures what training will see, so it may lower
+    the short probes' figure), "fastest" (steady probes that disagree beyond the noise seen: the
+    fastest alone, since interference slows a probe and never speeds it up) or "median" (the rest).
+    Every rate of the best-config file is taken from these probes."""
+
+    probes: tuple[Observation, ...]
+    rule: str
+
+    @classmethod
+    def of(cls, probes: Sequence[Observation]) -> Measurement:
+        """All of `probes`' confirmation runs when they have any, else all of them."""
+        counted = confirmed_first(probes)
+        return cls(tuple(counted), "confirmation" if counted[0].phase == "confirm" else "median")
+
+    @property
+    def samples_per_s(self) -> float:
+        return statistics.median(o.samples_per_s for o in self.probes)
+
+
+def confirmed_first(obs: Sequence[Observation]) -> list[Observation]:
+    """A config's confirmation runs when it has any, else all its probes."""
+    return [o for o in obs if o.phase == "confirm"] or list(obs)
+
+
 class NoiseReading:
     """What the probes so far say about the machine's noise, and which configs to measure again."""
 
@@ -70,22 +98,27 @@ class NoiseReading:
 
     # --- the rules ------------------------------------------------------------------------------
     def rate(self, config: Config) -> float:
-        """What `config`'s probes say its samples/s is: the median of its steady probes, or, when
-        they disagree beyond the noise seen, the fastest (interference slows a probe, never speeds
-        it up). Erratic probes count only when a config has no steady one."""
+        """What `config`'s probes say its samples/s is (see `measurement`)."""
+        return self.measurement(config).samples_per_s
+
+    def measurement(self, config: Config) -> Measurement:
+        """The probes `config`'s figures come from: its steady probes (erratic ones only when it has
+        no steady one); of those, its confirmation runs when it has one; the fastest alone when they
+        disagree beyond the noise seen, else their median."""
         obs = self.ok[config]
         steady = [o for o in obs if o.spread is None or o.spread <= self._spread_limit] or obs
-        rates = [o.samples_per_s for o in steady]
-        if len(rates) >= 2 and (max(rates) - min(rates)) / max(rates) > self._repeat_limit:
-            return max(rates)
-        return statistics.median(rates)
+        measured = Measurement.of(steady)
+        if len(measured.probes) >= 2 and self._disagree(measured.probes):
+            fastest = max(measured.probes, key=lambda o: o.samples_per_s)
+            return Measurement((fastest,), "fastest" if measured.rule == "median" else measured.rule)
+        return measured
 
     def _find(self) -> dict[Config, Suspicion]:
         found: dict[Config, Suspicion] = {}
         repeat_limit, spread_limit = self._repeat_limit, self._spread_limit
         for config, obs in self.ok.items():
-            if len(obs) >= _RESOLVING_PROBES:
-                continue
+            if len(obs) >= _RESOLVING_PROBES or any(o.phase == "confirm" for o in obs):
+                continue  # settled: by enough probes, or by a long run (see `measurement`)
             rates = [o.samples_per_s for o in obs]
             if len(obs) == 2:
                 gap = abs(rates[0] - rates[1]) / max(rates)
@@ -163,9 +196,10 @@ class NoiseReading:
 
     def _doubtful(self) -> set[Config]:
         """Unresolved suspects, and configs whose probes disagreed even if a third one settled them."""
-        return set(self._suspicions) | {c for c, obs in self.ok.items() if len(obs) >= 2 and self._disagree(obs)}
+        return set(self._suspicions) | {c for c, obs in self.ok.items()
+                                        if len(counted := confirmed_first(obs)) >= 2 and self._disagree(counted)}
 
-    def _disagree(self, obs: list[Observation]) -> bool:
+    def _disagree(self, obs: Sequence[Observation]) -> bool:
         rates = [o.samples_per_s for o in obs]
         return (max(rates) - min(rates)) / max(rates) > self._repeat_limit
 

@@ -4,6 +4,8 @@ summary and by `autofit export`/`show` reading a stored study."""
 
 from __future__ import annotations
 
+import statistics
+
 import optuna
 
 from autofit.config import Config
@@ -49,6 +51,42 @@ def explain(ranked: list[Candidate], done, planner: Planner, usable: float) -> s
         if memory:
             parts.append(memory)
     return "; ".join(parts)
+
+
+def rate_note(ranked: list[Candidate], done) -> str:
+    """Which of the winner's probes its figures come from and why (see `Measurement`), and any config
+    that led on its short probes until its confirmation run measured it slower."""
+    best = ranked[0]
+    rule, probes = best.measurement.rule, best.measurement.probes
+    short = _short_rate(best.config, done)
+    if rule == "confirmation":
+        gap = best.samples_per_s / short - 1 if short else 0.0
+        against = (f"agreeing with its short probes' {short:,.1f}" if abs(gap) < 0.005 else
+                   f"{abs(gap):.0%} {'below' if gap < 0 else 'above'} its short probes' {short:,.1f}: the long run counts")
+        parts = [f"from its confirmation run: {best.samples_per_s:,.1f} samples/s, {against}"]
+    elif rule == "fastest":
+        parts = [f"from the fastest of its probes: they disagreed beyond the noise seen, and interference "
+                 f"slows a probe, never speeds it up"]
+    else:
+        parts = [f"the median of its {len(probes)} probe{'s' if len(probes) != 1 else ''}"]
+    erratic = [o for o in done if o.config == best.config and o.phase == "confirm" and o.status == "ok"
+               and o not in probes]
+    if erratic and erratic[0].spread is not None:
+        parts.append(f"its confirmation run's steps varied {erratic[0].spread:.0%}, far beyond the search's "
+                     f"usual (interference): the short probes count")
+    for c in ranked[1:]:
+        led = _short_rate(c.config, done)
+        if c.measurement.rule == "confirmation" and led and led > best.samples_per_s:
+            parts.append(f"{c.config.label()} led with {led:,.1f} samples/s on its short probes but measured "
+                         f"{c.samples_per_s:,.1f} in its confirmation run")
+    return "; ".join(parts)
+
+
+def _short_rate(config: Config, done) -> float | None:
+    """The median samples/s of `config`'s probes other than its confirmation runs."""
+    rates = [o.samples_per_s for o in done
+             if o.config == config and o.status == "ok" and o.samples_per_s and o.phase != "confirm"]
+    return statistics.median(rates) if rates else None
 
 
 def _predicted_next(planner: Planner, config: Config, done, usable: float) -> str | None:

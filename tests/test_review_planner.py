@@ -1,0 +1,80 @@
+"""Same process, same answer (issue 23): every figure of the best-config file comes from the probes the
+winner's rate comes from, and the winner's long confirmation run may lower it or hand the win on."""
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from autofit.config import Config
+from autofit.export import read_best, write_best
+from autofit.planner import SearchSpace
+from autofit.probing import ProbeResult
+from autofit.study import best_document, config_params, distributions
+
+GiB = 2**30
+SPACE = SearchSpace.build(batch_size=(8, 64), precisions=("fp32",))
+
+
+def _study(probes: list[tuple[int, str, float, float, float | None]]) -> optuna.Study:
+    """A stored study of probes (batch, phase, samples/s, tokens per sample, joules per sample), as a
+    search writes them."""
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr("autofit", {
+        "script": "train.py", "function": "train", "device_info": {"type": "cpu", "name": "cpu"},
+        "limit_bytes": 8 * GiB, "headroom": 0.1, "usable_bytes": 7 * GiB, "space": SPACE.to_dict()})
+    dists = distributions((8, 64), 0, 1)
+    for batch, phase, rate, tokens, joules in probes:
+        config = Config(batch)
+        result = ProbeResult(status="ok", config=config, samples_per_s=rate, tokens_per_s=rate * tokens,
+                             joules_per_sample=joules, peak_bytes=batch * 2**20, step_time_median_s=1.0,
+                             step_time_iqr_s=0.02, data_wait_share=0.01 if phase == "confirm" else 0.2)
+        params = {k: v for k, v in config_params(config).items() if k in dists}
+        study.add_trial(optuna.trial.create_trial(
+            params=params, distributions=dists, value=rate,
+            user_attrs={"probe": result.to_dict(), "phase": phase, "status": "ok"}))
+    return study
+
+
+def _measured(study: optuna.Study) -> dict:
+    return best_document(study, "sqlite:///x.db", stopped="done", partial=False)["measured"]
+
+
+def test_every_rate_comes_from_the_probes_the_winner_s_rate_comes_from():
+    """Two agreeing probes: samples/s is their median, and so is every per-sample figure behind the
+    file's rates (tokens/s was once the fastest probe's while samples/s was the median)."""
+    study = _study([(8, "explore", 100.0, 128, 3.0), (16, "explore", 300.0, 128, 2.0),
+                    (16, "remeasure", 306.0, 128, 1.0), (16, "recheck", 303.0, 96, 1.2)])
+    measured = _measured(study)
+    assert measured["samples_per_s"] == 303.0
+    assert measured["tokens_per_s"] == pytest.approx(303.0 * 128)  # tokens per sample: median of the three
+    assert measured["joules_per_sample"] == pytest.approx(1.2)
+    assert measured["data_wait_share"] == pytest.approx(0.2)
+    assert measured["rate_from"] == "median"
+
+
+def test_a_confirmation_below_the_runner_up_moves_the_win_and_the_file_says_why():
+    study = _study([(8, "explore", 100.0, 128, None), (32, "explore", 300.0, 128, None),
+                    (32, "remeasure", 302.0, 128, None), (16, "explore", 280.0, 128, None),
+                    (16, "remeasure", 282.0, 128, None),
+                    (32, "confirm", 270.0, 128, None), (16, "confirm", 276.0, 100, None)])
+    document = best_document(study, "sqlite:///x.db", stopped="done", partial=False)
+    measured = document["measured"]
+    assert document["config"]["batch_size"] == 16 and measured["confirmed"] is True
+    assert measured["samples_per_s"] == 276.0 and measured["rate_from"] == "confirmation"
+    assert measured["tokens_per_s"] == pytest.approx(276.0 * 100)  # the confirmation's own tokens per sample
+    assert measured["data_wait_share"] == pytest.approx(0.01)
+    note = measured["rate_note"]
+    assert "confirmation run" in note and "281.0" in note  # the short probes' figure it replaced
+    assert "b=32" in note and "270.0" in note  # the config the confirmation put behind it
+
+
+def test_a_lowered_winner_keeps_the_confirmation_s_figure(tmp_path):
+    study = _study([(8, "explore", 100.0, 128, None), (32, "explore", 300.0, 128, None),
+                    (32, "remeasure", 302.0, 128, None), (16, "explore", 250.0, 128, None),
+                    (32, "confirm", 272.0, 128, None)])
+    document = best_document(study, "sqlite:///x.db", stopped="done", partial=False)
+    measured = document["measured"]
+    assert document["config"]["batch_size"] == 32 and measured["samples_per_s"] == 272.0
+    assert measured["confirmed"] is True and "10% below" in measured["rate_note"]
+    read = read_best(write_best(str(tmp_path / "best.json"), document)).document["measured"]
+    assert read == measured  # the new fields survive the file
