@@ -128,8 +128,20 @@ def test_with_two_probes_a_disagreeing_confirmation_still_counts():
     assert dict((c.config, c.samples_per_s) for c in trusting.ranked(seen))[Config(32)] == 240
 
 
-def test_an_erratic_confirmation_leaves_the_short_probes_figure():
-    """Steps that varied far beyond the search's usual spread: interference during the long run."""
+def test_an_erratic_confirmation_counts_and_says_so():
+    """Steps that varied far beyond the search's usual: interference, or a slowdown that sets in after a
+    short probe's steps (the long run is there to find it), so the long run's figure counts."""
     planner = Planner(SPACE, 10 * GiB)
-    best = planner.ranked(_contenders() + [ok(32, 200, phase="confirm", spread=0.8)])[0]
-    assert best.config == Config(32) and best.samples_per_s == 301 and best.measurement.rule == "median"
+    best = planner.ranked(_contenders() + [ok(32, 295, phase="confirm", spread=0.8)])[0]
+    assert best.config == Config(32) and best.samples_per_s == 295
+    assert best.measurement.rule == "confirmation" and best.measurement.erratic
+    short = planner.ranked(_contenders() + [ok(32, 295, phase="confirm")])[0].measurement
+    assert not short.erratic
+
+
+def test_a_confirmed_neighbour_s_long_run_does_not_make_a_config_suspect():
+    """b=16's confirmation fell to 330: b=24's 540 is far above that and b=32's 420, but in line with b=16's short
+    probes."""
+    seen = [ok(8, 370), ok(16, 750), ok(16, 752, phase="recheck"), ok(24, 540), ok(32, 420), ok(16, 330, phase="confirm")]
+    assert reading(seen).unresolved() == {}
+    assert Planner(SPACE, 10 * GiB).best(seen) == Config(24)

@@ -78,3 +78,19 @@ def test_a_lowered_winner_keeps_the_confirmation_s_figure(tmp_path):
     assert measured["confirmed"] is True and "10% below" in measured["rate_note"]
     read = read_best(write_best(str(tmp_path / "best.json"), document)).document["measured"]
     assert read == measured  # the new fields survive the file
+
+
+@pytest.mark.slow
+def test_a_real_confirmation_slower_than_the_probes_hands_the_win_to_the_next(tmp_path):
+    from conftest import script
+
+    from autofit.search import SearchSettings, run_search
+
+    result = run_search(SearchSettings(script=script("slower_when_long.py"), memory_limit=768 * 2**20,
+                                       budget_s=300, estimate=False, out=str(tmp_path / "best.json"),
+                                       storage=f"sqlite:///{tmp_path}/s.db", study="s"))
+    measured = read_best(result.json_path).document["measured"]
+    assert result.best == Config(12)
+    assert measured["confirmed"] is True and measured["rate_from"] == "confirmation"
+    assert "b=16 led with" in measured["rate_note"]
+    assert any("b=16 measured" in note and "which ranks first now" in note for note in result.notes)

@@ -15,7 +15,7 @@ A suspect config is measured again (a "recheck" probe) before it may win or boun
 is resolved (two agreeing probes, or three probes: then the fastest steady one counts, since
 interference slows probes and never speeds them up) the planner leaves it out of
 its ranking and its throughput models. The winner's confirmation (a long run, see `Measurement`)
-settles it: its steady figure counts, and may lower the winner below the next config. A probe slowed evenly looks normal on its own, so before a
+settles it: its figure counts, and may lower the winner below the next config. A probe slowed evenly looks normal on its own, so before a
 search ends, the leader of each precision within reach of the best is probed a second time too: if
 that reveals a slowdown, the strategies it pruned are open again. When suspects keep appearing (more than a third of the
 configs, at least three), the machine is too noisy to rank configs, and the search says so.
@@ -26,7 +26,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autofit.config import Config
 from autofit.planner._observation import Observation
@@ -57,13 +57,16 @@ class Suspicion:
 @dataclass(frozen=True)
 class Measurement:
     """The probes a config's figures come from, and the rule that chose them: "confirmation" (its
-    steady confirmation runs: the winner's long run measures what training will see, so it may lower
-    the short probes' figure), "fastest" (steady probes that disagree beyond the noise seen: the
-    fastest alone, since interference slows a probe and never speeds it up) or "median" (the rest).
+    confirmation runs, steady or not: the winner's long run measures what training will see, and a
+    slowdown that sets in after the short probes' steps shows as steps that vary; so it may lower the
+    short probes' figure), "fastest" (steady probes that disagree beyond the noise seen: the fastest
+    alone, since interference slows a probe and never speeds it up) or "median" (the rest).
     Every rate of the best-config file is taken from these probes."""
 
     probes: tuple[Observation, ...]
     rule: str
+    erratic: bool = False
+    """Its steps varied far beyond the search's usual (interference, or a slowdown in a long run)."""
 
     @classmethod
     def of(cls, probes: Sequence[Observation]) -> Measurement:
@@ -102,16 +105,23 @@ class NoiseReading:
         return self.measurement(config).samples_per_s
 
     def measurement(self, config: Config) -> Measurement:
-        """The probes `config`'s figures come from: its steady probes (erratic ones only when it has
-        no steady one); of those, its confirmation runs when it has one; the fastest alone when they
+        """The probes `config`'s figures come from: its confirmation runs when it has one, else its
+        steady probes (erratic ones only when it has no steady one); the fastest alone when they
         disagree beyond the noise seen, else their median."""
-        obs = self.ok[config]
-        steady = [o for o in obs if o.spread is None or o.spread <= self._spread_limit] or obs
-        measured = Measurement.of(steady)
+        return self._measure(self.ok[config])
+
+    def _measure(self, obs: list[Observation]) -> Measurement:
+        measured = Measurement.of(obs)
+        if measured.rule == "median":
+            measured = Measurement.of([o for o in obs if not self._erratic(o)] or obs)
+        measured = replace(measured, erratic=any(self._erratic(o) for o in measured.probes))
         if len(measured.probes) >= 2 and self._disagree(measured.probes):
             fastest = max(measured.probes, key=lambda o: o.samples_per_s)
-            return Measurement((fastest,), "fastest" if measured.rule == "median" else measured.rule)
+            return replace(measured, probes=(fastest,), rule="fastest" if measured.rule == "median" else measured.rule)
         return measured
+
+    def _erratic(self, o: Observation) -> bool:
+        return o.spread is not None and o.spread > self._spread_limit
 
     def _find(self) -> dict[Config, Suspicion]:
         found: dict[Config, Suspicion] = {}
@@ -156,21 +166,25 @@ class NoiseReading:
                 best[config.precision] = config
         return list(best.values())
 
+    def _short_rate(self, config: Config) -> float:
+        """What `config`'s short probes say (a long run's figure compares with no short one)."""
+        return self._measure([o for o in self.ok[config] if o.phase != "confirm"] or self.ok[config]).samples_per_s
+
     def _neighbour_gap(self, config: Config) -> str | None:
         strategy = self._strategy_of(config)
         same = sorted((c for c in self.ok if self._strategy_of(c) == strategy), key=lambda c: c.batch_size)
         i = same.index(config)
         if i == 0:
             return None
-        rate = self.rate(config)
+        rate, short = self.rate(config), self._short_rate
         if i == len(same) - 1:  # the largest batch so far: throughput rarely falls steeply with batch
             low = same[i - 1]
-            if rate < self.rate(low) * (1 - _NEIGHBOUR_GAP):
+            if rate < short(low) * (1 - _NEIGHBOUR_GAP):
                 return (f"{rate:,.1f} samples/s is far slower than the smaller b={low.batch_size} "
-                        f"({self.rate(low):,.1f})")
+                        f"({short(low):,.1f})")
             return None
         low, high = same[i - 1], same[i + 1]
-        around = (self.rate(low), self.rate(high))
+        around = (short(low), short(high))
         if rate < min(around) * (1 - _NEIGHBOUR_GAP):
             word = "slower"
         elif rate > max(around) * (1 + _NEIGHBOUR_GAP):

@@ -69,11 +69,9 @@ def rate_note(ranked: list[Candidate], done) -> str:
                  f"slows a probe, never speeds it up"]
     else:
         parts = [f"the median of its {len(probes)} probe{'s' if len(probes) != 1 else ''}"]
-    erratic = [o for o in done if o.config == best.config and o.phase == "confirm" and o.status == "ok"
-               and o not in probes]
-    if erratic and erratic[0].spread is not None:
-        parts.append(f"its confirmation run's steps varied {erratic[0].spread:.0%}, far beyond the search's "
-                     f"usual (interference): the short probes count")
+    if rule == "confirmation" and best.measurement.erratic:
+        parts.append("its steps varied far beyond the short probes' (a slowdown that sets in later, or "
+                     "another job on the machine: search again on a quiet one if so)")
     for c in ranked[1:]:
         led = _short_rate(c.config, done)
         if c.measurement.rule == "confirmation" and led and led > best.samples_per_s:
