@@ -9,7 +9,7 @@ from autofit.config import Config
 from autofit.export import read_best, write_best
 from autofit.planner import SearchSpace
 from autofit.probing import ProbeResult
-from autofit.study import best_document, config_params, distributions
+from autofit.study import best_document, config_params, distributions, observations
 
 GiB = 2**30
 SPACE = SearchSpace.build(batch_size=(8, 64), precisions=("fp32",))
@@ -22,17 +22,20 @@ def _study(probes: list[tuple[int, str, float, float, float | None]]) -> optuna.
     study.set_user_attr("autofit", {
         "script": "train.py", "function": "train", "device_info": {"type": "cpu", "name": "cpu"},
         "limit_bytes": 8 * GiB, "headroom": 0.1, "usable_bytes": 7 * GiB, "space": SPACE.to_dict()})
-    dists = distributions((8, 64), 0, 1)
     for batch, phase, rate, tokens, joules in probes:
-        config = Config(batch)
-        result = ProbeResult(status="ok", config=config, samples_per_s=rate, tokens_per_s=rate * tokens,
-                             joules_per_sample=joules, peak_bytes=batch * 2**20, step_time_median_s=1.0,
-                             step_time_iqr_s=0.02, data_wait_share=0.01 if phase == "confirm" else 0.2)
-        params = {k: v for k, v in config_params(config).items() if k in dists}
-        study.add_trial(optuna.trial.create_trial(
-            params=params, distributions=dists, value=rate,
-            user_attrs={"probe": result.to_dict(), "phase": phase, "status": "ok"}))
+        _add(study, ProbeResult(status="ok", config=Config(batch), samples_per_s=rate, tokens_per_s=rate * tokens,
+                                joules_per_sample=joules, peak_bytes=batch * 2**20, step_time_median_s=1.0,
+                                step_time_iqr_s=0.02, data_wait_share=0.01 if phase == "confirm" else 0.2), phase)
     return study
+
+
+def _add(study: optuna.Study, result: ProbeResult, phase: str = "explore") -> None:
+    dists = distributions((8, 64), 4, 1, selective=True)
+    params = {k: v for k, v in config_params(result.config).items() if k in dists}
+    study.add_trial(optuna.trial.create_trial(
+        params=params, distributions=dists, value=result.samples_per_s,
+        state=optuna.trial.TrialState.COMPLETE if result.ok else optuna.trial.TrialState.FAIL,
+        user_attrs={"probe": result.to_dict(), "phase": phase, "status": result.status}))
 
 
 def _measured(study: optuna.Study) -> dict:
@@ -94,3 +97,52 @@ def test_a_real_confirmation_slower_than_the_probes_hands_the_win_to_the_next(tm
     assert measured["confirmed"] is True and measured["rate_from"] == "confirmation"
     assert "b=16 led with" in measured["rate_note"]
     assert any("b=16 measured" in note and "which ranks first now" in note for note in result.notes)
+
+
+def _selective_space() -> SearchSpace:
+    return SearchSpace.build(batch_size=(8, 64), precisions=("fp32",), checkpoint_blocks=4,
+                             checkpoint_policies=("full", "selective"))
+
+
+def test_a_selective_policy_that_fails_for_a_reason_not_memory_is_abandoned():
+    """As a failing precision is: once another policy runs, one failure of its own rules it out."""
+    from autofit.planner import Observation, Planner
+
+    planner = Planner(_selective_space(), 8 * GiB)
+    seen = [Observation(Config(8), "ok", peak_bytes=2 * GiB, samples_per_s=80.0),
+            Observation(Config(16), "ok", peak_bytes=4 * GiB, samples_per_s=160.0),
+            Observation(Config(32), "oom"),  # checkpointing is what reaches larger batches
+            Observation(Config(32, checkpoint_segments=1, checkpoint_policy="selective"), "error")]
+    proposals = []
+    while (config := planner.next(seen)) is not None and len(proposals) < 40:
+        proposals.append(config)
+        if config.checkpoint_policy == "selective":  # it fails again, whatever the blocks or batch
+            seen.append(Observation(config, "error"))
+        else:
+            seen.append(Observation(config, "ok", peak_bytes=config.batch_size * GiB // 8, samples_per_s=5.0 * config.batch_size))
+    assert any(c.checkpoint_segments for c in proposals)  # checkpointing was explored
+    assert not [c for c in proposals if c.checkpoint_policy == "selective"]
+
+
+def test_the_search_says_why_selective_checkpointing_was_abandoned():
+    from autofit.planner import Planner
+    from autofit.study import fault_notes
+
+    study = _study([(8, "explore", 80.0, 1, None)])
+    _add(study, ProbeResult(status="error", config=Config(8, checkpoint_segments=1, checkpoint_policy="selective"),
+                            error_type="RuntimeError", error_message="no saved tensor for op"))
+    planner = Planner(_selective_space(), 8 * GiB)
+    notes = fault_notes(study, planner, observations(study.get_trials()))
+    assert notes == ["selective checkpointing is unusable here: RuntimeError: no saved tensor for op (trial 1)"]
+
+
+def test_a_selective_policy_that_runs_out_of_memory_is_not_abandoned():
+    from autofit.planner import Observation
+    from autofit.planner._feasibility import Feasibility
+    from autofit.planner._space import Strategy
+
+    space = _selective_space()
+    seen = [Observation(Config(64), "ok", peak_bytes=2**30, samples_per_s=640.0),
+            Observation(Config(64, checkpoint_segments=1, checkpoint_policy="selective"), "oom"),
+            Observation(Config(8, checkpoint_segments=2, checkpoint_policy="selective"), "crashed")]
+    assert not Feasibility(space, 8 * GiB, seen).strategy_unusable(Strategy("fp32", 4, 1, checkpoint_policy="selective"))

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from autofit.config import Config
 from autofit.planner._observation import Observation
-from autofit.planner._space import SearchSpace, Strategy, needs_no_more_memory
+from autofit.planner._space import SearchSpace, Strategy, checkpoint_policy, needs_no_more_memory
 
 
 class Feasibility:
@@ -72,14 +72,20 @@ class Feasibility:
         ]
 
     def strategy_unusable(self, strategy: Strategy) -> bool:
-        """A precision (sharding, compilation) that failed without ever running is not worth more
-        probes: after one failure when another one runs (the failure is its own), else after two."""
+        """A precision (sharding, compilation, selective checkpointing) that failed without ever running
+        is not worth more probes: after one failure when another one runs (the failure is its own), else
+        after two. An OOM counts as running: it says the memory, not the code, stopped it."""
         return (strategy.precision in self.unusable_precisions()
                 or strategy.sharding in self._unusable("sharding", self.space.shardings)
-                or strategy.compile in self._unusable("compile", self.space.compiles))
+                or strategy.compile in self._unusable("compile", self.space.compiles)
+                or checkpoint_policy(strategy) in self.unusable_policies())
 
     def unusable_precisions(self) -> set[str]:
         return self._unusable("precision", self.space.precisions)
+
+    def unusable_policies(self) -> set[str]:
+        """{"selective"} once selective checkpointing failed without running ("full" is the base)."""
+        return self._unusable("checkpoint_policy", ("selective",))
 
     def _unusable(self, field: str, values: Sequence[str]) -> set[str]:
         done = self.done

@@ -112,14 +112,20 @@ def fault_notes(study: optuna.Study, planner: Planner, seen) -> list[str]:
     """What went wrong along the way, one line each: unusable precisions, crashes, leaks."""
     notes = []
     unusable = planner.unusable_precisions(seen)
+    policies = planner.unusable_policies(seen)
     for trial in study.get_trials(deepcopy=False):
         result = trial_result(trial)
         if result is None:
             continue
-        if result.config.precision in unusable and result.status in ("error", "diverged"):
-            notes.append(f"{result.config.precision} is unusable here: {result.error_type}: "
+        precision, policy = result.config.precision, result.config.checkpoint_policy
+        what = precision if precision in unusable else f"{policy} checkpointing" if policy in policies else None
+        if what and result.status in ("error", "diverged"):
+            notes.append(f"{what} is unusable here: {result.error_type}: "
                          f"{(result.error_message or '').splitlines()[0][:200]} (trial {trial.number})")
-            unusable.discard(result.config.precision)
+            if what == precision:
+                unusable.discard(precision)
+            else:
+                policies.discard(policy)
         elif result.error_type in DATA_BOUND_ERRORS and trial.user_attrs.get("phase") != "confirm" \
                 and any(o.status == "ok" for o in seen):
             notes.append(f"batch {result.config.batch_size} is more than the data can feed (the function ran "
