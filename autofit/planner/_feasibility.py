@@ -1,7 +1,7 @@
 """What the observations say fits, and what cannot: memory is monotone within one precision, sharding
-and compilation (peak rises with micro-batch, falls with more checkpointing: `needs_no_more_memory`),
-so one OOM or one fit implies the answer for many configs that are then never probed; the data is a
-ceiling too."""
+and compilation (peak rises with micro-batch, falls with more checkpointing: `needs_no_more_memory`,
+and accumulating needs no less than one micro-batch a step: `holds_gradients`), so one OOM or one fit
+implies the answer for many configs that are then never probed; the data is a ceiling too."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from autofit.config import Config
 from autofit.planner._observation import Observation
-from autofit.planner._space import SearchSpace, Strategy, checkpoint_policy, needs_no_more_memory
+from autofit.planner._space import SearchSpace, Strategy, checkpoint_policy, holds_gradients, needs_no_more_memory
 
 
 class Feasibility:
@@ -27,25 +27,15 @@ class Feasibility:
         return config in self._tried
 
     def fit_max(self, strategy: Strategy) -> int | None:
-        """Largest batch known (or implied) to fit: fits with checkpointing that needs as much memory or
-        more (as many or fewer checkpointed blocks, ...)."""
-        fits = [
-            o.config.batch_size for o in self.done
-            if family(o.config) == strategy.family
-            and needs_no_more_memory(strategy, o.config)
-            and o.fits(self.usable)
-        ]
+        """Largest batch of `strategy` known (or implied) to fit (see `implies_fit`)."""
+        fits = [o.config.batch_size for o in self.done
+                if o.fits(self.usable) and implies_fit(o.config, self.space.config(strategy, o.config.batch_size))]
         return max(fits) if fits else None
 
     def oom_min(self, strategy: Strategy) -> int | None:
-        """Smallest batch known (or implied) too big: too big with checkpointing that needs as little
-        memory or less (as many or more blocks, ...)."""
-        too_big = [
-            o.config.batch_size for o in self.done
-            if family(o.config) == strategy.family
-            and needs_no_more_memory(o.config, strategy)
-            and o.too_big(self.usable)
-        ]
+        """Smallest batch of `strategy` known (or implied) too big (see `implies_too_big`)."""
+        too_big = [o.config.batch_size for o in self.done
+                   if o.too_big(self.usable) and implies_too_big(o.config, self.space.config(strategy, o.config.batch_size))]
         return min(too_big) if too_big else None
 
     def data_ceiling(self) -> int | None:
@@ -54,22 +44,21 @@ class Feasibility:
         bound = [o.config.batch_size for o in self.done if o.data_bound]
         return min(bound) if bound else None
 
+    def implied_fit(self, config: Config) -> bool:
+        return any(o.fits(self.usable) and implies_fit(o.config, config) for o in self.done)
+
     def implied_too_big(self, config: Config) -> bool:
         """Known not to run: too big for memory (implied by an OOM), or for the data."""
-        bound = self.oom_min(self.space.strategy_of(config))
         ceiling = self.data_ceiling()
-        return (bound is not None and config.batch_size >= bound) or (
-            ceiling is not None and config.batch_size >= ceiling)
+        return (any(o.too_big(self.usable) and implies_too_big(o.config, config) for o in self.done)
+                or (ceiling is not None and config.batch_size >= ceiling))
 
     def open_batches(self, strategy: Strategy) -> list[int]:
-        """Batches whose feasibility is still unknown: between the largest fit and smallest OOM."""
-        low = self.fit_max(strategy) or 0
-        highs = [h for h in (self.oom_min(strategy), self.data_ceiling()) if h is not None]
-        high = min(highs) if highs else None
-        return [
-            b for b in self.space.batch_sizes
-            if b > low and (high is None or b < high) and not self.tried(self.space.config(strategy, b))
-        ]
+        """Batches whose feasibility is still unknown: neither probed nor implied to fit or not (within
+        one accumulation, those between the largest fit and the smallest OOM)."""
+        configs = [self.space.config(strategy, b) for b in self.space.batch_sizes]
+        return [c.batch_size for c in configs
+                if not self.tried(c) and not self.implied_fit(c) and not self.implied_too_big(c)]
 
     def strategy_unusable(self, strategy: Strategy) -> bool:
         """A precision (sharding, compilation, selective checkpointing) that failed without ever running
@@ -99,5 +88,17 @@ class Feasibility:
 
 
 def family(config: Config) -> tuple[str, str, bool]:
-    """The configs whose memory compares by batch and checkpointing alone."""
+    """The configs whose memory compares by batch, checkpointing and accumulation alone."""
     return config.precision, config.sharding, config.compile
+
+
+def implies_fit(fit: Config, config: Config) -> bool:
+    """A fit at `fit` says `config` fits: same family, no larger micro-batch, checkpointing that needs no
+    more memory, and gradients held through a forward only where `fit` held them too."""
+    return (family(fit) == family(config) and config.batch_size <= fit.batch_size
+            and needs_no_more_memory(config, fit) and holds_gradients(config) <= holds_gradients(fit))
+
+
+def implies_too_big(too_big: Config, config: Config) -> bool:
+    """Too big at `too_big` says `config` is too: `implies_fit` the other way round."""
+    return implies_fit(config, too_big)
