@@ -63,6 +63,6 @@ def test_the_file_keeps_the_confirmation_and_derives_tokens_from_the_same_figure
     _record(study, Config(64), 120.0, 15360.0, "recheck")   # a faster short probe: its tokens/s was the file's
     _record(study, Config(64), 90.0, 11520.0, "confirm")
     measured = best_document(study, storage)["measured"]
-    assert measured["confirmed"] and measured["figure"] == "confirmation"
+    assert measured["confirmed"] and measured["rate_from"] == "confirmation"
     assert measured["samples_per_s"] == 90.0
     assert measured["tokens_per_s"] == 90.0 * 128

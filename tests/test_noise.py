@@ -91,3 +91,57 @@ def test_a_config_that_only_just_fits_loses_a_near_tie():
     roomy = Observation(Config(24), "ok", peak_bytes=4 * GiB, samples_per_s=299)
     assert planner.best([tight, roomy]) == Config(24)
     assert planner.best([tight, Observation(Config(24), "ok", peak_bytes=2 * GiB, samples_per_s=250)]) == Config(32)
+
+
+def _contenders() -> list[Observation]:
+    """b=32 leads b=16 by 7% on its short probes (three of them: resolved however they spread)."""
+    return [ok(8, 100), ok(16, 280), ok(16, 281, phase="remeasure"), ok(32, 300), ok(32, 302, phase="remeasure"),
+            ok(32, 301, phase="recheck")]
+
+
+def test_a_slower_confirmation_lowers_the_winner_s_rate():
+    planner = Planner(SPACE, 10 * GiB)
+    seen = _contenders() + [ok(32, 290, phase="confirm")]
+    best = planner.ranked(seen)[0]
+    assert best.config == Config(32) and best.samples_per_s == 290  # the long run's figure, not 301
+    assert best.measurement.rule == "confirmation"
+    assert [o.phase for o in best.measurement.probes] == ["confirm"]
+
+
+def test_a_confirmation_below_the_runner_up_hands_it_the_win_and_the_runner_up_is_confirmed_next():
+    planner = Planner(SPACE, 10 * GiB)
+    seen = _contenders() + [ok(32, 270, phase="confirm")]  # 10% below its short probes, below b=16
+    assert planner.best(seen) == Config(16)
+    assert planner.to_confirm(seen) == Config(16)
+    seen.append(ok(16, 279, phase="confirm"))
+    assert planner.best(seen) == Config(16) and planner.to_confirm(seen) is None
+    assert planner.recheck(seen) is None  # a confirmed config is settled, whatever its short probes said
+
+
+def test_with_two_probes_a_disagreeing_confirmation_still_counts():
+    """Two disagreeing probes once rated at their maximum (and a third settled them): a long run counts."""
+    planner = Planner(SPACE, 10 * GiB)
+    seen = [ok(8, 100), ok(16, 200), ok(32, 300), ok(32, 240, phase="confirm")]
+    assert dict((c.config, c.samples_per_s) for c in planner.ranked(seen))[Config(32)] == 240
+    assert planner.best(seen) == Config(32) and planner.recheck(seen) is None
+    trusting = Planner(SPACE, 10 * GiB, check_noise=False)  # the same rule without noise checks
+    assert dict((c.config, c.samples_per_s) for c in trusting.ranked(seen))[Config(32)] == 240
+
+
+def test_an_erratic_confirmation_counts_and_says_so():
+    """Steps that varied far beyond the search's usual: interference, or a slowdown that sets in after a
+    short probe's steps (the long run is there to find it), so the long run's figure counts."""
+    planner = Planner(SPACE, 10 * GiB)
+    best = planner.ranked(_contenders() + [ok(32, 295, phase="confirm", spread=0.8)])[0]
+    assert best.config == Config(32) and best.samples_per_s == 295
+    assert best.measurement.rule == "confirmation" and best.measurement.erratic
+    short = planner.ranked(_contenders() + [ok(32, 295, phase="confirm")])[0].measurement
+    assert not short.erratic
+
+
+def test_a_confirmed_neighbour_s_long_run_does_not_make_a_config_suspect():
+    """b=16's confirmation fell to 330: b=24's 540 is far above that and b=32's 420, but in line with b=16's short
+    probes."""
+    seen = [ok(8, 370), ok(16, 750), ok(16, 752, phase="recheck"), ok(24, 540), ok(32, 420), ok(16, 330, phase="confirm")]
+    assert reading(seen).unresolved() == {}
+    assert Planner(SPACE, 10 * GiB).best(seen) == Config(24)

@@ -17,7 +17,7 @@ from autofit.planner._loader import (
     worker_counts,
 )
 from autofit.planner._models import Line, ThroughputModel, fit_line, fit_throughput
-from autofit.planner._noise import NoiseReading
+from autofit.planner._noise import Measurement, NoiseReading
 from autofit.planner._observation import FAILED_STATUSES, Observation
 from autofit.planner._planner import Planner
 from autofit.planner._prediction import (
@@ -45,6 +45,7 @@ __all__ = [
     "Candidate",
     "Line",
     "LoaderChoices",
+    "Measurement",
     "MemoryPrediction",
     "NoiseReading",
     "Observation",

@@ -1,17 +1,18 @@
-"""What the planner believes about a strategy's memory: a line peak = a + m x batch, fitted from the
-peaks measured (or borrowed from the nearest fitted strategy with a prior ratio), raised to agree
+"""What the planner believes about a strategy's memory: a line peak = a + m x batch (one for its
+configs that accumulate, one for those that do not: `holds_gradients`), fitted from the peaks measured (or borrowed from the nearest fitted strategy with a prior ratio), raised to agree
 with every OOM seen, and believed beyond the usable memory only past its own margin of error; and the
 memory estimator's prediction, calibrated on the probes so far."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import product
 
 from autofit.config import Config
 from autofit.planner._models import Line, fit_line
 from autofit.planner._observation import Observation
 from autofit.planner._prediction import CalibratedPrediction, memory_key
-from autofit.planner._space import SearchSpace, Strategy
+from autofit.planner._space import SearchSpace, Strategy, holds_gradients
 
 #: Prior for how much a strategy's per-sample memory shrinks, relative to fp32 without checkpointing.
 _HALF_PRECISION_SLOPE = 0.6
@@ -19,7 +20,12 @@ _FULL_CHECKPOINT_SLOPE = 0.4
 #: The same with every block under selective checkpointing, which keeps the matmul outputs.
 _SELECTIVE_CHECKPOINT_SLOPE = 0.7
 
-MemoryKey = tuple[str, str, int, bool, str]
+MemoryKey = tuple[str, str, int, bool, str, bool]
+
+
+def line_key(item) -> MemoryKey:
+    """What shares one memory line: `memory_key`, and whether gradients live through a forward."""
+    return *memory_key(item), holds_gradients(item)
 
 
 class MemoryModels:
@@ -36,12 +42,12 @@ class MemoryModels:
         self._max_k = (max(space.checkpoint_segments) if space.checkpoint_segments else 0) or 1
 
     def peaks(self, strategy: Strategy) -> list[tuple[float, float]]:
-        return self._peaks(memory_key(strategy))
+        return self._peaks(line_key(strategy))
 
     def _peaks(self, key: MemoryKey) -> list[tuple[float, float]]:
         return [
             (o.config.batch_size, float(o.peak_bytes)) for o in self.done
-            if o.status == "ok" and o.peak_bytes and memory_key(o.config) == key
+            if o.status == "ok" and o.peak_bytes and line_key(o.config) == key
         ]
 
     def margin(self, strategy: Strategy) -> float | None:
@@ -50,7 +56,10 @@ class MemoryModels:
         Fitted on this strategy's own peaks: its residuals (at least 3%). Through one own peak with a
         borrowed slope: 15%. With no own peak: never believed.
         """
-        own = self.peaks(strategy)
+        return self._margin(line_key(strategy))
+
+    def _margin(self, key: MemoryKey) -> float | None:
+        own = self._peaks(key)
         line = fit_line(own)
         if line is not None:
             return max(0.03, 2 * line.max_rel_residual)
@@ -68,7 +77,9 @@ class MemoryModels:
         fitted strategy with a prior ratio (sharding splits the weights and optimizer state, not the
         activations: an unsharded intercept is an upper bound). Raised to agree with every OOM seen.
         """
-        key = memory_key(strategy)
+        return self._line(line_key(strategy))
+
+    def _line(self, key: MemoryKey) -> Line | None:
         if key in self._lines:
             return self._lines[key]
         own = self._peaks(key)
@@ -81,18 +92,16 @@ class MemoryModels:
         return line
 
     def _borrowed_line(self, key: MemoryKey, own: list[tuple[float, float]]) -> Line | None:
-        precision, sharding, k, compiled, policy = key
+        precision, sharding, k, compiled, policy, grads = key
         references = []
-        for p in self.space.precisions:
-            for h in self.space.shardings:
-                for kk in self.space.checkpoint_segments:
-                    for c in self.space.compiles:
-                        for q in self.space.checkpoint_policies if kk else ("full",):
-                            ref = fit_line(self._peaks((p, h, kk, c, q)))
-                            if ref is not None and ref.slope > 0:
-                                distance = ((p != precision) * 10 + (h != sharding) * 5 + (c != compiled) * 3
-                                            + abs(kk - k) + (q != policy))
-                                references.append((distance, p, kk, q, ref))
+        for p, h, kk, c, g in product(self.space.precisions, self.space.shardings, self.space.checkpoint_segments,
+                                      self.space.compiles, (False, True)):
+            for q in self.space.checkpoint_policies if kk else ("full",):
+                ref = fit_line(self._peaks((p, h, kk, c, q, g)))
+                if ref is not None and ref.slope > 0:
+                    distance = ((p != precision) * 10 + (h != sharding) * 5 + (c != compiled) * 3
+                                + abs(kk - k) + (q != policy) + (g != grads))
+                    references.append((distance, p, kk, q, ref))
         if not references:
             return None
         _, p, kk, q, ref = min(references, key=lambda r: r[0])
@@ -107,7 +116,7 @@ class MemoryModels:
     def _respect_ooms(self, line: Line, key: MemoryKey) -> Line:
         slope = line.slope
         for o in self.done:
-            if o.status == "oom" and memory_key(o.config) == key:
+            if o.status == "oom" and line_key(o.config) == key:
                 # It crossed at least the usable memory at this batch.
                 slope = max(slope, (self.usable - line.intercept) / o.config.batch_size)
         return Line(line.intercept, slope, line.max_rel_residual, line.points)
@@ -117,9 +126,8 @@ class MemoryModels:
         does not fit."""
         if self.predicted is not None and self.predicted.too_big(config, self.usable):
             return True
-        strategy = self.space.strategy_of(config)
-        margin = self.margin(strategy)
-        line = self.line(strategy)
+        key = line_key(config)
+        margin, line = self._margin(key), self._line(key)
         return margin is not None and line is not None and line(config.batch_size) > self.usable * (1 + margin)
 
     def predicted_gamble(self, config: Config) -> bool:

@@ -13,9 +13,9 @@ A config's measurement is *suspect* when:
 
 A suspect config is measured again (a "recheck" probe) before it may win or bound anything: until it
 is resolved (two agreeing probes, or three probes: then the fastest steady one counts, since
-interference slows probes and never speeds them up; or a confirmation run, whose long figure then
-counts, lower or not) the planner leaves it out of
-its ranking and its throughput models. A probe slowed evenly looks normal on its own, so before a
+interference slows probes and never speeds them up) the planner leaves it out of
+its ranking and its throughput models. The winner's confirmation (a long run, see `Measurement`)
+settles it: its figure counts, and may lower the winner below the next config. A probe slowed evenly looks normal on its own, so before a
 search ends, the leader of each precision within reach of the best is probed a second time too: if
 that reveals a slowdown, the strategies it pruned are open again. When suspects keep appearing (more than a third of the
 configs, at least three), the machine is too noisy to rank configs, and the search says so.
@@ -26,7 +26,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autofit.config import Config
 from autofit.planner._observation import Observation
@@ -54,6 +54,36 @@ class Suspicion:
     reason: str
 
 
+@dataclass(frozen=True)
+class Measurement:
+    """The probes a config's figures come from, and the rule that chose them: "confirmation" (its
+    confirmation runs, steady or not: the winner's long run measures what training will see, and a
+    slowdown that sets in after the short probes' steps shows as steps that vary; so it may lower the
+    short probes' figure), "fastest" (steady probes that disagree beyond the noise seen: the fastest
+    alone, since interference slows a probe and never speeds it up) or "median" (the rest).
+    Every rate of the best-config file is taken from these probes."""
+
+    probes: tuple[Observation, ...]
+    rule: str
+    erratic: bool = False
+    """Its steps varied far beyond the search's usual (interference, or a slowdown in a long run)."""
+
+    @classmethod
+    def of(cls, probes: Sequence[Observation]) -> Measurement:
+        """All of `probes`' confirmation runs when they have any, else all of them."""
+        counted = confirmed_first(probes)
+        return cls(tuple(counted), "confirmation" if counted[0].phase == "confirm" else "median")
+
+    @property
+    def samples_per_s(self) -> float:
+        return statistics.median(o.samples_per_s for o in self.probes)
+
+
+def confirmed_first(obs: Sequence[Observation]) -> list[Observation]:
+    """A config's confirmation runs when it has any, else all its probes."""
+    return [o for o in obs if o.phase == "confirm"] or list(obs)
+
+
 class NoiseReading:
     """What the probes so far say about the machine's noise, and which configs to measure again."""
 
@@ -71,35 +101,34 @@ class NoiseReading:
 
     # --- the rules ------------------------------------------------------------------------------
     def rate(self, config: Config) -> float:
-        """What `config`'s probes say its samples/s is. A confirmation (the long run of the winner,
-        `confirm_factor` x a probe's steps) says it: it measures what the real run will see, and a
-        figure it does not bear out must not stay in the file, so it may lower the winner, and then
-        the next best is confirmed in its turn. Without one, `probes_rate`."""
-        confirmed = self.confirmed_rate(config)
-        return confirmed if confirmed is not None else self.probes_rate(config)
+        """What `config`'s probes say its samples/s is (see `measurement`)."""
+        return self.measurement(config).samples_per_s
 
-    def confirmed_rate(self, config: Config) -> float | None:
-        """The samples/s of `config`'s latest confirmation run; None when it has none."""
-        runs = [o.samples_per_s for o in self.ok[config] if o.phase == "confirm"]
-        return runs[-1] if runs else None
+    def measurement(self, config: Config) -> Measurement:
+        """The probes `config`'s figures come from: its confirmation runs when it has one, else its
+        steady probes (erratic ones only when it has no steady one); the fastest alone when they
+        disagree beyond the noise seen, else their median."""
+        return self._measure(self.ok[config])
 
-    def probes_rate(self, config: Config) -> float:
-        """What `config`'s short probes say: the median of its steady probes, or, when they disagree
-        beyond the noise seen, the fastest (interference slows a probe, never speeds it up). Erratic
-        probes count only when a config has no steady one."""
-        obs = [o for o in self.ok[config] if o.phase != "confirm"] or self.ok[config]
-        steady = [o for o in obs if o.spread is None or o.spread <= self._spread_limit] or obs
-        rates = [o.samples_per_s for o in steady]
-        if len(rates) >= 2 and (max(rates) - min(rates)) / max(rates) > self._repeat_limit:
-            return max(rates)
-        return statistics.median(rates)
+    def _measure(self, obs: list[Observation]) -> Measurement:
+        measured = Measurement.of(obs)
+        if measured.rule == "median":
+            measured = Measurement.of([o for o in obs if not self._erratic(o)] or obs)
+        measured = replace(measured, erratic=any(self._erratic(o) for o in measured.probes))
+        if len(measured.probes) >= 2 and self._disagree(measured.probes):
+            fastest = max(measured.probes, key=lambda o: o.samples_per_s)
+            return replace(measured, probes=(fastest,), rule="fastest" if measured.rule == "median" else measured.rule)
+        return measured
+
+    def _erratic(self, o: Observation) -> bool:
+        return o.spread is not None and o.spread > self._spread_limit
 
     def _find(self) -> dict[Config, Suspicion]:
         found: dict[Config, Suspicion] = {}
         repeat_limit, spread_limit = self._repeat_limit, self._spread_limit
         for config, obs in self.ok.items():
-            if len(obs) >= _RESOLVING_PROBES or self.confirmed_rate(config) is not None:
-                continue  # resolved: enough probes, or a long run that says what the config does
+            if len(obs) >= _RESOLVING_PROBES or any(o.phase == "confirm" for o in obs):
+                continue  # settled: by enough probes, or by a long run (see `measurement`)
             rates = [o.samples_per_s for o in obs]
             if len(obs) == 2:
                 gap = abs(rates[0] - rates[1]) / max(rates)
@@ -137,21 +166,25 @@ class NoiseReading:
                 best[config.precision] = config
         return list(best.values())
 
+    def _short_rate(self, config: Config) -> float:
+        """What `config`'s short probes say (a long run's figure compares with no short one)."""
+        return self._measure([o for o in self.ok[config] if o.phase != "confirm"] or self.ok[config]).samples_per_s
+
     def _neighbour_gap(self, config: Config) -> str | None:
         strategy = self._strategy_of(config)
         same = sorted((c for c in self.ok if self._strategy_of(c) == strategy), key=lambda c: c.batch_size)
         i = same.index(config)
         if i == 0:
             return None
-        rate = self.rate(config)
+        rate, short = self.rate(config), self._short_rate
         if i == len(same) - 1:  # the largest batch so far: throughput rarely falls steeply with batch
             low = same[i - 1]
-            if rate < self.rate(low) * (1 - _NEIGHBOUR_GAP):
+            if rate < short(low) * (1 - _NEIGHBOUR_GAP):
                 return (f"{rate:,.1f} samples/s is far slower than the smaller b={low.batch_size} "
-                        f"({self.rate(low):,.1f})")
+                        f"({short(low):,.1f})")
             return None
         low, high = same[i - 1], same[i + 1]
-        around = (self.rate(low), self.rate(high))
+        around = (short(low), short(high))
         if rate < min(around) * (1 - _NEIGHBOUR_GAP):
             word = "slower"
         elif rate > max(around) * (1 + _NEIGHBOUR_GAP):
@@ -177,9 +210,10 @@ class NoiseReading:
 
     def _doubtful(self) -> set[Config]:
         """Unresolved suspects, and configs whose probes disagreed even if a third one settled them."""
-        return set(self._suspicions) | {c for c, obs in self.ok.items() if len(obs) >= 2 and self._disagree(obs)}
+        return set(self._suspicions) | {c for c, obs in self.ok.items()
+                                        if len(counted := confirmed_first(obs)) >= 2 and self._disagree(counted)}
 
-    def _disagree(self, obs: list[Observation]) -> bool:
+    def _disagree(self, obs: Sequence[Observation]) -> bool:
         rates = [o.samples_per_s for o in obs]
         return (max(rates) - min(rates)) / max(rates) > self._repeat_limit
 

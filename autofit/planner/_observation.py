@@ -21,6 +21,7 @@ class Observation:
     tight: bool = False  # the allocator had to free its cache and retry to stay under the cap
     data_bound: bool = False  # the data ran out before the probe had its steps: the batch is too big for it
     data_wait_share: float | None = None  # share of the measured time spent waiting for data (run.batches)
+    trial: int | None = None  # the study's trial that holds the probe (None in replays): its other figures
 
     def fits(self, usable_bytes: float) -> bool:
         """Ran its steps with its peak inside the usable memory."""

@@ -119,6 +119,10 @@ class Planner:
     def unusable_precisions(self, observations: Sequence[Observation]) -> set[str]:
         return self._state(observations).feasible.unusable_precisions()
 
+    def unusable_policies(self, observations: Sequence[Observation]) -> set[str]:
+        """Checkpoint policies abandoned: they failed without ever running."""
+        return self._state(observations).feasible.unusable_policies()
+
     def memory_models(self, observations: Sequence[Observation]) -> dict[Strategy, Line]:
         """The fitted memory line (peak = a + m x batch) of every strategy that has one, as the
         planner uses it to decide what fits (the report draws them)."""

@@ -1,15 +1,14 @@
-"""How probed configs rank: the median throughput of each (or, when rechecking noise, the rate the noise
-reading trusts), feasible ones only, near-ties won by a config that did not need allocator retries,
-then by the lower peak."""
+"""How probed configs rank: the median throughput of each (its confirmation run's once it has one; when
+rechecking noise, the rate the noise reading trusts: `NoiseReading.measurement`), feasible ones only,
+near-ties won by a config that did not need allocator retries, then by the lower peak."""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from autofit.config import Config
-from autofit.planner._noise import NoiseReading
+from autofit.planner._noise import Measurement, NoiseReading
 from autofit.planner._observation import Observation
 
 #: Configs within this fraction of the best throughput are ties, won by the lower peak.
@@ -18,13 +17,15 @@ TIE_TOLERANCE = 0.02
 
 @dataclass(frozen=True)
 class Candidate:
-    """A feasible config with its measured throughput (median over its probes) and peak."""
+    """A feasible config with its measured throughput (see `measurement`) and peak."""
 
     config: Config
     samples_per_s: float
     peak_bytes: int | None
     probes: int
     tight: bool = False  # some probe of it needed allocator retries: it only just fits
+    measurement: Measurement | None = None
+    """The probes its throughput (and every rate of the best-config file) comes from."""
 
 
 class Ranking:
@@ -40,7 +41,7 @@ class Ranking:
         self._ranked: list[Candidate] | None = None
 
     def measured(self) -> list[Candidate]:
-        """Every config that ran its steps (inside the headroom or not), with median throughput.
+        """Every config that ran its steps (inside the headroom or not), with its measured throughput.
 
         Suspect measurements (see _noise.py) are left out until a recheck resolves them, so they
         neither win nor bound other strategies; unless nothing else was measured."""
@@ -54,12 +55,11 @@ class Ranking:
             obs = self.by_config[config]
             ok = [o for o in obs if o.status == "ok" and o.samples_per_s]
             if ok:
+                # the peak: the highest any of its probes reached (a run must fit all of them)
                 peaks = [o.peak_bytes for o in ok if o.peak_bytes is not None]
-                confirmed = self.noise.confirmed_rate(config)
-                rate = (self.noise.rate(config) if self.check_noise else
-                        confirmed if confirmed is not None else statistics.median(o.samples_per_s for o in ok))
-                out.append(Candidate(config, rate, max(peaks) if peaks else None, len(ok),
-                                     any(o.tight for o in ok)))
+                measurement = self.noise.measurement(config) if self.check_noise else Measurement.of(ok)
+                out.append(Candidate(config, measurement.samples_per_s, max(peaks) if peaks else None, len(ok),
+                                     any(o.tight for o in ok), measurement))
         self._measured = out
         return out
 

@@ -56,6 +56,15 @@ def needs_no_more_memory(a, b) -> bool:
     return pa == pb or pa == "full"
 
 
+def holds_gradients(item) -> bool:
+    """Whether a Config or Strategy keeps gradients alive through a forward: accumulating keeps the earlier
+    micro-batches' through the next one's, while with one micro-batch a step none are (zero_grad freed
+    them), so that needs no more memory at one micro-batch, and perhaps less at a larger one. Every
+    accumulation above one holds the same; a strategy whose accumulation follows the global batch
+    (None) accumulates below it and counts as accumulating."""
+    return item.accumulation_steps is None or item.accumulation_steps > 1
+
+
 def recomputes_no_more(a, b) -> bool:
     """Whether `a` recomputes no more of the forward than `b` (rule 3's order by checkpointing):
     none recomputes nothing; selective on as many blocks or fewer recomputes less than full; one

@@ -105,7 +105,7 @@ def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame
         return "\n".join(lines)
     measured = document["measured"]
     confirmed = "confirmed by a longer run" if measured["confirmed"] else "not confirmed by a longer run"
-    if measured.get("figure") == "confirmation":
+    if measured.get("rate_from") == "confirmation":
         confirmed += ", whose figure this is"
     lines.append(f"best: {winner}  {measured['samples_per_s']:,.1f} samples/s, peak "
                  f"{format_size(measured['peak_bytes'])} of {format_size(stored.usable_bytes)} usable "

@@ -113,8 +113,9 @@ def remeasure(search: Search, runner: Runner) -> None:
 
 
 def confirm(search: Search, runner: Runner) -> None:
-    """Confirm the winner with a long run; fall back to the next one if it fails or crosses the
-    headroom (three tries at most)."""
+    """Confirm the winner with a long run, whose figure counts (see `Measurement`): a slower run may
+    hand the win to the next config, confirmed in turn; fall back to the next one if it fails or crosses
+    the headroom (three tries at most)."""
     study = search.session.study
     for _ in range(3):
         proposal = search.sampler.propose(study, "confirm")
@@ -126,7 +127,11 @@ def confirm(search: Search, runner: Runner) -> None:
             return
         result = search.probe(runner, steps)
         if result is not None and result.ok and (result.peak_bytes or 0) <= search.session.usable:
-            continue  # confirmed; if its longer run moved it down the ranking, confirm the new first
+            first = search.planner.best(search.session.observations())
+            if first != proposal.config:  # its longer run moved it down the ranking: the new first is next
+                search.notes.append(f"{proposal.config.label()} measured {result.samples_per_s or 0:,.1f} samples/s "
+                                    f"in its confirmation run, below {first.label()}, which ranks first now")
+            continue
         search.notes.append(f"{proposal.config.label()} failed its confirmation run "
                             f"({result.status if result else 'claimed'}); falling back to the next best")
 

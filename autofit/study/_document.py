@@ -8,18 +8,18 @@ probing anything; the search's own export is the same call at the end of the sea
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import optuna
 
-from autofit.config import Config
 from autofit.devices import mfu
 from autofit.errors import NoFeasibleConfig, UsageError
 from autofit.export import config_entry, versions
-from autofit.planner import Planner, SearchSpace, wait_share
-from autofit.study._explain import explain
+from autofit.planner import Candidate, Planner, SearchSpace
+from autofit.study._explain import explain, rate_note
 from autofit.study._storage import redacted
-from autofit.study._trials import model_flops_per_sample, observations, trial_config, trial_result
+from autofit.study._trials import model_flops_per_sample, observations, trial_result
 
 #: Study user attribute where the search records how it ended ({"stopped": ..., "partial": ...}).
 END_ATTR = "autofit_end"
@@ -82,24 +82,23 @@ def best_document(
     partial = partial if partial is not None else bool(end.get("partial", True))
     best = ranked[0]
     confirmed = any(o.phase == "confirm" and o.config == best.config and o.fits(usable) for o in done)
-    confirmation = [o for o in done if o.phase == "confirm" and o.config == best.config and o.status == "ok"]
     run_versions = meta.get("versions") or {}
     world_size = meta.get("world_size", 1)
+    figures = rate_figures(best, trials, meta, world_size)
     return {
         "partial": partial,
         "config": config_entry(best.config, world_size),
         "measured": {
             "samples_per_s": best.samples_per_s,
-            "tokens_per_s": best_tokens(trials, best.config, best.samples_per_s),
+            "tokens_per_s": figures.pop("tokens_per_s"),
+            # the highest peak any of its probes reached: a run must fit them all
             "peak_bytes": best.peak_bytes,
             "probes": best.probes,
             "confirmed": confirmed,
-            # which measurement the figures are: the long confirmation run where there is one (it may
-            # be lower than the short probes; it is what the real run sees), else the short probes
-            "figure": "confirmation" if confirmation else "probes",
-            **work_figures(trials, best.config, best.samples_per_s, meta, world_size),
-            # share of the measured time the winner's probes waited for data (when autofit saw the data)
-            **({"data_wait_share": share} if (share := wait_share(best.config, done)) is not None else {}),
+            # which probes the rates come from ("confirmation", "median", "fastest"), and why
+            "rate_from": best.measurement.rule,
+            "rate_note": rate_note(ranked, done),
+            **figures,
         },
         "memory": {"limit_bytes": meta["limit_bytes"], "headroom": meta["headroom"], "usable_bytes": int(usable)},
         "device": meta["device_info"],
@@ -123,24 +122,27 @@ def best_document(
     }
 
 
-def best_tokens(trials, config: Config, samples_per_s: float) -> float | None:
-    """Tokens/s at the document's samples/s: one rule for every rate in the file (FLOP/s likewise), so
-    tokens/s is never the fastest probe's while samples/s is the ranking's figure. Tokens per sample
-    come from the config's probes (their median); None when the function does not count tokens."""
-    ratios = sorted(r.tokens_per_s / r.samples_per_s for t in trials
-                    if trial_config(t) == config and (r := trial_result(t)) and r.tokens_per_s and r.samples_per_s)
-    return samples_per_s * ratios[len(ratios) // 2] if ratios else None
-
-
-def work_figures(trials, config: Config, samples_per_s: float, meta: dict, world_size: int) -> dict[str, Any]:
-    """Model FLOP/s and MFU at the measured samples/s (FLOPs per sample as the study's probes counted
-    them), and the GPU's joules per sample over the config's probes (None where nothing says)."""
+def rate_figures(best: Candidate, trials, meta: dict, world_size: int) -> dict[str, Any]:
+    """Every rate at the winner's samples/s, and every per-sample figure behind them (tokens, joules,
+    the share of time waiting for data) the median over the probes that samples/s comes from, so the
+    file's figures describe one measurement. Model FLOPs per sample are the model's, whatever the probe."""
+    number = {o.trial for o in best.measurement.probes}
+    probes = [r for t in trials if t.number in number and (r := trial_result(t))]
+    rate = best.samples_per_s
+    tokens = _median([r.tokens_per_s / r.samples_per_s for r in probes if r.tokens_per_s and r.samples_per_s])
     flops = model_flops_per_sample(trials)
-    flops_per_s = samples_per_s * flops if flops and samples_per_s else None
+    flops_per_s = rate * flops if flops and rate else None
     device = meta.get("device_info") or {}
-    utilisation = (mfu(flops_per_s / max(1, world_size), device.get("name", ""), config.precision)
+    utilisation = (mfu(flops_per_s / max(1, world_size), device.get("name", ""), best.config.precision)
                    if flops_per_s and device.get("type") == "cuda" else None)
-    joules = sorted(r.joules_per_sample for t in trials
-                    if trial_config(t) == config and (r := trial_result(t)) and r.joules_per_sample)
-    return {"flops_per_sample": flops, "flops_per_s": flops_per_s, "mfu": utilisation,
-            "joules_per_sample": joules[len(joules) // 2] if joules else None}
+    waited = _median([r.data_wait_share for r in probes])
+    return {"tokens_per_s": rate * tokens if tokens else None,
+            "flops_per_sample": flops, "flops_per_s": flops_per_s, "mfu": utilisation,
+            "joules_per_sample": _median([r.joules_per_sample for r in probes]),
+            # share of the measured time its probes waited for data (when autofit saw the data)
+            **({"data_wait_share": waited} if waited is not None else {})}
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None

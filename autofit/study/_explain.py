@@ -4,6 +4,8 @@ summary and by `autofit export`/`show` reading a stored study."""
 
 from __future__ import annotations
 
+import statistics
+
 import optuna
 
 from autofit.config import Config
@@ -51,6 +53,40 @@ def explain(ranked: list[Candidate], done, planner: Planner, usable: float) -> s
     return "; ".join(parts)
 
 
+def rate_note(ranked: list[Candidate], done) -> str:
+    """Which of the winner's probes its figures come from and why (see `Measurement`), and any config
+    that led on its short probes until its confirmation run measured it slower."""
+    best = ranked[0]
+    rule, probes = best.measurement.rule, best.measurement.probes
+    short = _short_rate(best.config, done)
+    if rule == "confirmation":
+        gap = best.samples_per_s / short - 1 if short else 0.0
+        against = (f"agreeing with its short probes' {short:,.1f}" if abs(gap) < 0.005 else
+                   f"{abs(gap):.0%} {'below' if gap < 0 else 'above'} its short probes' {short:,.1f}: the long run counts")
+        parts = [f"from its confirmation run: {best.samples_per_s:,.1f} samples/s, {against}"]
+    elif rule == "fastest":
+        parts = [f"from the fastest of its probes: they disagreed beyond the noise seen, and interference "
+                 f"slows a probe, never speeds it up"]
+    else:
+        parts = [f"the median of its {len(probes)} probe{'s' if len(probes) != 1 else ''}"]
+    if rule == "confirmation" and best.measurement.erratic:
+        parts.append("its steps varied far beyond the short probes' (a slowdown that sets in later, or "
+                     "another job on the machine: search again on a quiet one if so)")
+    for c in ranked[1:]:
+        led = _short_rate(c.config, done)
+        if c.measurement.rule == "confirmation" and led and led > best.samples_per_s:
+            parts.append(f"{c.config.label()} led with {led:,.1f} samples/s on its short probes but measured "
+                         f"{c.samples_per_s:,.1f} in its confirmation run")
+    return "; ".join(parts)
+
+
+def _short_rate(config: Config, done) -> float | None:
+    """The median samples/s of `config`'s probes other than its confirmation runs."""
+    rates = [o.samples_per_s for o in done
+             if o.config == config and o.status == "ok" and o.samples_per_s and o.phase != "confirm"]
+    return statistics.median(rates) if rates else None
+
+
 def _predicted_next(planner: Planner, config: Config, done, usable: float) -> str | None:
     sizes = planner.space.batch_sizes
     if config.batch_size not in sizes or config.batch_size == sizes[-1]:
@@ -76,14 +112,20 @@ def fault_notes(study: optuna.Study, planner: Planner, seen) -> list[str]:
     """What went wrong along the way, one line each: unusable precisions, crashes, leaks."""
     notes = []
     unusable = planner.unusable_precisions(seen)
+    policies = planner.unusable_policies(seen)
     for trial in study.get_trials(deepcopy=False):
         result = trial_result(trial)
         if result is None:
             continue
-        if result.config.precision in unusable and result.status in ("error", "diverged"):
-            notes.append(f"{result.config.precision} is unusable here: {result.error_type}: "
+        precision, policy = result.config.precision, result.config.checkpoint_policy
+        what = precision if precision in unusable else f"{policy} checkpointing" if policy in policies else None
+        if what and result.status in ("error", "diverged"):
+            notes.append(f"{what} is unusable here: {result.error_type}: "
                          f"{(result.error_message or '').splitlines()[0][:200]} (trial {trial.number})")
-            unusable.discard(result.config.precision)
+            if what == precision:
+                unusable.discard(precision)
+            else:
+                policies.discard(policy)
         elif result.error_type in DATA_BOUND_ERRORS and trial.user_attrs.get("phase") != "confirm" \
                 and any(o.status == "ok" for o in seen):
             notes.append(f"batch {result.config.batch_size} is more than the data can feed (the function ran "

@@ -77,7 +77,7 @@ def observations(trials: list[FrozenTrial], exclude: int | None = None) -> list[
         out.append(Observation(config, result.status, result.peak_bytes, result.samples_per_s,
                                result.wall_s, trial.user_attrs.get("phase", "explore"), spread,
                                result.only_just_fits, result.error_type in DATA_BOUND_ERRORS,
-                               result.data_wait_share))
+                               result.data_wait_share, trial.number))
     return out
 
 
