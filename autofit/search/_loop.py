@@ -73,12 +73,14 @@ class Search:
     def run(self) -> SearchResult:
         study = self.session.open()
         self.notes.extend(self.session.notes)
-        self.pool = RunnerPool(self.s, self.session)
         try:
+            self.pool = RunnerPool(self.s, self.session)
             return self._run(study)
         finally:
-            self.pool.close()
+            if self.pool is not None:
+                self.pool.close()
             self.estimator.close()
+            self.session.discard_if_unused()  # a search that failed before its first probe made no study
 
     def _run(self, study: optuna.Study) -> SearchResult:
         try:

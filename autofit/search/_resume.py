@@ -18,19 +18,22 @@ class OpenedStudy:
     limit_bytes: int
     """The limit to search under: the study's own when it resumes with a defaulted limit."""
     notes: list[str] = field(default_factory=list)
+    created: bool = False
+    """No study of this name was in the storage before: this search made it (Session.discard_if_unused)."""
 
 
 def open_study(storage: optuna.storages.BaseStorage, name: str, *, fresh: bool, device_name: str,
                limit_bytes: int, limit_given: bool, headroom: float, script_sha256: str | None,
                world_size: int = 1) -> OpenedStudy:
     """The study to search in, checked against what this search runs under (UsageError if it differs)."""
+    created = not study_exists(storage, name)
     if fresh:
         try:
             optuna.delete_study(study_name=name, storage=storage)
         except KeyError:
             pass
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
-    opened = OpenedStudy(study, limit_bytes)
+    opened = OpenedStudy(study, limit_bytes, created=created)
     meta = study.user_attrs.get("autofit")
     if meta is not None:
         if not limit_given and not meta.get("limit_given", True):
@@ -53,6 +56,14 @@ def open_study(storage: optuna.storages.BaseStorage, name: str, *, fresh: bool, 
         opened.notes.append(f"trials {', '.join(map(str, stale))} were left running by a searcher that died "
                             f"(killed, or out of memory); their configs are probed again")
     return opened
+
+
+def study_exists(storage: optuna.storages.BaseStorage, name: str) -> bool:
+    try:
+        storage.get_study_id_from_name(name)
+    except KeyError:
+        return False
+    return True
 
 
 def fail_trials(study: optuna.Study, numbers: list[int]) -> None:
