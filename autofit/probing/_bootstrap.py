@@ -90,12 +90,22 @@ def bootstrap(request: LoadRequest, *, cap_memory: bool = True) -> Loaded:
         text = f": `{exc.text.strip()}`" if exc.text and exc.text.strip() else ""
         raise ScriptError(f"SyntaxError in {where}{text}: {exc.msg}; fix the script and run again", None) from exc
     except BaseException as exc:  # noqa: BLE001 - the user's module failed at import
-        raise ScriptError(f"{type(exc).__name__}: {exc}", user_traceback(exc)) from exc
+        raise ScriptError(f"{type(exc).__name__}: {exc}", import_traceback(exc, request.script)) from exc
     fn = find_function(module, request.function, request.script)
     backend.release()
     if cap_memory:
         backend.apply_memory_limit(request.memory_limit, request.usable_bytes)
     return Loaded(backend, fn, request.function, module)
+
+
+def import_traceback(exc: BaseException, script: str) -> str:
+    """The traceback of an exception the script raised at import, from the script's own frame on:
+    autofit's frames and importlib's above it are no help to the user."""
+    script = os.path.abspath(script)
+    frames = exc.__traceback__
+    while frames is not None and frames.tb_frame.f_code.co_filename != script:
+        frames = frames.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, frames or exc.__traceback__))
 
 
 def prepare_process(*, follow_parent: bool = False) -> None:

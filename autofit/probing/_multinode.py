@@ -112,7 +112,11 @@ class JobBoard:
         study_id = self.study_id()
         if study_id is None:
             return None
-        return self.storage.get_study_user_attrs(study_id).get(SESSION_ATTR)
+        try:
+            return self.storage.get_study_user_attrs(study_id).get(SESSION_ATTR)
+        except KeyError:  # deleted (node 0's search failed before its first probe): a new one gets a new id
+            self._study_id = None
+            return None
 
     def next_job(self, session: str, done: set[int]) -> tuple[int, dict] | None:
         import optuna

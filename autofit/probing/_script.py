@@ -21,10 +21,27 @@ def parse_target(target: str) -> tuple[str, str | None]:
 
 
 def check_script(path: str) -> str:
-    """The absolute path of an existing Python file, or a UsageError."""
+    """The absolute path of an existing Python file that compiles, or a UsageError. Compiling runs
+    none of the script: a syntax error is named here, in one line, before any process imports it."""
     if not os.path.isfile(path):
         raise UsageError(f"The training script must be an existing file, but {path!r} does not exist.")
+    with open(path, "rb") as handle:
+        source = handle.read()
+    try:
+        compile(source, path, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:  # ValueError: a null byte, before Python 3.12
+        raise UsageError(_syntax_message(path, exc)) from None
     return os.path.abspath(path)
+
+
+def _syntax_message(path: str, exc: SyntaxError | ValueError) -> str:
+    """What is wrong and where, as one line: the file and line, Python's reason, the line's text."""
+    lineno = getattr(exc, "lineno", None)
+    where = f"{path}:{lineno}" if lineno else path
+    reason = f"{type(exc).__name__}: {getattr(exc, 'msg', None) or exc}"
+    text = (getattr(exc, "text", None) or "").strip()
+    shown = f": `{text}`" if text else ""
+    return f"The training script must be valid Python, but {where} is not ({reason}){shown}. Fix it and run again."
 
 
 def load_script(path: str) -> ModuleType:

@@ -22,7 +22,6 @@ from autofit.search._estimates import EstimatorLifecycle
 from autofit.search._phases import confirm, explore, export, remeasure
 from autofit.search._pool import RunnerPool
 from autofit.search._progress import Reporter
-from autofit.search._resume import forget_if_unused
 from autofit.search._sampler import AutofitSampler, Proposal
 from autofit.search._session import Session
 from autofit.search._settings import SearchResult, SearchSettings
@@ -74,17 +73,14 @@ class Search:
     def run(self) -> SearchResult:
         study = self.session.open()
         self.notes.extend(self.session.notes)
-        self.pool = RunnerPool(self.s, self.session)
-        failed = True
         try:
-            result = self._run(study)
-            failed = False
-            return result
+            self.pool = RunnerPool(self.s, self.session)
+            return self._run(study)
         finally:
-            self.pool.close()
+            if self.pool is not None:
+                self.pool.close()
             self.estimator.close()
-            if failed:  # after the runners are gone: nothing writes to the study any more
-                forget_if_unused(self.session.opened, self.session.study_name, self.session.storage)
+            self.session.discard_if_unused()  # a search that failed before its first probe made no study
 
     def _run(self, study: optuna.Study) -> SearchResult:
         try:
@@ -129,8 +125,7 @@ class Search:
         return SearchResult(best=None, document=None, json_path=None, ranked=[], study_name=self.session.study_name,
                             storage=self.session.storage_label, probes=0, ooms=0, failed=0,
                             elapsed_s=time.monotonic() - self.started, stopped="interrupted (Ctrl-C)", partial=True,
-                            usable_bytes=self.session.usable, notes=self.notes,
-                            url=self.session.s.storage)
+                            usable_bytes=self.session.usable, notes=self.notes)
 
     # --- what the phases call -----------------------------------------------------------------
     def learn_knobs(self, result: ProbeResult) -> None:

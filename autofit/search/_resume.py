@@ -19,22 +19,21 @@ class OpenedStudy:
     """The limit to search under: the study's own when it resumes with a defaulted limit."""
     notes: list[str] = field(default_factory=list)
     created: bool = False
-    """This search made the study (it did not exist before): a search that fails before its first
-    probe removes it again, so `studies` and `show` list no empty study."""
+    """No study of this name was in the storage before: this search made it (Session.discard_if_unused)."""
 
 
 def open_study(storage: optuna.storages.BaseStorage, name: str, *, fresh: bool, device_name: str,
                limit_bytes: int, limit_given: bool, headroom: float, script_sha256: str | None,
                world_size: int = 1) -> OpenedStudy:
     """The study to search in, checked against what this search runs under (UsageError if it differs)."""
+    created = not study_exists(storage, name)
     if fresh:
         try:
             optuna.delete_study(study_name=name, storage=storage)
         except KeyError:
             pass
-    existed = name in optuna.get_all_study_names(storage)
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
-    opened = OpenedStudy(study, limit_bytes, created=not existed)
+    opened = OpenedStudy(study, limit_bytes, created=created)
     meta = study.user_attrs.get("autofit")
     if meta is not None:
         if not limit_given and not meta.get("limit_given", True):
@@ -59,6 +58,14 @@ def open_study(storage: optuna.storages.BaseStorage, name: str, *, fresh: bool, 
     return opened
 
 
+def study_exists(storage: optuna.storages.BaseStorage, name: str) -> bool:
+    try:
+        storage.get_study_id_from_name(name)
+    except KeyError:
+        return False
+    return True
+
+
 def fail_trials(study: optuna.Study, numbers: list[int]) -> None:
     """Trials this process asked for and never finished (Ctrl-C, an error of autofit's own) are FAIL,
     never left RUNNING, so their configs are probed again on resume."""
@@ -67,16 +74,3 @@ def fail_trials(study: optuna.Study, numbers: list[int]) -> None:
             study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
         except Exception:  # noqa: BLE001 - already finished or removed: nothing to do
             continue
-
-
-def forget_if_unused(opened: OpenedStudy, name: str, storage: optuna.storages.BaseStorage) -> bool:
-    """Remove a study this search created and never probed in (it failed first: bad input, a script
-    that does not load); a study that existed before, or holds a trial, is never touched."""
-    if not opened.created or opened.study.get_trials(deepcopy=False):
-        return False
-    try:
-        optuna.delete_study(study_name=name, storage=storage)
-    except KeyError:
-        return False
-    return True
-

@@ -55,6 +55,8 @@ class Session:
         self.usable = self.memory_limit * (1 - settings.headroom)
         self.script_sha256 = script_sha256(self.script)  # the script as these probes measure it
         self.study: optuna.Study | None = None
+        self.created = False
+        """This search made the study (none of its name was in the storage before)."""
         self.notes: list[str] = []
         """What resuming found (a changed script, a dead searcher's trials)."""
         self._asked: list[int] = []
@@ -81,13 +83,25 @@ class Session:
                             limit_bytes=self.memory_limit, limit_given=self.s.memory_limit is not None,
                             headroom=self.s.headroom, script_sha256=self.script_sha256,
                             world_size=self.s.world_size)
-        self.opened = opened
         self.memory_limit = opened.limit_bytes
         self.usable = self.memory_limit * (1 - self.s.headroom)
         self.notes.extend(opened.notes)
         self.study = opened.study
+        self.created = opened.created
         self._next_liveness_check = time.monotonic() + HEARTBEAT_S
         return self.study
+
+    def discard_if_unused(self) -> None:
+        """A search that made its study and ended before its first probe (the script failed to load, a
+        limit below what the worker needs to start) leaves no empty study for `autofit studies` to
+        list. A study that was there before this search stays, trials or not; so does one that another
+        searcher has probed in meanwhile."""
+        if self.study is None or not self.created or self.study.get_trials(deepcopy=False):
+            return
+        try:
+            optuna.delete_study(study_name=self.study_name, storage=self.storage)
+        except KeyError:  # already gone
+            pass
 
     # --- the search's settings on the study ---------------------------------------------------
     @property
