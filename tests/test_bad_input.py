@@ -53,6 +53,7 @@ def test_a_script_raising_at_import_shows_its_own_frames_only():
     assert shown[-1].startswith("autofit: error: The script import_error.py failed while loading")
 
 
+@pytest.mark.slow  # real searches: the default tier keeps the one-line syntax error and the import frames
 @pytest.mark.parametrize("target,limit,status", [
     ("import_error.py", "1GiB", 1),  # the script raises at import
     ("fits_small.py", "16MiB", 2),  # a limit below what the worker needs just to start
@@ -65,6 +66,7 @@ def test_a_search_that_fails_before_its_first_probe_leaves_no_study(tmp_path, ta
     assert "(no studies)" in invoke("studies", "--storage", storage).output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fresh", [False, True])
 def test_a_failed_search_keeps_a_study_that_was_there_before(tmp_path, fresh):
     storage = f"sqlite:///{tmp_path / 'autofit.db'}"
