@@ -67,7 +67,11 @@ class Estimates:
     estimates: dict[Config, MemoryEstimate] = field(default_factory=dict)
     unavailable: dict[Config, str] = field(default_factory=dict)
     baseline_bytes: int | None = None
-    """The estimator process's own memory before any step (Python, torch, the user's module)."""
+    """The estimator process's own memory before any step (Python, torch, the user's module), as a
+    worker's: measured before the fake tensors' machinery loads."""
+    context_bytes: int | None = None
+    """What the first training steps of a process cost beyond their tensors, measured (on the CPU;
+    see `runtime_context_bytes`)."""
     error: str | None = None
     """Why the estimator gave nothing at all (it crashed, or timed out)."""
     knobs: dict | None = None
@@ -128,7 +132,8 @@ class Estimator:
         if self._loaded is None and self.gone is None:
             reply = self._receive(deadline, timeout)
             if reply is not None:
-                self._loaded = {key: reply.get(key) for key in ("baseline_bytes", "options", "function")}
+                self._loaded = {key: reply.get(key) for key in ("baseline_bytes", "context_bytes", "options",
+                                                                 "function")}
         return self._loaded is not None
 
     def _receive(self, deadline: float, timeout: float) -> dict | None:
@@ -158,6 +163,11 @@ class Estimator:
         self._log.seek(0)
         lines = [line.strip() for line in self._log.read().splitlines() if line.strip()]
         return lines[-1][:300] if lines else "no output"
+
+    def kill(self) -> None:
+        """Stop the process now, from any thread: an `estimate` waiting for it returns what it had."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
 
     def close(self) -> None:
         """Stop the process (idempotent)."""
@@ -192,6 +202,7 @@ def estimate_memory(script: str, configs: list[Config], *, function: str | None 
 def _parse(configs: list[Config], reply: dict, failure: str | None) -> Estimates:
     out = Estimates()
     out.baseline_bytes = reply.get("baseline_bytes")
+    out.context_bytes = reply.get("context_bytes")
     out.options = reply.get("options")
     answered = [found for found in reply["estimates"] if found["ok"]]  # a complete estimate's knobs first
     out.knobs = next((found["knobs"] for found in sorted(answered, key=lambda f: bool(f.get("missing")))), None)

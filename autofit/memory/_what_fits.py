@@ -11,8 +11,10 @@ preferred strategy or a smaller micro-batch.
 A strategy's tensor bytes grow linearly with the micro-batch once activations dominate: two
 estimates fit that line, the line proposes the largest batch, and an estimate of that batch
 confirms it (stepping down while it does not fit). The device's own memory is added to the tensor
-bytes: on the CPU the estimator process's measured baseline; on a GPU a prior for the CUDA context
-and the caching allocator's rounding (CUDA_CONTEXT_BYTES, ALLOCATOR_OVERHEAD), until probes calibrate it.
+bytes: on the CPU the estimator process's measured baseline and runtime context, and the heap's
+typical growth over the live tensors (autofit.planner.CPU_TYPICAL_FACTOR); on a GPU a prior for the
+CUDA context and the caching allocator's rounding (CUDA_CONTEXT_BYTES, ALLOCATOR_OVERHEAD), until
+probes calibrate it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 from autofit.config import CHECKPOINT_POLICIES, Config
 from autofit.memory._estimator import CUDA_CONTEXT_BYTES, Estimator, MemoryEstimate
-from autofit.planner import Strategy, checkpoint_levels, divisors_in, nice_batch_sizes
+from autofit.planner import CPU_TYPICAL_FACTOR, Strategy, checkpoint_levels, divisors_in, nice_batch_sizes
 
 #: Prior for a CUDA device: the caching allocator's rounding and fragmentation over the tensors' own
 #: bytes (the context's prior is memory_estimate.CUDA_CONTEXT_BYTES).
@@ -62,7 +64,8 @@ class WhatFits:
         # A function that keeps a global batch (@autofit(global_batch=...)): a framework integration
         # refuses a config that changes it, so the pilot must keep it too.
         pilot = self.estimator.estimate([_pilot(global_batch or self.estimator.options.get("global_batch"))])
-        self.baseline = CUDA_CONTEXT_BYTES if on_gpu else (baseline_bytes or pilot.baseline_bytes or 0)
+        self.baseline = CUDA_CONTEXT_BYTES if on_gpu else (
+            (baseline_bytes or pilot.baseline_bytes or 0) + (pilot.context_bytes or 0))
         self.partial: MemoryEstimate | None = None
         """The pilot's estimate when the fake tensors could not follow a step: only its known parts."""
         self.notes: list[str] = []
@@ -119,7 +122,7 @@ class WhatFits:
 
     def peak(self, estimate: MemoryEstimate) -> int:
         """Predicted device peak: the device's own memory plus the tensors (and, on a GPU, rounding)."""
-        factor = 1 + ALLOCATOR_OVERHEAD if self.on_gpu else 1.0
+        factor = 1 + ALLOCATOR_OVERHEAD if self.on_gpu else CPU_TYPICAL_FACTOR
         return int(self.baseline + estimate.total_bytes * factor)
 
     def config(self, strategy: Strategy, batch: int) -> Config:

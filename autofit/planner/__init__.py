@@ -22,7 +22,9 @@ from autofit.planner._observation import FAILED_STATUSES, Observation
 from autofit.planner._planner import Planner
 from autofit.planner._prediction import (
     CPU_FACTORS,
+    CPU_TYPICAL_FACTOR,
     CUDA_FACTORS,
+    CUDA_TYPICAL_FACTOR,
     CalibratedPrediction,
     MemoryPrediction,
     PeakRange,
@@ -35,7 +37,9 @@ from autofit.planner._space import SearchSpace, Strategy, checkpoint_levels, div
 
 __all__ = [
     "CPU_FACTORS",
+    "CPU_TYPICAL_FACTOR",
     "CUDA_FACTORS",
+    "CUDA_TYPICAL_FACTOR",
     "FAILED_STATUSES",
     "LOADER_PREFETCH",
     "LOADER_WORKERS",

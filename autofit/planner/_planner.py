@@ -96,6 +96,9 @@ class Planner:
         state = self._state(observations)
         if not state.any_observed:
             return self._pilot()
+        early = self._first_of_each_precision(state)
+        if early is not None:
+            return early
         for strategy in self._order(state):
             if state.feasible.strategy_unusable(strategy):
                 continue
@@ -192,10 +195,26 @@ class Planner:
         batch = next((b for b in sizes if b >= _PILOT_BATCH), sizes[-1])
         return self.space.config(strategy, batch)
 
+    def _first_of_each_precision(self, state: _State) -> Config | None:
+        """Each precision the space holds, probed once right after the pilot (its first batch without
+        checkpointing): a short budget then still compares precisions, and the slower one's larger
+        batches can be skipped as unable to beat the best, rather than explored first."""
+        pilot = self.space.strategies()[0]
+        probed = {o.config.precision for o in state.observations}
+        for strategy in self._order(state):
+            if (strategy.precision in probed or strategy.checkpoint_segments or strategy.compile
+                    or (strategy.sharding, strategy.accumulation_steps) != (pilot.sharding, pilot.accumulation_steps)
+                    or state.feasible.strategy_unusable(strategy)):
+                continue
+            proposal = self._next_in_strategy(state, strategy)
+            if proposal is not None:
+                return proposal
+        return None
+
     def _order(self, state: _State) -> list[Strategy]:
-        """Pilot strategy, then each precision without checkpointing, then checkpointing levels
-        (best precision first, fewest blocks first, selective before full: it recomputes less), then
-        other accumulations, then shardings."""
+        """Each precision without checkpointing, the one measured fastest so far first (the pilot's
+        before any is measured), then checkpointing levels (best precision first, fewest blocks first,
+        selective before full: it recomputes less), then other accumulations, then shardings."""
         strategies = self.space.strategies()
         first_acc = strategies[0].accumulation_steps
 
@@ -208,7 +227,8 @@ class Planner:
                 SHARDINGS.index(s.sharding),
                 s.accumulation_steps != first_acc,
                 s.checkpoint_segments > 0,
-                -best_of_precision(s.precision) if s.checkpoint_segments else self.space.precisions.index(s.precision),
+                -best_of_precision(s.precision),  # the precision measured fastest first (each is probed early)
+                self.space.precisions.index(s.precision),
                 s.checkpoint_segments,
                 s.checkpoint_policy != "selective",
             )

@@ -25,6 +25,12 @@ from autofit.planner._space import checkpoint_policy
 
 #: Peak bytes per tensor byte the estimator counts, before any probe measures it.
 CPU_FACTORS = (1.0, 2.5)
+#: ... and the typical one, for the raw prediction (`MemoryPrediction.raw_peak`): glibc's heap keeps
+#: the holes freed tensors leave, so a CPU process's peak holds more than its live tensors (the
+#: corpus: 1.4-1.9 at the batches that matter, benchmarks/corpus.md).
+CPU_TYPICAL_FACTOR = 1.6
+#: On a GPU: the caching allocator's rounding and fragmentation (not yet checked on a real GPU).
+CUDA_TYPICAL_FACTOR = 1.1
 #: On a GPU the estimate (fake tensors on the CPU: math attention, no cuDNN algorithms) can also run
 #: high; not yet checked against a real GPU search.
 CUDA_FACTORS = (0.6, 1.6)
@@ -95,11 +101,14 @@ class MemoryPrediction:
     """The estimator's tensor bytes of a search's configs, and the device's prior factor range."""
 
     def __init__(self, tensor_bytes: TensorBytes, *, device_bytes: float,
-                 factors: tuple[float, float] = CPU_FACTORS, floor_bytes: float | None = None) -> None:
+                 factors: tuple[float, float] = CPU_FACTORS, floor_bytes: float | None = None,
+                 typical_factor: float = CPU_TYPICAL_FACTOR) -> None:
         self.tensor_bytes = tensor_bytes
-        #: What the device holds before any tensor (the process on CPU, the CUDA context on a GPU).
+        #: What the device holds beside the tensors (on CPU the process and its runtime's context,
+        #: measured by the estimator; on a GPU the CUDA context).
         self.device_bytes = float(device_bytes)
         self.factors = factors
+        self.typical_factor = typical_factor
         #: Tensor bytes every config holds at least, where only some parts were estimated (the
         #: parameters, gradients and optimizer state of a step the fake tensors could not follow).
         self.floor_bytes = floor_bytes
@@ -126,6 +135,12 @@ class MemoryPrediction:
             return max(0.0, v1 + (v2 - v1) * (config.batch_size - b1) / (b2 - b1))
 
         return cls(tensor_bytes, **kwargs)
+
+    def raw_peak(self, config: Config) -> float | None:
+        """The peak predicted before any probe measured one: the device's own bytes and the tensors
+        at the typical factor (None where the config's strategy has no estimate)."""
+        tensor = self.tensor_bytes(config)
+        return None if tensor is None else self.device_bytes + self.typical_factor * tensor
 
     def calibrate(self, observations: Iterable[Observation]) -> CalibratedPrediction:
         return CalibratedPrediction(self, observations)

@@ -4,6 +4,7 @@ always marked as predicted (fake tensors, not a run)."""
 from __future__ import annotations
 
 from autofit.memory import ALLOCATOR_OVERHEAD, CUDA_CONTEXT_BYTES, PARTS, Fit, WhatFits
+from autofit.planner import CPU_TYPICAL_FACTOR
 from autofit.units import format_size
 
 _SHORT = {"parameters": "params", "gradients": "grads", "optimizer": "optim", "activations": "activ",
@@ -58,8 +59,9 @@ def describe_fits(fits: WhatFits, predicted: list[Fit], target: str) -> str:
                      f"{format_size(CUDA_CONTEXT_BYTES)} (CUDA context, workspaces): priors, not yet calibrated "
                      f"by probes; tensors estimated on CPU fake tensors (CPU autocast's op list).")
     else:
-        lines.append(f"peak = tensors + {format_size(fits.baseline)} (this process before any step: Python, torch, "
-                     f"the script); the CPU allocator's caching is not in the estimate.")
+        lines.append(f"peak = tensors x {CPU_TYPICAL_FACTOR:.1f} (the heap's holes, typical) + {format_size(fits.baseline)} "
+                     f"(this process before any step, Python, torch and the script, and its runtime's context, "
+                     f"measured): the factor is a prior until probes calibrate it.")
     if any(_holds_no_gradients(f) for f in predicted):
         lines.append("grads near 0 (acc=1): the peak comes at the forward's end or the backward's start, before this "
                      "step's gradients exist (the last step's were freed by zero_grad).")

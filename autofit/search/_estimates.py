@@ -1,16 +1,19 @@
-"""The memory estimator inside a search: asked once, when the search space is known, its answers
-kept on the study (a resumed search, `autofit show` and the report read them from there) and turned
-into the planner's predictions (see autofit.planner's _prediction.py).
+"""The memory estimator inside a search: it runs beside the probes, and its answers join the
+planner as they arrive. They are kept on the study (a resumed search, `autofit show` and the report
+read them from there) and turned into the planner's predictions (see autofit.planner's
+_prediction.py).
 
-Its process starts with the search and loads the script while the workers load theirs; it answers
-while no probe runs (two processes on two cores would time each other), within a share of the
-budget. Whatever it estimated before a crash or the time limit is used, and a search without
-estimates goes on as before, learning memory from its probes. `EstimatorLifecycle` is that life,
-start to end, in one place.
+Its process runs at idle priority (autofit.memory._estimate_process): it loads the script while
+the workers load theirs and estimates on the CPU time no probe wants, so it never slows a probe's
+timing, and the search never waits for it, except for a few percent of the budget once the space is
+known (the probes that follow then start from a prediction). Whatever it estimated before the search
+ended, or it crashed, is used and kept; a search without estimates goes on as before, learning memory
+from its probes. `EstimatorLifecycle` is that life, start to end, in one place.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 import optuna
@@ -22,16 +25,22 @@ from autofit.search._progress import Reporter
 from autofit.search._settings import SearchSettings
 from autofit.study import ESTIMATES_ATTR, StoredEstimates, stored_estimates
 
-#: The estimator may take this share of the budget, within these bounds in seconds.
-_BUDGET_SHARE = 0.15
-_MIN_S, _MAX_S = 30.0, 120.0
+#: Once the space is known the search may wait this share of its budget for the first answers
+#: (the estimator has the whole CPU then), and never longer than `_MAX_WAIT_S`.
+_WAIT_SHARE = 0.03
+_MAX_WAIT_S = 30.0
+#: Why estimates are missing when the search ended before the estimator (a resumed search asks on).
+ENDED_FIRST = "the search ended first"
+#: One config's estimate that takes longer than this has hung (at idle priority, beside probes).
+_CONFIG_TIMEOUT_S = 600.0
 
 
 class EstimatorLifecycle:
     """The memory estimator through one search: it starts with the workers and loads the script while
-    they load theirs (`start`); it is ready before the first probe, so as not to slow it (`wait_ready`);
-    it is asked once, when the search space is known, and closed as soon as it answered, its memory
-    given back (`prediction`). A study that kept its estimates needs no estimator."""
+    they load theirs (`start`); once the search space is known it estimates beside the probes (`ask`),
+    and each new answer reaches the planner before its next proposal (`update`); the answers are kept
+    on the study when it is done or the search ends (`close`). A study that kept its estimates needs
+    no estimator."""
 
     def __init__(self, settings: SearchSettings, script: str, reporter: Reporter, notes: list[str]) -> None:
         self.s = settings
@@ -41,87 +50,151 @@ class EstimatorLifecycle:
         self.notes = notes
         """The search's notes, where a failed estimator says why its estimates are missing or partial."""
         self._estimator: Estimator | None = None
+        self._estimation: _Estimation | None = None
+        self._device_type = "cpu"
+        self._seen = -1
 
     def start(self, study: optuna.Study) -> None:
-        if self.wanted and stored_estimates(study) is None:
+        stored = stored_estimates(study)
+        if self.wanted and (stored is None or stored.error == ENDED_FIRST):
             self._estimator = Estimator(self.script, self.s.function)
 
-    def wait_ready(self) -> None:
-        if self._estimator is not None:
-            self._estimator.wait_ready()
-
-    def prediction(self, study: optuna.Study, space: SearchSpace, limit_bytes: float,
-                   device_type: str) -> MemoryPrediction | None:
-        """The planner's predictions for `space`: from the estimates kept on the study, or asked now (no
-        probe runs meanwhile). A failed estimator is reported; the search goes on without it."""
+    def ask(self, study: optuna.Study, space: SearchSpace, limit_bytes: float, device_type: str,
+            budget_s: float) -> MemoryPrediction | None:
+        """Start estimating `space` beside the probes, or read the estimates the study kept; the
+        prediction from what is known after a short wait (a few percent of the budget)."""
         if not self.wanted:
             return None
+        self._device_type = device_type
         stored = stored_estimates(study)
-        if stored is None:
-            if self._estimator is None:  # resumed from a study written without estimates
-                self._estimator = Estimator(self.script, self.s.function)
-            self.reporter.note("asking the memory estimator (fake tensors, no memory spent) ...")
-            stored = estimate_space(study, self._estimator, space, self.s.budget_s, limit_bytes)
-            self.close()  # its work is done: its memory goes back
-            self.reporter.note(stored.summary())
-            if stored.error or stored.note:
-                self.notes.append(stored.summary())
-        return stored.prediction(device_type)
+        if stored is not None and stored.error != ENDED_FIRST:  # one the search ended is asked on
+            return stored.prediction(device_type)
+        if self._estimation is not None:
+            return self.update(study)
+        if self._estimator is None:  # resumed from a study written without estimates
+            self._estimator = Estimator(self.script, self.s.function)
+        self.reporter.note("memory estimator: estimating beside the probes (fake tensors on idle CPU time, "
+                           "no memory spent)")
+        self._estimation = _Estimation(self._estimator, space, limit_bytes)
+        self._estimation.start()
+        self._estimation.finished.wait(min(_MAX_WAIT_S, _WAIT_SHARE * budget_s))
+        return self.update(study)
 
-    def close(self) -> None:
+    def update(self, study: optuna.Study) -> MemoryPrediction | None:
+        """The prediction with every answer so far, when one arrived since the last call (else None).
+        Once the estimator is done, its answers are kept on the study and its process stopped."""
+        if self._estimation is None:
+            return None
+        stored = self._estimation.snapshot()
+        done = self._estimation.finished.is_set()
+        if len(stored.breakdowns) == self._seen and not done:
+            return None
+        self._seen = len(stored.breakdowns)
+        if done:
+            self._keep(study, stored)
+        return stored.prediction(self._device_type)
+
+    def close(self, study: optuna.Study | None = None) -> None:
+        """Stop the estimator; what it answered so far is kept on `study`."""
+        estimation, self._estimation = self._estimation, None
+        if estimation is not None:
+            estimation.stop()
+            if study is not None:
+                self._keep(study, estimation.snapshot())
         if self._estimator is not None:
             self._estimator.close()
             self._estimator = None
 
-
-def estimate_space(study: optuna.Study, estimator: Estimator, space: SearchSpace, budget_s: float,
-                   limit_bytes: float) -> StoredEstimates:
-    """Estimate the configs the planner interpolates from, smallest batches first, and keep the
-    answers on the study. A curve stops where its tensors alone, extrapolated from its last two
-    estimates, would pass the memory limit: estimating what cannot fit costs the most (the largest
-    batches) and tells the planner nothing."""
-    configs = configs_to_estimate(space.configs())
-    allowed = min(_MAX_S, max(_MIN_S, _BUDGET_SHARE * budget_s))
-    deadline = time.monotonic() + allowed
-    started = time.monotonic()
-    breakdowns: dict[Config, dict[str, int]] = {}
-    curves: dict[tuple, list[Config]] = {}
-    for config in configs:
-        curves.setdefault(estimated_key(config), []).append(config)
-    error, baseline, asked = None, None, 0
-    known: dict[Config, int] = {}  # partial estimates: the parts the optimizers hold
-    notes: list[str] = []
-    for i in range(max(len(c) for c in curves.values())):
-        wanted = [c[i] for c in curves.values() if i < len(c) and _may_fit(c[i], c[:i], breakdowns,
-                                                                             baseline or 0, limit_bytes)]
-        if not wanted or error is not None:
-            break
-        asked += len(wanted)
-        found = estimator.estimate(wanted, timeout=max(1.0, deadline - time.monotonic()))
-        baseline = found.baseline_bytes if found.baseline_bytes is not None else baseline
-        breakdowns.update({c: dict(e.breakdown) for c, e in found.estimates.items() if e.complete})
-        known.update({c: e.total_bytes for c, e in found.estimates.items() if not e.complete})
-        notes += [line for e in found.estimates.values() if (line := e.summary()) and line not in notes]
-        error = error or (f"its {allowed:.0f}s ran out" if estimator.timed_out else found.error) \
-            or _first_reason(found.unavailable)
-    stored = StoredEstimates(breakdowns, baseline, time.monotonic() - started, error, asked,
-                             min(known.values()) if known else None, notes[0] if notes else None)
-    study.set_user_attr(ESTIMATES_ATTR, stored.to_dict())
-    return stored
+    def _keep(self, study: optuna.Study, stored: StoredEstimates) -> None:
+        self._estimation = None
+        study.set_user_attr(ESTIMATES_ATTR, stored.to_dict())
+        self.reporter.note(stored.summary())
+        if stored.error or stored.note:
+            self.notes.append(stored.summary())
+        self.close()  # its work is done: its memory goes back
 
 
-def _may_fit(config: Config, smaller: list[Config], breakdowns: dict[Config, dict[str, int]], baseline: float,
-             limit: float) -> bool:
-    """Whether `config`'s tensors, extrapolated from its curve's two largest estimates, stay under
-    the limit (a curve whose smaller batches found no estimate is not asked further either)."""
-    known = [(c.batch_size, sum(breakdowns[c].values())) for c in smaller if c in breakdowns]
-    if len(known) < len(smaller):
-        return False
-    if len(known) < 2:
-        return True
-    (b1, t1), (b2, t2) = known[-2:]
-    slope = max(0.0, (t2 - t1) / (b2 - b1))
-    return baseline + t2 + slope * (config.batch_size - b2) <= limit
+class _Estimation(threading.Thread):
+    """The configs the planner interpolates from, estimated one by one in a thread of the search,
+    smallest batches of every curve first. A curve stops where its tensors alone, extrapolated from
+    its last two estimates, would pass the memory limit: estimating what cannot fit costs the most
+    (the largest batches) and tells the planner nothing."""
+
+    def __init__(self, estimator: Estimator, space: SearchSpace, limit_bytes: float) -> None:
+        super().__init__(name="autofit-estimation", daemon=True)
+        self.estimator = estimator
+        self.limit_bytes = limit_bytes
+        self.curves: dict[tuple, list[Config]] = {}
+        for config in configs_to_estimate(space.configs()):
+            self.curves.setdefault(estimated_key(config), []).append(config)
+        self.finished = threading.Event()
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._began = time.monotonic()
+        self._breakdowns: dict[Config, dict[str, int]] = {}
+        self._known: dict[Config, int] = {}  # partial estimates: the parts the optimizers hold
+        self._notes: list[str] = []
+        self._error: str | None = None
+        self._asked = 0
+        self._baseline: int | None = None
+        self._context: int | None = None
+
+    def run(self) -> None:
+        try:
+            for i in range(max((len(c) for c in self.curves.values()), default=0)):
+                for curve in self.curves.values():
+                    if i < len(curve) and self._may_fit(curve[i], curve[:i]):
+                        self._estimate(curve[i])
+                    if self._error is not None or self._stopped:
+                        return
+        finally:
+            self.finished.set()
+
+    def _estimate(self, config: Config) -> None:
+        found = self.estimator.estimate([config], timeout=_CONFIG_TIMEOUT_S)
+        with self._lock:
+            if self._stopped:
+                return
+            self._asked += 1
+            self._baseline = found.baseline_bytes if found.baseline_bytes is not None else self._baseline
+            self._context = found.context_bytes if found.context_bytes is not None else self._context
+            self._breakdowns.update({c: dict(e.breakdown) for c, e in found.estimates.items() if e.complete})
+            self._known.update({c: e.total_bytes for c, e in found.estimates.items() if not e.complete})
+            self._notes += [line for e in found.estimates.values() if (line := e.summary()) and line not in self._notes]
+            self._error = found.error or _first_reason(found.unavailable)
+
+    def _may_fit(self, config: Config, smaller: list[Config]) -> bool:
+        """Whether `config`'s tensors, extrapolated from its curve's two largest estimates, stay under
+        the limit (a curve whose smaller batches found no estimate is not asked further either)."""
+        with self._lock:
+            known = [(c.batch_size, sum(self._breakdowns[c].values())) for c in smaller if c in self._breakdowns]
+            device = (self._baseline or 0) + (self._context or 0)
+        if len(known) < len(smaller):
+            return False
+        if len(known) < 2:
+            return True
+        (b1, t1), (b2, t2) = known[-2:]
+        slope = max(0.0, (t2 - t1) / (b2 - b1))
+        return device + t2 + slope * (config.batch_size - b2) <= self.limit_bytes
+
+    def stop(self) -> None:
+        """The search ended: the estimator's process is stopped and what it answered stays."""
+        with self._lock:
+            self._stopped = True
+            if not self.finished.is_set() and self._error is None and self._asked < self._wanted():
+                self._error = ENDED_FIRST
+        self.estimator.kill()
+        self.join(timeout=30)
+
+    def _wanted(self) -> int:
+        return sum(len(curve) for curve in self.curves.values())
+
+    def snapshot(self) -> StoredEstimates:
+        """What is known so far, as the study keeps it."""
+        with self._lock:
+            return StoredEstimates(dict(self._breakdowns), self._baseline, time.monotonic() - self._began,
+                                   self._error, self._asked, min(self._known.values()) if self._known else None,
+                                   self._notes[0] if self._notes else None, self._context)
 
 
 def _first_reason(unavailable: dict) -> str | None:

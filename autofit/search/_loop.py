@@ -79,14 +79,13 @@ class Search:
         finally:
             if self.pool is not None:
                 self.pool.close()
-            self.estimator.close()
+            self.estimator.close(study)
             self.session.discard_if_unused()  # a search that failed before its first probe made no study
 
     def _run(self, study: optuna.Study) -> SearchResult:
         try:
-            self.estimator.start(study)  # it loads the script while the runners load theirs
+            self.estimator.start(study)  # it loads the script while the runners load theirs, at idle priority
             self.info = self.pool.start()
-            self.estimator.wait_ready()  # loaded before the first probe, so as not to slow it
         except KeyboardInterrupt:  # Ctrl-C while loading: nothing probed, nothing to export
             self.pool.stop()
             return self._interrupted_while_loading()
@@ -119,6 +118,7 @@ class Search:
             self.pool.stop()
             self.session.fail_unfinished()
             raise
+        self.estimator.close(None if partial else study)  # what it answered is kept, and read by the export
         return export(self, stopped, partial)
 
     def _interrupted_while_loading(self) -> SearchResult:
@@ -137,12 +137,13 @@ class Search:
             self.planner.learn(space=space, prediction=self._prediction(space))
 
     def _prediction(self, space: SearchSpace) -> MemoryPrediction | None:
-        return self.estimator.prediction(self.session.study, space, self.session.memory_limit,
-                                         self.session.device_info.type)
+        return self.estimator.ask(self.session.study, space, self.session.memory_limit,
+                                  self.session.device_info.type, self.s.budget_s)
 
     def start_probe(self, runner: Runner, steps: int) -> RunningProbe | None:
         """Ask the study for a trial (in this thread), which the sampler gives its proposal, and probe
         that config in the runner's own thread. None when another searcher claimed the config first."""
+        self.planner.learn(prediction=self.estimator.update(self.session.study))  # answers since the last probe
         asked = self.session.ask(self.sampler, f"{runner.device}:{runner.index}")
         if asked is None:
             return None

@@ -9,7 +9,7 @@ import optuna
 
 from autofit.config import Config
 from autofit.memory import CUDA_CONTEXT_BYTES, PARTS
-from autofit.planner import CPU_FACTORS, CUDA_FACTORS, MemoryPrediction
+from autofit.planner import CPU_FACTORS, CPU_TYPICAL_FACTOR, CUDA_FACTORS, CUDA_TYPICAL_FACTOR, MemoryPrediction
 
 #: Study user attribute holding the estimates.
 ESTIMATES_ATTR = "autofit_estimates"
@@ -29,18 +29,21 @@ class StoredEstimates:
     gradients, optimizer state), a floor under every config's peak."""
     note: str | None = None
     """What the estimator could not predict or guessed, one line."""
+    context_bytes: int | None = None
+    """What a process's first training steps cost beyond their tensors (the CPU's context), measured."""
 
     def to_dict(self) -> dict:
         return {"configs": [{"config": c.to_dict(), "breakdown": b} for c, b in self.breakdowns.items()],
                 "baseline_bytes": self.baseline_bytes, "seconds": round(self.seconds, 1), "error": self.error,
-                "asked": self.asked, "known_bytes": self.known_bytes, "note": self.note}
+                "asked": self.asked, "known_bytes": self.known_bytes, "note": self.note,
+                "context_bytes": self.context_bytes}
 
     @classmethod
     def from_dict(cls, data: dict) -> StoredEstimates:
         return cls({Config.from_dict(e["config"]): {p: int(v) for p, v in e["breakdown"].items()}
                     for e in data.get("configs", [])},
                    data.get("baseline_bytes"), float(data.get("seconds", 0.0)), data.get("error"),
-                   int(data.get("asked", 0)), data.get("known_bytes"), data.get("note"))
+                   int(data.get("asked", 0)), data.get("known_bytes"), data.get("note"), data.get("context_bytes"))
 
     def prediction(self, device: str) -> MemoryPrediction | None:
         """The planner's predictions; None when nothing was estimated (nor any part known)."""
@@ -49,8 +52,15 @@ class StoredEstimates:
         on_gpu = device == "cuda"
         return MemoryPrediction.from_estimates(
             {c: sum(b.values()) for c, b in self.breakdowns.items()},
-            device_bytes=CUDA_CONTEXT_BYTES if on_gpu else (self.baseline_bytes or 0),
-            factors=CUDA_FACTORS if on_gpu else CPU_FACTORS, floor_bytes=self.known_bytes)
+            device_bytes=CUDA_CONTEXT_BYTES if on_gpu else self.device_bytes,
+            factors=CUDA_FACTORS if on_gpu else CPU_FACTORS, floor_bytes=self.known_bytes,
+            typical_factor=CUDA_TYPICAL_FACTOR if on_gpu else CPU_TYPICAL_FACTOR)
+
+    @property
+    def device_bytes(self) -> int:
+        """On the CPU, what a process holds beside its tensors at a step's peak: Python, torch and the
+        script, and the runtime's context."""
+        return (self.baseline_bytes or 0) + (self.context_bytes or 0)
 
     def breakdown(self, config: Config) -> dict[str, float] | None:
         """Predicted tensor bytes of `config` by part, interpolated along the batch like the totals."""
