@@ -43,12 +43,18 @@ class ScriptError(Exception):
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
-def user_traceback(exc: BaseException) -> str:
-    """The traceback of an exception raised by the user's module, without autofit's or importlib's
-    frames: what they need to fix it."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not f.filename.startswith(_PACKAGE_DIR) and not f.filename.startswith("<frozen")]
-    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
+def user_traceback(exc: BaseException, script: str | None = None) -> str:
+    """The traceback of an exception raised by the user's code, without autofit's or importlib's
+    frames: what they need to fix it. `script`: raised at its import, so from its own frame on."""
+    frames = exc.__traceback__
+    if script is not None:
+        start = frames
+        while start is not None and start.tb_frame.f_code.co_filename != os.path.abspath(script):
+            start = start.tb_next
+        frames = start or frames
+    kept = [f for f in traceback.extract_tb(frames)
+            if not f.filename.startswith(_PACKAGE_DIR) and not f.filename.startswith("<frozen")]
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(kept)]
     return "".join(lines + traceback.format_exception_only(type(exc), exc))
 
 
@@ -90,22 +96,12 @@ def bootstrap(request: LoadRequest, *, cap_memory: bool = True) -> Loaded:
         text = f": `{exc.text.strip()}`" if exc.text and exc.text.strip() else ""
         raise ScriptError(f"SyntaxError in {where}{text}: {exc.msg}; fix the script and run again", None) from exc
     except BaseException as exc:  # noqa: BLE001 - the user's module failed at import
-        raise ScriptError(f"{type(exc).__name__}: {exc}", import_traceback(exc, request.script)) from exc
+        raise ScriptError(f"{type(exc).__name__}: {exc}", user_traceback(exc, request.script)) from exc
     fn = find_function(module, request.function, request.script)
     backend.release()
     if cap_memory:
         backend.apply_memory_limit(request.memory_limit, request.usable_bytes)
     return Loaded(backend, fn, request.function, module)
-
-
-def import_traceback(exc: BaseException, script: str) -> str:
-    """The traceback of an exception the script raised at import, from the script's own frame on:
-    autofit's frames and importlib's above it are no help to the user."""
-    script = os.path.abspath(script)
-    frames = exc.__traceback__
-    while frames is not None and frames.tb_frame.f_code.co_filename != script:
-        frames = frames.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, frames or exc.__traceback__))
 
 
 def prepare_process(*, follow_parent: bool = False) -> None:
