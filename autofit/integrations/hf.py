@@ -24,8 +24,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from autofit.config import Config
 from autofit.integrations._blocks import checkpointable_blocks
-from autofit.integrations._recovery import StepRecovery
-from autofit.runtime import Run
+from autofit.runtime import PieceReplay, Run
 
 
 def arguments_for(run: Run, args: TrainingArguments) -> TrainingArguments:
@@ -70,7 +69,7 @@ def _check_global_batch(config: Config, args: TrainingArguments) -> None:
 class _StepCounter(TrainerCallback):
     """Counts the Trainer's optimizer steps on the Run: the clock a probe and a real run share."""
 
-    def __init__(self, run: Run, blocks: int, recovery: StepRecovery | None) -> None:
+    def __init__(self, run: Run, blocks: int, recovery: PieceReplay | None) -> None:
         self._run, self._blocks, self._recovery = run, blocks, recovery
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -101,7 +100,7 @@ class AutofitTrainer(Trainer):
             run.checkpoint(blocks)  # at 0 segments too: no block keeps another run's checkpointing
             if run.checkpoint_segments and getattr(getattr(model, "config", None), "use_cache", False):
                 model.config.use_cache = False  # a cache filled twice by recomputation (as HF does it)
-        self._autofit_recovery = StepRecovery(run, self._zero_grad) if run.recovers_oom else None
+        self._autofit_recovery = PieceReplay(run, self._zero_grad) if run.recovers_oom else None
         self._autofit_weight = 1.0  # a piece's share of its micro-batch's loss (after an OOM)
         kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), _StepCounter(run, len(blocks), self._autofit_recovery)]
         super().__init__(**kwargs)
