@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -24,9 +23,10 @@ from autofit.runtime._precision import precision_context, precision_scope
 from autofit.runtime._redo import Lowering, LoopRedo, StepRedo
 from autofit.runtime._report import run_summary
 from autofit.runtime._settings import RunSettings
+from autofit.runtime._view import RunView
 
 
-class Run:
+class Run(RunView):
     """One training run under one `Config`: a probe of a few steps, or the real thing.
 
     Built from one `RunSettings`; `Run(config, device, **fields)` is short for
@@ -39,14 +39,12 @@ class Run:
     def __init__(self, settings: RunSettings | Config, device: torch.device | str | None = None,
                  **fields: Any) -> None:
         if isinstance(settings, Config):
-            settings = RunSettings(settings, **({"device": device} if device is not None else {}), **fields)
+            settings = RunSettings(settings, **fields) if device is None else RunSettings(settings, device, **fields)
         elif device is not None or fields:
-            settings = replace(settings, **({"device": device} if device is not None else {}), **fields)
+            raise TypeError("Run(settings) takes no other arguments: put them in the RunSettings")
         self.settings = settings
         self.config = settings.config
-        """The config the run trains with now (lowered after an OOM; a framework's own where it stands)."""
         self.ranks = settings.ranks or Ranks()
-        """Where this process stands in a distributed (torchrun) run; rank 0 of 1 otherwise."""
         self.defaults = settings.defaults
         """True when no best-config file was found: `config` is the decorator's default, not a
         measured answer (a framework integration then leaves the user's own settings alone)."""
@@ -76,53 +74,7 @@ class Run:
                          min_measure_s=settings.min_measure_s, max_measured_steps=settings.max_measured_steps,
                          agree=agree, energy=settings.energy)
 
-    # --- the settings -------------------------------------------------------------------------
-    @property
-    def batch_size(self) -> int:
-        """Micro-batch size: give it to your DataLoader."""
-        return self.config.batch_size
-
-    @property
-    def accumulation_steps(self) -> int:
-        return self.config.accumulation_steps
-
-    @property
-    def global_batch(self) -> int:
-        """Samples per optimizer step, all ranks together."""
-        return self.config.global_batch * self.ranks.world_size
-
-    @property
-    def precision(self) -> str:
-        return self.config.precision
-
-    @property
-    def checkpoint_segments(self) -> int:
-        return self.config.checkpoint_segments
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
-    @property
-    def probing(self) -> bool:
-        """True inside a probe: skip evaluation, saving and logging that a probe does not need."""
-        return self.settings.probing
-
-    @property
-    def rank(self) -> int:
-        return self.ranks.rank
-
-    @property
-    def world_size(self) -> int:
-        """Processes training together (torchrun's ranks); the global batch is micro-batch x
-        accumulation x world size."""
-        return self.ranks.world_size
-
-    @property
-    def is_main(self) -> bool:
-        """True on the rank that logs, saves and reports (rank 0; always, in a single process)."""
-        return self.ranks.is_main
-
+    # --- what the run did ---------------------------------------------------------------------
     @property
     def knobs(self) -> Knobs:
         """Which knobs the function used so far."""
@@ -222,10 +174,6 @@ class Run:
             return False
         self.config = config
         return True
-
-    def release_memory(self) -> None:
-        """Hand the memory of a failed step back to the device (call once its exception is gone)."""
-        self.redo.free()
 
     # --- the knobs ----------------------------------------------------------------------------
     def distribute(self, model: torch.nn.Module, *, blocks: Sequence[torch.nn.Module] | None = None,
