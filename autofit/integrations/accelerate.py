@@ -123,7 +123,7 @@ class AutofitAccelerator(Accelerator):
         self._autofit_adopted = False  # the run's clock started
         self._autofit_accumulating = False  # accumulate() was entered
         self._autofit_samples = 0  # of the optimizer step being fed
-        self._autofit_recovery = PieceReplay(run, self._autofit_zero_grad) if run.recovers_oom else None
+        self._autofit_replay = PieceReplay(run, self._autofit_zero_grad) if run.recovers_oom else None
         self._autofit_models: list[torch.nn.Module] = []
         self._autofit_batch: Any = None  # the last training forward's (args, kwargs), until its backward
         self._autofit_loss: Any = None  # the loss that forward returned
@@ -222,8 +222,8 @@ class AutofitAccelerator(Accelerator):
                 "steps its optimizer outside `with accelerator.accumulate(model):`: put the step inside it.")
         samples = self._autofit_samples or run.batch_size * run.accumulation_steps
         self._autofit_samples = 0
-        if self._autofit_recovery is not None:
-            self._autofit_recovery.step_done()
+        if self._autofit_replay is not None:
+            self._autofit_replay.step_done()
         run.step_taken(samples)
 
     def _autofit_wrap_forward(self, model: torch.nn.Module) -> None:
@@ -237,7 +237,7 @@ class AutofitAccelerator(Accelerator):
                 return forward(*args, **kwargs)
             batch = (args, kwargs)
             self._autofit_samples += count_samples(batch)
-            if self._autofit_recovery is None:
+            if self._autofit_replay is None:
                 return forward(*args, **kwargs)
             return self._autofit_first_piece(batch)
 
@@ -246,7 +246,7 @@ class AutofitAccelerator(Accelerator):
     def _autofit_first_piece(self, batch: tuple) -> Any:
         """The forward of the micro-batch's first piece (all of it until an OOM), its loss weighted by
         the piece's share; `backward()` then runs the other pieces."""
-        output = self._autofit_recovery.first_piece(batch, self._autofit_forward_of, self._autofit_whole_piece)
+        output = self._autofit_replay.first_piece(batch, self._autofit_forward_of, self._autofit_whole_piece)
         self._autofit_batch, self._autofit_loss = batch, loss_of(output)
         return output
 
@@ -256,21 +256,21 @@ class AutofitAccelerator(Accelerator):
 
     def _autofit_whole_piece(self, piece: tuple, weight: float, context: Any) -> None:
         """One piece of a micro-batch, forward and backward, its loss weighted by its share."""
-        self._autofit_recovery.whole_piece(piece, weight, self._autofit_forward_of, super().backward)
+        self._autofit_replay.whole_piece(piece, weight, self._autofit_forward_of, super().backward)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        recovery, batch = self._autofit_recovery, self._autofit_batch
-        if recovery is None or batch is None:
+        replay, batch = self._autofit_replay, self._autofit_batch
+        if replay is None or batch is None:
             return super().backward(loss, **kwargs)
         self._autofit_batch = None
         if loss is not self._autofit_loss:
-            if len(recovery.pieces(batch)) > 1:
+            if len(replay.pieces(batch)) > 1:
                 raise UsageError(
                     "After an out-of-memory the micro-batch is run in pieces, which needs the loss the "
                     "model returns, given to accelerator.backward() as it is (`loss = outputs.loss`); this loop "
                     "computes its own. Use a micro-batch that fits, or AUTOFIT_OOM_RECOVERY=0.")
             return super().backward(loss, **kwargs)  # not the model's loss: no redo for this step
-        recovery.backward_and_rest(batch, None, loss, lambda: super(AutofitAccelerator, self).backward(loss, **kwargs),
+        replay.backward_and_rest(batch, None, loss, lambda: super(AutofitAccelerator, self).backward(loss, **kwargs),
                                    self._autofit_whole_piece)
         return None
 

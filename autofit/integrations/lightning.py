@@ -64,7 +64,7 @@ class _StepCounter(pl.Callback):
 
     def __init__(self, run: Run) -> None:
         self._run, self.blocks = run, 0
-        self.recovery: PieceReplay | None = None
+        self.replay: PieceReplay | None = None
         self._samples = 0
         self._steps_seen = 0
 
@@ -77,8 +77,8 @@ class _StepCounter(pl.Callback):
         if trainer.global_step > self._steps_seen:  # this micro-batch ended an optimizer step
             self._steps_seen = trainer.global_step
             samples, self._samples = self._samples, 0
-            if self.recovery is not None:
-                self.recovery.step_done()
+            if self.replay is not None:
+                self.replay.step_done()
             self._run.step_taken(samples)
 
 
@@ -107,7 +107,7 @@ class AutofitLightningTrainer(pl.Trainer):
         if blocks:
             self._autofit_run.checkpoint(blocks)  # at 0 segments too: no block keeps another run's checkpointing
         if self._autofit_run.recovers_oom and model.automatic_optimization:
-            self._autofit_counter.recovery = _recover_in(self, self._autofit_run, model)
+            self._autofit_counter.replay = _recover_in(self, self._autofit_run, model)
         return super().fit(model, *args, **kwargs)
 
 
