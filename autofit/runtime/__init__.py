@@ -8,11 +8,15 @@ Everything here runs inside the user's process (a probe's worker, a rank, a norm
 
 from __future__ import annotations
 
-from autofit.runtime._checkpoint import checkpoint_policy_of
 from autofit.runtime._batch import batch_len, batch_tensors, count_samples, map_batch, split_batch, to_device
+from autofit.runtime._checkpoint import checkpoint_policy_of
+from autofit.runtime._clock import ProbeFinished, StepClock
 from autofit.runtime._distributed import Ranks, leave_process_group, per_rank_config, ranks_from_env
+from autofit.runtime._feed import DataTooSmall
+from autofit.runtime._knobs import Knobs
 from autofit.runtime._memory_cap import LIMIT_ENV, describe_limit, limit_from_env
 from autofit.runtime._oom import breaks_the_device, is_oom
+from autofit.runtime._pieces import PieceReplay, loss_of, weighted
 from autofit.runtime._precision import precision_context, precision_scope
 from autofit.runtime._redo import (
     RECOVERY_ENV,
@@ -28,10 +32,6 @@ from autofit.runtime._redo import (
     record_lowerings,
     recovery_enabled,
 )
-from autofit.runtime._clock import ProbeFinished, StepClock
-from autofit.runtime._feed import DataTooSmall
-from autofit.runtime._knobs import Knobs
-from autofit.runtime._pieces import PieceReplay, loss_of, weighted
 from autofit.runtime._report import run_summary
 from autofit.runtime._run import Run
 from autofit.runtime._settings import RunSettings

@@ -9,6 +9,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+
 class ProbeFinished(BaseException):
     """Raised out of `run.batches()` once a probe has its steps.
 

@@ -20,7 +20,7 @@ from autofit.runtime._feed import OomGuard, StepFeed
 from autofit.runtime._flops import StepFlops
 from autofit.runtime._knobs import KnobPanel, Knobs
 from autofit.runtime._precision import precision_context, precision_scope
-from autofit.runtime._redo import Lowering, LoopRedo, StepRedo
+from autofit.runtime._redo import LoopRedo, Lowering, StepRedo
 from autofit.runtime._report import run_summary
 from autofit.runtime._settings import RunSettings
 from autofit.runtime._view import RunView
