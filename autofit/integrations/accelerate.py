@@ -270,8 +270,9 @@ class AutofitAccelerator(Accelerator):
                     "model returns, given to accelerator.backward() as it is (`loss = outputs.loss`); this loop "
                     "computes its own. Use a micro-batch that fits, or AUTOFIT_OOM_RECOVERY=0.")
             return super().backward(loss, **kwargs)  # not the model's loss: no redo for this step
+        # `loss` is the script's: it cannot be computed again, so an OOM redoes the step so far.
         replay.backward_and_rest(batch, None, loss, lambda: super(AutofitAccelerator, self).backward(loss, **kwargs),
-                                   self._autofit_whole_piece)
+                                 self._autofit_whole_piece)
         return None
 
     def _autofit_zero_grad(self) -> None:
