@@ -13,7 +13,7 @@ from autofit.options import SearchOptions
 
 if TYPE_CHECKING:
     from autofit.devices import DeviceBackend
-    from autofit.runtime import Run, StepRedo
+    from autofit.runtime import Lowering, Run, StepRedo
 
 #: Steps a normal run leaves out of its reported throughput (a probe's default warm-up).
 _NORMAL_RUN_WARMUP = 2
@@ -36,6 +36,7 @@ class AutofitFunction:
         return f"<autofit function {self.fn.__module__}.{self.fn.__qualname__}>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from autofit.launch import report_run
         from autofit.runtime import Run, record_lowerings
 
         if args and isinstance(args[0], Run):  # a probe, or a caller who built the Run
@@ -45,31 +46,26 @@ class AutofitFunction:
         redo = attempts[-1].redo  # shared by every attempt: it keeps the lowerings of all of them
         world_size = attempts[-1].world_size
 
-        def train() -> Any:
+        def train(config: Config | None) -> Any:
+            if config is not None:  # started again after an OOM before the first optimizer step
+                attempts.append(self.make_run(plan=plan._replace(config=config, searched_world=world_size),
+                                              redo=redo))
             with attempts[-1].active():
                 return self.fn(attempts[-1], *args, **kwargs)
 
-        def start_again(exc: Exception) -> Callable[[], Any] | None:
+        def failed() -> Lowering | None:
             # An OOM before the first optimizer step: nothing was trained, so the function starts
             # again with the lowered config, in a new Run; the failed one goes now, so that its
             # memory (its optimizer, the model through it) is freed with the traceback's.
             lowering = attempts[-1].restart_lowering
-            if lowering is None:
-                return None
-            attempts.pop()
-            config = redo.take(lowering)
-
-            def again() -> Any:
-                attempts.append(self.make_run(plan=plan._replace(config=config, searched_world=world_size),
-                                              redo=redo))
-                return train()
-
-            return again
+            if lowering is not None:
+                attempts.pop()
+            return lowering
 
         try:
-            result = redo.until_it_fits(train, start_again)
+            result = redo.until_it_starts(train, failed)
             attempts[-1].finish()
-            attempts[-1].report()
+            report_run(attempts[-1])
             return result
         finally:
             if redo.lowerings:
@@ -98,6 +94,7 @@ class AutofitFunction:
         from autofit.devices import make_backend
         from autofit.runtime import (
             Run,
+            RunSettings,
             StepRedo,
             describe_limit,
             limit_from_env,
@@ -134,8 +131,8 @@ class AutofitFunction:
         if redo is None:
             redo = StepRedo(enabled=recover, release_memory=backend.release, used_memory=backend.used_bytes)
         # The same warm-up a probe skips is left out of the run's own throughput figure.
-        return Run(config, torch_device, probing=False, warmup_steps=_NORMAL_RUN_WARMUP, defaults=plan.path is None,
-                   ranks=ranks, redo=redo)
+        return Run(RunSettings(config, torch_device, probing=False, warmup_steps=_NORMAL_RUN_WARMUP,
+                               defaults=plan.path is None, ranks=ranks, redo=redo))
 
     def search(self, **kwargs: Any):
         """Search this function's best config from Python; see `autofit.search.run_search`."""

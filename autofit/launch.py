@@ -1,17 +1,27 @@
-"""What a decorated function called normally trains with: the exported best config, or defaults."""
+"""A decorated function called normally: what it trains with (the exported best config, or defaults),
+and what it says when it is done (`report_run`)."""
 
 from __future__ import annotations
 
 import inspect
+import json
 import os
+import sys
 import warnings
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from autofit.config import Config
 from autofit.devices import allocator_difference
 from autofit.export import default_best_path, device_tag, read_best, script_sha256
 from autofit.options import SearchOptions
+from autofit.probing import input_bound_text
+
+if TYPE_CHECKING:
+    from autofit.runtime import Run
+
+#: Where a normal run writes its summary as JSON, when set.
+RUN_REPORT_ENV = "AUTOFIT_RUN_REPORT"
 
 
 class Decorated(Protocol):
@@ -120,3 +130,23 @@ def _warn_if_stale(fn: Decorated, document: dict, device: str) -> None:
             "Run `autofit search` again to be sure the config still fits.",
             stacklevel=4,
         )
+
+
+def report_run(run: Run) -> None:
+    """Say on stderr what a normal run measured, with the verdict a probe gives on its data wait;
+    write its summary as JSON to $AUTOFIT_RUN_REPORT if set (the main rank only, in a distributed run)."""
+    if not run.is_main:
+        return
+    summary = run.summary()
+    ranks = f" on each of {run.world_size} ranks" if run.world_size > 1 else ""
+    trained = f"autofit: trained {summary['optimizer_steps']} optimizer steps with {run.config.label()}{ranks}"
+    if summary["samples_per_s"]:
+        waited = input_bound_text(summary["data_wait_share"])
+        print(f"{trained}: {summary['samples_per_s']:,.1f} samples/s after {summary['warmup_steps']} warm-up steps"
+              + (f" ({waited})" if waited else ""), file=sys.stderr)
+    elif summary["optimizer_steps"]:  # the run ended within its warm-up: nothing was timed
+        print(f"{trained}: too few to time after {run.clock.warmup_steps} warm-up steps", file=sys.stderr)
+    path = os.environ.get(RUN_REPORT_ENV)
+    if path:
+        with open(path, "w") as handle:
+            json.dump(summary, handle, indent=2)

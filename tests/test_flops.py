@@ -11,8 +11,7 @@ from autofit.config import Config
 from autofit.devices import make_backend, mfu, peak_flops_per_s
 from autofit.probing import ProbeResult
 from autofit.probing._probe import run_probe
-from autofit.runtime import Run
-from autofit.runtime._run import StepClock
+from autofit.runtime import Run, StepClock
 
 D_IN, D_HIDDEN, D_OUT = 32, 64, 16
 

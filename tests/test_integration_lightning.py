@@ -59,7 +59,7 @@ def test_before_a_search_a_trainer_that_changes_the_declared_global_batch_says_s
     of them trains 64. The loader was built first, so autofit cannot keep both: it says what trains and how
     to train the declared batch."""
     from autofit.integrations.lightning import trainer_settings
-    from autofit.runtime._run import Run
+    from autofit.runtime import Run
 
     run = Run(Config(32), "cpu", defaults=True)  # the decorator's default for global_batch=32
     settings = trainer_settings(run, {"accumulate_grad_batches": 2})
@@ -76,7 +76,7 @@ def test_before_a_search_a_trainer_that_changes_the_declared_global_batch_says_s
 def test_the_config_becomes_the_trainers_settings(precision, lightning_precision):
     """(bf16 is emulated on CPUs without bf16 instructions, ~15x slower: checked on the settings.)"""
     from autofit.integrations.lightning import trainer_settings
-    from autofit.runtime._run import Run
+    from autofit.runtime import Run
 
     settings = trainer_settings(Run(Config(32, precision, accumulation_steps=2), "cpu"), {"max_epochs": 3})
     assert settings["precision"] == lightning_precision and settings["accumulate_grad_batches"] == 2

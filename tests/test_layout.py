@@ -97,3 +97,32 @@ def test_light_processes_import_no_heavy_library(module):
                          env={**os.environ, "PYTHONPATH": REPO})
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout) == []
+
+
+#: Packages whose classes and functions keep to the size limits (the lead may widen the list).
+_SIZED_PACKAGES = ("runtime",)
+
+
+def test_no_class_over_250_lines_and_no_function_over_60_in_the_sized_packages():
+    too_long = []
+    for module, path in _modules().items():
+        if module.split(".")[1:2] and module.split(".")[1] not in _SIZED_PACKAGES:
+            continue
+        if module == "autofit":
+            continue
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            limit = 250 if isinstance(node, ast.ClassDef) else 60 if isinstance(
+                node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+            if limit is not None and node.end_lineno - node.lineno + 1 > limit:
+                too_long.append(f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert too_long == []
+
+
+def test_runtime_imports_nothing_above_it():
+    """What runs inside the user's process reads the config and nothing of the search, probes or reports."""
+    allowed = ("autofit.config", "autofit.errors", "autofit.units", "autofit.runtime")
+    above = [f"{module} imports {imported}" for module, path in _modules().items()
+             if module.startswith("autofit.runtime")
+             for imported in _imports(path, top_level_only=False)
+             if not imported.startswith(allowed)]
+    assert above == []

@@ -29,8 +29,7 @@ from autofit.planner import (
 from autofit.probing import INPUT_BOUND_SHARE, ProbeResult
 from autofit.probing._probe import run_probe
 from autofit.report import describe_probe
-from autofit.runtime import Run
-from autofit.runtime._run import StepClock
+from autofit.runtime import Run, StepClock
 from autofit.search import SearchSettings
 from autofit.search._sampler import space_distributions
 from autofit.search._space import loader_choices, loader_note

@@ -14,9 +14,9 @@ import torch
 from autofit import autofit
 from autofit.config import Config
 from autofit.export import config_entry, write_best
-from autofit.integrations._recovery import StepRecovery
 from autofit.runtime import (
     OutOfMemoryAtBatchOne,
+    PieceReplay,
     Run,
     StepRedo,
     lowered,
@@ -212,7 +212,7 @@ def test_a_run_hands_the_failed_steps_memory_back_once_per_redo():
 
 @pytest.mark.parametrize("where", ["forward", "backward"])
 def test_a_framework_step_redone_after_an_oom_has_the_whole_steps_gradient(where):
-    """StepRecovery (HF, Lightning): the trainer keeps feeding micro-batches of 8; after the OOM each
+    """PieceReplay (HF, Lightning): the trainer keeps feeding micro-batches of 8; after the OOM each
     is cut in two weighted pieces; a backward OOM leaves part of a gradient, so the step is fed again."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
@@ -221,7 +221,7 @@ def test_a_framework_step_redone_after_an_oom_has_the_whole_steps_gradient(where
     reference(torch.cat(micro_batches)).pow(2).mean().backward()
     run = Run(Config(8, accumulation_steps=2), recover_oom=True)
     run.clock.steps_done = 3  # mid-run: the step is redone in place
-    recovery = StepRecovery(run, lambda: model.zero_grad(set_to_none=True))
+    recovery = PieceReplay(run, lambda: model.zero_grad(set_to_none=True))
     pieces_run = []
     failed = []
 

@@ -4,6 +4,7 @@ import torch
 
 from autofit.config import Config
 from autofit.devices import make_backend
+from autofit.launch import report_run
 from autofit.probing._probe import run_probe
 from autofit.runtime import ProbeFinished, Run, checkpoint_policy_of
 
@@ -126,9 +127,14 @@ def test_autocast_uses_the_precision():
     assert run.knobs.autocast
 
 
-def test_fp16_uses_a_grad_scaler_and_others_do_not():
-    assert Run(Config(batch_size=1, precision="fp16"))._scaler is not None
-    assert Run(Config(batch_size=1, precision="bf16"))._scaler is None
+def test_fp16_scales_the_loss_and_others_do_not():
+    """fp16's GradScaler multiplies the loss (65536 at first) before backward; bf16 needs no scaling."""
+    for precision, scale in (("fp16", 2.0**16), ("bf16", 1.0)):
+        model = torch.nn.Linear(1, 1, bias=False)
+        torch.nn.init.ones_(model.weight)
+        run = Run(Config(batch_size=1, precision=precision, accumulation_steps=2))
+        run.backward(model(torch.ones(1, 1)).sum(), torch.optim.SGD(model.parameters(), lr=0.1))  # no step yet
+        assert model.weight.grad.item() == pytest.approx(scale / 2), precision
 
 
 def test_samples_counted_from_dicts():
@@ -193,7 +199,7 @@ def test_a_normal_run_reports_its_throughput(tmp_path, monkeypatch, capsys):
     run = Run(Config(batch_size=4), probing=False, warmup_steps=2)
     _loop(run, n_batches=20)
     run.finish()
-    run.report()
+    report_run(run)
     import json
 
     data = json.loads(report.read_text())
@@ -208,7 +214,7 @@ def test_a_normal_run_shorter_than_its_warm_up_says_what_it_trained(capsys):
     run = Run(Config(batch_size=4), probing=False, warmup_steps=2)
     _loop(run, n_batches=2)
     run.finish()
-    run.report()
+    report_run(run)
     said = capsys.readouterr().err
     assert "trained 2 optimizer steps with fp32 b=4: too few to time after 2 warm-up steps" in said
 
@@ -263,7 +269,7 @@ def test_a_probe_over_data_smaller_than_its_batch_stops_instead_of_spinning():
     """drop_last over fewer samples than the batch yields nothing: every epoch is empty."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    from autofit.runtime._run import DataTooSmall
+    from autofit.runtime import DataTooSmall
 
     loader = DataLoader(TensorDataset(torch.randn(10, 3)), batch_size=16, drop_last=True)
     run = Run(Config(batch_size=16), probing=True, warmup_steps=1, measured_steps=2)

@@ -31,8 +31,7 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler
 from autofit.config import Config
 from autofit.errors import UsageError
 from autofit.integrations._blocks import checkpointable_blocks
-from autofit.integrations._recovery import StepRecovery
-from autofit.runtime import Run, count_samples
+from autofit.runtime import PieceReplay, Run, count_samples, loss_of
 
 #: autofit's precision names in Accelerate's words (tf32: TF32 is held for the whole run by autofit).
 PRECISION = {"fp32": "no", "tf32": "no", "bf16": "bf16", "fp16": "fp16"}
@@ -103,7 +102,7 @@ class AutofitAccelerator(Accelerator):
 
     Optimizer steps (of the first optimizer prepared) are counted on the run. In a real run, a
     training forward or `backward()` that runs out of memory is done again with the micro-batch cut
-    in pieces (autofit.integrations._recovery): this needs the loss the model returns (HF models
+    in pieces (autofit.runtime.PieceReplay): this needs the loss the model returns (HF models
     given labels, or a dict with "loss"). An OOM in the optimizer's own step is not caught."""
 
     def __init__(self, run: Run, *args: Any, checkpoint_blocks: Sequence[torch.nn.Module] | None = None,
@@ -124,7 +123,7 @@ class AutofitAccelerator(Accelerator):
         self._autofit_adopted = False  # the run's clock started
         self._autofit_accumulating = False  # accumulate() was entered
         self._autofit_samples = 0  # of the optimizer step being fed
-        self._autofit_recovery = StepRecovery(run, self._autofit_zero_grad) if run.recovers_oom else None
+        self._autofit_replay = PieceReplay(run, self._autofit_zero_grad) if run.recovers_oom else None
         self._autofit_models: list[torch.nn.Module] = []
         self._autofit_batch: Any = None  # the last training forward's (args, kwargs), until its backward
         self._autofit_loss: Any = None  # the loss that forward returned
@@ -223,8 +222,8 @@ class AutofitAccelerator(Accelerator):
                 "steps its optimizer outside `with accelerator.accumulate(model):`: put the step inside it.")
         samples = self._autofit_samples or run.batch_size * run.accumulation_steps
         self._autofit_samples = 0
-        if self._autofit_recovery is not None:
-            self._autofit_recovery.step_done()
+        if self._autofit_replay is not None:
+            self._autofit_replay.step_done()
         run.step_taken(samples)
 
     def _autofit_wrap_forward(self, model: torch.nn.Module) -> None:
@@ -238,7 +237,7 @@ class AutofitAccelerator(Accelerator):
                 return forward(*args, **kwargs)
             batch = (args, kwargs)
             self._autofit_samples += count_samples(batch)
-            if self._autofit_recovery is None:
+            if self._autofit_replay is None:
                 return forward(*args, **kwargs)
             return self._autofit_first_piece(batch)
 
@@ -247,77 +246,36 @@ class AutofitAccelerator(Accelerator):
     def _autofit_first_piece(self, batch: tuple) -> Any:
         """The forward of the micro-batch's first piece (all of it until an OOM), its loss weighted by
         the piece's share; `backward()` then runs the other pieces."""
-        recovery = self._autofit_recovery
-
-        def first_piece() -> Any:
-            recovery.where = "forward"
-            pieces = recovery.pieces(batch)
-            (args, kwargs), weight = pieces[0]
-            output = self._autofit_forward(*args, **kwargs)
-            if len(pieces) > 1 and _loss_of(output) is None:
-                raise UsageError(
-                    "After an out-of-memory the micro-batch is run in pieces, which needs the loss the "
-                    "model returns (pass labels to an HF model); this model returns none.")
-            return _weighted(output, weight)
-
-        # Only forwards here: after an OOM the gradients are whole, and the first piece runs again.
-        output = recovery.until_it_fits(first_piece, self._autofit_whole_piece)
-        self._autofit_batch, self._autofit_loss = batch, _loss_of(output)
+        output = self._autofit_replay.first_piece(batch, self._autofit_forward_of, self._autofit_whole_piece)
+        self._autofit_batch, self._autofit_loss = batch, loss_of(output)
         return output
+
+    def _autofit_forward_of(self, piece: tuple) -> Any:
+        args, kwargs = piece
+        return self._autofit_forward(*args, **kwargs)
 
     def _autofit_whole_piece(self, piece: tuple, weight: float, context: Any) -> None:
         """One piece of a micro-batch, forward and backward, its loss weighted by its share."""
-        recovery = self._autofit_recovery
-        args, kwargs = piece
-        recovery.where = "forward"
-        loss = _loss_of(self._autofit_forward(*args, **kwargs))
-        if loss is None:
-            raise UsageError("An out-of-memory step is redone in pieces, which needs the loss the model "
-                             "returns (pass labels to an HF model); this model returns none.")
-        recovery.where = "backward"
-        super().backward(loss * weight)
+        self._autofit_replay.whole_piece(piece, weight, self._autofit_forward_of, super().backward)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        recovery, batch = self._autofit_recovery, self._autofit_batch
-        if recovery is None or batch is None:
+        replay, batch = self._autofit_replay, self._autofit_batch
+        if replay is None or batch is None:
             return super().backward(loss, **kwargs)
         self._autofit_batch = None
         if loss is not self._autofit_loss:
-            if len(recovery.pieces(batch)) > 1:
+            if len(replay.pieces(batch)) > 1:
                 raise UsageError(
                     "After an out-of-memory the micro-batch is run in pieces, which needs the loss the "
                     "model returns, given to accelerator.backward() as it is (`loss = outputs.loss`); this loop "
                     "computes its own. Use a micro-batch that fits, or AUTOFIT_OOM_RECOVERY=0.")
             return super().backward(loss, **kwargs)  # not the model's loss: no redo for this step
-        recovery.add(batch)
-
-        def backward_and_the_other_pieces() -> None:
-            recovery.where = "backward"
-            super(AutofitAccelerator, self).backward(loss, **kwargs)
-            for piece, weight in recovery.pieces(batch)[1:]:
-                self._autofit_whole_piece(piece, weight, None)
-
         # `loss` is the script's: it cannot be computed again, so an OOM redoes the step so far.
-        recovery.until_it_fits(backward_and_the_other_pieces, self._autofit_whole_piece, loss=loss)
+        replay.backward_and_rest(batch, None, loss, lambda: super(AutofitAccelerator, self).backward(loss, **kwargs),
+                                 self._autofit_whole_piece)
         return None
 
     def _autofit_zero_grad(self) -> None:
         for model in self._autofit_models:
             model.zero_grad(set_to_none=True)
 
-
-def _loss_of(output: Any) -> torch.Tensor | None:
-    if isinstance(output, torch.Tensor):
-        return output if output.dim() == 0 else None
-    if isinstance(output, dict):
-        return output.get("loss")
-    return getattr(output, "loss", None)
-
-
-def _weighted(output: Any, weight: float) -> Any:
-    if weight == 1.0 or output is None:
-        return output
-    if isinstance(output, torch.Tensor):
-        return output * weight
-    output["loss"] = output["loss"] * weight  # a ModelOutput keeps its attribute in step
-    return output

@@ -24,8 +24,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from autofit.config import Config
 from autofit.integrations._blocks import checkpointable_blocks
-from autofit.integrations._recovery import StepRecovery
-from autofit.runtime import Run
+from autofit.runtime import PieceReplay, Run
 
 
 def arguments_for(run: Run, args: TrainingArguments) -> TrainingArguments:
@@ -70,16 +69,16 @@ def _check_global_batch(config: Config, args: TrainingArguments) -> None:
 class _StepCounter(TrainerCallback):
     """Counts the Trainer's optimizer steps on the Run: the clock a probe and a real run share."""
 
-    def __init__(self, run: Run, blocks: int, recovery: StepRecovery | None) -> None:
-        self._run, self._blocks, self._recovery = run, blocks, recovery
+    def __init__(self, run: Run, blocks: int, replay: PieceReplay | None) -> None:
+        self._run, self._blocks, self._replay = run, blocks, replay
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._run.adopt_loop(checkpoint_blocks=self._blocks)
 
     def on_step_end(self, args, state, control, **kwargs):
         per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * max(1, args.world_size)
-        if self._recovery is not None:
-            self._recovery.step_done()
+        if self._replay is not None:
+            self._replay.step_done()
         self._run.step_taken(per_step)
 
 
@@ -101,14 +100,14 @@ class AutofitTrainer(Trainer):
             run.checkpoint(blocks)  # at 0 segments too: no block keeps another run's checkpointing
             if run.checkpoint_segments and getattr(getattr(model, "config", None), "use_cache", False):
                 model.config.use_cache = False  # a cache filled twice by recomputation (as HF does it)
-        self._autofit_recovery = StepRecovery(run, self._zero_grad) if run.recovers_oom else None
+        self._autofit_replay = PieceReplay(run, self._zero_grad) if run.recovers_oom else None
         self._autofit_weight = 1.0  # a piece's share of its micro-batch's loss (after an OOM)
-        kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), _StepCounter(run, len(blocks), self._autofit_recovery)]
+        kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), _StepCounter(run, len(blocks), self._autofit_replay)]
         super().__init__(**kwargs)
 
     def training_step(self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
-        recovery = self._autofit_recovery
-        if recovery is None:
+        replay = self._autofit_replay
+        if replay is None:
             return super().training_step(model, inputs, num_items_in_batch)
 
         def piece_step(piece: dict[str, Any], weight: float, items: Any) -> torch.Tensor:
@@ -120,17 +119,17 @@ class AutofitTrainer(Trainer):
             finally:
                 self._autofit_weight = 1.0
 
-        return sum(recovery.feed(inputs, num_items_in_batch, piece_step))
+        return sum(replay.feed(inputs, num_items_in_batch, piece_step))
 
     def compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
-        recovery = self._autofit_recovery
-        if recovery is not None:
-            recovery.where = "forward"
+        replay = self._autofit_replay
+        if replay is not None:
+            replay.where = "forward"
         result = super().compute_loss(model, inputs, return_outputs=return_outputs,
                                       num_items_in_batch=num_items_in_batch)
-        if recovery is not None:
-            recovery.where = "backward"
+        if replay is not None:
+            replay.where = "backward"
         if self._autofit_weight != 1.0:
             result = (result[0] * self._autofit_weight, *result[1:]) if return_outputs else result * self._autofit_weight
         return result

@@ -24,8 +24,7 @@ import torch
 
 from autofit.config import Config
 from autofit.integrations._blocks import checkpointable_blocks
-from autofit.integrations._recovery import StepRecovery
-from autofit.runtime import Run, count_samples
+from autofit.runtime import PieceReplay, Run, count_samples
 
 #: autofit's precision names in Lightning's words.
 PRECISION = {"fp32": "32-true", "tf32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
@@ -65,7 +64,7 @@ class _StepCounter(pl.Callback):
 
     def __init__(self, run: Run) -> None:
         self._run, self.blocks = run, 0
-        self.recovery: StepRecovery | None = None
+        self.replay: PieceReplay | None = None
         self._samples = 0
         self._steps_seen = 0
 
@@ -78,8 +77,8 @@ class _StepCounter(pl.Callback):
         if trainer.global_step > self._steps_seen:  # this micro-batch ended an optimizer step
             self._steps_seen = trainer.global_step
             samples, self._samples = self._samples, 0
-            if self.recovery is not None:
-                self.recovery.step_done()
+            if self.replay is not None:
+                self.replay.step_done()
             self._run.step_taken(samples)
 
 
@@ -90,7 +89,7 @@ class AutofitLightningTrainer(pl.Trainer):
     repeated blocks (its longest ModuleList of one type, or `checkpoint_blocks`).
 
     In a real run with automatic optimization, a training step that runs out of memory is run again
-    with the micro-batch cut in pieces (autofit.integrations._recovery): the loader, the accumulation
+    with the micro-batch cut in pieces (autofit.runtime.PieceReplay): the loader, the accumulation
     and the global batch stay as they are. An OOM in the optimizer's own step is not caught."""
 
     def __init__(self, run: Run, *, checkpoint_blocks: Sequence[torch.nn.Module] | None = None,
@@ -108,65 +107,36 @@ class AutofitLightningTrainer(pl.Trainer):
         if blocks:
             self._autofit_run.checkpoint(blocks)  # at 0 segments too: no block keeps another run's checkpointing
         if self._autofit_run.recovers_oom and model.automatic_optimization:
-            self._autofit_counter.recovery = _recover_in(self, self._autofit_run, model)
+            self._autofit_counter.replay = _recover_in(self, self._autofit_run, model)
         return super().fit(model, *args, **kwargs)
 
 
-def _recover_in(trainer: pl.Trainer, run: Run, module: pl.LightningModule) -> StepRecovery:
+def _recover_in(trainer: pl.Trainer, run: Run, module: pl.LightningModule) -> PieceReplay:
     """Wrap the trainer's strategy so its training step survives an OOM (automatic optimization:
     Lightning runs `strategy.training_step`, then `strategy.backward` on its loss, per micro-batch).
 
     Once lowered, `training_step` runs the first piece of the micro-batch and hands its weighted loss
     to Lightning, whose backward then runs the other pieces, forward and backward, one at a time."""
-    recovery = StepRecovery(run, lambda: module.zero_grad(set_to_none=True))
+    replay = PieceReplay(run, lambda: module.zero_grad(set_to_none=True))
     strategy = trainer.strategy
     training_step, backward = strategy.training_step, strategy.backward
     current: dict[str, Any] = {}
 
     def whole_piece(piece: Any, weight: float, context: tuple) -> None:
         rest, kwargs, optimizer = context
-        recovery.where = "forward"
-        loss = _loss_of(training_step(piece, *rest, **kwargs)) * (weight / trainer.accumulate_grad_batches)
-        recovery.where = "backward"
-        backward(loss, optimizer)
+        # Lightning divides the loss by the accumulation before its backward: so do the pieces.
+        replay.whole_piece(piece, weight, lambda p: training_step(p, *rest, **kwargs),
+                           lambda loss: backward(loss / trainer.accumulate_grad_batches, optimizer))
 
     def recovering_training_step(batch: Any, *rest: Any, **kwargs: Any) -> Any:
         current.update(batch=batch, rest=rest, kwargs=kwargs)
-
-        def first_piece() -> Any:
-            recovery.where = "forward"
-            piece, weight = recovery.pieces(batch)[0]
-            return _weighted(training_step(piece, *rest, **kwargs), weight)
-
-        # Only forwards here: after an OOM the gradients are whole, and the first piece runs again.
-        return recovery.until_it_fits(first_piece, whole_piece)
+        return replay.first_piece(batch, lambda piece: training_step(piece, *rest, **kwargs), whole_piece)
 
     def recovering_backward(loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         batch, context = current["batch"], (current["rest"], current["kwargs"], optimizer)
-        recovery.add(batch, context)
-
-        def backward_and_the_other_pieces() -> Any:
-            recovery.where = "backward"
-            result = backward(loss, optimizer, *args, **kwargs)
-            for piece, weight in recovery.pieces(batch)[1:]:
-                whole_piece(piece, weight, context)
-            return result
-
-        # `loss` is Lightning's: it cannot be computed again, so an OOM redoes the step so far.
-        recovery.until_it_fits(backward_and_the_other_pieces, whole_piece, loss=loss)
+        replay.backward_and_rest(batch, context, loss, lambda: backward(loss, optimizer, *args, **kwargs),
+                                 whole_piece)
         return None  # Lightning's backward_fn ignores what the strategy's backward returns
 
     strategy.training_step, strategy.backward = recovering_training_step, recovering_backward
-    return recovery
-
-
-def _loss_of(output: Any) -> torch.Tensor:
-    return output["loss"] if isinstance(output, dict) else output
-
-
-def _weighted(output: Any, weight: float) -> Any:
-    if weight == 1.0 or output is None:
-        return output
-    if isinstance(output, dict):
-        return {**output, "loss": output["loss"] * weight}
-    return output * weight
+    return replay

@@ -13,7 +13,7 @@ from autofit.config import Config
 from autofit.devices import DeviceBackend
 from autofit.probing._bootstrap import user_traceback
 from autofit.probing._record import ProbeResult
-from autofit.runtime import ProbeFinished, Ranks, Run, breaks_the_device, is_oom
+from autofit.runtime import ProbeFinished, Ranks, Run, RunSettings, breaks_the_device, is_oom
 
 #: A probe measures at least this long (unless its steps reach _MAX_EXTENSION x the asked number).
 MIN_MEASURE_S = 0.5
@@ -43,7 +43,7 @@ def run_probe(
     baseline = backend.used_bytes()
     backend.reset_peak()
     started = time.perf_counter()
-    run = Run(
+    run = Run(RunSettings(
         config,
         backend.torch_device(),
         probing=True,
@@ -55,7 +55,7 @@ def run_probe(
         ranks=ranks,
         count_flops=True,
         energy=backend.energy_joules,
-    )
+    ))
     result = ProbeResult(status="ok", config=config, warmup_steps=warmup_steps, limit_bytes=backend.memory_limit)
     try:
         with run.active():

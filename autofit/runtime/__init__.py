@@ -1,19 +1,26 @@
-"""What a train function sees: the `Run` (one config, its step clock, the knobs it offers), precision
-as data, activation checkpointing, distributed set-up, OOM classification, the one OOM-redo path
-(`StepRedo`), the one walk over a nested batch (`map_batch`) and a normal run's memory cap.
+"""What a train function sees: the `Run` (built from one `RunSettings`; a face over its step clock,
+its step feed, the knobs it offers and its summary), precision as data, activation checkpointing,
+distributed set-up, OOM classification, the one OOM-redo path (`StepRedo`, which a Run's loop reaches
+through `LoopRedo` and a framework's step through `PieceReplay`), the one walk over a nested batch
+(`map_batch`) and a normal run's memory cap.
 
 Everything here runs inside the user's process (a probe's worker, a rank, a normal run)."""
 
 from __future__ import annotations
 
-from autofit.runtime._checkpoint import checkpoint_policy_of
 from autofit.runtime._batch import batch_len, batch_tensors, count_samples, map_batch, split_batch, to_device
+from autofit.runtime._checkpoint import checkpoint_policy_of
+from autofit.runtime._clock import ProbeFinished, StepClock
 from autofit.runtime._distributed import Ranks, leave_process_group, per_rank_config, ranks_from_env
+from autofit.runtime._feed import DataTooSmall
+from autofit.runtime._knobs import Knobs
 from autofit.runtime._memory_cap import LIMIT_ENV, describe_limit, limit_from_env
 from autofit.runtime._oom import breaks_the_device, is_oom
+from autofit.runtime._pieces import PieceReplay, loss_of, weighted
 from autofit.runtime._precision import precision_context, precision_scope
 from autofit.runtime._redo import (
     RECOVERY_ENV,
+    LoopRedo,
     Lowering,
     OutOfMemoryAtBatchOne,
     StepRedo,
@@ -25,17 +32,24 @@ from autofit.runtime._redo import (
     record_lowerings,
     recovery_enabled,
 )
-from autofit.runtime._run import DataTooSmall, ProbeFinished, Run
+from autofit.runtime._report import run_summary
+from autofit.runtime._run import Run
+from autofit.runtime._settings import RunSettings
 
 __all__ = [
     "LIMIT_ENV",
     "RECOVERY_ENV",
     "DataTooSmall",
+    "Knobs",
+    "LoopRedo",
     "Lowering",
     "OutOfMemoryAtBatchOne",
+    "PieceReplay",
     "ProbeFinished",
     "Ranks",
     "Run",
+    "RunSettings",
+    "StepClock",
     "StepRedo",
     "announce",
     "batch_len",
@@ -49,6 +63,7 @@ __all__ = [
     "leave_process_group",
     "limit_from_env",
     "lowered",
+    "loss_of",
     "lowered_path",
     "map_batch",
     "per_rank_config",
@@ -58,6 +73,8 @@ __all__ = [
     "read_lowerings",
     "record_lowerings",
     "recovery_enabled",
+    "run_summary",
     "split_batch",
     "to_device",
+    "weighted",
 ]

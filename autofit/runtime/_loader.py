@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -41,3 +42,20 @@ def build_loader(dataset: Any, config: Config, batch_size: int, sampler: torch.u
         arguments["sampler"] = sampler
         arguments.pop("shuffle", None)  # the sampler shuffles
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size, **arguments)
+
+
+def prefetch_warmup(iterable: Any, accumulation_steps: int) -> tuple[int, str] | None:
+    """The optimizer steps that empty a DataLoader's prefetch queue, to count as warm-up, and the note
+    that says so; None for data without workers.
+
+    A DataLoader's workers fill their queue (workers x prefetch_factor batches) while the first,
+    slow steps run; measured from there, a short window would time the queue rather than the
+    loading, and a deeper prefetch would "win" by its size. The same rule holds for a probe and a
+    normal run, so their figures are measured alike."""
+    workers = getattr(iterable, "num_workers", 0) if isinstance(iterable, torch.utils.data.DataLoader) else 0
+    if not workers:
+        return None
+    depth = iterable.prefetch_factor or 2
+    steps = math.ceil(workers * depth / accumulation_steps)
+    return steps, (f"warm-up {steps} optimizer steps longer: the loader's prefetch queue "
+                   f"({workers} workers x {depth} batches) drained before measuring")

@@ -159,11 +159,70 @@ class StepRedo:
             attempt = following
             self.free()
 
+    def until_it_starts(self, start: Callable[[Config | None], T],
+                        failed: Callable[[], Lowering | None]) -> T:
+        """`start(None)`; after an OOM before the first optimizer step, `start(config)` with the lowered
+        config, until it fits (the decorator starting the function again in a new Run). `failed()`
+        runs inside the `except` block: the restart lowering the failed attempt asks for, or None to
+        let the exception propagate; it lets the failed attempt go, so that its memory is freed with
+        the traceback's."""
+
+        def after_oom(exc: Exception) -> Callable[[], T] | None:
+            lowering = failed()
+            if lowering is None:
+                return None
+            config = self.take(lowering)
+            return lambda: start(config)
+
+        return self.until_it_fits(lambda: start(None), after_oom)
+
     def _memory_now(self) -> int | None:
         try:
             return self._used_memory() if self._used_memory else None
         except Exception:  # noqa: BLE001 - a figure for the record, never a reason to fail
             return None
+
+
+class LoopRedo:
+    """A Run's side of the redo, for the loop it drives itself (`run.batches`, `run.backward`) and for
+    a framework's step (`run.lower_after_oom`): when an exception there is an OOM the run recovers
+    from, the config it goes on with. `redoing` tells `run.batches` to feed the step again."""
+
+    def __init__(self, redo: StepRedo, *, probing: bool) -> None:
+        self.redo = redo
+        self.recovering = redo.enabled and not probing
+        """A real run that survives an out-of-memory step (never a probe: an OOM is its answer)."""
+        self.redoing = False
+        self.restart_lowering: Lowering | None = None
+        """Set when an OOM came before the first optimizer step: start the function again with its
+        config (not yet taken: only the launcher knows whether it starts again)."""
+
+    def caught(self, config: Config, exc: BaseException, where: str, *, steps_done: int,
+               can_feed_again: bool) -> Config | None:
+        """The lowered config the run's own loop redoes the step with, or None to let `exc` propagate:
+        not an OOM, none recovered, no data the run can feed again, or no optimizer step taken yet (then
+        `restart_lowering` is set for the launcher)."""
+        lowering = self._lowering(config, exc, where, steps_done, restart=steps_done == 0)
+        if lowering is None:
+            return None
+        if lowering.restart:  # nothing trained yet: the launcher starts the function again
+            self.restart_lowering = lowering
+            return None
+        if not can_feed_again:
+            return None
+        self.redoing = True
+        return self.redo.take(lowering)
+
+    def in_place(self, config: Config, exc: BaseException, where: str, *, steps_done: int) -> Config | None:
+        """The lowered config a framework's step goes on with (its caller redoes the work), or None."""
+        lowering = self._lowering(config, exc, where, steps_done, restart=False)
+        return self.redo.take(lowering) if lowering is not None else None
+
+    def _lowering(self, config: Config, exc: BaseException, where: str, steps_done: int, *,
+                  restart: bool) -> Lowering | None:
+        if not self.recovering:
+            return None
+        return self.redo.lower(config, exc, where, steps_done + 1, restart=restart)
 
 
 def drop_graph(loss: torch.Tensor) -> None:

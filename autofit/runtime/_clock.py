@@ -1,0 +1,154 @@
+"""`StepClock`: when a run's steps begin and end, what the steps after warm-up did, and how long
+they waited for their data."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+class ProbeFinished(BaseException):
+    """Raised out of `run.batches()` once a probe has its steps.
+
+    A BaseException, so that a user's `except Exception` around the loop does not swallow it.
+    """
+
+
+#: Step times a run keeps for its median and spread; older ones only count in the totals.
+_RECENT_STEPS = 256
+
+
+@dataclass
+class StepClock:
+    """Step boundaries and what the steps after warm-up did, in constant memory.
+
+    The device is synchronised only where a time must be exact: when measuring starts (end of
+    warm-up) and when it ends. Steps in between run as they would in the user's own loop (on a GPU
+    the CPU keeps queueing work), so their individual times are approximate while their sum is exact.
+    A probe measures `measured_steps` steps and then goes on, up to `max_measured_steps`, until at
+    least `min_measure_s` has been measured: five 3 ms steps are too short to time.
+    A normal run (measured_steps None) never synchronises and only keeps totals and recent steps.
+    The ranks of a distributed probe must stop at the same step (one left in a collective waits for
+    ever): with `agree`, each rank works out after its first measured step how many steps reach
+    `min_measure_s`, and all ranks measure the largest count any of them needs.
+    """
+
+    warmup_steps: int
+    measured_steps: int | None  # None: no probe, train until the function returns
+    synchronize: Callable[[], None]
+    min_measure_s: float = 0.0
+    max_measured_steps: int | None = None
+    agree: Callable[[int], int] | None = None
+    energy: Callable[[], float | None] | None = None
+    """The device's energy counter in joules (NVML's total energy), read where measuring starts and
+    ends; None where the device has none (a CPU)."""
+    steps_done: int = 0
+    measured_time_s: float = 0.0
+    measured_samples: int = 0
+    measured_tokens: int = 0
+    step_times: deque = field(default_factory=lambda: deque(maxlen=_RECENT_STEPS))
+    warmup_time_s: float | None = None
+    """From the start to the end of warm-up (compilation and first-use costs land here)."""
+    measured_energy_j: float | None = None
+    """Energy the device drew over the measured steps (probes on a device with an energy counter)."""
+    _energy_start: float | None = None
+    data_wait_s: float | None = None
+    """Host time the measured steps spent waiting for their data (inside `next()` on the user's
+    iterable); None where autofit does not see the data (a framework's trainer drives the loop). On a
+    GPU the wait can overlap kernels queued before it, so it bounds the device's idle time from above."""
+    _waiting_s: float = 0.0  # data wait since the last step boundary: counts only if that step is measured
+    _started: float | None = None
+    _last: float | None = None
+    _agreed_steps: int | None = None
+    complete: bool = False
+
+    @property
+    def total_steps(self) -> int | None:
+        """Warm-up plus the steps a probe measures at least (None for a normal run)."""
+        if self.measured_steps is None:
+            return None
+        return self.warmup_steps + self.measured_steps
+
+    @property
+    def steps_measured(self) -> int:
+        return max(0, self.steps_done - self.warmup_steps)
+
+    def _stamp(self, exact: bool) -> float:
+        if exact:
+            self.synchronize()  # a CPU-GPU sync point: the queued kernels must be done
+        return time.perf_counter()
+
+    def start(self) -> None:
+        exact = self.warmup_steps == 0 and self.measured_steps is not None
+        self._last = self._started = self._stamp(exact=exact)
+        self._waiting_s = 0.0  # the first fetch came before the clock started
+        if exact:
+            self._read_energy_start()
+
+    def _read_energy_start(self) -> None:
+        self._energy_start = self.energy() if self.energy is not None else None
+
+    def _read_energy_end(self) -> None:
+        if self._energy_start is not None and self.energy is not None:
+            end = self.energy()
+            self.measured_energy_j = end - self._energy_start if end is not None else None
+
+    def data_waited(self, seconds: float) -> None:
+        """A fetch of the data took `seconds` (it counts for the step it falls in, if that step is measured)."""
+        self.data_wait_s = self.data_wait_s or 0.0
+        self._waiting_s += seconds
+
+    def step_done(self, samples: int, tokens: int) -> None:
+        self.steps_done += 1
+        waited, self._waiting_s = self._waiting_s, 0.0
+        if self.data_wait_s is not None and self.steps_done > self.warmup_steps:
+            self.data_wait_s += waited
+        probing = self.measured_steps is not None
+        if self.steps_done <= self.warmup_steps:
+            self._last = self._stamp(exact=probing and self.steps_done == self.warmup_steps)
+            if self.steps_done == self.warmup_steps and self._started is not None:
+                self.warmup_time_s = self._last - self._started
+            if probing and self.steps_done == self.warmup_steps:
+                self._read_energy_start()
+            return
+        now = self._stamp(exact=False)
+        if probing and self.agree is not None and self.steps_measured == 1:
+            self._agreed_steps = self.agree(self._steps_needed(now - self._last))
+        if probing and self._enough(self.measured_time_s + now - self._last):
+            now = self._stamp(exact=True)
+            self.complete = True
+            self._read_energy_end()
+        self.step_times.append(now - self._last)
+        self.measured_time_s += now - self._last
+        self.measured_samples += samples
+        self.measured_tokens += tokens
+        self._last = now
+
+    def _steps_needed(self, first_step_s: float) -> int:
+        """Measured steps that take `min_measure_s` at the first measured step's pace, within bounds."""
+        needed = math.ceil(self.min_measure_s / max(first_step_s, 1e-9))
+        needed = max(needed, self.measured_steps or 0)
+        return min(needed, self.max_measured_steps) if self.max_measured_steps is not None else needed
+
+    def _enough(self, measured_s: float) -> bool:
+        if self._agreed_steps is not None:
+            return self.steps_measured >= self._agreed_steps
+        if self.steps_measured < (self.measured_steps or 0):
+            return False
+        if measured_s >= self.min_measure_s:
+            return True
+        return self.max_measured_steps is not None and self.steps_measured >= self.max_measured_steps
+
+    @property
+    def data_wait_share(self) -> float | None:
+        """The measured time's share spent waiting for data (None: not seen, or nothing measured)."""
+        if self.data_wait_s is None or self.measured_time_s <= 0:
+            return None
+        return min(1.0, self.data_wait_s / self.measured_time_s)
+
+    def measured(self) -> tuple[list[float], int, int]:
+        """Recent step times after warm-up, and the samples and tokens of all measured steps."""
+        return list(self.step_times), self.measured_samples, self.measured_tokens

@@ -1,0 +1,130 @@
+"""The knobs a train function offers through its run (checkpoint, compile, loader, distribute): each
+applies the run's config to the user's model or data, and is noted as used so that a search spends
+probes only on the knobs the function offers."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from autofit.config import Config
+from autofit.runtime._checkpoint import apply_checkpoint, remove_checkpoint
+from autofit.runtime._distributed import Ranks
+from autofit.runtime._loader import build_loader
+
+
+@dataclass
+class Knobs:
+    """Which settings the function actually used, so the search spends no probes on the others."""
+
+    autocast: bool = False
+    backward: bool = False
+    checkpoint_blocks: int | None = None  # blocks offered to run.checkpoint(); None = never called
+    batches: bool = False
+    shard_blocks: int | None = None  # blocks offered to run.distribute(blocks=...): sharding is searched
+    compile: bool = False  # a model offered to run.compile(): torch.compile is searched
+    loader: bool = False  # the data comes through run.loader(): its workers, pinning and prefetch are searched
+    declared_workers: int | None = None  # declared to the training run.loader() (0: DataLoader's default)
+
+    def to_dict(self) -> dict:
+        return {
+            "compile": self.compile,
+            **({"loader": True, "declared_workers": self.declared_workers} if self.loader else {}),
+            "autocast": self.autocast,
+            "backward": self.backward,
+            "checkpoint_blocks": self.checkpoint_blocks,
+            "batches": self.batches,
+            "shard_blocks": self.shard_blocks,
+        }
+
+
+class KnobPanel:
+    """The model and data knobs of one run, applied under the config each call is given (a run's
+    config changes after an OOM or when a framework's own settings stand), and noted in `used`."""
+
+    def __init__(self, device: torch.device, ranks: Ranks, *, probing: bool) -> None:
+        self.used = Knobs()
+        self._device, self._ranks, self._probing = device, ranks, probing
+        self.compile_enabled = True
+        """False where the model must stay eager (the memory estimator's fake tensors)."""
+        self._declared_workers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        """The workers the script declared to each loader built here (which one trains, `training_data` says)."""
+        self._wrapped_blocks: weakref.WeakSet = weakref.WeakSet()
+        """Blocks checkpointed here: unwrapped when the run ends, so a model that outlives the run
+        (built at import, met again by the next probe in one process or by a second call) is the
+        user's own again."""
+        self.data_parallel: torch.nn.parallel.DistributedDataParallel | None = None
+        self.sharded: Any = None  # an FSDP2 module (distribute with shard=)
+
+    def checkpoint(self, config: Config, blocks: Sequence[torch.nn.Module]) -> Sequence[torch.nn.Module]:
+        """Checkpointing on the first `config.checkpoint_segments` of `blocks` under its policy, and on
+        none of the others (a model built once meets several configs in one process)."""
+        blocks = list(blocks) if not isinstance(blocks, torch.nn.ModuleList) else blocks
+        self.used.checkpoint_blocks = len(blocks)
+        for index, block in enumerate(blocks):
+            if index < config.checkpoint_segments:
+                apply_checkpoint(block, policy=config.checkpoint_policy)
+                self._wrapped_blocks.add(block)
+            else:
+                remove_checkpoint(block)
+        return blocks
+
+    def unwrap_blocks(self) -> None:
+        """Take the checkpointing put on here off its blocks."""
+        for block in list(self._wrapped_blocks):
+            remove_checkpoint(block)
+        self._wrapped_blocks.clear()
+
+    def compile(self, config: Config, model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
+        """`torch.compile(model, **kwargs)` where the config says so and compiling is enabled."""
+        self.used.compile = True
+        if not config.compile or not self.compile_enabled:
+            return model
+        return torch.compile(model, **kwargs)
+
+    def sampler(self, dataset: Any, *, shuffle: bool = True, seed: int = 0) -> torch.utils.data.Sampler:
+        """This rank's shard of `dataset` (all of it in one process), as a DistributedSampler."""
+        from autofit.runtime._distributed import data_sampler
+
+        return data_sampler(dataset, self._ranks, shuffle=shuffle, seed=seed)
+
+    def loader(self, config: Config, dataset: Any, *, shuffle: bool, declared: dict[str, Any]) -> torch.utils.data.DataLoader:
+        """A DataLoader at the config's micro-batch, its loader fields over those `declared`."""
+        workers = int(declared.get("num_workers", 0) or 0)
+        if not self.used.loader:  # the first is the training loader (an evaluation one comes after it)
+            self.used.declared_workers = workers
+        self.used.loader = True
+        iterable = isinstance(dataset, torch.utils.data.IterableDataset)  # it yields in its own order: no sampler
+        sampler = None if iterable else self.sampler(dataset, shuffle=shuffle)
+        loader = build_loader(dataset, config, config.batch_size, sampler, declared, probing=self._probing)
+        self._declared_workers[loader] = workers
+        return loader
+
+    def training_data(self, iterable: Any) -> None:
+        """The steps take their batches from `iterable`: a loader built here declared the training workers."""
+        if isinstance(iterable, torch.utils.data.DataLoader) and iterable in self._declared_workers:
+            self.used.declared_workers = self._declared_workers[iterable]
+
+    def distribute(self, config: Config, model: torch.nn.Module, *, blocks: Sequence[torch.nn.Module] | None,
+                   shard: Sequence[torch.nn.Module] | None, offload: bool) -> torch.nn.Module:
+        """`model` on the device; across ranks, DDP or FSDP2 as the config (or `shard`) says."""
+        if blocks is not None:
+            blocks = list(blocks)
+            self.used.shard_blocks = len(blocks)
+        if self._ranks.world_size <= 1:
+            return model.to(self._device)
+        from autofit.runtime._distributed import check_same_config, data_parallel, ensure_process_group, fully_sharded
+
+        ensure_process_group(self._device)
+        check_same_config(config)
+        if shard is None and blocks is not None and config.sharding != "ddp":
+            shard, offload = blocks, config.sharding == "fsdp-offload"
+        if shard is not None:
+            self.sharded = fully_sharded(model, list(shard), self._device, offload=offload)
+            return self.sharded
+        self.data_parallel = data_parallel(model, self._device)
+        return self.data_parallel

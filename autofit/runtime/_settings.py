@@ -1,0 +1,53 @@
+"""`RunSettings`: everything a `Run` is built with, in one frozen record."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from autofit.config import Config
+
+if TYPE_CHECKING:
+    import torch
+
+    from autofit.runtime._distributed import Ranks
+    from autofit.runtime._redo import StepRedo
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """One config and how a run under it measures and recovers: a probe's (its steps, its clock) or a
+    real run's (its OOM redo). Built by the probe, the decorator and the memory estimator."""
+
+    config: Config
+    device: torch.device | str = "cpu"
+    probing: bool = False
+    """A probe: a few measured steps, then ProbeFinished; an OOM is its answer, never redone."""
+    warmup_steps: int = 0
+    """Optimizer steps left out of the figures (compilation and first-use costs land there)."""
+    measured_steps: int | None = None
+    """Steps a probe measures at least; None: a real run, trained until the function returns."""
+    synchronize: Callable[[], None] | None = None
+    """Waits for the device's queued work: called only where a time must be exact."""
+    min_measure_s: float = 0.0
+    """A probe measures past `measured_steps` until this much is measured (a clock must resolve it)."""
+    max_measured_steps: int | None = None
+    """...but never past this many steps."""
+    recover_oom: bool = False
+    """A real run survives an out-of-memory step by lowering its micro-batch (a new StepRedo)."""
+    release_memory: Callable[[], None] | None = None
+    """Hands a failed step's memory back to the device (the new StepRedo's)."""
+    used_memory: Callable[[], int] | None = None
+    """What the process holds, recorded with each lowering (the new StepRedo's)."""
+    defaults: bool = False
+    """No best-config file was found: `config` is the decorator's default, not a measured answer."""
+    ranks: Ranks | None = None
+    """Where this process stands in a torchrun run; None: rank 0 of 1."""
+    redo: StepRedo | None = None
+    """An OOM redo shared with earlier runs (the decorator's attempts); None: a new one from
+    `recover_oom`, `release_memory` and `used_memory`."""
+    count_flops: bool = False
+    """A probe counts one optimizer step's model FLOPs after its measured ones (eager, unsharded)."""
+    energy: Callable[[], float | None] | None = None
+    """The device's energy counter in joules, read where measuring starts and ends; None on a CPU."""
