@@ -15,7 +15,7 @@ runs it, in autofit's worker) and the script run normally in a fresh process (`p
 through $AUTOFIT_RUN_REPORT, interleaved so that a drift of the machine hits both alike. One table:
 
 - the search's answer: the winner, its samples/s, probes (of them out of memory), wall seconds;
-- peak memory of the winner: the memory estimator's raw figure (baseline + tensor bytes) and its
+- peak memory of the winner: the memory estimator's raw figure (MemoryPrediction.raw_peak) and its
   calibrated range from the study's other probes (as the planner predicts a config before probing
   it), against the peak the search measured and the normal run's peak, counted as a probe counts it
   (resident less file-backed pages, or the data segment; one process only);
@@ -95,7 +95,7 @@ def search(script: Script, trials: int, tmp: str, device: str = "cpu", probe_pro
 
 
 def predicted_peak(study, config, device: str = "cpu") -> tuple[float | None, tuple[float, float] | None]:
-    """The estimator's raw peak of `config` (baseline + tensors) and the planner's calibrated range
+    """The estimator's raw peak of `config` (MemoryPrediction.raw_peak) and the planner's calibrated range
     from the study's probes of other configs; None where the study has no estimates."""
     from autofit.study import observations
 
@@ -104,8 +104,7 @@ def predicted_peak(study, config, device: str = "cpu") -> tuple[float | None, tu
     prediction = study.estimates.prediction(device)
     if prediction is None:
         return None, None
-    tensors = prediction.tensor_bytes(config)
-    raw = None if tensors is None else prediction.device_bytes + tensors
+    raw = prediction.raw_peak(config)
     others = [o for o in observations(study.trials()) if o.config != config]
     peak = prediction.calibrate(others).peak(config)
     return raw, (None if peak is None else (peak.low, peak.high))

@@ -115,8 +115,7 @@ class EstimatorLifecycle:
 
 
 class _Estimation(threading.Thread):
-    """The configs the planner interpolates from, estimated one by one in a thread of the search,
-    smallest batches of every curve first. A curve stops where its tensors alone, extrapolated from
+    """The configs the planner interpolates from, estimated one by one in a thread of the search. A curve stops where its tensors alone, extrapolated from
     its last two estimates, would pass the memory limit: estimating what cannot fit costs the most
     (the largest batches) and tells the planner nothing."""
 
@@ -140,13 +139,19 @@ class _Estimation(threading.Thread):
         self._context: int | None = None
 
     def run(self) -> None:
+        """The curves without checkpointing first, each to its end, smallest batches of each first (two
+        estimates predict a whole curve, and the planner explores those curves first); then the
+        checkpointed ones likewise."""
+        eager = [c for key, c in self.curves.items() if not key[2]]
+        checkpointed = [c for key, c in self.curves.items() if key[2]]
         try:
-            for i in range(max((len(c) for c in self.curves.values()), default=0)):
-                for curve in self.curves.values():
-                    if i < len(curve) and self._may_fit(curve[i], curve[:i]):
-                        self._estimate(curve[i])
-                    if self._error is not None or self._stopped:
-                        return
+            for curves in (eager, checkpointed):
+                for i in range(max((len(c) for c in curves), default=0)):
+                    for curve in curves:
+                        if i < len(curve) and self._may_fit(curve[i], curve[:i]):
+                            self._estimate(curve[i])
+                        if self._error is not None or self._stopped:
+                            return
         finally:
             self.finished.set()
 
