@@ -197,8 +197,9 @@ class _Estimation(threading.Thread):
     def snapshot(self) -> StoredEstimates:
         """What is known so far, as the study keeps it."""
         with self._lock:
+            asked = self._wanted() if self._error == ENDED_FIRST else self._asked  # "n of those it would ask"
             return StoredEstimates(dict(self._breakdowns), self._baseline, time.monotonic() - self._began,
-                                   self._error, self._asked, min(self._known.values()) if self._known else None,
+                                   self._error, asked, min(self._known.values()) if self._known else None,
                                    self._notes[0] if self._notes else None, self._context)
 
 
