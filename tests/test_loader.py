@@ -362,3 +362,16 @@ def test_a_space_without_the_loader_keeps_its_form_and_its_params():
     offered = _space()
     assert SearchSpace.from_dict(json.loads(json.dumps(offered.to_dict()))) == offered
     assert {"loader_workers", "pin_memory", "prefetch_factor"} <= set(space_distributions(offered))
+
+
+def test_a_micro_batch_larger_than_the_data_is_a_data_ceiling_not_a_faster_config():
+    """48 samples: at 64 the loader gives one batch of 48 per epoch, which a probe would time as a
+    config of 64 (and a search export as one): it is the data's ceiling instead."""
+    from autofit.config import Config
+    from autofit.probing import Worker
+
+    with Worker(script("small_data.py"), memory_limit=1024 * 2**20) as worker:
+        fits, capped = (worker.probe(Config(batch), warmup=1, steps=2, timeout=120) for batch in (48, 64))
+    assert fits.status == "ok", fits.error_message
+    assert capped.status == "error" and capped.error_type == "DataTooSmall", capped.error_message
+    assert "batches of 48 samples at most, fewer than the micro-batch of 64" in capped.error_message

@@ -60,7 +60,7 @@ class StepFeed:
             source = iter(iterable)
         pending: deque = deque()  # micro-batches taken from the data and not yet handed out
         this_step: list = []  # micro-batches of the step being fed (kept only to redo it after an OOM)
-        yielded = 0
+        yielded, largest = 0, 0
         while True:
             if self._redo.redoing:  # the step ran out of memory: feed it again, cut to the new micro-batch
                 pending = self._begin_redo([*this_step, *pending])
@@ -69,6 +69,7 @@ class StepFeed:
                 batch = self._fetch(source)
                 if batch is _END:
                     break
+                largest = max(largest, count_samples(batch))
                 # After a lowering the loader still gives the batch it was built with: cut it.
                 pending.extend(split_batch(batch, run.config.batch_size) if run.lowerings else (batch,))
             batch = pending.popleft()
@@ -85,6 +86,12 @@ class StepFeed:
             raise DataTooSmall(
                 f"The data yields no batch of {run.config.batch_size}: the batch is larger than the "
                 f"data can feed (a DataLoader with drop_last=True over fewer samples, say).")
+        if run.probing and _capped_by_the_data(iterable, run.config.batch_size, largest) and not run.lowerings:
+            # The loader's batches hold the whole data and no more: a larger micro-batch would run the
+            # same batches, and be exported as a batch the user's run never takes.
+            raise DataTooSmall(
+                f"A pass over the data gives batches of {largest} samples at most, fewer than the micro-batch "
+                f"of {run.config.batch_size}: the data is the ceiling (a larger micro-batch runs the same batches).")
 
     def _fetch(self, source: Iterator[Any]) -> Any:
         """The next batch from the user's data (`_END` at its end), its wait on the clock."""
@@ -235,6 +242,13 @@ class OomGuard:
         if self._inner.__exit__(kind, exc, tb):
             return True
         return exc is not None and isinstance(exc, Exception) and self._feed.caught(exc, self._where)
+
+
+def _capped_by_the_data(iterable: Any, batch_size: int, largest: int) -> bool:
+    """A DataLoader built with this micro-batch whose whole pass held less than one batch (with
+    drop_last False it yields the whole data as one short batch)."""
+    return (isinstance(iterable, torch.utils.data.DataLoader) and iterable.batch_size == batch_size
+            and 0 < largest < batch_size)
 
 
 def _count_tokens(batch: Any, tokens: int | Callable[[Any], int] | None) -> int:
