@@ -9,6 +9,7 @@ must add before an estimate is compared with a limit.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -164,6 +165,20 @@ class Estimator:
         lines = [line.strip() for line in self._log.read().splitlines() if line.strip()]
         return lines[-1][:300] if lines else "no output"
 
+    def pause(self) -> None:
+        """Stop the process where it is (SIGSTOP): nothing of it runs while a probe is timed."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, number: int) -> None:
+        if self._process is not None and self._process.poll() is None:
+            try:
+                os.kill(self._process.pid, number)
+            except ProcessLookupError:
+                pass
+
     def kill(self) -> None:
         """Stop the process now, from any thread: an `estimate` waiting for it returns what it had."""
         if self._process is not None and self._process.poll() is None:
@@ -174,6 +189,7 @@ class Estimator:
         if self._log.closed:
             return
         if self._process is not None:
+            self.resume()  # a paused process could not see its channel end
             self._channel.close()  # the process ends at the end of its channel
             try:
                 self._process.wait(timeout=10)

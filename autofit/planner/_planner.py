@@ -196,9 +196,9 @@ class Planner:
         return self.space.config(strategy, batch)
 
     def _first_of_each_precision(self, state: _State) -> Config | None:
-        """Each precision the space holds, probed once right after the pilot (its first batch without
-        checkpointing): a short budget then still compares precisions, and the slower one's larger
-        batches can be skipped as unable to beat the best, rather than explored first."""
+        """Each precision the space holds, probed once right after the pilot, without checkpointing and
+        at the largest batch another precision fits (where the two compare directly): a short budget
+        then still compares precisions, and the faster one is explored first."""
         pilot = self.space.strategies()[0]
         probed = {o.config.precision for o in state.observations}
         for strategy in self._order(state):
@@ -206,9 +206,10 @@ class Planner:
                     or (strategy.sharding, strategy.accumulation_steps) != (pilot.sharding, pilot.accumulation_steps)
                     or state.feasible.strategy_unusable(strategy)):
                 continue
-            proposal = self._next_in_strategy(state, strategy)
-            if proposal is not None:
-                return proposal
+            candidates = [b for b in state.feasible.open_batches(strategy)
+                          if not state.memory.says_too_big(self.space.config(strategy, b))]
+            if candidates:  # at the batch the others fit, where the two compare directly
+                return self.space.config(strategy, self._first_batch(state, strategy, candidates))
         return None
 
     def _order(self, state: _State) -> list[Strategy]:

@@ -1,14 +1,16 @@
-"""The memory estimator inside a search: it runs beside the probes, and its answers join the
-planner as they arrive. They are kept on the study (a resumed search, `autofit show` and the report
-read them from there) and turned into the planner's predictions (see autofit.planner's
-_prediction.py).
+"""The memory estimator inside a search: it estimates in slices of time between the probes, and its
+answers join the planner as they arrive. They are kept on the study (a resumed search, `autofit
+show` and the report read them from there) and turned into the planner's predictions (see
+autofit.planner's _prediction.py).
 
-Its process runs at idle priority (autofit.memory._estimate_process): it loads the script while
-the workers load theirs and estimates on the CPU time no probe wants, so it never slows a probe's
-timing, and the search never waits for it, except for a few percent of the budget once the space is
-known (the probes that follow then start from a prediction). Whatever it estimated before the search
-ended, or it crashed, is used and kept; a search without estimates goes on as before, learning memory
-from its probes. `EstimatorLifecycle` is that life, start to end, in one place.
+Its process runs at idle priority (autofit.memory._estimate_process) and loads the script while the
+workers load theirs. While a probe runs it is stopped (SIGSTOP): even at idle priority, a process
+beside a probe on two cores slowed the probe 3-9x (gpt fp32 b=48: 15-49 samples/s beside it, 115-141
+alone), and a probe must time the program the user will run. It gets the CPU in slices instead: once
+the space is known (3% of the budget at most) and before each proposal until it is done (one answer,
+a few seconds at most), never more than 6% of the budget in all. Whatever it estimated before the
+search ended, or it crashed, is used and kept; a search without estimates goes on as before, learning
+memory from its probes. `EstimatorLifecycle` is that life, start to end, in one place.
 """
 
 from __future__ import annotations
@@ -25,22 +27,25 @@ from autofit.search._progress import Reporter
 from autofit.search._settings import SearchSettings
 from autofit.study import ESTIMATES_ATTR, StoredEstimates, stored_estimates
 
-#: Once the space is known the search may wait this share of its budget for the first answers
-#: (the estimator has the whole CPU then), and never longer than `_MAX_WAIT_S`.
-_WAIT_SHARE = 0.03
-_MAX_WAIT_S = 30.0
+#: Once the space is known the search may give the estimator this share of its budget for its first
+#: answers, and never more than `_MAX_FIRST_S`.
+_FIRST_SHARE, _MAX_FIRST_S = 0.03, 30.0
+#: Before each later proposal, until its next answer and at most this long...
+_SLICE_S = 5.0
+#: ... and all its slices together at most this share of the budget.
+_TOTAL_SHARE = 0.06
 #: Why estimates are missing when the search ended before the estimator (a resumed search asks on).
 ENDED_FIRST = "the search ended first"
-#: One config's estimate that takes longer than this has hung (at idle priority, beside probes).
+#: One config's estimate that takes longer than this has hung.
 _CONFIG_TIMEOUT_S = 600.0
 
 
 class EstimatorLifecycle:
     """The memory estimator through one search: it starts with the workers and loads the script while
-    they load theirs (`start`); once the search space is known it estimates beside the probes (`ask`),
-    and each new answer reaches the planner before its next proposal (`update`); the answers are kept
-    on the study when it is done or the search ends (`close`). A study that kept its estimates needs
-    no estimator."""
+    they load theirs (`start`), and stops while the probes run (`pause`); once the search space is known
+    it estimates in slices of time the search gives it (`ask`, then `update` before each proposal, which
+    also hands the new answers to the planner); the answers are kept on the study when it is done or the
+    search ends (`close`). A study that kept its estimates needs no estimator."""
 
     def __init__(self, settings: SearchSettings, script: str, reporter: Reporter, notes: list[str]) -> None:
         self.s = settings
@@ -53,6 +58,7 @@ class EstimatorLifecycle:
         self._estimation: _Estimation | None = None
         self._device_type = "cpu"
         self._seen = -1
+        self._allowance = 0.0  # seconds of slices left
 
     def start(self, study: optuna.Study) -> None:
         stored = stored_estimates(study)
@@ -73,18 +79,48 @@ class EstimatorLifecycle:
             return self.update(study)
         if self._estimator is None:  # resumed from a study written without estimates
             self._estimator = Estimator(self.script, self.s.function)
-        self.reporter.note("memory estimator: estimating beside the probes (fake tensors on idle CPU time, "
-                           "no memory spent)")
+        self.reporter.note("memory estimator: estimating between the probes (fake tensors, no memory spent)")
+        self._allowance = _TOTAL_SHARE * budget_s
         self._estimation = _Estimation(self._estimator, space, limit_bytes)
         self._estimation.start()
-        self._estimation.finished.wait(min(_MAX_WAIT_S, _WAIT_SHARE * budget_s))
-        return self.update(study)
+        self._give_time(min(_MAX_FIRST_S, _FIRST_SHARE * budget_s), first_answers=True)
+        return self._read(study)
 
     def update(self, study: optuna.Study) -> MemoryPrediction | None:
-        """The prediction with every answer so far, when one arrived since the last call (else None).
-        Once the estimator is done, its answers are kept on the study and its process stopped."""
+        """Before a proposal: a slice of time for the estimator (until its next answer, a few seconds
+        at most, within its share of the budget), then the prediction with every answer so far when
+        one arrived since the last call (else None). Once the estimator is done, its answers are kept
+        on the study and its process stopped."""
         if self._estimation is None:
             return None
+        self._give_time(_SLICE_S)
+        return self._read(study)
+
+    def pause(self) -> None:
+        """A probe starts: nothing of the estimator may run beside it."""
+        if self._estimator is not None:
+            self._estimator.pause()
+
+    def _give_time(self, limit_s: float, *, first_answers: bool = False) -> None:
+        """Let the estimator run until its next answer (`first_answers`: until it is done) or `limit_s`,
+        within what is left of its share of the budget; stopped again after."""
+        estimation = self._estimation
+        wait = min(limit_s, self._allowance)
+        if estimation is None or estimation.finished.is_set() or wait <= 0:
+            return
+        started = time.monotonic()
+        self._estimator.resume()
+        try:
+            if first_answers:
+                estimation.finished.wait(wait)
+            else:
+                estimation.answered.clear()
+                estimation.answered.wait(wait)
+        finally:
+            self._estimator.pause()
+            self._allowance -= time.monotonic() - started
+
+    def _read(self, study: optuna.Study) -> MemoryPrediction | None:
         stored = self._estimation.snapshot()
         done = self._estimation.finished.is_set()
         if len(stored.breakdowns) == self._seen and not done:
@@ -127,6 +163,8 @@ class _Estimation(threading.Thread):
         for config in configs_to_estimate(space.configs()):
             self.curves.setdefault(estimated_key(config), []).append(config)
         self.finished = threading.Event()
+        self.answered = threading.Event()
+        """Set at each answer (the search gives the estimator time until its next one)."""
         self._lock = threading.Lock()
         self._stopped = False
         self._began = time.monotonic()
@@ -154,6 +192,7 @@ class _Estimation(threading.Thread):
                             return
         finally:
             self.finished.set()
+            self.answered.set()
 
     def _estimate(self, config: Config) -> None:
         found = self.estimator.estimate([config], timeout=_CONFIG_TIMEOUT_S)
@@ -167,6 +206,7 @@ class _Estimation(threading.Thread):
             self._known.update({c: e.total_bytes for c, e in found.estimates.items() if not e.complete})
             self._notes += [line for e in found.estimates.values() if (line := e.summary()) and line not in self._notes]
             self._error = found.error or _first_reason(found.unavailable)
+        self.answered.set()
 
     def _may_fit(self, config: Config, smaller: list[Config]) -> bool:
         """Whether `config`'s tensors, extrapolated from its curve's two largest estimates, stay under

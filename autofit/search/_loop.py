@@ -84,7 +84,7 @@ class Search:
 
     def _run(self, study: optuna.Study) -> SearchResult:
         try:
-            self.estimator.start(study)  # it loads the script while the runners load theirs, at idle priority
+            self.estimator.start(study)  # it loads the script while the runners load theirs
             self.info = self.pool.start()
         except KeyboardInterrupt:  # Ctrl-C while loading: nothing probed, nothing to export
             self.pool.stop()
@@ -143,7 +143,7 @@ class Search:
     def start_probe(self, runner: Runner, steps: int) -> RunningProbe | None:
         """Ask the study for a trial (in this thread), which the sampler gives its proposal, and probe
         that config in the runner's own thread. None when another searcher claimed the config first."""
-        self.planner.learn(prediction=self.estimator.update(self.session.study))  # answers since the last probe
+        self.planner.learn(prediction=self.estimator.update(self.session.study))  # a slice, then its answers
         asked = self.session.ask(self.sampler, f"{runner.device}:{runner.index}")
         if asked is None:
             return None
@@ -152,6 +152,7 @@ class Search:
         log_path = os.path.join(self.session.run_dir, f"trial-{trial.number}.log")
         os.makedirs(self.session.run_dir, exist_ok=True)
         timeout = self.budget.probe_timeout(self.session.observations(exclude=trial.number))
+        self.estimator.pause()  # nothing of it runs beside a timed probe
         future = self.pool.probe(runner, proposal.config, steps=steps, timeout=timeout, log_path=log_path,
                                  trial_id=trial._trial_id, heartbeat=self.session.heartbeat(trial))
         return RunningProbe(trial, proposal, runner, future)
