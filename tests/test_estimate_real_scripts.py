@@ -19,6 +19,7 @@ def _estimate(name: str, configs: list[Config]):
     return [found.estimates[c] for c in configs]
 
 
+@pytest.mark.slow  # the default tier stays under 5 minutes on 2 cores
 def test_a_nanogpt_loop_with_item_logging_clipping_and_a_grad_scaler_is_estimated():
     small, large, fp16 = _estimate("nanogpt_loop.py", [Config(8), Config(16), Config(8, "fp16")])
     assert fp16.breakdown["optimizer"] >= 2 * fp16.breakdown["parameters"]  # the scaler let AdamW step
@@ -55,6 +56,7 @@ def test_a_gan_built_at_import_with_argparse_an_ema_copy_and_two_optimizers_is_e
     assert large.total_bytes > small.total_bytes
 
 
+@pytest.mark.slow  # the default tier stays under 5 minutes on 2 cores
 def test_moe_routing_sizes_follow_the_router_s_top_k_and_are_said_to_be_guessed():
     small, large = _estimate("moe_routing.py", [Config(16), Config(64)])
     assert large.breakdown["activations"] > 3 * small.breakdown["activations"] > 0

@@ -44,6 +44,7 @@ def test_oom_at_every_batch_ends_quickly_with_nothing_fits_and_no_json(tmp_path)
     assert not (tmp_path / "best.json").exists()
 
 
+@pytest.mark.slow  # the default tier stays under 5 minutes on 2 cores
 def test_oom_at_every_batch_exits_1_from_the_cli(tmp_path):
     result = CliRunner().invoke(cli, ["search", script("oom_always.py"), "--memory-limit", "768MiB", "--budget", "2m",
                                       "--storage", f"sqlite:///{tmp_path}/c.db", "--out", str(tmp_path / "b.json"), "-q"])

@@ -108,6 +108,7 @@ def test_the_table_says_why_a_peak_without_accumulation_holds_no_gradients():
     assert line not in describe_fits(fits, [fit(Config(16), 40 * 2**20)], "train.py")  # held at the peak
 
 
+@pytest.mark.slow  # the default tier stays under 5 minutes on 2 cores
 def test_estimate_considers_selective_checkpointing_which_keeps_less_than_none_and_more_than_full():
     """`autofit estimate` tries selective checkpointing before full at as many blocks, its estimate run
     under the selective policy: the activations kept are the matmul and attention outputs, between none
