@@ -59,6 +59,8 @@ class EstimatorLifecycle:
         self._device_type = "cpu"
         self._seen = -1
         self._allowance = 0.0  # seconds of slices left
+        self.probes_running = 0
+        """Probes of this search running now (several runners): the estimator gets no time then."""
 
     def start(self, study: optuna.Study) -> None:
         stored = stored_estimates(study)
@@ -106,7 +108,7 @@ class EstimatorLifecycle:
         within what is left of its share of the budget; stopped again after."""
         estimation = self._estimation
         wait = min(limit_s, self._allowance)
-        if estimation is None or estimation.finished.is_set() or wait <= 0:
+        if estimation is None or estimation.finished.is_set() or wait <= 0 or self.probes_running:
             return
         started = time.monotonic()
         self._estimator.resume()

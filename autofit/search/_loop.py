@@ -153,13 +153,17 @@ class Search:
         os.makedirs(self.session.run_dir, exist_ok=True)
         timeout = self.budget.probe_timeout(self.session.observations(exclude=trial.number))
         self.estimator.pause()  # nothing of it runs beside a timed probe
+        self.estimator.probes_running += 1
         future = self.pool.probe(runner, proposal.config, steps=steps, timeout=timeout, log_path=log_path,
                                  trial_id=trial._trial_id, heartbeat=self.session.heartbeat(trial))
         return RunningProbe(trial, proposal, runner, future)
 
     def finish_probe(self, probe: RunningProbe) -> ProbeResult:
         """Wait for the probe, store it on its trial and report it."""
-        result = probe.future.result()
+        try:
+            result = probe.future.result()
+        finally:
+            self.estimator.probes_running -= 1
         self.session.record(probe.trial, result, probe.proposal.phase)
         self.probes_this_run += 1
         self.reporter.probe_finished(probe.trial.number, result, self.session.usable, self.pool.name(probe.runner))
