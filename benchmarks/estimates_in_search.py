@@ -29,8 +29,8 @@ import sys
 import tempfile
 import time
 
-from benchmarks.corpus import SCRIPTS, Script, _env
 from autofit.study import load_study, observations
+from benchmarks.corpus import SCRIPTS, Script, _env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
