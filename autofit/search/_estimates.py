@@ -69,7 +69,7 @@ class EstimatorLifecycle:
 
     def ask(self, study: optuna.Study, space: SearchSpace, limit_bytes: float, device_type: str,
             budget_s: float) -> MemoryPrediction | None:
-        """Start estimating `space` beside the probes, or read the estimates the study kept; the
+        """Start estimating `space` between the probes, or read the estimates the study kept; the
         prediction from what is known after a short wait (a few percent of the budget)."""
         if not self.wanted:
             return None
