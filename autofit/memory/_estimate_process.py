@@ -298,9 +298,10 @@ def runtime_context_bytes(backend: Any) -> int | None:
 
 
 def _run_beside_probes() -> None:
-    """Idle priority: the estimator takes only the CPU time no probe wants (Linux's SCHED_IDLE; a
-    plain nice elsewhere), so a search asks it early and never waits for it, and it never slows a
-    probe's timing by more than the cache it shares."""
+    """Idle priority (Linux's SCHED_IDLE; a plain nice elsewhere): while it loads the script beside the
+    workers' loading it takes only the CPU they leave. That is not enough beside a timed probe (it
+    still slowed one 3-9x on two cores), so a search also stops it while a probe runs
+    (autofit.search's _estimates.py)."""
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
