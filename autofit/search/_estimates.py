@@ -63,8 +63,7 @@ class EstimatorLifecycle:
         """Probes of this search running now (several runners): the estimator gets no time then."""
 
     def start(self, study: optuna.Study) -> None:
-        stored = stored_estimates(study)
-        if self.wanted and (stored is None or stored.error == ENDED_FIRST):
+        if self.wanted and _kept(study) is None:
             self._estimator = Estimator(self.script, self.s.function)
 
     def ask(self, study: optuna.Study, space: SearchSpace, limit_bytes: float, device_type: str,
@@ -74,8 +73,8 @@ class EstimatorLifecycle:
         if not self.wanted:
             return None
         self._device_type = device_type
-        stored = stored_estimates(study)
-        if stored is not None and stored.error != ENDED_FIRST:  # one the search ended is asked on
+        stored = _kept(study)
+        if stored is not None:
             return stored.prediction(device_type)
         if self._estimation is not None:
             return self.update(study)
@@ -243,6 +242,12 @@ class _Estimation(threading.Thread):
             return StoredEstimates(dict(self._breakdowns), self._baseline, time.monotonic() - self._began,
                                    self._error, asked, min(self._known.values()) if self._known else None,
                                    self._notes[0] if self._notes else None, self._context)
+
+
+def _kept(study: optuna.Study) -> StoredEstimates | None:
+    """The estimates the study kept, unless a search ended before its estimator (those are asked on)."""
+    stored = stored_estimates(study)
+    return None if stored is None or stored.error == ENDED_FIRST else stored
 
 
 def _first_reason(unavailable: dict) -> str | None:
