@@ -34,41 +34,13 @@ def estimate_one(fn: Any, config: Any, device: Any) -> dict:
 
     Where the fake tensors cannot follow a step, what the optimizers hold is still known: the
     parameters, their gradients and the optimizer's state (`_known_parts`), with the rest missing."""
-    import torch
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     from autofit.errors import AutofitError
     from autofit.memory._fake_values import ValueFreeFakeMode
-    from autofit.runtime import DataTooSmall, ProbeFinished, Run
+    from autofit.runtime import DataTooSmall, ProbeFinished
 
-    run = Run(config, device, probing=True, warmup_steps=1, measured_steps=1, min_measure_s=0.0,
-              max_measured_steps=1)
-    run.compile_enabled = False  # fake tensors through inductor: estimated as the eager model
     tracker = _tracker()
-
-    @contextmanager
-    def read_data():
-        """Data for real (the loader's own tensors), outside the fake mode."""
-        with unset_fake_temporarily():
-            yield
-
-    run.data_context = read_data
-    step_taken, backward = run.step_taken, run.backward
-    seen_optimizers: set[int] = set()
-
-    def step_taken_then_reset(samples: int, tokens: int = 0) -> None:
-        step_taken(samples, tokens)  # ends the run (ProbeFinished) after the second step
-        tracker.reset_mod_stats()  # MemTracker follows one iteration of each module at a time
-
-    def backward_tracking_parameters(loss, optimizer, **kwargs):
-        if id(optimizer) not in seen_optimizers:  # its parameters (and their gradients) by name
-            seen_optimizers.add(id(optimizer))
-            params = [p for group in optimizer.param_groups for p in group["params"]]
-            tracker.track_external(torch.nn.ParameterList(params), optimizer)
-        return backward(loss, optimizer, **kwargs)
-
-    run.step_taken = step_taken_then_reset
-    run.backward = backward_tracking_parameters
+    run = _estimating_run(config, device, tracker)
     mode = ValueFreeFakeMode(allow_non_fake_inputs=True)
     failure = known = None
     try:
@@ -95,14 +67,56 @@ def estimate_one(fn: Any, config: Any, device: Any) -> dict:
     if run.clock.steps_done < 2:
         return {"ok": False, "error": f"the function returned after {run.clock.steps_done} optimizer steps "
                                       f"of the two an estimate runs"}
+    return {"ok": True, "breakdown": _breakdown(tracker), "missing": [], "notes": list(mode.notes.values()),
+            "knobs": run.knobs.to_dict()}
+
+
+def _estimating_run(config: Any, device: Any, tracker: Any) -> Any:
+    """A probing Run of two steps whose data is read for real (outside the fake mode), whose
+    optimizers' parameters the tracker follows by name, and whose tracker restarts at each step."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from autofit.runtime import Run
+
+    run = Run(config, device, probing=True, warmup_steps=1, measured_steps=1, min_measure_s=0.0,
+                    max_measured_steps=1)
+    run.compile_enabled = False  # fake tensors through inductor: estimated as the eager model
+
+    @contextmanager
+    def read_data():
+        with unset_fake_temporarily():
+            yield
+
+    run.data_context = read_data
+    step_taken, backward = run.step_taken, run.backward
+    seen_optimizers: set[int] = set()
+
+    def step_taken_then_reset(samples: int, tokens: int = 0) -> None:
+        step_taken(samples, tokens)  # ends the run (ProbeFinished) after the second step
+        tracker.reset_mod_stats()  # MemTracker follows one iteration of each module at a time
+
+    def backward_tracking_parameters(loss, optimizer, **kwargs):
+        if id(optimizer) not in seen_optimizers:  # its parameters (and their gradients) by name
+            seen_optimizers.add(id(optimizer))
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            tracker.track_external(torch.nn.ParameterList(params), optimizer)
+        return backward(loss, optimizer, **kwargs)
+
+    run.step_taken = step_taken_then_reset
+    run.backward = backward_tracking_parameters
+    return run
+
+
+def _breakdown(tracker: Any) -> dict[str, int]:
+    """The tracker's peak snapshot, summed over devices, in our categories."""
     breakdown = dict.fromkeys(_CATEGORIES.values(), 0)
     for per_device in tracker.get_tracker_snapshot("peak").values():
         for key, value in per_device.items():
             name = _CATEGORIES.get(getattr(key, "name", str(key)))
             if name is not None:
                 breakdown[name] += int(value)
-    return {"ok": True, "breakdown": breakdown, "missing": [], "notes": list(mode.notes.values()),
-            "knobs": run.knobs.to_dict()}
+    return breakdown
 
 
 def _tracker():

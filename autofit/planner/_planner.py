@@ -105,7 +105,7 @@ class Planner:
             proposal = self._next_in_strategy(state, strategy)
             if proposal is not None:
                 return proposal
-        refined = self._refine_best(state)
+        refined = _around_the_best(self.space, state)
         if refined is not None:
             return refined
         return next_loader_config(self.space.loader, state.ranking.ranked(), state.observations)
@@ -311,33 +311,6 @@ class Planner:
         below = [b for b in candidates if anchor is not None and b <= anchor]
         return max(below) if below else min(candidates)
 
-    def _refine_best(self, state: _State) -> Config | None:
-        """Probe around the best batch, so a throughput peak below the memory limit is not missed:
-        half the batch first (while halving keeps improving), then the untried neighbours."""
-        top = leader(state.ranking.ranked())  # the loader as the script declares it (rule 6 comes after)
-        if top is None:
-            return None
-        best = top.config
-        strategy = self.space.strategy_of(best)
-        sizes = self.space.batch_sizes
-        i = sizes.index(best.batch_size) if best.batch_size in sizes else None
-        if i is None:
-            return None
-        probed_below = [c.config.batch_size for c in state.ranking.ranked()
-                        if self.space.strategy_of(c.config) == strategy and c.config.batch_size < best.batch_size]
-        half = max((b for b in sizes if b <= best.batch_size / 2), default=None)
-        if half is not None and not any(b >= best.batch_size / 2.5 for b in probed_below):
-            config = self.space.config(strategy, half)
-            if not state.feasible.tried(config):
-                return config
-        for j in (i - 1, i + 1):
-            if 0 <= j < len(sizes):
-                config = self.space.config(strategy, sizes[j])
-                if (not state.feasible.tried(config) and not state.feasible.implied_too_big(config)
-                        and not state.memory.says_too_big(config) and not (j > i and state.memory.predicted_gamble(config))):
-                    return config
-        return None
-
 
 class _State:
     """One reading of the observations, indexed for the planner's questions: what fits (feasible),
@@ -362,3 +335,31 @@ class _State:
     @property
     def any_observed(self) -> bool:
         return bool(self.observations)
+
+
+def _around_the_best(space: SearchSpace, state: _State) -> Config | None:
+    """Probe around the best batch, so a throughput peak below the memory limit is not missed:
+    half the batch first (while halving keeps improving), then the untried neighbours."""
+    top = leader(state.ranking.ranked())  # the loader as the script declares it (rule 6 comes after)
+    if top is None:
+        return None
+    best = top.config
+    strategy = space.strategy_of(best)
+    sizes = space.batch_sizes
+    i = sizes.index(best.batch_size) if best.batch_size in sizes else None
+    if i is None:
+        return None
+    probed_below = [c.config.batch_size for c in state.ranking.ranked()
+                    if space.strategy_of(c.config) == strategy and c.config.batch_size < best.batch_size]
+    half = max((b for b in sizes if b <= best.batch_size / 2), default=None)
+    if half is not None and not any(b >= best.batch_size / 2.5 for b in probed_below):
+        config = space.config(strategy, half)
+        if not state.feasible.tried(config):
+            return config
+    for j in (i - 1, i + 1):
+        if 0 <= j < len(sizes):
+            config = space.config(strategy, sizes[j])
+            if (not state.feasible.tried(config) and not state.feasible.implied_too_big(config)
+                    and not state.memory.says_too_big(config) and not (j > i and state.memory.predicted_gamble(config))):
+                return config
+    return None

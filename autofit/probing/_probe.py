@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 import traceback
@@ -44,51 +43,22 @@ def run_probe(
     backend.reset_peak()
     started = time.perf_counter()
     run = Run(RunSettings(
-        config,
-        backend.torch_device(),
-        probing=True,
-        warmup_steps=warmup_steps,
-        measured_steps=measured_steps,
-        synchronize=backend.synchronize,
-        min_measure_s=min_measure_s,
-        max_measured_steps=measured_steps * _MAX_EXTENSION,
-        ranks=ranks,
-        count_flops=True,
-        energy=backend.energy_joules,
-    ))
+        config, backend.torch_device(), probing=True, warmup_steps=warmup_steps,
+        measured_steps=measured_steps, synchronize=backend.synchronize, min_measure_s=min_measure_s,
+        max_measured_steps=measured_steps * _MAX_EXTENSION, ranks=ranks, count_flops=True,
+        energy=backend.energy_joules))
     result = ProbeResult(status="ok", config=config, warmup_steps=warmup_steps, limit_bytes=backend.memory_limit)
     try:
         with run.active():
             fn(run)
         run.finish()
-        warmup_steps = run.clock.warmup_steps  # longer where a loader's prefetch queue had to drain
-        needed = warmup_steps + min(measured_steps, ENOUGH_MEASURED_STEPS)
-        if needed <= run.clock.steps_done < warmup_steps + measured_steps:
-            # A long run (the confirmation) of a function whose own loop ended first (its data, its
-            # max_train_steps): what ran is measured; the function's length is a fact, not a fault.
-            result.notes.append(f"the function returned after {run.clock.steps_done} optimizer steps of the "
-                                f"{warmup_steps + measured_steps} asked: measured what ran")
-        elif run.clock.steps_done < needed:
-            result.status = "error"
-            result.error_type = "ProbeTooShort"
-            result.error_message = (
-                f"The function returned after {run.clock.steps_done} optimizer steps, but a probe needs "
-                f"{warmup_steps + measured_steps}: loop over the data while run.probing, "
-                f"and iterate run.batches()."
-            )
+        _check_length(result, run, measured_steps)
     except ProbeFinished:
         pass
     except BaseException as exc:  # noqa: BLE001 - every failure of user code becomes a status
         if isinstance(exc, KeyboardInterrupt):
             raise
-        result.status = "oom" if is_oom(exc) else "error"
-        if result.status == "error" and breaks_the_device(exc):
-            result.restart_worker = True
-            result.notes.append(
-                f"{type(exc).__name__} leaves the CUDA context unusable; the worker was replaced")
-        result.error_type = type(exc).__name__
-        result.error_message = str(exc).strip()[:2000]
-        result.traceback = user_traceback(exc)
+        _record_failure(result, exc)
         traceback.clear_frames(exc.__traceback__)  # frames hold the user's tensors
         del exc
     result.wall_s = time.perf_counter() - started
@@ -106,17 +76,52 @@ def run_probe(
     if result.status == "ok":
         _fill_timing(result, run)
         _fill_work(result, run, backend)
-        if not run.losses_finite():
-            result.status = "diverged"
-            result.error_type = "NonFiniteLoss"
-            result.error_message = (
-                f"The loss became NaN or inf under {config.label()}: this config is unusable "
-                f"(fp16 overflow or too large a step)."
-            )
-    del run
+        _check_finite(result, run)
+    del run  # the user's model and tensors go before the memory left behind is read
     backend.release()
     result.memory_after_bytes = backend.used_bytes()
     return result
+
+
+def _check_length(result: ProbeResult, run: Run, measured_steps: int) -> None:
+    """A function that returned before its probe's steps: too short to measure, or (a long run whose
+    own loop ended first) measured as far as it ran."""
+    warmup_steps = run.clock.warmup_steps  # longer where a loader's prefetch queue had to drain
+    needed = warmup_steps + min(measured_steps, ENOUGH_MEASURED_STEPS)
+    if needed <= run.clock.steps_done < warmup_steps + measured_steps:
+        # A long run (the confirmation) of a function whose own loop ended first (its data, its
+        # max_train_steps): what ran is measured; the function's length is a fact, not a fault.
+        result.notes.append(f"the function returned after {run.clock.steps_done} optimizer steps of the "
+                            f"{warmup_steps + measured_steps} asked: measured what ran")
+    elif run.clock.steps_done < needed:
+        result.status = "error"
+        result.error_type = "ProbeTooShort"
+        result.error_message = (
+            f"The function returned after {run.clock.steps_done} optimizer steps, but a probe needs "
+            f"{warmup_steps + measured_steps}: loop over the data while run.probing, "
+            f"and iterate run.batches()."
+        )
+
+
+def _record_failure(result: ProbeResult, exc: BaseException) -> None:
+    """What the user's code raised, as the result's status: an OOM or an error, with its traceback."""
+    result.status = "oom" if is_oom(exc) else "error"
+    if result.status == "error" and breaks_the_device(exc):
+        result.restart_worker = True
+        result.notes.append(f"{type(exc).__name__} leaves the CUDA context unusable; the worker was replaced")
+    result.error_type = type(exc).__name__
+    result.error_message = str(exc).strip()[:2000]
+    result.traceback = user_traceback(exc)
+
+
+def _check_finite(result: ProbeResult, run: Run) -> None:
+    if not run.losses_finite():
+        result.status = "diverged"
+        result.error_type = "NonFiniteLoss"
+        result.error_message = (
+            f"The loss became NaN or inf under {result.config.label()}: this config is unusable "
+            f"(fp16 overflow or too large a step)."
+        )
 
 
 def _fill_timing(result: ProbeResult, run: Run) -> None:

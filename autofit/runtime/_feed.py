@@ -6,19 +6,40 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
+from autofit.config import Config
 from autofit.runtime._batch import count_samples, split_batch, to_device
 from autofit.runtime._clock import StepClock
-from autofit.runtime._knobs import KnobPanel
+from autofit.runtime._knobs import KnobPanel, Knobs
 from autofit.runtime._loader import prefetch_warmup
 from autofit.runtime._precision import make_grad_scaler
-from autofit.runtime._redo import LoopRedo, drop_graph
+from autofit.runtime._redo import LoopRedo, Lowering, drop_graph
 
-if TYPE_CHECKING:
-    from autofit.runtime._run import Run
+
+class FedRun(Protocol):
+    """What a feed reads and writes of the run it feeds (`Run` is one): named here so that the feed
+    does not import the face it sits under."""
+
+    config: Config
+    notes: list[str]
+    data_context: Callable[[], Any]
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def probing(self) -> bool: ...
+
+    @property
+    def knobs(self) -> Knobs: ...
+
+    @property
+    def lowerings(self) -> list[Lowering]: ...
+
+    def step_taken(self, samples: int, tokens: int = 0) -> None: ...
 
 
 class DataTooSmall(RuntimeError):
@@ -33,7 +54,7 @@ class StepFeed:
     scaling, the optimizer step at each step's end), and a step that ran out of memory fed again at
     the lowered micro-batch (`LoopRedo` decides). The run's config, clock and step count are the run's."""
 
-    def __init__(self, run: Run, clock: StepClock, panel: KnobPanel, redo: LoopRedo) -> None:
+    def __init__(self, run: FedRun, clock: StepClock, panel: KnobPanel, redo: LoopRedo) -> None:
         self._run, self._clock, self._panel, self._redo = run, clock, panel, redo
         self.scaler = make_grad_scaler(run.config.precision, run.device)
         self._micro_batches = 0  # handed out by batches()
