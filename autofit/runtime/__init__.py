@@ -35,8 +35,11 @@ from autofit.runtime._redo import (
 from autofit.runtime._report import run_summary
 from autofit.runtime._run import Run
 from autofit.runtime._settings import RunSettings
+from autofit.runtime._tokens import TokenBatchSampler, TokenBatchStats
 
 __all__ = [
+    "TokenBatchSampler",
+    "TokenBatchStats",
     "LIMIT_ENV",
     "RECOVERY_ENV",
     "DataTooSmall",

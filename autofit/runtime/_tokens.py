@@ -1,0 +1,117 @@
+"""`TokenBatchSampler`: micro-batches of variable-length samples whose padded size (samples x the
+longest length in the batch) stays within a token cap, so that memory follows the cap and not the
+longest sample the data happens to hold.
+
+Samples are sorted by length (ties in a seeded random order) and cut greedily into batches, then the
+batches are shuffled: padding stays small without a fixed bucket grid, and an epoch's order is a
+function of (seed, epoch) alone, so a resumed run takes the same batches (fairseq's `--max-tokens`
+batching, written here for any dataset that states its lengths)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import Sampler
+
+
+@dataclass(frozen=True)
+class TokenBatchStats:
+    """What one epoch's batches hold: real tokens, padded tokens (what memory pays for), and the
+    samples longer than the cap (each a batch of its own, over the cap)."""
+
+    batches: int
+    samples: int
+    real_tokens: int
+    padded_tokens: int
+    longest: int
+    over_cap: int
+
+    @property
+    def padding_share(self) -> float:
+        """The share of the padded tokens that are padding."""
+        return 1.0 - self.real_tokens / self.padded_tokens if self.padded_tokens else 0.0
+
+    def describe(self) -> str:
+        over = f"; {self.over_cap} sample(s) longer than the cap, each alone" if self.over_cap else ""
+        return (f"{self.batches} batches of {self.samples} samples, {self.padding_share:.1%} padding "
+                f"(longest {self.longest} tokens){over}")
+
+
+class TokenBatchSampler(Sampler[list[int]]):
+    """Index batches for a DataLoader's `batch_sampler`: each batch's sample count times its longest
+    length is at most `max_tokens` (a sample longer than the cap goes alone). With several ranks,
+    every rank gets the same number of batches (the epoch's batches are dealt round-robin, the last
+    ones repeated from the start where they do not divide), so no rank waits on another's extra step.
+
+    `skip(n)` resumes an epoch after its first n batches (of this rank)."""
+
+    def __init__(self, lengths: Sequence[int], max_tokens: int, *, shuffle: bool = True, seed: int = 0,
+                 rank: int = 0, world_size: int = 1, max_samples: int | None = None) -> None:
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, but got {max_tokens}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not one of {world_size} ranks")
+        self.lengths = [int(n) for n in lengths]
+        if any(n < 1 for n in self.lengths):
+            raise ValueError("every sample's length must be at least 1 token")
+        self.max_tokens = int(max_tokens)
+        self.shuffle, self.seed = shuffle, seed
+        self.rank, self.world_size = rank, world_size
+        self.max_samples = max_samples
+        self.epoch = 0
+        self._skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Each epoch its own order (as DistributedSampler's `set_epoch`)."""
+        self.epoch, self._skip = epoch, 0
+
+    def skip(self, batches: int) -> None:
+        """Start this epoch after its first `batches` batches: a resumed run takes the rest."""
+        self._skip = batches
+
+    def all_batches(self) -> list[list[int]]:
+        """Every batch of this epoch, before they are dealt to the ranks."""
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        order = (torch.randperm(len(self.lengths), generator=generator).tolist() if self.shuffle
+                 else list(range(len(self.lengths))))
+        order.sort(key=lambda i: -self.lengths[i])  # stable: equal lengths keep their random order
+        batches: list[list[int]] = []
+        current: list[int] = []
+        for index in order:  # longest first: a batch's first sample sets its padded length
+            longest = self.lengths[current[0]] if current else self.lengths[index]
+            full = self.max_samples is not None and len(current) >= self.max_samples
+            if current and ((len(current) + 1) * longest > self.max_tokens or full):
+                batches.append(current)
+                current = []
+            current.append(index)
+        if current:
+            batches.append(current)
+        if self.shuffle:
+            batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+        return batches
+
+    def _mine(self) -> list[list[int]]:
+        batches = self.all_batches()
+        if self.world_size > 1 and batches:
+            short = -len(batches) % self.world_size
+            batches = batches + [batches[i % len(batches)] for i in range(short)]
+            batches = batches[self.rank::self.world_size]
+        return batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        yield from self._mine()[self._skip:]
+
+    def __len__(self) -> int:
+        return max(0, len(self._mine()) - self._skip)
+
+    def stats(self) -> TokenBatchStats:
+        """This epoch's batches (all ranks'), counted."""
+        batches = self.all_batches()
+        padded = sum(len(b) * max(self.lengths[i] for i in b) for b in batches)
+        return TokenBatchStats(
+            batches=len(batches), samples=sum(len(b) for b in batches),
+            real_tokens=sum(self.lengths[i] for b in batches for i in b), padded_tokens=padded,
+            longest=max(self.lengths, default=0),
+            over_cap=sum(1 for n in self.lengths if n > self.max_tokens))

@@ -1,0 +1,102 @@
+"""Token-capped batches: every batch within the cap, every sample once an epoch, the same batches for
+the same (seed, epoch), ranks with equal counts, a resumed epoch taking the rest."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from autofit.runtime import TokenBatchSampler
+
+
+def _long_tailed(n: int = 2000, seed: int = 1) -> list[int]:
+    """Mostly short samples and a few very long ones, as instruction data is."""
+    rng = random.Random(seed)
+    return [min(2048, max(4, int(rng.lognormvariate(4.5, 0.9)))) for _ in range(n)]
+
+
+def test_every_batch_stays_within_the_cap_and_every_sample_comes_once():
+    lengths = _long_tailed()
+    sampler = TokenBatchSampler(lengths, max_tokens=4096, seed=3)
+    batches = list(sampler)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for batch in batches:
+        assert len(batch) * max(lengths[i] for i in batch) <= 4096
+    assert len(batches) == len(sampler)
+
+
+def test_a_sample_longer_than_the_cap_goes_alone_and_is_counted():
+    lengths = [10] * 50 + [500]
+    sampler = TokenBatchSampler(lengths, max_tokens=100)
+    alone = [b for b in sampler if 50 in b]
+    assert alone == [[50]]
+    assert sampler.stats().over_cap == 1
+    assert "longer than the cap" in sampler.stats().describe()
+
+
+def test_the_same_seed_and_epoch_give_the_same_batches_and_another_epoch_another_order():
+    lengths = _long_tailed()
+    first = list(TokenBatchSampler(lengths, 4096, seed=7))
+    assert first == list(TokenBatchSampler(lengths, 4096, seed=7))
+    other = TokenBatchSampler(lengths, 4096, seed=7)
+    other.set_epoch(1)
+    assert list(other) != first
+
+
+def test_sorting_by_length_pads_far_less_than_batches_of_random_samples():
+    lengths = _long_tailed()
+    sampler = TokenBatchSampler(lengths, max_tokens=4096, seed=0)
+    stats = sampler.stats()
+    # The same number of samples per batch, drawn at random, padded to each batch's longest.
+    rng = random.Random(0)
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    per_batch = max(1, stats.samples // stats.batches)
+    random_padded = sum(len(order[i:i + per_batch]) * max(lengths[j] for j in order[i:i + per_batch])
+                        for i in range(0, len(order), per_batch))
+    assert stats.padding_share < 0.1
+    assert stats.padded_tokens < 0.5 * random_padded
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_get_as_many_batches_each_and_together_every_sample(world_size):
+    lengths = _long_tailed(999)
+    per_rank = [list(TokenBatchSampler(lengths, 3000, seed=5, rank=r, world_size=world_size))
+                for r in range(world_size)]
+    assert len({len(b) for b in per_rank}) == 1
+    assert {i for batches in per_rank for b in batches for i in b} == set(range(len(lengths)))
+
+
+def test_a_resumed_epoch_takes_the_batches_it_had_not_taken():
+    lengths = _long_tailed()
+    whole = list(TokenBatchSampler(lengths, 4096, seed=2))
+    resumed = TokenBatchSampler(lengths, 4096, seed=2)
+    resumed.skip(10)
+    assert list(resumed) == whole[10:]
+    assert len(resumed) == len(whole) - 10
+
+
+def test_max_samples_bounds_a_batch_of_short_samples():
+    sampler = TokenBatchSampler([4] * 100, max_tokens=4096, max_samples=16)
+    assert max(len(b) for b in sampler) == 16
+
+
+def test_batches_feed_a_dataloader_as_its_batch_sampler():
+    lengths = [3, 9, 5, 7, 2, 8]
+    data = [torch.ones(n) for n in lengths]
+
+    def pad(samples):
+        return torch.nn.utils.rnn.pad_sequence(samples, batch_first=True)
+
+    loader = torch.utils.data.DataLoader(data, batch_sampler=TokenBatchSampler(lengths, 16), collate_fn=pad)
+    shapes = [tuple(batch.shape) for batch in loader]
+    assert sum(s[0] for s in shapes) == len(lengths)
+    assert all(rows * cols <= 16 for rows, cols in shapes)
+
+
+@pytest.mark.parametrize("bad", [{"max_tokens": 0}, {"rank": 2, "world_size": 2}])
+def test_bad_arguments_are_refused(bad):
+    with pytest.raises(ValueError):
+        TokenBatchSampler([1, 2], **{"max_tokens": 8, **bad})
