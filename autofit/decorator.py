@@ -36,7 +36,7 @@ class AutofitFunction:
         return f"<autofit function {self.fn.__module__}.{self.fn.__qualname__}>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from autofit.launch import report_run
+        from autofit.normal_run import report_run
         from autofit.runtime import Run, record_lowerings
 
         if args and isinstance(args[0], Run):  # a probe, or a caller who built the Run
@@ -76,8 +76,8 @@ class AutofitFunction:
                 leave_process_group()
 
     def plan_run(self, config_path: str | os.PathLike | None = None, device: str | None = None):
-        """What a normal call trains with (autofit.launch.RunPlan): the best exported config, if any."""
-        from autofit.launch import resolve_run_config
+        """What a normal call trains with (autofit.normal_run.RunPlan): the best exported config, if any."""
+        from autofit.normal_run import resolve_run_config
 
         plan = resolve_run_config(self, config_path, device)
         if os.environ.get("RANK", "0") == "0":  # under torchrun, the main rank speaks for all

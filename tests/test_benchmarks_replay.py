@@ -13,7 +13,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from autofit.config import Config  # noqa: E402
-from autofit.planner._space import SearchSpace  # noqa: E402
+from autofit.planner._search_space import SearchSpace  # noqa: E402
 from benchmarks.landscape import Landscape, synthetic  # noqa: E402
 from benchmarks.strategies import run_strategy  # noqa: E402
 

@@ -14,7 +14,7 @@ from autofit.config import Config
 from autofit.errors import UsageError
 from autofit.planner import Observation, Planner, SearchSpace, Strategy
 from autofit.planner._feasibility import Feasibility
-from autofit.planner._space import needs_no_more_memory, recomputes_no_more
+from autofit.planner._search_space import needs_no_more_memory, recomputes_no_more
 from autofit.probing import Worker
 from autofit.runtime import Run, checkpoint_policy_of
 
@@ -227,7 +227,7 @@ def test_the_policies_a_search_considers(declared, flag, expected):
     from autofit.options import SearchOptions
     from autofit.probing import WorkerInfo
     from autofit.search._settings import SearchSettings
-    from autofit.search._space import build_space, search_options
+    from autofit.search._build_space import build_space, search_options
 
     info = WorkerInfo(function="train", options=SearchOptions(checkpoint_policy=declared).__dict__,
                       device={"type": "cpu"}, precisions=["fp32"], default_precisions=["fp32"], baseline_bytes=0,

@@ -32,7 +32,7 @@ from autofit.report import describe_probe
 from autofit.runtime import Run, StepClock
 from autofit.search import SearchSettings
 from autofit.search._sampler import space_distributions
-from autofit.search._space import loader_choices, loader_note
+from autofit.search._build_space import loader_choices, loader_note
 from autofit.study import explain
 
 

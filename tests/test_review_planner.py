@@ -139,7 +139,7 @@ def test_the_search_says_why_selective_checkpointing_was_abandoned():
 def test_a_selective_policy_that_runs_out_of_memory_is_not_abandoned():
     from autofit.planner import Observation
     from autofit.planner._feasibility import Feasibility
-    from autofit.planner._space import Strategy
+    from autofit.planner._search_space import Strategy
 
     space = _selective_space()
     seen = [Observation(Config(64), "ok", peak_bytes=2**30, samples_per_s=640.0),
@@ -166,7 +166,7 @@ def test_an_oom_while_accumulating_implies_nothing_for_one_micro_batch_a_step():
 def test_accumulation_orders_memory_one_way_at_one_micro_batch():
     from autofit.planner import Observation
     from autofit.planner._feasibility import Feasibility
-    from autofit.planner._space import Strategy
+    from autofit.planner._search_space import Strategy
 
     space = SearchSpace.build(batch_size=(8, 64), precisions=("fp32",), accumulations=(1, 2, 4))
     one, two, four = (Strategy("fp32", 0, a) for a in (1, 2, 4))

@@ -277,7 +277,7 @@ def test_a_batch_the_data_cannot_feed_stops_the_climb_without_blaming_the_precis
     from autofit.config import MAX_BATCH
     from autofit.planner._observation import Observation
     from autofit.planner._planner import Planner
-    from autofit.planner._space import SearchSpace
+    from autofit.planner._search_space import SearchSpace
 
     space = SearchSpace.build(batch_size=(1, MAX_BATCH), precisions=("fp32", "bf16"))
     planner = Planner(space, 100 * 2**30)

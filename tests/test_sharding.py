@@ -13,7 +13,7 @@ import torch
 from autofit.config import MAX_BATCH, Config
 from autofit.planner._observation import Observation
 from autofit.planner._planner import Planner
-from autofit.planner._space import SearchSpace
+from autofit.planner._search_space import SearchSpace
 from tests.conftest import autofit_cli, script
 from tests.test_distributed import _run
 from tests.test_resilience_real import _config_file

@@ -44,7 +44,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from autofit.devices._base import DeviceBackend, DeviceInfo
-from autofit.devices._peaks import peak_flops_per_s
+from autofit.devices._peak_flops import peak_flops_per_s
 from autofit.errors import UsageError
 from autofit.units import format_size
 
@@ -399,7 +399,7 @@ class CudaBackend(DeviceBackend):
             return None
 
     def peak_flops_per_s(self, precision: str) -> float | None:
-        """The GPU's dense peak (autofit.devices._peaks); a MIG slice's scaled by its SMs, as CUDA counts them."""
+        """The GPU's dense peak (autofit.devices._peak_flops); a MIG slice's scaled by its SMs, as CUDA counts them."""
         if self._device_name is None:
             self._device_name = self.info().name
         multiprocessors = self._cuda().get_device_properties(self.index).multi_processor_count

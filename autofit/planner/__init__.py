@@ -5,7 +5,7 @@ and the benchmark's replays all ask the same planner."""
 
 from __future__ import annotations
 
-from autofit.planner._loader import (
+from autofit.planner._loader_rule import (
     LOADER_PREFETCH,
     LOADER_WORKERS,
     MIN_LOADER_SHARE,
@@ -33,7 +33,7 @@ from autofit.planner._prediction import (
     memory_key,
 )
 from autofit.planner._ranking import TIE_TOLERANCE, Candidate
-from autofit.planner._space import SearchSpace, Strategy, checkpoint_levels, divisors_in, nice_batch_sizes
+from autofit.planner._search_space import SearchSpace, Strategy, checkpoint_levels, divisors_in, nice_batch_sizes
 
 __all__ = [
     "CPU_FACTORS",

@@ -67,7 +67,7 @@ class ProbeResult:
     """Model FLOP/s achieved: samples/s x FLOPs per sample (all ranks of a distributed probe)."""
     mfu: float | None = None
     """Model FLOPs utilisation: FLOP/s over the device's dense peak at this precision (None on a CPU
-    or a GPU without a known peak: autofit.devices.PEAKS)."""
+    or a GPU without a known peak: autofit.devices.PEAK_FLOPS)."""
     joules_per_sample: float | None = None
     """Energy the GPU drew per sample over the measured steps (NVML's energy counter; None elsewhere)."""
 

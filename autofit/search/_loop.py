@@ -25,7 +25,7 @@ from autofit.search._progress import Reporter
 from autofit.search._sampler import AutofitSampler, Proposal
 from autofit.search._session import Session
 from autofit.search._settings import SearchResult, SearchSettings
-from autofit.search._space import available_cores, build_space, search_options
+from autofit.search._build_space import available_cores, build_space, search_options
 
 if TYPE_CHECKING:
     from autofit.search._pool import Runner

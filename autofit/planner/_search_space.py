@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from autofit.config import CHECKPOINT_POLICIES, PRECISIONS, SHARDINGS, Config
 from autofit.errors import UsageError
-from autofit.planner._loader import LoaderChoices
+from autofit.planner._loader_rule import LoaderChoices
 
 #: Precisions ranked by the memory their activations take (higher = more memory).
 MEMORY_RANK = {"fp32": 2, "tf32": 2, "bf16": 1, "fp16": 1}

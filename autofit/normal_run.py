@@ -25,7 +25,7 @@ RUN_REPORT_ENV = "AUTOFIT_RUN_REPORT"
 
 
 class Decorated(Protocol):
-    """What the launcher needs of a decorated function (autofit.decorator.AutofitFunction): no import of
+    """What a normal run needs of a decorated function (autofit.decorator.AutofitFunction): no import of
     the decorator module, which imports this one."""
 
     fn: Callable[..., Any]
