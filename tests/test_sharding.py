@@ -37,7 +37,7 @@ def _landscape(fsdp_speed: float):
 
 
 def _search(fsdp_speed: float) -> tuple[Planner, list[Observation]]:
-    space = SearchSpace.build(batch_size=(1, MAX_BATCH), precisions=("fp32",), shardings=("ddp", "fsdp"))
+    space = SearchSpace.build(batch_range=(1, MAX_BATCH), precisions=("fp32",), shardings=("ddp", "fsdp"))
     planner = Planner(space, USABLE, check_noise=False)
     probe, seen = _landscape(fsdp_speed), []
     for _ in range(60):
@@ -64,7 +64,7 @@ def test_a_sharding_slower_everywhere_gets_few_probes_and_ddp_wins():
 
 
 def test_a_sharding_that_fails_without_running_is_dropped_after_one_failure():
-    space = SearchSpace.build(batch_size=(1, MAX_BATCH), precisions=("fp32",), shardings=("ddp", "fsdp"))
+    space = SearchSpace.build(batch_range=(1, MAX_BATCH), precisions=("fp32",), shardings=("ddp", "fsdp"))
     planner = Planner(space, USABLE, check_noise=False)
     seen = [Observation(Config(4), "ok", peak_bytes=GiB + 4 * MiB, samples_per_s=4.0),
             Observation(Config(16, sharding="fsdp"), "error")]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from autofit.devices._allocator import allocator_difference, current_allocator_settings
 from autofit.devices._base import DeviceBackend, DeviceInfo
 from autofit.devices._cpu import cpu_has_native_bf16
-from autofit.devices._peak_flops import PEAK_FLOPS, PeakFlops, mfu, peak_flops_per_s, peak_flops_for
+from autofit.devices._peak_flops import PEAK_FLOPS, PeakFlops, mfu, peak_flops_for, peak_flops_per_s
 from autofit.devices._select import DEVICE_TYPES, check_device, list_devices, make_backend
 
 __all__ = [

@@ -330,13 +330,13 @@ class CudaBackend(DeviceBackend):
         self.overhead_source = "device-wide"
         return max(0, int(total) - int(free) - reserved)
 
-    def _set_fraction(self, limit_bytes: int | None, overhead: int) -> float:
+    def _set_fraction(self, cap_bytes: int | None, overhead: int) -> float:
         cuda = self._cuda()
-        if limit_bytes is None:
+        if cap_bytes is None:
             fraction = 1.0
         else:
             _, total = cuda.mem_get_info(self.index)
-            fraction = min(1.0, max(0.0, (limit_bytes - overhead) / int(total)))
+            fraction = min(1.0, max(0.0, (cap_bytes - overhead) / int(total)))
         cuda.set_per_process_memory_fraction(fraction, self.index)
         return fraction
 

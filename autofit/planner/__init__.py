@@ -11,10 +11,10 @@ from autofit.planner._loader_rule import (
     MIN_LOADER_SHARE,
     LoaderChoices,
     loader_reason,
+    loader_worker_counts,
     next_loader_config,
     shared_cores_loader_note,
     wait_share,
-    worker_counts,
 )
 from autofit.planner._models import Line, ThroughputModel, fit_line, fit_throughput
 from autofit.planner._noise import Measurement, NoiseReading
@@ -70,5 +70,5 @@ __all__ = [
     "nice_batch_sizes",
     "shared_cores_loader_note",
     "wait_share",
-    "worker_counts",
+    "loader_worker_counts",
 ]

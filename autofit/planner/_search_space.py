@@ -120,7 +120,7 @@ class SearchSpace:
     def build(
         cls,
         *,
-        batch_size: tuple[int, int],
+        batch_range: tuple[int, int],
         precisions: tuple[str, ...],
         checkpoint_blocks: int | None = None,
         use_checkpoint: bool = True,
@@ -131,7 +131,7 @@ class SearchSpace:
         loader: LoaderChoices = LoaderChoices(),
         checkpoint_policies: tuple[str, ...] = ("full",),
     ) -> SearchSpace:
-        low, high = batch_size
+        low, high = batch_range
         if global_batch is not None:
             sizes = divisors_in(global_batch, low, high)
             if not sizes:

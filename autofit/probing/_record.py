@@ -139,7 +139,8 @@ class WorkerInfo:
     precisions: list[str]
     default_precisions: list[str]
     baseline_bytes: int
-    limit_bytes: int | None
+    memory_limit: int | None
+    """The memory limit the runner's process enforces (bytes; None: the whole device)."""
     versions: dict
     load_s: float
     pid: int

@@ -12,8 +12,8 @@ import torch
 
 from autofit.runtime._batch import count_samples, split_batch, to_device
 from autofit.runtime._clock import StepClock
-from autofit.runtime._knobs import KnobPanel
 from autofit.runtime._dataloader import prefetch_warmup
+from autofit.runtime._knobs import KnobPanel
 from autofit.runtime._precision import make_grad_scaler
 from autofit.runtime._redo import LoopRedo, drop_graph
 
