@@ -124,7 +124,7 @@ class Config:
         if self.compile:
             parts.append("compiled")
         if self.loader_workers is not None:
-            parts.append(f"workers={self.loader_workers}")
+            parts.append(f"loader-workers={self.loader_workers}")
         if self.pin_memory is not None:
             parts.append("pinned" if self.pin_memory else "unpinned")
         if self.prefetch_factor is not None:

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from autofit.config import MAX_BATCH, PRECISIONS, Config
-from autofit.options import SearchOptions
+from autofit.errors import UsageError
+from autofit.options import SearchOptions, renamed
 
 if TYPE_CHECKING:
     from autofit.devices import DeviceBackend
@@ -36,7 +37,7 @@ class AutofitFunction:
         return f"<autofit function {self.fn.__module__}.{self.fn.__qualname__}>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from autofit.launch import report_run
+        from autofit.normal_run import report_run
         from autofit.runtime import Run, record_lowerings
 
         if args and isinstance(args[0], Run):  # a probe, or a caller who built the Run
@@ -76,8 +77,8 @@ class AutofitFunction:
                 leave_process_group()
 
     def plan_run(self, config_path: str | os.PathLike | None = None, device: str | None = None):
-        """What a normal call trains with (autofit.launch.RunPlan): the best exported config, if any."""
-        from autofit.launch import resolve_run_config
+        """What a normal call trains with (autofit.normal_run.RunPlan): the best exported config, if any."""
+        from autofit.normal_run import resolve_run_config
 
         plan = resolve_run_config(self, config_path, device)
         if os.environ.get("RANK", "0") == "0":  # under torchrun, the main rank speaks for all
@@ -96,8 +97,8 @@ class AutofitFunction:
             Run,
             RunSettings,
             StepRedo,
-            describe_limit,
-            limit_from_env,
+            describe_memory_limit,
+            memory_limit_from_env,
             per_rank_config,
             ranks_from_env,
             recovery_enabled,
@@ -124,10 +125,10 @@ class AutofitFunction:
         backend = self._backends.get(key)
         if backend is None:
             backend = self._backends[key] = make_backend(*key)
-        limit = limit_from_env(plan.searched_limit)
-        if limit is not None and backend.memory_limit != limit:
-            backend.apply_memory_limit(limit, limit)
-            print(describe_limit(limit), file=sys.stderr)
+        memory_limit = memory_limit_from_env(plan.searched_memory_limit)
+        if memory_limit is not None and backend.memory_limit != memory_limit:
+            backend.apply_memory_limit(memory_limit, memory_limit)
+            print(describe_memory_limit(memory_limit), file=sys.stderr)
         if redo is None:
             redo = StepRedo(enabled=recover, release_memory=backend.release, used_memory=backend.used_bytes)
         # The same warm-up a probe skips is left out of the run's own throughput figure.
@@ -145,7 +146,7 @@ def autofit(
     fn: Callable[..., Any] | None = None,
     *,
     global_batch: int | None = None,
-    batch_size: tuple[int, int] = (1, MAX_BATCH),
+    batch_range: tuple[int, int] | None = None,
     precision: tuple[str, ...] | list[str] | str | None = None,
     accumulation: tuple[int, ...] | list[int] | None = None,
     sharding: tuple[str, ...] | list[str] | str | None = None,
@@ -154,8 +155,18 @@ def autofit(
     compile: bool = True,
     default_batch_size: int | None = None,
     recover_oom: bool = True,
+    batch_size: tuple[int, int] | None = None,
 ) -> Any:
-    """Mark a train function `train(run)` for search: `@autofit` or `@autofit(global_batch=256)`."""
+    """Mark a train function `train(run)` for search: `@autofit` or `@autofit(global_batch=256)`.
+
+    `batch_range=(lo, hi)`: the micro-batches to consider (default: 1 up, until memory stops the climb).
+    `batch_size=` is its old name, still taken (deprecated)."""
+    if batch_size is not None:
+        if batch_range is not None:
+            raise UsageError("Give the micro-batch range once, as batch_range=(lo, hi), but got both "
+                             "batch_range= and its deprecated name batch_size=.")
+        renamed("@autofit(batch_size=...)", "@autofit(batch_range=(lo, hi))")
+        batch_range = batch_size
     if isinstance(precision, str):
         precision = (precision,)
     if isinstance(sharding, str):
@@ -164,7 +175,7 @@ def autofit(
         checkpoint_policy = (checkpoint_policy,)
     options = SearchOptions(
         global_batch=global_batch,
-        batch_size=tuple(batch_size),
+        batch_range=tuple(batch_range) if batch_range is not None else (1, MAX_BATCH),
         precision=tuple(precision) if precision is not None else None,
         accumulation=tuple(accumulation) if accumulation is not None else None,
         sharding=tuple(sharding) if sharding is not None else None,

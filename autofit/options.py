@@ -3,6 +3,7 @@ override it, and the search reads it: it lives here so that none of them imports
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -16,8 +17,9 @@ class SearchOptions:
 
     global_batch: int | None = None
     """Keep micro-batch x accumulation equal to this; accumulation is derived."""
-    batch_size: tuple[int, int] = (1, MAX_BATCH)
-    """Smallest and largest micro-batch to consider (default: no upper bound; memory decides)."""
+    batch_range: tuple[int, int] = (1, MAX_BATCH)
+    """Smallest and largest micro-batch (Config.batch_size) to consider (default: no upper bound; memory
+    decides)."""
     precision: tuple[str, ...] | None = None
     """Precisions to consider; None: every one the device supports."""
     accumulation: tuple[int, ...] | None = None
@@ -40,9 +42,9 @@ class SearchOptions:
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        lo, hi = self.batch_size
+        lo, hi = self.batch_range
         if lo < 1 or hi < lo:
-            raise UsageError(f"The batch-size range must satisfy 1 <= MIN <= MAX, but got {lo}:{hi}.")
+            raise UsageError(f"The batch range must satisfy 1 <= MIN <= MAX, but got {lo}:{hi}.")
         if self.precision is not None:
             for name in self.precision:
                 check_precision(name)
@@ -59,7 +61,7 @@ class SearchOptions:
         """The config a normal call trains with before any search, and how it follows from what the
         user declared: the global batch kept (micro-batch x accumulation), the micro-batch within the
         declared range, fp32 unless the declared precisions leave it out (then the first of them)."""
-        lo, hi = self.batch_size
+        lo, hi = self.batch_range
         wanted = self.default_batch_size or self.global_batch or 32
         batch = min(max(wanted, lo), hi)
         accumulation, why = 1, []
@@ -76,3 +78,8 @@ class SearchOptions:
     def merged(self, **overrides: Any) -> SearchOptions:
         """These options with every override that is not None applied (CLI flags win)."""
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def renamed(old: str, new: str) -> None:
+    """Say, in one line, that a name users may still pass was renamed (it keeps working for now)."""
+    print(f"autofit: {old} is deprecated and will be removed: use {new}", file=sys.stderr)

@@ -92,7 +92,7 @@ def main() -> None:
                 notes[name] = found["error"]
         low, _, high = args.grid_batch.partition(":")
         began = time.perf_counter()
-        grid = record(args.script, memory_limit=parse_size(args.memory_limit), batch_size=(int(low), int(high)),
+        grid = record(args.script, memory_limit=parse_size(args.memory_limit), batch_range=(int(low), int(high)),
                       precisions=("fp32", "bf16"), checkpoint_policies=CHECKPOINT_POLICIES,  # as the search
                       name="experts-grid", out=os.path.join(tmp, "grid.json"), device=args.device)
         times["grid best"] = time.perf_counter() - began

@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def search(args, tmp: str, workers: int) -> dict:
     settings = SearchSettings(script=args.study, memory_limit=args.memory_limit, budget_s=args.budget,
                               storage=f"sqlite:///{tmp}/w{workers}.db", out=os.path.join(tmp, f"w{workers}.json"),
-                              workers=workers, fresh=True)
+                              parallel=workers, fresh=True)
     started = time.time()
     result = run_search(settings)
     wall = time.time() - started
@@ -52,13 +52,13 @@ def main() -> None:
     parser.add_argument("--study", default="studies/mlp.py")
     parser.add_argument("--budget", type=parse_duration, default=parse_duration("4m"))
     parser.add_argument("--memory-limit", type=parse_size, default=parse_size("1GiB"))
-    parser.add_argument("--workers", default="1,2,4", help="worker counts, in order")
+    parser.add_argument("--parallel", default="1,2,4", help="parallel probe counts (autofit search --parallel), in order")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the final re-measure")
     args = parser.parse_args()
     command = "python -m benchmarks.parallel " + " ".join(sys.argv[1:])
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [search(args, tmp, int(n)) for n in args.workers.split(",")]
+        runs = [search(args, tmp, int(n)) for n in args.parallel.split(",")]
     picks = list(dict.fromkeys(r["best"] for r in runs if r["best"] is not None))
     true = remeasure(args, picks, args.rounds)
     single = true.get(runs[0]["best"], 0.0) or 1.0

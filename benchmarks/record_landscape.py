@@ -83,7 +83,7 @@ def record(
     study: str,
     *,
     memory_limit: int,
-    batch_size: tuple[int, int],
+    batch_range: tuple[int, int],
     precisions: tuple[str, ...] = ("fp32", "bf16", "fp16"),
     name: str | None = None,
     function: str | None = None,
@@ -126,10 +126,10 @@ def record(
             log(f"the device does not run {', '.join(dropped)}; left out")
         # The pilot (smallest batch, first precision, no checkpointing) tells how many blocks the
         # function offers to run.checkpoint(), which decides the checkpoint levels of the space.
-        pilot_config = Config(batch_size[0], usable_precisions[0], 0, (accumulations or (1,))[0])
+        pilot_config = Config(batch_range[0], usable_precisions[0], 0, (accumulations or (1,))[0])
         pilot = worker.probe(pilot_config, warmup=warmup, steps=steps, timeout=timeout)
         blocks = pilot.knobs.get("checkpoint_blocks")
-        space = SearchSpace.build(batch_size=batch_size, precisions=usable_precisions,
+        space = SearchSpace.build(batch_range=batch_range, precisions=usable_precisions,
                                   checkpoint_blocks=blocks, use_checkpoint=checkpoint,
                                   accumulations=accumulations, checkpoint_policies=checkpoint_policies,
                                   compiles=(False, True) if compile and pilot.knobs.get("compile") else (False,))
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
         if p not in PRECISIONS:
             parser.error(f"unknown precision {p!r}")
     accumulations = tuple(int(a) for a in args.accumulation.split(",")) if args.accumulation else None
-    record(study, memory_limit=args.memory_limit, batch_size=args.batch, precisions=precisions,
+    record(study, memory_limit=args.memory_limit, batch_range=args.batch, precisions=precisions,
            name=args.name, function=function or None, headroom=args.headroom, device=args.device,
            compile=args.compile,
            checkpoint=not args.no_checkpoint,

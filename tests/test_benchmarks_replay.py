@@ -13,7 +13,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from autofit.config import Config  # noqa: E402
-from autofit.planner._space import SearchSpace  # noqa: E402
+from autofit.planner._search_space import SearchSpace  # noqa: E402
 from benchmarks.landscape import Landscape, synthetic  # noqa: E402
 from benchmarks.strategies import run_strategy  # noqa: E402
 
@@ -25,7 +25,7 @@ def tiny() -> Landscape:
 
     fp32: peak 100 + 10b MiB -> fits up to 8, OOM from 12. bf16: 100 + 6b -> fits up to 12,
     16 runs at 196 MiB, inside the headroom (infeasible). Best: bf16 b=12 (9 samples/s)."""
-    space = SearchSpace.build(batch_size=(1, 16), precisions=("fp32", "bf16"))
+    space = SearchSpace.build(batch_range=(1, 16), precisions=("fp32", "bf16"))
     assert space.batch_sizes == (1, 2, 3, 4, 6, 8, 12, 16)
     return synthetic(
         "tiny", space, 200 * MiB, 0.1,
@@ -91,7 +91,7 @@ HAS_PLANNER = importlib.util.find_spec("autofit.planner._planner") is not None
 def linear_landscape() -> Landscape:
     """GPT-like: memory linear in batch, less in bf16/fp16 and with more checkpointed blocks;
     throughput saturating in batch, bf16 fastest, checkpointing slower."""
-    space = SearchSpace.build(batch_size=(1, 512), precisions=("fp32", "bf16", "fp16"), checkpoint_blocks=4)
+    space = SearchSpace.build(batch_range=(1, 512), precisions=("fp32", "bf16", "fp16"), checkpoint_blocks=4)
 
     def peak(c: Config) -> float:
         per = (6.0 if c.precision == "fp32" else 3.6) * (1 - 0.15 * c.checkpoint_segments)
@@ -179,7 +179,7 @@ def test_the_grid_records_selective_checkpointing_unless_told_not_to(monkeypatch
 
 def test_a_landscape_with_selective_checkpointing_round_trips_and_its_grid_best_may_be_selective() -> None:
     """Selective keeps the matmul outputs: more memory than full, less recompute. Here it is the best."""
-    space = SearchSpace.build(batch_size=(8, 32), precisions=("fp32",), checkpoint_blocks=2,
+    space = SearchSpace.build(batch_range=(8, 32), precisions=("fp32",), checkpoint_blocks=2,
                               checkpoint_policies=("full", "selective"))
     saved = {"full": 0.4, "selective": 0.2}  # of the activations, per checkpointed level
     slower = {"full": 0.3, "selective": 0.05}  # recompute, per checkpointed level

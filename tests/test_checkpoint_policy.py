@@ -14,7 +14,7 @@ from autofit.config import Config
 from autofit.errors import UsageError
 from autofit.planner import Observation, Planner, SearchSpace, Strategy
 from autofit.planner._feasibility import Feasibility
-from autofit.planner._space import needs_no_more_memory, recomputes_no_more
+from autofit.planner._search_space import needs_no_more_memory, recomputes_no_more
 from autofit.probing import Worker
 from autofit.runtime import Run, checkpoint_policy_of
 
@@ -144,7 +144,7 @@ def test_memory_is_ordered_by_blocks_and_policy_and_unknown_across():
 
 
 def _space() -> SearchSpace:
-    return SearchSpace.build(batch_size=(8, 256), precisions=("fp32",), checkpoint_blocks=4,
+    return SearchSpace.build(batch_range=(8, 256), precisions=("fp32",), checkpoint_blocks=4,
                              checkpoint_policies=("full", "selective"))
 
 
@@ -167,9 +167,9 @@ def test_a_fit_implies_fits_only_where_checkpointing_needs_no_more_memory():
 
 
 def test_a_space_without_blocks_or_selective_is_the_space_it_was():
-    assert SearchSpace.build(batch_size=(8, 64), precisions=("fp32",), checkpoint_blocks=None,
+    assert SearchSpace.build(batch_range=(8, 64), precisions=("fp32",), checkpoint_blocks=None,
                              checkpoint_policies=("full", "selective")).checkpoint_policies == ("full",)
-    old = SearchSpace.build(batch_size=(8, 64), precisions=("fp32",), checkpoint_blocks=4)
+    old = SearchSpace.build(batch_range=(8, 64), precisions=("fp32",), checkpoint_blocks=4)
     assert "checkpoint_policies" not in old.to_dict()
     assert [s.checkpoint_policy for s in old.strategies()] == ["full"] * 4
     both = _space()
@@ -192,7 +192,7 @@ def test_the_planner_finds_the_policy_that_wins_and_implies_only_along_the_order
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from benchmarks.landscape import synthetic
 
-    space = SearchSpace.build(batch_size=(8, 1024), precisions=("fp32",), checkpoint_blocks=4,
+    space = SearchSpace.build(batch_range=(8, 1024), precisions=("fp32",), checkpoint_blocks=4,
                               checkpoint_policies=("full", "selective"))
     saturation = 24 if winner == "selective" else 4000
 
@@ -226,12 +226,12 @@ def test_the_planner_finds_the_policy_that_wins_and_implies_only_along_the_order
 def test_the_policies_a_search_considers(declared, flag, expected):
     from autofit.options import SearchOptions
     from autofit.probing import WorkerInfo
+    from autofit.search._build_space import build_space, search_options
     from autofit.search._settings import SearchSettings
-    from autofit.search._space import build_space, search_options
 
     info = WorkerInfo(function="train", options=SearchOptions(checkpoint_policy=declared).__dict__,
                       device={"type": "cpu"}, precisions=["fp32"], default_precisions=["fp32"], baseline_bytes=0,
-                      limit_bytes=None, versions={}, load_s=0.0, pid=0)
+                      memory_limit=None, versions={}, load_s=0.0, pid=0)
     settings = SearchSettings(script="train.py", checkpoint_policy=flag)
     options = search_options(info, settings)
     space = build_space(settings, options, info, {"checkpoint_blocks": 4, "autocast": True, "backward": True})

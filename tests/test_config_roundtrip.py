@@ -12,7 +12,7 @@ import pytest
 from autofit import Config
 from autofit.decorator import AutofitFunction
 from autofit.export import config_entry, read_best, write_best
-from autofit.launch import resolve_run_config
+from autofit.normal_run import resolve_run_config
 from autofit.options import SearchOptions
 from autofit.probing import ProbeResult
 from autofit.study import config_params, distributions, trial_config

@@ -13,7 +13,7 @@ from autofit.study import best_document
 from autofit.study._storage import open_storage
 from autofit.study._trials import record_probe
 
-SPACE = SearchSpace.build(batch_size=(8, 64), precisions=("fp32",))
+SPACE = SearchSpace.build(batch_range=(8, 64), precisions=("fp32",))
 GiB = 2**30
 
 

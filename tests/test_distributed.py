@@ -221,7 +221,7 @@ def test_on_cuda_each_rank_joins_with_nccl_on_its_own_gpu(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setattr("autofit.devices.make_backend", lambda kind, index: made.update(kind=kind, index=index) or
                         type("Backend", (), {"release": lambda self: None, "used_bytes": lambda self: 0})())
-    from autofit.launch import RunPlan
+    from autofit.normal_run import RunPlan
 
     fn = api.AutofitFunction(lambda run: None, api.SearchOptions())
     run = fn.make_run(plan=RunPlan(Config(8, accumulation_steps=4), "cuda", "", None, "x.lowered.json", None))

@@ -382,7 +382,7 @@ def test_a_cpu_study_without_a_memory_limit_resumes(tmp_path):
     """The default CPU limit is the memory free at the start, different every run: a resumed study
     keeps the limit it began with instead of refusing to resume."""
     base = dict(script=script("fits_small.py"), budget_s=60, trials=2, storage=f"sqlite:///{tmp_path}/m.db",
-                study="nolimit", out=str(tmp_path / "best.json"), confirm_factor=2, batch_size=(1, 64))
+                study="nolimit", out=str(tmp_path / "best.json"), confirm_factor=2, batch_range=(1, 64))
     first = run_search(SearchSettings(**base))
     second = run_search(SearchSettings(**base))
     assert second.probes > first.probes

@@ -15,7 +15,7 @@ def _obs(config: Config, status: str, peak: int | None = None) -> Observation:
 
 
 def test_an_oom_with_accumulation_rules_out_nothing_without_it():
-    space = SearchSpace.build(batch_size=(1, 64), precisions=("fp32",), global_batch=64)
+    space = SearchSpace.build(batch_range=(1, 64), precisions=("fp32",), global_batch=64)
     feasible = Feasibility(space, GiB, [_obs(Config(32, accumulation_steps=2), "oom")])
     assert not feasible.implied_too_big(Config(64, accumulation_steps=1))  # no gradients held: unknown
     strategy = space.strategy_of(Config(64, accumulation_steps=1))
@@ -23,14 +23,14 @@ def test_an_oom_with_accumulation_rules_out_nothing_without_it():
 
 
 def test_an_oom_without_accumulation_rules_out_larger_batches_with_it():
-    space = SearchSpace.build(batch_size=(1, 64), precisions=("fp32",), accumulations=(1, 2))
+    space = SearchSpace.build(batch_range=(1, 64), precisions=("fp32",), accumulations=(1, 2))
     feasible = Feasibility(space, GiB, [_obs(Config(16), "oom")])
     assert feasible.implied_too_big(Config(32, accumulation_steps=2))
     assert feasible.implied_too_big(Config(16, accumulation_steps=2))
 
 
 def test_a_fit_without_accumulation_implies_no_fit_with_it():
-    space = SearchSpace.build(batch_size=(1, 64), precisions=("fp32",), accumulations=(1, 2))
+    space = SearchSpace.build(batch_range=(1, 64), precisions=("fp32",), accumulations=(1, 2))
     feasible = Feasibility(space, GiB, [_obs(Config(32), "ok", 2**20)])
     with_accumulation = space.strategy_of(Config(8, accumulation_steps=2))
     assert feasible.fit_max(space.strategy_of(Config(8))) == 32
@@ -38,7 +38,7 @@ def test_a_fit_without_accumulation_implies_no_fit_with_it():
 
 
 def test_selective_checkpointing_that_fails_for_a_reason_not_memory_is_abandoned():
-    space = SearchSpace.build(batch_size=(1, 64), precisions=("fp32",), checkpoint_blocks=4,
+    space = SearchSpace.build(batch_range=(1, 64), precisions=("fp32",), checkpoint_blocks=4,
                               checkpoint_policies=("full", "selective"))
     selective = Config(8, checkpoint_segments=4, checkpoint_policy="selective")
     seen = [_obs(Config(8), "ok", 2**20), _obs(selective, "error")]
@@ -55,7 +55,7 @@ def test_every_precision_is_probed_right_after_the_pilot_and_the_faster_explored
     batch, and the one measured faster is the one whose batches are explored next."""
     from autofit.planner import Observation, Planner, SearchSpace
 
-    space = SearchSpace.build(batch_size=(8, 512), precisions=("fp32", "bf16"))
+    space = SearchSpace.build(batch_range=(8, 512), precisions=("fp32", "bf16"))
     planner = Planner(space, 64 * 2**30, check_noise=False)
     pilot = planner.next([])
     seen = [Observation(pilot, "ok", peak_bytes=2**30, samples_per_s=100.0, wall_s=1.0, phase="explore")]

@@ -23,16 +23,16 @@ from autofit.planner import (
     Observation,
     Planner,
     SearchSpace,
+    loader_worker_counts,
     shared_cores_loader_note,
-    worker_counts,
 )
 from autofit.probing import INPUT_BOUND_SHARE, ProbeResult
 from autofit.probing._probe import run_probe
 from autofit.report import describe_probe
 from autofit.runtime import Run, StepClock
 from autofit.search import SearchSettings
+from autofit.search._build_space import loader_choices, loader_note
 from autofit.search._sampler import space_distributions
-from autofit.search._space import loader_choices, loader_note
 from autofit.study import explain
 
 
@@ -224,7 +224,7 @@ def test_bad_loader_fields_are_refused(fields, message):
 
 def test_the_loader_fields_in_the_label_and_the_dict():
     config = Config(8, loader_workers=4, pin_memory=True)
-    assert config.label() == "fp32 b=8 workers=4 pinned"
+    assert config.label() == "fp32 b=8 loader-workers=4 pinned"
     assert "prefetch_factor" not in config.to_dict() and "loader_workers" not in Config(8).to_dict()
     assert Config.from_dict(config.to_dict()) == config
 
@@ -270,7 +270,7 @@ CHOICES = LoaderChoices(workers=(0, 1, 2, 4, 8), pin_memory=(True,), prefetch_fa
 
 
 def _space(choices: LoaderChoices = CHOICES) -> SearchSpace:
-    return SearchSpace.build(batch_size=(8, 8), precisions=("fp32",), loader=choices)
+    return SearchSpace.build(batch_range=(8, 8), precisions=("fp32",), loader=choices)
 
 
 def _seen(*probes: tuple[Config, float], share: float | None = 0.5) -> list[Observation]:
@@ -338,11 +338,11 @@ def test_a_probe_tries_no_more_workers_than_its_share_of_the_cores(monkeypatch):
 
     assert first() == 8  # one process on 8 cores
     assert first(nproc_per_node=4) == 2  # 4 ranks, each with its loader, on 8 cores
-    assert first(workers=2) == 4  # 2 probes at once share the 8 cores
-    assert worker_counts(3, ranks_per_node=4) == (0,)  # fewer cores than ranks: load in the main process
-    assert loader_note(SearchSettings(script="train.py", workers=2)) == (
+    assert first(parallel=2) == 4  # 2 probes at once share the 8 cores
+    assert loader_worker_counts(3, ranks_per_node=4) == (0,)  # fewer cores than ranks: load in the main process
+    assert loader_note(SearchSettings(script="train.py", parallel=2)) == (
         "loader workers were tried up to 4, not the 8 your run could use: 2 probes at once shared 8 cores; "
-        "search with one worker to tune the loader fully")
+        "search one probe at a time (--parallel 1) to tune the loader fully")
     assert loader_note(SearchSettings(script="train.py")) is None
     assert shared_cores_loader_note(64, probes_at_once=2) is None  # 32 cores each: the whole ladder still
 
@@ -352,11 +352,11 @@ def test_why_says_the_loader_was_chosen():
     seen = _seen((two, 160.0), share=0.38)
     planner = Planner(_space(), 1e9)
     why = explain(planner.ranked(seen), seen, planner, 1e9)
-    assert "input-bound: 38% of the step waiting for data with 0 workers; 2 workers: 1.6x" in why
+    assert "input-bound: 38% of the step waiting for data with 0 loader workers; 2 loader workers: 1.6x" in why
 
 
 def test_a_space_without_the_loader_keeps_its_form_and_its_params():
-    plain = SearchSpace.build(batch_size=(1, 64), precisions=("fp32",))
+    plain = SearchSpace.build(batch_range=(1, 64), precisions=("fp32",))
     assert "loader" not in plain.to_dict()
     assert not {"loader_workers", "pin_memory", "prefetch_factor"} & set(space_distributions(plain))
     offered = _space()

@@ -117,7 +117,7 @@ def test_estimate_considers_selective_checkpointing_which_keeps_less_than_none_a
     from autofit.planner import Strategy
     from autofit.report import describe_fits, fits_json
 
-    fits = WhatFits(f"{STUDIES}/gpt.py", None, on_gpu=False, batch_size=(64, 64), precisions=("fp32",))
+    fits = WhatFits(f"{STUDIES}/gpt.py", None, on_gpu=False, batch_range=(64, 64), precisions=("fp32",))
     try:
         level = fits.levels[1]  # the fewest blocks checkpointed (of gpt.py's 4)
         none, selective, full = (Strategy("fp32", k, checkpoint_policy=q)

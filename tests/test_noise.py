@@ -7,11 +7,11 @@ from autofit.config import Config
 from autofit.planner._noise import NoiseReading
 from autofit.planner._observation import Observation
 from autofit.planner._planner import Planner
-from autofit.planner._space import SearchSpace
+from autofit.planner._search_space import SearchSpace
 from benchmarks.landscape import synthetic
 from benchmarks.strategies import run_strategy
 
-SPACE = SearchSpace.build(batch_size=(8, 64), precisions=("fp32", "bf16"))
+SPACE = SearchSpace.build(batch_range=(8, 64), precisions=("fp32", "bf16"))
 GiB = 2**30
 
 

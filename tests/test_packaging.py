@@ -34,7 +34,7 @@ def test_export_keeps_the_searchs_script_hash_so_a_changed_script_warns(tmp_path
     storage = f"sqlite:///{work}/studies/autofit.db"
     searched = run_search(SearchSettings(script=str(train), memory_limit=768 * 2**20, budget_s=40, trials=2,
                                          storage=storage, study="hash", out=str(work / "searched.json"),
-                                         confirm_factor=2, batch_size=(1, 16)))
+                                         confirm_factor=2, batch_range=(1, 16)))
     with open(train, "a") as handle:
         handle.write("\n# edited after the search\n")
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.path.dirname(script("fits_small.py"))}

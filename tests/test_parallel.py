@@ -1,4 +1,4 @@
-"""Parallel search, for real: several workers in one search (--workers on the CPU, as --gpu 0,1,... on
+"""Parallel search, for real: several workers in one search (--parallel on the CPU, as --gpu 0,1,... on
 GPUs), and several searchers sharing one study through a real PostgreSQL server or a journal file,
 with a searcher killed mid-probe whose trial another searcher probes again."""
 import json
@@ -37,7 +37,7 @@ def _explored_once(trials) -> None:
 @pytest.mark.slow
 def test_two_cpu_workers_feed_one_study_and_export_one_answer(tmp_path):
     storage = f"sqlite:///{tmp_path}/w.db"
-    searched = autofit_cli(*_search(tmp_path, storage, "--workers", "2", "--trials", "8", "--budget", "3m")[3:],
+    searched = autofit_cli(*_search(tmp_path, storage, "--parallel", "2", "--trials", "8", "--budget", "3m")[3:],
                            cwd=tmp_path)
     assert searched.returncode == 0, searched.stderr[-3000:]
     assert "(worker 0)" in searched.stderr and "(worker 1)" in searched.stderr  # both probed
@@ -52,7 +52,7 @@ def test_two_cpu_workers_feed_one_study_and_export_one_answer(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--device", "cuda", "--workers", "2"], "--workers is for the CPU"),
+    (["--device", "cuda", "--parallel", "2"], "--parallel is for the CPU"),
     (["--gpu", "0,1", "--device", "cpu"], "--gpu must go with --device cuda"),
     (["--gpu", "1,1"], "Each GPU must be listed once"),
 ])

@@ -11,7 +11,7 @@ from autofit.config import Config
 from autofit.planner._observation import Observation
 from autofit.planner._planner import Planner
 from autofit.planner._prediction import MemoryPrediction, configs_to_estimate
-from autofit.planner._space import SearchSpace
+from autofit.planner._search_space import SearchSpace
 from benchmarks.landscape import Landscape, landscape_paths
 from benchmarks.strategies import run_strategy
 

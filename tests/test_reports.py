@@ -50,8 +50,8 @@ def searched(tmp_path_factory):
     common = dict(script=script("fits_small_prints.py"), memory_limit=LIMIT, storage=storage, study=SEARCHED,
                   out=str(home / "best.json"), budget_s=600, confirm_factor=2, estimate=False)
     with pytest.raises(NoFeasibleConfig):
-        run_search(SearchSettings(batch_size=(384, 512), trials=1, **common))
-    result = run_search(SearchSettings(batch_size=(1, 512), trials=3, **common))
+        run_search(SearchSettings(batch_range=(384, 512), trials=1, **common))
+    result = run_search(SearchSettings(batch_range=(1, 512), trials=3, **common))
     study = optuna.load_study(study_name=SEARCHED, storage=storage)
     return result, study, storage, home
 

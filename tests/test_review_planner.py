@@ -12,7 +12,7 @@ from autofit.probing import ProbeResult
 from autofit.study import best_document, config_params, distributions, observations
 
 GiB = 2**30
-SPACE = SearchSpace.build(batch_size=(8, 64), precisions=("fp32",))
+SPACE = SearchSpace.build(batch_range=(8, 64), precisions=("fp32",))
 
 
 def _study(probes: list[tuple[int, str, float, float, float | None]]) -> optuna.Study:
@@ -100,7 +100,7 @@ def test_a_real_confirmation_slower_than_the_probes_hands_the_win_to_the_next(tm
 
 
 def _selective_space() -> SearchSpace:
-    return SearchSpace.build(batch_size=(8, 64), precisions=("fp32",), checkpoint_blocks=4,
+    return SearchSpace.build(batch_range=(8, 64), precisions=("fp32",), checkpoint_blocks=4,
                              checkpoint_policies=("full", "selective"))
 
 
@@ -139,7 +139,7 @@ def test_the_search_says_why_selective_checkpointing_was_abandoned():
 def test_a_selective_policy_that_runs_out_of_memory_is_not_abandoned():
     from autofit.planner import Observation
     from autofit.planner._feasibility import Feasibility
-    from autofit.planner._space import Strategy
+    from autofit.planner._search_space import Strategy
 
     space = _selective_space()
     seen = [Observation(Config(64), "ok", peak_bytes=2**30, samples_per_s=640.0),
@@ -154,7 +154,7 @@ def test_an_oom_while_accumulating_implies_nothing_for_one_micro_batch_a_step():
     from autofit.planner import Observation
     from autofit.planner._feasibility import Feasibility
 
-    space = SearchSpace.build(batch_size=(4, 64), precisions=("fp32",), global_batch=64)
+    space = SearchSpace.build(batch_range=(4, 64), precisions=("fp32",), global_batch=64)
     strategy = space.strategies()[0]
     feasible = Feasibility(space, 8 * GiB, [Observation(Config(32, accumulation_steps=2), "oom")])
     assert not feasible.implied_too_big(Config(64))
@@ -166,9 +166,9 @@ def test_an_oom_while_accumulating_implies_nothing_for_one_micro_batch_a_step():
 def test_accumulation_orders_memory_one_way_at_one_micro_batch():
     from autofit.planner import Observation
     from autofit.planner._feasibility import Feasibility
-    from autofit.planner._space import Strategy
+    from autofit.planner._search_space import Strategy
 
-    space = SearchSpace.build(batch_size=(8, 64), precisions=("fp32",), accumulations=(1, 2, 4))
+    space = SearchSpace.build(batch_range=(8, 64), precisions=("fp32",), accumulations=(1, 2, 4))
     one, two, four = (Strategy("fp32", 0, a) for a in (1, 2, 4))
 
     def feasible(config: Config, status: str) -> Feasibility:
@@ -188,7 +188,7 @@ def test_the_planner_probes_one_micro_batch_a_step_after_an_oom_while_accumulati
     line (whose intercept holds the gradients) may rule it out unprobed."""
     from autofit.planner import Observation, Planner
 
-    space = SearchSpace.build(batch_size=(4, 64), precisions=("fp32",), global_batch=64)
+    space = SearchSpace.build(batch_range=(4, 64), precisions=("fp32",), global_batch=64)
     seen = [Observation(Config(8, accumulation_steps=8), "ok", peak_bytes=int(5.4 * GiB), samples_per_s=80.0),
             Observation(Config(16, accumulation_steps=4), "ok", peak_bytes=int(5.8 * GiB), samples_per_s=150.0),
             Observation(Config(32, accumulation_steps=2), "oom")]

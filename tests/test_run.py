@@ -4,7 +4,7 @@ import torch
 
 from autofit.config import Config
 from autofit.devices import make_backend
-from autofit.launch import report_run
+from autofit.normal_run import report_run
 from autofit.probing._probe import run_probe
 from autofit.runtime import ProbeFinished, Run, checkpoint_policy_of
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from autofit.config import Config
-from autofit.launch import report_run
+from autofit.normal_run import report_run
 from autofit.runtime import (
     LoopRedo,
     PieceReplay,
@@ -121,7 +121,7 @@ def test_the_loop_redo_restarts_before_the_first_step_and_lowers_in_place_after_
     redo = LoopRedo(StepRedo(enabled=True), probing=False)
     assert redo.caught(Config(8), RuntimeError(CPU_OOM), "forward", steps_done=0, can_feed_again=True) is None
     assert redo.restart_lowering.after == Config(4, accumulation_steps=2) and not redo.redoing
-    assert redo.redo.lowerings == []  # not taken: only the launcher knows whether it starts again
+    assert redo.redo.lowerings == []  # not taken: only the normal call knows whether it starts again
     after = redo.caught(Config(8), RuntimeError(CPU_OOM), "backward", steps_done=3, can_feed_again=True)
     assert after == Config(4, accumulation_steps=2) and redo.redoing
     assert [(item.step, item.where) for item in redo.redo.lowerings] == [(4, "backward")]

@@ -101,9 +101,9 @@ def test_start_reports_the_function_and_what_the_device_runs(runner_for):
     assert isinstance(probing.runner, ProbeRunner)
     info = probing.runner.start()
     assert probing.runner.info == info
-    assert info.function == "train" and info.options["batch_size"] == (1, 2048)
+    assert info.function == "train" and info.options["batch_range"] == (1, 2048)
     assert "fp32" in info.precisions and set(info.default_precisions) <= set(info.precisions)
-    assert 0 < info.baseline_bytes < LIMIT == info.limit_bytes
+    assert 0 < info.baseline_bytes < LIMIT == info.memory_limit
 
 
 def test_a_fitting_config_reports_throughput_and_a_peak_below_the_limit(runner_for):

@@ -31,7 +31,7 @@ def searched(tmp_path_factory):
     os.chdir(home)
     try:
         result = run_search(SearchSettings(script=script("fits_small.py"), memory_limit=LIMIT, trials=TRIALS,
-                                           budget_s=600, batch_size=(1, 512), confirm_factor=2))
+                                           budget_s=600, batch_range=(1, 512), confirm_factor=2))
     finally:
         os.chdir(cwd)
     study = optuna.load_study(study_name=result.study_name, storage=open_storage(result.storage))
@@ -42,7 +42,7 @@ def searched(tmp_path_factory):
 def test_a_search_stops_probing_when_its_budget_cannot_hold_another_probe(tmp_path):
     """slow_above.py's batch 16 takes 0.5 s a step, so its probe took at least 3.5 s (2 warm-up and 5
     measured steps): a resumed search with a 2 s budget must start no probe and say why it stopped."""
-    base = dict(script=script("slow_above.py"), memory_limit=LIMIT, batch_size=(16, 16), estimate=False,
+    base = dict(script=script("slow_above.py"), memory_limit=LIMIT, batch_range=(16, 16), estimate=False,
                 storage=f"sqlite:///{tmp_path}/b.db", study="budget", out=str(tmp_path / "b.json"), confirm_factor=2)
     first = run_search(SearchSettings(trials=1, budget_s=600, **base))
     assert first.probes >= 1 and first.stopped == "reached --trials 1"
@@ -98,7 +98,7 @@ def test_ooms_are_complete_infeasible_trials(searched):
 def test_search_resumes_without_repeating_probes(tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     base = dict(script=script("fits_small.py"), memory_limit=LIMIT, budget_s=120, storage=storage,
-                study="resume", out=str(tmp_path / "best.json"), batch_size=(1, 512), confirm_factor=2)
+                study="resume", out=str(tmp_path / "best.json"), batch_range=(1, 512), confirm_factor=2)
     first = run_search(SearchSettings(trials=2, **base))
     second = run_search(SearchSettings(trials=3, **base))
     study = optuna.load_study(study_name="resume", storage=storage)
@@ -277,9 +277,9 @@ def test_a_batch_the_data_cannot_feed_stops_the_climb_without_blaming_the_precis
     from autofit.config import MAX_BATCH
     from autofit.planner._observation import Observation
     from autofit.planner._planner import Planner
-    from autofit.planner._space import SearchSpace
+    from autofit.planner._search_space import SearchSpace
 
-    space = SearchSpace.build(batch_size=(1, MAX_BATCH), precisions=("fp32", "bf16"))
+    space = SearchSpace.build(batch_range=(1, MAX_BATCH), precisions=("fp32", "bf16"))
     planner = Planner(space, 100 * 2**30)
 
     def ok(b, precision="fp32"):
@@ -330,7 +330,7 @@ def test_the_planner_decides_every_trial_through_the_sampler():
     from autofit.search._sampler import AutofitSampler
     from autofit.study._trials import record_probe, trial_config
 
-    planner = Planner(SearchSpace.build(batch_size=(1, 256), precisions=("fp32", "bf16")), 2**30)
+    planner = Planner(SearchSpace.build(batch_range=(1, 256), precisions=("fp32", "bf16")), 2**30)
     sampler = AutofitSampler(planner)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     proposal = sampler.propose(study, "explore")
@@ -351,7 +351,7 @@ def test_contenders_are_remeasured_as_ranked_before_and_the_first_is_confirmed_o
     remeasurement, however a remeasurement moves them; the confirmed first is not confirmed again."""
     from autofit.planner import Observation, Planner, SearchSpace
 
-    planner = Planner(SearchSpace.build(batch_size=(1, 64), precisions=("fp32",)), 2**30, check_noise=False)
+    planner = Planner(SearchSpace.build(batch_range=(1, 64), precisions=("fp32",)), 2**30, check_noise=False)
 
     def probe(batch, rate, phase="explore"):
         return Observation(Config(batch), "ok", peak_bytes=2**20 * batch, samples_per_s=rate, phase=phase)

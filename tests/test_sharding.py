@@ -13,7 +13,7 @@ import torch
 from autofit.config import MAX_BATCH, Config
 from autofit.planner._observation import Observation
 from autofit.planner._planner import Planner
-from autofit.planner._space import SearchSpace
+from autofit.planner._search_space import SearchSpace
 from tests.conftest import autofit_cli, script
 from tests.test_distributed import _run
 from tests.test_resilience_real import _config_file
@@ -37,7 +37,7 @@ def _landscape(fsdp_speed: float):
 
 
 def _search(fsdp_speed: float) -> tuple[Planner, list[Observation]]:
-    space = SearchSpace.build(batch_size=(1, MAX_BATCH), precisions=("fp32",), shardings=("ddp", "fsdp"))
+    space = SearchSpace.build(batch_range=(1, MAX_BATCH), precisions=("fp32",), shardings=("ddp", "fsdp"))
     planner = Planner(space, USABLE, check_noise=False)
     probe, seen = _landscape(fsdp_speed), []
     for _ in range(60):
@@ -64,7 +64,7 @@ def test_a_sharding_slower_everywhere_gets_few_probes_and_ddp_wins():
 
 
 def test_a_sharding_that_fails_without_running_is_dropped_after_one_failure():
-    space = SearchSpace.build(batch_size=(1, MAX_BATCH), precisions=("fp32",), shardings=("ddp", "fsdp"))
+    space = SearchSpace.build(batch_range=(1, MAX_BATCH), precisions=("fp32",), shardings=("ddp", "fsdp"))
     planner = Planner(space, USABLE, check_noise=False)
     seen = [Observation(Config(4), "ok", peak_bytes=GiB + 4 * MiB, samples_per_s=4.0),
             Observation(Config(16, sharding="fsdp"), "error")]

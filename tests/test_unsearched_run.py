@@ -13,9 +13,9 @@ from autofit.options import SearchOptions
     ({}, Config(32)),
     ({"global_batch": 16}, Config(16)),
     ({"global_batch": 64, "default_batch_size": 16}, Config(16, accumulation_steps=4)),
-    ({"global_batch": 96, "batch_size": (1, 64)}, Config(48, accumulation_steps=2)),
+    ({"global_batch": 96, "batch_range": (1, 64)}, Config(48, accumulation_steps=2)),
     ({"default_batch_size": 8}, Config(8)),
-    ({"batch_size": (1, 8)}, Config(8)),
+    ({"batch_range": (1, 8)}, Config(8)),
     ({"precision": ("bf16", "fp32")}, Config(32)),
     ({"precision": ("bf16",)}, Config(32, "bf16")),
 ])

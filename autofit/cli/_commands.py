@@ -39,6 +39,40 @@ class _Group(click.Group):
             raise click.exceptions.Exit(130) from None
 
 
+def _renamed(old: str, new: str, **option):
+    """A flag's old name, still taken (hidden from --help): using it prints one line naming the new flag.
+    The new flag's option needs `callback=_or_renamed(new)`; giving both is bad input."""
+    dest = new.lstrip("-").replace("-", "_")
+
+    def keep(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is None or value is False:
+            return value
+        if ctx.params.get(dest) is not None:
+            raise click.UsageError(f"Give {new} only, but got both {new} and its old name {old}.", ctx)
+        from autofit.options import renamed
+
+        renamed(old, new)
+        ctx.meta[f"autofit.renamed.{dest}"] = (old, value)
+        return value
+
+    return click.option(old, f"renamed_{dest}", hidden=True, expose_value=False, callback=keep, **option)
+
+
+def _or_renamed(new: str):
+    """The callback of a renamed flag's new name: its value, or the old name's when only that was given."""
+    dest = new.lstrip("-").replace("-", "_")
+
+    def take(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        old = ctx.meta.get(f"autofit.renamed.{dest}")
+        if old is None:
+            return value
+        if ctx.get_parameter_source(param.name) == click.core.ParameterSource.COMMANDLINE:
+            raise click.UsageError(f"Give {new} only, but got both {new} and its old name {old[0]}.", ctx)
+        return old[1]
+
+    return take
+
+
 def _device_options(f=None, *, many: bool = False):
     """--device, --gpu (kept on the context object, which resolves them) and --memory-limit."""
     if f is None:
@@ -94,8 +128,10 @@ def cli(ctx: click.Context) -> None:
 @click.option("--batch-size", type=click.IntRange(min=1), required=True, help="Micro-batch size.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
               help="Numeric precision of the forward pass.")
-@click.option("--checkpoint", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Blocks with activation checkpointing.")
+@click.option("--checkpoint-segments", type=click.IntRange(min=0), default=0, show_default=True,
+              callback=_or_renamed("--checkpoint-segments"),
+              help="Blocks (of those the function offers to run.checkpoint()) that recompute their activations.")
+@_renamed("--checkpoint", "--checkpoint-segments", type=click.IntRange(min=0), default=None)
 @click.option("--checkpoint-policy", type=click.Choice(CHECKPOINT_POLICIES), default="full", show_default=True,
               help="What the checkpointed blocks recompute: all of their forward, or all but matmuls and attention.")
 @click.option("--accumulation", type=click.IntRange(min=1), default=1, show_default=True,
@@ -122,7 +158,7 @@ def cli(ctx: click.Context) -> None:
                    "persistent (one after another in one process, as CUDA must run them).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
-def probe(ctx: click.Context, target: str, batch_size: int, precision: str, checkpoint: int,
+def probe(ctx: click.Context, target: str, batch_size: int, precision: str, checkpoint_segments: int,
           checkpoint_policy: str, accumulation: int, compile_: bool, sharding: str, loader_workers: int | None,
           pin_memory: bool | None, prefetch_factor: int | None, memory_limit: int | None, nproc_per_node: int,
           nnodes: int, node_rank: int,
@@ -141,7 +177,7 @@ def probe(ctx: click.Context, target: str, batch_size: int, precision: str, chec
     script, function = parse_target(target)
     check_script(script)
     info = state.device_info()
-    config = Config(batch_size=batch_size, precision=precision, checkpoint_segments=checkpoint,
+    config = Config(batch_size=batch_size, precision=precision, checkpoint_segments=checkpoint_segments,
                     accumulation_steps=accumulation, sharding=sharding, compile=compile_,
                     loader_workers=loader_workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
                     checkpoint_policy=checkpoint_policy)
@@ -162,8 +198,10 @@ def probe(ctx: click.Context, target: str, batch_size: int, precision: str, chec
 @cli.command()
 @click.argument("target")
 @_device_options(many=True)
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="CPU only: probes run at once, each in its own worker under its own memory limit.")
+@click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True,
+              callback=_or_renamed("--parallel"),
+              help="CPU only: probes run at once, each in its own worker process under its own memory limit.")
+@_renamed("--workers", "--parallel", type=click.IntRange(min=1), default=None)
 @_nproc_option
 @_nodes_options
 @click.option("--budget", type=DURATION, default="20m", show_default=True,
@@ -173,7 +211,9 @@ def probe(ctx: click.Context, target: str, batch_size: int, precision: str, chec
               help="Fraction of the limit kept free: feasible means peak <= limit x (1 - headroom).")
 @click.option("--global-batch", type=click.IntRange(min=1), default=None,
               help="Keep micro-batch x accumulation equal to this; accumulation is derived.")
-@click.option("--batch-size", type=INT_RANGE, default=None, help="Micro-batch range MIN:MAX.")
+@click.option("--batch-range", type=INT_RANGE, default=None, callback=_or_renamed("--batch-range"),
+              help="Micro-batches to consider, MIN:MAX (default: the decorator's batch_range).")
+@_renamed("--batch-size", "--batch-range", type=INT_RANGE, default=None)
 @click.option("--precision", type=PRECISION_LIST, default=None,
               help="Precisions to consider, e.g. fp32,bf16 (default: what the device supports).")
 @click.option("--accumulation", type=INT_LIST, default=None,
@@ -207,9 +247,9 @@ def probe(ctx: click.Context, target: str, batch_size: int, precision: str, chec
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 @click.option("-v", "--verbose", is_flag=True, help="A line when each probe starts, and the search space.")
 @click.pass_context
-def search(ctx: click.Context, target: str, workers: int, nproc_per_node: int, nnodes: int, node_rank: int,
+def search(ctx: click.Context, target: str, parallel: int, nproc_per_node: int, nnodes: int, node_rank: int,
            rdzv_endpoint: str | None, memory_limit: int | None, budget: float, trials: int | None, headroom: float,
-           global_batch: int | None, batch_size: tuple[int, int] | None, precision, accumulation, sharding, study: str | None,
+           global_batch: int | None, batch_range: tuple[int, int] | None, precision, accumulation, sharding, study: str | None,
            out: str | None, fresh: bool, steps: int, warmup: int, probe_timeout: float | None,
            alloc_conf: str | None, compile_: bool | None, checkpoint_policies, probe_process: str | None,
            estimate: bool, as_json: bool, quiet: bool, verbose: bool) -> None:
@@ -228,9 +268,9 @@ def search(ctx: click.Context, target: str, workers: int, nproc_per_node: int, n
     settings = SearchSettings(
         script=script, function=function, device=state.device, index=state.index, memory_limit=memory_limit,
         headroom=headroom, budget_s=budget, trials=trials, global_batch=global_batch,
-        batch_size=batch_size, precision=precision, accumulation=accumulation, sharding=sharding, study=study,
+        batch_range=batch_range, precision=precision, accumulation=accumulation, sharding=sharding, study=study,
         storage=state.storage_url, out=out, fresh=fresh, warmup=warmup, steps=steps, probe_timeout=probe_timeout,
-        gpus=state.gpus, workers=workers, nproc_per_node=nproc_per_node,
+        gpus=state.gpus, parallel=parallel, nproc_per_node=nproc_per_node,
         nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, estimate=estimate,
         compile=compile_, checkpoint_policy=checkpoint_policies, alloc_conf=alloc_conf,
         probe_process=probe_process,
@@ -267,14 +307,16 @@ def search(ctx: click.Context, target: str, workers: int, nproc_per_node: int, n
               help="Fraction of each size kept free.")
 @click.option("--global-batch", type=click.IntRange(min=1), default=None,
               help="Keep micro-batch x accumulation equal to this.")
-@click.option("--batch-size", type=INT_RANGE, default=None, help="Micro-batch range MIN:MAX.")
+@click.option("--batch-range", type=INT_RANGE, default=None, callback=_or_renamed("--batch-range"),
+              help="Micro-batches to consider, MIN:MAX (default: the decorator's batch_range).")
+@_renamed("--batch-size", "--batch-range", type=INT_RANGE, default=None)
 @click.option("--precision", type=PRECISION_LIST, default=None, help="Precisions to consider, e.g. fp32,bf16.")
 @click.option("--checkpoint-policy", "checkpoint_policies", type=CHECKPOINT_POLICY_LIST, default=None,
               help="Checkpoint policies to consider when the function offers run.checkpoint(), e.g. full "
                    "(default: full,selective).")
 @click.option("--json", "as_json", is_flag=True, help="Print the predictions as JSON.")
 def estimate(target: str, sizes: tuple[int, ...] | None, memory_limit: int | None, headroom: float,
-             global_batch: int | None, batch_size: tuple[int, int] | None, precision, checkpoint_policies, as_json: bool) -> None:
+             global_batch: int | None, batch_range: tuple[int, int] | None, precision, checkpoint_policies, as_json: bool) -> None:
     """Predict, before any probe, the config that fits each memory size and where its memory goes.
 
     TARGET's function runs two steps on fake tensors (no memory is allocated) in a process of its own.
@@ -291,7 +333,7 @@ def estimate(target: str, sizes: tuple[int, ...] | None, memory_limit: int | Non
     if not on_gpu:
         info = check_device("cpu", 0)
         sizes = (memory_limit or info.free_bytes or info.total_bytes,)
-    fits = WhatFits(script, function, on_gpu=on_gpu, batch_size=batch_size, global_batch=global_batch,
+    fits = WhatFits(script, function, on_gpu=on_gpu, batch_range=batch_range, global_batch=global_batch,
                     precisions=precision, checkpoint_policies=checkpoint_policies)
     try:
         if fits.unavailable:

@@ -6,13 +6,13 @@ from __future__ import annotations
 from autofit.devices._allocator import allocator_difference, current_allocator_settings
 from autofit.devices._base import DeviceBackend, DeviceInfo
 from autofit.devices._cpu import cpu_has_native_bf16
-from autofit.devices._peaks import PEAKS, Peak, mfu, peak_flops_per_s, peak_for
+from autofit.devices._peak_flops import PEAK_FLOPS, PeakFlops, mfu, peak_flops_for, peak_flops_per_s
 from autofit.devices._select import DEVICE_TYPES, check_device, list_devices, make_backend
 
 __all__ = [
     "DEVICE_TYPES",
-    "PEAKS",
-    "Peak",
+    "PEAK_FLOPS",
+    "PeakFlops",
     "DeviceBackend",
     "DeviceInfo",
     "allocator_difference",
@@ -23,5 +23,5 @@ __all__ = [
     "make_backend",
     "mfu",
     "peak_flops_per_s",
-    "peak_for",
+    "peak_flops_for",
 ]

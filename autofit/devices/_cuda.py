@@ -44,7 +44,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from autofit.devices._base import DeviceBackend, DeviceInfo
-from autofit.devices._peaks import peak_flops_per_s
+from autofit.devices._peak_flops import peak_flops_per_s
 from autofit.errors import UsageError
 from autofit.units import format_size
 
@@ -330,13 +330,13 @@ class CudaBackend(DeviceBackend):
         self.overhead_source = "device-wide"
         return max(0, int(total) - int(free) - reserved)
 
-    def _set_fraction(self, limit_bytes: int | None, overhead: int) -> float:
+    def _set_fraction(self, cap_bytes: int | None, overhead: int) -> float:
         cuda = self._cuda()
-        if limit_bytes is None:
+        if cap_bytes is None:
             fraction = 1.0
         else:
             _, total = cuda.mem_get_info(self.index)
-            fraction = min(1.0, max(0.0, (limit_bytes - overhead) / int(total)))
+            fraction = min(1.0, max(0.0, (cap_bytes - overhead) / int(total)))
         cuda.set_per_process_memory_fraction(fraction, self.index)
         return fraction
 
@@ -399,7 +399,7 @@ class CudaBackend(DeviceBackend):
             return None
 
     def peak_flops_per_s(self, precision: str) -> float | None:
-        """The GPU's dense peak (autofit.devices._peaks); a MIG slice's scaled by its SMs, as CUDA counts them."""
+        """The GPU's dense peak (autofit.devices._peak_flops); a MIG slice's scaled by its SMs, as CUDA counts them."""
         if self._device_name is None:
             self._device_name = self.info().name
         multiprocessors = self._cuda().get_device_properties(self.index).multi_processor_count

@@ -52,7 +52,7 @@ class WhatFits:
     """Estimates of one script, asked lazily and kept: each config is estimated at most once."""
 
     def __init__(self, script: str, function: str | None, *, on_gpu: bool, baseline_bytes: int | None = None,
-                 batch_size: tuple[int, int] | None = None, global_batch: int | None = None,
+                 batch_range: tuple[int, int] | None = None, global_batch: int | None = None,
                  precisions: tuple[str, ...] | None = None, checkpoint: bool = True,
                  checkpoint_policies: tuple[str, ...] | None = None) -> None:
         self.script, self.function = script, function
@@ -82,7 +82,7 @@ class WhatFits:
         self.estimates.update(pilot.estimates)
         options = pilot.options or {}
         self.global_batch = global_batch or options.get("global_batch")
-        low, high = batch_size or tuple(options.get("batch_size") or (1, _LARGEST_BATCH))
+        low, high = batch_range or tuple(options.get("batch_range") or (1, _LARGEST_BATCH))
         high = min(high, _LARGEST_BATCH)
         self.batches = divisors_in(self.global_batch, low, high) if self.global_batch else nice_batch_sizes(low, high)
         wanted = precisions or tuple(options.get("precision") or ()) or None

@@ -5,16 +5,16 @@ and the benchmark's replays all ask the same planner."""
 
 from __future__ import annotations
 
-from autofit.planner._loader import (
+from autofit.planner._loader_rule import (
     LOADER_PREFETCH,
     LOADER_WORKERS,
     MIN_LOADER_SHARE,
     LoaderChoices,
     loader_reason,
+    loader_worker_counts,
     next_loader_config,
     shared_cores_loader_note,
     wait_share,
-    worker_counts,
 )
 from autofit.planner._models import Line, ThroughputModel, fit_line, fit_throughput
 from autofit.planner._noise import Measurement, NoiseReading
@@ -33,7 +33,7 @@ from autofit.planner._prediction import (
     memory_key,
 )
 from autofit.planner._ranking import TIE_TOLERANCE, Candidate
-from autofit.planner._space import SearchSpace, Strategy, checkpoint_levels, divisors_in, nice_batch_sizes
+from autofit.planner._search_space import SearchSpace, Strategy, checkpoint_levels, divisors_in, nice_batch_sizes
 
 __all__ = [
     "CPU_FACTORS",
@@ -70,5 +70,5 @@ __all__ = [
     "nice_batch_sizes",
     "shared_cores_loader_note",
     "wait_share",
-    "worker_counts",
+    "loader_worker_counts",
 ]

@@ -24,7 +24,7 @@ benchmark's replays all run the same decisions. The rules, in order:
    strategy starts at the largest batch predicted to fit at the high end of its range, a batch
    whose low end does not fit is never probed, and one in between only if it could be faster.
 6. When the function offers run.loader() and the leader waited for its data, the leader is probed
-   with more loader workers, deeper prefetch and pinned memory, last (see _loader.py). Rules 1-5 work
+   with more loader workers, deeper prefetch and pinned memory, last (see _loader_rule.py). Rules 1-5 work
    with the loader as the script declares it.
 
 The planner decides; what the observations say is read by its parts, once per decision (`_State`):
@@ -40,14 +40,14 @@ from collections.abc import Sequence
 
 from autofit.config import SHARDINGS, Config
 from autofit.planner._feasibility import Feasibility
-from autofit.planner._loader import leader, next_loader_config
+from autofit.planner._loader_rule import leader, next_loader_config
 from autofit.planner._memory_model import MemoryModels
 from autofit.planner._models import Line
 from autofit.planner._noise import NoiseReading
 from autofit.planner._observation import Observation
 from autofit.planner._prediction import CalibratedPrediction, MemoryPrediction, PeakRange
 from autofit.planner._ranking import Candidate, Ranking
-from autofit.planner._space import SearchSpace, Strategy
+from autofit.planner._search_space import SearchSpace, Strategy
 from autofit.planner._throughput import ThroughputModels
 
 #: A skipped strategy's optimistic bound must fall this far below the best so far.

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from autofit.config import Config
 from autofit.planner._observation import Observation
-from autofit.planner._space import checkpoint_policy
+from autofit.planner._search_space import checkpoint_policy
 
 #: Peak bytes per tensor byte the estimator counts, before any probe measures it.
 CPU_FACTORS = (1.0, 2.5)

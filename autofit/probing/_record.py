@@ -67,7 +67,7 @@ class ProbeResult:
     """Model FLOP/s achieved: samples/s x FLOPs per sample (all ranks of a distributed probe)."""
     mfu: float | None = None
     """Model FLOPs utilisation: FLOP/s over the device's dense peak at this precision (None on a CPU
-    or a GPU without a known peak: autofit.devices.PEAKS)."""
+    or a GPU without a known peak: autofit.devices.PEAK_FLOPS)."""
     joules_per_sample: float | None = None
     """Energy the GPU drew per sample over the measured steps (NVML's energy counter; None elsewhere)."""
 
@@ -139,7 +139,8 @@ class WorkerInfo:
     precisions: list[str]
     default_precisions: list[str]
     baseline_bytes: int
-    limit_bytes: int | None
+    memory_limit: int | None
+    """The memory limit the runner's process enforces (bytes; None: the whole device)."""
     versions: dict
     load_s: float
     pid: int

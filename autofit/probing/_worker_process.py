@@ -60,7 +60,7 @@ class _Session:
             torch_device=str(backend.torch_device()),
             precisions=list(backend.supported_precisions()),
             default_precisions=list(backend.default_precisions()),
-            limit_bytes=backend.memory_limit,
+            memory_limit=backend.memory_limit,
             versions={"torch": torch.__version__, "cuda": torch.version.cuda},
             load_s=time.perf_counter() - started,
             pid=os.getpid(),

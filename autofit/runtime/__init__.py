@@ -14,7 +14,7 @@ from autofit.runtime._clock import ProbeFinished, StepClock
 from autofit.runtime._distributed import Ranks, leave_process_group, per_rank_config, ranks_from_env
 from autofit.runtime._feed import DataTooSmall
 from autofit.runtime._knobs import Knobs
-from autofit.runtime._memory_cap import LIMIT_ENV, describe_limit, limit_from_env
+from autofit.runtime._memory_cap import MEMORY_LIMIT_ENV, describe_memory_limit, memory_limit_from_env
 from autofit.runtime._oom import breaks_the_device, is_oom
 from autofit.runtime._pieces import PieceReplay, loss_of, weighted
 from autofit.runtime._precision import precision_context, precision_scope
@@ -38,9 +38,7 @@ from autofit.runtime._settings import RunSettings
 from autofit.runtime._tokens import TokenBatchSampler, TokenBatchStats
 
 __all__ = [
-    "TokenBatchSampler",
-    "TokenBatchStats",
-    "LIMIT_ENV",
+    "MEMORY_LIMIT_ENV",
     "RECOVERY_ENV",
     "DataTooSmall",
     "Knobs",
@@ -54,17 +52,19 @@ __all__ = [
     "RunSettings",
     "StepClock",
     "StepRedo",
+    "TokenBatchSampler",
+    "TokenBatchStats",
     "announce",
     "batch_len",
     "batch_tensors",
     "breaks_the_device",
     "checkpoint_policy_of",
     "count_samples",
-    "describe_limit",
+    "describe_memory_limit",
     "drop_graph",
     "is_oom",
     "leave_process_group",
-    "limit_from_env",
+    "memory_limit_from_env",
     "lowered",
     "loss_of",
     "lowered_path",

@@ -13,8 +13,8 @@ import torch
 from autofit.config import Config
 from autofit.runtime._batch import count_samples, split_batch, to_device
 from autofit.runtime._clock import StepClock
+from autofit.runtime._dataloader import prefetch_warmup
 from autofit.runtime._knobs import KnobPanel, Knobs
-from autofit.runtime._loader import prefetch_warmup
 from autofit.runtime._precision import make_grad_scaler
 from autofit.runtime._redo import LoopRedo, Lowering, drop_graph
 

@@ -13,8 +13,8 @@ import torch
 
 from autofit.config import Config
 from autofit.runtime._checkpoint import apply_checkpoint, remove_checkpoint
+from autofit.runtime._dataloader import build_loader
 from autofit.runtime._distributed import Ranks
-from autofit.runtime._loader import build_loader
 
 
 @dataclass

@@ -195,17 +195,17 @@ class LoopRedo:
         self.redoing = False
         self.restart_lowering: Lowering | None = None
         """Set when an OOM came before the first optimizer step: start the function again with its
-        config (not yet taken: only the launcher knows whether it starts again)."""
+        config (not yet taken: only the normal call knows whether it starts again)."""
 
     def caught(self, config: Config, exc: BaseException, where: str, *, steps_done: int,
                can_feed_again: bool) -> Config | None:
         """The lowered config the run's own loop redoes the step with, or None to let `exc` propagate:
         not an OOM, none recovered, no data the run can feed again, or no optimizer step taken yet (then
-        `restart_lowering` is set for the launcher)."""
+        `restart_lowering` is set for the normal call)."""
         lowering = self._lowering(config, exc, where, steps_done, restart=steps_done == 0)
         if lowering is None:
             return None
-        if lowering.restart:  # nothing trained yet: the launcher starts the function again
+        if lowering.restart:  # nothing trained yet: the normal call starts the function again
             self.restart_lowering = lowering
             return None
         if not can_feed_again:

@@ -33,7 +33,7 @@ class Run(RunView):
     `Run(RunSettings(config, device, **fields))`. A real run with `recover_oom` survives a step that
     runs out of memory (its `redo`, a StepRedo): after the first optimizer step it redoes the step in
     place with a smaller micro-batch; before it, there is nothing to keep, and `restart_lowering` tells
-    the launcher what to start again with.
+    the normal call what to start again with.
     """
 
     def __init__(self, settings: RunSettings | Config, device: torch.device | str | None = None,
@@ -101,7 +101,7 @@ class Run(RunView):
 
     @property
     def restart_lowering(self) -> Lowering | None:
-        """Set when an OOM came before the first optimizer step: the launcher starts the function again."""
+        """Set when an OOM came before the first optimizer step: the normal call starts the function again."""
         return self._redo.restart_lowering
 
     @property

@@ -37,8 +37,16 @@ def search_function(fn: Any, **kwargs: Any) -> SearchResult:
     """`train.search(budget="20m", memory_limit="2GiB", ...)` from Python."""
     import inspect
 
+    from autofit.errors import UsageError
+    from autofit.options import renamed
     from autofit.units import parse_duration, parse_size
 
+    for old, new in (("batch_size", "batch_range"), ("workers", "parallel")):  # their old names
+        if old in kwargs:
+            if new in kwargs:
+                raise UsageError(f"Give {new}= only, but got both {new}= and its old name {old}=.")
+            renamed(f"train.search({old}=...)", f"train.search({new}=...)")
+            kwargs[new] = kwargs.pop(old)
     if "budget" in kwargs:
         kwargs["budget_s"] = parse_duration(kwargs.pop("budget"))
     if isinstance(kwargs.get("memory_limit"), str):

@@ -18,6 +18,7 @@ from autofit.options import SearchOptions
 from autofit.planner import MemoryPrediction, Planner, SearchSpace
 from autofit.probing import ProbeResult, WorkerInfo
 from autofit.search._budget import Budget
+from autofit.search._build_space import available_cores, build_space, search_options
 from autofit.search._estimates import EstimatorLifecycle
 from autofit.search._phases import confirm, explore, export, remeasure
 from autofit.search._pool import RunnerPool
@@ -25,7 +26,6 @@ from autofit.search._progress import Reporter
 from autofit.search._sampler import AutofitSampler, Proposal
 from autofit.search._session import Session
 from autofit.search._settings import SearchResult, SearchSettings
-from autofit.search._space import available_cores, build_space, search_options
 
 if TYPE_CHECKING:
     from autofit.search._pool import Runner

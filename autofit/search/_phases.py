@@ -15,9 +15,9 @@ from autofit.errors import NoFeasibleConfig, UserCodeError
 from autofit.export import default_best_path, device_tag, write_best
 from autofit.planner import Observation
 from autofit.probing import ProbeResult
+from autofit.search._build_space import loader_note
 from autofit.search._sampler import Proposal
 from autofit.search._settings import SearchResult
-from autofit.search._space import loader_note
 from autofit.study import best_document, fault_notes, nothing_fits, record_end
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
 """The runners of one search and the threads they live on: one worker per slot (per listed GPU, or
---workers of them on the CPU), or one torchrun job per probe for a distributed search, across nodes
+--parallel of them on the CPU), or one torchrun job per probe for a distributed search, across nodes
 through a job board. Runners are built in one place, `build_runners`."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from autofit.search._liveness import fail_stale
 @dataclass
 class OpenedStudy:
     study: optuna.Study
-    limit_bytes: int
+    memory_limit: int
     """The limit to search under: the study's own when it resumes with a defaulted limit."""
     notes: list[str] = field(default_factory=list)
     created: bool = False
@@ -23,7 +23,7 @@ class OpenedStudy:
 
 
 def open_study(storage: optuna.storages.BaseStorage, name: str, *, fresh: bool, device_name: str,
-               limit_bytes: int, limit_given: bool, headroom: float, script_sha256: str | None,
+               memory_limit: int, memory_limit_given: bool, headroom: float, script_sha256: str | None,
                world_size: int = 1) -> OpenedStudy:
     """The study to search in, checked against what this search runs under (UsageError if it differs)."""
     created = not study_exists(storage, name)
@@ -33,14 +33,15 @@ def open_study(storage: optuna.storages.BaseStorage, name: str, *, fresh: bool, 
         except KeyError:
             pass
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
-    opened = OpenedStudy(study, limit_bytes, created=created)
+    opened = OpenedStudy(study, memory_limit, created=created)
     meta = study.user_attrs.get("autofit")
     if meta is not None:
-        if not limit_given and not meta.get("limit_given", True):
+        # The study's meta keeps the names the best-config file uses: limit_bytes (and limit_given).
+        if not memory_limit_given and not meta.get("limit_given", True):
             # No --memory-limit, then or now: the limit was the memory free when the study began
             # (it changes every run); resume with that one.
-            opened.limit_bytes = int(meta["limit_bytes"])
-        checks = (("device", device_name), ("limit_bytes", opened.limit_bytes), ("headroom", headroom),
+            opened.memory_limit = int(meta["limit_bytes"])
+        checks = (("device", device_name), ("limit_bytes", opened.memory_limit), ("headroom", headroom),
                   ("world_size", world_size))
         for key, value in checks:
             if meta.get(key, 1 if key == "world_size" else None) != value:

@@ -41,7 +41,7 @@ class Session:
         self.s = settings
         self.script = check_script(settings.script)
         self.slots = settings.worker_indices()
-        """The device index of each worker: one per listed GPU, or --workers of them on the CPU."""
+        """The device index of each worker: one per listed GPU, or --parallel of them on the CPU."""
         self.device_info = same_devices(settings.device, self.slots)
         self.storage_label = storage_label(settings.storage)
         """The storage as it may be printed or written (a password masked)."""
@@ -80,10 +80,10 @@ class Session:
     def open(self) -> optuna.Study:
         """The study, new or resumed; a resumed one may bring its own limit (see open_study)."""
         opened = open_study(self.storage, self.study_name, fresh=self.s.fresh, device_name=self.device_info.name,
-                            limit_bytes=self.memory_limit, limit_given=self.s.memory_limit is not None,
+                            memory_limit=self.memory_limit, memory_limit_given=self.s.memory_limit is not None,
                             headroom=self.s.headroom, script_sha256=self.script_sha256,
                             world_size=self.s.world_size)
-        self.memory_limit = opened.limit_bytes
+        self.memory_limit = opened.memory_limit
         self.usable = self.memory_limit * (1 - self.s.headroom)
         self.notes.extend(opened.notes)
         self.study = opened.study

@@ -27,7 +27,8 @@ class SearchSettings:
     budget_s: float = 1200.0
     trials: int | None = None
     global_batch: int | None = None
-    batch_size: tuple[int, int] | None = None
+    batch_range: tuple[int, int] | None = None
+    """Smallest and largest micro-batch to consider (None: the decorator's say)."""
     precision: tuple[str, ...] | None = None
     accumulation: tuple[int, ...] | None = None
     sharding: tuple[str, ...] | None = None
@@ -56,8 +57,8 @@ class SearchSettings:
     """Ask the memory estimator before probing, so the planner predicts what fits (off: probes alone)."""
     gpus: tuple[int, ...] = ()
     """Probe on all of these GPUs at once, one worker each (`index` is then the first)."""
-    workers: int = 1
-    """CPU only: this many workers probing at once, each under its own memory limit."""
+    parallel: int = 1
+    """CPU only: this many probes at once, each in its own worker process under its own memory limit."""
     nproc_per_node: int = 1
     """Each probe a torchrun job of this many ranks (distributed data parallel through run.distribute)."""
     nnodes: int = 1
@@ -71,24 +72,24 @@ class SearchSettings:
         self.probe_process = probe_process_for(self.device, self.probe_process)
         if not 0 <= self.headroom < 1:
             raise UsageError(f"The headroom must be a fraction in [0, 1), but got {self.headroom}.")
-        if self.workers < 1:
-            raise UsageError(f"The number of workers must be at least 1, but got {self.workers}.")
-        if self.workers > 1 and self.device != "cpu":
-            raise UsageError(f"--workers is for the CPU, but got --workers {self.workers} on {self.device}: "
+        if self.parallel < 1:
+            raise UsageError(f"The number of parallel probes must be at least 1, but got {self.parallel}.")
+        if self.parallel > 1 and self.device != "cpu":
+            raise UsageError(f"--parallel is for the CPU, but got --parallel {self.parallel} on {self.device}: "
                              f"list the GPUs instead (--gpu 0,1,2,3), one worker each.")
         if self.nproc_per_node < 1:
             raise UsageError(f"--nproc-per-node must be at least 1, but got {self.nproc_per_node}.")
-        if self.nproc_per_node > 1 and (self.workers > 1 or self.gpus):
+        if self.nproc_per_node > 1 and (self.parallel > 1 or self.gpus):
             raise UsageError("--nproc-per-node runs each probe on several ranks; it cannot be combined with "
-                             "--workers or a list of GPUs yet.")
+                             "--parallel or a list of GPUs yet.")
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
             raise UsageError(f"--node-rank must be in [0, --nnodes), but got --nnodes {self.nnodes} "
                              f"--node-rank {self.node_rank}.")
         if self.nnodes > 1 and not self.rdzv_endpoint:
             raise UsageError("--nnodes needs --rdzv-endpoint HOST:PORT (node 0's address and a free port), "
                              "the same on every node.")
-        if self.nnodes > 1 and (self.workers > 1 or self.gpus):
-            raise UsageError("--nnodes runs each probe across machines; it cannot be combined with --workers or a "
+        if self.nnodes > 1 and (self.parallel > 1 or self.gpus):
+            raise UsageError("--nnodes runs each probe across machines; it cannot be combined with --parallel or a "
                              "list of GPUs.")
         if self.sharding and self.world_size == 1:
             raise UsageError(f"--sharding is for distributed probes, but got --sharding {','.join(self.sharding)} "
@@ -112,7 +113,7 @@ class SearchSettings:
         """The device index each worker probes on."""
         if self.gpus:
             return tuple(self.gpus)
-        return (self.index,) * self.workers
+        return (self.index,) * self.parallel
 
 
 @dataclass

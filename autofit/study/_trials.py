@@ -20,7 +20,7 @@ DATA_BOUND_ERRORS = ("ProbeTooShort", "DataTooSmall")
 _COMPLETE_STATUSES = ("ok", "oom")
 
 
-def distributions(batch_size: tuple[int, int], max_checkpoint: int, max_accumulation: int,
+def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumulation: int,
                   sharded: bool = False, compiled: bool = False, loader: bool = False,
                   selective: bool = False) -> dict[str, BaseDistribution]:
     """The trial parameters. Integer ranges, so a study may widen them later (Optuna allows that).
@@ -28,7 +28,7 @@ def distributions(batch_size: tuple[int, int], max_checkpoint: int, max_accumula
     them: other studies keep their form. The loader's choices include None: the loader as the script
     declares it."""
     return {
-        "batch_size": IntDistribution(batch_size[0], max(batch_size[0], batch_size[1])),
+        "batch_size": IntDistribution(batch_range[0], max(batch_range[0], batch_range[1])),
         "precision": CategoricalDistribution(PRECISIONS),
         "checkpoint_segments": IntDistribution(0, max(0, max_checkpoint)),
         "accumulation_steps": IntDistribution(1, max(1, max_accumulation)),

@@ -44,7 +44,7 @@ def make_tokens(n: int = N_SAMPLES, seed: int = 0) -> torch.Tensor:
 TOKENS = make_tokens()
 
 
-@autofit(batch_size=(1, 1024), default_batch_size=8)
+@autofit(batch_range=(1, 1024), default_batch_size=8)
 def train(run: Run) -> float:
     """Next-token training of GPT-2 small on seeded tokens; one pass when run normally."""
     torch.manual_seed(0)

@@ -105,7 +105,7 @@ def batch_stream(batch_size: int, steps: int):
         yield get_batch(batch_size, generator)
 
 
-@autofit(batch_size=(1, 512), default_batch_size=8)
+@autofit(batch_range=(1, 512), default_batch_size=8)
 def train(run: Run) -> float:
     """Next-token training of a nanoGPT GPT-2 small on random tokens; 200 micro-batches when run normally."""
     torch.manual_seed(0)

@@ -21,7 +21,7 @@ class TiedLM(nn.Module):
         return self.unembed(self.body(self.embed(idx)))
 
 
-@autofit(batch_size=(4, 128), default_batch_size=16)
+@autofit(batch_range=(4, 128), default_batch_size=16)
 def train(run):
     torch.manual_seed(0)
     model = TiedLM()

@@ -10,7 +10,7 @@ from autofit import autofit
 CLASSES, D = 10, 512
 
 
-@autofit(batch_size=(8, 512), default_batch_size=32)
+@autofit(batch_range=(8, 512), default_batch_size=32)
 def train(run):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(D, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, CLASSES))

@@ -10,7 +10,7 @@ def broken_backend(graph_module, example_inputs):
     raise RuntimeError("this backend cannot compile anything")
 
 
-@autofit(batch_size=(16, 64), precision="fp32")
+@autofit(batch_range=(16, 64), precision="fp32")
 def train(run):
     model = run.compile(torch.nn.Linear(32, 1).to(run.device), backend=broken_backend)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

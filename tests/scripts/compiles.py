@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from autofit import autofit
 
 
-@autofit(batch_size=(16, 256), precision="fp32")
+@autofit(batch_range=(16, 256), precision="fp32")
 def train(run):
     torch.manual_seed(0)
     model = run.compile(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64),

@@ -9,7 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from autofit import autofit
 
 
-@autofit(batch_size=(4, 32))
+@autofit(batch_range=(4, 32))
 def train(run):
     model = torch.nn.Linear(32, 32).to(run.device)
     if isinstance(model.weight, FakeTensor):

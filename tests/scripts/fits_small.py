@@ -29,6 +29,6 @@ def train_steps(run, say=None):
                 say(f"step {step} loss {loss.item():.4f}")
 
 
-@autofit(batch_size=(1, 2048))
+@autofit(batch_range=(1, 2048))
 def train(run):
     train_steps(run)

@@ -9,7 +9,7 @@ def _say(line):
     print(line, flush=True)
 
 
-@autofit(batch_size=(1, 2048))
+@autofit(batch_range=(1, 2048))
 def train(run):
     _say(f"probe config: precision={run.precision} batch_size={run.batch_size}")
     train_steps(run, _say)

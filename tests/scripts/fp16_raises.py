@@ -9,6 +9,6 @@ def refuse_fp16(run, loss):
     return loss
 
 
-@autofit(precision=("fp32", "bf16", "fp16"), batch_size=(1, 256))
+@autofit(precision=("fp32", "bf16", "fp16"), batch_range=(1, 256))
 def train(run):
     train_steps(run, refuse_fp16)

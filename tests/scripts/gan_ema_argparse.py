@@ -20,7 +20,7 @@ torch.manual_seed(0)
 netG = nn.Sequential(nn.Linear(opt.nz, 512), nn.BatchNorm1d(512), nn.ReLU(), nn.Linear(512, 1024), nn.Tanh())
 
 
-@autofit(batch_size=(8, 256), default_batch_size=32)
+@autofit(batch_range=(8, 256), default_batch_size=32)
 def train(run):
     generator = netG.to(run.device)
     ema = copy.deepcopy(generator).eval()

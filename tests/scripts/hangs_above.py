@@ -5,7 +5,7 @@ from _grow import train_steps
 from autofit import autofit
 
 
-@autofit(precision=("fp32",), batch_size=(1, 256))
+@autofit(precision=("fp32",), batch_range=(1, 256))
 def train(run):
     if run.batch_size >= 8:
         time.sleep(3600)

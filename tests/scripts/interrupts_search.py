@@ -45,7 +45,7 @@ if (WHEN, PROCESS) in (("worker-load", "_worker_process.py"), ("estimator-load",
     _interrupt()
 
 
-@autofit(batch_size=(1, 512))
+@autofit(batch_range=(1, 512))
 def train(run):
     if WHEN == "estimate" and PROCESS == "_estimate_process.py":
         _interrupt()

@@ -93,7 +93,7 @@ def _leave(kind: str, model: torch.nn.Module) -> None:
         torch.set_num_threads(1)
 
 
-@autofit(batch_size=(4, 64))
+@autofit(batch_range=(4, 64))
 def train(run):
     leftovers = _leftovers() + _check_rng()
     if leftovers:

@@ -43,7 +43,7 @@ class Model(nn.Module):
         return self.out(x)
 
 
-@autofit(batch_size=(4, 256), default_batch_size=16)
+@autofit(batch_range=(4, 256), default_batch_size=16)
 def train(run):
     torch.manual_seed(0)
     model = Model().to(run.device)

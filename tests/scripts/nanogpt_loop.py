@@ -43,7 +43,7 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, VOCAB), targets.reshape(-1))
 
 
-@autofit(batch_size=(4, 64), default_batch_size=8)
+@autofit(batch_range=(4, 64), default_batch_size=8)
 def train(run):
     torch.manual_seed(0)
     model = GPT().to(run.device)

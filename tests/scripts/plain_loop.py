@@ -4,7 +4,7 @@ import torch
 from autofit import autofit
 
 
-@autofit(batch_size=(1, 256))
+@autofit(batch_range=(1, 256))
 def train(run):
     model = torch.nn.Linear(16, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

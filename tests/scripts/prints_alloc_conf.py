@@ -6,7 +6,7 @@ import torch
 from autofit import autofit
 
 
-@autofit(batch_size=(4, 16), precision="fp32")
+@autofit(batch_range=(4, 16), precision="fp32")
 def train(run):
     print(f"alloc conf: {os.environ.get('PYTORCH_CUDA_ALLOC_CONF')}", flush=True)
     model = torch.nn.Linear(16, 1)

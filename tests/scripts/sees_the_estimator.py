@@ -24,7 +24,7 @@ def _estimator_states() -> list[str]:
     return states
 
 
-@autofit(batch_size=(1, 512))
+@autofit(batch_range=(1, 512))
 def train(run):
     if IN_WORKER:
         with open(os.environ["ESTIMATOR_STATES"], "a") as out:

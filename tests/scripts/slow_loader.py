@@ -40,6 +40,6 @@ def train_steps(run, dataset=None):
             return
 
 
-@autofit(batch_size=(4, 8), precision=["fp32"])
+@autofit(batch_range=(4, 8), precision=["fp32"])
 def train(run):
     train_steps(run)

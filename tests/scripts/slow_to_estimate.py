@@ -10,7 +10,7 @@ with open("/proc/self/cmdline", "rb") as _handle:
     IN_ESTIMATOR = b"_estimate_process" in _handle.read()
 
 
-@autofit(batch_size=(1, 512))
+@autofit(batch_range=(1, 512))
 def train(run):
     if IN_ESTIMATOR:
         time.sleep(3600)

@@ -7,7 +7,7 @@ import torch
 from autofit import autofit
 
 
-@autofit(precision=("fp32",), batch_size=(8, 16))
+@autofit(precision=("fp32",), batch_range=(8, 16))
 def train(run):
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

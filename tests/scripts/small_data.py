@@ -8,7 +8,7 @@ from autofit import autofit
 DATA = TensorDataset(torch.randn(48, 16), torch.randint(0, 4, (48,)))
 
 
-@autofit(batch_size=(1, 256))
+@autofit(batch_range=(1, 256))
 def train(run):
     model = torch.nn.Linear(16, 4).to(run.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

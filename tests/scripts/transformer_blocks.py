@@ -27,7 +27,7 @@ class Block(torch.nn.Module):
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
 
-@autofit(batch_size=(1, 1024))
+@autofit(batch_range=(1, 1024))
 def train(run):
     torch.manual_seed(0)
     blocks = torch.nn.ModuleList(Block() for _ in range(LAYERS))

@@ -9,7 +9,7 @@ import os
 from autofit.config import CHECKPOINT_POLICIES, SHARDINGS, device_shardings
 from autofit.errors import UsageError
 from autofit.options import SearchOptions
-from autofit.planner import LOADER_PREFETCH, LoaderChoices, SearchSpace, shared_cores_loader_note, worker_counts
+from autofit.planner import LOADER_PREFETCH, LoaderChoices, SearchSpace, loader_worker_counts, shared_cores_loader_note
 from autofit.probing import WorkerInfo
 from autofit.search._settings import SearchSettings
 
@@ -18,7 +18,7 @@ def search_options(info: WorkerInfo, settings: SearchSettings) -> SearchOptions:
     """The decorator's options (as the worker read them from the script), overridden by the settings."""
     options = SearchOptions(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in info.options.items()}) \
         if info.options else SearchOptions()
-    return options.merged(global_batch=settings.global_batch, batch_size=settings.batch_size,
+    return options.merged(global_batch=settings.global_batch, batch_range=settings.batch_range,
                           precision=settings.precision, accumulation=settings.accumulation,
                           sharding=settings.sharding, compile=settings.compile,
                           checkpoint_policy=settings.checkpoint_policy)
@@ -49,7 +49,7 @@ def build_space(settings: SearchSettings, options: SearchOptions, info: WorkerIn
     if world > 1 and knobs is not None and knobs.get("shard_blocks"):
         shardings = tuple(h for h in options.sharding or SHARDINGS if h in device_shardings(settings.device))
     compiles = (False, True) if knobs and knobs.get("compile") and options.compile else (False,)
-    return SearchSpace.build(batch_size=options.batch_size, precisions=tuple(wanted),
+    return SearchSpace.build(batch_range=options.batch_range, precisions=tuple(wanted),
                              checkpoint_blocks=blocks, use_checkpoint=options.checkpoint,
                              global_batch=global_batch, accumulations=accumulations, shardings=shardings,
                              compiles=compiles, loader=loader_choices(settings, knobs),
@@ -68,16 +68,16 @@ def loader_choices(settings: SearchSettings, knobs: dict | None) -> LoaderChoice
     nothing), and prefetching beyond DataLoader's default of 2."""
     if not knobs or not knobs.get("loader"):
         return LoaderChoices()
-    workers = worker_counts(available_cores(), ranks_per_node=settings.nproc_per_node,
-                            probes_at_once=len(settings.worker_indices()))
-    return LoaderChoices(workers=workers,
+    loader_workers = loader_worker_counts(available_cores(), ranks_per_node=settings.nproc_per_node,
+                                          probes_at_once=len(settings.worker_indices()))
+    return LoaderChoices(workers=loader_workers,
                          pin_memory=(True,) if settings.device != "cpu" else (),
                          prefetch_factors=tuple(p for p in LOADER_PREFETCH if p != 2),
                          declared_workers=int(knobs.get("declared_workers") or 0))
 
 
 def loader_note(settings: SearchSettings) -> str | None:
-    """One line when probes side by side (--workers N, several GPUs) kept the loader's workers below
+    """One line when probes side by side (--parallel N, several GPUs) kept the loader's workers below
     what the real run could use."""
     return shared_cores_loader_note(available_cores(), ranks_per_node=settings.nproc_per_node,
                                     probes_at_once=len(settings.worker_indices()))

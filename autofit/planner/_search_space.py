@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from autofit.config import CHECKPOINT_POLICIES, PRECISIONS, SHARDINGS, Config
 from autofit.errors import UsageError
-from autofit.planner._loader import LoaderChoices
+from autofit.planner._loader_rule import LoaderChoices
 
 #: Precisions ranked by the memory their activations take (higher = more memory).
 MEMORY_RANK = {"fp32": 2, "tf32": 2, "bf16": 1, "fp16": 1}
@@ -120,7 +120,7 @@ class SearchSpace:
     def build(
         cls,
         *,
-        batch_size: tuple[int, int],
+        batch_range: tuple[int, int],
         precisions: tuple[str, ...],
         checkpoint_blocks: int | None = None,
         use_checkpoint: bool = True,
@@ -131,7 +131,7 @@ class SearchSpace:
         loader: LoaderChoices = LoaderChoices(),
         checkpoint_policies: tuple[str, ...] = ("full",),
     ) -> SearchSpace:
-        low, high = batch_size
+        low, high = batch_range
         if global_batch is not None:
             sizes = divisors_in(global_batch, low, high)
             if not sizes:

@@ -25,7 +25,7 @@ RUN_REPORT_ENV = "AUTOFIT_RUN_REPORT"
 
 
 class Decorated(Protocol):
-    """What the launcher needs of a decorated function (autofit.decorator.AutofitFunction): no import of
+    """What a normal run needs of a decorated function (autofit.decorator.AutofitFunction): no import of
     the decorator module, which imports this one."""
 
     fn: Callable[..., Any]
@@ -70,7 +70,7 @@ class RunPlan(NamedTuple):
     """The best-config file read, or None when running with defaults."""
     record_path: str
     """Where the run records a lowered config (beside the file it read, or where a search would write)."""
-    searched_limit: int | None
+    searched_memory_limit: int | None
     """The memory limit the config was searched under ($AUTOFIT_MEMORY_LIMIT=json applies it)."""
     searched_world: int = 1
     """Ranks each probe ran on (the config's micro-batch and accumulation are per rank)."""
@@ -98,8 +98,8 @@ def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: st
     _warn_if_stale(fn, best.document, device)
     partial = " (partial search)" if best.partial else ""
     message = f"running {fn.fn.__name__} with the best config from {best.path}{partial}: {best.config.label()}"
-    limit = (best.document.get("memory") or {}).get("limit_bytes")
-    return RunPlan(best.config, device, message, best.path, lowered_path(best.path), limit,
+    searched_memory_limit = (best.document.get("memory") or {}).get("limit_bytes")
+    return RunPlan(best.config, device, message, best.path, lowered_path(best.path), searched_memory_limit,
                    int(best.document.get("world_size") or 1))
 
 

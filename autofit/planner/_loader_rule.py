@@ -19,7 +19,7 @@ from autofit.config import LOADER_FIELDS, Config
 from autofit.planner._observation import Observation
 from autofit.planner._ranking import Candidate
 
-#: The worker counts a search tries (those within the cores a probe may load with: `worker_counts`).
+#: The worker counts a search tries (those within the cores a probe may load with: `loader_worker_counts`).
 LOADER_WORKERS: tuple[int, ...] = (0, 1, 2, 4, 8)
 #: Prefetch depths per worker: DataLoader's default and one further ahead.
 LOADER_PREFETCH: tuple[int, ...] = (2, 4)
@@ -35,7 +35,7 @@ class LoaderChoices:
     """The loader settings a search may try (empty workers: the function does not offer run.loader)."""
 
     workers: tuple[int, ...] = ()
-    """Worker counts, capped by the cores a probe may load with (`worker_counts`)."""
+    """Worker counts, capped by the cores a probe may load with (`loader_worker_counts`)."""
     pin_memory: tuple[bool, ...] = ()
     """(True,) on a GPU: pinned batches copy faster; () on the CPU, where pinning gains nothing."""
     prefetch_factors: tuple[int, ...] = ()
@@ -48,7 +48,7 @@ class LoaderChoices:
         return bool(self.workers)
 
 
-def worker_counts(cores: int, *, ranks_per_node: int = 1, probes_at_once: int = 1) -> tuple[int, ...]:
+def loader_worker_counts(cores: int, *, ranks_per_node: int = 1, probes_at_once: int = 1) -> tuple[int, ...]:
     """The LOADER_WORKERS a search tries: within the cores one training process of the real run has (a
     node's cores over its ranks, each rank with its own loader), and within a probe's share of them while
     `probes_at_once` probes run side by side, where more workers would measure the other probes'
@@ -60,12 +60,12 @@ def worker_counts(cores: int, *, ranks_per_node: int = 1, probes_at_once: int = 
 def shared_cores_loader_note(cores: int, *, ranks_per_node: int = 1, probes_at_once: int = 1) -> str | None:
     """One line when probes running side by side kept the loader below the workers the real run could
     use (None when they did not)."""
-    run = worker_counts(cores, ranks_per_node=ranks_per_node)
-    probed = worker_counts(cores, ranks_per_node=ranks_per_node, probes_at_once=probes_at_once)
+    run = loader_worker_counts(cores, ranks_per_node=ranks_per_node)
+    probed = loader_worker_counts(cores, ranks_per_node=ranks_per_node, probes_at_once=probes_at_once)
     if probed == run:
         return None
     return (f"loader workers were tried up to {probed[-1]}, not the {run[-1]} your run could use: {probes_at_once} "
-            f"probes at once shared {cores} cores; search with one worker to tune the loader fully")
+            f"probes at once shared {cores} cores; search one probe at a time (--parallel 1) to tune the loader fully")
 
 
 def leader(ranked: Sequence[Candidate]) -> Candidate | None:
@@ -132,7 +132,7 @@ def _pin_memory(choices: LoaderChoices, best: Config, share: float) -> list[Conf
 def loader_reason(choices: LoaderChoices, ranked: Sequence[Candidate],
                   observations: Sequence[Observation]) -> str | None:
     """Why the winner's loader settings were chosen: 'input-bound: 38% of the step waiting for data with
-    0 workers; 2 workers: 1.6x'. None when the winner keeps the script's loader."""
+    0 loader workers; 2 loader workers: 1.6x'. None when the winner keeps the script's loader."""
     if not ranked or not ranked[0].config.loader:
         return None
     base = leader(ranked)
@@ -143,13 +143,13 @@ def loader_reason(choices: LoaderChoices, ranked: Sequence[Candidate],
     declared = choices.declared_workers  # the leader runs the loader as the script declares it
     waited = f"{share:.0%} of the step waiting for data" if share is not None else "waiting for data"
     changes = ", ".join(_change(name, value) for name, value in winner.config.loader.items())
-    return (f"input-bound: {waited} with {declared} workers; {changes}: "
+    return (f"input-bound: {waited} with {declared} loader workers; {changes}: "
             f"{winner.samples_per_s / base.samples_per_s:.1f}x")
 
 
 def _change(name: str, value) -> str:
     if name == "loader_workers":
-        return f"{value} workers"
+        return f"{value} loader workers"
     if name == "pin_memory":
         return "pinned memory" if value else "unpinned memory"
     return f"prefetch {value}"
