@@ -100,7 +100,7 @@ def test_light_processes_import_no_heavy_library(module):
 
 
 #: Packages whose classes and functions keep to the size limits (the lead may widen the list).
-_SIZED_PACKAGES = ("runtime",)
+_SIZED_PACKAGES = ("runtime", "study", "findings", "search")
 
 
 def test_no_class_over_250_lines_and_no_function_over_60_in_the_sized_packages():
@@ -123,6 +123,17 @@ def test_runtime_imports_nothing_above_it():
     allowed = ("autofit.config", "autofit.errors", "autofit.units", "autofit.runtime")
     above = [f"{module} imports {imported}" for module, path in _modules().items()
              if module.startswith("autofit.runtime")
+             for imported in _imports(path, top_level_only=False)
+             if not imported.startswith(allowed)]
+    assert above == []
+
+
+def test_study_only_stores_and_reads():
+    """The record imports nothing that interprets it: no planner, memory, devices, findings or search."""
+    allowed = ("autofit.config", "autofit.errors", "autofit.units", "autofit._version", "autofit.export",
+               "autofit.probing", "autofit.study")
+    above = [f"{module} imports {imported}" for module, path in _modules().items()
+             if module.startswith("autofit.study")
              for imported in _imports(path, top_level_only=False)
              if not imported.startswith(allowed)]
     assert above == []
