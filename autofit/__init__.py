@@ -11,15 +11,15 @@ from autofit.errors import AutofitError
 from autofit.options import SearchOptions
 
 if TYPE_CHECKING:
-    from autofit.study import StoredStudy
+    from autofit.findings import StoredStudy
 
 
 def load_study(name: str | None = None, storage: str | None = None) -> StoredStudy:
-    """A stored study to read: `.trials_frame()`, `.best()`, `.document()`, `.meta` (see autofit.study.StoredStudy).
+    """A stored study to read: `.trials_frame()`, `.best()`, `.document()`, `.meta` (see autofit.findings.StoredStudy).
 
     Imports its dependencies (optuna, pandas) on call, so `import autofit` stays light.
     """
-    from autofit.study import load_study as _load_study
+    from autofit.findings import load_study as _load_study
 
     return _load_study(name, storage)
 

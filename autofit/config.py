@@ -134,6 +134,11 @@ class Config:
 
 #: The Config fields of the input pipeline (run.loader), None unless a config sets them.
 LOADER_FIELDS: tuple[str, ...] = ("loader_workers", "pin_memory", "prefetch_factor")
+#: The worker counts a search tries (those within the cores a probe may load with: autofit.planner's
+#: `worker_counts`).
+LOADER_WORKERS: tuple[int, ...] = (0, 1, 2, 4, 8)
+#: Prefetch depths per worker: DataLoader's default and one further ahead.
+LOADER_PREFETCH: tuple[int, ...] = (2, 4)
 
 
 def _optional(value, kind):

@@ -77,7 +77,7 @@ def _env(tmp: str, device: str = "cpu", **extra: str) -> dict[str, str]:
 
 def search(script: Script, trials: int, tmp: str, device: str = "cpu", probe_process: str | None = None) -> dict:
     """A real search of `script` in `tmp`; the exported document, the stored study and the wall time."""
-    from autofit.study import load_study
+    from autofit.findings import load_study
 
     storage = f"sqlite:///{tmp}/corpus.db"
     best = os.path.join(tmp, "best.json")
@@ -97,7 +97,7 @@ def search(script: Script, trials: int, tmp: str, device: str = "cpu", probe_pro
 def predicted_peak(study, config, device: str = "cpu") -> tuple[float | None, tuple[float, float] | None]:
     """The estimator's raw peak of `config` (MemoryPrediction.raw_peak) and the planner's calibrated range
     from the study's probes of other configs; None where the study has no estimates."""
-    from autofit.study import observations
+    from autofit.findings import observations
 
     if study.estimates is None:
         return None, None

@@ -11,7 +11,7 @@ script's memory limit (benchmarks/corpus.py's), into a study of its own; then fr
 - the precisions the search probed, each with the number of the probe that first ran it;
 - every probe that ran to the end: its measured peak against the raw prediction, made before any
   probe (the estimator's process baseline and measured runtime context, plus its tensor bytes at
-  `autofit.planner.CPU_TYPICAL_FACTOR`): the median error, the worst over and the worst under;
+  `autofit.memory.CPU_TYPICAL_FACTOR`): the median error, the worst over and the worst under;
   probes that ran out of memory.
 
 The bounds the README states: raw within 10% of the measured peak, never more than 5% under it.
@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-from autofit.study import load_study, observations
+from autofit.findings import load_study, observations
 from benchmarks.corpus import SCRIPTS, Script, _env
 
 HERE = os.path.dirname(os.path.abspath(__file__))

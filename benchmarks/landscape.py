@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
 from autofit.config import Config
-from autofit.planner import CPU_FACTORS, MemoryPrediction, Observation, SearchSpace, configs_to_estimate
+from autofit.memory import peak_factors
+from autofit.planner import MemoryPrediction, Observation, SearchSpace, configs_to_estimate
 
 LANDSCAPE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "landscapes")
 
@@ -182,7 +183,7 @@ class Landscape:
         estimated = {c: sum(self.entries[c].estimate.values()) for c in configs_to_estimate(self.configs())
                      if self.entries[c].estimate}
         return MemoryPrediction.from_estimates(estimated, device_bytes=estimator["baseline_bytes"] or 0,
-                                               factors=CPU_FACTORS)
+                                               **peak_factors("cpu"))
 
     def grid_seconds(self) -> float:
         """Probe-seconds of measuring every config once (implied OOMs at their OOM probe's wall)."""

@@ -17,8 +17,10 @@ import os
 import tempfile
 import time
 
+from autofit.findings import observations
+from autofit.memory import stored_estimates
 from autofit.search import SearchSettings, run_search
-from autofit.study import observations, open_storage, stored_estimates
+from autofit.study import open_storage
 from autofit.units import parse_duration
 from benchmarks.landscape import Landscape, landscape_paths
 

@@ -223,7 +223,7 @@ def autofit_no_estimate_search(session: Session) -> Config | None:
 
 
 def autofit_remeasure_search(session: Session) -> Config | None:
-    """(a') The Planner loop, then the live search's remeasure step (autofit/search/_loop.py): the
+    """(a') The Planner loop, then the live search's remeasure step (autofit/search/_phases.py): the
     up to three best contenders within 5% of the best, probed once so far, are probed again with
     twice the steps; then planner.best. (The live search's final long confirmation run is left
     out: it costs time but cannot change the pick in a replay, where feasibility is recorded.)"""

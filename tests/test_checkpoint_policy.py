@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import STUDIES, script
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -281,7 +280,7 @@ def test_a_search_probes_selective_checkpointing_and_exports_what_wins(tmp_path)
 
     import autofit
     from autofit.export import read_best
-    from autofit.study._trials import trial_result
+    from autofit.study import trial_result
 
     storage = f"sqlite:///{tmp_path}/s.db"
     done = autofit_cli("search", script("transformer_blocks.py"), "--device", "cpu", "--memory-limit", "800MiB",

@@ -10,7 +10,7 @@ from conftest import autofit_cli, script
 import autofit
 from autofit.config import Config
 from autofit.export import config_entry, read_best, write_best
-from autofit.study._trials import trial_result
+from autofit.study import trial_result
 
 
 def _search(tmp_path, name: str, *extra: str):

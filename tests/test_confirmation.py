@@ -7,11 +7,10 @@ from __future__ import annotations
 import optuna
 
 from autofit.config import Config
+from autofit.findings import best_document
 from autofit.planner import Observation, Planner, SearchSpace
 from autofit.probing._record import ProbeResult
-from autofit.study import best_document
-from autofit.study._storage import open_storage
-from autofit.study._trials import record_probe
+from autofit.study import open_storage, record_probe
 
 SPACE = SearchSpace.build(batch_range=(8, 64), precisions=("fp32",))
 GiB = 2**30

@@ -100,7 +100,7 @@ def test_value_reads_are_answered_and_data_dependent_sizes_guessed_in_process():
 
 
 def test_a_partial_estimate_keeps_its_known_parts_for_the_planner():
-    from autofit.study import StoredEstimates
+    from autofit.memory import StoredEstimates
 
     stored = StoredEstimates({}, 100 * 2**20, 1.0, None, 3, known_bytes=400 * 2**20,
                              note="memory estimator: activations not predicted (x); parameters predicted")
@@ -117,7 +117,7 @@ def test_a_partial_estimate_keeps_its_known_parts_for_the_planner():
 def test_the_nanogpt_loop_s_estimate_grows_with_the_batch_as_probes_measure():
     """A CPU's measured peak carries a fixed offset the tensors do not (allocator caching, oneDNN):
     what the planner relies on is how the peak grows per tensor byte, within its prior 1.0-2.5."""
-    from autofit.planner import CPU_FACTORS
+    from autofit.memory import CPU_FACTORS
     from autofit.probing import Worker
 
     configs = [Config(16), Config(64)]

@@ -10,9 +10,8 @@ import optuna
 import pytest
 
 from autofit.config import Config
-from autofit.memory import Estimator, estimate_memory
-from autofit.planner import CPU_TYPICAL_FACTOR, MemoryPrediction
-from autofit.study import StoredEstimates
+from autofit.memory import CPU_TYPICAL_FACTOR, Estimator, StoredEstimates, estimate_memory, peak_factors
+from autofit.planner import MemoryPrediction
 from tests.conftest import STUDIES, autofit_cli, script
 
 
@@ -54,7 +53,8 @@ def test_the_cpu_runtime_context_is_measured_and_predicted_beside_the_tensors():
 
 
 def test_a_raw_peak_needs_an_estimate_of_the_strategy():
-    prediction = MemoryPrediction.from_estimates({Config(8): 8.0, Config(16): 16.0}, device_bytes=100)
+    prediction = MemoryPrediction.from_estimates({Config(8): 8.0, Config(16): 16.0}, device_bytes=100,
+                                                 **peak_factors("cpu"))
     assert prediction.raw_peak(Config(12)) == pytest.approx(100 + CPU_TYPICAL_FACTOR * 12)
     assert prediction.raw_peak(Config(8, "bf16")) is None
 

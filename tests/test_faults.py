@@ -15,8 +15,8 @@ from conftest import REPO, script
 
 from autofit.cli import cli
 from autofit.errors import NoFeasibleConfig, UsageError, UserCodeError
+from autofit.findings import observations
 from autofit.search import SearchSettings, run_search
-from autofit.study._trials import observations
 
 LIMIT = 768 * 2**20
 

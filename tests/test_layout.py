@@ -158,3 +158,14 @@ def test_runtime_imports_nothing_above_it():
              for imported in _imports(path, top_level_only=False)
              if not imported.startswith(allowed)]
     assert above == []
+
+
+def test_study_only_stores_and_reads():
+    """The record imports nothing that interprets it: no planner, memory, devices, findings or search."""
+    allowed = ("autofit.config", "autofit.errors", "autofit.units", "autofit._version", "autofit.export",
+               "autofit.probing", "autofit.study")
+    above = [f"{module} imports {imported}" for module, path in _modules().items()
+             if module.startswith("autofit.study")
+             for imported in _imports(path, top_level_only=False)
+             if not imported.startswith(allowed)]
+    assert above == []

@@ -17,6 +17,7 @@ from autofit.cli import cli
 from autofit.devices import make_backend
 from autofit.errors import UsageError
 from autofit.export import read_best
+from autofit.findings import explain
 from autofit.planner import (
     MIN_LOADER_SHARE,
     LoaderChoices,
@@ -33,7 +34,6 @@ from autofit.runtime import Run, StepClock
 from autofit.search import SearchSettings
 from autofit.search._build_space import loader_choices, loader_note
 from autofit.search._sampler import space_distributions
-from autofit.study import explain
 
 
 # --- data wait in every probe ------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from autofit.cli import cli
-from autofit.study._trials import observations
+from autofit.findings import observations
 from tests.conftest import REPO, autofit_cli, script
 
 
@@ -23,7 +23,7 @@ def _search(tmp_path, storage: str, *extra: str, target: str = "grows.py") -> li
 
 
 def _trials(storage: str, name: str = "shared") -> list:
-    from autofit.study._stored import open_for_reading
+    from autofit.study import open_for_reading
 
     return optuna.load_study(study_name=name, storage=open_for_reading(storage)).get_trials(deepcopy=False)
 
@@ -136,7 +136,7 @@ def test_a_searcher_on_another_machine_is_dead_once_its_heartbeat_is_stale(postg
     """Across machines the owner's pid cannot be checked: Optuna's heartbeat decides. A running trial
     owned by another host is trusted while its heartbeat is fresh and failed once it is stale."""
     from autofit.search._liveness import fail_stale
-    from autofit.study._storage import engine_url, quiet_heartbeat_warnings
+    from autofit.study import engine_url, quiet_heartbeat_warnings
 
     with quiet_heartbeat_warnings():
         storage = optuna.storages.RDBStorage(engine_url(postgres_url), heartbeat_interval=1, grace_period=2)

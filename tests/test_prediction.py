@@ -8,6 +8,7 @@ import pytest
 from conftest import autofit_cli, script
 
 from autofit.config import Config
+from autofit.memory import peak_factors
 from autofit.planner._observation import Observation
 from autofit.planner._planner import Planner
 from autofit.planner._prediction import MemoryPrediction, configs_to_estimate
@@ -46,7 +47,8 @@ def _search(prediction):
 
 
 def test_interpolated_estimates_and_a_range_between_two_measured_batches():
-    prediction = MemoryPrediction.from_estimates({Config(8): 10.0, Config(32): 40.0}, device_bytes=5.0)
+    prediction = MemoryPrediction.from_estimates({Config(8): 10.0, Config(32): 40.0}, device_bytes=5.0,
+                                                 **peak_factors("cpu"))
     assert prediction.tensor_bytes(Config(16)) == pytest.approx(20.0)
     assert prediction.tensor_bytes(Config(64)) == pytest.approx(80.0)  # the last two batches' slope
     assert prediction.tensor_bytes(Config(16, "bf16")) is None  # no estimate of that curve
@@ -69,7 +71,7 @@ def test_configs_to_estimate_take_a_few_batches_per_curve_unchecked_curves_first
 
 def test_the_planner_skips_what_the_prediction_rules_out_and_starts_next_to_the_predicted_fit():
     prediction = MemoryPrediction.from_estimates({Config(b): _tensor(Config(b)) for b in BATCHES},
-                                                 device_bytes=150 * MIB)
+                                                 device_bytes=150 * MIB, **peak_factors("cpu"))
     planner, seen = _search(prediction)
     assert all(o.fits(USABLE) for o in seen), [(o.config.batch_size, o.status, o.peak_bytes) for o in seen]
     assert planner.best(seen) == Config(32)  # the largest that fits is the fastest here

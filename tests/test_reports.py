@@ -22,8 +22,7 @@ from autofit.errors import NoFeasibleConfig
 from autofit.export import read_best
 from autofit.report._html import SECTIONS
 from autofit.search import SearchSettings, run_search
-from autofit.study import bundled_storage_url, open_for_reading
-from autofit.study._trials import trial_result
+from autofit.study import bundled_storage_url, open_for_reading, trial_result
 
 RECORDED = bundled_storage_url()
 STEM, STUDY = "gpt", "gpt.train-cpu0"
@@ -308,7 +307,7 @@ def test_without_storage_falls_back_to_the_recorded_studies_and_says_so(recorded
 
 
 def test_default_storage_with_several_studies_needs_study(tmp_path, monkeypatch):
-    monkeypatch.setattr("autofit.study._stored.BUNDLED_DB", str(tmp_path / "none.db"))
+    monkeypatch.setattr("autofit.study._locate.BUNDLED_DB", str(tmp_path / "none.db"))
     monkeypatch.chdir(tmp_path)
     os.makedirs("studies")
     default = f"sqlite:///{tmp_path}/studies/autofit.db"

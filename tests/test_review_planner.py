@@ -7,9 +7,10 @@ import pytest
 
 from autofit.config import Config
 from autofit.export import read_best, write_best
+from autofit.findings import best_document, observations
 from autofit.planner import SearchSpace
 from autofit.probing import ProbeResult
-from autofit.study import best_document, config_params, distributions, observations
+from autofit.study import config_params, distributions
 
 GiB = 2**30
 SPACE = SearchSpace.build(batch_range=(8, 64), precisions=("fp32",))
@@ -125,8 +126,8 @@ def test_a_selective_policy_that_fails_for_a_reason_not_memory_is_abandoned():
 
 
 def test_the_search_says_why_selective_checkpointing_was_abandoned():
+    from autofit.findings import fault_notes
     from autofit.planner import Planner
-    from autofit.study import fault_notes
 
     study = _study([(8, "explore", 80.0, 1, None)])
     _add(study, ProbeResult(status="error", config=Config(8, checkpoint_segments=1, checkpoint_policy="selective"),

@@ -15,9 +15,9 @@ from conftest import autofit_cli, script
 from autofit.cli import cli
 from autofit.config import Config
 from autofit.export import read_best
+from autofit.findings import observations
 from autofit.search import SearchSettings, run_search
-from autofit.study._storage import open_storage
-from autofit.study._trials import observations
+from autofit.study import open_storage
 
 LIMIT = 768 * 2**20
 TRIALS = 4
@@ -304,8 +304,7 @@ def test_confirmation_estimate_counts_accumulation_once(tmp_path):
     run must not multiply it by the accumulation steps again (it once predicted 1450 s for 52 s)."""
     from autofit.probing._record import ProbeResult
     from autofit.search._budget import Budget
-    from autofit.study._storage import open_storage
-    from autofit.study._trials import record_probe
+    from autofit.study import open_storage, record_probe
 
     config = Config(batch_size=4, accumulation_steps=32)
     storage = f"sqlite:///{tmp_path}/e.db"
@@ -328,7 +327,7 @@ def test_the_planner_decides_every_trial_through_the_sampler():
     from autofit.planner import Planner, SearchSpace
     from autofit.probing._record import ProbeResult
     from autofit.search._sampler import AutofitSampler
-    from autofit.study._trials import record_probe, trial_config
+    from autofit.study import record_probe, trial_config
 
     planner = Planner(SearchSpace.build(batch_range=(1, 256), precisions=("fp32", "bf16")), 2**30)
     sampler = AutofitSampler(planner)

@@ -13,7 +13,7 @@ _STORAGE_HELP = ("Optuna storage URL (default: sqlite:///studies/autofit.db, els
 
 
 def _load(study: str | None, storage: str | None):
-    from autofit.study import load_study
+    from autofit.findings import load_study
 
     stored = load_study(study, storage)
     if stored.note:
@@ -55,8 +55,9 @@ def show(study: str | None, storage: str | None, trial_number: int | None, full:
 @click.option("--storage", default=None, help=_STORAGE_HELP)
 def studies(storage: str | None) -> None:
     """List the studies in a storage: device, memory limit, probes, best config and its throughput."""
+    from autofit.findings import list_studies
     from autofit.report import studies_table
-    from autofit.study import list_studies, redacted
+    from autofit.study import redacted
 
     where, rows = list_studies(storage)
     if where.note:

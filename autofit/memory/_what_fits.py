@@ -12,7 +12,7 @@ A strategy's tensor bytes grow linearly with the micro-batch once activations do
 estimates fit that line, the line proposes the largest batch, and an estimate of that batch
 confirms it (stepping down while it does not fit). The device's own memory is added to the tensor
 bytes: on the CPU the estimator process's measured baseline and runtime context, and the heap's
-typical growth over the live tensors (autofit.planner.CPU_TYPICAL_FACTOR); on a GPU a prior for the
+typical growth over the live tensors (autofit.memory.CPU_TYPICAL_FACTOR); on a GPU a prior for the
 CUDA context and the caching allocator's rounding (CUDA_CONTEXT_BYTES, ALLOCATOR_OVERHEAD), until
 probes calibrate it.
 """
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 from autofit.config import CHECKPOINT_POLICIES, Config
 from autofit.memory._estimator import CUDA_CONTEXT_BYTES, Estimator, MemoryEstimate
-from autofit.planner import CPU_TYPICAL_FACTOR, Strategy, checkpoint_levels, divisors_in, nice_batch_sizes
+from autofit.memory._peak_factors import CPU_TYPICAL_FACTOR
+from autofit.planner import Strategy, checkpoint_levels, divisors_in, nice_batch_sizes
 
 #: Prior for a CUDA device: the caching allocator's rounding and fragmentation over the tensors' own
 #: bytes (the context's prior is memory_estimate.CUDA_CONTEXT_BYTES).

@@ -6,8 +6,6 @@ and the benchmark's replays all ask the same planner."""
 from __future__ import annotations
 
 from autofit.planner._loader_rule import (
-    LOADER_PREFETCH,
-    LOADER_WORKERS,
     MIN_LOADER_SHARE,
     LoaderChoices,
     loader_reason,
@@ -21,10 +19,6 @@ from autofit.planner._noise import Measurement, NoiseReading
 from autofit.planner._observation import FAILED_STATUSES, Observation
 from autofit.planner._planner import Planner
 from autofit.planner._prediction import (
-    CPU_FACTORS,
-    CPU_TYPICAL_FACTOR,
-    CUDA_FACTORS,
-    CUDA_TYPICAL_FACTOR,
     CalibratedPrediction,
     MemoryPrediction,
     PeakRange,
@@ -36,13 +30,7 @@ from autofit.planner._ranking import TIE_TOLERANCE, Candidate
 from autofit.planner._search_space import SearchSpace, Strategy, checkpoint_levels, divisors_in, nice_batch_sizes
 
 __all__ = [
-    "CPU_FACTORS",
-    "CPU_TYPICAL_FACTOR",
-    "CUDA_FACTORS",
-    "CUDA_TYPICAL_FACTOR",
     "FAILED_STATUSES",
-    "LOADER_PREFETCH",
-    "LOADER_WORKERS",
     "MIN_LOADER_SHARE",
     "TIE_TOLERANCE",
     "CalibratedPrediction",

@@ -15,14 +15,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from autofit.config import LOADER_FIELDS, Config
+from autofit.config import LOADER_FIELDS, LOADER_WORKERS, Config
 from autofit.planner._observation import Observation
 from autofit.planner._ranking import Candidate
 
-#: The worker counts a search tries (those within the cores a probe may load with: `loader_worker_counts`).
-LOADER_WORKERS: tuple[int, ...] = (0, 1, 2, 4, 8)
-#: Prefetch depths per worker: DataLoader's default and one further ahead.
-LOADER_PREFETCH: tuple[int, ...] = (2, 4)
 #: Below this share of the measured time waiting for data, a faster loader gains under 1/(1-0.03), about
 #: 3%: within the noise of a probe, so no probe is spent on it.
 MIN_LOADER_SHARE = 0.03

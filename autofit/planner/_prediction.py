@@ -1,14 +1,15 @@
 """A config's peak memory predicted before it is probed: the memory estimator's tensor bytes
-(autofit.memory._estimator), anchored on measured peaks, carried as a range.
+(autofit.memory), anchored on measured peaks, carried as a range.
 
 Tensor bytes are not the device's peak. The allocator's caching and rounding, oneDNN's or cuDNN's
 workspaces and the data add to them, and by a factor that differs per device and model: on the
 recorded CPU landscapes (benchmarks/landscapes) each extra tensor byte costs 1.0-2.4 bytes of peak.
 So a prediction starts from a measured peak (the same strategy's nearest ones when it has any,
 another strategy's otherwise) and adds the difference in tensor bytes times the lowest and the
-highest factor still believable: the prior range until two probes of one strategy measure it. The
-planner probes a config only when the high end fits (`safe`), and rules one out when even the low
-end does not (`too_big`): everything between is a gamble it takes only for a faster config.
+highest factor still believable: the device's prior range (autofit.memory's `peak_factors`) until
+two probes of one strategy measure it. The planner probes a config only when the high end fits
+(`safe`), and rules one out when even the low end does not (`too_big`): everything between is a
+gamble it takes only for a faster config.
 """
 
 from __future__ import annotations
@@ -23,18 +24,6 @@ from autofit.config import Config
 from autofit.planner._observation import Observation
 from autofit.planner._search_space import checkpoint_policy
 
-#: Peak bytes per tensor byte the estimator counts, before any probe measures it.
-CPU_FACTORS = (1.0, 2.5)
-#: ... and the typical one, for the raw prediction (`MemoryPrediction.raw_peak`): glibc's heap keeps
-#: the holes freed tensors leave, so a CPU process's peak holds more than its live tensors: 1.4-2.5x
-#: on the corpus, by the script's pattern of allocations (benchmarks/estimates-in-search.md). One
-#: factor cannot follow that spread; probes calibrate it per script.
-CPU_TYPICAL_FACTOR = 1.8
-#: On a GPU: the caching allocator's rounding and fragmentation (not yet checked on a real GPU).
-CUDA_TYPICAL_FACTOR = 1.1
-#: On a GPU the estimate (fake tensors on the CPU: math attention, no cuDNN algorithms) can also run
-#: high; not yet checked against a real GPU search.
-CUDA_FACTORS = (0.6, 1.6)
 #: A measured peak moves this much between two probes of one config (allocator, oneDNN scratch).
 _PEAK_NOISE = 0.02
 #: Another strategy's peak says less: its own overheads (recomputation, casts) differ.
@@ -99,11 +88,11 @@ class PeakRange:
 
 
 class MemoryPrediction:
-    """The estimator's tensor bytes of a search's configs, and the device's prior factor range."""
+    """The estimator's tensor bytes of a search's configs, and the device's prior factor range and
+    typical factor (peak bytes per tensor byte: autofit.memory's `peak_factors`)."""
 
-    def __init__(self, tensor_bytes: TensorBytes, *, device_bytes: float,
-                 factors: tuple[float, float] = CPU_FACTORS, floor_bytes: float | None = None,
-                 typical_factor: float = CPU_TYPICAL_FACTOR) -> None:
+    def __init__(self, tensor_bytes: TensorBytes, *, device_bytes: float, factors: tuple[float, float],
+                 typical_factor: float, floor_bytes: float | None = None) -> None:
         self.tensor_bytes = tensor_bytes
         #: What the device holds beside the tensors (on CPU the process and its runtime's context,
         #: measured by the estimator; on a GPU the CUDA context).

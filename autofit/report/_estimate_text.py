@@ -3,8 +3,7 @@ always marked as predicted (fake tensors, not a run)."""
 
 from __future__ import annotations
 
-from autofit.memory import ALLOCATOR_OVERHEAD, CUDA_CONTEXT_BYTES, PARTS, Fit, WhatFits
-from autofit.planner import CPU_TYPICAL_FACTOR
+from autofit.memory import ALLOCATOR_OVERHEAD, CPU_TYPICAL_FACTOR, CUDA_CONTEXT_BYTES, PARTS, Fit, WhatFits
 from autofit.units import format_size
 
 _SHORT = {"parameters": "params", "gradients": "grads", "optimizer": "optim", "activations": "activ",

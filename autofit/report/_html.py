@@ -21,7 +21,7 @@ from autofit.units import format_duration, format_size
 if TYPE_CHECKING:
     import pandas as pd
 
-    from autofit.study import StoredStudy
+    from autofit.findings import StoredStudy
 
 #: (PNG stem, section title, how to read it); the stems are those of autofit.report._plots.study_figures.
 SECTIONS = (

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from autofit.findings import StoredStudy
     from autofit.planner import Candidate, Line
-    from autofit.study import StoredStudy
 
 SIZE = (8.6, 4.4)  # inches; 110 dpi gives 946 x 484 px
 DPI = 110

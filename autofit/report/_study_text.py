@@ -15,7 +15,7 @@ from autofit.study import COLUMNS, redacted
 from autofit.units import format_duration, format_size
 
 if TYPE_CHECKING:
-    from autofit.study import StoredStudy
+    from autofit.findings import StoredStudy
 
 #: Friendly --sort names for frame columns. Throughput sorts highest first, the rest lowest first.
 SORT_ALIASES = {"throughput": "samples_per_s", "peak": "peak_bytes", "memory": "peak_bytes",

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 
-from autofit.config import CHECKPOINT_POLICIES, SHARDINGS, device_shardings
+from autofit.config import CHECKPOINT_POLICIES, LOADER_PREFETCH, SHARDINGS, device_shardings
 from autofit.errors import UsageError
 from autofit.options import SearchOptions
-from autofit.planner import LOADER_PREFETCH, LoaderChoices, SearchSpace, loader_worker_counts, shared_cores_loader_note
+from autofit.planner import LoaderChoices, SearchSpace, loader_worker_counts, shared_cores_loader_note
 from autofit.probing import WorkerInfo
 from autofit.search._settings import SearchSettings
 

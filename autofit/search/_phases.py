@@ -2,7 +2,8 @@
 rechecked, on every runner at once), remeasure (the close contenders measured again, longer), confirm
 (the winner's long run) and export (the best-config file). Each phase asks the sampler what its next
 trial would probe (`AutofitSampler.propose`), checks that the clock allows it, and probes it through
-the search (`Search.start_probe`, `Search.finish_probe`)."""
+the search's state (`SearchState.start_probe`, `SearchState.finish_probe`); the loop (`Search`) calls
+them in order."""
 
 from __future__ import annotations
 
@@ -13,38 +14,39 @@ from typing import TYPE_CHECKING
 from autofit.config import Config
 from autofit.errors import NoFeasibleConfig, UserCodeError
 from autofit.export import default_best_path, device_tag, write_best
+from autofit.findings import best_document, fault_notes, nothing_fits
 from autofit.planner import Observation
 from autofit.probing import ProbeResult
-from autofit.search._build_space import loader_note
 from autofit.search._sampler import Proposal
 from autofit.search._settings import SearchResult
-from autofit.study import best_document, fault_notes, nothing_fits, record_end
+from autofit.search._build_space import loader_note
+from autofit.search._state import RunningProbe, SearchState
+from autofit.study import record_end
 
 if TYPE_CHECKING:
-    from autofit.search._loop import RunningProbe, Search
     from autofit.search._pool import Runner
 
 
-def explore(search: Search) -> str:
+def explore(state: SearchState) -> str:
     """Keep every runner busy with the sampler's next trial (the planner's next config, or a suspect one
     to recheck) until the budget, --trials or the planner stop it; record each probe as it finishes.
     Returns why it stopped."""
-    free = list(search.pool.runners)
+    free = list(state.pool.runners)
     running: dict[Future, RunningProbe] = {}
     stopped: str | None = None
     knobs_known = False  # once known, always known: no need to read the study again
     try:
         while True:
-            knobs_known = knobs_known or search.session.knobs() is not None
+            knobs_known = knobs_known or state.session.knobs() is not None
             while free and stopped is None and (knobs_known or not running):
-                launch = _next_explore(search, len(running))
+                launch = _next_explore(state, len(running))
                 if isinstance(launch, str):
                     stopped = launch
                 elif launch is None:
                     break  # nothing new until a running probe reports
                 else:
                     runner = free.pop()
-                    probe = search.start_probe(runner, search.s.steps)
+                    probe = state.start_probe(runner, state.s.steps)
                     if probe is None:
                         free.append(runner)  # another searcher claimed the config first
                         continue
@@ -59,27 +61,27 @@ def explore(search: Search) -> str:
             for future in done:
                 probe = running.pop(future)
                 free.append(probe.runner)
-                result = search.finish_probe(probe)
+                result = state.finish_probe(probe)
                 if probe.proposal.phase == "explore":
-                    _check_fatal(result, search.session.observations(exclude=probe.trial.number))
-                    search.learn_knobs(result)
-            search.session.check_liveness()  # a searcher that died: its configs are probed again (by anyone)
+                    _check_fatal(result, state.session.observations(exclude=probe.trial.number))
+                    state.learn_knobs(result)
+            state.session.check_liveness()  # a searcher that died: its configs are probed again (by anyone)
     finally:
         for probe in running.values():  # an interruption or a fault: stop them at once
             probe.runner.kill()
 
 
-def _next_explore(search: Search, running: int) -> Proposal | str | None:
+def _next_explore(state: SearchState, running: int) -> Proposal | str | None:
     """What a free runner probes next; a reason (str) to stop launching; or None when nothing is
     worth probing until the probes running now report."""
-    if search.s.trials is not None and search.probes_this_run + running >= search.s.trials:
-        return f"reached --trials {search.s.trials}"
-    study, budget = search.session.study, search.budget
-    seen = search.session.observations()
-    reserve = budget.confirm_reserve(search.planner, seen, study)
+    if state.s.trials is not None and state.probes_this_run + running >= state.s.trials:
+        return f"reached --trials {state.s.trials}"
+    study, budget = state.session.study, state.budget
+    seen = state.session.observations()
+    reserve = budget.confirm_reserve(state.planner, seen, study)
     if budget.left() < budget.next_probe_estimate(seen) + reserve:
         return "the time budget"
-    proposal = search.sampler.propose(study, "explore")
+    proposal = state.sampler.propose(study, "explore")
     if proposal is None:
         if running or any(o.status == "running" for o in seen):
             return None  # what the probes running now (here or in another searcher) find decides
@@ -100,54 +102,54 @@ def _check_fatal(result: ProbeResult, seen: list[Observation]) -> None:
         )
 
 
-def remeasure(search: Search, runner: Runner) -> None:
+def remeasure(state: SearchState, runner: Runner) -> None:
     """Noise: the close contenders get a second measurement, twice as long, before a winner is named."""
-    study, budget = search.session.study, search.budget
-    seen = search.session.observations()
-    steps = search.s.steps * 2
-    while (proposal := search.sampler.propose(study, "remeasure")) is not None:
+    study, budget = state.session.study, state.budget
+    seen = state.session.observations()
+    steps = state.s.steps * 2
+    while (proposal := state.sampler.propose(study, "remeasure")) is not None:
         if budget.left() < budget.confirm_estimate(study, proposal.config, steps) \
-                + budget.confirm_reserve(search.planner, seen, study):
+                + budget.confirm_reserve(state.planner, seen, study):
             break
-        search.probe(runner, steps)
+        state.probe(runner, steps)
 
 
-def confirm(search: Search, runner: Runner) -> None:
+def confirm(state: SearchState, runner: Runner) -> None:
     """Confirm the winner with a long run, whose figure counts (see `Measurement`): a slower run may
     hand the win to the next config, confirmed in turn; fall back to the next one if it fails or crosses
     the headroom (three tries at most)."""
-    study = search.session.study
+    study = state.session.study
     for _ in range(3):
-        proposal = search.sampler.propose(study, "confirm")
+        proposal = state.sampler.propose(study, "confirm")
         if proposal is None:
             return
-        steps = search.budget.confirm_steps(study, proposal.config)
+        steps = state.budget.confirm_steps(study, proposal.config)
         if steps is None:
-            search.notes.append("the winner was not confirmed with a longer run: the budget ran out")
+            state.notes.append("the winner was not confirmed with a longer run: the budget ran out")
             return
-        result = search.probe(runner, steps)
-        if result is not None and result.ok and (result.peak_bytes or 0) <= search.session.usable:
-            first = search.planner.best(search.session.observations())
+        result = state.probe(runner, steps)
+        if result is not None and result.ok and (result.peak_bytes or 0) <= state.session.usable:
+            first = state.planner.best(state.session.observations())
             if first != proposal.config:  # its longer run moved it down the ranking: the new first is next
-                search.notes.append(f"{proposal.config.label()} measured {result.samples_per_s or 0:,.1f} samples/s "
+                state.notes.append(f"{proposal.config.label()} measured {result.samples_per_s or 0:,.1f} samples/s "
                                     f"in its confirmation run, below {first.label()}, which ranks first now")
             continue
-        search.notes.append(f"{proposal.config.label()} failed its confirmation run "
+        state.notes.append(f"{proposal.config.label()} failed its confirmation run "
                             f"({result.status if result else 'claimed'}); falling back to the next best")
 
 
-def export(search: Search, stopped: str, partial: bool) -> SearchResult:
+def export(state: SearchState, stopped: str, partial: bool) -> SearchResult:
     """The search's result, and the best-config file written from the study (none when nothing fits)."""
-    session, planner = search.session, search.planner
+    session, planner = state.session, state.planner
     study = session.study
     seen = session.observations()
-    search.notes[:0] = fault_notes(study, planner, seen)
+    state.notes[:0] = fault_notes(study, planner, seen)
     noisy = planner.noise_summary(seen)
     if noisy:
-        search.notes.append(noisy)
-    shared_loader = loader_note(search.s) if planner.space.loader.offered else None
+        state.notes.append(noisy)
+    shared_loader = loader_note(state.s) if planner.space.loader.offered else None
     if shared_loader:
-        search.notes.append(shared_loader)
+        state.notes.append(shared_loader)
     done = [o for o in seen if o.status != "running"]
     ranked = planner.ranked(seen)
     record_end(study, stopped, partial)
@@ -155,17 +157,17 @@ def export(search: Search, stopped: str, partial: bool) -> SearchResult:
         best=ranked[0].config if ranked else None, document=None, json_path=None, ranked=ranked,
         study_name=session.study_name, storage=session.storage_label, probes=len(done),
         ooms=sum(o.too_big(session.usable) for o in done), failed=sum(o.failed for o in done),
-        elapsed_s=time.monotonic() - search.started, stopped=stopped, partial=partial,
-        usable_bytes=session.usable, notes=search.notes, url=session.s.storage,
+        elapsed_s=time.monotonic() - state.started, stopped=stopped, partial=partial,
+        usable_bytes=session.usable, notes=state.notes, url=session.s.storage,
     )
     if not ranked:
         if partial:
             return result
-        raise NoFeasibleConfig(nothing_fits(done, session.usable, session.memory_limit, search.s.headroom))
+        raise NoFeasibleConfig(nothing_fits(done, session.usable, session.memory_limit, state.s.headroom))
     document = best_document(study, session.storage_label, planner=planner, stopped=stopped, partial=partial)
     result.why = document["why"]
     device = session.device_info
-    path = search.s.out or default_best_path(session.script, search.info.function, session.output_dir,
+    path = state.s.out or default_best_path(session.script, state.info.function, session.output_dir,
                                              device_tag(device.type, device.name))
     lowered_note = _lowered_run_note(path)
     if lowered_note:

@@ -29,8 +29,9 @@ from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial
 
 from autofit.config import Config
+from autofit.findings import observations
 from autofit.planner import Observation, Planner, SearchSpace
-from autofit.study import config_params, distributions, observations
+from autofit.study import config_params, distributions
 
 #: The phases whose trials the sampler proposes, in the order a search runs them.
 PHASES = ("explore", "remeasure", "confirm")

@@ -12,6 +12,7 @@ import optuna
 from autofit.devices import DeviceInfo, check_device, current_allocator_settings, peak_flops_per_s
 from autofit.errors import UsageError
 from autofit.export import script_sha256
+from autofit.findings import observations
 from autofit.planner import Observation, SearchSpace
 from autofit.probing import ProbeResult, WorkerInfo, check_script, decorated_name
 from autofit.search._liveness import Heartbeat, fail_stale, owner_record
@@ -24,7 +25,6 @@ from autofit.study import (
     default_study_name,
     is_journal,
     model_flops_per_sample,
-    observations,
     open_storage,
     quiet_heartbeat_warnings,
     record_probe,

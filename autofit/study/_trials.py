@@ -1,6 +1,6 @@
 """Probes and Optuna trials, both ways: a probe is stored whole on its trial (record_probe), and a
-trial is read back as the planner's Observation or as the ProbeResult it holds. The search writes
-through this module; the planner, the reports and the frame read through it."""
+trial is read back as the Config it asked for and the ProbeResult it holds. The search writes through
+this module; autofit.findings (the planner's observations), the reports and the frame read through it."""
 
 from __future__ import annotations
 
@@ -10,8 +10,15 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autofit.config import CHECKPOINT_POLICIES, LOADER_FIELDS, PRECISIONS, SHARDINGS, Config
-from autofit.planner import LOADER_PREFETCH, LOADER_WORKERS, Observation
+from autofit.config import (
+    CHECKPOINT_POLICIES,
+    LOADER_FIELDS,
+    LOADER_PREFETCH,
+    LOADER_WORKERS,
+    PRECISIONS,
+    SHARDINGS,
+    Config,
+)
 from autofit.probing import ProbeResult
 
 #: Errors that say the data cannot feed a batch this large (a ceiling, not a fault of the code).
@@ -55,30 +62,6 @@ def trial_config(trial: FrozenTrial) -> Config | None:
 def trial_result(trial: FrozenTrial) -> ProbeResult | None:
     data = trial.user_attrs.get("probe")
     return ProbeResult.from_dict(data) if data else None
-
-
-def observations(trials: list[FrozenTrial], exclude: int | None = None) -> list[Observation]:
-    """What the planner may know: finished probes, and configs other workers are probing now."""
-    out = []
-    for trial in trials:
-        if trial.number == exclude or trial.user_attrs.get("duplicate"):
-            continue
-        config = trial_config(trial)
-        if config is None:
-            continue
-        if trial.state == TrialState.RUNNING:
-            out.append(Observation(config, "running", phase=trial.user_attrs.get("phase", "explore")))
-            continue
-        result = trial_result(trial)
-        if result is None:
-            continue  # interrupted before it measured anything: probe it again
-        spread = (result.step_time_iqr_s / result.step_time_median_s
-                  if result.step_time_iqr_s is not None and result.step_time_median_s else None)
-        out.append(Observation(config, result.status, result.peak_bytes, result.samples_per_s,
-                               result.wall_s, trial.user_attrs.get("phase", "explore"), spread,
-                               result.only_just_fits, result.error_type in DATA_BOUND_ERRORS,
-                               result.data_wait_share, trial.number))
-    return out
 
 
 def model_flops_per_sample(trials: list[FrozenTrial]) -> float | None:

@@ -14,43 +14,15 @@ from typing import Any
 import optuna
 
 from autofit.devices import mfu
-from autofit.errors import NoFeasibleConfig, UsageError
+from autofit.errors import NoFeasibleConfig
 from autofit.export import config_entry, versions
-from autofit.planner import Candidate, Planner, SearchSpace
-from autofit.study._explain import explain, rate_note
-from autofit.study._storage import redacted
-from autofit.study._trials import model_flops_per_sample, observations, trial_result
+from autofit.findings._explain import explain, rate_note
+from autofit.findings._planning import observations, study_planner
+from autofit.planner import Candidate, Observation, Planner
+from autofit.study import model_flops_per_sample, recorded_end, redacted, study_meta, trial_result
 
-#: Study user attribute where the search records how it ended ({"stopped": ..., "partial": ...}).
-END_ATTR = "autofit_end"
 #: What an export says when the search that wrote the study never reached its end.
 NOT_FINISHED = "the search did not finish (nothing recorded its end)"
-
-
-def study_meta(study: optuna.Study) -> dict[str, Any]:
-    """The search's settings stored on the study; a study autofit did not write has none."""
-    meta = study.user_attrs.get("autofit")
-    if not meta or "space" not in meta:
-        raise UsageError(f"The study must have been written by `autofit search`, but {study.study_name} "
-                         f"has no autofit settings (no probe was recorded).")
-    return meta
-
-
-def study_planner(study: optuna.Study) -> Planner:
-    """The planner over the study's own search space, usable memory and memory estimates, as the
-    search ranked and explained with."""
-    from autofit.study._estimates import stored_estimates
-
-    meta = study_meta(study)
-    estimates = stored_estimates(study)
-    device = (meta.get("device_info") or {}).get("type", "cpu")
-    return Planner(SearchSpace.from_dict(meta["space"]), meta["usable_bytes"],
-                   prediction=estimates.prediction(device) if estimates else None)
-
-
-def record_end(study: optuna.Study, stopped: str, partial: bool) -> None:
-    """Remember why the search stopped, so a later export writes the same document."""
-    study.set_user_attr(END_ATTR, {"stopped": stopped, "partial": partial})
 
 
 def best_document(
@@ -77,29 +49,15 @@ def best_document(
     if not ranked:
         raise NoFeasibleConfig(f"The study {study.study_name} must have a config that fits to export, "
                                f"but none of its {len(done)} probes does.")
-    end = study.user_attrs.get(END_ATTR) or {}
+    end = recorded_end(study)
     stopped = stopped if stopped is not None else end.get("stopped", NOT_FINISHED)
     partial = partial if partial is not None else bool(end.get("partial", True))
-    best = ranked[0]
-    confirmed = any(o.phase == "confirm" and o.config == best.config and o.fits(usable) for o in done)
-    run_versions = meta.get("versions") or {}
     world_size = meta.get("world_size", 1)
-    figures = rate_figures(best, trials, meta, world_size)
+    run_versions = meta.get("versions") or {}
     return {
         "partial": partial,
-        "config": config_entry(best.config, world_size),
-        "measured": {
-            "samples_per_s": best.samples_per_s,
-            "tokens_per_s": figures.pop("tokens_per_s"),
-            # the highest peak any of its probes reached: a run must fit them all
-            "peak_bytes": best.peak_bytes,
-            "probes": best.probes,
-            "confirmed": confirmed,
-            # which probes the rates come from ("confirmation", "median", "fastest"), and why
-            "rate_from": best.measurement.rule,
-            "rate_note": rate_note(ranked, done),
-            **figures,
-        },
+        "config": config_entry(ranked[0].config, world_size),
+        "measured": _measured(ranked, done, trials, meta),
         "memory": {"limit_bytes": meta["limit_bytes"], "headroom": meta["headroom"], "usable_bytes": int(usable)},
         "device": meta["device_info"],
         # Ranks each probe ran on: the micro-batch and accumulation are per rank, the global batch is
@@ -119,6 +77,26 @@ def best_document(
             {**config_entry(c.config, world_size), "samples_per_s": c.samples_per_s, "peak_bytes": c.peak_bytes}
             for c in ranked[1:5]
         ],
+    }
+
+
+def _measured(ranked: list[Candidate], done: list[Observation], trials, meta: dict) -> dict[str, Any]:
+    """The winner's measured figures: its rates, peak and probes, and where its rates come from."""
+    best = ranked[0]
+    usable = meta["usable_bytes"]
+    confirmed = any(o.phase == "confirm" and o.config == best.config and o.fits(usable) for o in done)
+    figures = rate_figures(best, trials, meta, meta.get("world_size", 1))
+    return {
+        "samples_per_s": best.samples_per_s,
+        "tokens_per_s": figures.pop("tokens_per_s"),
+        # the highest peak any of its probes reached: a run must fit them all
+        "peak_bytes": best.peak_bytes,
+        "probes": best.probes,
+        "confirmed": confirmed,
+        # which probes the rates come from ("confirmation", "median", "fastest"), and why
+        "rate_from": best.measurement.rule,
+        "rate_note": rate_note(ranked, done),
+        **figures,
     }
 
 

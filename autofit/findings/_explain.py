@@ -10,7 +10,7 @@ import optuna
 
 from autofit.config import Config
 from autofit.planner import TIE_TOLERANCE, Candidate, Planner, loader_reason
-from autofit.study._trials import DATA_BOUND_ERRORS, trial_result
+from autofit.study import DATA_BOUND_ERRORS, trial_result
 from autofit.units import format_size
 
 
@@ -65,8 +65,8 @@ def rate_note(ranked: list[Candidate], done) -> str:
                    f"{abs(gap):.0%} {'below' if gap < 0 else 'above'} its short probes' {short:,.1f}: the long run counts")
         parts = [f"from its confirmation run: {best.samples_per_s:,.1f} samples/s, {against}"]
     elif rule == "fastest":
-        parts = [f"from the fastest of its probes: they disagreed beyond the noise seen, and interference "
-                 f"slows a probe, never speeds it up"]
+        parts = ["from the fastest of its probes: they disagreed beyond the noise seen, and interference "
+                 "slows a probe, never speeds it up"]
     else:
         parts = [f"the median of its {len(probes)} probe{'s' if len(probes) != 1 else ''}"]
     if rule == "confirmation" and best.measurement.erratic:

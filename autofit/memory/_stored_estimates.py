@@ -1,18 +1,19 @@
-"""The memory estimator's answers as kept on a study: a resumed search, `autofit show`, the report
-and `autofit export` read them from there, and turn them into the planner's predictions."""
+"""The memory estimator's answers as kept on a study (autofit.study keeps the raw attribute): a resumed
+search, `autofit show`, the report and `autofit export` read them from there, and turn them into the
+planner's predictions with the device's peak factors."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import optuna
+from typing import TYPE_CHECKING
 
 from autofit.config import Config
-from autofit.memory import CUDA_CONTEXT_BYTES, PARTS
-from autofit.planner import CPU_FACTORS, CPU_TYPICAL_FACTOR, CUDA_FACTORS, CUDA_TYPICAL_FACTOR, MemoryPrediction
+from autofit.memory._estimator import CUDA_CONTEXT_BYTES, PARTS
+from autofit.memory._peak_factors import peak_factors
+from autofit.planner import MemoryPrediction
 
-#: Study user attribute holding the estimates.
-ESTIMATES_ATTR = "autofit_estimates"
+if TYPE_CHECKING:
+    import optuna
 
 
 @dataclass(frozen=True)
@@ -49,12 +50,10 @@ class StoredEstimates:
         """The planner's predictions; None when nothing was estimated (nor any part known)."""
         if not self.breakdowns and not self.known_bytes:
             return None
-        on_gpu = device == "cuda"
         return MemoryPrediction.from_estimates(
             {c: sum(b.values()) for c, b in self.breakdowns.items()},
-            device_bytes=CUDA_CONTEXT_BYTES if on_gpu else self.device_bytes,
-            factors=CUDA_FACTORS if on_gpu else CPU_FACTORS, floor_bytes=self.known_bytes,
-            typical_factor=CUDA_TYPICAL_FACTOR if on_gpu else CPU_TYPICAL_FACTOR)
+            device_bytes=CUDA_CONTEXT_BYTES if device == "cuda" else self.device_bytes,
+            floor_bytes=self.known_bytes, **peak_factors(device))
 
     @property
     def device_bytes(self) -> int:
@@ -67,7 +66,7 @@ class StoredEstimates:
         parts = {}
         for part in PARTS:
             one = MemoryPrediction.from_estimates({c: b.get(part, 0) for c, b in self.breakdowns.items()},
-                                                  device_bytes=0)
+                                                  device_bytes=0, **peak_factors("cpu"))
             value = one.tensor_bytes(config)
             if value is None:
                 return None
@@ -96,7 +95,9 @@ class StoredEstimates:
 
 
 def stored_estimates(study: optuna.Study) -> StoredEstimates | None:
-    data = study.user_attrs.get(ESTIMATES_ATTR)
+    """The estimates the study kept (None: its search ran without, or had none)."""
+    # imported here: the estimator's own process imports autofit.memory, and must not import optuna
+    from autofit.study import kept_estimates
+
+    data = kept_estimates(study)
     return StoredEstimates.from_dict(data) if data else None
-
-
