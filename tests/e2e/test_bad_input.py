@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from autofit.cli import cli
-from autofit.probing._multinode import JobBoard
+from autofit.probing import JobBoard
 from tests.support import script
 
 BROKEN = "from autofit import autofit\n\n\n@autofit\ndef train(run)\n    pass\n"

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 import autofit
 from autofit.cli import cli
 from autofit.export import read_best
-from autofit.study._stored import bundled_storage_url
+from autofit.study import bundled_storage_url
 
 RECORDED = os.path.join(os.path.dirname(autofit.__file__), "recorded")
 STEMS = ("gpt", "cnn", "mlp")

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from autofit.cli import cli
 from autofit.errors import NoFeasibleConfig, UsageError, UserCodeError
 from autofit.search import SearchSettings, run_search
-from autofit.study._trials import observations
+from autofit.study import observations
 from tests.support import REPO, script
 
 LIMIT = 768 * 2**20
@@ -271,7 +271,7 @@ def test_storage_that_cannot_be_opened_fails_before_any_probe(tmp_path, monkeypa
         url = f"sqlite:///{tmp_path}/s.db"
     else:
         url = "sqlite:////proc/autofit-cannot-exist/s.db"  # unwritable even for root
-    from autofit.probing._worker import Worker
+    from autofit.probing import Worker
 
     started = []
     real_start = Worker.start
@@ -358,7 +358,7 @@ def test_a_supervisor_failure_leaves_no_trial_running(tmp_path, monkeypatch):
     the error, the finished probes kept and the unfinished one FAIL, to be probed again."""
     import optuna
 
-    from autofit.probing._worker import Worker
+    from autofit.probing import Worker
 
     calls = {"n": 0}
     real_probe = Worker.probe

@@ -44,7 +44,7 @@ def test_export_keeps_the_searchs_script_hash_so_a_changed_script_warns(tmp_path
     assert exported.returncode == 0, exported.stderr
     document = read_best(str(work / "exported.json")).document
     assert document["script"]["sha256"] == searched.document["script"]["sha256"] is not None
-    run = subprocess.run([sys.executable, "-c", "import train, autofit.runtime._run as r; "
+    run = subprocess.run([sys.executable, "-c", "import train, autofit.runtime as r; "
                           "r.ProbeFinished; train.train.make_run(config_path='exported.json')"],
                          cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from autofit.cli import cli
-from autofit.report._html import SECTIONS
 from autofit.study import bundled_storage_url
+from tests.support import REPORT_SECTIONS
 from tests.support.browser import chromium, open_page
 
 pytestmark = [pytest.mark.packaging,
@@ -27,8 +27,8 @@ def test_the_report_renders_with_its_figures_and_no_console_errors(tmp_path):
     assert page.errors == []
     assert page.title == "autofit report: gpt.train-cpu0"
     assert page.headings[0] == "autofit report: gpt.train-cpu0"
-    assert [title for _, title, _ in SECTIONS] == page.headings[1:1 + len(SECTIONS)]
-    assert [image["alt"] for image in page.images] == [title for _, title, _ in SECTIONS]
+    assert [title for _, title in REPORT_SECTIONS] == page.headings[1:1 + len(REPORT_SECTIONS)]
+    assert [image["alt"] for image in page.images] == [title for _, title in REPORT_SECTIONS]
     for image in page.images:
         assert image["complete"] and image["naturalWidth"] >= 600 and image["naturalHeight"] >= 300, image
 

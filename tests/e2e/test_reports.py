@@ -19,11 +19,9 @@ import autofit
 from autofit.cli import cli
 from autofit.errors import NoFeasibleConfig
 from autofit.export import read_best
-from autofit.report._html import SECTIONS
 from autofit.search import SearchSettings, run_search
-from autofit.study import bundled_storage_url, open_for_reading
-from autofit.study._trials import trial_result
-from tests.support import script
+from autofit.study import bundled_storage_url, open_for_reading, trial_result
+from tests.support import REPORT_SECTIONS, script
 
 RECORDED = bundled_storage_url()
 STEM, STUDY = "gpt", "gpt.train-cpu0"
@@ -145,7 +143,7 @@ def test_show_trial_prints_that_probes_own_output(searched):
 
 @pytest.mark.slow
 def test_show_trial_keeps_the_tail_of_long_output_and_full_shows_all(searched):
-    from autofit.report._study_text import describe_trial
+    from autofit.report import describe_trial
 
     _, study, storage, _ = searched
     stored = autofit.load_study(SEARCHED, storage)
@@ -244,14 +242,14 @@ def test_report_is_one_self_contained_page_with_a_plot_per_question(recorded, tm
     assert made.exit_code == 0, made.stderr
     page = out.read_text()
     images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
-    assert [alt for alt, _ in images] == [title for _, title, _ in SECTIONS]
-    assert page.count("<img") == len(SECTIONS) == 5
-    for _, title, _ in SECTIONS:
+    assert [alt for alt, _ in images] == [title for _, title in REPORT_SECTIONS]
+    assert page.count("<img") == len(REPORT_SECTIONS) == 5
+    for _, title in REPORT_SECTIONS:
         assert f">{title}</h2>" in page
     assert f"<b>Winner: {stored.best().label()}</b>" in page
     assert not re.search(r'(src|href)="(?!data:)', page) and "<script" not in page  # nothing external
     embedded = {}
-    for (alt, data), (stem, _, _) in zip(images, SECTIONS):
+    for (alt, data), (stem, _) in zip(images, REPORT_SECTIONS):
         raw = base64.b64decode(data)
         embedded[stem] = raw
         width, height = png_size(raw)
@@ -269,11 +267,11 @@ def test_report_is_one_self_contained_page_with_a_plot_per_question(recorded, tm
 
 
 def test_plots_draw_the_studys_data(recorded):
-    from autofit.report._plots import study_figures
+    from autofit.report import study_figures
 
     stored, _ = recorded
     figures = study_figures(stored)
-    assert list(figures) == [stem for stem, _, _ in SECTIONS]
+    assert list(figures) == [stem for stem, _ in REPORT_SECTIONS]
     frame = stored.trials_frame()
     # throughput: a legend entry per strategy that ran
     legend = [t.get_text() for t in figures["throughput"].axes[0].get_legend().get_texts()]
@@ -308,7 +306,6 @@ def test_without_storage_falls_back_to_the_recorded_studies_and_says_so(recorded
 
 
 def test_default_storage_with_several_studies_needs_study(tmp_path, monkeypatch):
-    monkeypatch.setattr("autofit.study._stored.BUNDLED_DB", str(tmp_path / "none.db"))
     monkeypatch.chdir(tmp_path)
     os.makedirs("studies")
     default = f"sqlite:///{tmp_path}/studies/autofit.db"

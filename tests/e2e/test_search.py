@@ -15,8 +15,7 @@ from autofit.cli import cli
 from autofit.config import Config
 from autofit.export import read_best
 from autofit.search import SearchSettings, run_search
-from autofit.study._storage import open_storage
-from autofit.study._trials import observations
+from autofit.study import observations, open_storage
 from tests.support import autofit_cli, script
 
 LIMIT = 768 * 2**20
@@ -275,9 +274,7 @@ def test_searches_on_two_kinds_of_device_keep_separate_answers():
 
 def test_a_batch_the_data_cannot_feed_stops_the_climb_without_blaming_the_precision():
     from autofit.config import MAX_BATCH
-    from autofit.planner._observation import Observation
-    from autofit.planner._planner import Planner
-    from autofit.planner._space import SearchSpace
+    from autofit.planner import Observation, Planner, SearchSpace
 
     space = SearchSpace.build(batch_size=(1, MAX_BATCH), precisions=("fp32", "bf16"))
     planner = Planner(space, 100 * 2**30)
@@ -297,53 +294,6 @@ def test_a_batch_the_data_cannot_feed_stops_the_climb_without_blaming_the_precis
     assert proposals and all(c.batch_size < 1024 for c in proposals)
     assert "bf16" in {c.precision for c in proposals}  # a data-bound probe is not the precision's failure
     assert planner.unusable_precisions(seen) == set()
-
-
-def test_confirmation_estimate_counts_accumulation_once(tmp_path):
-    """A probe's step time is per optimizer step (all its micro-batches): the estimate of a longer
-    run must not multiply it by the accumulation steps again (it once predicted 1450 s for 52 s)."""
-    from autofit.probing._record import ProbeResult
-    from autofit.search._budget import Budget
-    from autofit.study._storage import open_storage
-    from autofit.study._trials import record_probe
-
-    config = Config(batch_size=4, accumulation_steps=32)
-    storage = f"sqlite:///{tmp_path}/e.db"
-    study = optuna.create_study(study_name="e", storage=open_storage(storage), direction="maximize")
-    trial = study.ask()
-    trial.suggest_int("batch_size", 4, 4)
-    trial.suggest_categorical("precision", ["fp32"])
-    trial.suggest_int("checkpoint_segments", 0, 0)
-    trial.suggest_int("accumulation_steps", 32, 32)
-    result = ProbeResult(status="ok", config=config, samples_per_s=100.0, step_time_median_s=1.0,
-                         warmup_steps=2, measured_steps=5, wall_s=10.0, peak_bytes=2**20)
-    record_probe(study, trial, result, usable_bytes=2**30, phase="explore")
-    budget = Budget(SearchSettings(script=script("fits_small.py"), storage=storage), started=0.0)
-    assert budget.confirm_estimate(study, config, 50) == pytest.approx(10.0 + 45 * 1.0)
-
-
-def test_the_planner_decides_every_trial_through_the_sampler():
-    """Nothing is forced: the trial Optuna creates gets the sampler's proposal (the planner's pilot,
-    then its next config), and a trial asked without a proposal gets the planner's next config too."""
-    from autofit.planner import Planner, SearchSpace
-    from autofit.probing._record import ProbeResult
-    from autofit.search._sampler import AutofitSampler
-    from autofit.study._trials import record_probe, trial_config
-
-    planner = Planner(SearchSpace.build(batch_size=(1, 256), precisions=("fp32", "bf16")), 2**30)
-    sampler = AutofitSampler(planner)
-    study = optuna.create_study(direction="maximize", sampler=sampler)
-    proposal = sampler.propose(study, "explore")
-    trial = study.ask(sampler.search_space)
-    assert sampler.given(trial) == proposal and proposal.phase == "explore"
-    assert trial_config(trial) == proposal.config == planner.next([])
-    result = ProbeResult(status="ok", config=proposal.config, samples_per_s=100.0, step_time_median_s=0.04,
-                         warmup_steps=2, measured_steps=5, wall_s=1.0, peak_bytes=2**28)
-    record_probe(study, trial, result, usable_bytes=2**30, phase="explore")
-    expected = planner.next(observations(study.get_trials()))
-    plain = study.ask(sampler.search_space)  # no proposal: the sampler decides now
-    assert expected not in (None, proposal.config)
-    assert trial_config(plain) == expected and sampler.given(plain).config == expected
 
 
 def test_contenders_are_remeasured_as_ranked_before_and_the_first_is_confirmed_once():

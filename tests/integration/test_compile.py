@@ -9,7 +9,7 @@ import pytest
 import autofit
 from autofit.config import Config
 from autofit.export import config_entry, read_best, write_best
-from autofit.study._trials import trial_result
+from autofit.study import trial_result
 from tests.support import autofit_cli, script
 
 
@@ -71,18 +71,3 @@ def test_a_best_config_file_without_compile_reads_as_eager(tmp_path):
     assert _written_and_read_back(tmp_path, entry).compile is False
 
 
-def test_the_budget_expects_a_compiled_probe_to_take_as_long_as_the_compiled_ones_did():
-    """Compilation lands in a compiled probe's warm-up: the eager probes' walls would under-estimate it
-    and start a probe the budget cannot hold."""
-    from autofit.planner import Observation
-    from autofit.search._budget import Budget
-    from autofit.search._settings import SearchSettings
-
-    budget = Budget(SearchSettings(script="train.py", budget_s=60), started=0.0)
-    eager, compiled = Config(batch_size=8), Config(batch_size=8, compile=True)
-    seen = [Observation(eager, "ok", wall_s=2.0), Observation(compiled, "ok", wall_s=40.0),
-            Observation(Config(batch_size=16), "ok", wall_s=3.0), Observation(Config(batch_size=32), "ok", wall_s=4.0),
-            Observation(Config(batch_size=64), "ok", wall_s=5.0)]
-    assert budget.next_probe_estimate(seen) == 5.0  # the last three probes, eager
-    assert budget.next_probe_estimate(seen, Config(batch_size=16, compile=True)) == 40.0
-    assert budget.next_probe_estimate(seen[:1], compiled) == 2.0  # none compiled yet: nothing better known

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from autofit.cli import cli
-from autofit.study._trials import observations
+from autofit.study import observations
 from tests.support import REPO, autofit_cli, script
 
 
@@ -23,7 +23,7 @@ def _search(tmp_path, storage: str, *extra: str, target: str = "grows.py") -> li
 
 
 def _trials(storage: str, name: str = "shared") -> list:
-    from autofit.study._stored import open_for_reading
+    from autofit.study import open_for_reading
 
     return optuna.load_study(study_name=name, storage=open_for_reading(storage)).get_trials(deepcopy=False)
 
@@ -64,7 +64,7 @@ def test_parallel_options_that_cannot_work_are_one_line_errors(tmp_path, args, m
 
 
 def test_gpus_of_different_models_are_refused(monkeypatch):
-    from autofit.devices._base import DeviceInfo
+    from autofit.devices import DeviceInfo
     from autofit.errors import UsageError
     from autofit.search import _session
 
@@ -131,21 +131,3 @@ def test_a_searcher_killed_mid_probe_has_its_trial_probed_by_another(tmp_path, p
     _explored_once(trials)
 
 
-@pytest.mark.postgres
-def test_a_searcher_on_another_machine_is_dead_once_its_heartbeat_is_stale(postgres_url):
-    """Across machines the owner's pid cannot be checked: Optuna's heartbeat decides. A running trial
-    owned by another host is trusted while its heartbeat is fresh and failed once it is stale."""
-    from autofit.search._liveness import fail_stale
-    from autofit.study._storage import engine_url, quiet_heartbeat_warnings
-
-    with quiet_heartbeat_warnings():
-        storage = optuna.storages.RDBStorage(engine_url(postgres_url), heartbeat_interval=1, grace_period=2)
-        study = optuna.create_study(study_name="hosts", storage=storage, direction="maximize")
-        trial = study.ask({"batch_size": optuna.distributions.IntDistribution(1, 64)})
-        trial.set_user_attr("owner", {"host": "another-machine", "pid": 1, "started": "1"})
-        storage.record_heartbeat(trial._trial_id)
-    assert fail_stale(study) == []  # fresh heartbeat: its searcher is alive as far as anyone can tell
-    assert study.trials[0].state == optuna.trial.TrialState.RUNNING
-    time.sleep(3.5)
-    assert fail_stale(study) == [trial.number]  # stale: failed, so its config is probed again
-    assert study.trials[0].state == optuna.trial.TrialState.FAIL

@@ -3,7 +3,7 @@ the warm process, the CPU's default) and `persistent` (one after another in one 
 
 tests/scripts/leaves_state.py leaves process state behind (every kind it knows, with LEAVES=all) and
 fails naming what it finds an earlier probe left; in one process, the second probe must find nothing
-(autofit.probing._isolation)."""
+(the probing subpackage puts the process back between probes)."""
 
 from __future__ import annotations
 

@@ -11,9 +11,7 @@ import pytest
 import torch
 
 from autofit.config import MAX_BATCH, Config
-from autofit.planner._observation import Observation
-from autofit.planner._planner import Planner
-from autofit.planner._space import SearchSpace
+from autofit.planner import Observation, Planner, SearchSpace
 from tests.support import autofit_cli, script
 from tests.support.runs import config_file, run_ddp_train
 

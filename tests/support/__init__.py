@@ -17,6 +17,11 @@ CORPUS = os.path.join(TESTS, "corpus")
 REPO = os.path.dirname(TESTS)
 STUDIES = os.path.join(REPO, "studies")
 
+#: The report's sections as a reader sees them: each figure's stem (its anchor) and its heading.
+REPORT_SECTIONS = (("throughput", "Throughput against batch size"), ("memory", "Peak memory against batch size"),
+                   ("progress", "Search progress"), ("ranking", "Winner and runner-ups"),
+                   ("memory_parts", "Where the memory goes"))
+
 
 def script(name: str) -> str:
     """The path of tests/scripts/NAME."""

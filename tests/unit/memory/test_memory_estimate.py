@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autofit.config import Config
-from autofit.memory._estimator import PARTS, estimate_memory
+from autofit.memory import PARTS, estimate_memory
 from tests.support import STUDIES, script
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 import pytest
@@ -13,7 +12,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from autofit.config import Config  # noqa: E402
-from autofit.planner._space import SearchSpace  # noqa: E402
+from autofit.planner import SearchSpace  # noqa: E402
 from benchmarks.landscape import Landscape, synthetic  # noqa: E402
 from benchmarks.strategies import run_strategy  # noqa: E402
 
@@ -84,8 +83,7 @@ def test_accelerate_walks_down_from_128() -> None:
     assert (r.probes, r.oom_probes, r.pick) == (3, 2, Config(8, "fp32"))  # 16, 12 (0.9x snapped), 8
 
 
-# --- autofit's planner (only once it exists) -------------------------------------------------------
-HAS_PLANNER = importlib.util.find_spec("autofit.planner._planner") is not None
+# --- autofit's planner ----------------------------------------------------------------------------
 
 
 def linear_landscape() -> Landscape:
@@ -117,11 +115,10 @@ def implied_infeasible(config: Config, observations, usable: float) -> bool:
     )
 
 
-@pytest.mark.skipif(not HAS_PLANNER, reason="autofit.planner._planner does not exist yet")
 @pytest.mark.parametrize("noise", [0.0, 1.0])
 def test_planner_never_probes_implied_infeasible_and_finds_the_best(noise: float) -> None:
     """Noise-free it must reach 97% of the best; with noise (5% per probe) it must stay sound."""
-    from autofit.planner._planner import Planner
+    from autofit.planner import Planner
 
     land = linear_landscape()
     planner = Planner(land.space, land.usable_bytes)

@@ -4,10 +4,7 @@ from __future__ import annotations
 import pytest
 
 from autofit.config import Config
-from autofit.planner._noise import NoiseReading
-from autofit.planner._observation import Observation
-from autofit.planner._planner import Planner
-from autofit.planner._space import SearchSpace
+from autofit.planner import NoiseReading, Observation, Planner, SearchSpace
 from benchmarks.landscape import synthetic
 from benchmarks.strategies import run_strategy
 

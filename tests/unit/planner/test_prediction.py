@@ -7,10 +7,7 @@ import statistics
 import pytest
 
 from autofit.config import Config
-from autofit.planner._observation import Observation
-from autofit.planner._planner import Planner
-from autofit.planner._prediction import MemoryPrediction, configs_to_estimate
-from autofit.planner._space import SearchSpace
+from autofit.planner import MemoryPrediction, Observation, Planner, SearchSpace, configs_to_estimate
 from benchmarks.landscape import Landscape, landscape_paths
 from benchmarks.strategies import run_strategy
 from tests.support import autofit_cli, script

@@ -1,6 +1,6 @@
 import pytest
 
-from autofit.runtime._oom import is_oom
+from autofit.runtime import is_oom
 
 
 class OutOfMemoryError(RuntimeError):
@@ -58,7 +58,7 @@ def test_a_onednn_primitive_failure_is_oom_only_under_a_memory_cap():
 
     script = (
         "import resource\n"
-        "from autofit.runtime._oom import is_oom\n"
+        "from autofit.runtime import is_oom\n"
         "exc = RuntimeError('could not create a primitive')\n"
         "print(is_oom(exc))\n"
         "resource.setrlimit(resource.RLIMIT_DATA, (8 << 30, resource.RLIM_INFINITY))\n"

@@ -3,9 +3,7 @@ import pytest
 import torch
 
 from autofit.config import Config
-from autofit.devices import make_backend
 from autofit.launch import report_run
-from autofit.probing._probe import run_probe
 from autofit.runtime import ProbeFinished, Run, checkpoint_policy_of
 
 
@@ -222,7 +220,7 @@ def test_a_normal_run_shorter_than_its_warm_up_says_what_it_trained(capsys):
 @pytest.mark.parametrize(("precision", "expected"), [("fp32", "ieee"), ("tf32", "tf32"), ("bf16", "ieee")])
 def test_precision_holds_for_the_whole_cuda_run_and_is_restored(precision, expected):
     """TF32 is set for forward, backward and optimizer through the current API, then restored."""
-    from autofit.runtime._precision import precision_scope
+    from autofit.runtime import precision_scope
 
     matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
     before = (matmul.fp32_precision, conv.fp32_precision)
@@ -233,7 +231,7 @@ def test_precision_holds_for_the_whole_cuda_run_and_is_restored(precision, expec
 
 def test_a_script_that_set_the_new_tf32_api_still_probes():
     """Reading a legacy allow_tf32 flag after the new API was set raises; autofit never does."""
-    from autofit.runtime._precision import precision_scope
+    from autofit.runtime import precision_scope
 
     matmul = torch.backends.cuda.matmul
     before = matmul.fp32_precision
@@ -247,7 +245,7 @@ def test_a_script_that_set_the_new_tf32_api_still_probes():
 
 
 def test_precision_scope_changes_nothing_on_cpu():
-    from autofit.runtime._precision import precision_scope
+    from autofit.runtime import precision_scope
 
     before = torch.backends.cuda.matmul.fp32_precision
     with precision_scope("tf32", torch.device("cpu")):
@@ -255,7 +253,7 @@ def test_precision_scope_changes_nothing_on_cpu():
 
 
 def test_sticky_cuda_errors_break_the_device_and_ooms_do_not():
-    from autofit.runtime._oom import breaks_the_device
+    from autofit.runtime import breaks_the_device
 
     assert breaks_the_device(RuntimeError("CUDA error: an illegal memory access was encountered"))
     assert breaks_the_device(RuntimeError("CUDA error: device-side assert triggered"))
@@ -295,19 +293,3 @@ def test_the_sampler_has_set_epoch_in_one_process_too():
     assert list(run.sampler(data, shuffle=False)) == list(range(20))
 
 
-def test_a_loop_that_ends_after_enough_steps_is_measured_as_it_ran():
-    """A confirmation asks for 10x a probe's steps; a script whose own loop ends sooner (its data, its
-    max_train_steps) is measured as it ran, with a note; one that ends before a probe's few steps is
-    still an error that says how to loop."""
-
-    def sixteen_steps(run: Run) -> None:
-        model = torch.nn.Linear(4, 1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for x in run.batches([torch.randn(run.batch_size, 4) for _ in range(16)]):
-            run.backward(model(x).square().mean(), opt)
-
-    backend = make_backend("cpu", 0)
-    long = run_probe(sixteen_steps, Config(batch_size=2), backend, warmup_steps=2, measured_steps=50, min_measure_s=0)
-    assert long.ok and long.measured_steps == 14 and "returned after 16 optimizer steps" in long.notes[-1]
-    short = run_probe(sixteen_steps, Config(batch_size=2), backend, warmup_steps=12, measured_steps=5, min_measure_s=0)
-    assert short.status == "error" and short.error_type == "ProbeTooShort"

@@ -8,10 +8,8 @@ import optuna
 
 from autofit.config import Config
 from autofit.planner import Observation, Planner, SearchSpace
-from autofit.probing._record import ProbeResult
-from autofit.study import best_document
-from autofit.study._storage import open_storage
-from autofit.study._trials import record_probe
+from autofit.probing import ProbeResult
+from autofit.study import best_document, open_storage, record_probe
 
 SPACE = SearchSpace.build(batch_size=(8, 64), precisions=("fp32",))
 GiB = 2**30

@@ -135,52 +135,6 @@ def test_the_search_says_why_selective_checkpointing_was_abandoned():
     assert notes == ["selective checkpointing is unusable here: RuntimeError: no saved tensor for op (trial 1)"]
 
 
-def test_a_selective_policy_that_runs_out_of_memory_is_not_abandoned():
-    from autofit.planner import Observation
-    from autofit.planner._feasibility import Feasibility
-    from autofit.planner._space import Strategy
-
-    space = _selective_space()
-    seen = [Observation(Config(64), "ok", peak_bytes=2**30, samples_per_s=640.0),
-            Observation(Config(64, checkpoint_segments=1, checkpoint_policy="selective"), "oom"),
-            Observation(Config(8, checkpoint_segments=2, checkpoint_policy="selective"), "crashed")]
-    assert not Feasibility(space, 8 * GiB, seen).strategy_unusable(Strategy("fp32", 4, 1, checkpoint_policy="selective"))
-
-
-def test_an_oom_while_accumulating_implies_nothing_for_one_micro_batch_a_step():
-    """Accumulating keeps the gradients alive through the next micro-batch's forward; one micro-batch a
-    step holds none then. So an OOM at (G/2, acc=2) says nothing of (G, acc=1), and the reverse holds."""
-    from autofit.planner import Observation
-    from autofit.planner._feasibility import Feasibility
-
-    space = SearchSpace.build(batch_size=(4, 64), precisions=("fp32",), global_batch=64)
-    strategy = space.strategies()[0]
-    feasible = Feasibility(space, 8 * GiB, [Observation(Config(32, accumulation_steps=2), "oom")])
-    assert not feasible.implied_too_big(Config(64))
-    assert 64 in feasible.open_batches(strategy) and 32 not in feasible.open_batches(strategy)
-    fit = Feasibility(space, 8 * GiB, [Observation(Config(64), "ok", peak_bytes=GiB, samples_per_s=1.0)])
-    assert 32 in fit.open_batches(strategy)  # a fit without held gradients says nothing of accumulating
-
-
-def test_accumulation_orders_memory_one_way_at_one_micro_batch():
-    from autofit.planner import Observation
-    from autofit.planner._feasibility import Feasibility
-    from autofit.planner._space import Strategy
-
-    space = SearchSpace.build(batch_size=(8, 64), precisions=("fp32",), accumulations=(1, 2, 4))
-    one, two, four = (Strategy("fp32", 0, a) for a in (1, 2, 4))
-
-    def feasible(config: Config, status: str) -> Feasibility:
-        return Feasibility(space, 8 * GiB, [Observation(config, status, peak_bytes=GiB, samples_per_s=1.0)])
-
-    oom_accumulating = feasible(Config(32, accumulation_steps=2), "oom")
-    assert oom_accumulating.oom_min(one) is None and not oom_accumulating.implied_too_big(Config(64))
-    assert oom_accumulating.oom_min(four) == 32  # as much held at acc=4: the same memory
-    assert feasible(Config(32), "oom").oom_min(two) == 32  # acc=1 ran out: accumulating needs more
-    assert feasible(Config(32), "ok").fit_max(two) is None  # acc=1 fits: accumulating may not
-    assert feasible(Config(32, accumulation_steps=4), "ok").fit_max(one) == 32
-
-
 def test_the_planner_probes_one_micro_batch_a_step_after_an_oom_while_accumulating():
     """A large model with small activations: its gradients (4 GiB) outweigh half the batch's activations,
     so (64, acc=1) may fit where (32, acc=2) did not. Neither the OOM nor the accumulating probes' memory

@@ -8,8 +8,6 @@ import textwrap
 import pytest
 
 from autofit.probing import decorated_name
-from autofit.search import SearchSettings
-from autofit.search._session import Session
 
 
 def _script(tmp_path, body: str):
@@ -41,10 +39,3 @@ def test_no_name_when_the_source_does_not_say(tmp_path):
     assert decorated_name(str(tmp_path / "missing.py")) is None
 
 
-def test_a_search_names_its_study_after_the_function(tmp_path):
-    path = _script(tmp_path, "from autofit import autofit\n\n@autofit\ndef main(run):\n    pass\n")
-    storage = f"sqlite:///{tmp_path / 'autofit.db'}"
-    session = Session(SearchSettings(script=path, device="cpu", memory_limit=2**30, storage=storage))
-    assert session.study_name == "hf_user.main-cpu0"
-    named = Session(SearchSettings(script=path, function="other", device="cpu", memory_limit=2**30, storage=storage))
-    assert named.study_name == "hf_user.other-cpu0"
