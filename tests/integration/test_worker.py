@@ -1,4 +1,4 @@
-"""What the persistent worker promises beyond the runner contract (tests/test_runner_contract.py):
+"""What the persistent worker promises beyond the runner contract (tests/integration/test_runner_contract.py):
 real probes in a real worker process on CPU under a real RLIMIT_DATA memory limit."""
 from __future__ import annotations
 

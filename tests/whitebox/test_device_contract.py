@@ -1,6 +1,6 @@
 """The contract every device backend keeps (autofit.devices.DeviceBackend), one suite run over each
 of them: the CPU backend for real (in this process, its RLIMIT_DATA restored afterwards) and the CUDA
-backend against the fakes of torch.cuda and NVML in tests/test_cuda_backend.py, given the caching
+backend against the fakes of torch.cuda and NVML in tests/whitebox/fake_cuda.py, given the caching
 allocator's behaviour where the contract needs it (a cache that `release` empties, a peak that
 `reset_peak` restarts). A backend added to BACKENDS gets every test.
 

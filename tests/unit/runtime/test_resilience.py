@@ -2,7 +2,7 @@
 micro-batch and more accumulation, the global batch and every optimizer step kept.
 
 In-process tests inject the allocator's own error where a real one surfaces (forward, backward,
-optimizer step) to check the bookkeeping exactly; tests/test_resilience_real.py runs real scripts
+optimizer step) to check the bookkeeping exactly; tests/integration/test_resilience_real.py runs real scripts
 under a real memory limit.
 """
 import copy
