@@ -6,7 +6,7 @@ a CPU, interleaved through autofit's worker). What is counted are *model* FLOPs,
 backward and optimizer, not the forward that activation checkpointing runs again in backward (that
 would be hardware FLOPs, HFU, and would make checkpointing look like better utilisation). The
 counter does not see that recompute (torch 2.13: the checkpoint's unpack hook runs it outside the
-mode), which tests/test_flops.py holds it to.
+mode), which tests/whitebox/test_probe_in_process.py holds it to.
 
 The counting is PyTorch's: its per-op formulas (`torch.utils.flop_counter.flop_registry`, what
 FlopCounterMode sums), applied by a dispatch mode of our own. FlopCounterMode itself cannot be

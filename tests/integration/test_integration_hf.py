@@ -1,0 +1,84 @@
+"""The Hugging Face Trainer searched as it is (tests/scripts/hf_trainer.py: a small GPT-2 from its
+config, generated tokens), for real on CPU under a real memory limit, then run with its answer."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from autofit.config import Config
+from autofit.probing import Worker
+from tests.support import REPO, autofit_cli, probe_result, probed_configs, refused_by_the_allocator, script
+
+pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+pytestmark = pytest.mark.frameworks
+
+#: Measured on this machine (seq 128, probe peaks with the process's baseline of ~330 MiB):
+#: b=4 acc=4 436 MiB, b=8 acc=2 503 MiB, b=16 624 MiB, b=16 with 4 checkpointed blocks 556 MiB.
+LIMIT = "560MiB"
+SCRIPT = script("hf_trainer.py")
+
+
+def test_a_trainer_script_is_searched_keeps_its_global_batch_and_runs_with_the_answer(tmp_path):
+    best = tmp_path / "hf.best.json"
+    env = {**os.environ, "PYTHONPATH": REPO, "HF_OUT": str(tmp_path / "out")}
+    searched = autofit_cli("search", script("hf_trainer.py"), "--device", "cpu", "--memory-limit", LIMIT, "--headroom", "0",
+                           "--budget", "50s", "--storage", f"sqlite:///{tmp_path}/hf.db", "--out", str(best),
+                           cwd=tmp_path, env={"HF_OUT": str(tmp_path / "out")})
+    assert searched.returncode == 0, searched.stderr[-3000:]
+    document = json.loads(best.read_text())
+    config = Config.from_dict(document["config"])
+    assert config.global_batch == 16  # the Trainer's own 4 x 4, held by @autofit(global_batch=16)
+    probes = probed_configs(searched.stderr)
+    assert probes and all(batch * accumulation == 16 for _, batch, accumulation in probes)
+    assert all(status in ("ok", "oom") for status, _, _ in probes)
+    # fp32 b=16 does not fit (624 MiB); on a CPU with fast bf16, bf16 b=16 may fit and win.
+    assert config.precision != "fp32" or config.batch_size < 16
+
+    ran = subprocess.run([sys.executable, script("hf_trainer.py")], env={**env, "AUTOFIT_CONFIG": str(best)},
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert (f"per_device {config.batch_size} accumulation {config.accumulation_steps} "
+            f"bf16 {config.precision == 'bf16'} steps 32") in ran.stdout  # 512 samples / 16 per step
+    assert f"trained 32 optimizer steps with {config.label()}" in ran.stderr
+
+
+def test_without_a_search_the_trainer_keeps_the_users_own_arguments(tmp_path):
+    ran = subprocess.run([sys.executable, script("hf_trainer.py")],
+                         env={**os.environ, "PYTHONPATH": REPO, "HF_OUT": str(tmp_path / "out")},
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "per_device 4 accumulation 4 bf16 False steps 32" in ran.stdout
+    assert "trained 32 optimizer steps with fp32 b=4 acc=4" in ran.stderr
+
+
+def test_a_config_that_would_change_the_global_batch_is_refused(tmp_path):
+    config = tmp_path / "wrong.best.json"
+    from autofit.export import config_entry, write_best
+    write_best(str(config), {"partial": False, "config": config_entry(Config(8)), "measured": {},
+                             "memory": {"limit_bytes": None}, "device": {"type": "cpu"}, "versions": {}, "script": {}})
+    ran = subprocess.run([sys.executable, script("hf_trainer.py")],
+                         env={**os.environ, "PYTHONPATH": REPO, "AUTOFIT_CONFIG": str(config),
+                              "HF_OUT": str(tmp_path / "out")},
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert ran.returncode != 0
+    assert "ask for a global batch of 16 (4 x 4 accumulation steps)" in ran.stderr
+
+
+def test_the_frameworks_own_step_runs_out_of_memory_above_the_limit(tmp_path):
+    """b=16 in one micro-batch does not fit under LIMIT: the probe's status says so (exit 1)."""
+    status, result = probe_result("hf_trainer.py", LIMIT, 16, tmp_path, env={"HF_OUT": str(tmp_path / "out")})
+    assert status == 1
+    assert result["status"] == "oom" and refused_by_the_allocator(result["error_message"])
+
+
+def test_a_model_built_at_import_loses_the_last_probes_checkpointing(monkeypatch):
+    """In one process (CUDA's model), a ckpt=0 probe of a model built at import must run without the
+    checkpointing the probe before it put on the blocks: it would measure too little memory."""
+    monkeypatch.setenv("MODEL_AT_IMPORT", "1")
+    with Worker(SCRIPT, memory_limit=3 * 2**30, probe_process="persistent") as worker:
+        checkpointed = worker.probe(Config(batch_size=8, accumulation_steps=2, checkpoint_segments=2), timeout=300)
+        plain = worker.probe(Config(batch_size=8, accumulation_steps=2), timeout=300)
+    assert checkpointed.status == "ok", checkpointed.error_message
+    assert plain.status == "ok", plain.error_message

@@ -1,0 +1,56 @@
+"""Both process models give a probe the same start: `--probe-process fork` (each probe in a child of
+the warm process, the CPU's default) and `persistent` (one after another in one process, as on CUDA).
+
+tests/scripts/leaves_state.py leaves process state behind (every kind it knows, with LEAVES=all) and
+fails naming what it finds an earlier probe left; in one process, the second probe must find nothing
+(the probing subpackage puts the process back between probes)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from autofit.config import Config
+from autofit.errors import UsageError
+from autofit.probing import Worker, probe_process_for
+from tests.support import script
+
+LIMIT = 1024 * 2**20
+
+
+def _two_probes(monkeypatch, tmp_path, leaves: str, probe_process: str):
+    monkeypatch.setenv("LEAVES", leaves)
+    monkeypatch.setenv("FIRST_DRAW", str(tmp_path / "first-draw"))
+    monkeypatch.setenv("EXPECT_THREADS", str(torch.get_num_threads()))
+    with Worker(script("leaves_state.py"), memory_limit=LIMIT, probe_process=probe_process) as worker:
+        return [worker.probe(Config(batch_size=batch), warmup=1, steps=2, timeout=120) for batch in (8, 16)]
+
+
+@pytest.mark.parametrize("probe_process", ["persistent", pytest.param("fork", marks=pytest.mark.slow)])
+def test_a_probe_finds_nothing_the_one_before_it_left(monkeypatch, tmp_path, probe_process):
+    first, second = _two_probes(monkeypatch, tmp_path, "all", probe_process)
+    assert first.status == "ok", first.error_message
+    assert second.status == "ok", second.error_message
+
+
+@pytest.mark.slow
+def test_a_model_built_at_import_is_reported_in_one_process_only(monkeypatch, tmp_path):
+    persistent = _two_probes(monkeypatch, tmp_path, "module_model", "persistent")
+    assert all(p.status == "ok" for p in persistent)
+    assert not any("model_at_import" in n for n in persistent[0].notes)  # the first starts as loaded
+    assert any("`model_at_import` at import" in n and "carry over" in n for n in persistent[1].notes)
+    os.remove(tmp_path / "first-draw")
+    forked = _two_probes(monkeypatch, tmp_path, "module_model", "fork")
+    assert not any("model_at_import" in n for p in forked for n in p.notes)
+
+
+def test_cuda_runs_its_probes_in_one_process():
+    assert probe_process_for("cuda", None) == "persistent"
+    assert probe_process_for("cpu", None) == "fork"
+    assert probe_process_for("cpu", "persistent") == "persistent"
+    with pytest.raises(UsageError, match="cannot be forked"):
+        probe_process_for("cuda", "fork")
+    with pytest.raises(UsageError, match="must be one of fork, persistent"):
+        probe_process_for("cpu", "threads")

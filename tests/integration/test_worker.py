@@ -1,0 +1,157 @@
+"""What the persistent worker promises beyond the runner contract (tests/integration/test_runner_contract.py):
+real probes in a real worker process on CPU under a real RLIMIT_DATA memory limit."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from autofit.config import Config
+from autofit.errors import UsageError
+from autofit.probing import ProbeResult, Worker
+from tests.support import refused_by_the_allocator, script
+
+LIMIT = 768 * 2**20
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with Worker(script("fits_small.py"), memory_limit=LIMIT) as w:
+        w.start()
+        yield w
+
+
+def test_oversize_config_is_oom_and_the_same_worker_runs_the_next_probe(worker):
+    pid = worker.pid
+    result = worker.probe(Config(batch_size=1024), timeout=60)
+    assert result.status == "oom"
+    assert refused_by_the_allocator(result.error_message) or result.error_type == "MemoryError"
+    assert result.memory_after_bytes - result.baseline_bytes < 128 * 2**20  # back to its baseline
+    again = worker.probe(Config(batch_size=8), timeout=60)
+    assert again.status == "ok"
+    assert worker.pid == pid  # no restart was needed
+
+
+@pytest.mark.slow
+def test_peak_grows_with_batch_size(worker):
+    peaks = [worker.probe(Config(batch_size=b), timeout=60).peak_bytes for b in (4, 32, 96)]
+    assert peaks[0] < peaks[1] < peaks[2]
+    assert peaks[2] - peaks[0] > 92 * 2**20  # >= 1 MiB per extra sample, as the script allocates
+
+
+def test_hang_is_killed_at_the_timeout():
+    with Worker(script("hangs.py")) as w:
+        w.start()
+        result = w.probe(Config(batch_size=1), timeout=2)
+        assert result.status == "timeout" and "did not finish within 2s and was killed" in result.error_message
+        assert not w.alive
+
+
+@pytest.mark.slow
+def test_segfault_is_crashed_and_the_next_probe_works(tmp_path):
+    with Worker(script("crashes.py")) as w:
+        w.start()
+        first_pid = w.pid
+        log = str(tmp_path / "probe.log")
+        result = w.probe(Config(batch_size=8), timeout=60, log_path=log)
+        assert result.status == "crashed"
+        assert "SIGSEGV" in result.error_message
+        assert "Segmentation fault" in (result.traceback or "")  # faulthandler's report from the log
+        after = w.probe(Config(batch_size=2), timeout=60)
+        assert after.status == "ok"
+        assert w.pid == first_pid  # the probe's own process died; the warm worker forks the next one
+
+
+def test_worker_killed_from_outside_is_crashed():
+    with Worker(script("hangs.py")) as w:
+        w.start()
+        threading.Timer(1.0, os.kill, (w.pid, signal.SIGKILL)).start()
+        result = w.probe(Config(batch_size=1), timeout=30)
+        assert result.status == "crashed"
+        assert "SIGKILL" in result.error_message
+
+
+def test_memory_a_probe_keeps_goes_with_its_process_on_cpu():
+    """leaks.py keeps 200 MiB per call in a module-level list: each CPU probe runs in its own forked
+    process, so the next probe starts from the same baseline and measures the same peak."""
+    with Worker(script("leaks.py"), leak_tolerance=100 * 2**20) as w:
+        w.start()
+        pid = w.pid
+        first = w.probe(Config(batch_size=2), timeout=60)
+        second = w.probe(Config(batch_size=2), timeout=60)
+        assert first.status == second.status == "ok"
+        assert not second.notes and w.alive and w.pid == pid
+        assert second.memory_after_bytes == first.memory_after_bytes
+        assert abs(second.peak_bytes - first.peak_bytes) < 32 * 2**20
+
+
+def test_a_probe_process_dies_with_its_worker():
+    """A hanging probe's process is killed with the worker, never left running."""
+    with Worker(script("hangs.py")) as w:
+        w.start()
+        threading.Timer(1.5, os.kill, (w.pid, signal.SIGKILL)).start()
+        group = w.pid
+        result = w.probe(Config(batch_size=1), timeout=30)
+        assert result.status == "crashed"
+    time.sleep(0.5)
+    assert _live_members(group) == []  # nothing of the worker's process group runs on
+
+
+def _live_members(group: int) -> list[int]:
+    """Pids in process group `group` that are not zombies (an orphan's zombie waits for init)."""
+    live = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            live.append(int(entry))
+    return live
+
+
+def test_a_persistent_worker_whose_memory_grows_is_replaced():
+    """The leak check guards the CUDA worker, which runs probes in one process: growth past the
+    warm baseline (the memory after its first probe) by more than the tolerance replaces it."""
+    w = Worker(script("fits_small.py"), leak_tolerance=100 * 2**20)
+    results = [ProbeResult(status="ok", config=Config(batch_size=1), memory_after_bytes=m * 2**20)
+               for m in (300, 350, 420)]
+    w._replace_if_leaking(results[0])
+    w._replace_if_leaking(results[1])
+    w._replace_if_leaking(results[2])
+    assert not results[1].notes
+    assert any("leak" in note and "replaced" in note for note in results[2].notes)
+
+
+@pytest.mark.slow
+def test_one_time_growth_is_not_a_leak(worker):
+    pid = worker.pid
+    for batch in (64, 8, 64, 8):
+        result = worker.probe(Config(batch_size=batch), timeout=60)
+        assert result.status == "ok" and not result.notes
+    assert worker.pid == pid
+
+
+def test_limit_below_baseline_is_a_usage_error():
+    with Worker(script("raises.py"), memory_limit=16 * 2**20) as w:
+        with pytest.raises(UsageError, match="needs just to start"):
+            w.start()
+
+
+@pytest.mark.slow
+def test_a_sticky_cuda_error_replaces_the_worker_before_the_next_probe():
+    """After an illegal memory access the CUDA context is broken: that process never probes again."""
+    with Worker(script("sticky_error.py")) as w:
+        w.start()
+        bad = w.probe(Config(batch_size=8), timeout=60)
+        assert bad.status == "error" and bad.restart_worker
+        assert any("replaced" in note for note in bad.notes)
+        assert not w.alive
+        good = w.probe(Config(batch_size=2), timeout=60)
+        assert good.status == "ok" and w.starts == 2

@@ -1,0 +1,283 @@
+"""OOM resilience in the real run: a step that runs out of memory is redone with a smaller
+micro-batch and more accumulation, the global batch and every optimizer step kept.
+
+In-process tests inject the allocator's own error where a real one surfaces (forward, backward,
+optimizer step) to check the bookkeeping exactly; tests/integration/test_resilience_real.py runs real scripts
+under a real memory limit.
+"""
+import copy
+import weakref
+
+import pytest
+import torch
+
+from autofit import autofit
+from autofit.config import Config
+from autofit.export import config_entry, write_best
+from autofit.runtime import (
+    OutOfMemoryAtBatchOne,
+    PieceReplay,
+    Run,
+    StepRedo,
+    lowered,
+    lowered_path,
+    read_lowerings,
+    recovery_enabled,
+)
+
+CPU_OOM = "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 1"
+
+
+def test_lowered_halves_and_keeps_the_global_batch():
+    assert lowered(Config(32)) == Config(16, accumulation_steps=2)
+    assert lowered(Config(16, "bf16", 2, accumulation_steps=2)) == Config(8, "bf16", 2, accumulation_steps=4)
+    assert lowered(Config(24)).global_batch == 24 and lowered(Config(24)).batch_size == 12
+    assert lowered(Config(9)) == Config(3, accumulation_steps=3)  # largest divisor below half
+    assert lowered(Config(7)) == Config(1, accumulation_steps=7)
+    assert lowered(Config(1)) is None
+
+
+def test_lowered_path_sits_beside_the_exported_file():
+    assert lowered_path("studies/gpt.train.cpu.best.json") == "studies/gpt.train.cpu.lowered.json"
+    assert lowered_path("/tmp/mine.json") == "/tmp/mine.lowered.json"
+
+
+def test_recovery_can_be_turned_off_by_environment(monkeypatch):
+    monkeypatch.setenv("AUTOFIT_OOM_RECOVERY", "0")
+    assert not recovery_enabled(True)
+    monkeypatch.setenv("AUTOFIT_OOM_RECOVERY", "1")
+    assert recovery_enabled(False)
+    monkeypatch.delenv("AUTOFIT_OOM_RECOVERY")
+    assert recovery_enabled(True)
+
+
+class _Fails(torch.autograd.Function):
+    """Identity whose backward runs out of memory when told to."""
+
+    fail = False
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        if _Fails.fail:
+            _Fails.fail = False
+            raise RuntimeError(CPU_OOM)
+        return grad
+
+
+class _Recorder:
+    """A training loop written against the documented API, counting what it sees."""
+
+    def __init__(self, n_samples=48, loader_batch=8):
+        torch.manual_seed(0)
+        self.model = torch.nn.Linear(4, 1)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        data = torch.randn(n_samples, 4)
+        self.data = [data[i:i + loader_batch] for i in range(0, n_samples, loader_batch)]
+        self.micro_sizes = []  # per micro-batch handed to the loop
+        self.step_samples = {}  # optimizer step -> samples the loop counted for it
+
+    def loop(self, run, fail_forward_at=None, fail_backward_at=None, fail_optimizer_at=None):
+        seen = 0
+        original_step = self.opt.step
+
+        def step_that_fails(*args, **kwargs):
+            if run.optimizer_steps + 1 == fail_optimizer_at and not getattr(self, "_failed_opt", False):
+                self._failed_opt = True
+                raise RuntimeError(CPU_OOM)
+            return original_step(*args, **kwargs)
+
+        self.opt.step = step_that_fails
+        loss = torch.zeros(())
+        for x in run.batches(self.data):
+            seen += 1
+            with run.autocast():
+                if seen == fail_forward_at:
+                    raise RuntimeError(CPU_OOM)
+                _Fails.fail = seen == fail_backward_at
+                loss = _Fails.apply(self.model(x)).pow(2).mean()
+            if run.micro_step == 0:
+                self.step_samples[run.optimizer_steps] = 0
+            self.step_samples[run.optimizer_steps] += len(x)
+            self.micro_sizes.append(len(x))
+            run.backward(loss, self.opt)
+        run.finish()
+
+
+@pytest.mark.parametrize("where", ["forward", "backward", "optimizer"])
+def test_an_oom_mid_run_redoes_the_step_with_half_the_micro_batch(where, capsys):
+    reference = _Recorder()
+    reference.loop(Run(Config(8), recover_oom=True))
+    recorder = _Recorder()
+    run = Run(Config(8), recover_oom=True)
+    # micro-batch 4 is the first of step 4 (1-based): fail there (its forward, its backward, or
+    # the optimizer step it ends)
+    recorder.loop(run, **{f"fail_{where}_at": 4})
+    assert run.config == Config(4, accumulation_steps=2)
+    assert run.optimizer_steps == 6  # 48 samples / global batch 8: no step lost, none added
+    assert all(n == 8 for n in recorder.step_samples.values())  # the loop counted each step once
+    assert recorder.micro_sizes[-4:] == [4, 4, 4, 4]
+    [lowering] = run.lowerings
+    assert lowering.step == 4 and lowering.before == Config(8) and lowering.after == Config(4, accumulation_steps=2)
+    assert lowering.where == {"forward": "forward", "backward": "backward", "optimizer": "optimizer step"}[where]
+    assert "redoing the step" in capsys.readouterr().err
+    # the same data in the same order, the same optimizer steps: the same weights as a run that never failed
+    for a, b in zip(reference.model.parameters(), recorder.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_accumulation_doubles_again_on_a_second_oom():
+    recorder = _Recorder(n_samples=64)
+    run = Run(Config(8, accumulation_steps=2), recover_oom=True)
+    recorder.loop(run, fail_forward_at=4)  # the second micro-batch of step 2
+    assert run.config == Config(4, accumulation_steps=4)
+    assert run.optimizer_steps == 4 and all(n == 16 for n in recorder.step_samples.values())
+
+
+def test_an_oom_before_the_first_step_asks_the_launcher_to_start_again():
+    run = Run(Config(8), recover_oom=True)
+    with pytest.raises(RuntimeError, match="can't allocate"):
+        _Recorder().loop(run, fail_forward_at=1)
+    assert run.restart_config == Config(4, accumulation_steps=2)
+    assert run.restart_lowering.where == "forward" and run.restart_lowering.step == 1
+
+
+def test_an_oom_at_micro_batch_one_is_a_clear_error():
+    run = Run(Config(1), recover_oom=True)
+    with pytest.raises(OutOfMemoryAtBatchOne, match="even at micro-batch 1"):
+        _Recorder(loader_batch=1).loop(run, fail_forward_at=1)
+
+
+def test_probes_and_runs_without_recovery_let_the_oom_through():
+    for run in (Run(Config(8), probing=True, warmup_steps=1, measured_steps=100, recover_oom=True),
+                Run(Config(8), recover_oom=False)):
+        with pytest.raises(RuntimeError, match="can't allocate"):
+            _Recorder().loop(run, fail_forward_at=4)
+        assert not run.lowerings and run.config == Config(8)
+
+
+def test_other_errors_are_never_taken_for_an_oom():
+    run = Run(Config(8), recover_oom=True)
+    recorder = _Recorder()
+    with pytest.raises(ZeroDivisionError):
+        for x in run.batches(recorder.data):
+            with run.autocast():
+                if run.optimizer_steps == 2:
+                    raise ZeroDivisionError
+                loss = recorder.model(x).mean()
+            run.backward(loss, recorder.opt)
+    assert not run.lowerings
+
+
+def test_the_redo_frees_a_failed_attempt_once_its_except_block_is_left():
+    """The traceback holds the failed step's frames (its activations): the memory goes back after."""
+    failed: list = []
+    freed_at_release: list = []
+    redo = StepRedo(release_memory=lambda: freed_at_release.append(failed[0]() is None))
+    config = [Config(8)]
+
+    def attempt():
+        if not failed:
+            activations = torch.ones(1024)
+            failed.append(weakref.ref(activations))
+            raise RuntimeError(CPU_OOM)
+        return config[0]
+
+    def after_oom(exc):
+        lowering = redo.lower(config[0], exc, "forward", 3)
+        if lowering is None:
+            return None
+        config[0] = redo.take(lowering)
+        return attempt
+
+    assert redo.until_it_fits(attempt, after_oom) == Config(4, accumulation_steps=2)
+    assert freed_at_release == [True]
+    [lowering] = redo.lowerings
+    assert (lowering.step, lowering.where, lowering.restart) == (3, "forward", False)
+    with pytest.raises(ZeroDivisionError):
+        redo.until_it_fits(lambda: 1 / 0, after_oom)
+    assert len(redo.lowerings) == 1 and freed_at_release == [True]  # not an OOM: nothing lowered, nothing freed
+    assert StepRedo(enabled=False).lower(Config(8), RuntimeError(CPU_OOM), "forward", 3) is None
+
+
+def test_a_run_hands_the_failed_steps_memory_back_once_per_redo():
+    released = []
+    run = Run(Config(8), recover_oom=True, release_memory=lambda: released.append(run.config))
+    _Recorder().loop(run, fail_backward_at=4)
+    assert released == [Config(4, accumulation_steps=2)]  # after the lowering, before the step is fed again
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_framework_step_redone_after_an_oom_has_the_whole_steps_gradient(where):
+    """PieceReplay (HF, Lightning): the trainer keeps feeding micro-batches of 8; after the OOM each
+    is cut in two weighted pieces; a backward OOM leaves part of a gradient, so the step is fed again."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    reference = copy.deepcopy(model)
+    micro_batches = [torch.randn(8, 4) for _ in range(2)]  # one optimizer step, accumulation 2
+    reference(torch.cat(micro_batches)).pow(2).mean().backward()
+    run = Run(Config(8, accumulation_steps=2), recover_oom=True)
+    run.clock.steps_done = 3  # mid-run: the step is redone in place
+    recovery = PieceReplay(run, lambda: model.zero_grad(set_to_none=True))
+    pieces_run = []
+    failed = []
+
+    def work(piece, weight, accumulation):
+        recovery.where = "forward"
+        loss = model(piece).pow(2).mean() * weight / accumulation
+        fails = len(pieces_run) == 1 and True not in failed  # the second micro-batch, first time round
+        failed.append(fails)
+        if fails and where == "forward":
+            raise RuntimeError(CPU_OOM)
+        recovery.where = "backward"
+        loss.backward()  # a backward that fails after adding part of its gradient
+        if fails:
+            raise RuntimeError(CPU_OOM)
+        pieces_run.append(len(piece))
+        return loss.detach()
+
+    for x in micro_batches:
+        recovery.feed(x, 2, work)
+    recovery.step_done()
+    assert run.config == Config(4, accumulation_steps=4)
+    assert [lowering.where for lowering in run.lowerings] == [where]
+    # forward: only the failed micro-batch again, in pieces; backward: the whole step so far again
+    assert pieces_run == ([8, 4, 4] if where == "forward" else [8, 4, 4, 4, 4])
+    for a, b in zip(reference.parameters(), model.parameters()):
+        torch.testing.assert_close(b.grad, a.grad)
+
+
+def test_the_decorator_starts_again_through_the_same_redo(tmp_path, monkeypatch, capsys):
+    """An OOM before the first optimizer step starts the function again with a new Run that shares
+    the first one's StepRedo; the failed Run is gone before the new attempt begins."""
+    write_best(str(tmp_path / "t.best.json"), {
+        "partial": False, "config": config_entry(Config(8)), "measured": {}, "memory": {"limit_bytes": None},
+        "device": {"type": "cpu"}, "versions": {}, "script": {}})
+    monkeypatch.setenv("AUTOFIT_CONFIG", str(tmp_path / "t.best.json"))
+    monkeypatch.setenv("AUTOFIT_DEVICE", "cpu")
+    monkeypatch.delenv("AUTOFIT_MEMORY_LIMIT", raising=False)
+    monkeypatch.delenv("AUTOFIT_OOM_RECOVERY", raising=False)
+    attempts = []
+
+    @autofit
+    def train(run):
+        assert not attempts or attempts[-1]() is None  # the failed attempt's Run (and model) went first
+        attempts.append(weakref.ref(run))
+        # the first attempt fails in its first step; the second in the first micro-batch of step 3
+        _Recorder().loop(run, fail_forward_at=1 if len(attempts) == 1 else 5)
+        return run.redo, run.lowerings
+
+    redo, lowerings = train()
+    assert len(attempts) == 2
+    restart, in_place = lowerings
+    assert lowerings is redo.lowerings
+    assert (restart.step, restart.restart, restart.after) == (1, True, Config(4, accumulation_steps=2))
+    assert (in_place.step, in_place.restart, in_place.after) == (3, False, Config(2, accumulation_steps=4))
+    err = capsys.readouterr().err
+    assert err.index("starting again") < err.index("redoing the step")
+    record = read_lowerings(lowered_path(str(tmp_path / "t.best.json")))
+    assert [item["restart"] for item in record["lowerings"]] == [True, False]
+    assert Config.from_dict(record["ended_with"]) == Config(2, accumulation_steps=4)

@@ -1,0 +1,37 @@
+"""The estimator's fake tensors that answer value reads (autofit.memory._fake_values), in this process."""
+
+from __future__ import annotations
+
+import torch
+
+
+def test_value_reads_are_answered_and_data_dependent_sizes_guessed_in_process():
+    from autofit.memory._fake_values import ValueFreeFakeMode
+
+    mode = ValueFreeFakeMode(allow_non_fake_inputs=True)
+    with mode:
+        x = torch.randn(64, 16)
+        loss = x.square().mean()
+        assert loss.item() == 1.0 and float(loss) == 1.0
+        assert bool(torch.isfinite(loss)) and not bool(torch.isnan(loss).any()) and not torch.isinf(loss).any()
+        assert not bool(torch.isnan(loss) | torch.isinf(loss)) and torch.isnan(x).sum().item() == 0
+        assert bool(torch.isfinite(x).all()) and not bool((~torch.isfinite(x)).any())
+        _, chosen = x.softmax(-1).topk(2, dim=-1)
+        rows, _ = torch.where(chosen == 3)
+        assert rows.shape == (64 * 2 // 16,)  # 2 of 16 choices per row, balanced
+        assert x[x > 0].shape == (64 * 16,)  # unknown density: every element
+        expert_mask = torch.nn.functional.one_hot(chosen, num_classes=16).permute(2, 1, 0)  # as Mixtral routes
+        assert torch.where(expert_mask[3])[0].shape == (64 * 2 // 16,)
+        model = torch.nn.Linear(16, 4)
+        opt = torch.optim.Adam(model.parameters())
+        scaler = torch.amp.GradScaler("cpu")
+        scaler.scale(model(x).sum()).backward()
+        scaler.unscale_(opt)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        assert bool(torch.isfinite(norm))
+        scaler.step(opt)  # found_inf is 0: the step is taken
+        scaler.update()
+        assert len(opt.state) == 2
+    assert sorted(mode.notes.values()) == [
+        "`nonzero` has a data-dependent size: from its mask's known density",
+        "`nonzero` has a data-dependent size: taken at its upper bound (every element)"]

@@ -1,0 +1,116 @@
+"""What one probe implies for others: accumulation (gradients held beside the next forward) and a
+selective checkpoint policy that never runs."""
+
+from __future__ import annotations
+
+from autofit.config import Config
+from autofit.planner import Observation, Planner, SearchSpace
+from autofit.planner._feasibility import Feasibility
+
+GiB = 2**30
+
+
+def _obs(config: Config, status: str, peak: int | None = None) -> Observation:
+    return Observation(config, status, peak_bytes=peak, samples_per_s=100.0 if status == "ok" else None)
+
+
+def test_an_oom_with_accumulation_rules_out_nothing_without_it():
+    space = SearchSpace.build(batch_range=(1, 64), precisions=("fp32",), global_batch=64)
+    feasible = Feasibility(space, GiB, [_obs(Config(32, accumulation_steps=2), "oom")])
+    assert not feasible.implied_too_big(Config(64, accumulation_steps=1))  # no gradients held: unknown
+    strategy = space.strategy_of(Config(64, accumulation_steps=1))
+    assert 64 in feasible.open_batches(strategy)
+
+
+def test_an_oom_without_accumulation_rules_out_larger_batches_with_it():
+    space = SearchSpace.build(batch_range=(1, 64), precisions=("fp32",), accumulations=(1, 2))
+    feasible = Feasibility(space, GiB, [_obs(Config(16), "oom")])
+    assert feasible.implied_too_big(Config(32, accumulation_steps=2))
+    assert feasible.implied_too_big(Config(16, accumulation_steps=2))
+
+
+def test_a_fit_without_accumulation_implies_no_fit_with_it():
+    space = SearchSpace.build(batch_range=(1, 64), precisions=("fp32",), accumulations=(1, 2))
+    feasible = Feasibility(space, GiB, [_obs(Config(32), "ok", 2**20)])
+    with_accumulation = space.strategy_of(Config(8, accumulation_steps=2))
+    assert feasible.fit_max(space.strategy_of(Config(8))) == 32
+    assert feasible.fit_max(with_accumulation) is None
+
+
+def test_selective_checkpointing_that_fails_for_a_reason_not_memory_is_abandoned():
+    space = SearchSpace.build(batch_range=(1, 64), precisions=("fp32",), checkpoint_blocks=4,
+                              checkpoint_policies=("full", "selective"))
+    selective = Config(8, checkpoint_segments=4, checkpoint_policy="selective")
+    seen = [_obs(Config(8), "ok", 2**20), _obs(selective, "error")]
+    feasible = Feasibility(space, GiB, seen)
+    assert feasible.strategy_unusable(space.strategy_of(Config(8, checkpoint_segments=1, checkpoint_policy="selective")))
+    assert not feasible.strategy_unusable(space.strategy_of(Config(8, checkpoint_segments=1)))
+    planner = Planner(space, GiB)
+    proposed = planner.next(seen)
+    assert proposed is None or proposed.checkpoint_policy != "selective" or not proposed.checkpoint_segments
+
+
+def test_every_precision_is_probed_right_after_the_pilot_and_the_faster_explored_first():
+    """A short budget still compares precisions: the second probe is the other precision's first
+    batch, and the one measured faster is the one whose batches are explored next."""
+    from autofit.planner import Observation, Planner, SearchSpace
+
+    space = SearchSpace.build(batch_range=(8, 512), precisions=("fp32", "bf16"))
+    planner = Planner(space, 64 * 2**30, check_noise=False)
+    pilot = planner.next([])
+    seen = [Observation(pilot, "ok", peak_bytes=2**30, samples_per_s=100.0, wall_s=1.0, phase="explore")]
+    second = planner.next(seen)
+    assert (pilot.precision, second.precision) == ("fp32", "bf16")
+    seen.append(Observation(second, "ok", peak_bytes=2**30, samples_per_s=300.0, wall_s=1.0, phase="explore"))
+    assert planner.next(seen).precision == "bf16"  # measured 3x faster: its larger batches first
+    seen[-1] = Observation(second, "ok", peak_bytes=2**30, samples_per_s=30.0, wall_s=1.0, phase="explore")
+    assert planner.next(seen).precision == "fp32"
+
+
+def test_a_selective_policy_that_runs_out_of_memory_is_not_abandoned():
+    from autofit.planner import Observation, Strategy
+    from autofit.planner._feasibility import Feasibility
+
+    space = _selective_space()
+    seen = [Observation(Config(64), "ok", peak_bytes=2**30, samples_per_s=640.0),
+            Observation(Config(64, checkpoint_segments=1, checkpoint_policy="selective"), "oom"),
+            Observation(Config(8, checkpoint_segments=2, checkpoint_policy="selective"), "crashed")]
+    assert not Feasibility(space, 8 * GiB, seen).strategy_unusable(Strategy("fp32", 4, 1, checkpoint_policy="selective"))
+
+
+def test_an_oom_while_accumulating_implies_nothing_for_one_micro_batch_a_step():
+    """Accumulating keeps the gradients alive through the next micro-batch's forward; one micro-batch a
+    step holds none then. So an OOM at (G/2, acc=2) says nothing of (G, acc=1), and the reverse holds."""
+    from autofit.planner import Observation
+    from autofit.planner._feasibility import Feasibility
+
+    space = SearchSpace.build(batch_range=(4, 64), precisions=("fp32",), global_batch=64)
+    strategy = space.strategies()[0]
+    feasible = Feasibility(space, 8 * GiB, [Observation(Config(32, accumulation_steps=2), "oom")])
+    assert not feasible.implied_too_big(Config(64))
+    assert 64 in feasible.open_batches(strategy) and 32 not in feasible.open_batches(strategy)
+    fit = Feasibility(space, 8 * GiB, [Observation(Config(64), "ok", peak_bytes=GiB, samples_per_s=1.0)])
+    assert 32 in fit.open_batches(strategy)  # a fit without held gradients says nothing of accumulating
+
+
+def test_accumulation_orders_memory_one_way_at_one_micro_batch():
+    from autofit.planner import Observation, Strategy
+    from autofit.planner._feasibility import Feasibility
+
+    space = SearchSpace.build(batch_range=(8, 64), precisions=("fp32",), accumulations=(1, 2, 4))
+    one, two, four = (Strategy("fp32", 0, a) for a in (1, 2, 4))
+
+    def feasible(config: Config, status: str) -> Feasibility:
+        return Feasibility(space, 8 * GiB, [Observation(config, status, peak_bytes=GiB, samples_per_s=1.0)])
+
+    oom_accumulating = feasible(Config(32, accumulation_steps=2), "oom")
+    assert oom_accumulating.oom_min(one) is None and not oom_accumulating.implied_too_big(Config(64))
+    assert oom_accumulating.oom_min(four) == 32  # as much held at acc=4: the same memory
+    assert feasible(Config(32), "oom").oom_min(two) == 32  # acc=1 ran out: accumulating needs more
+    assert feasible(Config(32), "ok").fit_max(two) is None  # acc=1 fits: accumulating may not
+    assert feasible(Config(32, accumulation_steps=4), "ok").fit_max(one) == 32
+
+
+def _selective_space() -> SearchSpace:
+    return SearchSpace.build(batch_range=(8, 64), precisions=("fp32",), checkpoint_blocks=4,
+                             checkpoint_policies=("full", "selective"))

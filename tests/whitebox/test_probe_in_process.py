@@ -1,0 +1,89 @@
+"""A probe run in this process (autofit.probing._probe.run_probe, what a probe's child runs): how many steps it
+measures, and the FLOPs it counts (autofit.runtime._flops)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from autofit.config import Config
+from autofit.devices import make_backend
+from autofit.probing import ProbeResult
+from autofit.probing._probe import run_probe
+from autofit.runtime import Run
+
+
+def test_a_loop_that_ends_after_enough_steps_is_measured_as_it_ran():
+    """A confirmation asks for 10x a probe's steps; a script whose own loop ends sooner (its data, its
+    max_train_steps) is measured as it ran, with a note; one that ends before a probe's few steps is
+    still an error that says how to loop."""
+
+    def sixteen_steps(run: Run) -> None:
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in run.batches([torch.randn(run.batch_size, 4) for _ in range(16)]):
+            run.backward(model(x).square().mean(), opt)
+
+    backend = make_backend("cpu", 0)
+    long = run_probe(sixteen_steps, Config(batch_size=2), backend, warmup_steps=2, measured_steps=50, min_measure_s=0)
+    assert long.ok and long.measured_steps == 14 and "returned after 16 optimizer steps" in long.notes[-1]
+    short = run_probe(sixteen_steps, Config(batch_size=2), backend, warmup_steps=12, measured_steps=5, min_measure_s=0)
+    assert short.status == "error" and short.error_type == "ProbeTooShort"
+
+D_IN, D_HIDDEN, D_OUT = 32, 64, 16
+
+
+def mlp_step_flops() -> int:
+    """What one sample of the two-layer MLP below costs, by hand: forward 2·(in·hidden + hidden·out),
+    weight gradients the same again, input gradient only for the second layer (the data needs none)."""
+    forward = 2 * (D_IN * D_HIDDEN + D_HIDDEN * D_OUT)
+    return forward + forward + 2 * D_HIDDEN * D_OUT
+
+
+def train_mlp(run: Run) -> None:
+    torch.manual_seed(0)
+    blocks = torch.nn.ModuleList([torch.nn.Linear(D_IN, D_HIDDEN), torch.nn.Linear(D_HIDDEN, D_OUT)])
+    run.checkpoint(blocks)
+    opt = torch.optim.AdamW(blocks.parameters(), lr=1e-3)
+    data = (torch.randn(run.batch_size, D_IN) for _ in itertools.count())
+    for x in run.batches(data):
+        with run.autocast():
+            loss = blocks[1](torch.relu(blocks[0](x))).square().mean()
+        print(f"loss {loss.item():.3f}")  # a script's .item() logging: counted like any other step
+        run.backward(loss, opt, clip_grad_norm=1.0)
+
+
+def probe(config: Config) -> ProbeResult:
+    result = run_probe(train_mlp, config, make_backend("cpu", 0), warmup_steps=1, measured_steps=2, min_measure_s=0)
+    assert result.ok, result.error_message
+    return result
+
+
+def test_a_probe_counts_the_model_flops_of_its_first_step():
+    result = probe(Config(batch_size=8))
+    assert result.flops_per_sample == mlp_step_flops()
+    assert result.flops_per_s == pytest.approx(result.samples_per_s * mlp_step_flops())
+    assert result.mfu is None  # a CPU has no dense-peak entry: null, never a guess
+    assert result.joules_per_sample is None
+
+
+def test_checkpointing_recompute_is_not_counted_as_model_flops():
+    """Both blocks recompute their forward in backward; MFU counts model FLOPs, so the count stays
+    that of the plain step (a torch that counted the recompute would add a forward's worth)."""
+    assert probe(Config(batch_size=8, checkpoint_segments=2)).flops_per_sample == mlp_step_flops()
+
+
+def test_cpu_attention_is_counted_like_the_cuda_kernels():
+    """PyTorch has no FLOP formula for the CPU's fused attention kernel; autofit gives it the CUDA one."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from autofit.runtime._flops import _count_cpu_attention
+
+    _count_cpu_attention()
+    q = torch.randn(2, 4, 64, 16, requires_grad=True)
+    with FlopCounterMode(display=False) as counter:
+        torch.nn.functional.scaled_dot_product_attention(q, q, q).sum().backward()
+    forward = 2 * 2 * 4 * 64 * 64 * 16 * 2  # two batched matmuls of (64x16)(16x64) per head
+    assert counter.get_total_flops() >= forward * 3  # forward, and a backward about twice it
