@@ -140,7 +140,7 @@ def test_a_probe_from_the_command_line_runs_under_the_policy_it_names(tmp_path):
     from tests.support import autofit_cli
 
     done = autofit_cli("probe", script("fits_small.py"), "--device", "cpu", "--memory-limit", "768MiB",
-                       "--batch-size", "4", "--checkpoint", "2", "--checkpoint-policy", "selective", "--steps", "1",
+                       "--batch-size", "4", "--checkpoint-segments", "2", "--checkpoint-policy", "selective", "--steps", "1",
                        "--warmup", "1", "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)["result"]

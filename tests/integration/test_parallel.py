@@ -52,7 +52,7 @@ def test_two_cpu_workers_feed_one_study_and_export_one_answer(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--device", "cuda", "--parallel", "2"], "--workers is for the CPU"),
+    (["--device", "cuda", "--parallel", "2"], "--parallel is for the CPU"),
     (["--gpu", "0,1", "--device", "cpu"], "--gpu must go with --device cuda"),
     (["--gpu", "1,1"], "Each GPU must be listed once"),
 ])

@@ -125,7 +125,7 @@ def test_the_bundled_gpt_probes_under_fsdp2_with_checkpointing_and_a_searched_co
     from tests.support import REPO, STUDIES, free_port
 
     probed = autofit_cli("probe", os.path.join(STUDIES, "gpt.py"), "--nproc-per-node", "2", "--batch-size", "8",
-                         "--checkpoint", "2", "--sharding", "fsdp", "--memory-limit", "1GiB", "--json", cwd=tmp_path)
+                         "--checkpoint-segments", "2", "--sharding", "fsdp", "--memory-limit", "1GiB", "--json", cwd=tmp_path)
     assert probed.returncode == 0, probed.stderr[-3000:]
     result = json.loads(probed.stdout)["result"]
     assert result["status"] == "ok" and result["world_size"] == 2 and result["knobs"]["shard_blocks"] == 4
