@@ -52,7 +52,7 @@ class StoredStudy:
         self.note = note
         self.name: str = study.study_name
         self.meta: dict[str, Any] = study_meta(study)
-        self.limit_bytes = int(self.meta["limit_bytes"])
+        self.memory_limit = int(self.meta["limit_bytes"])
         self.usable_bytes = float(self.meta["usable_bytes"])
         self._trials: list[FrozenTrial] = study.get_trials(deepcopy=False)
         self._planner = study_planner(study)
@@ -155,7 +155,7 @@ class StoredStudy:
         """One line's worth: device, limit, probes, best config and its throughput."""
         return {
             "study": self.name, "device": self.meta.get("device_info", {}).get("name", self.meta.get("device")),
-            "limit_bytes": self.limit_bytes, "probes": len(self._frame),
+            "limit_bytes": self.memory_limit, "probes": len(self._frame),
             "best": self._ranked[0].config.label() if self._ranked else None,
             "samples_per_s": self._ranked[0].samples_per_s if self._ranked else None,
         }

@@ -24,10 +24,10 @@ class SpaceEstimation(threading.Thread):
     curve stops where its tensors alone, extrapolated from its last two estimates, would pass the memory
     limit: estimating what cannot fit costs the most (the largest batches) and tells the planner nothing."""
 
-    def __init__(self, estimator: Estimator, space: SearchSpace, limit_bytes: float) -> None:
+    def __init__(self, estimator: Estimator, space: SearchSpace, memory_limit: float) -> None:
         super().__init__(name="autofit-estimation", daemon=True)
         self.estimator = estimator
-        self.limit_bytes = limit_bytes
+        self.memory_limit = memory_limit
         self.curves: dict[tuple, list[Config]] = {}
         for config in configs_to_estimate(space.configs()):
             self.curves.setdefault(estimated_key(config), []).append(config)
@@ -89,7 +89,7 @@ class SpaceEstimation(threading.Thread):
             return True
         (b1, t1), (b2, t2) = known[-2:]
         slope = max(0.0, (t2 - t1) / (b2 - b1))
-        return device + t2 + slope * (config.batch_size - b2) <= self.limit_bytes
+        return device + t2 + slope * (config.batch_size - b2) <= self.memory_limit
 
     def stop(self) -> None:
         """The search ended: the estimator's process is stopped and what it answered stays."""

@@ -33,13 +33,13 @@ def log_tail(path: str | None, lines: int = 30) -> str | None:
         return "".join(handle.readlines()[-lines:]) or None
 
 
-def timeout_result(config: Config, *, timeout: float, wall_s: float, limit_bytes: int | None,
+def timeout_result(config: Config, *, timeout: float, wall_s: float, memory_limit: int | None,
                    log_path: str | None, ranks: int = 1, traceback: str | None = None) -> ProbeResult:
     """A probe killed at `timeout` seconds (all `ranks` of it)."""
     what = "The probe" if ranks == 1 else f"The probe's {ranks} ranks"
     killed = "was killed" if ranks == 1 else "were killed"
     return ProbeResult(
-        status="timeout", config=config, wall_s=wall_s, limit_bytes=limit_bytes, world_size=ranks,
+        status="timeout", config=config, wall_s=wall_s, memory_limit=memory_limit, world_size=ranks,
         error_type="Timeout",
         error_message=f"{what} did not finish within {timeout:.0f}s and {killed}; "
                       f"raise --probe-timeout if one step is really that slow.",
@@ -48,12 +48,12 @@ def timeout_result(config: Config, *, timeout: float, wall_s: float, limit_bytes
 
 
 def crash_result(config: Config, message: str, *, error_type: str = "WorkerCrashed", wall_s: float = 0.0,
-                 limit_bytes: int | None = None, log_path: str | None = None, traceback: str | None = None,
+                 memory_limit: int | None = None, log_path: str | None = None, traceback: str | None = None,
                  ranks: int = 1, peak_bytes: int | None = None,
                  memory_after_bytes: int | None = None) -> ProbeResult:
     """A probe whose process died before it could answer: `message` says which and how."""
     return ProbeResult(
-        status="crashed", config=config, wall_s=wall_s, limit_bytes=limit_bytes, world_size=ranks,
+        status="crashed", config=config, wall_s=wall_s, memory_limit=memory_limit, world_size=ranks,
         peak_bytes=peak_bytes, error_type=error_type, error_message=message, traceback=traceback,
         log_path=log_path, memory_after_bytes=memory_after_bytes,
     )

@@ -47,7 +47,7 @@ def run_probe(
         measured_steps=measured_steps, synchronize=backend.synchronize, min_measure_s=min_measure_s,
         max_measured_steps=measured_steps * _MAX_EXTENSION, ranks=ranks, count_flops=True,
         energy=backend.energy_joules))
-    result = ProbeResult(status="ok", config=config, warmup_steps=warmup_steps, limit_bytes=backend.memory_limit)
+    result = ProbeResult(status="ok", config=config, warmup_steps=warmup_steps, memory_limit=backend.memory_limit)
     try:
         with run.active():
             fn(run)

@@ -35,7 +35,8 @@ class ProbeResult:
     warmup_steps: int = 0
     measured_steps: int = 0
     peak_bytes: int | None = None
-    limit_bytes: int | None = None
+    memory_limit: int | None = None
+    """The memory limit the probe ran under (`limit_bytes` in the stored record, as in the best-config file)."""
     wall_s: float = 0.0
     knobs: dict = field(default_factory=dict)
     error_type: str | None = None
@@ -94,12 +95,14 @@ class ProbeResult:
     def to_dict(self) -> dict:
         data = asdict(self)
         data["config"] = self.config.to_dict()
+        data["limit_bytes"] = data.pop("memory_limit")  # the stored record keeps the file's name
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> ProbeResult:
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs["memory_limit"] = data.get("limit_bytes", data.get("memory_limit"))
         kwargs["config"] = Config.from_dict(data["config"])
         return cls(**kwargs)
 
@@ -112,8 +115,8 @@ class ProbeResult:
             line += f" {self.samples_per_s:10.1f} samples/s"
         if self.peak_bytes is not None:
             line += f"  peak {format_size(self.peak_bytes)}"
-        if self.limit_bytes is not None:
-            line += f" of {format_size(self.limit_bytes)}"
+        if self.memory_limit is not None:
+            line += f" of {format_size(self.memory_limit)}"
         if self.only_just_fits:
             line += "  (only just fits: allocator retries)"
         if self.flops_per_s:

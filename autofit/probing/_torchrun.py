@@ -221,10 +221,10 @@ def combine(config: Config, results: dict[int, ProbeResult | None], nproc: int, 
                        memory_after_bytes=None)
     missing = [rank for rank in range(nproc) if rank not in present]
     if timed_out:
-        return timeout_result(config, timeout=timeout, wall_s=wall, limit_bytes=limit, log_path=log_path, ranks=nproc)
+        return timeout_result(config, timeout=timeout, wall_s=wall, memory_limit=limit, log_path=log_path, ranks=nproc)
     return crash_result(config, f"rank(s) {', '.join(map(str, missing))} of {nproc} died without a result "
                                 f"(torchrun exit status {code}); see the probe's log.",
-                        error_type="RankCrashed", wall_s=wall, limit_bytes=limit, log_path=log_path, ranks=nproc,
+                        error_type="RankCrashed", wall_s=wall, memory_limit=limit, log_path=log_path, ranks=nproc,
                         peak_bytes=peak, traceback=log_tail(log_path))
 
 

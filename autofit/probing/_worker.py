@@ -187,11 +187,11 @@ class Worker:
         self.close()
         tail = log_tail(log_path)
         if timed_out:
-            return timeout_result(config, timeout=timeout, wall_s=wall, limit_bytes=self.memory_limit,
+            return timeout_result(config, timeout=timeout, wall_s=wall, memory_limit=self.memory_limit,
                                   log_path=log_path, traceback=tail)
         return crash_result(config, f"The worker died during the probe ({describe_exit(code)}); "
                                     f"a fresh worker runs the next probe.",
-                            wall_s=wall, limit_bytes=self.memory_limit, log_path=log_path, traceback=tail)
+                            wall_s=wall, memory_limit=self.memory_limit, log_path=log_path, traceback=tail)
 
     def _replace_if_leaking(self, result: ProbeResult) -> None:
         """Replace the worker when its memory after a probe grew past its warm baseline.

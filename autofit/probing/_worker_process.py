@@ -129,7 +129,7 @@ class _Session:
         how = describe_exit(os.waitstatus_to_exitcode(status))
         return result_reply(crash_result(
             request.config, f"The probe's process died ({how}); the next probe starts in a fresh one.",
-            limit_bytes=backend.memory_limit, memory_after_bytes=backend.used_bytes()))
+            memory_limit=backend.memory_limit, memory_after_bytes=backend.used_bytes()))
 
 
 def main(argv: list[str]) -> int:

@@ -121,7 +121,7 @@ def _summary(stored: StoredStudy, frame: pd.DataFrame) -> str:
     rows = [
         ("script", f"{meta['script']} : {meta.get('function') or 'train'}"),
         ("device", str(meta["device_info"].get("name", meta.get("device")))),
-        ("memory", f"limit {format_size(stored.limit_bytes)}, usable {format_size(stored.usable_bytes)} "
+        ("memory", f"limit {format_size(stored.memory_limit)}, usable {format_size(stored.usable_bytes)} "
                    f"({meta['headroom']:.0%} headroom)"),
         ("probes", f"{len(frame)}: {int(counts.get('ok', 0))} ran ({over} over the headroom), "
                    f"{int(counts.get('oom', 0))} out of memory, {failed} failed; "

@@ -99,8 +99,8 @@ def _batch_axis(ax: Axes, batches) -> None:
     ax.set_xlabel("micro-batch size (log scale)")
 
 
-def _memory_unit(limit_bytes: float) -> tuple[float, str]:
-    return (2**30, "GiB") if limit_bytes >= 2 * 2**30 else (2**20, "MiB")
+def _memory_unit(memory_limit: float) -> tuple[float, str]:
+    return (2**30, "GiB") if memory_limit >= 2 * 2**30 else (2**20, "MiB")
 
 
 def throughput_figure(frame: pd.DataFrame, global_batch: int | None = None, winner: str | None = None) -> Figure:
@@ -158,20 +158,20 @@ def _legend_markers(ax: Axes, frame: pd.DataFrame) -> None:
         ax.plot([], [], "o", mfc="white", mec="black", label="ran, over the headroom")
 
 
-def memory_figure(frame: pd.DataFrame, limit_bytes: float, usable_bytes: float,
+def memory_figure(frame: pd.DataFrame, memory_limit: float, usable_bytes: float,
                   models: dict[str, Line] | None = None, global_batch: int | None = None) -> Figure:
     """Peak memory against batch size per strategy, with the limit, the usable line (limit less the
     headroom) and the planner's memory model; OOM probes as crosses on the limit line."""
     fig = _figure()
     ax = fig.add_subplot()
-    unit, name = _memory_unit(limit_bytes)
+    unit, name = _memory_unit(memory_limit)
     frame = frame.assign(strategy=strategy_labels(frame, global_batch))
     colors = strategy_colors(list(frame["strategy"]) + list(models or {}))
     batches = frame["batch_size"].astype(float)
     grid = np.geomspace(max(1.0, batches.min() / 1.4), batches.max() * 1.4, 120) if len(frame) else np.array([1.0])
     for label, line in (models or {}).items():
         ys = np.array([line(b) for b in grid]) / unit
-        shown = ys <= limit_bytes * 1.25 / unit
+        shown = ys <= memory_limit * 1.25 / unit
         ax.plot(grid[shown], ys[shown], "--", color=colors[label], lw=1.2, alpha=0.8)
     for label, group in frame.groupby("strategy", sort=False):
         color = colors[str(label)]
@@ -180,9 +180,9 @@ def memory_figure(frame: pd.DataFrame, limit_bytes: float, usable_bytes: float,
         ax.plot(fits["batch_size"], fits["peak_bytes"].astype(float) / unit, "o", color=color, ms=6, label=str(label))
         ax.plot(over["batch_size"], over["peak_bytes"].astype(float) / unit, "o", mfc="white", mec=color, ms=6)
         ooms = group[group["status"] == "oom"]
-        ax.plot(ooms["batch_size"], [limit_bytes / unit] * len(ooms), "x", color=color, ms=10, mew=2.2, zorder=4)
-    ax.axhline(limit_bytes / unit, color=LIMIT_COLOR, lw=1.6, label=f"limit {limit_bytes / unit:,.0f} {name}")
-    headroom = 1 - usable_bytes / limit_bytes if limit_bytes else 0
+        ax.plot(ooms["batch_size"], [memory_limit / unit] * len(ooms), "x", color=color, ms=10, mew=2.2, zorder=4)
+    ax.axhline(memory_limit / unit, color=LIMIT_COLOR, lw=1.6, label=f"limit {memory_limit / unit:,.0f} {name}")
+    headroom = 1 - usable_bytes / memory_limit if memory_limit else 0
     ax.axhline(usable_bytes / unit, color=USABLE_COLOR, lw=1.4, ls="-.",
                label=f"usable {usable_bytes / unit:,.0f} {name} ({headroom:.0%} headroom)")
     if models:
@@ -190,7 +190,7 @@ def memory_figure(frame: pd.DataFrame, limit_bytes: float, usable_bytes: float,
     _legend_markers(ax, frame)
     _batch_axis(ax, frame["batch_size"])
     peaks = frame["peak_bytes"].dropna().astype(float)
-    ax.set_ylim(0, max(limit_bytes * 1.12, float(peaks.max()) * 1.05 if len(peaks) else 0) / unit)
+    ax.set_ylim(0, max(memory_limit * 1.12, float(peaks.max()) * 1.05 if len(peaks) else 0) / unit)
     ax.set_ylabel(f"peak memory ({name})")
     ax.set_title("Peak memory against batch size, per strategy")
     ax.grid(alpha=0.3)
@@ -270,7 +270,7 @@ def memory_parts_figure(stored: StoredStudy, count: int = 6) -> Figure:
     part, then the rest of the measured peak), against the usable memory and the limit."""
     fig = _figure()
     ax = fig.add_subplot()
-    unit, name = _memory_unit(stored.limit_bytes)
+    unit, name = _memory_unit(stored.memory_limit)
     shown = [(c, stored.where_memory_goes(c.config, c.peak_bytes)) for c in stored.ranked()[:count]][::-1]
     shown = [(c, parts) for c, parts in shown if parts is not None]
     for i, (candidate, parts) in enumerate(shown):
@@ -282,12 +282,12 @@ def memory_parts_figure(stored: StoredStudy, count: int = 6) -> Figure:
                 left += value
     ax.set_yticks(range(len(shown)), [c.config.label() for c, _ in shown])
     ax.axvline(stored.usable_bytes / unit, color=USABLE_COLOR, linestyle="--", label="usable")
-    ax.axvline(stored.limit_bytes / unit, color=LIMIT_COLOR, label="limit")
+    ax.axvline(stored.memory_limit / unit, color=LIMIT_COLOR, label="limit")
     if not shown:
         why = "no memory estimates (searched with --no-estimate, or the estimator had none)" \
             if stored.estimates is None or not stored.estimates.breakdowns else "no feasible config"
         ax.text(0.5, 0.5, why, transform=ax.transAxes, ha="center", color="0.5")
-    ax.set_xlim(0, stored.limit_bytes / unit * 1.05)
+    ax.set_xlim(0, stored.memory_limit / unit * 1.05)
     ax.set_xlabel(f"memory ({name}): tensors predicted by the estimator, the rest of the measured peak in grey")
     ax.set_title("Where the memory goes (winner at the top)")
     ax.legend(fontsize=8, loc="lower right")
@@ -302,7 +302,7 @@ def study_figures(stored: StoredStudy) -> dict[str, Figure]:
     models = {s.label(): line for s, line in stored.memory_models().items()}
     return {
         "throughput": throughput_figure(frame, global_batch, winner=best.label() if best else None),
-        "memory": memory_figure(frame, stored.limit_bytes, stored.usable_bytes, models, global_batch),
+        "memory": memory_figure(frame, stored.memory_limit, stored.usable_bytes, models, global_batch),
         "progress": progress_figure(frame, stored.progress()),
         "ranking": ranking_figure(stored.ranked(), stored.usable_bytes),
         "memory_parts": memory_parts_figure(stored),

@@ -25,8 +25,8 @@ def describe_probe(result: ProbeResult, header: str | None = None) -> str:
                      + (f" ({bound})" if bound else "")))
     if result.peak_bytes is not None:
         peak = format_size(result.peak_bytes)
-        if result.limit_bytes:
-            peak += f" of {format_size(result.limit_bytes)} ({100 * result.peak_bytes / result.limit_bytes:.0f}%)"
+        if result.memory_limit:
+            peak += f" of {format_size(result.memory_limit)} ({100 * result.peak_bytes / result.memory_limit:.0f}%)"
         rows.append(("peak memory", peak))
     if result.flops_per_s is not None or result.flops_per_sample is not None:
         rows.append(("model FLOPs", work_text(result.flops_per_s, result.mfu, result.joules_per_sample,

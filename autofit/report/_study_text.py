@@ -86,7 +86,7 @@ def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame
     script = f"{os.path.basename(meta['script'])}:{meta['function']}" if meta.get("function") else meta["script"]
     lines = [
         f"study {stored.name} ({redacted(stored.storage)})",
-        f"{script} on {meta['device_info'].get('name', meta.get('device'))}, limit {format_size(stored.limit_bytes)}, "
+        f"{script} on {meta['device_info'].get('name', meta.get('device'))}, limit {format_size(stored.memory_limit)}, "
         f"usable {format_size(stored.usable_bytes)} ({meta['headroom']:.0%} headroom)",
         f"{len(total)} probes: {int(counts.get('ok', 0))} ran ({over} over the headroom), "
         f"{int(counts.get('oom', 0))} out of memory, {failed} failed"
@@ -139,7 +139,7 @@ def describe_trial(stored: StoredStudy, number: int, full: bool = False, tail: i
         lines.append(f"{'feasible':<12} no: the peak crosses {format_size(stored.usable_bytes)} usable")
     parts = stored.where_memory_goes(result.config, result.peak_bytes if result.status == "ok" else None)
     if parts is not None:
-        lines += ["", *describe_memory(parts, stored.limit_bytes, stored.usable_bytes,
+        lines += ["", *describe_memory(parts, stored.memory_limit, stored.usable_bytes,
                                        result.peak_bytes if result.status == "ok" else None)]
     lines.append("")
     if path is None:

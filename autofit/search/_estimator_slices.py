@@ -60,7 +60,7 @@ class EstimatorLifecycle:
         if self.wanted and _kept(study) is None:
             self._estimator = Estimator(self.script, self.s.function)
 
-    def ask(self, study: optuna.Study, space: SearchSpace, limit_bytes: float, device_type: str,
+    def ask(self, study: optuna.Study, space: SearchSpace, memory_limit: float, device_type: str,
             budget_s: float) -> MemoryPrediction | None:
         """Start estimating `space` between the probes, or read the estimates the study kept; the
         prediction from what is known after a short wait (a few percent of the budget)."""
@@ -76,7 +76,7 @@ class EstimatorLifecycle:
             self._estimator = Estimator(self.script, self.s.function)
         self.reporter.note("memory estimator: estimating between the probes (fake tensors, no memory spent)")
         self._allowance = _TOTAL_SHARE * budget_s
-        self._estimation = SpaceEstimation(self._estimator, space, limit_bytes)
+        self._estimation = SpaceEstimation(self._estimator, space, memory_limit)
         self._estimation.start()
         self._give_time(min(_MAX_FIRST_S, _FIRST_SHARE * budget_s), first_answers=True)
         return self._read(study)

@@ -78,7 +78,7 @@ def record_probe(study: optuna.Study, trial: optuna.Trial, result: ProbeResult, 
     trial.set_user_attr("status", result.status)
     if result.status in _COMPLETE_STATUSES:
         if result.status == "oom":
-            violation = max(1.0, float(result.limit_bytes or usable_bytes) - usable_bytes)
+            violation = max(1.0, float(result.memory_limit or usable_bytes) - usable_bytes)
         else:
             violation = float(result.peak_bytes or 0) - usable_bytes
         trial.set_constraint("memory", violation)

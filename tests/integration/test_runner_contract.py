@@ -113,7 +113,7 @@ def test_a_fitting_config_reports_throughput_and_a_peak_below_the_limit(runner_f
     assert result.world_size == probing.world_size
     assert result.samples_per_s > 0 and result.step_time_median_s > 0
     assert result.measured_steps >= 5  # more when five steps take less than the minimum measured time
-    assert 0 < result.peak_bytes < LIMIT == result.limit_bytes
+    assert 0 < result.peak_bytes < LIMIT == result.memory_limit
     assert result.knobs["autocast"] and result.knobs["backward"] and result.knobs["checkpoint_blocks"] == 4
 
 
@@ -173,7 +173,7 @@ def test_a_hang_is_killed_at_the_timeout_and_the_next_probe_is_killed_too(runner
         result = probing.probe(1, timeout=3)
         assert result.status == "timeout" and result.error_type == "Timeout"
         assert "did not finish within 3s" in result.error_message and "--probe-timeout" in result.error_message
-        assert result.limit_bytes == LIMIT
+        assert result.memory_limit == LIMIT
 
 
 def test_memory_a_probe_keeps_does_not_reach_the_next_probe(runner_for):
