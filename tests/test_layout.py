@@ -169,3 +169,26 @@ def test_study_only_stores_and_reads():
              for imported in _imports(path, top_level_only=False)
              if not imported.startswith(allowed)]
     assert above == []
+
+
+def test_only_the_white_box_tests_import_private_modules():
+    """Tests go through what a subpackage exports (tests/whitebox/ says why it may not), and no test
+    module imports another: what tests share lives in tests/support/."""
+    tests = os.path.join(REPO, "tests")
+    offending = []
+    for folder, _, files in os.walk(tests):
+        for name in files:
+            if not name.endswith(".py") or folder.startswith(os.path.join(tests, "whitebox")):
+                continue
+            path = os.path.join(folder, name)
+            tree = ast.parse(open(path, encoding="utf-8").read())
+            for node in ast.walk(tree):
+                modules = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
+                           [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+                for module in modules:
+                    parts = module.split(".")
+                    private = parts[0] == "autofit" and any(p.startswith("_") and p != "__init__" for p in parts[1:])
+                    another_test = parts[0] == "tests" and any(p.startswith("test_") for p in parts[1:])
+                    if private or another_test:
+                        offending.append(f"{os.path.relpath(path, REPO)} imports {module}")
+    assert offending == []

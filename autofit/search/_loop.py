@@ -11,12 +11,12 @@ import time
 import optuna
 
 from autofit.planner import Planner
+from autofit.search._build_space import build_space, search_options
 from autofit.search._phases import confirm, explore, export, remeasure
 from autofit.search._pool import RunnerPool
 from autofit.search._progress import Reporter
 from autofit.search._sampler import AutofitSampler
 from autofit.search._settings import SearchResult, SearchSettings
-from autofit.search._build_space import build_space, search_options
 from autofit.search._state import SearchState
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

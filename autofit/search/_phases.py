@@ -17,9 +17,9 @@ from autofit.export import default_best_path, device_tag, write_best
 from autofit.findings import best_document, fault_notes, nothing_fits
 from autofit.planner import Observation
 from autofit.probing import ProbeResult
+from autofit.search._build_space import loader_note
 from autofit.search._sampler import Proposal
 from autofit.search._settings import SearchResult
-from autofit.search._build_space import loader_note
 from autofit.search._state import RunningProbe, SearchState
 from autofit.study import record_end
 

@@ -16,13 +16,13 @@ from autofit.options import SearchOptions
 from autofit.planner import MemoryPrediction, Planner, SearchSpace
 from autofit.probing import ProbeResult, WorkerInfo
 from autofit.search._budget import Budget
+from autofit.search._build_space import available_cores, build_space
 from autofit.search._estimator_slices import EstimatorLifecycle
 from autofit.search._pool import RunnerPool
 from autofit.search._progress import Reporter
 from autofit.search._sampler import AutofitSampler, Proposal
 from autofit.search._session import Session
 from autofit.search._settings import SearchSettings
-from autofit.search._build_space import available_cores, build_space
 
 if TYPE_CHECKING:
     from autofit.search._pool import Runner
@@ -115,7 +115,7 @@ class SearchState:
         return self.finish_probe(probe) if probe is not None else None
 
 
-def _shared_cores_note(workers: int) -> str:
-    return (f"{workers} workers shared {available_cores()} cores, each probe with the threads your run gets: their probes slowed "
-            f"each other, so the ranking (and the answer) may be off; one worker gives the answer to trust "
+def _shared_cores_note(parallel: int) -> str:
+    return (f"{parallel} probes at once shared {available_cores()} cores, each with the threads your run gets: they slowed "
+            f"each other, so the ranking (and the answer) may be off; --parallel 1 gives the answer to trust "
             f"(benchmarks/parallel.md)")
