@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -41,7 +43,7 @@ def build_loader(dataset: Any, config: Config, batch_size: int, sampler: torch.u
     if sampler is not None:
         arguments["sampler"] = sampler
         arguments.pop("shuffle", None)  # the sampler shuffles
-    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, **arguments)
+    return TimedDataLoader(dataset, batch_size=batch_size, **arguments)
 
 
 def prefetch_warmup(iterable: Any, accumulation_steps: int) -> tuple[int, str] | None:
@@ -59,3 +61,24 @@ def prefetch_warmup(iterable: Any, accumulation_steps: int) -> tuple[int, str] |
     steps = math.ceil(workers * depth / accumulation_steps)
     return steps, (f"warm-up {steps} optimizer steps longer: the loader's prefetch queue "
                    f"({workers} workers x {depth} batches) drained before measuring")
+
+
+class TimedDataLoader(torch.utils.data.DataLoader):
+    """The DataLoader `run.loader()` builds: a DataLoader in every way, which also tells the run how
+    long each `next()` took (`waited`: the run counts it where a loop it follows is fetching)."""
+
+    def __iter__(self):
+        iterator = super().__iter__()
+        waited = self.__dict__.get("waited")
+        return iterator if waited is None else _timed(iterator, waited)
+
+
+def _timed(iterator: Any, waited: Callable[[float], None]):
+    while True:
+        started = time.perf_counter()
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        waited(time.perf_counter() - started)
+        yield batch

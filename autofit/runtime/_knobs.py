@@ -29,6 +29,7 @@ class Knobs:
     compile: bool = False  # a model offered to run.compile(): torch.compile is searched
     loader: bool = False  # the data comes through run.loader(): its workers, pinning and prefetch are searched
     declared_workers: int | None = None  # declared to the training run.loader() (0: DataLoader's default)
+    followed: bool = False  # the function's own loop steps its optimizer: followed through step hooks
 
     def to_dict(self) -> dict:
         return {
@@ -39,6 +40,7 @@ class Knobs:
             "checkpoint_blocks": self.checkpoint_blocks,
             "batches": self.batches,
             "shard_blocks": self.shard_blocks,
+            **({"followed": True} if self.followed else {}),
         }
 
 
@@ -57,6 +59,8 @@ class KnobPanel:
         """Blocks checkpointed here: unwrapped when the run ends, so a model that outlives the run
         (built at import, met again by the next probe in one process or by a second call) is the
         user's own again."""
+        self.training_loader: torch.utils.data.DataLoader | None = None
+        """The first loader built here (the training one: an evaluation loader comes after it)."""
         self.data_parallel: torch.nn.parallel.DistributedDataParallel | None = None
         self.sharded: Any = None  # an FSDP2 module (distribute with shard=)
 
@@ -102,6 +106,8 @@ class KnobPanel:
         sampler = None if iterable else self.sampler(dataset, shuffle=shuffle)
         loader = build_loader(dataset, config, config.batch_size, sampler, declared, probing=self._probing)
         self._declared_workers[loader] = workers
+        if self.training_loader is None:
+            self.training_loader = loader
         return loader
 
     def training_data(self, iterable: Any) -> None:

@@ -213,6 +213,12 @@ class LoopRedo:
         self.redoing = True
         return self.redo.take(lowering)
 
+    def escaped(self, config: Config, exc: BaseException, *, steps_done: int) -> None:
+        """An exception left a loop the function drives itself (its own optimizer.step()): nothing can
+        redo its step, so an OOM starts the function again (`restart_lowering`), whatever step it was."""
+        if self.restart_lowering is None:
+            self.restart_lowering = self._lowering(config, exc, "loop", steps_done, restart=True)
+
     def in_place(self, config: Config, exc: BaseException, where: str, *, steps_done: int) -> Config | None:
         """The lowered config a framework's step goes on with (its caller redoes the work), or None."""
         lowering = self._lowering(config, exc, where, steps_done, restart=False)

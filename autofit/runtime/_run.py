@@ -18,6 +18,7 @@ from autofit.runtime._clock import ProbeFinished, StepClock
 from autofit.runtime._distributed import Ranks, agree_on_most
 from autofit.runtime._feed import OomGuard, StepFeed
 from autofit.runtime._flops import StepFlops
+from autofit.runtime._follow import StepFollower
 from autofit.runtime._knobs import KnobPanel, Knobs
 from autofit.runtime._precision import precision_context, precision_scope
 from autofit.runtime._redo import LoopRedo, Lowering, StepRedo
@@ -67,6 +68,8 @@ class Run(RunView):
         self.data_context: Callable[[], Any] = contextlib.nullcontext
         """Entered around every read of the data in batches(): autofit's memory estimator reads real
         data there while the step itself runs on fake tensors."""
+        self.reads: set[str] = set()
+        self._follower = StepFollower(self, self._panel)
 
     def _make_clock(self, settings: RunSettings) -> StepClock:
         agree = agree_on_most if settings.probing and self.ranks.world_size > 1 else None
@@ -256,10 +259,15 @@ class Run(RunView):
 
     @contextmanager
     def active(self) -> Iterator[Run]:
-        """The run's lifetime: its precision holds for all of it (forward, backward, optimizer step)."""
+        """The run's lifetime: its precision holds for all of it (forward, backward, optimizer step),
+        and the steps of a loop the function drives itself are followed (`StepFollower`)."""
         try:
-            with precision_scope(self.config.precision, self._device):
+            with precision_scope(self.config.precision, self._device), self._follower:
                 yield self
+        except Exception as exc:
+            if self.knobs.followed:  # the user's own loop: an OOM starts the function again
+                self._redo.escaped(self.config, exc, steps_done=self.clock.steps_done)
+            raise
         finally:
             if self.flops is not None and self.flops.counting:
                 self.flops.abandon()  # the counted step never closed (an error, or the data ended)

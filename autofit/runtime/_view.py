@@ -19,24 +19,42 @@ class RunView:
     """Where this process stands in a distributed (torchrun) run; rank 0 of 1 otherwise."""
     settings: RunSettings
     _device: torch.device
+    reads: set[str]
+    """The settings the function read (`run.batch_size`, ...): a loop autofit follows through its
+    optimizer's steps uses what it read, and only that is searched."""
 
     @property
     def batch_size(self) -> int:
         """Micro-batch size: give it to your DataLoader."""
+        self.reads.add("batch_size")
         return self.config.batch_size
 
     @property
     def accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step (per rank)."""
+        self.reads.add("accumulation_steps")
         return self.config.accumulation_steps
 
     @property
     def global_batch(self) -> int:
         """Samples per optimizer step, all ranks together."""
+        self.reads.add("global_batch")
         return self.config.global_batch * self.ranks.world_size
 
     @property
     def precision(self) -> str:
+        """"fp32", "tf32", "bf16" or "fp16"."""
+        self.reads.add("precision")
         return self.config.precision
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The precision as the dtype an autocast region computes in (torch.float32 for fp32 and tf32):
+        for a loop that keeps its own `torch.autocast(..., dtype=...)` and GradScaler."""
+        from autofit.runtime._precision import MODES
+
+        self.reads.add("precision")
+        return MODES[self.config.precision].autocast_dtype or torch.float32
 
     @property
     def checkpoint_segments(self) -> int:

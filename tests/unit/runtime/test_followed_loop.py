@@ -1,0 +1,120 @@
+"""A loop the function keeps as it is (its own optimizer.step(), zero_grad, GradScaler, clipping):
+autofit follows its optimizer's steps through PyTorch's global step hooks, ends a probe past any
+`except Exception`, counts one step per iteration with two optimizers, leaves loops that hand their
+steps to run.backward (or a framework) alone, and leaves no hook behind in the process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autofit import Config, autofit
+from autofit.runtime import ProbeFinished, Run
+
+
+def _model_and_optimizer(seed: int = 0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def _own_loop(run: Run, steps: int | None = None, swallow: bool = False) -> int:
+    """A loop written without autofit, reading only the micro-batch and accumulation from `run`."""
+    model, optimizer = _model_and_optimizer()
+    batch, accumulation = run.batch_size, run.accumulation_steps
+    taken = 0
+    while steps is None or taken < steps:
+        try:
+            for _ in range(accumulation):
+                x = torch.randn(batch, 8)
+                loss = model(x).pow(2).mean() / accumulation
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            taken += 1
+        except Exception:  # noqa: BLE001 - a user's loop that swallows its errors
+            if not swallow:
+                raise
+    return taken
+
+
+def test_a_probe_of_a_kept_loop_measures_its_steps_and_ends_it_past_except_exception():
+    run = Run(Config(4, accumulation_steps=2), "cpu", probing=True, warmup_steps=2, measured_steps=3)
+    with pytest.raises(ProbeFinished), run.active():
+        _own_loop(run, swallow=True)
+    assert run.clock.steps_done == 5 and run.clock.steps_measured == 3
+    assert run.clock.measured_samples == 3 * 4 * 2  # the config's micro-batch x accumulation, per step
+    knobs = run.knobs.to_dict()
+    assert knobs["followed"] and knobs["batches"] and knobs["backward"] and not knobs["autocast"]
+
+
+def test_the_hooks_go_with_the_run_and_a_second_run_in_the_process_counts_only_its_own_steps():
+    first = Run(Config(2), "cpu", probing=False)
+    with first.active():
+        _own_loop(first, steps=3)
+    assert first.clock.steps_done == 3
+    _own_loop(Run(Config(2), "cpu"), steps=4)  # outside any run: nothing counts these
+    second = Run(Config(2), "cpu", probing=False)
+    with second.active():
+        _own_loop(second, steps=2)
+    assert (first.clock.steps_done, second.clock.steps_done) == (3, 2)
+
+
+def test_two_optimizers_step_once_per_iteration_as_the_first_one_steps():
+    run = Run(Config(4), "cpu", probing=False)
+    generator, g_opt = _model_and_optimizer(1)
+    critic, c_opt = _model_and_optimizer(2)
+    with run.active():
+        for _ in range(5):
+            for model, optimizer in ((critic, c_opt), (generator, g_opt)):
+                model(torch.randn(run.batch_size, 8)).mean().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+    assert run.clock.steps_done == 5
+
+
+def test_a_loop_that_hands_its_steps_to_run_backward_is_not_followed():
+    run = Run(Config(4, accumulation_steps=2), "cpu", probing=False)
+    model, optimizer = _model_and_optimizer()
+    with run.active():
+        for x in run.batches([torch.randn(4, 8) for _ in range(6)]):
+            run.backward(model(x).pow(2).mean(), optimizer)
+    run.finish()
+    assert run.clock.steps_done == 3 and not run.knobs.followed
+
+
+def test_a_loop_that_reads_the_precision_is_searched_in_every_precision():
+    run = Run(Config(4, precision="bf16"), "cpu", probing=False)
+    model, optimizer = _model_and_optimizer()
+    with run.active():
+        assert run.dtype == torch.bfloat16
+        with torch.autocast("cpu", dtype=run.dtype):
+            loss = model(torch.randn(run.batch_size, 8)).float().pow(2).mean()
+        loss.backward()
+        optimizer.step()
+    assert run.knobs.autocast and run.knobs.followed and not run.knobs.backward
+
+
+def test_an_oom_in_a_kept_loop_starts_the_function_again_smaller_with_the_global_batch_kept(tmp_path, monkeypatch,
+                                                                                               capsys):
+    monkeypatch.chdir(tmp_path)  # no best-config file: the declared global batch stands
+    attempts = []
+
+    @autofit(global_batch=16)
+    def train(run):
+        attempts.append(run.config)
+        model, optimizer = _model_and_optimizer()
+        for step in range(6):
+            if step == 3 and run.batch_size > 4:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            for _ in range(run.accumulation_steps):
+                model(torch.randn(run.batch_size, 8)).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return "trained"
+
+    assert train() == "trained"
+    assert [(c.batch_size, c.accumulation_steps) for c in attempts] == [(16, 1), (8, 2), (4, 4)]
+    err = capsys.readouterr().err
+    assert "following your loop's optimizer steps" in err and "starting again with fp32 b=8 acc=2" in err
