@@ -118,3 +118,19 @@ def test_an_oom_in_a_kept_loop_starts_the_function_again_smaller_with_the_global
     assert [(c.batch_size, c.accumulation_steps) for c in attempts] == [(16, 1), (8, 2), (4, 4)]
     err = capsys.readouterr().err
     assert "following your loop's optimizer steps" in err and "starting again with fp32 b=8 acc=2" in err
+
+
+def test_a_kept_loop_over_run_loader_times_its_wait_for_data():
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8))
+    run = Run(Config(4), "cpu", probing=True, warmup_steps=1, measured_steps=3)
+    model, optimizer = _model_and_optimizer()
+    with pytest.raises(ProbeFinished), run.active():
+        loader = run.loader(data)
+        assert isinstance(loader, torch.utils.data.DataLoader)
+        while True:
+            for (x,) in loader:
+                model(x).pow(2).mean().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+    assert run.knobs.followed and run.knobs.loader
+    assert run.clock.data_wait_s is not None and run.clock.data_wait_s > 0
