@@ -64,21 +64,22 @@ def prefetch_warmup(iterable: Any, accumulation_steps: int) -> tuple[int, str] |
 
 
 class TimedDataLoader(torch.utils.data.DataLoader):
-    """The DataLoader `run.loader()` builds: a DataLoader in every way, which also tells the run how
-    long each `next()` took (`waited`: the run counts it where a loop it follows is fetching)."""
+    """The DataLoader `run.loader()` builds: a DataLoader in every way, which also tells `waited` how
+    long each `next()` took (the run counts it where a loop it follows is fetching)."""
+
+    waited: Callable[[float], None] | None = None
 
     def __iter__(self):
-        iterator = super().__iter__()
-        waited = self.__dict__.get("waited")
-        return iterator if waited is None else _timed(iterator, waited)
+        return _timed(super().__iter__(), self)
 
 
-def _timed(iterator: Any, waited: Callable[[float], None]):
+def _timed(iterator: Any, loader: TimedDataLoader):
     while True:
         started = time.perf_counter()
         try:
             batch = next(iterator)
         except StopIteration:
             return
-        waited(time.perf_counter() - started)
+        if loader.waited is not None:
+            loader.waited(time.perf_counter() - started)
         yield batch
