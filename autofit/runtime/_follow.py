@@ -51,8 +51,8 @@ class StepFollower:
     """Counts the steps of the first optimizer that steps in a loop autofit does not drive, and
     tells the run after each (`step_taken`), with the step's samples as the config declares them.
 
-    Silent where something else counts the steps (`run.backward`, a framework's trainer: the
-    backward knob set before the first step). The run's clock starts when the first followed step
+    Silent where something else counts the steps (`run.batches`, `run.backward`, a framework's
+    trainer). The run's clock starts when the first followed step
     begins, not at the function's first line."""
 
     def __init__(self, run: FollowedRun, panel: KnobPanel) -> None:
@@ -71,8 +71,10 @@ class StepFollower:
         self._handles = []
 
     def _driven(self) -> bool:
+        """Something else counts the steps: `run.batches` or `run.backward` (or a framework's trainer,
+        which sets both) was used before the loop's first step."""
         knobs = self._run.knobs
-        return knobs.backward and not knobs.followed
+        return (knobs.batches or knobs.backward) and not knobs.followed
 
     def _before(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self._leader is None and not self._driven():

@@ -134,3 +134,15 @@ def test_a_kept_loop_over_run_loader_times_its_wait_for_data():
                 optimizer.zero_grad()
     assert run.knobs.followed and run.knobs.loader
     assert run.clock.data_wait_s is not None and run.clock.data_wait_s > 0
+
+
+def test_a_loop_over_run_batches_with_its_own_optimizer_step_counts_each_step_once():
+    run = Run(Config(4), "cpu", probing=False)
+    model, optimizer = _model_and_optimizer()
+    with run.active():
+        for x in run.batches([torch.randn(4, 8) for _ in range(5)]):
+            model(x).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    run.finish()
+    assert run.clock.steps_done == 5 and not run.knobs.followed
