@@ -9,7 +9,7 @@ import statistics
 import optuna
 
 from autofit.config import Config
-from autofit.planner import TIE_TOLERANCE, Candidate, Planner, loader_reason
+from autofit.planner import TIE_TOLERANCE, Candidate, Planner, dominates, loader_reason
 from autofit.study import DATA_BOUND_ERRORS, trial_result
 from autofit.units import format_size
 
@@ -18,6 +18,7 @@ def explain(ranked: list[Candidate], done, planner: Planner, usable: float) -> s
     """Why the winner won, in one sentence a person can check."""
     best = ranked[0]
     parts = [f"{best.config.label()}: {best.samples_per_s:,.1f} samples/s"]
+    parts.extend(_as_an_expert(ranked, planner.ranking_margin(done)))
     loader = loader_reason(planner.space.loader, ranked, done)
     if loader:
         parts.append(loader)
@@ -51,6 +52,24 @@ def explain(ranked: list[Candidate], done, planner: Planner, usable: float) -> s
         if memory:
             parts.append(memory)
     return "; ".join(parts)
+
+
+def _as_an_expert(ranked: list[Candidate], margin: float) -> list[str]:
+    """Faster readings the winner stands above: configs it dominates (the same work and more) that
+    were not faster beyond the noise, and near-ties settled for less recompute or accumulation."""
+    best, words = ranked[0], []
+    for c in ranked[1:]:
+        if c.samples_per_s <= best.samples_per_s:
+            continue
+        gain = c.samples_per_s / best.samples_per_s
+        if dominates(best.config, c.config):
+            words.append(f"{c.config.label()} read {gain:.2f}x but adds "
+                         f"{'accumulation' if c.config.accumulation_steps > best.config.accumulation_steps else 'recompute'}"
+                         f" to it: not faster beyond the noise ({margin:.0%})")
+        else:
+            words.append(f"{c.config.label()} read {gain:.2f}x, within {TIE_TOLERANCE:.0%}: the tie goes to "
+                         f"less recompute, then fewer accumulation steps, then the lower peak")
+    return words
 
 
 def rate_note(ranked: list[Candidate], done) -> str:
@@ -90,7 +109,7 @@ def _short_rate(config: Config, done) -> float | None:
 def _predicted_next(planner: Planner, config: Config, done, usable: float) -> str | None:
     sizes = planner.space.batch_sizes
     if config.batch_size not in sizes or config.batch_size == sizes[-1]:
-        return "it is the largest batch allowed (--batch-size)" if config.batch_size == sizes[-1] else None
+        return "it is the largest batch allowed (--batch-range)" if config.batch_size == sizes[-1] else None
     strategy = planner.space.strategy_of(config)
     nxt = sizes[sizes.index(config.batch_size) + 1]
     predicted = planner.predicted_peak(planner.space.config(strategy, nxt), done)

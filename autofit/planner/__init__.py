@@ -26,7 +26,7 @@ from autofit.planner._prediction import (
     estimated_key,
     memory_key,
 )
-from autofit.planner._ranking import TIE_TOLERANCE, Candidate
+from autofit.planner._ranking import TIE_TOLERANCE, Candidate, dominates
 from autofit.planner._search_space import SearchSpace, Strategy, checkpoint_levels, divisors_in, nice_batch_sizes
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "ThroughputModel",
     "checkpoint_levels",
     "configs_to_estimate",
+    "dominates",
     "divisors_in",
     "estimated_key",
     "fit_line",

@@ -9,13 +9,8 @@ from collections.abc import Sequence
 
 from autofit.config import Config
 from autofit.planner._observation import Observation
-from autofit.planner._search_space import (
-    SearchSpace,
-    Strategy,
-    checkpoint_policy,
-    holds_gradients,
-    needs_no_more_memory,
-)
+from autofit.planner._recompute import checkpoint_policy, holds_gradients, needs_no_more_memory
+from autofit.planner._search_space import SearchSpace, Strategy
 
 
 class Feasibility:

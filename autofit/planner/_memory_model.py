@@ -12,7 +12,8 @@ from autofit.config import Config
 from autofit.planner._models import Line, fit_line
 from autofit.planner._observation import Observation
 from autofit.planner._prediction import CalibratedPrediction, memory_key
-from autofit.planner._search_space import SearchSpace, Strategy, holds_gradients
+from autofit.planner._recompute import holds_gradients
+from autofit.planner._search_space import SearchSpace, Strategy
 
 #: Prior for how much a strategy's per-sample memory shrinks, relative to fp32 without checkpointing.
 _HALF_PRECISION_SLOPE = 0.6

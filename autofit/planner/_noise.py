@@ -97,6 +97,8 @@ class NoiseReading:
         self.typical_spread = max(_SPREAD_FLOOR, statistics.median(spreads)) if spreads else _SPREAD_FLOOR
         self._spread_limit = max(_MIN_SPREAD, _SPREAD_FACTOR * self.typical_spread)
         self._repeat_limit = max(_MIN_REPEAT, _REPEAT_FACTOR * self.typical_spread)
+        self.repeat_limit = self._repeat_limit
+        """Two probes of one config may differ this much (a fraction of the faster) and still agree."""
         self._suspicions = self._find()
 
     # --- the rules ------------------------------------------------------------------------------

@@ -184,6 +184,10 @@ class Planner:
             return None
         return ranked[0].config
 
+    def ranking_margin(self, observations: Sequence[Observation]) -> float:
+        """How much faster a dominated config must read to rank above the one it dominates."""
+        return self._state(observations).ranking.margin
+
     def noise_summary(self, observations: Sequence[Observation]) -> str | None:
         """One line when the machine was too noisy to rank configs; None otherwise."""
         return self._state(observations).noise.summary()

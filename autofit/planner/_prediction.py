@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from autofit.config import Config
 from autofit.planner._observation import Observation
-from autofit.planner._search_space import checkpoint_policy
+from autofit.planner._recompute import checkpoint_policy
 
 #: A measured peak moves this much between two probes of one config (allocator, oneDNN scratch).
 _PEAK_NOISE = 0.02

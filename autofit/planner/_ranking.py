@@ -1,6 +1,16 @@
 """How probed configs rank: the median throughput of each (its confirmation run's once it has one; when
-rechecking noise, the rate the noise reading trusts: `NoiseReading.measurement`), feasible ones only,
-near-ties won by a config that did not need allocator retries, then by the lower peak."""
+rechecking noise, the rate the noise reading trusts: `NoiseReading.measurement`), feasible ones only.
+
+Two rules an expert applies come on top of the figures:
+
+- **dominance**: a config that adds recompute (checkpointing, or a heavier policy) or accumulation
+  where a config without it fits, at the same precision, sharding, compile, loader and global batch,
+  does the same work and more: it ranks below the config it dominates unless it is faster by more
+  than the noise the search has seen (`margin`);
+- **ties as an expert settles them**: among configs within `TIE_TOLERANCE` of the best, one that did
+  not need allocator retries, then less recompute (none, selective, full), then fewer accumulation
+  steps (a larger micro-batch), then the lower peak.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +20,7 @@ from dataclasses import dataclass
 from autofit.config import Config
 from autofit.planner._noise import Measurement, NoiseReading
 from autofit.planner._observation import Observation
+from autofit.planner._recompute import checkpoint_policy, recomputes_no_more
 
 #: Configs within this fraction of the best throughput are ties, won by the lower peak.
 TIE_TOLERANCE = 0.02
@@ -76,7 +87,54 @@ class Ranking:
                 top = feasible[0].samples_per_s
                 ties = [c for c in feasible if c.samples_per_s >= top * (1 - TIE_TOLERANCE)]
                 rest = [c for c in feasible if c not in ties]
-                ties.sort(key=lambda c: (c.tight, c.peak_bytes or 0, -c.samples_per_s))
-                feasible = ties + rest
+                ties.sort(key=lambda c: (c.tight, _expert_order(c.config), c.peak_bytes or 0, -c.samples_per_s))
+                feasible = _dominated_last(ties + rest, self.margin)
             self._ranked = feasible
         return self._ranked
+
+    @property
+    def margin(self) -> float:
+        """How much faster a dominated config must measure to rank above the config it dominates: the
+        disagreement between two probes of one config that the search's noise still explains."""
+        return max(TIE_TOLERANCE, self.noise.repeat_limit)
+
+    def dominated_by(self, config: Config) -> Candidate | None:
+        """The feasible config `config` adds work to, if one was measured (see `dominates`)."""
+        return next((c for c in self.ranked() if dominates(c.config, config)), None)
+
+
+def dominates(plain: Config, heavier: Config) -> bool:
+    """Whether `heavier` does `plain`'s work and more: the same precision, sharding, compile, loader and
+    global batch, no less recompute and no fewer accumulation steps, and more of one of them."""
+    if plain == heavier or plain.global_batch != heavier.global_batch:
+        return False
+    if (plain.precision, plain.sharding, plain.compile, plain.loader) != (
+            heavier.precision, heavier.sharding, heavier.compile, heavier.loader):
+        return False
+    if not recomputes_no_more(plain, heavier) or plain.accumulation_steps > heavier.accumulation_steps:
+        return False
+    return plain.accumulation_steps < heavier.accumulation_steps or not recomputes_no_more(heavier, plain)
+
+
+def _expert_order(config: Config) -> tuple:
+    """Less recompute first (none, then selective, then full; fewer blocks first), then fewer
+    accumulation steps: what an engineer picks among configs that run equally fast."""
+    policy = checkpoint_policy(config) if config.checkpoint_segments else "none"
+    return (("none", "selective", "full").index(policy), config.checkpoint_segments, config.accumulation_steps)
+
+
+def _dominated_last(ranked: list[Candidate], margin: float) -> list[Candidate]:
+    """`ranked` with each config moved just below any config it dominates that it does not beat by
+    more than `margin` (stable otherwise)."""
+    out = list(ranked)
+    moved = True
+    while moved:
+        moved = False
+        for i, candidate in enumerate(out):
+            below = [j for j, other in enumerate(out) if j > i and dominates(other.config, candidate.config)
+                     and candidate.samples_per_s <= other.samples_per_s * (1 + margin)]
+            if below:
+                out.insert(below[-1], out.pop(i))  # just below the last config it yields to
+                moved = True
+                break
+    return out

@@ -9,7 +9,8 @@ from dataclasses import replace
 
 from autofit.planner._models import ThroughputModel, fit_throughput
 from autofit.planner._ranking import Ranking
-from autofit.planner._search_space import SearchSpace, Strategy, recomputes_no_more
+from autofit.planner._recompute import recomputes_no_more
+from autofit.planner._search_space import SearchSpace, Strategy
 
 #: Prior slowdown of checkpointing every block (it recomputes the forward pass); measured values win.
 _CHECKPOINT_SLOWDOWN = 0.2

@@ -8,7 +8,7 @@ import pytest
 from autofit.config import Config
 from autofit.planner import Observation, Planner, SearchSpace, Strategy
 from autofit.planner._feasibility import Feasibility
-from autofit.planner._search_space import needs_no_more_memory, recomputes_no_more
+from autofit.planner._recompute import needs_no_more_memory, recomputes_no_more
 
 MiB = 2**20
 

@@ -1,0 +1,42 @@
+"""How configs (or strategies) order by what they keep of the forward: the memory a checkpoint level
+and policy needs, the recompute it costs, and whether accumulation holds gradients through a forward.
+Pure functions of a config's fields, read by the space, the feasibility rules and the ranking."""
+
+from __future__ import annotations
+
+
+def checkpoint_policy(item) -> str:
+    """The checkpoint policy of a Config or Strategy as it acts: "full" where no block is checkpointed
+    (the policy then changes nothing), so such configs share one strategy and one memory curve."""
+    return item.checkpoint_policy if item.checkpoint_segments else "full"
+
+
+def needs_no_more_memory(a, b) -> bool:
+    """Whether `a` needs no more memory than `b` at the same micro-batch, both of one family (Configs
+    or Strategies): rule 1's order by checkpointing. More blocks under one policy need less; at as
+    many blocks or more, full checkpointing needs less than selective, which needs less than none.
+    Selective with more blocks than full compares with it neither way: unknown, never implied."""
+    ka, kb = a.checkpoint_segments, b.checkpoint_segments
+    if kb == 0:
+        return True
+    if ka < kb:
+        return False
+    pa, pb = checkpoint_policy(a), checkpoint_policy(b)
+    return pa == pb or pa == "full"
+
+
+def holds_gradients(item) -> bool:
+    """Whether a Config or Strategy keeps gradients alive through a forward: accumulating keeps the earlier
+    micro-batches' through the next one's, while with one micro-batch a step none are (zero_grad freed
+    them), so that needs no more memory at one micro-batch, and perhaps less at a larger one. Every
+    accumulation above one holds the same; a strategy whose accumulation follows the global batch
+    (None) accumulates below it and counts as accumulating."""
+    return item.accumulation_steps is None or item.accumulation_steps > 1
+
+
+def recomputes_no_more(a, b) -> bool:
+    """Whether `a` recomputes no more of the forward than `b` (rule 3's order by checkpointing):
+    none recomputes nothing; selective on as many blocks or fewer recomputes less than full; one
+    policy on fewer blocks, less than on more. The memory order reversed: what keeps more of the forward
+    recomputes less of it."""
+    return needs_no_more_memory(b, a)
