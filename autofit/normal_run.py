@@ -98,6 +98,8 @@ def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: st
     _warn_if_stale(fn, best.document, device)
     partial = " (partial search)" if best.partial else ""
     message = f"running {fn.fn.__name__} with the best config from {best.path}{partial}: {best.config.label()}"
+    if (best.document.get("measured") or {}).get("confirmed") is False:
+        message += " (unconfirmed: the search ended before a longer run could measure it; its figure is a short probe's)"
     searched_memory_limit = (best.document.get("memory") or {}).get("limit_bytes")
     return RunPlan(best.config, device, message, best.path, lowered_path(best.path), searched_memory_limit,
                    int(best.document.get("world_size") or 1))

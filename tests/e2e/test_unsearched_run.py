@@ -35,3 +35,26 @@ def test_a_decorated_call_without_a_search_trains_the_declared_global_batch(tmp_
     train()
     assert seen == {"batch": 16, "accumulation": 1, "global_batch": 16}
     assert "running with defaults: fp32 b=16 (global batch 16 as declared)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("confirmed", [True, False])
+def test_the_first_line_says_when_the_winner_was_never_confirmed(tmp_path, monkeypatch, capsys, confirmed):
+    import json
+    import os
+
+    from tests.support import REPO
+
+    monkeypatch.delenv("AUTOFIT_MEMORY_LIMIT", raising=False)  # this process must keep its own memory
+    document = json.load(open(os.path.join(REPO, "autofit", "recorded", "gpt.train.best.json")))
+    document["measured"]["confirmed"] = confirmed
+    path = tmp_path / "best.json"
+    path.write_text(json.dumps(document))
+
+    @autofit
+    def train(run):
+        return run.config
+
+    assert train(autofit_config=str(path)) == Config(48, precision="bf16")
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith("autofit: running train with the best config from") and "bf16 b=48" in first
+    assert ("unconfirmed: the search ended before a longer run could measure it" in first) is not confirmed
