@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import torch
 
 from autofit.config import Config
+from autofit.errors import UsageError
 from autofit.runtime._batch import count_samples, split_batch, to_device
 from autofit.runtime._clock import StepClock
 from autofit.runtime._dataloader import prefetch_warmup
@@ -62,6 +63,9 @@ class StepFeed:
         self._backwards_in_step = 0  # run.backward() calls in the optimizer step being fed
         self._step_samples = 0
         self._step_tokens = 0
+        self._micro_tokens = 0  # of the micro-batch handed out last (the one whose loss comes next)
+        self.weight_by_tokens = False
+        """Each micro-batch's loss counts by its tokens (`run.batches(..., weight_by_tokens=True)`)."""
         self._optimizer: torch.optim.Optimizer | None = None
         # Whether every loss so far was finite, kept as one device flag updated in place (no sync,
         # no list): keeping each step's detached loss alive pinned glibc heap chunks between the
@@ -70,8 +74,13 @@ class StepFeed:
         self.checked_losses = 0
 
     # --- the data -------------------------------------------------------------------------------
-    def batches(self, iterable: Iterable[Any], tokens: int | Callable[[Any], int] | None) -> Iterator[Any]:
+    def batches(self, iterable: Iterable[Any], tokens: int | Callable[[Any], int] | None,
+                weight_by_tokens: bool = False) -> Iterator[Any]:
         """Yield micro-batches moved to the device; count samples, tokens and optimizer steps."""
+        if weight_by_tokens and tokens is None:
+            raise UsageError("run.batches(..., weight_by_tokens=True) needs tokens= (per sample, or a function "
+                             "of the batch): the weights are each micro-batch's tokens.")
+        self.weight_by_tokens = weight_by_tokens
         run = self._run
         if not run.knobs.batches:
             self._panel.training_data(iterable)
@@ -137,7 +146,8 @@ class StepFeed:
         self._micro_batches += 1
         self.micro_in_step += 1
         self._step_samples += count_samples(batch)
-        self._step_tokens += _count_tokens(batch, tokens)
+        self._micro_tokens = _count_tokens(batch, tokens)
+        self._step_tokens += self._micro_tokens
         return closed
 
     def _drain_prefetch(self, iterable: Iterable[Any]) -> None:
@@ -181,7 +191,10 @@ class StepFeed:
                 raise
 
     def _accumulate(self, loss: torch.Tensor) -> None:
-        scaled = loss / self._run.config.accumulation_steps
+        # By tokens: the loss (a mean over its micro-batch's tokens) times its tokens, and the step's
+        # gradients divided by all of its tokens before the optimizer steps (`_by_the_steps_tokens`):
+        # one big batch's token mean, however the tokens fall into micro-batches.
+        scaled = loss * self._micro_tokens if self.weight_by_tokens else loss / self._run.config.accumulation_steps
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
         last = self._backwards_in_step + 1 >= self._run.config.accumulation_steps
@@ -196,6 +209,8 @@ class StepFeed:
         self._backwards_in_step += 1
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer, clip_grad_norm: float | None) -> None:
+        if self.weight_by_tokens:
+            self._by_the_steps_tokens(optimizer)
         if clip_grad_norm is not None:
             if self.scaler is not None:
                 self.scaler.unscale_(optimizer)
@@ -207,6 +222,20 @@ class StepFeed:
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+
+    def _by_the_steps_tokens(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide the step's gradients by its tokens, all ranks' together (data parallel averages the
+        gradients over the ranks, so each divides by the mean count: the sum over all tokens results)."""
+        total = torch.tensor(float(self._step_tokens), device=self._run.device)
+        if self._panel.data_parallel is not None or self._panel.sharded is not None:
+            import torch.distributed as dist
+
+            dist.all_reduce(total)
+            total /= dist.get_world_size()
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    param.grad.div_(total.clamp(min=1.0))
 
     def _check_finite(self, loss: torch.Tensor) -> None:
         finite = torch.isfinite(loss.detach()).all()

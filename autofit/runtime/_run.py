@@ -155,13 +155,13 @@ class Run(RunView):
         """
         self._feed.backward(loss, optimizer, clip_grad_norm)
 
-    def batches(self, iterable: Iterable[Any], *, tokens: int | Callable[[Any], int] | None = None) -> Iterator[Any]:
-        """Yield micro-batches moved to the device; count samples, tokens and optimizer steps.
-
-        `tokens`: tokens per sample (an int) or a function of the batch, for tokens/s.
-        In a probe, the loop ends (via ProbeFinished) once the probe has its steps.
-        """
-        return self._feed.batches(iterable, tokens)
+    def batches(self, iterable: Iterable[Any], *, tokens: int | Callable[[Any], int] | None = None,
+                weight_by_tokens: bool = False) -> Iterator[Any]:
+        """Yield micro-batches moved to the device; count samples, tokens and optimizer steps (a probe's
+        loop ends via ProbeFinished once it has its steps). `tokens`: per sample (an int) or a function
+        of the batch. `weight_by_tokens`: `run.backward` weighs each micro-batch's loss (a mean over its
+        tokens) by its tokens: the step's gradients are then one big batch's token mean."""
+        return self._feed.batches(iterable, tokens, weight_by_tokens)
 
     def losses_finite(self) -> bool:
         """Whether every optimizer step's loss was finite (reads the device flag: one sync)."""
