@@ -35,7 +35,8 @@ def _leftovers() -> list[str]:
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         "default_dtype": torch.get_default_dtype() != torch.float32,
         "module_hook": bool(module_hooks._global_forward_hooks),
-        "optimizer_hook": bool(optimizer_hooks._global_optimizer_pre_hooks),
+        "optimizer_hook": any(not type(getattr(hook, "__self__", None)).__module__.startswith("autofit.")
+                              for hook in optimizer_hooks._global_optimizer_pre_hooks.values()),  # autofit's own follow the run
         "dispatch_mode": torch._C._len_torch_dispatch_stack() > 0,
         "autocast": torch.is_autocast_enabled("cpu"),
         "globals": CALLS != 0,
