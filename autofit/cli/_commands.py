@@ -25,9 +25,25 @@ from autofit.errors import AutofitError
 from autofit.probing import PROBE_PROCESSES
 
 
+#: Where each command's help sends the reader on: the documentation site's CLI page.
+DOCS = "Docs: docs/reference/cli.md (build: sphinx-build docs docs/_build/html)"
+
+
+class _Command(click.Command):
+    """A command whose help ends by naming the docs page, after its own epilog if it has one."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_epilog(ctx, formatter)
+        formatter.write_paragraph()
+        with formatter.indentation():
+            formatter.write_text(DOCS)
+
+
 class _Group(click.Group):
     """Turns autofit's own errors into click's exceptions: one line and an exit status, 2 for bad
-    input and 1 otherwise (autofit.cli._context)."""
+    input and 1 otherwise (autofit.cli._context). Its commands' help names the docs page."""
+
+    command_class = _Command
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -115,11 +131,14 @@ def _nodes_options(f):
                              "--node-rank.")(f)
 
 
-@click.group(cls=_Group)
+@click.group(cls=_Group, epilog=DOCS)
 @click.version_option(package_name="autofit")
 @click.pass_context
 def cli(ctx: click.Context) -> None:
-    """Find the fastest training configuration that fits your accelerator's memory."""
+    """Find the fastest training configuration that fits your accelerator's memory.
+
+    The guide, the reference and the benchmarks are in docs/ (start at docs/index.md).
+    """
     ctx.ensure_object(CliContext)
 
 
