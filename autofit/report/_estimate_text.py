@@ -36,8 +36,8 @@ def known_parts_json(fits: WhatFits, target: str) -> dict:
 
 
 def describe_fits(fits: WhatFits, predicted: list[Fit], target: str) -> str:
-    device = "GPU of each size" if fits.on_gpu else "this CPU"
-    lines = [f"memory estimate of {target} on a {device}: PREDICTED from two steps on fake tensors, not measured",
+    device = "a GPU of each size" if fits.on_gpu else "this CPU"
+    lines = [f"memory estimate of {target} on {device}: PREDICTED from two steps on fake tensors, not measured",
              *fits.notes, ""]
     labels = {f.memory_bytes: f.config.label() + (" (data)" if fits.data_bound(f.config) else "")
               for f in predicted if f.config is not None}

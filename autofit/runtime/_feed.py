@@ -280,18 +280,23 @@ class StepFeed:
 
 
 class OomGuard:
-    """The forward pass's precision context, which also turns an OOM inside it into a redone step."""
+    """The forward pass's precision context, which also turns an OOM inside it into a redone step: a
+    training forward's only (gradients on). An evaluation under `torch.no_grad()` is no step to redo:
+    its OOM goes to the user's code, as it would without autofit."""
 
     def __init__(self, feed: StepFeed, inner: Any, where: str) -> None:
         self._feed, self._inner, self._where = feed, inner, where
+        self._training = True
 
     def __enter__(self) -> Any:
+        self._training = torch.is_grad_enabled()
         return self._inner.__enter__()
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
         if self._inner.__exit__(kind, exc, tb):
             return True
-        return exc is not None and isinstance(exc, Exception) and self._feed.caught(exc, self._where)
+        return (self._training and exc is not None and isinstance(exc, Exception)
+                and self._feed.caught(exc, self._where))
 
 
 def _capped_by_the_data(iterable: Any, batch_size: int, largest: int) -> bool:

@@ -180,7 +180,7 @@ def train(run):
     batch_size, gradient_accumulation_steps = run.batch_size, run.accumulation_steps
     device = "cpu"
     device_type = "cuda" if "cuda" in device else "cpu"
-    dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[run.precision]
+    dtype = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}[run.precision]
     ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     ctx = torch.amp.autocast(device_type=device_type, dtype=ptdtype, enabled=dtype != "float32")
 

@@ -146,3 +146,20 @@ def test_a_loop_over_run_batches_with_its_own_optimizer_step_counts_each_step_on
             optimizer.zero_grad()
     run.finish()
     assert run.clock.steps_done == 5 and not run.knobs.followed
+
+
+def test_an_oom_in_an_evaluation_under_run_autocast_reaches_the_script_and_trains_nothing_twice():
+    run = Run(Config(4), "cpu", probing=False)
+    model, optimizer = _model_and_optimizer()
+    fed = []
+    with run.active():
+        with pytest.raises(torch.OutOfMemoryError):
+            for x in run.batches([torch.full((4, 8), float(i)) for i in range(3)]):
+                fed.append(float(x[0, 0]))
+                with run.autocast():
+                    loss = model(x).pow(2).mean()
+                run.backward(loss, optimizer)
+                if len(fed) == 2:
+                    with torch.no_grad(), run.autocast():
+                        raise torch.OutOfMemoryError("CUDA out of memory (the evaluation)")
+    assert fed == [0.0, 1.0] and run.lowerings == []
