@@ -80,6 +80,8 @@ class StepFollower:
         if self._leader is None and not self._driven():
             self._leader = weakref.ref(optimizer)
             self._starts()
+        elif self._leader is not None and self._leader() is None:
+            self._leader = weakref.ref(optimizer)  # the loop built a new optimizer (a new epoch, a restart)
 
     def _after(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self._leader is None or self._leader() is not optimizer or self._driven():

@@ -163,3 +163,16 @@ def test_an_oom_in_an_evaluation_under_run_autocast_reaches_the_script_and_train
                     with torch.no_grad(), run.autocast():
                         raise torch.OutOfMemoryError("CUDA out of memory (the evaluation)")
     assert fed == [0.0, 1.0] and run.lowerings == []
+
+
+def test_a_loop_that_builds_a_new_optimizer_each_epoch_is_still_followed():
+    run = Run(Config(4), "cpu", probing=False)
+    with run.active():
+        for _ in range(3):
+            model, optimizer = _model_and_optimizer()
+            for _ in range(2):
+                model(torch.randn(run.batch_size, 8)).mean().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            del model, optimizer  # the epoch's optimizer goes with it
+    assert run.clock.steps_done == 6
