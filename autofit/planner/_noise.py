@@ -96,8 +96,7 @@ class NoiseReading:
         spreads = [o.spread for obs in self.ok.values() for o in obs if o.spread is not None]
         self.typical_spread = max(_SPREAD_FLOOR, statistics.median(spreads)) if spreads else _SPREAD_FLOOR
         self._spread_limit = max(_MIN_SPREAD, _SPREAD_FACTOR * self.typical_spread)
-        self._repeat_limit = max(_MIN_REPEAT, _REPEAT_FACTOR * self.typical_spread)
-        self.repeat_limit = self._repeat_limit
+        self.repeat_limit = max(_MIN_REPEAT, _REPEAT_FACTOR * self.typical_spread)
         """Two probes of one config may differ this much (a fraction of the faster) and still agree."""
         self._suspicions = self._find()
 
@@ -127,7 +126,7 @@ class NoiseReading:
 
     def _find(self) -> dict[Config, Suspicion]:
         found: dict[Config, Suspicion] = {}
-        repeat_limit, spread_limit = self._repeat_limit, self._spread_limit
+        repeat_limit, spread_limit = self.repeat_limit, self._spread_limit
         for config, obs in self.ok.items():
             if len(obs) >= _RESOLVING_PROBES or any(o.phase == "confirm" for o in obs):
                 continue  # settled: by enough probes, or by a long run (see `measurement`)
@@ -217,7 +216,7 @@ class NoiseReading:
 
     def _disagree(self, obs: Sequence[Observation]) -> bool:
         rates = [o.samples_per_s for o in obs]
-        return (max(rates) - min(rates)) / max(rates) > self._repeat_limit
+        return (max(rates) - min(rates)) / max(rates) > self.repeat_limit
 
     def summary(self) -> str | None:
         """One line for the end of a search, or None on a machine quiet enough to rank configs."""

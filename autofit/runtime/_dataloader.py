@@ -63,6 +63,15 @@ def prefetch_warmup(iterable: Any, accumulation_steps: int) -> tuple[int, str] |
                    f"({workers} workers x {depth} batches) drained before measuring")
 
 
+def count_prefetch_as_warmup(iterable: Any, accumulation_steps: int, clock: Any, notes: list[str]) -> None:
+    """Lengthen `clock`'s warm-up by the steps that empty `iterable`'s prefetch queue (`prefetch_warmup`),
+    and say so in `notes`: the one rule for a loop autofit feeds and one it follows."""
+    drained = prefetch_warmup(iterable, accumulation_steps)
+    if drained is not None:
+        clock.warmup_steps += drained[0]
+        notes.append(drained[1])
+
+
 class TimedDataLoader(torch.utils.data.DataLoader):
     """The DataLoader `run.loader()` builds: a DataLoader in every way, which also tells `waited` how
     long each `next()` took (the run counts it where a loop it follows is fetching)."""

@@ -14,7 +14,7 @@ from autofit.config import Config
 from autofit.errors import UsageError
 from autofit.runtime._batch import count_samples, split_batch, to_device
 from autofit.runtime._clock import StepClock
-from autofit.runtime._dataloader import prefetch_warmup
+from autofit.runtime._dataloader import count_prefetch_as_warmup
 from autofit.runtime._knobs import KnobPanel, Knobs
 from autofit.runtime._precision import make_grad_scaler
 from autofit.runtime._redo import LoopRedo, Lowering, drop_graph
@@ -152,11 +152,7 @@ class StepFeed:
 
     def _drain_prefetch(self, iterable: Iterable[Any]) -> None:
         """Count the optimizer steps that empty the loader's prefetch queue as warm-up too."""
-        drained = prefetch_warmup(iterable, self._run.config.accumulation_steps)
-        if drained is not None:
-            steps, note = drained
-            self._clock.warmup_steps += steps
-            self._run.notes.append(note)
+        count_prefetch_as_warmup(iterable, self._run.config.accumulation_steps, self._clock, self._run.notes)
 
     def finish(self) -> None:
         """Close the step being fed if all its micro-batches were handed out."""

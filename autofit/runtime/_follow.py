@@ -17,7 +17,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from autofit.config import Config
 from autofit.runtime._clock import StepClock
-from autofit.runtime._dataloader import prefetch_warmup
+from autofit.runtime._dataloader import count_prefetch_as_warmup
 
 if TYPE_CHECKING:
     from autofit.runtime._knobs import KnobPanel, Knobs
@@ -102,10 +102,7 @@ class StepFollower:
         training = self._panel.training_loader
         if training is not None:
             training.waited = self._waited
-            drained = prefetch_warmup(training, run.config.accumulation_steps)
-            if drained is not None:
-                run.clock.warmup_steps += drained[0]
-                run.notes.append(drained[1])
+            count_prefetch_as_warmup(training, run.config.accumulation_steps, run.clock, run.notes)
         if run.recovers_oom and run.is_main:
             print(f"autofit: following your loop's optimizer steps; {OOM_LINE}", file=sys.stderr, flush=True)
 
