@@ -6,3 +6,13 @@
   DeepSpeed-like), each run against a replayed landscape.
 - `replay`: every landscape × every strategy × many seeds, summarised as markdown tables.
 """
+
+import os
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def pythonpath() -> str:
+    """This checkout first, then the caller's own PYTHONPATH: packages carried beside it (wheels in a
+    folder of their own, as on a device machine) must stay importable in the child processes."""
+    return os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from autofit.export import read_best
 from autofit.probing import make_runner
+from benchmarks import pythonpath
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -71,7 +72,7 @@ SCRIPTS = (
 
 
 def _env(tmp: str, device: str = "cpu", **extra: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": REPO, "AUTOFIT_DEVICE": device, "HF_OUT": os.path.join(tmp, "hf_out"),
+    return {**os.environ, "PYTHONPATH": pythonpath(), "AUTOFIT_DEVICE": device, "HF_OUT": os.path.join(tmp, "hf_out"),
             "PL_OUT": os.path.join(tmp, "pl_out"), **extra}
 
 
@@ -156,11 +157,15 @@ def normal_run(script: Script, best: str, tmp: str, device: str = "cpu") -> dict
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={script.nproc}"]
                 if script.nproc > 1 else [sys.executable])
     env = _env(tmp, device, AUTOFIT_CONFIG=best, AUTOFIT_RUN_REPORT=report)
-    process = subprocess.Popen([*launcher, script.path], cwd=tmp, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, env=env)
-    peak = gpu_peak_while_running(process) if device == "cuda" else peak_while_running(process)
+    errors = os.path.join(tmp, "normal-run.err")
+    with open(errors, "w") as stderr:
+        process = subprocess.Popen([*launcher, script.path], cwd=tmp, stdout=subprocess.DEVNULL,
+                                   stderr=stderr, env=env)
+        peak = gpu_peak_while_running(process) if device == "cuda" else peak_while_running(process)
     if process.returncode != 0:
-        raise RuntimeError(f"the normal run of {script.name} failed ({process.returncode})")
+        with open(errors) as handle:
+            tail = [line.strip() for line in handle.read().splitlines() if line.strip()][-1:]
+        raise RuntimeError(f"the normal run of {script.name} failed ({process.returncode}): {' '.join(tail)}")
     with open(report) as handle:
         measured = json.load(handle)
     measured["peak_bytes"] = peak if script.nproc == 1 else None

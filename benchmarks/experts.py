@@ -28,6 +28,7 @@ import time
 
 from autofit.config import CHECKPOINT_POLICIES, Config
 from autofit.units import format_flops, parse_size
+from benchmarks import pythonpath
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -73,7 +74,7 @@ def main() -> None:
     args = parser.parse_args()
     from benchmarks.record_landscape import record
 
-    env = {**os.environ, "PYTHONPATH": REPO, **({} if args.full_size else SMALL_GPT)}
+    env = {**os.environ, "PYTHONPATH": pythonpath(), **({} if args.full_size else SMALL_GPT)}
     os.environ.update(env)  # the grid's worker runs the same script under the same settings
     started = time.perf_counter()
     picks: dict[str, str] = {}

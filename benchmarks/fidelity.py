@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from autofit.config import Config
 from autofit.export import config_entry, write_best
 from autofit.probing import make_runner
+from benchmarks import pythonpath
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -98,7 +99,7 @@ def normal_run(case: Case, config: Config, device: str, tmp: str) -> dict:
     report_path = os.path.join(tmp, "run.json")
     _config_file(config_path, config, device, case.nproc)
     env = {**os.environ, **dict(case.env), "AUTOFIT_CONFIG": config_path, "AUTOFIT_RUN_REPORT": report_path,
-           "AUTOFIT_DEVICE": device, "PYTHONPATH": REPO, "WEIGHTS_OUT": os.path.join(tmp, "weights.pt")}
+           "AUTOFIT_DEVICE": device, "PYTHONPATH": pythonpath(), "WEIGHTS_OUT": os.path.join(tmp, "weights.pt")}
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={case.nproc}"]
                 if case.nproc > 1 else [sys.executable])
     started = time.perf_counter()

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 
+from benchmarks import pythonpath
 from benchmarks.gpu.compare import parse_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -42,7 +43,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=6)
     args = parser.parse_args()
-    env = {**os.environ, **SMALL_GPT, "PYTHONPATH": REPO}
+    env = {**os.environ, **SMALL_GPT, "PYTHONPATH": pythonpath()}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         picks, found = {}, {}
