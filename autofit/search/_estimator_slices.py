@@ -11,10 +11,16 @@ the space is known (3% of the budget at most) and before each proposal until it 
 a few seconds at most), never more than 6% of the budget in all. Whatever it estimated before the
 search ended, or it crashed, is used and kept; a search without estimates goes on as before, learning
 memory from its probes. `EstimatorLifecycle` is that life, start to end, in one place.
+
+On an accelerator with cores to spare it runs beside the probes instead, at idle priority, from the
+moment the space is known: a GPU probe keeps one or two cores busy, and slices between probes left the
+estimator without a single answer in a 2m30s search of GPT-2 small on an H100 (benchmarks/gpu.md,
+2026-11-25), so two probes that an estimate would have skipped ran out of memory.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import optuna
@@ -32,6 +38,22 @@ _FIRST_SHARE, _MAX_FIRST_S = 0.03, 30.0
 _SLICE_S = 5.0
 #: ... and all its slices together at most this share of the budget.
 _TOTAL_SHARE = 0.06
+#: Beside the probes only on an accelerator, and only with this many cores or more: the probe's
+#: Python thread, a loader worker or two, and the estimator each get one with room left.
+_CORES_BESIDE = 8
+
+
+def runs_beside_probes(device_type: str, cores: int) -> bool:
+    """Whether the estimator may run while a probe is timed: never on the CPU, whose probes use every
+    core; on an accelerator when the machine has cores to spare."""
+    return device_type != "cpu" and cores >= _CORES_BESIDE
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 class EstimatorLifecycle:
@@ -55,6 +77,8 @@ class EstimatorLifecycle:
         self._allowance = 0.0  # seconds of slices left
         self.probes_running = 0
         """Probes of this search running now (several runners): the estimator gets no time then."""
+        self.beside = False
+        """It runs beside the probes (an accelerator with cores to spare), not in slices between them."""
 
     def start(self, study: optuna.Study) -> None:
         if self.wanted and _kept(study) is None:
@@ -74,10 +98,15 @@ class EstimatorLifecycle:
             return self.update(study)
         if self._estimator is None:  # resumed from a study written without estimates
             self._estimator = Estimator(self.script, self.s.function)
-        self.reporter.note("memory estimator: estimating between the probes (fake tensors, no memory spent)")
+        self.beside = runs_beside_probes(device_type, _cores())
+        where = "beside the probes, at idle priority" if self.beside else "between the probes"
+        self.reporter.note(f"memory estimator: estimating {where} (fake tensors, no memory spent)")
         self._allowance = _TOTAL_SHARE * budget_s
         self._estimation = SpaceEstimation(self._estimator, space, memory_limit)
         self._estimation.start()
+        if self.beside:
+            self._estimator.resume()  # and never stopped again: the probes leave it cores
+            return self._read(study)
         self._give_time(min(_MAX_FIRST_S, _FIRST_SHARE * budget_s), first_answers=True)
         return self._read(study)
 
@@ -88,12 +117,13 @@ class EstimatorLifecycle:
         on the study and its process stopped."""
         if self._estimation is None:
             return None
-        self._give_time(_SLICE_S)
+        if not self.beside:
+            self._give_time(_SLICE_S)
         return self._read(study)
 
     def pause(self) -> None:
-        """A probe starts: nothing of the estimator may run beside it."""
-        if self._estimator is not None:
+        """A probe starts: nothing of the estimator may run beside it, unless it runs `beside` them."""
+        if self._estimator is not None and not self.beside:
             self._estimator.pause()
 
     def _give_time(self, limit_s: float, *, first_answers: bool = False) -> None:
