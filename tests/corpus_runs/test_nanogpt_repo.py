@@ -56,5 +56,6 @@ def test_nanogpt_train_py_searched_then_run_with_the_config_found(tmp_path):
     assert "autofit: running train.py with the best config from" in run.stderr
     assert "are not those searched" in run.stderr  # --max_iters=20 is not what was searched
     label = f"b={config['batch_size']}" + (f" acc={config['accumulation_steps']}" if config["accumulation_steps"] > 1 else "")
-    assert f"autofit: trained 20 optimizer steps with fp32 {label}" in run.stderr
-    assert "iter 19: loss" in run.stdout  # nanoGPT's own log, to its last iteration
+    # nanoGPT's loop steps from iteration 0 to max_iters inclusive: 21 optimizer steps, each followed
+    assert f"autofit: trained 21 optimizer steps with fp32 {label}" in run.stderr
+    assert "iter 20: loss" in run.stdout  # nanoGPT's own log, to its last iteration
