@@ -66,3 +66,13 @@ def test_a_start_script_searched_with_its_arguments_then_run_normally(tmp_path):
     assert (f"this run's arguments (--iters=20) are not those searched "
             f"(--record={record} --iters=400)") in other.stderr
     assert f"autofit: trained 20 optimizer steps with fp32 b={best}" in other.stderr
+
+
+@pytest.mark.parametrize("command", [["probe", "starts.py", "--batch-size", "4"], ["estimate", "starts.py"]])
+def test_probe_and_estimate_hand_the_script_its_arguments(tmp_path, command):
+    shutil.copy(script("starts.py"), tmp_path / "starts.py")
+    record = tmp_path / "record.jsonl"
+    done = autofit_cli(*command, "--", f"--record={record}", "--iters=100000", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    seen = [json.loads(line) for line in record.read_text().splitlines()]
+    assert seen and all(r["argv"] == [f"--record={record}", "--iters=100000"] for r in seen)
