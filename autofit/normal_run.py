@@ -150,9 +150,12 @@ def _what(fn: Decorated) -> str:
 
 
 def _say_if_other_args(fn: Decorated, document: dict) -> None:
-    """One line where a script runs with other arguments than those its config was searched with."""
-    args = getattr(fn, "script_args", None)
+    """One line where a script runs with other arguments than those its config was searched with (a
+    decorated function's script: only where the search recorded some)."""
     searched = (document.get("script") or {}).get("args") or []
+    args = getattr(fn, "script_args", None)  # a script's own; a decorated function's script: sys.argv's
+    if args is None and searched:
+        args = sys.argv[1:]
     if args is not None and list(args) != list(searched):
         print(f"autofit: this run's arguments ({' '.join(args) or 'none'}) are not those searched "
               f"({' '.join(searched) or 'none'}); the config's memory and speed may differ.", file=sys.stderr)

@@ -47,11 +47,12 @@ def _syntax_message(path: str, exc: SyntaxError | ValueError) -> str:
 def load_script(path: str) -> ModuleType:
     """Import the script as a module (not as __main__, so its `if __name__ == "__main__"` stays put).
 
-    `sys.argv` becomes what `python script.py` gives the script, so a script that parses its
-    arguments at import (argparse's `parse_args()`, as pytorch/examples do) gets its defaults
-    rather than the arguments of the process that loads it (only autofit's child processes do)."""
+    `sys.argv` becomes what `python script.py ARGS` gives the script (ARGS: those after `--`, through
+    $AUTOFIT_SCRIPT_ARGS), so a script that parses its arguments at import (argparse's `parse_args()`,
+    as pytorch/examples do) gets them, or its defaults, rather than the arguments of the process that
+    loads it (only autofit's child processes do)."""
     path = check_script(path)
-    sys.argv = [path]
+    sys.argv = [path, *script_args_from_env()]
     directory = os.path.dirname(path)
     if directory not in sys.path:
         sys.path.insert(0, directory)
