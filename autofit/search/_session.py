@@ -83,7 +83,7 @@ class Session:
         opened = open_study(self.storage, self.study_name, fresh=self.s.fresh, device_name=self.device_info.name,
                             memory_limit=self.memory_limit, memory_limit_given=self.s.memory_limit is not None,
                             headroom=self.s.headroom, script_sha256=self.script_sha256,
-                            world_size=self.s.world_size)
+                            world_size=self.s.world_size, script_args=list(self.s.script_args))
         self.memory_limit = opened.memory_limit
         self.usable = self.memory_limit * (1 - self.s.headroom)
         self.notes.extend(opened.notes)

@@ -58,6 +58,10 @@ def test_a_start_script_searched_with_its_arguments_then_run_normally(tmp_path):
     seen = [json.loads(line) for line in record.read_text().splitlines()]
     assert len(seen) >= 3 and all(r["argv"] == document["script"]["args"] for r in seen)  # every probe
     best = document["config"]["batch_size"]
+    resumed = autofit_cli("search", "starts.py", "--trials", "3", "--batch-range", "1:64", "--memory-limit", "2GiB",
+                          "--", "--iters=400", cwd=tmp_path, timeout=600)
+    assert resumed.returncode == 2  # its probes measured the script under other arguments
+    assert "must be resumed with the same script args" in resumed.stderr
     same = _python("starts.py", f"--record={record}", "--iters=400", cwd=tmp_path)
     assert same.returncode == 0 and "not those searched" not in same.stderr
     other = _python("starts.py", "--iters=20", cwd=tmp_path)
