@@ -33,6 +33,8 @@ def test_a_start_script_is_probed_with_its_arguments_and_its_globals_fresh(tmp_p
     assert oom.status == "oom"
     assert refused_by_the_allocator(oom.error_message) or oom.error_type == "MemoryError"
     assert again.status == "ok"
+    for result in (first, oom, again):  # the script's globals (its model, its tensors) went with its probe
+        assert result.memory_after_bytes - result.baseline_bytes < 128 * 2**20
     seen = _records(record)
     assert [r["batch_size"] for r in seen] == [4, 1024, 8]  # the load ran no training: no record of it
     assert all(r["argv"] == [f"--record={record}", "--iters", "100000"] for r in seen)
