@@ -49,6 +49,12 @@ def test_nanogpt_train_py_searched_then_run_with_the_config_found(tmp_path):
     assert document["script"]["args"] == ARGS
     config = document["config"]
     assert config["batch_size"] * config["accumulation_steps"] == 12  # nanoGPT's batch_size x accumulation
+    estimated = autofit_cli("estimate", "train.py", "--batch-range", "1:24", "--precision", "fp32", "--", *ARGS,
+                            cwd=tmp_path, timeout=600)
+    assert estimated.returncode == 0, estimated.stderr[-3000:]
+    # Its eval prints a loss as f"{loss:.4f}": the fake tensors cannot follow that far, and say so in one line
+    degraded = [line for line in estimated.stdout.splitlines() if line.startswith("memory estimator:")]
+    assert len(degraded) == 1 and "activations not predicted" in degraded[0]
     run = subprocess.run([sys.executable, "train.py", *ARGS[:-3], "--max_iters=20", "--lr_decay_iters=20",
                           "--dropout=0.0"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "PYTHONPATH": REPO})
