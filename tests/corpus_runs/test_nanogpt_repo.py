@@ -1,6 +1,6 @@
 """nanoGPT's own train.py, unmodified but for four lines after its configurator (tests/corpus/nanogpt_repo:
 `autofit.start`, the micro-batch and accumulation, the dtype and the device from `run`), with its model.py
-and configurator.py: searched on the CPU with its own arguments after `--`, then run normally with the
+and configurator.py: searched and estimated on the CPU with its own arguments after `--`, then run normally with the
 config found. Its data is a small character corpus in data/shakespeare_char's format, made here."""
 from __future__ import annotations
 
