@@ -9,6 +9,7 @@ from autofit.config import PRECISIONS, Config
 from autofit.decorator import AutofitFunction, autofit
 from autofit.errors import AutofitError
 from autofit.options import SearchOptions
+from autofit.script_run import start
 
 if TYPE_CHECKING:
     from autofit.findings import StoredStudy
@@ -26,6 +27,7 @@ def load_study(name: str | None = None, storage: str | None = None) -> StoredStu
 
 __all__ = [
     "autofit",
+    "start",
     "AutofitFunction",
     "SearchOptions",
     "Config",

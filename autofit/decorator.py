@@ -142,6 +142,47 @@ class AutofitFunction:
         return search_function(self, **kwargs)
 
 
+def search_options(
+    *,
+    global_batch: int | None = None,
+    batch_range: tuple[int, int] | None = None,
+    precision: tuple[str, ...] | list[str] | str | None = None,
+    accumulation: tuple[int, ...] | list[int] | None = None,
+    sharding: tuple[str, ...] | list[str] | str | None = None,
+    checkpoint: bool = True,
+    checkpoint_policy: tuple[str, ...] | list[str] | str | None = None,
+    compile: bool = True,
+    default_batch_size: int | None = None,
+    recover_oom: bool = True,
+    batch_size: tuple[int, int] | None = None,
+) -> SearchOptions:
+    """The SearchOptions that `@autofit(...)` and `autofit.start(...)` declare (the same arguments)."""
+    if batch_size is not None:
+        if batch_range is not None:
+            raise UsageError("Give the micro-batch range once, as batch_range=(lo, hi), but got both "
+                             "batch_range= and its deprecated name batch_size=.")
+        renamed("@autofit(batch_size=...)", "@autofit(batch_range=(lo, hi))")
+        batch_range = batch_size
+    if isinstance(precision, str):
+        precision = (precision,)
+    if isinstance(sharding, str):
+        sharding = (sharding,)
+    if isinstance(checkpoint_policy, str):
+        checkpoint_policy = (checkpoint_policy,)
+    return SearchOptions(
+        global_batch=global_batch,
+        batch_range=tuple(batch_range) if batch_range is not None else (1, MAX_BATCH),
+        precision=tuple(precision) if precision is not None else None,
+        accumulation=tuple(accumulation) if accumulation is not None else None,
+        sharding=tuple(sharding) if sharding is not None else None,
+        checkpoint=checkpoint,
+        checkpoint_policy=tuple(checkpoint_policy) if checkpoint_policy is not None else None,
+        compile=compile,
+        default_batch_size=default_batch_size,
+        recover_oom=recover_oom,
+    )
+
+
 def autofit(
     fn: Callable[..., Any] | None = None,
     *,
@@ -161,29 +202,18 @@ def autofit(
 
     `batch_range=(lo, hi)`: the micro-batches to consider (default: 1 up, until memory stops the climb).
     `batch_size=` is its old name, still taken (deprecated)."""
-    if batch_size is not None:
-        if batch_range is not None:
-            raise UsageError("Give the micro-batch range once, as batch_range=(lo, hi), but got both "
-                             "batch_range= and its deprecated name batch_size=.")
-        renamed("@autofit(batch_size=...)", "@autofit(batch_range=(lo, hi))")
-        batch_range = batch_size
-    if isinstance(precision, str):
-        precision = (precision,)
-    if isinstance(sharding, str):
-        sharding = (sharding,)
-    if isinstance(checkpoint_policy, str):
-        checkpoint_policy = (checkpoint_policy,)
-    options = SearchOptions(
+    options = search_options(
         global_batch=global_batch,
-        batch_range=tuple(batch_range) if batch_range is not None else (1, MAX_BATCH),
-        precision=tuple(precision) if precision is not None else None,
-        accumulation=tuple(accumulation) if accumulation is not None else None,
-        sharding=tuple(sharding) if sharding is not None else None,
+        batch_range=batch_range,
+        precision=precision,
+        accumulation=accumulation,
+        sharding=sharding,
         checkpoint=checkpoint,
-        checkpoint_policy=tuple(checkpoint_policy) if checkpoint_policy is not None else None,
+        checkpoint_policy=checkpoint_policy,
         compile=compile,
         default_batch_size=default_batch_size,
         recover_oom=recover_oom,
+        batch_size=batch_size,
     )
 
     def decorate(f: Callable[..., Any]) -> AutofitFunction:
@@ -192,4 +222,4 @@ def autofit(
     return decorate(fn) if fn is not None else decorate
 
 
-__all__ = ["autofit", "AutofitFunction", "SearchOptions", "Config", "PRECISIONS"]
+__all__ = ["autofit", "search_options", "AutofitFunction", "SearchOptions", "Config", "PRECISIONS"]

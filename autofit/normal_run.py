@@ -49,12 +49,21 @@ def _device_tag(device: str) -> str:
     return device_tag("cuda", torch.cuda.get_device_name(index))
 
 
+def _script_of(fn: Decorated) -> str:
+    """The script the function is in; a script that calls `autofit.start` is its own (`script_path`)."""
+    return getattr(fn, "script_path", None) or inspect.getsourcefile(fn.fn) or ""
+
+
+def _name_of(fn: Decorated) -> str | None:
+    """The function's name in studies and files: None for a script without one (they say `train`)."""
+    return None if getattr(fn, "script_path", None) else fn.fn.__name__
+
+
 def _candidate_paths(fn: Decorated, device: str) -> list[str]:
     """Where a search leaves its answer: this device's own file first, then an untagged one
     (`--out`, or a file written before device tags), in studies/, beside the script's studies/,
     then beside the script."""
-    script = inspect.getsourcefile(fn.fn) or ""
-    name = fn.fn.__name__
+    script, name = _script_of(fn), _name_of(fn)
     tag = _device_tag(device)
     directories = ("studies", os.path.join(os.path.dirname(script), "studies"), os.path.dirname(script))
     return [default_best_path(script, name, d, t) for d in directories for t in (tag, None)]
@@ -91,13 +100,14 @@ def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: st
         if found is None:
             config, why = fn.options.unsearched_config()
             return RunPlan(config, device, (
-                f"no best config found for {fn.fn.__name__} (looked for {candidates[0]}); "
+                f"no best config found for {_what(fn)} (looked for {candidates[0]}); "
                 f"running with defaults: {config.label()}{why}. Run `autofit search` to find a faster one."
             ), None, lowered_path(candidates[0]), None)
         best = read_best(found)
     _warn_if_stale(fn, best.document, device)
+    _say_if_other_args(fn, best.document)
     partial = " (partial search)" if best.partial else ""
-    message = f"running {fn.fn.__name__} with the best config from {best.path}{partial}: {best.config.label()}"
+    message = f"running {_what(fn)} with the best config from {best.path}{partial}: {best.config.label()}"
     if (best.document.get("measured") or {}).get("confirmed") is False:
         message += " (unconfirmed: the search ended before a longer run could measure it; its figure is a short probe's)"
     searched_memory_limit = (best.document.get("memory") or {}).get("limit_bytes")
@@ -124,7 +134,7 @@ def _warn_if_stale(fn: Decorated, document: dict, device: str) -> None:
     if allocator:
         warnings.warn(f"autofit: the allocator settings differ from the search's ({allocator}); the config's "
                       f"memory and speed may differ. Run with the search's settings, or search again.", stacklevel=4)
-    script = inspect.getsourcefile(fn.fn)
+    script = _script_of(fn)
     recorded = document.get("script", {}).get("sha256")
     if script and recorded and script_sha256(script) != recorded:
         warnings.warn(
@@ -132,6 +142,23 @@ def _warn_if_stale(fn: Decorated, document: dict, device: str) -> None:
             "Run `autofit search` again to be sure the config still fits.",
             stacklevel=4,
         )
+
+
+def _what(fn: Decorated) -> str:
+    """What the run trains, in its messages: the function's name, or the script's file name."""
+    return fn.fn.__name__ if _name_of(fn) else os.path.basename(_script_of(fn))
+
+
+def _say_if_other_args(fn: Decorated, document: dict) -> None:
+    """One line where a script runs with other arguments than those its config was searched with (a
+    decorated function's script: only where the search recorded some)."""
+    searched = (document.get("script") or {}).get("args") or []
+    args = getattr(fn, "script_args", None)  # a script's own; a decorated function's script: sys.argv's
+    if args is None and searched:
+        args = sys.argv[1:]
+    if args is not None and list(args) != list(searched):
+        print(f"autofit: this run's arguments ({' '.join(args) or 'none'}) are not those searched "
+              f"({' '.join(searched) or 'none'}); the config's memory and speed may differ.", file=sys.stderr)
 
 
 def report_run(run: Run) -> None:

@@ -144,6 +144,7 @@ def cli(ctx: click.Context) -> None:
 
 @cli.command()
 @click.argument("target")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--batch-size", type=click.IntRange(min=1), required=True, help="Micro-batch size.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
               help="Numeric precision of the forward pass.")
@@ -177,7 +178,7 @@ def cli(ctx: click.Context) -> None:
                    "persistent (one after another in one process, as CUDA must run them).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
-def probe(ctx: click.Context, target: str, batch_size: int, precision: str, checkpoint_segments: int,
+def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], batch_size: int, precision: str, checkpoint_segments: int,
           checkpoint_policy: str, accumulation: int, compile_: bool, sharding: str, loader_workers: int | None,
           pin_memory: bool | None, prefetch_factor: int | None, memory_limit: int | None, nproc_per_node: int,
           nnodes: int, node_rank: int,
@@ -185,16 +186,18 @@ def probe(ctx: click.Context, target: str, batch_size: int, precision: str, chec
           as_json: bool) -> None:
     """Run one probe: a few real training steps of TARGET under one config.
 
-    TARGET is a script with one @autofit function, or SCRIPT:FUNCTION. Exit status 0 when the
+    TARGET is a script with one @autofit function, or SCRIPT:FUNCTION, or a script that calls
+    autofit.start; SCRIPT_ARGS (after `--`) are the script's own arguments. Exit status 0 when the
     probe ran its steps, 1 when it did not (oom, error, diverged, timeout, crashed).
     """
     from autofit.config import Config
-    from autofit.probing import ProbeSettings, check_script, follow_probe, parse_target, probe_once
+    from autofit.probing import ProbeSettings, check_script, follow_probe, parse_target, pass_script_args, probe_once
     from autofit.report import describe_probe
 
     state: CliContext = ctx.obj
     script, function = parse_target(target)
     check_script(script)
+    pass_script_args(script_args)
     info = state.device_info()
     config = Config(batch_size=batch_size, precision=precision, checkpoint_segments=checkpoint_segments,
                     accumulation_steps=accumulation, sharding=sharding, compile=compile_,
@@ -216,6 +219,7 @@ def probe(ctx: click.Context, target: str, batch_size: int, precision: str, chec
 
 @cli.command()
 @click.argument("target")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @_device_options(many=True)
 @click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True,
               callback=_or_renamed("--parallel"),
@@ -266,7 +270,7 @@ def probe(ctx: click.Context, target: str, batch_size: int, precision: str, chec
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 @click.option("-v", "--verbose", is_flag=True, help="A line when each probe starts, and the search space.")
 @click.pass_context
-def search(ctx: click.Context, target: str, parallel: int, nproc_per_node: int, nnodes: int, node_rank: int,
+def search(ctx: click.Context, target: str, script_args: tuple[str, ...], parallel: int, nproc_per_node: int, nnodes: int, node_rank: int,
            rdzv_endpoint: str | None, memory_limit: int | None, budget: float, trials: int | None, headroom: float,
            global_batch: int | None, batch_range: tuple[int, int] | None, precision, accumulation, sharding, study: str | None,
            out: str | None, fresh: bool, steps: int, warmup: int, probe_timeout: float | None,
@@ -274,7 +278,9 @@ def search(ctx: click.Context, target: str, parallel: int, nproc_per_node: int, 
            estimate: bool, as_json: bool, quiet: bool, verbose: bool) -> None:
     """Search the fastest config of TARGET that fits, within a time budget, and export it.
 
-    TARGET is a script with one @autofit function, or SCRIPT:FUNCTION. Running the same command
+    TARGET is a script with one @autofit function, or SCRIPT:FUNCTION, or a script that calls
+    autofit.start; SCRIPT_ARGS (after `--`) are the script's own arguments in every probe, recorded
+    in the study and the best-config file. Running the same command
     again resumes the study; --fresh starts over. Exit status 0 with a winner, 1 when nothing
     fits or the function fails on every probe, 2 for bad input, 130 when interrupted.
     """
@@ -292,7 +298,7 @@ def search(ctx: click.Context, target: str, parallel: int, nproc_per_node: int, 
         gpus=state.gpus, parallel=parallel, nproc_per_node=nproc_per_node,
         nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, estimate=estimate,
         compile=compile_, checkpoint_policy=checkpoint_policies, alloc_conf=alloc_conf,
-        probe_process=probe_process,
+        probe_process=probe_process, script_args=script_args,
     )
     take_ctrl_c()  # a search started with SIGINT ignored (a background job) still stops on Ctrl-C
     if node_rank > 0:
@@ -319,6 +325,7 @@ def search(ctx: click.Context, target: str, parallel: int, nproc_per_node: int, 
 
 @cli.command()
 @click.argument("target")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--memory", "sizes", type=SIZE_LIST, default=None,
               help="GPU memory sizes to answer for, e.g. 16GiB,24GiB,40GiB,80GiB (default: this CPU's free memory).")
 @click.option("--memory-limit", type=MEMORY_SIZE, default=None, help="Without --memory: the CPU's limit to answer for.")
@@ -334,20 +341,21 @@ def search(ctx: click.Context, target: str, parallel: int, nproc_per_node: int, 
               help="Checkpoint policies to consider when the function offers run.checkpoint(), e.g. full "
                    "(default: full,selective).")
 @click.option("--json", "as_json", is_flag=True, help="Print the predictions as JSON.")
-def estimate(target: str, sizes: tuple[int, ...] | None, memory_limit: int | None, headroom: float,
+def estimate(target: str, script_args: tuple[str, ...], sizes: tuple[int, ...] | None, memory_limit: int | None, headroom: float,
              global_batch: int | None, batch_range: tuple[int, int] | None, precision, checkpoint_policies, as_json: bool) -> None:
     """Predict, before any probe, the config that fits each memory size and where its memory goes.
 
-    TARGET's function runs two steps on fake tensors (no memory is allocated) in a process of its own.
+    TARGET's function runs two steps on fake tensors (SCRIPT_ARGS, after `--`: the script's own arguments) (no memory is allocated) in a process of its own.
     The answers are predictions, not measurements: `autofit search` measures.
     """
     from autofit.devices import check_device
     from autofit.memory import WhatFits
-    from autofit.probing import check_script, parse_target
+    from autofit.probing import check_script, parse_target, pass_script_args
     from autofit.report import describe_fits, describe_known_parts, fits_json, known_parts_json
 
     script, function = parse_target(target)
     check_script(script)
+    pass_script_args(script_args)
     on_gpu = sizes is not None
     if not on_gpu:
         info = check_device("cpu", 0)

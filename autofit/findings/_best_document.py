@@ -68,7 +68,8 @@ def best_document(
         "versions": versions(run_versions.get("torch"), run_versions.get("cuda")),
         # The script as the search measured it: a later run warns if it changed since (None for
         # studies recorded before the hash was kept; re-hashing now would hide a change).
-        "script": {"path": meta["script"], "function": meta["function"], "sha256": meta.get("script_sha256")},
+        "script": {"path": meta["script"], "function": meta["function"], "sha256": meta.get("script_sha256"),
+                   **({"args": meta["script_args"]} if meta.get("script_args") else {})},
         "study": {"name": study.study_name, "storage": redacted(storage), "probes": len(done),
                   "oom": sum(o.too_big(usable) for o in done), "failed": sum(o.failed for o in done),
                   "stopped": stopped},

@@ -21,7 +21,18 @@ from autofit.probing._multinode import (
 from autofit.probing._once import ProbeSettings, follow_probe, probe_once
 from autofit.probing._record import INPUT_BOUND_SHARE, STATUSES, ProbeResult, WorkerInfo, input_bound_text
 from autofit.probing._runner import ProbeRunner, make_runner
-from autofit.probing._script import check_script, decorated_name, find_function, load_script, parse_target
+from autofit.probing._script import (
+    SCRIPT_ARGS_ENV,
+    ScriptEntry,
+    calls_start,
+    check_script,
+    decorated_name,
+    find_function,
+    load_script,
+    parse_target,
+    pass_script_args,
+    script_args_from_env,
+)
 from autofit.probing._torchrun import DistributedWorker
 from autofit.probing._wire import (
     Channel,
@@ -58,6 +69,11 @@ __all__ = [
     "check_nodes",
     "check_script",
     "decorated_name",
+    "calls_start",
+    "SCRIPT_ARGS_ENV",
+    "ScriptEntry",
+    "pass_script_args",
+    "script_args_from_env",
     "failure_reply",
     "find_function",
     "input_bound_text",

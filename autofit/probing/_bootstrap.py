@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autofit.errors import UsageError
-from autofit.probing._script import find_function, load_script
+from autofit.probing._script import ScriptEntry, calls_start, find_function, load_script, script_args_from_env
 from autofit.probing._wire import Channel, LoadRequest, failure_reply, internal_failure
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
@@ -88,7 +88,7 @@ def bootstrap(request: LoadRequest, *, cap_memory: bool = True) -> Loaded:
     backend = make_backend(request.device, request.index)
     backend.torch_device()  # on a GPU: made current, so the module's own tensors land on it
     try:
-        module = load_script(request.script)
+        module, fn = _load(request)
     except UsageError:
         raise
     except SyntaxError as exc:  # one line says it all: where, what, and the text
@@ -97,11 +97,21 @@ def bootstrap(request: LoadRequest, *, cap_memory: bool = True) -> Loaded:
         raise ScriptError(f"SyntaxError in {where}{text}: {exc.msg}; fix the script and run again", None) from exc
     except BaseException as exc:  # noqa: BLE001 - the user's module failed at import
         raise ScriptError(f"{type(exc).__name__}: {exc}", user_traceback(exc, request.script)) from exc
-    fn = find_function(module, request.function, request.script)
     backend.release()
     if cap_memory:
         backend.apply_memory_limit(request.memory_limit, request.usable_bytes)
     return Loaded(backend, fn, request.function, module)
+
+
+def _load(request: LoadRequest) -> tuple[Any, Any]:
+    """The script as a module and its decorated function; or, for a script that calls `autofit.start`,
+    no module and the script itself as the function (run as far as its start call here)."""
+    if request.function is None and calls_start(request.script):
+        entry = ScriptEntry(request.script, script_args_from_env())
+        entry.load()
+        return None, entry
+    module = load_script(request.script)
+    return module, find_function(module, request.function, request.script)
 
 
 def prepare_process(*, follow_parent: bool = False) -> None:

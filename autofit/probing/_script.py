@@ -47,11 +47,12 @@ def _syntax_message(path: str, exc: SyntaxError | ValueError) -> str:
 def load_script(path: str) -> ModuleType:
     """Import the script as a module (not as __main__, so its `if __name__ == "__main__"` stays put).
 
-    `sys.argv` becomes what `python script.py` gives the script, so a script that parses its
-    arguments at import (argparse's `parse_args()`, as pytorch/examples do) gets its defaults
-    rather than the arguments of the process that loads it (only autofit's child processes do)."""
+    `sys.argv` becomes what `python script.py ARGS` gives the script (ARGS: those after `--`, through
+    $AUTOFIT_SCRIPT_ARGS), so a script that parses its arguments at import (argparse's `parse_args()`,
+    as pytorch/examples do) gets them, or its defaults, rather than the arguments of the process that
+    loads it (only autofit's child processes do)."""
     path = check_script(path)
-    sys.argv = [path]
+    sys.argv = [path, *script_args_from_env()]
     directory = os.path.dirname(path)
     if directory not in sys.path:
         sys.path.insert(0, directory)
@@ -113,3 +114,95 @@ def find_function(module: ModuleType, name: str | None, script: str) -> Any:
             f"The script defines several @autofit functions ({names}): name one, as {script}:{sorted(found)[0]}."
         )
     return next(iter(found.values()))
+
+
+def calls_start(path: str) -> bool:
+    """Whether the script calls `autofit.start(...)` (or `start(...)` imported from autofit), read from
+    its source without running it: such a script is probed whole, from its top."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read(), filename=path)
+    except (OSError, SyntaxError, ValueError):
+        return False
+    imported = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and node.module == "autofit" for alias in node.names if alias.name == "start"}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "start" and isinstance(func.value, ast.Name) \
+                and func.value.id == "autofit":
+            return True
+        if isinstance(func, ast.Name) and func.id in imported:
+            return True
+    return False
+
+
+class ScriptEntry:
+    """A script that calls `autofit.start`, as the function a probe calls: `entry(run)` executes the
+    script from its top as `__main__` (runpy: fresh globals every time) with its own `sys.argv`, and its
+    `autofit.start` returns `run`. The probe's run ends the script after its measured steps, by an
+    exception out of the optimizer's step that the script does not catch (`ProbeFinished`)."""
+
+    __name__ = "train"  # studies and files are named as for a script's one decorated function
+
+    def __init__(self, path: str, args: list[str] | tuple[str, ...] = ()) -> None:
+        self.path = check_script(path)
+        self.args = list(args)
+        self.options: Any = None
+        """The arguments of the script's `autofit.start`, as SearchOptions (known once `load` ran)."""
+
+    def load(self) -> Any:
+        """Run the script's top as far as its `autofit.start` call and keep that call's options; the
+        rest of the script (its training) does not run here."""
+        from autofit.runtime import StartReached, offer_script_run
+
+        try:
+            with offer_script_run(None):
+                self._execute()
+        except StartReached as reached:
+            self.options = reached.options
+            return self.options
+        raise UsageError(f"The script {self.path} must call autofit.start(...), but it ended without calling it.")
+
+    def __call__(self, run: Any) -> None:
+        from autofit.runtime import offer_script_run
+
+        with offer_script_run(run):
+            self._execute()
+
+    def _execute(self) -> None:
+        import runpy
+
+        sys.argv = [self.path, *self.args]
+        directory = os.path.dirname(self.path)
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+        try:
+            runpy.run_path(self.path, run_name="__main__")
+        except SystemExit as exc:
+            if exc.code not in (None, 0):  # the script's own sys.exit() after its training is its return
+                raise
+
+
+#: The script's own arguments (JSON list), for every child process that executes it: probes, the
+#: confirmation, the memory estimator. `autofit search train.py -- ARGS` sets it.
+SCRIPT_ARGS_ENV = "AUTOFIT_SCRIPT_ARGS"
+
+
+def script_args_from_env() -> list[str]:
+    """The arguments the script is run with (`$AUTOFIT_SCRIPT_ARGS`); none when unset."""
+    import json
+
+    raw = os.environ.get(SCRIPT_ARGS_ENV)
+    return [str(a) for a in json.loads(raw)] if raw else []
+
+
+def pass_script_args(args: list[str] | tuple[str, ...]) -> None:
+    """Hand `args` to every child process this one starts from now on (its environment)."""
+    import json
+
+    if args:
+        os.environ[SCRIPT_ARGS_ENV] = json.dumps(list(args))
+    else:
+        os.environ.pop(SCRIPT_ARGS_ENV, None)

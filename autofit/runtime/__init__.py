@@ -34,11 +34,13 @@ from autofit.runtime._redo import (
 )
 from autofit.runtime._report import run_summary
 from autofit.runtime._run import Run
+from autofit.runtime._script_run import ONE_START, StartReached, offer_script_run, take_script_run
 from autofit.runtime._settings import RunSettings
 from autofit.runtime._tokens import TokenBatchSampler, TokenBatchStats
 
 __all__ = [
     "MEMORY_LIMIT_ENV",
+    "ONE_START",
     "RECOVERY_ENV",
     "DataTooSmall",
     "Knobs",
@@ -51,6 +53,7 @@ __all__ = [
     "Run",
     "RunSettings",
     "StepClock",
+    "StartReached",
     "StepRedo",
     "TokenBatchSampler",
     "TokenBatchStats",
@@ -65,6 +68,7 @@ __all__ = [
     "is_oom",
     "leave_process_group",
     "memory_limit_from_env",
+    "offer_script_run",
     "lowered",
     "loss_of",
     "lowered_path",
@@ -78,6 +82,7 @@ __all__ = [
     "recovery_enabled",
     "run_summary",
     "split_batch",
+    "take_script_run",
     "to_device",
     "weighted",
 ]

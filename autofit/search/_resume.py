@@ -24,7 +24,7 @@ class OpenedStudy:
 
 def open_study(storage: optuna.storages.BaseStorage, name: str, *, fresh: bool, device_name: str,
                memory_limit: int, memory_limit_given: bool, headroom: float, script_sha256: str | None,
-               world_size: int = 1) -> OpenedStudy:
+               world_size: int = 1, script_args: list[str] | None = None) -> OpenedStudy:
     """The study to search in, checked against what this search runs under (UsageError if it differs)."""
     created = not study_exists(storage, name)
     if fresh:
@@ -42,9 +42,10 @@ def open_study(storage: optuna.storages.BaseStorage, name: str, *, fresh: bool, 
             # (it changes every run); resume with that one.
             opened.memory_limit = int(meta["limit_bytes"])
         checks = (("device", device_name), ("limit_bytes", opened.memory_limit), ("headroom", headroom),
-                  ("world_size", world_size))
+                  ("world_size", world_size), ("script_args", script_args or []))
+        unrecorded = {"world_size": 1, "script_args": []}  # studies recorded before these were kept
         for key, value in checks:
-            if meta.get(key, 1 if key == "world_size" else None) != value:
+            if meta.get(key, unrecorded.get(key)) != value:
                 raise UsageError(
                     f"The study {name} must be resumed with the same {key.replace('_', ' ')} "
                     f"({meta.get(key)}), but got {value}: pass --fresh to start over or --study to name another."

@@ -14,7 +14,7 @@ from autofit.errors import UsageError
 from autofit.export import script_sha256
 from autofit.findings import observations
 from autofit.planner import Observation, SearchSpace
-from autofit.probing import ProbeResult, WorkerInfo, check_script, decorated_name
+from autofit.probing import ProbeResult, WorkerInfo, check_script, decorated_name, pass_script_args
 from autofit.search._liveness import Heartbeat, fail_stale, owner_record
 from autofit.search._resume import fail_trials, open_study
 from autofit.search._sampler import AutofitSampler, Proposal
@@ -40,6 +40,7 @@ class Session:
     def __init__(self, settings: SearchSettings) -> None:
         self.s = settings
         self.script = check_script(settings.script)
+        pass_script_args(settings.script_args)  # every process that runs the script gets them
         self.slots = settings.worker_indices()
         """The device index of each worker: one per listed GPU, or --parallel of them on the CPU."""
         self.device_info = same_devices(settings.device, self.slots)
@@ -82,7 +83,7 @@ class Session:
         opened = open_study(self.storage, self.study_name, fresh=self.s.fresh, device_name=self.device_info.name,
                             memory_limit=self.memory_limit, memory_limit_given=self.s.memory_limit is not None,
                             headroom=self.s.headroom, script_sha256=self.script_sha256,
-                            world_size=self.s.world_size)
+                            world_size=self.s.world_size, script_args=list(self.s.script_args))
         self.memory_limit = opened.memory_limit
         self.usable = self.memory_limit * (1 - self.s.headroom)
         self.notes.extend(opened.notes)
@@ -121,7 +122,7 @@ class Session:
             "script": self.script, "function": info.function, "device": self.device_info.name,
             "device_info": self.device_info.to_dict(), "limit_bytes": self.memory_limit,
             "limit_given": self.s.memory_limit is not None, "script_sha256": self.script_sha256,
-            "headroom": self.s.headroom, "usable_bytes": self.usable, "space": space.to_dict(),
+            "script_args": list(self.s.script_args), "headroom": self.s.headroom, "usable_bytes": self.usable, "space": space.to_dict(),
             "world_size": self.s.world_size, "allocator": current_allocator_settings(self.s.alloc_conf),
             "knobs": knobs, "versions": info.versions, "probe_process": self.s.probe_process,
         })

@@ -20,6 +20,8 @@ class SearchSettings:
 
     script: str
     function: str | None = None
+    script_args: tuple[str, ...] = ()
+    """The script's own arguments (its sys.argv[1:]) in every probe, the confirmation and the estimator."""
     device: str = "cpu"
     index: int = 0
     memory_limit: int | None = None

@@ -7,6 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from autofit.cli import cli
+from autofit.probing import SCRIPT_ARGS_ENV
 from tests.support import script
 
 
@@ -28,6 +29,17 @@ def test_a_script_that_parses_its_arguments_at_import_gets_its_defaults_in_a_pro
     result = invoke("probe", script("parses_args.py"), "--batch-size", "4", "--memory-limit", "1GiB", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["result"]["status"] == "ok"
+
+
+def test_a_decorated_script_gets_the_arguments_after_the_double_dash(monkeypatch):
+    monkeypatch.delenv(SCRIPT_ARGS_ENV, raising=False)  # the command sets it for its workers: undone here
+    result = invoke("probe", script("parses_args.py"), "--batch-size", "4", "--memory-limit", "1GiB", "--json",
+                    "--", "--lr=0.001")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["result"]["status"] == "ok"
+    refused = invoke("probe", script("parses_args.py"), "--batch-size", "4", "--", "--no-such-flag")
+    assert refused.exit_code != 0  # argparse in the script refused it: the arguments reached it
+    assert "failed while loading: SystemExit: 2" in refused.output
 
 
 def test_probe_text_reports_oom_with_exit_1():

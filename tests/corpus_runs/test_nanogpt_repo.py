@@ -1,0 +1,67 @@
+"""nanoGPT's own train.py, unmodified but for four lines after its configurator (tests/corpus/nanogpt_repo:
+`autofit.start`, the micro-batch and accumulation, the dtype and the device from `run`), with its model.py
+and configurator.py: searched and estimated on the CPU with its own arguments after `--`, then run normally with the
+config found. Its data is a small character corpus in data/shakespeare_char's format, made here."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.support import CORPUS, REPO, autofit_cli
+
+ARGS = ["--dataset=shakespeare_char", "--device=cpu", "--compile=False", "--eval_iters=2", "--eval_interval=100000",
+        "--log_interval=1", "--block_size=64", "--batch_size=12", "--gradient_accumulation_steps=1", "--n_layer=2",
+        "--n_head=2", "--n_embd=64", "--max_iters=400", "--lr_decay_iters=400", "--dropout=0.0"]
+
+
+def _character_corpus(directory) -> None:
+    """train.bin and val.bin (uint16 character ids) and meta.pkl, as nanoGPT's prepare.py writes them."""
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 8))) for _ in range(300)]
+    text = "\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(4000))
+    chars = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(chars)}
+    ids = np.array([stoi[c] for c in text], dtype=np.uint16)
+    cut = int(len(ids) * 0.9)
+    os.makedirs(directory)
+    ids[:cut].tofile(os.path.join(directory, "train.bin"))
+    ids[cut:].tofile(os.path.join(directory, "val.bin"))
+    with open(os.path.join(directory, "meta.pkl"), "wb") as handle:
+        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}, handle)
+
+
+@pytest.mark.slow
+def test_nanogpt_train_py_searched_then_run_with_the_config_found(tmp_path):
+    shutil.copytree(os.path.join(CORPUS, "nanogpt_repo"), tmp_path, dirs_exist_ok=True)
+    _character_corpus(tmp_path / "data" / "shakespeare_char")
+    searched = autofit_cli("search", "train.py", "--trials", "3", "--precision", "fp32", "--memory-limit", "4GiB",
+                           "--batch-range", "1:24", "--json", "--", *ARGS, cwd=tmp_path, timeout=900)
+    assert searched.returncode == 0, searched.stderr[-3000:]
+    document = json.loads(searched.stdout)["best"]
+    assert document["script"]["args"] == ARGS
+    config = document["config"]
+    assert config["batch_size"] * config["accumulation_steps"] == 12  # nanoGPT's batch_size x accumulation
+    estimated = autofit_cli("estimate", "train.py", "--batch-range", "1:24", "--precision", "fp32", "--", *ARGS,
+                            cwd=tmp_path, timeout=600)
+    assert estimated.returncode == 0, estimated.stderr[-3000:]
+    # Its eval prints a loss as f"{loss:.4f}": the fake tensors cannot follow that far, and say so in one line
+    degraded = [line for line in estimated.stdout.splitlines() if line.startswith("memory estimator:")]
+    assert len(degraded) == 1 and "activations not predicted" in degraded[0]
+    run = subprocess.run([sys.executable, "train.py", *ARGS[:-3], "--max_iters=20", "--lr_decay_iters=20",
+                          "--dropout=0.0"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": REPO})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "autofit: running train.py with the best config from" in run.stderr
+    assert "are not those searched" in run.stderr  # --max_iters=20 is not what was searched
+    label = f"b={config['batch_size']}" + (f" acc={config['accumulation_steps']}" if config["accumulation_steps"] > 1 else "")
+    # nanoGPT's loop steps from iteration 0 to max_iters inclusive: 21 optimizer steps, each followed
+    assert f"autofit: trained 21 optimizer steps with fp32 {label}" in run.stderr
+    assert "iter 20: loss" in run.stdout  # nanoGPT's own log, to its last iteration

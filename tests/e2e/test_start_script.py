@@ -1,0 +1,82 @@
+"""A script without a function (`autofit.start`), from the command line: searched with its own arguments
+after `--` (recorded in the study and the best-config file), then run normally with the config found;
+run normally before any search, with the declared defaults; a second `autofit.start` is an error."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from autofit.probing import calls_start
+from tests.support import REPO, autofit_cli, script
+
+
+def _python(path, *args, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, path, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": REPO})
+
+
+def test_calls_start_reads_the_source(tmp_path):
+    assert calls_start(script("starts.py"))
+    assert not calls_start(script("fits_small.py"))
+    aliased = tmp_path / "aliased.py"
+    aliased.write_text("from autofit import start as begin\nrun = begin(global_batch=8)\n")
+    assert calls_start(str(aliased))
+
+
+def test_a_normal_run_before_any_search_trains_the_declared_defaults(tmp_path):
+    shutil.copy(script("starts.py"), tmp_path / "starts.py")
+    done = _python("starts.py", "--iters=20", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "autofit: no best config found for starts.py" in done.stderr
+    assert "running with defaults: fp32 b=32" in done.stderr
+    assert "autofit: trained 20 optimizer steps with fp32 b=32" in done.stderr
+    assert "done after 20 steps" in done.stdout
+
+
+def test_a_second_start_in_a_normal_run_is_a_clear_error(tmp_path):
+    shutil.copy(script("starts.py"), tmp_path / "starts.py")
+    done = _python("starts.py", "--twice", "--iters=2", cwd=tmp_path)
+    assert done.returncode != 0
+    assert "A script must call autofit.start once, but it called it a second time" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_start_script_searched_with_its_arguments_then_run_normally(tmp_path):
+    shutil.copy(script("starts.py"), tmp_path / "starts.py")
+    record = tmp_path / "record.jsonl"
+    searched = autofit_cli("search", "starts.py", "--trials", "3", "--batch-range", "1:64", "--memory-limit", "2GiB",
+                           "--json",
+                           "--", f"--record={record}", "--iters=400", cwd=tmp_path, timeout=600)
+    assert searched.returncode == 0, searched.stderr
+    document = json.loads(searched.stdout)["best"]
+    assert document["script"]["args"] == [f"--record={record}", "--iters=400"]
+    seen = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len(seen) >= 3 and all(r["argv"] == document["script"]["args"] for r in seen)  # every probe
+    best = document["config"]["batch_size"]
+    resumed = autofit_cli("search", "starts.py", "--trials", "3", "--batch-range", "1:64", "--memory-limit", "2GiB",
+                          "--", "--iters=400", cwd=tmp_path, timeout=600)
+    assert resumed.returncode == 2  # its probes measured the script under other arguments
+    assert "must be resumed with the same script args" in resumed.stderr
+    same = _python("starts.py", f"--record={record}", "--iters=400", cwd=tmp_path)
+    assert same.returncode == 0 and "not those searched" not in same.stderr
+    other = _python("starts.py", "--iters=20", cwd=tmp_path)
+    assert other.returncode == 0, other.stderr
+    assert "autofit: running starts.py with the best config from" in other.stderr
+    assert (f"this run's arguments (--iters=20) are not those searched "
+            f"(--record={record} --iters=400)") in other.stderr
+    assert f"autofit: trained 20 optimizer steps with fp32 b={best}" in other.stderr
+
+
+@pytest.mark.parametrize("command", [["probe", "starts.py", "--batch-size", "4"], ["estimate", "starts.py"]])
+def test_probe_and_estimate_hand_the_script_its_arguments(tmp_path, command):
+    shutil.copy(script("starts.py"), tmp_path / "starts.py")
+    record = tmp_path / "record.jsonl"
+    done = autofit_cli(*command, "--", f"--record={record}", "--iters=100000", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    seen = [json.loads(line) for line in record.read_text().splitlines()]
+    assert seen and all(r["argv"] == [f"--record={record}", "--iters=100000"] for r in seen)

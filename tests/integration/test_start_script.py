@@ -1,0 +1,58 @@
+"""A script without a function (`autofit.start` at module level), probed whole in a real worker process:
+executed from its top with its own arguments, its steps followed, ended after the measured ones; its
+out-of-memory classified as a function's; forked and persistent probes alike."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autofit.config import Config
+from autofit.probing import SCRIPT_ARGS_ENV, Worker
+from autofit.runtime import ONE_START
+from tests.support import refused_by_the_allocator, script
+
+LIMIT = 768 * 2**20
+
+
+def _records(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("probe_process", ["fork", "persistent"])
+def test_a_start_script_is_probed_with_its_arguments_and_its_globals_fresh(tmp_path, monkeypatch, probe_process):
+    record = tmp_path / "record.jsonl"
+    monkeypatch.setenv(SCRIPT_ARGS_ENV, json.dumps([f"--record={record}", "--iters", "100000"]))
+    with Worker(script("starts.py"), memory_limit=LIMIT, probe_process=probe_process) as worker:
+        info = worker.start()
+        assert tuple(info.options["batch_range"]) == (1, 2048)  # the arguments of its autofit.start
+        first = worker.probe(Config(batch_size=4), timeout=120)
+        oom = worker.probe(Config(batch_size=1024), timeout=120)
+        again = worker.probe(Config(batch_size=8), timeout=120)
+    assert first.status == "ok" and first.measured_steps >= 5 and first.samples_per_s > 0
+    assert oom.status == "oom"
+    assert refused_by_the_allocator(oom.error_message) or oom.error_type == "MemoryError"
+    assert again.status == "ok"
+    for result in (first, oom, again):  # the script's globals (its model, its tensors) went with its probe
+        assert result.memory_after_bytes - result.baseline_bytes < 128 * 2**20
+    seen = _records(record)
+    assert [r["batch_size"] for r in seen] == [4, 1024, 8]  # the load ran no training: no record of it
+    assert all(r["argv"] == [f"--record={record}", "--iters", "100000"] for r in seen)
+    assert all(r["seen"] == [r["batch_size"]] for r in seen)  # module globals fresh in every probe
+
+
+def test_a_second_autofit_start_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv(SCRIPT_ARGS_ENV, json.dumps(["--twice"]))
+    with Worker(script("starts.py")) as worker:
+        worker.start()
+        result = worker.probe(Config(batch_size=4), timeout=120)
+    assert result.status == "error" and result.error_type == "UsageError"
+    assert result.error_message == ONE_START
+
+
+def test_a_script_that_ends_short_of_the_probe_is_too_short(monkeypatch):
+    monkeypatch.setenv(SCRIPT_ARGS_ENV, json.dumps(["--iters=3"]))
+    with Worker(script("starts.py")) as worker:
+        worker.start()
+        result = worker.probe(Config(batch_size=4), timeout=120)
+    assert result.status == "error" and result.error_type == "ProbeTooShort"
