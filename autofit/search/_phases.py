@@ -1,15 +1,15 @@
 """The phases of a search, in order: explore (the planner's configs, and suspect measurements
 rechecked, on every runner at once), remeasure (the close contenders measured again, longer), confirm
-(an A/B of the configs within the noise of the leader, alternating, over longer rounds) and export (the best-config file). Each phase asks the sampler what its next
-trial would probe (`AutofitSampler.propose`), checks that the clock allows it, and probes it through
-the search's state (`SearchState.start_probe`, `SearchState.finish_probe`); the loop (`Search`) calls
-them in order."""
+(an A/B of the configs within the noise of the leader, alternating, over longer rounds) and export
+(the best-config file). Each phase asks the sampler what its next trial would probe
+(`AutofitSampler.propose`), checks that the clock allows it, and probes it through the search's state
+(`SearchState.start_probe`, `SearchState.finish_probe`); the loop (`Search`) calls them in order."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from autofit.config import Config
@@ -139,7 +139,7 @@ def confirm(state: SearchState, runner: Runner) -> None:
         if not _run_ab(state, runner, plan):
             return
         first = state.planner.best(state.session.observations())
-        if first != entrants[0]:
+        if first is not None and first != entrants[0]:
             state.notes.append(f"the A/B changed the winner: {first.label()} ranks first now, "
                                f"above {entrants[0].label()}, which led before it")
 

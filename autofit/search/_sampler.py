@@ -6,9 +6,9 @@ How a trial gets its config: `AutofitSampler.sample_relative` returns it. Optuna
 it asks its sampler, and the search must know whether anything is worth a trial (and whether the budget
 allows its length) before one exists; so the search first asks the sampler what the next trial of a
 phase would probe (`propose`: a suspect measurement to recheck or the planner's next config while
-exploring, then the close contenders, then the A/B's rounds that confirm the winner), and then `study.ask()`, which asks
-the sampler, whose `sample_relative` gives that proposal to the new trial. A trial asked without a
-proposal (a plain `study.ask()` or `study.optimize`) gets the planner's next config, decided then.
+exploring, then the close contenders, then the A/B's rounds that confirm the winner), and then
+`study.ask()`, which asks the sampler, whose `sample_relative` gives that proposal to the new trial. A
+trial asked without a proposal (a plain `study.ask()` or `study.optimize`) gets the planner's next config, decided then.
 
 Why not `study.enqueue_trial`: an enqueued trial waits in the study for the next `ask` of anyone, and
 several searchers may share one study (`--storage` on PostgreSQL or a journal file): another searcher
