@@ -8,11 +8,13 @@ and the notebook all read a study through here; autofit.study only stores and re
 from __future__ import annotations
 
 from autofit.findings._best_document import best_document
+from autofit.findings._confirmation import UNCONFIRMED_BUDGET
 from autofit.findings._explain import explain, fault_notes, nothing_fits, rate_note
 from autofit.findings._planning import observations, study_planner
 from autofit.findings._stored_study import StoredStudy, list_studies, load_study
 
 __all__ = [
+    "UNCONFIRMED_BUDGET",
     "StoredStudy",
     "best_document",
     "explain",

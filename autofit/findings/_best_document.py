@@ -16,6 +16,7 @@ import optuna
 from autofit.devices import mfu
 from autofit.errors import NoFeasibleConfig
 from autofit.export import config_entry, versions
+from autofit.findings._confirmation import ab_record, unconfirmed_reason
 from autofit.findings._explain import explain, rate_note
 from autofit.findings._planning import observations, study_planner
 from autofit.planner import Candidate, Observation, Planner
@@ -53,11 +54,13 @@ def best_document(
     stopped = stopped if stopped is not None else end.get("stopped", NOT_FINISHED)
     partial = partial if partial is not None else bool(end.get("partial", True))
     world_size = meta.get("world_size", 1)
+    measured = _measured(ranked, done, trials, meta, planner, partial)
+    reason = measured["unconfirmed"]
     run_versions = meta.get("versions") or {}
     return {
         "partial": partial,
         "config": config_entry(ranked[0].config, world_size),
-        "measured": _measured(ranked, done, trials, meta),
+        "measured": measured,
         "memory": {"limit_bytes": meta["limit_bytes"], "headroom": meta["headroom"], "usable_bytes": int(usable)},
         "device": meta["device_info"],
         # Ranks each probe ran on: the micro-batch and accumulation are per rank, the global batch is
@@ -73,7 +76,7 @@ def best_document(
         "study": {"name": study.study_name, "storage": redacted(storage), "probes": len(done),
                   "oom": sum(o.too_big(usable) for o in done), "failed": sum(o.failed for o in done),
                   "stopped": stopped},
-        "why": explain(ranked, done, planner, usable),
+        "why": explain(ranked, done, planner, usable) + (f"; unconfirmed: {reason}" if reason else ""),
         "runner_ups": [
             {**config_entry(c.config, world_size), "samples_per_s": c.samples_per_s, "peak_bytes": c.peak_bytes}
             for c in ranked[1:5]
@@ -81,8 +84,10 @@ def best_document(
     }
 
 
-def _measured(ranked: list[Candidate], done: list[Observation], trials, meta: dict) -> dict[str, Any]:
-    """The winner's measured figures: its rates, peak and probes, and where its rates come from."""
+def _measured(ranked: list[Candidate], done: list[Observation], trials, meta: dict, planner: Planner,
+              partial: bool) -> dict[str, Any]:
+    """The winner's measured figures: its rates, peak and probes, where its rates come from, and the A/B
+    that confirmed it (or why none did)."""
     best = ranked[0]
     usable = meta["usable_bytes"]
     confirmed = any(o.phase == "confirm" and o.config == best.config and o.fits(usable) for o in done)
@@ -94,6 +99,10 @@ def _measured(ranked: list[Candidate], done: list[Observation], trials, meta: di
         "peak_bytes": best.peak_bytes,
         "probes": best.probes,
         "confirmed": confirmed,
+        # why not, when it is not (null when it is)
+        "unconfirmed": unconfirmed_reason(confirmed, done, partial),
+        # the A/B that confirmed it: each entrant's rounds (samples/s), median and spread (null: none ran)
+        "ab": ab_record(ranked, done, planner),
         # which probes the rates come from ("confirmation", "median", "fastest"), and why
         "rate_from": best.measurement.rule,
         "rate_note": rate_note(ranked, done),

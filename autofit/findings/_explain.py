@@ -9,6 +9,7 @@ import statistics
 import optuna
 
 from autofit.config import Config
+from autofit.findings._confirmation import ab_words
 from autofit.planner import TIE_TOLERANCE, Candidate, Planner, dominates, loader_reason
 from autofit.study import DATA_BOUND_ERRORS, trial_result
 from autofit.units import format_size
@@ -18,6 +19,9 @@ def explain(ranked: list[Candidate], done, planner: Planner, usable: float) -> s
     """Why the winner won, in one sentence a person can check."""
     best = ranked[0]
     parts = [f"{best.config.label()}: {best.samples_per_s:,.1f} samples/s"]
+    changed = ab_words(ranked, done, planner)
+    if changed:
+        parts.append(changed)
     parts.extend(_as_an_expert(ranked, planner.ranking_margin(done)))
     loader = loader_reason(planner.space.loader, ranked, done)
     if loader:
@@ -82,7 +86,9 @@ def rate_note(ranked: list[Candidate], done) -> str:
         gap = best.samples_per_s / short - 1 if short else 0.0
         against = (f"agreeing with its short probes' {short:,.1f}" if abs(gap) < 0.005 else
                    f"{abs(gap):.0%} {'below' if gap < 0 else 'above'} its short probes' {short:,.1f}: the long run counts")
-        parts = [f"from its confirmation run: {best.samples_per_s:,.1f} samples/s, {against}"]
+        rounds = len(probes)
+        source = "its confirmation run" if rounds == 1 else f"the median of its {rounds} A/B rounds"
+        parts = [f"from {source}: {best.samples_per_s:,.1f} samples/s, {against}"]
     elif rule == "fastest":
         parts = ["from the fastest of its probes: they disagreed beyond the noise seen, and interference "
                  "slows a probe, never speeds it up"]
@@ -95,7 +101,7 @@ def rate_note(ranked: list[Candidate], done) -> str:
         led = _short_rate(c.config, done)
         if c.measurement.rule == "confirmation" and led and led > best.samples_per_s:
             parts.append(f"{c.config.label()} led with {led:,.1f} samples/s on its short probes but measured "
-                         f"{c.samples_per_s:,.1f} in its confirmation run")
+                         f"{c.samples_per_s:,.1f} in its confirmation (the A/B)")
     return "; ".join(parts)
 
 

@@ -5,6 +5,7 @@ and the benchmark's replays all ask the same planner."""
 
 from __future__ import annotations
 
+from autofit.planner._ab import AB_ENTRANTS, AB_ROUNDS, ABPlan
 from autofit.planner._loader_rule import (
     MIN_LOADER_SHARE,
     LoaderChoices,
@@ -30,6 +31,9 @@ from autofit.planner._ranking import TIE_TOLERANCE, Candidate, dominates
 from autofit.planner._search_space import SearchSpace, Strategy, checkpoint_levels, divisors_in, nice_batch_sizes
 
 __all__ = [
+    "AB_ENTRANTS",
+    "AB_ROUNDS",
+    "ABPlan",
     "FAILED_STATUSES",
     "MIN_LOADER_SHARE",
     "TIE_TOLERANCE",

@@ -14,8 +14,8 @@ A config's measurement is *suspect* when:
 A suspect config is measured again (a "recheck" probe) before it may win or bound anything: until it
 is resolved (two agreeing probes, or three probes: then the fastest steady one counts, since
 interference slows probes and never speeds them up) the planner leaves it out of
-its ranking and its throughput models. The winner's confirmation (a long run, see `Measurement`)
-settles it: its figure counts, and may lower the winner below the next config. A probe slowed evenly looks normal on its own, so before a
+its ranking and its throughput models. The winner's confirmation (an A/B of the configs within the
+noise of it, see `Measurement` and _ab.py) settles it: its figure counts, and may lower the winner below the next config. A probe slowed evenly looks normal on its own, so before a
 search ends, the leader of each precision within reach of the best is probed a second time too: if
 that reveals a slowdown, the strategies it pruned are open again. When suspects keep appearing (more than a third of the
 configs, at least three), the machine is too noisy to rank configs, and the search says so.
@@ -56,10 +56,11 @@ class Suspicion:
 
 @dataclass(frozen=True)
 class Measurement:
-    """The probes a config's figures come from, and the rule that chose them: "confirmation" (its
-    confirmation runs, steady or not: the winner's long run measures what training will see, and a
-    slowdown that sets in after the short probes' steps shows as steps that vary; so it may lower the
-    short probes' figure), "fastest" (steady probes that disagree beyond the noise seen: the fastest
+    """The probes a config's figures come from, and the rule that chose them: "confirmation" (the median
+    of its confirmation rounds, the A/B's (see _ab.py), steady or not: rounds longer than a probe measure
+    what training will see, alternating with the other entrants so that the machine's drift falls on all
+    of them, and a slowdown that sets in after the short probes' steps shows as steps that vary; so it
+    may lower the short probes' figure), "fastest" (steady probes that disagree beyond the noise seen: the fastest
     alone, since interference slows a probe and never speeds it up) or "median" (the rest).
     Every rate of the best-config file is taken from these probes."""
 
@@ -116,10 +117,10 @@ class NoiseReading:
         if measured.rule == "median":
             measured = Measurement.of([o for o in obs if not self._erratic(o)] or obs)
         measured = replace(measured, erratic=any(self._erratic(o) for o in measured.probes))
-        if len(measured.probes) >= 2 and self._disagree(measured.probes):
+        if measured.rule == "median" and len(measured.probes) >= 2 and self._disagree(measured.probes):
             fastest = max(measured.probes, key=lambda o: o.samples_per_s)
-            return replace(measured, probes=(fastest,), rule="fastest" if measured.rule == "median" else measured.rule)
-        return measured
+            return replace(measured, probes=(fastest,), rule="fastest")
+        return measured  # an A/B's rounds count at their median, however they spread: they alternated
 
     def _erratic(self, o: Observation) -> bool:
         return o.spread is not None and o.spread > self._spread_limit

@@ -39,6 +39,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from autofit.config import SHARDINGS, Config
+from autofit.planner._ab import ABPlan, entrants, within_noise
 from autofit.planner._feasibility import Feasibility
 from autofit.planner._loader_rule import leader, next_loader_config
 from autofit.planner._memory_model import MemoryModels
@@ -60,9 +61,8 @@ _PILOT_BATCH = 4
 _MIN_RECHECKS = 4
 _MAX_LEAP = 4
 _PILOT_JUMP = 4
-#: Close contenders: the first this many of the ranking, at least this share of the best's throughput.
+#: Close contenders: the first this many of the ranking within the noise of the best (`within_noise`).
 _CONTENDERS = 3
-_CONTENDER_SHARE = 0.95
 
 
 class Planner:
@@ -165,24 +165,24 @@ class Planner:
 
     def contenders(self, observations: Sequence[Observation]) -> list[Config]:
         """The close contenders to measure again, longer, before a winner is named, best first: the first
-        three of the ranking as it stood before any remeasurement, within 5% of the best and measured once
-        then; those remeasured already are left out."""
+        three of the ranking as it stood before any remeasurement within the noise of the best (its
+        ranking margin, see `within_noise`) and measured once then; those remeasured already are left
+        out. None of them is decided on one probe."""
         before = [o for o in observations if o.phase != "remeasure"]
         remeasured = {o.config for o in observations if o.phase == "remeasure"}
-        ranked = self.ranked(before)
-        if not ranked:
-            return []
-        close = _CONTENDER_SHARE * ranked[0].samples_per_s
-        return [c.config for c in ranked[:_CONTENDERS]
-                if c.samples_per_s >= close and c.probes <= 1 and c.config not in remeasured]
+        state = self._state(before)
+        close = within_noise(state.ranking.ranked(), state.ranking.margin)
+        return [c.config for c in close[:_CONTENDERS] if c.probes <= 1 and c.config not in remeasured]
 
-    def to_confirm(self, observations: Sequence[Observation]) -> Config | None:
-        """The config to confirm with a long run: the ranking's first, unless a confirmation run
-        measured it already (then the search has its winner); None when nothing ranks."""
-        ranked = self.ranked(observations)
-        if not ranked or any(o.phase == "confirm" and o.config == ranked[0].config for o in observations):
-            return None
-        return ranked[0].config
+    def ab_entrants(self, observations: Sequence[Observation]) -> list[Config]:
+        """The A/B's entrants, best first (see `entrants`); none once the first has a confirmation round."""
+        ranking = self._state(observations).ranking
+        return entrants(ranking.ranked(), ranking.margin, observations)
+
+    def to_confirm(self, observations: Sequence[Observation], plan: ABPlan | None = None) -> Config | None:
+        """The config whose confirmation round comes next: `plan`'s next entrant (A, B, C, A, B, C, ...),
+        or without one a round of each entrant; None when the A/B is done or the first is confirmed."""
+        return (plan or ABPlan(tuple(self.ab_entrants(observations)), 1, 0)).next(observations)
 
     def ranking_margin(self, observations: Sequence[Observation]) -> float:
         """How much faster a dominated config must read to rank above the one it dominates."""

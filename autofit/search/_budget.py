@@ -1,16 +1,21 @@
-"""The search's clock: how long the next probe, a confirmation run or a timeout should be, from the
+"""The search's clock: how long the next probe, the A/B (the confirmation) or a timeout should be, from the
 probes so far and the budget left. Every estimate is from measured wall times, never guessed."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import optuna
 
 from autofit.config import Config
-from autofit.planner import Planner
+from autofit.planner import AB_ROUNDS, ABPlan, Planner
 from autofit.search._settings import SearchSettings
 from autofit.study import trial_config, trial_result
+
+#: The share of the budget kept back at most for the decision (the close contenders' second probes, the
+#: A/B): the search plans its last minutes for choosing well, not for exploring more.
+DECISION_SHARE = 1 / 3
 
 
 class Budget:
@@ -46,22 +51,45 @@ class Budget:
         extra_steps = max(0, steps - last.measured_steps) * (last.step_time_median_s or 0)
         return last.wall_s + extra_steps
 
-    def confirm_steps(self, study: optuna.Study, config: Config) -> int | None:
-        """The confirmation's length: confirm_factor x the probe's steps, shortened to fit the budget
-        (at least 2x, or None when not even that fits)."""
-        for factor in (self.s.confirm_factor, 5, 3, 2):
-            steps = self.s.steps * factor
-            if self.confirm_estimate(study, config, steps) <= self.left():
-                return steps
-        return None
+    def ab_plan(self, study: optuna.Study, entrants: Sequence[Config], since: int = -1) -> ABPlan | None:
+        """The longest A/B (the confirmation, see planner/_ab.py) the budget left holds: every entrant for
+        AB_ROUNDS rounds whose windows add up to confirm_factor x a probe's steps, shortened first in its
+        windows (down to 2 probes' steps in all), then in its rounds (2), then in its entrants (the last
+        first); one entrant runs one long round. None when not even the first's shortest run fits."""
+        return next((plan for plan in self._ab_plans(entrants, since)
+                     if self.ab_estimate(study, plan) <= self.left()), None)
 
-    def confirm_reserve(self, planner: Planner, seen, study: optuna.Study | None = None) -> float:
-        """Time kept back for the winner's long run: at most a quarter of the budget."""
-        ranked = planner.ranked(seen)
-        if not ranked or study is None:
+    def ab_estimate(self, study: optuna.Study, plan: ABPlan) -> float:
+        """Seconds `plan` should take, from each entrant's last probe."""
+        return sum(plan.rounds * self.confirm_estimate(study, c, plan.steps) for c in plan.entrants)
+
+    def _ab_plans(self, entrants: Sequence[Config], since: int) -> list[ABPlan]:
+        """Every A/B `ab_plan` considers, longest first."""
+        factor, steps, plans = self.s.confirm_factor, self.s.steps, []
+        for n in range(len(entrants), 1, -1):
+            for rounds in (AB_ROUNDS, 2):
+                for window in sorted({max(1, -(-factor // rounds)), max(1, -(-2 // rounds))}, reverse=True):
+                    plans.append(ABPlan(tuple(entrants[:n]), rounds, steps * window, since))
+        for length in sorted({f for f in (factor, 5, 3, 2) if f <= factor} or {factor}, reverse=True):
+            plans.append(ABPlan(tuple(entrants[:1]), 1, steps * length, since))
+        return list(dict.fromkeys(plans)) if entrants else []
+
+    def decision_reserve(self, planner: Planner, seen, study: optuna.Study | None = None) -> float:
+        """Time kept back for the decision, so that exploring stops early enough: the close contenders'
+        second probes and the longest A/B of the configs within the noise of the leader (estimated from
+        their probes), at most a third of the budget."""
+        if study is None:
             return 0.0
-        estimate = self.confirm_estimate(study, ranked[0].config, self.s.steps * self.s.confirm_factor)
-        return min(estimate, 0.25 * self.s.budget_s)
+        remeasures = sum(self.confirm_estimate(study, c, 2 * self.s.steps) for c in planner.contenders(seen))
+        plans = self._ab_plans(planner.ab_entrants(seen), -1)
+        ab = self.ab_estimate(study, plans[0]) if plans else 0.0
+        return min(remeasures + ab, DECISION_SHARE * self.s.budget_s)
+
+    def shortest_ab(self, planner: Planner, seen, study: optuna.Study) -> float:
+        """Seconds the shortest A/B of every entrant takes: what a close contender's second probe leaves."""
+        entrants = planner.ab_entrants(seen)
+        plans = [p for p in self._ab_plans(entrants, -1) if len(p.entrants) == len(entrants)]
+        return self.ab_estimate(study, plans[-1]) if plans else 0.0
 
     def probe_timeout(self, seen) -> float:
         """--probe-timeout, else: the first probe max(60 s, a quarter of the budget); later ones 5x

@@ -1,21 +1,22 @@
 """The phases of a search, in order: explore (the planner's configs, and suspect measurements
 rechecked, on every runner at once), remeasure (the close contenders measured again, longer), confirm
-(the winner's long run) and export (the best-config file). Each phase asks the sampler what its next
-trial would probe (`AutofitSampler.propose`), checks that the clock allows it, and probes it through
-the search's state (`SearchState.start_probe`, `SearchState.finish_probe`); the loop (`Search`) calls
-them in order."""
+(an A/B of the configs within the noise of the leader, alternating, over longer rounds) and export
+(the best-config file). Each phase asks the sampler what its next trial would probe
+(`AutofitSampler.propose`), checks that the clock allows it, and probes it through the search's state
+(`SearchState.start_probe`, `SearchState.finish_probe`); the loop (`Search`) calls them in order."""
 
 from __future__ import annotations
 
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from autofit.config import Config
 from autofit.errors import NoFeasibleConfig, UserCodeError
 from autofit.export import default_best_path, device_tag, write_best
-from autofit.findings import best_document, fault_notes, nothing_fits
-from autofit.planner import Observation
+from autofit.findings import UNCONFIRMED_BUDGET, best_document, fault_notes, nothing_fits
+from autofit.planner import ABPlan, Observation
 from autofit.probing import ProbeResult
 from autofit.search._build_space import loader_note
 from autofit.search._sampler import Proposal
@@ -78,7 +79,7 @@ def _next_explore(state: SearchState, running: int) -> Proposal | str | None:
         return f"reached --trials {state.s.trials}"
     study, budget = state.session.study, state.budget
     seen = state.session.observations()
-    reserve = budget.confirm_reserve(state.planner, seen, study)
+    reserve = budget.decision_reserve(state.planner, seen, study)
     if budget.left() < budget.next_probe_estimate(seen) + reserve:
         return "the time budget"
     proposal = state.sampler.propose(study, "explore")
@@ -103,39 +104,63 @@ def _check_fatal(result: ProbeResult, seen: list[Observation]) -> None:
 
 
 def remeasure(state: SearchState, runner: Runner) -> None:
-    """Noise: the close contenders get a second measurement, twice as long, before a winner is named."""
+    """Noise: the close contenders (within the noise of the best, measured once) get a second
+    measurement, twice as long, before a winner is named, as long as the A/B still fits after it."""
     study, budget = state.session.study, state.budget
-    seen = state.session.observations()
     steps = state.s.steps * 2
     while (proposal := state.sampler.propose(study, "remeasure")) is not None:
+        seen = state.session.observations()
         if budget.left() < budget.confirm_estimate(study, proposal.config, steps) \
-                + budget.confirm_reserve(state.planner, seen, study):
+                + budget.shortest_ab(state.planner, seen, study):
             break
         state.probe(runner, steps)
 
 
 def confirm(state: SearchState, runner: Runner) -> None:
-    """Confirm the winner with a long run, whose figure counts (see `Measurement`): a slower run may
-    hand the win to the next config, confirmed in turn; fall back to the next one if it fails or crosses
-    the headroom (three tries at most)."""
+    """The confirmation, an A/B: the configs within the noise of the leader (`Planner.ab_entrants`) run
+    in turn (A, B, C, A, B, C, ...) over rounds longer than a probe, and the median of each one's rounds
+    is its figure (see `Measurement`), so the winner is the one the A/B favours. A config the A/B left
+    first on its short probes alone is confirmed in turn (three A/Bs at most); a winner the budget left
+    no room for stays unconfirmed, and says why."""
     study = state.session.study
     for _ in range(3):
-        proposal = state.sampler.propose(study, "confirm")
-        if proposal is None:
+        seen = state.session.observations()
+        entrants = state.planner.ab_entrants(seen)
+        if not entrants:
             return
-        steps = state.budget.confirm_steps(study, proposal.config)
-        if steps is None:
-            state.notes.append("the winner was not confirmed with a longer run: the budget ran out")
+        plan = state.budget.ab_plan(study, entrants, since=max((o.trial for o in seen if o.trial is not None),
+                                                                 default=-1))
+        if plan is None:
+            state.notes.append(f"{entrants[0].label()} is unconfirmed: {UNCONFIRMED_BUDGET}")
             return
-        result = state.probe(runner, steps)
-        if result is not None and result.ok and (result.peak_bytes or 0) <= state.session.usable:
-            first = state.planner.best(state.session.observations())
-            if first != proposal.config:  # its longer run moved it down the ranking: the new first is next
-                state.notes.append(f"{proposal.config.label()} measured {result.samples_per_s or 0:,.1f} samples/s "
-                                    f"in its confirmation run, below {first.label()}, which ranks first now")
-            continue
-        state.notes.append(f"{proposal.config.label()} failed its confirmation run "
-                            f"({result.status if result else 'claimed'}); falling back to the next best")
+        if len(plan.entrants) < len(entrants):
+            state.notes.append(f"the A/B left out {', '.join(c.label() for c in entrants[len(plan.entrants):])}, "
+                               f"within the noise of the leader: the budget left could not hold them")
+        if not _run_ab(state, runner, plan):
+            return
+        first = state.planner.best(state.session.observations())
+        if first is not None and first != entrants[0]:
+            state.notes.append(f"the A/B changed the winner: {first.label()} ranks first now, "
+                               f"above {entrants[0].label()}, which led before it")
+
+
+def _run_ab(state: SearchState, runner: Runner, plan: ABPlan) -> bool:
+    """`plan`'s rounds, one after another on `runner`; False when the budget ran out before its end."""
+    study, budget = state.session.study, state.budget
+    while (proposal := state.sampler.propose(study, "confirm", plan)) is not None:
+        if budget.left() < budget.confirm_estimate(study, proposal.config, plan.steps):
+            state.notes.append(f"the A/B stopped before its end: the budget ran out "
+                               f"({proposal.config.label()}'s next round did not fit)")
+            return False
+        result = state.probe(runner, plan.steps)
+        if result is None:
+            return False  # another searcher claimed the round: its A/B decides
+        if not (result.ok and (result.peak_bytes or 0) <= state.session.usable):
+            state.notes.append(f"{proposal.config.label()} failed its A/B round "
+                               f"({result.status if result.status != 'ok' else 'over the headroom'}): "
+                               f"it runs no more rounds")
+            plan = replace(plan, entrants=tuple(c for c in plan.entrants if c != proposal.config))
+    return True
 
 
 def export(state: SearchState, stopped: str, partial: bool) -> SearchResult:

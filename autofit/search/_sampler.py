@@ -6,9 +6,9 @@ How a trial gets its config: `AutofitSampler.sample_relative` returns it. Optuna
 it asks its sampler, and the search must know whether anything is worth a trial (and whether the budget
 allows its length) before one exists; so the search first asks the sampler what the next trial of a
 phase would probe (`propose`: a suspect measurement to recheck or the planner's next config while
-exploring, then the close contenders, then the winner to confirm), and then `study.ask()`, which asks
-the sampler, whose `sample_relative` gives that proposal to the new trial. A trial asked without a
-proposal (a plain `study.ask()` or `study.optimize`) gets the planner's next config, decided then.
+exploring, then the close contenders, then the A/B's rounds that confirm the winner), and then
+`study.ask()`, which asks the sampler, whose `sample_relative` gives that proposal to the new trial. A
+trial asked without a proposal (a plain `study.ask()` or `study.optimize`) gets the planner's next config, decided then.
 
 Why not `study.enqueue_trial`: an enqueued trial waits in the study for the next `ask` of anyone, and
 several searchers may share one study (`--storage` on PostgreSQL or a journal file): another searcher
@@ -30,7 +30,7 @@ from optuna.trial import FrozenTrial
 
 from autofit.config import Config
 from autofit.findings import observations
-from autofit.planner import Observation, Planner, SearchSpace
+from autofit.planner import ABPlan, Observation, Planner, SearchSpace
 from autofit.study import config_params, distributions
 
 #: The phases whose trials the sampler proposes, in the order a search runs them.
@@ -61,10 +61,11 @@ class AutofitSampler(BaseSampler):
         """The trial params of the planner's space (it narrows once the first probe names the knobs)."""
         return space_distributions(self.planner.space)
 
-    def propose(self, study: optuna.Study, phase: str) -> Proposal | None:
+    def propose(self, study: optuna.Study, phase: str, plan: ABPlan | None = None) -> Proposal | None:
         """What the next trial of `phase` would probe, decided now from the study's trials; the next
-        trial asked gets it. None: nothing in this phase is worth a probe."""
-        self._proposed = self._decide(observations(study.get_trials(deepcopy=False)), phase)
+        trial asked gets it. None: nothing in this phase is worth a probe. `plan`: the A/B a confirm
+        phase runs (its next round)."""
+        self._proposed = self._decide(observations(study.get_trials(deepcopy=False)), phase, plan)
         return self._proposed
 
     def given(self, trial: optuna.Trial | FrozenTrial) -> Proposal | None:
@@ -75,7 +76,7 @@ class AutofitSampler(BaseSampler):
             self._given[trial.number], self._proposed = self._proposed, None
         return self._given.pop(trial.number)
 
-    def _decide(self, seen: list[Observation], phase: str) -> Proposal | None:
+    def _decide(self, seen: list[Observation], phase: str, plan: ABPlan | None = None) -> Proposal | None:
         if phase == "explore":
             suspect = self.planner.recheck(seen)  # a measurement to trust only once measured again
             if suspect is not None:
@@ -86,7 +87,7 @@ class AutofitSampler(BaseSampler):
             contenders = self.planner.contenders(seen)
             return Proposal(contenders[0], "remeasure") if contenders else None
         if phase == "confirm":
-            config = self.planner.to_confirm(seen)
+            config = self.planner.to_confirm(seen, plan)
             return Proposal(config, "confirm") if config is not None else None
         raise ValueError(f"The phase must be one of {', '.join(PHASES)}, but got {phase!r}.")
 

@@ -1,0 +1,70 @@
+"""The confirmation as an A/B: the configs within the noise of the leader measured against each other,
+alternating (A, B, C, A, B, C, ...), over windows longer than a probe, before a winner is named.
+
+Why: on a noisy machine one short probe each ranks configs by luck (a slowdown that lasts a few seconds
+lands on one config and spares the next), and the search drifts toward configs an expert would never
+pick. Rounds that alternate share whatever drift the machine has between the entrants, and the median of
+each entrant's rounds is its figure (`Measurement`: a config's confirmation rounds count before its short
+probes), so the ranking the winner comes from is the A/B's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autofit.config import Config
+from autofit.planner._observation import Observation
+from autofit.planner._ranking import Candidate, dominates
+
+#: The A/B's entrants: the leader and the next within the noise of it, this many at most.
+AB_ENTRANTS = 3
+#: Rounds each entrant runs in a full A/B (fewer when the budget left cannot hold them).
+AB_ROUNDS = 3
+
+
+def within_noise(ranked: Sequence[Candidate], margin: float) -> list[Candidate]:
+    """The ranking's first and the configs no slower than it by more than `margin` (the noise the search
+    has seen) that no config ranked above them dominates, best first: the ones a single probe cannot
+    tell apart from the first."""
+    if not ranked:
+        return []
+    floor = ranked[0].samples_per_s * (1 - margin)
+    return [c for i, c in enumerate(ranked)
+            if i == 0 or (c.samples_per_s >= floor and not any(dominates(a.config, c.config) for a in ranked[:i]))]
+
+
+def entrants(ranked: Sequence[Candidate], margin: float, observations: Sequence[Observation]) -> list[Config]:
+    """The A/B's entrants: the ranking's first and the next within the noise of it (`within_noise`),
+    AB_ENTRANTS at most, best first; none once the first has a confirmation round (the search has its
+    winner)."""
+    if not ranked or any(o.phase == "confirm" and o.config == ranked[0].config for o in observations):
+        return []
+    return [c.config for c in within_noise(ranked, margin)[:AB_ENTRANTS]]
+
+
+@dataclass(frozen=True)
+class ABPlan:
+    """One A/B: its entrants, the rounds each runs and the measured steps of each round (its window),
+    counting only the rounds after trial `since` (an entrant of an earlier A/B starts again at 0)."""
+
+    entrants: tuple[Config, ...]
+    rounds: int
+    steps: int
+    since: int = -1
+
+    def next(self, observations: Sequence[Observation]) -> Config | None:
+        """The entrant whose round comes next: the one with the fewest rounds so far, the first of them on
+        ties (so A, B, C, A, B, C, ...); an entrant whose round failed runs no more. None: done."""
+        counts = dict.fromkeys(self.entrants, 0)
+        out: set[Config] = set()
+        for o in observations:
+            if o.phase == "confirm" and o.config in counts and (o.trial is None or o.trial > self.since):
+                counts[o.config] += 1
+                if o.status not in ("ok", "running"):
+                    out.add(o.config)
+        pending = [c for c in self.entrants if c not in out and counts[c] < self.rounds]
+        return min(pending, key=counts.__getitem__) if pending else None  # min keeps the first of equals
+
+    def done(self, observations: Sequence[Observation]) -> bool:
+        return self.next(observations) is None
