@@ -108,8 +108,10 @@ def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: st
     _say_if_other_args(fn, best.document)
     partial = " (partial search)" if best.partial else ""
     message = f"running {_what(fn)} with the best config from {best.path}{partial}: {best.config.label()}"
-    if (best.document.get("measured") or {}).get("confirmed") is False:
-        message += " (unconfirmed: the search ended before a longer run could measure it; its figure is a short probe's)"
+    measured = best.document.get("measured") or {}
+    if measured.get("confirmed") is False:
+        why = measured.get("unconfirmed") or "the search ended before a longer run could measure it; its figure is a short probe's"
+        message += f" (unconfirmed: {why})"
     searched_memory_limit = (best.document.get("memory") or {}).get("limit_bytes")
     return RunPlan(best.config, device, message, best.path, lowered_path(best.path), searched_memory_limit,
                    int(best.document.get("world_size") or 1))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from autofit.errors import NoFeasibleConfig
 from autofit.probing import input_bound_text
-from autofit.report._probe_text import work_text
+from autofit.report._probe_text import confirmation_words, work_text
 from autofit.study import redacted
 from autofit.units import format_duration, format_size
 
@@ -86,7 +86,7 @@ def render_report(stored: StoredStudy, pngs: dict[str, bytes]) -> str:
         lines = [f"<b>Winner: {e(Config.from_dict(document['config']).label())}</b>, "
                  f"{measured['samples_per_s']:,.1f} samples/s, peak {e(format_size(measured['peak_bytes']))} of "
                  f"{e(format_size(stored.usable_bytes))} usable"
-                 f"{' (confirmed by a longer run)' if measured['confirmed'] else ''}."]
+                 f" ({e(confirmation_words(measured))})."]
         if measured.get("flops_per_s"):
             lines.append(f"Model FLOPs: {e(work_text(measured['flops_per_s'], measured.get('mfu'), measured.get('joules_per_sample')))}.")
         if waited := input_bound_text(measured.get("data_wait_share")):

@@ -66,3 +66,15 @@ def work_text(flops_per_s: float | None, mfu: float | None, joules_per_sample: f
     if joules_per_sample is not None:
         parts.append(f"{joules_per_sample:.3g} J/sample")
     return ", ".join(parts)
+
+
+def confirmation_words(measured: dict) -> str:
+    """How the file's winner was confirmed, in a few words: by its A/B (with how many entrants and their
+    widest spread), by one longer run, or not, and why not."""
+    if not measured.get("confirmed"):
+        return f"unconfirmed: {measured.get('unconfirmed') or 'no longer run measured it'}"
+    ab = measured.get("ab") or {}
+    entrants = ab.get("entrants") or []
+    if len(entrants) > 1:
+        return f"confirmed by an A/B of {len(entrants)} configs, spread {100 * ab.get('spread', 0):.1f}%"
+    return "confirmed by a longer run"

@@ -10,7 +10,7 @@ import pandas as pd
 from autofit.errors import NoFeasibleConfig, UsageError
 from autofit.probing import STATUSES, input_bound_text
 from autofit.report._memory_text import describe_memory
-from autofit.report._probe_text import describe_probe, work_text
+from autofit.report._probe_text import confirmation_words, describe_probe, work_text
 from autofit.study import COLUMNS, redacted
 from autofit.units import format_duration, format_size
 
@@ -104,7 +104,7 @@ def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame
         lines.append("best: none yet: no probe fits under the usable memory")
         return "\n".join(lines)
     measured = document["measured"]
-    confirmed = "confirmed by a longer run" if measured["confirmed"] else "not confirmed by a longer run"
+    confirmed = confirmation_words(measured)
     if measured.get("rate_from") == "confirmation":
         confirmed += ", whose figure this is"
     lines.append(f"best: {winner}  {measured['samples_per_s']:,.1f} samples/s, peak "
