@@ -133,7 +133,8 @@ class AutofitFunction:
             redo = StepRedo(enabled=recover, release_memory=backend.release, used_memory=backend.used_bytes)
         # The same warm-up a probe skips is left out of the run's own throughput figure.
         return Run(RunSettings(config, torch_device, probing=False, warmup_steps=_NORMAL_RUN_WARMUP,
-                               defaults=plan.path is None, ranks=ranks, redo=redo))
+                               defaults=plan.path is None, ranks=ranks, redo=redo,
+                               global_tokens=self.options.global_tokens))
 
     def search(self, **kwargs: Any):
         """Search this function's best config from Python; see `autofit.search.run_search`."""
@@ -146,6 +147,7 @@ def autofit(
     fn: Callable[..., Any] | None = None,
     *,
     global_batch: int | None = None,
+    global_tokens: int | None = None,
     batch_range: tuple[int, int] | None = None,
     precision: tuple[str, ...] | list[str] | str | None = None,
     accumulation: tuple[int, ...] | list[int] | None = None,
@@ -159,6 +161,8 @@ def autofit(
 ) -> Any:
     """Mark a train function `train(run)` for search: `@autofit` or `@autofit(global_batch=256)`.
 
+    `global_tokens=N`: a function that batches by tokens (run.token_batches) keeps about N real tokens
+    per optimizer step, whatever the micro-batch's cap.
     `batch_range=(lo, hi)`: the micro-batches to consider (default: 1 up, until memory stops the climb).
     `batch_size=` is its old name, still taken (deprecated)."""
     if batch_size is not None:
@@ -175,6 +179,7 @@ def autofit(
         checkpoint_policy = (checkpoint_policy,)
     options = SearchOptions(
         global_batch=global_batch,
+        global_tokens=global_tokens,
         batch_range=tuple(batch_range) if batch_range is not None else (1, MAX_BATCH),
         precision=tuple(precision) if precision is not None else None,
         accumulation=tuple(accumulation) if accumulation is not None else None,

@@ -18,6 +18,7 @@ from autofit.runtime._dataloader import count_prefetch_as_warmup
 from autofit.runtime._knobs import KnobPanel, Knobs
 from autofit.runtime._precision import make_grad_scaler
 from autofit.runtime._redo import LoopRedo, Lowering, drop_graph
+from autofit.runtime._tokens import TokenLoader
 
 
 class FedRun(Protocol):
@@ -77,6 +78,9 @@ class StepFeed:
     def batches(self, iterable: Iterable[Any], tokens: int | Callable[[Any], int] | None,
                 weight_by_tokens: bool = False) -> Iterator[Any]:
         """Yield micro-batches moved to the device; count samples, tokens and optimizer steps."""
+        if tokens is None and isinstance(iterable, TokenLoader):  # run.token_batches(): its real tokens
+            tokens = _loader_tokens(iterable)
+            weight_by_tokens = weight_by_tokens or iterable.weight_by_tokens
         if weight_by_tokens and tokens is None:
             raise UsageError("run.batches(..., weight_by_tokens=True) needs tokens= (per sample, or a function "
                              "of the batch): the weights are each micro-batch's tokens.")
@@ -300,6 +304,10 @@ def _capped_by_the_data(iterable: Any, batch_size: int, largest: int) -> bool:
     drop_last False it yields the whole data as one short batch)."""
     return (isinstance(iterable, torch.utils.data.DataLoader) and iterable.batch_size == batch_size
             and 0 < largest < batch_size)
+
+
+def _loader_tokens(loader: TokenLoader) -> Callable[[Any], int]:
+    return lambda batch: loader.real_tokens
 
 
 def _count_tokens(batch: Any, tokens: int | Callable[[Any], int] | None) -> int:
