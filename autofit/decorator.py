@@ -149,6 +149,7 @@ def autofit(
     global_batch: int | None = None,
     global_tokens: int | None = None,
     batch_range: tuple[int, int] | None = None,
+    token_range: tuple[int, int] | None = None,
     precision: tuple[str, ...] | list[str] | str | None = None,
     accumulation: tuple[int, ...] | list[int] | None = None,
     sharding: tuple[str, ...] | list[str] | str | None = None,
@@ -163,7 +164,8 @@ def autofit(
 
     `global_tokens=N`: a function that batches by tokens (run.token_batches) keeps about N real tokens
     per optimizer step, whatever the micro-batch's cap.
-    `batch_range=(lo, hi)`: the micro-batches to consider (default: 1 up, until memory stops the climb).
+    `batch_range=(lo, hi)`: the micro-batches to consider (default: 1 up, until memory stops the climb);
+    `token_range=(lo, hi)` the token caps, for a function that batches by tokens.
     `batch_size=` is its old name, still taken (deprecated)."""
     if batch_size is not None:
         if batch_range is not None:
@@ -181,6 +183,7 @@ def autofit(
         global_batch=global_batch,
         global_tokens=global_tokens,
         batch_range=tuple(batch_range) if batch_range is not None else (1, MAX_BATCH),
+        token_range=tuple(token_range) if token_range is not None else (1, MAX_BATCH),
         precision=tuple(precision) if precision is not None else None,
         accumulation=tuple(accumulation) if accumulation is not None else None,
         sharding=tuple(sharding) if sharding is not None else None,

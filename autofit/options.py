@@ -24,6 +24,10 @@ class SearchOptions:
     batch_range: tuple[int, int] = (1, MAX_BATCH)
     """Smallest and largest micro-batch (Config.batch_size) to consider (default: no upper bound; memory
     decides)."""
+    token_range: tuple[int, int] = (1, MAX_BATCH)
+    """Smallest and largest token cap (Config.max_tokens) to consider for a function that batches by tokens
+    (run.token_batches); the climb starts at the longest sample whatever the smallest (default: no upper
+    bound; memory decides)."""
     precision: tuple[str, ...] | None = None
     """Precisions to consider; None: every one the device supports."""
     accumulation: tuple[int, ...] | None = None
@@ -49,6 +53,9 @@ class SearchOptions:
         lo, hi = self.batch_range
         if lo < 1 or hi < lo:
             raise UsageError(f"The batch range must satisfy 1 <= MIN <= MAX, but got {lo}:{hi}.")
+        lo, hi = self.token_range
+        if lo < 1 or hi < lo:
+            raise UsageError(f"The token range must satisfy 1 <= MIN <= MAX, but got {lo}:{hi}.")
         if self.precision is not None:
             for name in self.precision:
                 check_precision(name)

@@ -53,7 +53,8 @@ class TokenBatchSampler(Sampler[list[int]]):
     `skip(n)` resumes an epoch after its first n batches (of this rank)."""
 
     def __init__(self, lengths: Sequence[int], max_tokens: int, *, shuffle: bool = True, seed: int = 0,
-                 rank: int = 0, world_size: int = 1, max_samples: int | None = None) -> None:
+                 rank: int = 0, world_size: int = 1, max_samples: int | None = None,
+                 worst_first: bool = False) -> None:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, but got {max_tokens}")
         if not 0 <= rank < world_size:
@@ -65,6 +66,9 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.shuffle, self.seed = shuffle, seed
         self.rank, self.world_size = rank, world_size
         self.max_samples = max_samples
+        self.worst_first = worst_first
+        """A probe's: the batch that holds the longest sample comes first, so that the probe's peak memory
+        is the data's worst case and a cap picked from it survives the long tail."""
         self.epoch = 0
         self._skip = 0
 
@@ -93,8 +97,12 @@ class TokenBatchSampler(Sampler[list[int]]):
             current.append(index)
         if current:
             batches.append(current)
+        worst = batches[0] if batches else None  # cut first, from the longest sample down
         if self.shuffle:
             batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+        if self.worst_first and worst is not None:
+            batches.remove(worst)
+            batches.insert(0, worst)
         return batches
 
     def _mine(self) -> list[list[int]]:
@@ -165,7 +173,7 @@ def build_token_loader(dataset: Any, lengths: Sequence[int], config: Config, *, 
     cap = config.max_tokens if config.max_tokens is not None else config.batch_size * max(lengths, default=1)
     max_samples = config.batch_size if config.max_tokens is not None and config.batch_size < config.max_tokens else None
     sampler = TokenBatchSampler(lengths, cap, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
-                                max_samples=max_samples)
+                                max_samples=max_samples, worst_first=probing)
     arguments = loader_arguments(config, {"collate_fn": collate_fn} if collate_fn is not None else {},
                                  probing=probing)
     arguments.pop("drop_last", None)  # a batch sampler decides the batches

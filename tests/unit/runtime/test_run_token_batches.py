@@ -127,3 +127,17 @@ def test_max_tokens_is_a_positive_whole_number_that_holds_the_samples_cap():
     assert (config.size, config.label()) == (64, "fp32 tokens=64")
     assert config.with_size(16) == Config(16, max_tokens=16)
     assert Config(8).with_size(4) == Config(4)
+
+
+def test_a_probe_meets_the_longest_sample_first():
+    firsts = set()
+    for seed in range(4):
+        run = Run(Config(64, max_tokens=64), "cpu", probing=True)
+        loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate, seed=seed)
+        x, _ = next(iter(loader))
+        firsts.add(x.shape[1])
+    assert firsts == {40}
+    normal = Run(Config(64, max_tokens=64), "cpu")
+    widths = {next(iter(normal.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate, seed=s)))[0].shape[1]
+              for s in range(4)}
+    assert widths != {40}  # a real run keeps its shuffled order
