@@ -140,13 +140,14 @@ class TokenLoader(TimedDataLoader):
 
     batch_sampler: TokenBatchSampler
     real_tokens: int = 0
+    real_samples: int = 0
     weight_by_tokens: bool = False
     """Set under `global_tokens`: run.batches weighs each micro-batch's loss by its real tokens."""
 
     def __iter__(self):
         lengths = self.batch_sampler.lengths
         for indices, batch in zip(list(self.batch_sampler), super().__iter__(), strict=False):
-            self.real_tokens = sum(lengths[i] for i in indices)
+            self.real_tokens, self.real_samples = sum(lengths[i] for i in indices), len(indices)
             yield batch
 
     def set_epoch(self, epoch: int) -> None:

@@ -141,3 +141,30 @@ def test_a_probe_meets_the_longest_sample_first():
     widths = {next(iter(normal.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate, seed=s)))[0].shape[1]
               for s in range(4)}
     assert widths != {40}  # a real run keeps its shuffled order
+
+
+def test_an_oom_in_a_normal_run_halves_max_tokens_and_cuts_the_batches_by_samples():
+    from autofit.runtime import lowered
+
+    assert lowered(Config(64, max_tokens=64, accumulation_steps=3)) == Config(32, max_tokens=32, accumulation_steps=6)
+    assert lowered(Config(1, max_tokens=1)) is None
+    even = [8] * 16  # 2 batches of 8 samples at a cap of 64
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Embedding(7, 8), torch.nn.Linear(8, 7))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = Run(Config(64, max_tokens=64), "cpu", recover_oom=True)
+    loader = run.token_batches(Sequences(even), even, collate_fn=collate)
+    sizes, failed = [], False
+    with run.active():
+        for x, y in run.batches(loader):
+            with run.autocast():
+                if run.optimizer_steps == 1 and not failed:
+                    failed = True
+                    raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 1")
+                loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 7), y.reshape(-1), ignore_index=PAD)
+            sizes.append(len(x))
+            run.backward(loss, optimizer)
+    run.finish()
+    assert run.config == Config(32, max_tokens=32, accumulation_steps=2)
+    # the failed forward's loop body runs on once (its loss ignored), then the step is redone in halves
+    assert sizes == [8, 8, 4, 4] and run.optimizer_steps == 2
