@@ -168,3 +168,24 @@ def test_an_oom_in_a_normal_run_halves_max_tokens_and_cuts_the_batches_by_sample
     assert run.config == Config(32, max_tokens=32, accumulation_steps=2)
     # the failed forward's loop body runs on once (its loss ignored), then the step is redone in halves
     assert sizes == [8, 8, 4, 4] and run.optimizer_steps == 2
+
+
+def test_the_decorators_global_tokens_reaches_a_normal_call(tmp_path, monkeypatch):
+    from autofit import autofit
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AUTOFIT_DEVICE", "cpu")
+    seen = {}
+
+    @autofit(global_tokens=sum(LENGTHS), default_batch_size=2)
+    def train(run):
+        model = torch.nn.Sequential(torch.nn.Embedding(7, 8), torch.nn.Linear(8, 7))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate)
+        for x, y in run.batches(loader):
+            loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 7), y.reshape(-1), ignore_index=PAD)
+            run.backward(loss, optimizer)
+        seen.update(steps=run.optimizer_steps, batches=len(loader), accumulation=run.config.accumulation_steps)
+
+    train()
+    assert seen["accumulation"] == seen["batches"] > 1 and seen["steps"] == 1  # the epoch's tokens: one step
