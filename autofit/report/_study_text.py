@@ -74,7 +74,8 @@ def _label(row: Any) -> str:
 
     return Config(batch_size=int(row.batch_size), precision=row.precision,
                   checkpoint_segments=int(row.checkpoint_segments),
-                  accumulation_steps=int(row.accumulation_steps), checkpoint_policy=row.checkpoint_policy).label()
+                  accumulation_steps=int(row.accumulation_steps), checkpoint_policy=row.checkpoint_policy,
+                  max_tokens=None if _na(getattr(row, "max_tokens", None)) else int(row.max_tokens)).label()
 
 
 def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame) -> str:
