@@ -128,6 +128,10 @@ class StepFeed:
             raise DataTooSmall(
                 f"A pass over the data gives batches of {largest} samples at most, fewer than the micro-batch "
                 f"of {run.config.batch_size}: the data is the ceiling (a larger micro-batch runs the same batches).")
+        if run.probing and isinstance(iterable, TokenLoader) and iterable.capped_by_the_data() and not run.lowerings:
+            raise DataTooSmall(f"A pass over the data is one batch of {iterable.stats().padded_tokens} padded tokens, "
+                               f"half the cap of {iterable.batch_sampler.max_tokens} at most: the data is the ceiling "
+                               f"(a smaller cap runs the same batch).")
 
     def _fetch(self, source: Iterator[Any]) -> Any:
         """The next batch from the user's data (`_END` at its end), its wait on the clock."""

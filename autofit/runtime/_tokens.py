@@ -162,6 +162,11 @@ class TokenLoader(TimedDataLoader):
         """This epoch's batches, all ranks', counted (the padding share among them)."""
         return self.batch_sampler.stats()
 
+    def capped_by_the_data(self) -> bool:
+        """The whole epoch is one batch that half the cap would hold: a larger cap runs the same batch."""
+        stats = self.stats()
+        return stats.batches == 1 and 2 * stats.padded_tokens <= self.batch_sampler.max_tokens
+
 
 def build_token_loader(dataset: Any, lengths: Sequence[int], config: Config, *, collate_fn: Callable | None,
                        shuffle: bool, seed: int, rank: int, world_size: int,

@@ -189,3 +189,26 @@ def test_the_decorators_global_tokens_reaches_a_normal_call(tmp_path, monkeypatc
 
     train()
     assert seen["accumulation"] == seen["batches"] > 1 and seen["steps"] == 1  # the epoch's tokens: one step
+
+
+def test_a_probe_whose_cap_holds_the_whole_data_twice_over_is_data_bound():
+    import pytest
+
+    from autofit.runtime import DataTooSmall
+
+    padded = len(LENGTHS) * max(LENGTHS)  # one batch of everything, at the longest length
+    for cap, bound in ((2 * padded, True), (padded, False)):
+        run = Run(Config(cap, max_tokens=cap), "cpu", probing=True, measured_steps=1000)
+        loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate)
+        model = torch.nn.Linear(1, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def epoch():
+            for x, _ in run.batches(loader):
+                run.backward(model(x[:, :1].float()).mean(), optimizer)
+
+        if bound:
+            with pytest.raises(DataTooSmall, match="the data is the ceiling"):
+                epoch()
+        else:
+            epoch()
