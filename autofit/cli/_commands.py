@@ -180,8 +180,9 @@ def cli(ctx: click.Context) -> None:
                    "persistent (one after another in one process, as CUDA must run them).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
-def probe(ctx: click.Context, target: str, batch_size: int | None, max_tokens: int | None, precision: str, checkpoint_segments: int,
-          checkpoint_policy: str, accumulation: int, compile_: bool, sharding: str, loader_workers: int | None,
+def probe(ctx: click.Context, target: str, batch_size: int | None, max_tokens: int | None, precision: str,
+          checkpoint_segments: int, checkpoint_policy: str, accumulation: int, compile_: bool, sharding: str,
+          loader_workers: int | None,
           pin_memory: bool | None, prefetch_factor: int | None, memory_limit: int | None, nproc_per_node: int,
           nnodes: int, node_rank: int,
           rdzv_endpoint: str | None, steps: int, warmup: int, timeout: float, probe_process: str | None,
@@ -200,7 +201,8 @@ def probe(ctx: click.Context, target: str, batch_size: int | None, max_tokens: i
     check_script(script)
     info = state.device_info()
     if batch_size is None and max_tokens is None:
-        raise click.UsageError("Missing option '--batch-size' (or '--max-tokens' for a function that batches by tokens).")
+        raise click.UsageError("Missing option '--batch-size' (or '--max-tokens' for a function that batches "
+                               "by tokens).")
     config = Config(batch_size=batch_size or max_tokens, max_tokens=max_tokens, precision=precision,
                     checkpoint_segments=checkpoint_segments,
                     accumulation_steps=accumulation, sharding=sharding, compile=compile_,

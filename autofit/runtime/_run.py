@@ -23,8 +23,8 @@ from autofit.runtime._knobs import KnobPanel, Knobs
 from autofit.runtime._precision import precision_context, precision_scope
 from autofit.runtime._redo import LoopRedo, Lowering, StepRedo
 from autofit.runtime._report import run_summary
-from autofit.runtime._settings import RunSettings
 from autofit.runtime._run_data import RunData
+from autofit.runtime._settings import RunSettings
 from autofit.runtime._tokens import TokenLoader
 from autofit.runtime._view import RunView
 

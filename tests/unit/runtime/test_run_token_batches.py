@@ -35,6 +35,7 @@ def collate(items: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
+CPU_OOM = "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 1"
 LENGTHS = [3, 40, 5, 9, 17, 2, 33, 8, 12, 6, 25, 4, 19, 7, 11, 30]
 
 
@@ -160,7 +161,7 @@ def test_an_oom_in_a_normal_run_halves_max_tokens_and_cuts_the_batches_by_sample
             with run.autocast():
                 if run.optimizer_steps == 1 and not failed:
                     failed = True
-                    raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 1")
+                    raise RuntimeError(CPU_OOM)
                 loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 7), y.reshape(-1), ignore_index=PAD)
             sizes.append(len(x))
             run.backward(loss, optimizer)
@@ -191,6 +192,13 @@ def test_the_decorators_global_tokens_reaches_a_normal_call(tmp_path, monkeypatc
     assert seen["accumulation"] == seen["batches"] > 1 and seen["steps"] == 1  # the epoch's tokens: one step
 
 
+def _one_epoch(run: Run, loader) -> None:
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, _ in run.batches(loader):
+        run.backward(model(x[:, :1].float()).mean(), optimizer)
+
+
 def test_a_probe_whose_cap_holds_the_whole_data_twice_over_is_data_bound():
     import pytest
 
@@ -200,15 +208,8 @@ def test_a_probe_whose_cap_holds_the_whole_data_twice_over_is_data_bound():
     for cap, bound in ((2 * padded, True), (padded, False)):
         run = Run(Config(cap, max_tokens=cap), "cpu", probing=True, measured_steps=1000)
         loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate)
-        model = torch.nn.Linear(1, 1)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-
-        def epoch():
-            for x, _ in run.batches(loader):
-                run.backward(model(x[:, :1].float()).mean(), optimizer)
-
         if bound:
             with pytest.raises(DataTooSmall, match="the data is the ceiling"):
-                epoch()
+                _one_epoch(run, loader)
         else:
-            epoch()
+            _one_epoch(run, loader)
