@@ -31,12 +31,8 @@ class Knobs:
     loader: bool = False  # the data comes through run.loader(): its workers, pinning and prefetch are searched
     declared_workers: int | None = None  # declared to the training run.loader() (0: DataLoader's default)
     followed: bool = False  # the function's own loop steps its optimizer: followed through step hooks
-    longest_sample: int | None = None  # run.token_batches(): batches by tokens, its longest sample's length
-
-    @property
-    def token_batches(self) -> bool:
-        """The data comes through run.token_batches(): the search climbs `max_tokens`, not `batch_size`."""
-        return self.longest_sample is not None
+    # run.token_batches(): batches by tokens, its longest sample's length (the search climbs max_tokens from it)
+    longest_sample: int | None = None
 
     def to_dict(self) -> dict:
         return {
