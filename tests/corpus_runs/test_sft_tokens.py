@@ -43,3 +43,16 @@ def test_a_search_exports_max_tokens_and_a_normal_epoch_runs_under_the_limit(tmp
     report = json.loads((tmp_path / "run.json").read_text())
     assert report["config"]["max_tokens"] == config.max_tokens and not report["lowerings"]
     assert 0 < report["padding_share"] < 0.5 and report["tokens_per_s"]
+
+
+@pytest.mark.slow
+def test_a_probe_by_tokens_reports_the_longest_sample_and_real_tokens(tmp_path):
+    probed = autofit_cli("probe", SCRIPT, "--device", "cpu", "--memory-limit", "1GiB", "--max-tokens", "2048",
+                         "--json", cwd=tmp_path)
+    assert probed.returncode == 0, probed.stderr[-3000:]
+    result = json.loads(probed.stdout)["result"]
+    assert result["config"]["max_tokens"] == 2048 and result["knobs"]["longest_sample"] == 256
+    assert 0 < result["tokens_per_s"] and result["samples_per_s"] < result["tokens_per_s"]
+    refused = autofit_cli("probe", SCRIPT, "--device", "cpu", "--batch-size", "4096", "--max-tokens", "2048",
+                          cwd=tmp_path)
+    assert refused.returncode != 0 and "at most the max tokens" in refused.stderr
