@@ -49,8 +49,8 @@ def configs_to_estimate(configs: Iterable[Config]) -> list[Config]:
     curves: dict[tuple, dict[int, Config]] = {}
     for config in configs:
         eager = Config(config.batch_size, config.precision, config.checkpoint_segments, config.accumulation_steps,
-                       config.sharding, checkpoint_policy=checkpoint_policy(config))
-        curves.setdefault(estimated_key(config), {}).setdefault(config.batch_size, eager)
+                       config.sharding, checkpoint_policy=checkpoint_policy(config), max_tokens=config.max_tokens)
+        curves.setdefault(estimated_key(config), {}).setdefault(config.size, eager)
     out = []
     for _, by_batch in sorted(curves.items(), key=lambda item: item[0][2] > 0):
         batches = sorted(by_batch)

@@ -45,3 +45,11 @@ def test_an_oom_at_a_cap_rules_out_the_larger_caps():
         assert proposal.max_tokens is not None and proposal.max_tokens < 4096
         seen.append(_ok(proposal, 1.0 + proposal.max_tokens / 4096, 10.0 + proposal.max_tokens / 512))
     assert planner.best(seen).max_tokens < 4096
+
+
+def test_the_estimator_is_asked_for_token_caps_not_micro_batches():
+    from autofit.planner import configs_to_estimate
+
+    asked = configs_to_estimate(SPACE.configs())
+    assert asked and all(c.max_tokens is not None and c.max_tokens == c.batch_size for c in asked)
+    assert asked[0].max_tokens == 300
