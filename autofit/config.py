@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from autofit.errors import UsageError
 
@@ -53,6 +53,10 @@ class Config:
     checkpoint_policy: str = "full"
     """What the checkpointed blocks recompute (see CHECKPOINT_POLICIES): "selective" keeps the matmul,
     convolution and attention outputs, so it saves less memory than "full" for little recompute."""
+    max_tokens: int | None = None
+    """Token batching (run.token_batches): a micro-batch's padded tokens (samples x its longest) at
+    most, in place of a fixed sample count; memory follows the cap, not the longest sample. None: a
+    micro-batch of `batch_size` samples. With it, `batch_size` is the most samples a micro-batch holds."""
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
@@ -69,6 +73,18 @@ class Config:
                 f"The checkpoint segments must be 0 or more, but got {self.checkpoint_segments}."
             )
         check_loader(self.loader_workers, self.prefetch_factor)
+        check_max_tokens(self.max_tokens, self.batch_size)
+
+    @property
+    def size(self) -> int:
+        """The size knob a search climbs and an OOM lowers: `max_tokens` where it is set, else `batch_size`."""
+        return self.max_tokens if self.max_tokens is not None else self.batch_size
+
+    def with_size(self, size: int, **fields) -> Config:
+        """This config at another size (the samples' cap kept within a smaller token cap), `fields` set too."""
+        if self.max_tokens is None:
+            return replace(self, batch_size=size, **fields)
+        return replace(self, max_tokens=size, batch_size=min(self.batch_size, size), **fields)
 
     @property
     def global_batch(self) -> int:
@@ -88,6 +104,8 @@ class Config:
                 del data[name]
         if self.checkpoint_policy == "full":
             del data["checkpoint_policy"]
+        if self.max_tokens is None:
+            del data["max_tokens"]
         return data
 
     @classmethod
@@ -103,6 +121,7 @@ class Config:
             pin_memory=_optional(data.get("pin_memory"), bool),
             prefetch_factor=_optional(data.get("prefetch_factor"), int),
             checkpoint_policy=str(data.get("checkpoint_policy", "full")),
+            max_tokens=_optional(data.get("max_tokens"), int),
         )
 
     @property
@@ -111,8 +130,12 @@ class Config:
         return {name: getattr(self, name) for name in LOADER_FIELDS if getattr(self, name) is not None}
 
     def label(self) -> str:
-        """Short human form: 'bf16 b=64 ckpt=2 selective acc=4'."""
-        parts = [self.precision, f"b={self.batch_size}"]
+        """Short human form: 'bf16 b=64 ckpt=2 selective acc=4' ('bf16 tokens=4096' by tokens)."""
+        parts = [self.precision]
+        if self.max_tokens is not None:
+            parts.append(f"tokens={self.max_tokens}")
+        if self.max_tokens is None or self.batch_size < self.max_tokens:
+            parts.append(f"b={self.batch_size}")
         if self.checkpoint_segments:
             parts.append(f"ckpt={self.checkpoint_segments}")
             if self.checkpoint_policy != "full":
@@ -153,6 +176,18 @@ def check_loader(workers: int | None, prefetch: int | None) -> None:
     if prefetch is not None and workers == 0:
         raise UsageError("The prefetch factor needs loader workers (batches load ahead in workers), "
                          "but got 0 workers.")
+
+
+def check_max_tokens(max_tokens: int | None, batch_size: int) -> None:
+    """A token cap is a positive whole number, and the samples' cap within it (each sample holds a
+    token at least, so a larger one could never bind)."""
+    if max_tokens is None:
+        return
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise UsageError(f"The max tokens must be a whole number of at least 1, but got {max_tokens!r}.")
+    if batch_size > max_tokens:
+        raise UsageError(f"The batch size (the most samples a token batch holds) must be at most the max tokens "
+                         f"({max_tokens}), but got {batch_size}.")
 
 
 def device_shardings(device_type: str) -> tuple[str, ...]:

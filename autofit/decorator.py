@@ -133,7 +133,8 @@ class AutofitFunction:
             redo = StepRedo(enabled=recover, release_memory=backend.release, used_memory=backend.used_bytes)
         # The same warm-up a probe skips is left out of the run's own throughput figure.
         return Run(RunSettings(config, torch_device, probing=False, warmup_steps=_NORMAL_RUN_WARMUP,
-                               defaults=plan.path is None, ranks=ranks, redo=redo))
+                               defaults=plan.path is None, ranks=ranks, redo=redo,
+                               global_tokens=self.options.global_tokens))
 
     def search(self, **kwargs: Any):
         """Search this function's best config from Python; see `autofit.search.run_search`."""
@@ -145,7 +146,9 @@ class AutofitFunction:
 def search_options(
     *,
     global_batch: int | None = None,
+    global_tokens: int | None = None,
     batch_range: tuple[int, int] | None = None,
+    token_range: tuple[int, int] | None = None,
     precision: tuple[str, ...] | list[str] | str | None = None,
     accumulation: tuple[int, ...] | list[int] | None = None,
     sharding: tuple[str, ...] | list[str] | str | None = None,
@@ -171,7 +174,9 @@ def search_options(
         checkpoint_policy = (checkpoint_policy,)
     return SearchOptions(
         global_batch=global_batch,
+        global_tokens=global_tokens,
         batch_range=tuple(batch_range) if batch_range is not None else (1, MAX_BATCH),
+        token_range=tuple(token_range) if token_range is not None else (1, MAX_BATCH),
         precision=tuple(precision) if precision is not None else None,
         accumulation=tuple(accumulation) if accumulation is not None else None,
         sharding=tuple(sharding) if sharding is not None else None,
@@ -187,7 +192,9 @@ def autofit(
     fn: Callable[..., Any] | None = None,
     *,
     global_batch: int | None = None,
+    global_tokens: int | None = None,
     batch_range: tuple[int, int] | None = None,
+    token_range: tuple[int, int] | None = None,
     precision: tuple[str, ...] | list[str] | str | None = None,
     accumulation: tuple[int, ...] | list[int] | None = None,
     sharding: tuple[str, ...] | list[str] | str | None = None,
@@ -200,11 +207,16 @@ def autofit(
 ) -> Any:
     """Mark a train function `train(run)` for search: `@autofit` or `@autofit(global_batch=256)`.
 
-    `batch_range=(lo, hi)`: the micro-batches to consider (default: 1 up, until memory stops the climb).
+    `global_tokens=N`: a function that batches by tokens (run.token_batches) keeps about N real tokens
+    per optimizer step, whatever the micro-batch's cap.
+    `batch_range=(lo, hi)`: the micro-batches to consider (default: 1 up, until memory stops the climb);
+    `token_range=(lo, hi)` the token caps, for a function that batches by tokens.
     `batch_size=` is its old name, still taken (deprecated)."""
     options = search_options(
         global_batch=global_batch,
+        global_tokens=global_tokens,
         batch_range=batch_range,
+        token_range=token_range,
         precision=precision,
         accumulation=accumulation,
         sharding=sharding,

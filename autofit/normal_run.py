@@ -173,10 +173,13 @@ def report_run(run: Run) -> None:
     trained = f"autofit: trained {summary['optimizer_steps']} optimizer steps with {run.config.label()}{ranks}"
     if summary["samples_per_s"]:
         waited = input_bound_text(summary["data_wait_share"])
-        print(f"{trained}: {summary['samples_per_s']:,.1f} samples/s after {summary['warmup_steps']} warm-up steps"
-              + (f" ({waited})" if waited else ""), file=sys.stderr)
+        tokens = f" ({summary['tokens_per_s']:,.0f} real tokens/s)" if summary.get("tokens_per_s") else ""
+        print(f"{trained}: {summary['samples_per_s']:,.1f} samples/s{tokens} after {summary['warmup_steps']} "
+              f"warm-up steps" + (f" ({waited})" if waited else ""), file=sys.stderr)
     elif summary["optimizer_steps"]:  # the run ended within its warm-up: nothing was timed
         print(f"{trained}: too few to time after {run.clock.warmup_steps} warm-up steps", file=sys.stderr)
+    if run.token_loader is not None:
+        print(f"autofit: token batches: {run.token_loader.stats().describe()}", file=sys.stderr)
     path = os.environ.get(RUN_REPORT_ENV)
     if path:
         with open(path, "w") as handle:

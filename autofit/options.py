@@ -17,9 +17,17 @@ class SearchOptions:
 
     global_batch: int | None = None
     """Keep micro-batch x accumulation equal to this; accumulation is derived."""
+    global_tokens: int | None = None
+    """Token batches (run.token_batches): about this many real tokens per optimizer step, all ranks
+    together, whatever the micro-batch's cap; accumulation is derived from the data's lengths, and each
+    micro-batch's loss is weighted by its tokens."""
     batch_range: tuple[int, int] = (1, MAX_BATCH)
     """Smallest and largest micro-batch (Config.batch_size) to consider (default: no upper bound; memory
     decides)."""
+    token_range: tuple[int, int] = (1, MAX_BATCH)
+    """Smallest and largest token cap (Config.max_tokens) to consider for a function that batches by tokens
+    (run.token_batches); the climb starts at the longest sample whatever the smallest (default: no upper
+    bound; memory decides)."""
     precision: tuple[str, ...] | None = None
     """Precisions to consider; None: every one the device supports."""
     accumulation: tuple[int, ...] | None = None
@@ -45,6 +53,9 @@ class SearchOptions:
         lo, hi = self.batch_range
         if lo < 1 or hi < lo:
             raise UsageError(f"The batch range must satisfy 1 <= MIN <= MAX, but got {lo}:{hi}.")
+        lo, hi = self.token_range
+        if lo < 1 or hi < lo:
+            raise UsageError(f"The token range must satisfy 1 <= MIN <= MAX, but got {lo}:{hi}.")
         if self.precision is not None:
             for name in self.precision:
                 check_precision(name)
@@ -56,6 +67,8 @@ class SearchOptions:
             raise UsageError("The checkpoint policy list must not be empty.")
         if self.global_batch is not None and self.global_batch < 1:
             raise UsageError(f"The global batch must be at least 1, but got {self.global_batch}.")
+        if self.global_tokens is not None and self.global_tokens < 1:
+            raise UsageError(f"The global tokens must be at least 1, but got {self.global_tokens}.")
 
     def unsearched_config(self) -> tuple[Config, str]:
         """The config a normal call trains with before any search, and how it follows from what the

@@ -145,7 +145,10 @@ def cli(ctx: click.Context) -> None:
 @cli.command()
 @click.argument("target")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-@click.option("--batch-size", type=click.IntRange(min=1), required=True, help="Micro-batch size.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None,
+              help="Micro-batch size (with --max-tokens: the most samples a micro-batch holds; default: no cap).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None,
+              help="Token cap of a micro-batch of run.token_batches() (its samples x its longest).")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
               help="Numeric precision of the forward pass.")
 @click.option("--checkpoint-segments", type=click.IntRange(min=0), default=0, show_default=True,
@@ -178,8 +181,9 @@ def cli(ctx: click.Context) -> None:
                    "persistent (one after another in one process, as CUDA must run them).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
-def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], batch_size: int, precision: str, checkpoint_segments: int,
-          checkpoint_policy: str, accumulation: int, compile_: bool, sharding: str, loader_workers: int | None,
+def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], batch_size: int | None,
+          max_tokens: int | None, precision: str, checkpoint_segments: int, checkpoint_policy: str,
+          accumulation: int, compile_: bool, sharding: str, loader_workers: int | None,
           pin_memory: bool | None, prefetch_factor: int | None, memory_limit: int | None, nproc_per_node: int,
           nnodes: int, node_rank: int,
           rdzv_endpoint: str | None, steps: int, warmup: int, timeout: float, probe_process: str | None,
@@ -199,7 +203,11 @@ def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], batch_s
     check_script(script)
     pass_script_args(script_args)
     info = state.device_info()
-    config = Config(batch_size=batch_size, precision=precision, checkpoint_segments=checkpoint_segments,
+    if batch_size is None and max_tokens is None:
+        raise click.UsageError("Missing option '--batch-size' (or '--max-tokens' for a function that batches "
+                               "by tokens).")
+    config = Config(batch_size=batch_size or max_tokens, max_tokens=max_tokens, precision=precision,
+                    checkpoint_segments=checkpoint_segments,
                     accumulation_steps=accumulation, sharding=sharding, compile=compile_,
                     loader_workers=loader_workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
                     checkpoint_policy=checkpoint_policy)
@@ -237,6 +245,9 @@ def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], batch_s
 @click.option("--batch-range", type=INT_RANGE, default=None, callback=_or_renamed("--batch-range"),
               help="Micro-batches to consider, MIN:MAX (default: the decorator's batch_range).")
 @_renamed("--batch-size", "--batch-range", type=INT_RANGE, default=None)
+@click.option("--token-range", type=INT_RANGE, default=None,
+              help="Token caps (max_tokens) to consider for a function that batches by tokens, MIN:MAX (default: "
+                   "the decorator's token_range; the climb starts at the longest sample).")
 @click.option("--precision", type=PRECISION_LIST, default=None,
               help="Precisions to consider, e.g. fp32,bf16 (default: what the device supports).")
 @click.option("--accumulation", type=INT_LIST, default=None,
@@ -272,7 +283,8 @@ def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], batch_s
 @click.pass_context
 def search(ctx: click.Context, target: str, script_args: tuple[str, ...], parallel: int, nproc_per_node: int, nnodes: int, node_rank: int,
            rdzv_endpoint: str | None, memory_limit: int | None, budget: float, trials: int | None, headroom: float,
-           global_batch: int | None, batch_range: tuple[int, int] | None, precision, accumulation, sharding, study: str | None,
+           global_batch: int | None, batch_range: tuple[int, int] | None, token_range: tuple[int, int] | None,
+           precision, accumulation, sharding, study: str | None,
            out: str | None, fresh: bool, steps: int, warmup: int, probe_timeout: float | None,
            alloc_conf: str | None, compile_: bool | None, checkpoint_policies, probe_process: str | None,
            estimate: bool, as_json: bool, quiet: bool, verbose: bool) -> None:
@@ -293,7 +305,8 @@ def search(ctx: click.Context, target: str, script_args: tuple[str, ...], parall
     settings = SearchSettings(
         script=script, function=function, device=state.device, index=state.index, memory_limit=memory_limit,
         headroom=headroom, budget_s=budget, trials=trials, global_batch=global_batch,
-        batch_range=batch_range, precision=precision, accumulation=accumulation, sharding=sharding, study=study,
+        batch_range=batch_range, token_range=token_range, precision=precision, accumulation=accumulation,
+        sharding=sharding, study=study,
         storage=state.storage_url, out=out, fresh=fresh, warmup=warmup, steps=steps, probe_timeout=probe_timeout,
         gpus=state.gpus, parallel=parallel, nproc_per_node=nproc_per_node,
         nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, estimate=estimate,

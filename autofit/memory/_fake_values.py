@@ -24,7 +24,7 @@ import math
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -58,6 +58,21 @@ class ValueFreeFakeMode(FakeTensorMode):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.notes: dict[str, str] = {}
+        self._entered = 0  # the mode enters itself again inside its dispatch
+
+    def __enter__(self):
+        # `f"{loss:.4f}"`: Tensor.__format__ reads a 0-d tensor's value only for a plain Tensor, so a fake
+        # one refuses any format spec (nanoGPT's evaluation line); here it formats its harmless value.
+        if self._entered == 0:
+            FakeTensor.__format__ = _format_value
+        self._entered += 1
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self._entered -= 1
+        if self._entered == 0:
+            del FakeTensor.__format__  # Tensor's own again
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -112,6 +127,12 @@ class ValueFreeFakeMode(FakeTensorMode):
     def _empty(self, shape: tuple, dtype: torch.dtype, device: torch.device, types) -> torch.Tensor:
         return super().__torch_dispatch__(aten.empty.memory_format, types, (list(shape),),
                                           {"dtype": dtype, "device": device})
+
+
+def _format_value(tensor: torch.Tensor, spec: str) -> str:
+    if tensor.dim() == 0:
+        return format(tensor.item(), spec)
+    return torch.Tensor.__format__(tensor, spec)
 
 
 def _count_true(mask: torch.Tensor) -> int:

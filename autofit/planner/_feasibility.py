@@ -29,20 +29,20 @@ class Feasibility:
 
     def fit_max(self, strategy: Strategy) -> int | None:
         """Largest batch of `strategy` known (or implied) to fit (see `implies_fit`)."""
-        fits = [o.config.batch_size for o in self.done
-                if o.fits(self.usable) and implies_fit(o.config, self.space.config(strategy, o.config.batch_size))]
+        fits = [o.config.size for o in self.done
+                if o.fits(self.usable) and implies_fit(o.config, self.space.config(strategy, o.config.size))]
         return max(fits) if fits else None
 
     def oom_min(self, strategy: Strategy) -> int | None:
         """Smallest batch of `strategy` known (or implied) too big (see `implies_too_big`)."""
-        too_big = [o.config.batch_size for o in self.done
-                   if o.too_big(self.usable) and implies_too_big(o.config, self.space.config(strategy, o.config.batch_size))]
+        too_big = [o.config.size for o in self.done
+                   if o.too_big(self.usable) and implies_too_big(o.config, self.space.config(strategy, o.config.size))]
         return min(too_big) if too_big else None
 
     def data_ceiling(self) -> int | None:
         """Smallest batch the data could not feed (the function ran out of batches): every strategy
         stops below it, whatever its memory."""
-        bound = [o.config.batch_size for o in self.done if o.data_bound]
+        bound = [o.config.size for o in self.done if o.data_bound]
         return min(bound) if bound else None
 
     def implied_fit(self, config: Config) -> bool:
@@ -52,13 +52,13 @@ class Feasibility:
         """Known not to run: too big for memory (implied by an OOM), or for the data."""
         ceiling = self.data_ceiling()
         return (any(o.too_big(self.usable) and implies_too_big(o.config, config) for o in self.done)
-                or (ceiling is not None and config.batch_size >= ceiling))
+                or (ceiling is not None and config.size >= ceiling))
 
     def open_batches(self, strategy: Strategy) -> list[int]:
         """Batches whose feasibility is still unknown: neither probed nor implied to fit or not (within
         one accumulation, those between the largest fit and the smallest OOM)."""
         configs = [self.space.config(strategy, b) for b in self.space.batch_sizes]
-        return [c.batch_size for c in configs
+        return [c.size for c in configs
                 if not self.tried(c) and not self.implied_fit(c) and not self.implied_too_big(c)]
 
     def strategy_unusable(self, strategy: Strategy) -> bool:
@@ -96,7 +96,7 @@ def family(config: Config) -> tuple[str, str, bool]:
 def implies_fit(fit: Config, config: Config) -> bool:
     """A fit at `fit` says `config` fits: same family, no larger micro-batch, checkpointing that needs no
     more memory, and gradients held through a forward only where `fit` held them too."""
-    return (family(fit) == family(config) and config.batch_size <= fit.batch_size
+    return (family(fit) == family(config) and config.size <= fit.size
             and needs_no_more_memory(config, fit) and holds_gradients(config) <= holds_gradients(fit))
 
 

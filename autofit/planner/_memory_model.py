@@ -47,7 +47,7 @@ class MemoryModels:
 
     def _peaks(self, key: MemoryKey) -> list[tuple[float, float]]:
         return [
-            (o.config.batch_size, float(o.peak_bytes)) for o in self.done
+            (o.config.size, float(o.peak_bytes)) for o in self.done
             if o.status == "ok" and o.peak_bytes and line_key(o.config) == key
         ]
 
@@ -119,7 +119,7 @@ class MemoryModels:
         for o in self.done:
             if o.status == "oom" and line_key(o.config) == key:
                 # It crossed at least the usable memory at this batch.
-                slope = max(slope, (self.usable - line.intercept) / o.config.batch_size)
+                slope = max(slope, (self.usable - line.intercept) / o.config.size)
         return Line(line.intercept, slope, line.max_rel_residual, line.points)
 
     def says_too_big(self, config: Config) -> bool:
@@ -129,7 +129,7 @@ class MemoryModels:
             return True
         key = line_key(config)
         margin, line = self._margin(key), self._line(key)
-        return margin is not None and line is not None and line(config.batch_size) > self.usable * (1 + margin)
+        return margin is not None and line is not None and line(config.size) > self.usable * (1 + margin)
 
     def predicted_gamble(self, config: Config) -> bool:
         """Predicted neither to fit nor not to: probing it risks an OOM."""

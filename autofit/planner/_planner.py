@@ -293,12 +293,12 @@ class Planner:
         configs = [self.space.config(strategy, b) for b in candidates]
         safe = [c for c in configs if state.predicted.safe(c, self.usable)]
         if safe:
-            return max(safe, key=lambda c: c.batch_size)
-        gamble = min(configs, key=lambda c: c.batch_size)
+            return max(safe, key=lambda c: c.size)
+        gamble = min(configs, key=lambda c: c.size)
         if state.feasible.fit_max(strategy) is None:
             return gamble  # nothing of this family fits yet: the smallest is the one to try
         ranked = state.ranking.ranked()
-        estimate = state.throughput.estimate(strategy, gamble.batch_size)
+        estimate = state.throughput.estimate(strategy, gamble.size)
         if ranked and (estimate is None or estimate < ranked[0].samples_per_s * _GAMBLE_GAIN):
             return None
         return gamble
@@ -311,7 +311,7 @@ class Planner:
         """
         if strategy.checkpoint_segments or state.feasible.fit_max(strategy):
             return min(candidates)
-        anchor = max((c.config.batch_size for c in state.ranking.ranked() if not c.config.checkpoint_segments), default=None)
+        anchor = max((c.config.size for c in state.ranking.ranked() if not c.config.checkpoint_segments), default=None)
         below = [b for b in candidates if anchor is not None and b <= anchor]
         return max(below) if below else min(candidates)
 
@@ -323,7 +323,8 @@ class _State:
 
     def __init__(self, space: SearchSpace, usable: float, observations: Sequence[Observation],
                  check_noise: bool = True, prediction: MemoryPrediction | None = None) -> None:
-        self.observations = list(observations)
+        # Sized by samples or by tokens as the space is (a token function's pilot came before its knobs).
+        self.observations = [o for o in observations if space.holds_kind(o.config)]
         by_config: dict[Config, list[Observation]] = defaultdict(list)
         for obs in self.observations:
             by_config[obs.config].append(obs)
@@ -350,13 +351,13 @@ def _around_the_best(space: SearchSpace, state: _State) -> Config | None:
     best = top.config
     strategy = space.strategy_of(best)
     sizes = space.batch_sizes
-    i = sizes.index(best.batch_size) if best.batch_size in sizes else None
+    i = sizes.index(best.size) if best.size in sizes else None
     if i is None:
         return None
-    probed_below = [c.config.batch_size for c in state.ranking.ranked()
-                    if space.strategy_of(c.config) == strategy and c.config.batch_size < best.batch_size]
-    half = max((b for b in sizes if b <= best.batch_size / 2), default=None)
-    if half is not None and not any(b >= best.batch_size / 2.5 for b in probed_below):
+    probed_below = [c.config.size for c in state.ranking.ranked()
+                    if space.strategy_of(c.config) == strategy and c.config.size < best.size]
+    half = max((b for b in sizes if b <= best.size / 2), default=None)
+    if half is not None and not any(b >= best.size / 2.5 for b in probed_below):
         config = space.config(strategy, half)
         if not state.feasible.tried(config):
             return config

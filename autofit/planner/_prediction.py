@@ -49,8 +49,8 @@ def configs_to_estimate(configs: Iterable[Config]) -> list[Config]:
     curves: dict[tuple, dict[int, Config]] = {}
     for config in configs:
         eager = Config(config.batch_size, config.precision, config.checkpoint_segments, config.accumulation_steps,
-                       config.sharding, checkpoint_policy=checkpoint_policy(config))
-        curves.setdefault(estimated_key(config), {}).setdefault(config.batch_size, eager)
+                       config.sharding, checkpoint_policy=checkpoint_policy(config), max_tokens=config.max_tokens)
+        curves.setdefault(estimated_key(config), {}).setdefault(config.size, eager)
     out = []
     for _, by_batch in sorted(curves.items(), key=lambda item: item[0][2] > 0):
         batches = sorted(by_batch)
@@ -109,7 +109,7 @@ class MemoryPrediction:
         (linear between two estimated batches; beyond them, the last two batches' slope)."""
         curves: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
         for config, value in estimated.items():
-            curves[estimated_key(config)].append((config.batch_size, float(value)))
+            curves[estimated_key(config)].append((config.size, float(value)))
         for points in curves.values():
             points.sort()
 
@@ -118,11 +118,11 @@ class MemoryPrediction:
             if not points:
                 return None
             if len(points) == 1:
-                return points[0][1] if points[0][0] == config.batch_size else None
-            i = bisect.bisect_left([b for b, _ in points], config.batch_size)
+                return points[0][1] if points[0][0] == config.size else None
+            i = bisect.bisect_left([b for b, _ in points], config.size)
             i = min(max(i, 1), len(points) - 1)
             (b1, v1), (b2, v2) = points[i - 1], points[i]
-            return max(0.0, v1 + (v2 - v1) * (config.batch_size - b1) / (b2 - b1))
+            return max(0.0, v1 + (v2 - v1) * (config.size - b1) / (b2 - b1))
 
         return cls(tensor_bytes, **kwargs)
 
@@ -147,10 +147,10 @@ class CalibratedPrediction:
                 peaks[o.config] = max(peaks.get(o.config, 0.0), float(o.peak_bytes))
         #: memory key -> (batch, tensor bytes, measured peak), by batch
         self.anchors: dict[tuple, list[tuple[int, float, float]]] = defaultdict(list)
-        for config, peak in sorted(peaks.items(), key=lambda item: item[0].batch_size):
+        for config, peak in sorted(peaks.items(), key=lambda item: item[0].size):
             tensor = prediction.tensor_bytes(config)
             if tensor is not None:
-                self.anchors[memory_key(config)].append((config.batch_size, tensor, peak))
+                self.anchors[memory_key(config)].append((config.size, tensor, peak))
         self.factors = self._measured_factors() or prediction.factors
 
     def _measured_factors(self) -> tuple[float, float] | None:
@@ -180,8 +180,8 @@ class CalibratedPrediction:
             return None
         own = self.anchors.get(memory_key(config))
         if own:
-            below = [a for a in own if a[0] <= config.batch_size]
-            above = [a for a in own if a[0] >= config.batch_size]
+            below = [a for a in own if a[0] <= config.size]
+            above = [a for a in own if a[0] >= config.size]
             if below and above:
                 slack = _PEAK_NOISE * below[-1][2]
                 return PeakRange(below[-1][2] - slack, above[0][2] + _PEAK_NOISE * above[0][2])

@@ -65,7 +65,8 @@ class Strategy:
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """Batch sizes × strategies, with the global-batch rule applied."""
+    """Sizes × strategies, with the global-batch rule applied. The sizes are micro-batches, or token caps
+    (`max_tokens`) for a function that batches by tokens (`tokens`): `Config.size` either way."""
 
     batch_sizes: tuple[int, ...]
     precisions: tuple[str, ...]
@@ -79,6 +80,8 @@ class SearchSpace:
     """The loader settings to try on the leader (none: the function does not offer run.loader())."""
     checkpoint_policies: tuple[str, ...] = ("full",)
     """What the checkpointed levels recompute: ("full",), or with "selective" too, both are probed."""
+    tokens: bool = False
+    """The sizes are token caps (run.token_batches): each config's `max_tokens`, no cap on its samples."""
 
     @classmethod
     def build(
@@ -94,9 +97,14 @@ class SearchSpace:
         compiles: tuple[bool, ...] = (False,),
         loader: LoaderChoices = LoaderChoices(),
         checkpoint_policies: tuple[str, ...] = ("full",),
+        token_range: tuple[int, int] | None = None,
     ) -> SearchSpace:
-        low, high = batch_range
-        if global_batch is not None:
+        """`token_range`: batches by tokens, the caps to climb (the batch range and global batch then
+        do not apply)."""
+        low, high = token_range or batch_range
+        if token_range is not None:
+            sizes, global_batch = nice_batch_sizes(low, high), None
+        elif global_batch is not None:
             sizes = divisors_in(global_batch, low, high)
             if not sizes:
                 raise UsageError(
@@ -120,6 +128,7 @@ class SearchSpace:
             loader=loader,
             checkpoint_policies=tuple(q for q in CHECKPOINT_POLICIES if q in checkpoint_policies and levels != [0])
             or ("full",),
+            tokens=token_range is not None,
         )
 
     def strategies(self) -> list[Strategy]:
@@ -128,15 +137,19 @@ class SearchSpace:
                 for k in self.checkpoint_segments for q in (self.checkpoint_policies if k else ("full",))
                 for a in accs]
 
-    def config(self, strategy: Strategy, batch_size: int) -> Config:
+    def config(self, strategy: Strategy, size: int) -> Config:
         if self.global_batch:
-            accumulation = self.global_batch // batch_size
+            accumulation = self.global_batch // size
         else:
             accumulation = strategy.accumulation_steps or 1
-        return Config(batch_size=batch_size, precision=strategy.precision,
+        return Config(batch_size=size, precision=strategy.precision,
                       checkpoint_segments=strategy.checkpoint_segments, accumulation_steps=accumulation,
                       sharding=strategy.sharding, compile=strategy.compile,
-                      checkpoint_policy=checkpoint_policy(strategy))
+                      checkpoint_policy=checkpoint_policy(strategy), max_tokens=size if self.tokens else None)
+
+    def holds_kind(self, config: Config) -> bool:
+        """`config` sized as this space's are (by tokens or by samples): only those compare with them."""
+        return (config.max_tokens is not None) == self.tokens
 
     def configs(self) -> list[Config]:
         return [self.config(s, b) for s in self.strategies() for b in self.batch_sizes]
@@ -163,6 +176,7 @@ class SearchSpace:
                            "declared_workers": self.loader.declared_workers}} if self.loader.offered else {}),
             **({"checkpoint_policies": list(self.checkpoint_policies)}
                if self.checkpoint_policies != ("full",) else {}),
+            **({"tokens": True} if self.tokens else {}),
         }
 
     @classmethod
@@ -177,6 +191,7 @@ class SearchSpace:
             compiles=tuple(bool(c) for c in data.get("compiles", (False,))),
             loader=_loader_choices(data.get("loader")),
             checkpoint_policies=tuple(data.get("checkpoint_policies", ("full",))),
+            tokens=bool(data.get("tokens", False)),
         )
 
 

@@ -34,7 +34,7 @@ class ThroughputModels:
     def points(self, strategy: Strategy) -> list[tuple[int, float]]:
         """(batch, samples/s) of the strategy's trusted measurements."""
         return [
-            (c.config.batch_size, c.samples_per_s) for c in self._measured()
+            (c.config.size, c.samples_per_s) for c in self._measured()
             if self.space.strategy_of(c.config) == strategy
         ]
 
@@ -91,7 +91,7 @@ class ThroughputModels:
         for c in self._measured():
             if c.config.checkpoint_segments and recomputes_no_more(c.config, strategy):
                 base = self.estimate(replace(self.space.strategy_of(c.config), checkpoint_segments=0,
-                                             checkpoint_policy="full"), c.config.batch_size)
+                                             checkpoint_policy="full"), c.config.size)
                 if base:
                     ratios.append(min(1.0, c.samples_per_s / base))
         prior = _SELECTIVE_SLOWDOWN if strategy.checkpoint_policy == "selective" else _CHECKPOINT_SLOWDOWN
@@ -103,7 +103,7 @@ class ThroughputModels:
         for c in self._measured():
             if c.config.sharding == sharding:
                 base = self.estimate(replace(self.space.strategy_of(c.config), sharding="ddp"),
-                                     c.config.batch_size)
+                                     c.config.size)
                 if base:
                     ratios.append(min(1.0, c.samples_per_s / base))
         return min(ratios) if ratios else 1.0

@@ -46,7 +46,7 @@ def run_probe(
         config, backend.torch_device(), probing=True, warmup_steps=warmup_steps,
         measured_steps=measured_steps, synchronize=backend.synchronize, min_measure_s=min_measure_s,
         max_measured_steps=measured_steps * _MAX_EXTENSION, ranks=ranks, count_flops=True,
-        energy=backend.energy_joules))
+        energy=backend.energy_joules, global_tokens=getattr(getattr(fn, "options", None), "global_tokens", None)))
     result = ProbeResult(status="ok", config=config, warmup_steps=warmup_steps, memory_limit=backend.memory_limit)
     try:
         with run.active():

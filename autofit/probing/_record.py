@@ -113,6 +113,8 @@ class ProbeResult:
         line = f"{self.status:<8} {self.config.label():<24}"
         if self.samples_per_s is not None:
             line += f" {self.samples_per_s:10.1f} samples/s"
+            if self.config.max_tokens is not None and self.tokens_per_s:  # batches by tokens: the real ones
+                line += f" ({self.tokens_per_s:,.0f} real tokens/s)"
         if self.peak_bytes is not None:
             line += f"  peak {format_size(self.peak_bytes)}"
         if self.memory_limit is not None:

@@ -317,6 +317,7 @@ def config_labels(frame: pd.DataFrame) -> pd.Series:
 
     labels = [Config(batch_size=int(r.batch_size), precision=r.precision,
                      checkpoint_segments=int(r.checkpoint_segments), accumulation_steps=int(r.accumulation_steps),
-                     checkpoint_policy=r.checkpoint_policy).label()
+                     checkpoint_policy=r.checkpoint_policy,
+                     max_tokens=None if pd.isna(getattr(r, "max_tokens", None)) else int(r.max_tokens)).label()
               for r in frame.itertuples(index=False)]
     return pd.Series(labels, index=frame.index, dtype="string")

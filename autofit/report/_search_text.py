@@ -19,6 +19,9 @@ def describe_search(result) -> str:
     for i, c in enumerate(result.ranked[:5]):
         mark = "* " if i == 0 else "  "
         lines.append(f"{mark}{c.config.label():<28}{c.samples_per_s:>12,.1f}{format_size(c.peak_bytes):>12}{c.probes:>8}")
+    tokens = (result.document or {}).get("measured", {}).get("tokens_per_s")
+    if result.best.max_tokens is not None and tokens:
+        lines.append(f"{'':2}batches by tokens: {result.best.label()} trains {tokens:,.0f} real (non-padding) tokens/s")
     lines.append("")
     waited = input_bound_text((result.document or {}).get("measured", {}).get("data_wait_share"))
     if waited:

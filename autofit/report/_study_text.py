@@ -74,7 +74,8 @@ def _label(row: Any) -> str:
 
     return Config(batch_size=int(row.batch_size), precision=row.precision,
                   checkpoint_segments=int(row.checkpoint_segments),
-                  accumulation_steps=int(row.accumulation_steps), checkpoint_policy=row.checkpoint_policy).label()
+                  accumulation_steps=int(row.accumulation_steps), checkpoint_policy=row.checkpoint_policy,
+                  max_tokens=None if _na(getattr(row, "max_tokens", None)) else int(row.max_tokens)).label()
 
 
 def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame) -> str:
@@ -110,6 +111,8 @@ def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame
     lines.append(f"best: {winner}  {measured['samples_per_s']:,.1f} samples/s, peak "
                  f"{format_size(measured['peak_bytes'])} of {format_size(stored.usable_bytes)} usable "
                  f"({measured['probes']} probe{'s' if measured['probes'] != 1 else ''}, {confirmed})")
+    if document["config"].get("max_tokens") and measured.get("tokens_per_s"):
+        lines.append(f"batches by tokens: {measured['tokens_per_s']:,.0f} real (non-padding) tokens/s")
     if measured.get("flops_per_s"):
         lines.append(f"work: {work_text(measured['flops_per_s'], measured.get('mfu'), measured.get('joules_per_sample'))}")
     if waited := input_bound_text(measured.get("data_wait_share")):

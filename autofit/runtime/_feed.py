@@ -18,6 +18,7 @@ from autofit.runtime._dataloader import count_prefetch_as_warmup
 from autofit.runtime._knobs import KnobPanel, Knobs
 from autofit.runtime._precision import make_grad_scaler
 from autofit.runtime._redo import LoopRedo, Lowering, drop_graph
+from autofit.runtime._tokens import TokenLoader
 
 
 class FedRun(Protocol):
@@ -64,6 +65,7 @@ class StepFeed:
         self._step_samples = 0
         self._step_tokens = 0
         self._micro_tokens = 0  # of the micro-batch handed out last (the one whose loss comes next)
+        self._token_cap: int | None = None  # of the TokenLoader being fed (run.token_batches)
         self.weight_by_tokens = False
         """Each micro-batch's loss counts by its tokens (`run.batches(..., weight_by_tokens=True)`)."""
         self._optimizer: torch.optim.Optimizer | None = None
@@ -77,6 +79,10 @@ class StepFeed:
     def batches(self, iterable: Iterable[Any], tokens: int | Callable[[Any], int] | None,
                 weight_by_tokens: bool = False) -> Iterator[Any]:
         """Yield micro-batches moved to the device; count samples, tokens and optimizer steps."""
+        self._token_cap = iterable.batch_sampler.max_tokens if isinstance(iterable, TokenLoader) else None
+        if tokens is None and isinstance(iterable, TokenLoader):  # run.token_batches(): its real tokens
+            tokens = _loader_tokens(iterable)
+            weight_by_tokens = weight_by_tokens or iterable.weight_by_tokens
         if weight_by_tokens and tokens is None:
             raise UsageError("run.batches(..., weight_by_tokens=True) needs tokens= (per sample, or a function "
                              "of the batch): the weights are each micro-batch's tokens.")
@@ -101,7 +107,7 @@ class StepFeed:
                     break
                 largest = max(largest, count_samples(batch))
                 # After a lowering the loader still gives the batch it was built with: cut it.
-                pending.extend(split_batch(batch, run.config.batch_size) if run.lowerings else (batch,))
+                pending.extend(split_batch(batch, self._piece(batch)) if run.lowerings else (batch,))
             batch = pending.popleft()
             yielded += 1
             if self._hand_out(batch, tokens):
@@ -122,6 +128,10 @@ class StepFeed:
             raise DataTooSmall(
                 f"A pass over the data gives batches of {largest} samples at most, fewer than the micro-batch "
                 f"of {run.config.batch_size}: the data is the ceiling (a larger micro-batch runs the same batches).")
+        if run.probing and isinstance(iterable, TokenLoader) and iterable.capped_by_the_data() and not run.lowerings:
+            raise DataTooSmall(f"A pass over the data is one batch of {iterable.stats().padded_tokens} padded tokens, "
+                               f"half the cap of {iterable.batch_sampler.max_tokens} at most: the data is the ceiling "
+                               f"(a smaller cap runs the same batch).")
 
     def _fetch(self, source: Iterator[Any]) -> Any:
         """The next batch from the user's data (`_END` at its end), its wait on the clock."""
@@ -149,6 +159,14 @@ class StepFeed:
         self._micro_tokens = _count_tokens(batch, tokens)
         self._step_tokens += self._micro_tokens
         return closed
+
+    def _piece(self, batch: Any) -> int:
+        """Samples per piece of a batch after a lowering: the micro-batch, or for batches by tokens as
+        many fewer samples as the cap is lower than the loader's."""
+        config = self._run.config
+        if config.max_tokens is None or self._token_cap is None:
+            return config.batch_size
+        return max(1, count_samples(batch) * config.max_tokens // self._token_cap)
 
     def _drain_prefetch(self, iterable: Iterable[Any]) -> None:
         """Count the optimizer steps that empty the loader's prefetch queue as warm-up too."""
@@ -265,8 +283,7 @@ class StepFeed:
         """Forget the failed step (its gradients, its counters, the memory it held); its micro-batches
         and those not yet handed out, cut to the lowered micro-batch."""
         self._redo.redoing = False
-        size = self._run.config.batch_size
-        pending = deque(piece for item in micro_batches for piece in split_batch(item, size))
+        pending = deque(piece for item in micro_batches for piece in split_batch(item, self._piece(item)))
         if self._optimizer is not None:
             self._optimizer.zero_grad(set_to_none=True)
         self.micro_in_step = self._backwards_in_step = 0
@@ -300,6 +317,11 @@ def _capped_by_the_data(iterable: Any, batch_size: int, largest: int) -> bool:
     drop_last False it yields the whole data as one short batch)."""
     return (isinstance(iterable, torch.utils.data.DataLoader) and iterable.batch_size == batch_size
             and 0 < largest < batch_size)
+
+
+def _loader_tokens(loader: TokenLoader) -> Callable[[Any], int]:
+    """The real tokens of the loader's batch; of a piece cut from it after a lowering, its share by samples."""
+    return lambda batch: round(loader.real_tokens * count_samples(batch) / max(1, loader.real_samples))
 
 
 def _count_tokens(batch: Any, tokens: int | Callable[[Any], int] | None) -> int:

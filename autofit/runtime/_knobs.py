@@ -15,6 +15,7 @@ from autofit.config import Config
 from autofit.runtime._checkpoint import apply_checkpoint, remove_checkpoint
 from autofit.runtime._dataloader import build_loader
 from autofit.runtime._distributed import Ranks
+from autofit.runtime._tokens import TokenLoader, build_token_loader
 
 
 @dataclass
@@ -30,6 +31,8 @@ class Knobs:
     loader: bool = False  # the data comes through run.loader(): its workers, pinning and prefetch are searched
     declared_workers: int | None = None  # declared to the training run.loader() (0: DataLoader's default)
     followed: bool = False  # the function's own loop steps its optimizer: followed through step hooks
+    # run.token_batches(): batches by tokens, its longest sample's length (the search climbs max_tokens from it)
+    longest_sample: int | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -41,6 +44,7 @@ class Knobs:
             "batches": self.batches,
             "shard_blocks": self.shard_blocks,
             **({"followed": True} if self.followed else {}),
+            **({"longest_sample": self.longest_sample} if self.longest_sample is not None else {}),
         }
 
 
@@ -108,6 +112,19 @@ class KnobPanel:
         self._declared_workers[loader] = workers
         if self.training_loader is None:
             self.training_loader = loader
+        return loader
+
+    def token_batches(self, config: Config, dataset: Any, lengths: Sequence[int], *, collate_fn: Any,
+                      shuffle: bool, seed: int) -> TokenLoader:
+        """A TokenLoader at the config's token cap over this rank's share of the batches."""
+        loader = build_token_loader(dataset, lengths, config, collate_fn=collate_fn, shuffle=shuffle, seed=seed,
+                                    rank=self._ranks.rank, world_size=self._ranks.world_size,
+                                    probing=self._probing)
+        self.used.longest_sample = max(loader.batch_sampler.lengths, default=0)
+        self.used.loader = True
+        if self.training_loader is None:
+            self.training_loader = loader
+        self._declared_workers[loader] = 0
         return loader
 
     def training_data(self, iterable: Any) -> None:

@@ -51,7 +51,12 @@ def lowered(config: Config) -> Config | None:
     Halving for even sizes (32 -> 16 x acc 2); an odd size goes to its largest proper divisor
     (24 -> 12, 9 -> 3, 7 -> 1), because a micro-batch that does not divide the loader's batch would
     give micro-batches of unequal size, and averaging their losses would weigh samples unequally.
+    A config by tokens halves its `max_tokens` (None at 1).
     """
+    if config.max_tokens is not None:  # by tokens: half the cap (the batches are cut by samples, see StepFeed)
+        if config.max_tokens < 2:
+            return None
+        return config.with_size(config.max_tokens // 2, accumulation_steps=config.accumulation_steps * 2)
     size = config.batch_size
     smaller = next((d for d in range(size // 2, 0, -1) if size % d == 0), None)
     if smaller is None:

@@ -11,12 +11,14 @@ from autofit.config import Config
 from autofit.runtime._clock import StepClock
 from autofit.runtime._distributed import Ranks
 from autofit.runtime._redo import Lowering
+from autofit.runtime._tokens import TokenLoader
 
 
 def run_summary(config: Config, device: torch.device, clock: StepClock, ranks: Ranks,
-                lowerings: list[Lowering]) -> dict[str, Any]:
-    """The run's config, its steps and what the measured ones did (all ranks together), and the
-    configs it lowered to after an OOM."""
+                lowerings: list[Lowering], token_loader: TokenLoader | None = None) -> dict[str, Any]:
+    """The run's config, its steps and what the measured ones did (all ranks together), the configs it
+    lowered to after an OOM, and for batches by tokens their padding share (`tokens_per_s` counts the
+    real ones)."""
     times, samples, tokens = clock.measured()
     seconds = clock.measured_time_s
     return {
@@ -35,4 +37,5 @@ def run_summary(config: Config, device: torch.device, clock: StepClock, ranks: R
         "data_wait_share": clock.data_wait_share,
         "recent_step_times_s": [round(t, 6) for t in times],
         "lowerings": [item.to_dict() for item in lowerings],
+        **({"padding_share": token_loader.stats().padding_share} if token_loader is not None else {}),
     }

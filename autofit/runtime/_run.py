@@ -23,11 +23,13 @@ from autofit.runtime._knobs import KnobPanel, Knobs
 from autofit.runtime._precision import precision_context, precision_scope
 from autofit.runtime._redo import LoopRedo, Lowering, StepRedo
 from autofit.runtime._report import run_summary
+from autofit.runtime._run_data import RunData
 from autofit.runtime._settings import RunSettings
+from autofit.runtime._tokens import TokenLoader
 from autofit.runtime._view import RunView
 
 
-class Run(RunView):
+class Run(RunView, RunData):
     """One training run under one `Config`: a probe of a few steps, or the real thing.
 
     Built from one `RunSettings`; `Run(config, device, **fields)` is short for
@@ -69,6 +71,7 @@ class Run(RunView):
         """Entered around every read of the data in batches(): autofit's memory estimator reads real
         data there while the step itself runs on fake tensors."""
         self.reads: set[str] = set()
+        self.token_loader: TokenLoader | None = None
         self._follower = StepFollower(self, self._panel)
 
     def _make_clock(self, settings: RunSettings) -> StepClock:
@@ -193,19 +196,6 @@ class Run(RunView):
         build the optimizer from the result's parameters."""
         return self._panel.distribute(self.config, model, blocks=blocks, shard=shard, offload=offload)
 
-    def sampler(self, dataset: Any, *, shuffle: bool = True, seed: int = 0) -> torch.utils.data.Sampler:
-        """The sampler for your DataLoader: this rank's shard of `dataset` under torchrun, the whole of
-        it in one process; a DistributedSampler either way, so call `.set_epoch(epoch)` on it each
-        epoch to reshuffle (the same script runs with and without torchrun)."""
-        return self._panel.sampler(dataset, shuffle=shuffle, seed=seed)
-
-    def loader(self, dataset: Any, *, shuffle: bool = True, **kwargs: Any) -> torch.utils.data.DataLoader:
-        """A DataLoader over `dataset` with this run's micro-batch and sampler (`run.sampler`; none for an
-        IterableDataset), `drop_last=True` unless given. `num_workers`, `pin_memory` and `prefetch_factor`
-        come from the config where it sets them, else from `kwargs` (what the script declares), else
-        DataLoader's defaults: offering the loader here lets a search choose them."""
-        return self._panel.loader(self.config, dataset, shuffle=shuffle, declared=kwargs)
-
     def compile(self, model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
         """`torch.compile(model, **kwargs)` when the config says so, else `model` as it is: offering
         the model here lets a search probe compiled and eager as separate strategies (the compile
@@ -275,4 +265,4 @@ class Run(RunView):
 
     def summary(self) -> dict[str, Any]:
         """What this run measured after its warm-up steps: the real run's figures, next to a probe's."""
-        return run_summary(self.config, self._device, self.clock, self.ranks, self.lowerings)
+        return run_summary(self.config, self._device, self.clock, self.ranks, self.lowerings, self.token_loader)

@@ -49,5 +49,8 @@ class RunSettings:
     `recover_oom`, `release_memory` and `used_memory`."""
     count_flops: bool = False
     """A probe counts one optimizer step's model FLOPs after its measured ones (eager, unsharded)."""
+    global_tokens: int | None = None
+    """Tokens per optimizer step, all ranks together (`@autofit(global_tokens=N)`): token batches
+    (run.token_batches) accumulate as many micro-batches as hold about that many."""
     energy: Callable[[], float | None] | None = None
     """The device's energy counter in joules, read where measuring starts and ends; None on a CPU."""

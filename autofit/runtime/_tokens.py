@@ -9,11 +9,16 @@ batching, written here for any dataset that states its lengths)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch.utils.data import Sampler
+
+from autofit.config import Config
+from autofit.errors import UsageError
+from autofit.runtime._dataloader import TimedDataLoader, loader_arguments
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,8 @@ class TokenBatchSampler(Sampler[list[int]]):
     `skip(n)` resumes an epoch after its first n batches (of this rank)."""
 
     def __init__(self, lengths: Sequence[int], max_tokens: int, *, shuffle: bool = True, seed: int = 0,
-                 rank: int = 0, world_size: int = 1, max_samples: int | None = None) -> None:
+                 rank: int = 0, world_size: int = 1, max_samples: int | None = None,
+                 worst_first: bool = False) -> None:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, but got {max_tokens}")
         if not 0 <= rank < world_size:
@@ -60,6 +66,9 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.shuffle, self.seed = shuffle, seed
         self.rank, self.world_size = rank, world_size
         self.max_samples = max_samples
+        self.worst_first = worst_first
+        """A probe's: the batch that holds the longest sample comes first, so that the probe's peak memory
+        is the data's worst case and a cap picked from it survives the long tail."""
         self.epoch = 0
         self._skip = 0
 
@@ -88,8 +97,12 @@ class TokenBatchSampler(Sampler[list[int]]):
             current.append(index)
         if current:
             batches.append(current)
+        worst = batches[0] if batches else None  # cut first, from the longest sample down
         if self.shuffle:
             batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+        if self.worst_first and worst is not None:
+            batches.remove(worst)
+            batches.insert(0, worst)
         return batches
 
     def _mine(self) -> list[list[int]]:
@@ -115,3 +128,81 @@ class TokenBatchSampler(Sampler[list[int]]):
             real_tokens=sum(self.lengths[i] for b in batches for i in b), padded_tokens=padded,
             longest=max(self.lengths, default=0),
             over_cap=sum(1 for n in self.lengths if n > self.max_tokens))
+
+
+class TokenLoader(TimedDataLoader):
+    """The DataLoader `run.token_batches()` builds: its `batch_sampler` a TokenBatchSampler, and the real
+    (non-padding) tokens of the batch it yielded last in `real_tokens`, which `run.batches` counts
+    (and weighs each micro-batch's loss by, under `global_tokens`).
+
+    A DataLoader yields its sampler's batches in order (workers or not), and the sampler's order is a
+    function of (seed, epoch, skip): walking it again beside the loader pairs each batch with its indices."""
+
+    batch_sampler: TokenBatchSampler
+    real_tokens: int = 0
+    real_samples: int = 0
+    weight_by_tokens: bool = False
+    """Set under `global_tokens`: run.batches weighs each micro-batch's loss by its real tokens."""
+
+    def __iter__(self):
+        lengths = self.batch_sampler.lengths
+        for indices, batch in zip(list(self.batch_sampler), super().__iter__(), strict=False):
+            self.real_tokens, self.real_samples = sum(lengths[i] for i in indices), len(indices)
+            yield batch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Each epoch its own order: call it at each epoch's start (as a DistributedSampler's)."""
+        self.batch_sampler.set_epoch(epoch)
+
+    def skip(self, batches: int) -> None:
+        """Resume this epoch after its first `batches` batches (this rank's)."""
+        self.batch_sampler.skip(batches)
+
+    def stats(self) -> TokenBatchStats:
+        """This epoch's batches, all ranks', counted (the padding share among them)."""
+        return self.batch_sampler.stats()
+
+    def capped_by_the_data(self) -> bool:
+        """The whole epoch is one batch that half the cap would hold: a larger cap runs the same batch."""
+        stats = self.stats()
+        return stats.batches == 1 and 2 * stats.padded_tokens <= self.batch_sampler.max_tokens
+
+
+def build_token_loader(dataset: Any, lengths: Sequence[int], config: Config, *, collate_fn: Callable | None,
+                       shuffle: bool, seed: int, rank: int, world_size: int,
+                       probing: bool = False) -> TokenLoader:
+    """A TokenLoader over `dataset` at the config's token cap (None: `batch_size` samples at the longest
+    length, the worst micro-batch a fixed size would meet), its loader fields from the config."""
+    if len(lengths) != len(dataset):
+        raise UsageError(f"run.token_batches needs one length per sample: the dataset has {len(dataset)} "
+                         f"samples, but got {len(lengths)} lengths.")
+    cap = config.max_tokens if config.max_tokens is not None else config.batch_size * max(lengths, default=1)
+    max_samples = config.batch_size if config.max_tokens is not None and config.batch_size < config.max_tokens else None
+    sampler = TokenBatchSampler(lengths, cap, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
+                                max_samples=max_samples, worst_first=probing)
+    arguments = loader_arguments(config, {"collate_fn": collate_fn} if collate_fn is not None else {},
+                                 probing=probing)
+    arguments.pop("drop_last", None)  # a batch sampler decides the batches
+    return TokenLoader(dataset, batch_sampler=sampler, **arguments)
+
+
+def steps_accumulation(stats: TokenBatchStats, global_tokens: int, world_size: int) -> int:
+    """Micro-batches per optimizer step (per rank) that hold about `global_tokens` real tokens, all ranks
+    together, at this epoch's mean real tokens per micro-batch: every rank counts the same batches, so
+    all agree."""
+    per_batch = stats.real_tokens / stats.batches if stats.batches else 1.0
+    return max(1, round(global_tokens / (per_batch * world_size)))
+
+
+def accumulate_tokens(loader: TokenLoader, config: Config, global_tokens: int | None, world_size: int,
+                      notes: list[str]) -> Config:
+    """Under `global_tokens`: the config at the accumulation that holds about that many tokens per step
+    (`steps_accumulation`, said in `notes`), and the loader's micro-batches weighted by their tokens."""
+    if global_tokens is None:
+        return config
+    loader.weight_by_tokens = True
+    accumulation = steps_accumulation(loader.stats(), global_tokens, world_size)
+    if accumulation == config.accumulation_steps:
+        return config
+    notes.append(f"accumulation {accumulation}: about {global_tokens} tokens per optimizer step")
+    return replace(config, accumulation_steps=accumulation)

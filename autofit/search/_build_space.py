@@ -21,7 +21,7 @@ def search_options(info: WorkerInfo, settings: SearchSettings) -> SearchOptions:
     return options.merged(global_batch=settings.global_batch, batch_range=settings.batch_range,
                           precision=settings.precision, accumulation=settings.accumulation,
                           sharding=settings.sharding, compile=settings.compile,
-                          checkpoint_policy=settings.checkpoint_policy)
+                          checkpoint_policy=settings.checkpoint_policy, token_range=settings.token_range)
 
 
 def build_space(settings: SearchSettings, options: SearchOptions, info: WorkerInfo, knobs: dict | None) -> SearchSpace:
@@ -49,11 +49,25 @@ def build_space(settings: SearchSettings, options: SearchOptions, info: WorkerIn
     if world > 1 and knobs is not None and knobs.get("shard_blocks"):
         shardings = tuple(h for h in options.sharding or SHARDINGS if h in device_shardings(settings.device))
     compiles = (False, True) if knobs and knobs.get("compile") and options.compile else (False,)
-    return SearchSpace.build(batch_range=options.batch_range, precisions=tuple(wanted),
+    return SearchSpace.build(batch_range=options.batch_range, token_range=token_range(options, knobs),
+                             precisions=tuple(wanted),
                              checkpoint_blocks=blocks, use_checkpoint=options.checkpoint,
                              global_batch=global_batch, accumulations=accumulations, shardings=shardings,
                              compiles=compiles, loader=loader_choices(settings, knobs),
                              checkpoint_policies=options.checkpoint_policy or CHECKPOINT_POLICIES)
+
+
+def token_range(options: SearchOptions, knobs: dict | None) -> tuple[int, int] | None:
+    """For a function that batches by tokens (run.token_batches), the token caps to climb: from the
+    longest sample up (a lower cap would not bound a batch that holds it, and the ladder's first rung is
+    the data's worst case, that sample alone at the cap) within the declared range."""
+    longest = (knobs or {}).get("longest_sample")
+    if not longest:
+        return None
+    low, high = options.token_range
+    if longest > high:
+        raise UsageError(f"The token range must reach the longest sample ({longest} tokens), but got {low}:{high}.")
+    return max(low, longest), high
 
 
 def available_cores() -> int:

@@ -118,4 +118,5 @@ def space_distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
         compiled=True in space.compiles,
         loader=space.loader.offered,
         selective="selective" in space.checkpoint_policies,
+        token_range=(min(space.batch_sizes), max(space.batch_sizes)) if space.tokens else None,
     )

@@ -31,6 +31,8 @@ class SearchSettings:
     global_batch: int | None = None
     batch_range: tuple[int, int] | None = None
     """Smallest and largest micro-batch to consider (None: the decorator's say)."""
+    token_range: tuple[int, int] | None = None
+    """Smallest and largest token cap to consider for a function that batches by tokens (None: the decorator's say)."""
     precision: tuple[str, ...] | None = None
     accumulation: tuple[int, ...] | None = None
     sharding: tuple[str, ...] | None = None

@@ -29,11 +29,11 @@ _COMPLETE_STATUSES = ("ok", "oom")
 
 def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumulation: int,
                   sharded: bool = False, compiled: bool = False, loader: bool = False,
-                  selective: bool = False) -> dict[str, BaseDistribution]:
+                  selective: bool = False, token_range: tuple[int, int] | None = None) -> dict[str, BaseDistribution]:
     """The trial parameters. Integer ranges, so a study may widen them later (Optuna allows that).
     `sharding`, `compile`, the loader's fields and `checkpoint_policy` only where the search considers
     them: other studies keep their form. The loader's choices include None: the loader as the script
-    declares it."""
+    declares it. `max_tokens` (within `token_range`) only for a function that batches by tokens."""
     return {
         "batch_size": IntDistribution(batch_range[0], max(batch_range[0], batch_range[1])),
         "precision": CategoricalDistribution(PRECISIONS),
@@ -45,6 +45,7 @@ def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumul
             "pin_memory": CategoricalDistribution((None, False, True)),
             "prefetch_factor": CategoricalDistribution((None, *LOADER_PREFETCH))} if loader else {}),
         **({"checkpoint_policy": CategoricalDistribution(CHECKPOINT_POLICIES)} if selective else {}),
+        **({"max_tokens": IntDistribution(token_range[0], max(token_range))} if token_range else {}),
     }
 
 

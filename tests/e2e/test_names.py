@@ -76,7 +76,7 @@ def _exported_fields() -> set[str]:
     field set (distributed, so the fields only such files hold are written)."""
     documents = [read_best(path).document for path in glob.glob(os.path.join(REPO, "autofit", "recorded", "*.best.json"))]
     assert documents
-    everything = Config(24, "bf16", 2, 3, "fsdp", True, 4, True, 4, "selective")
+    everything = Config(24, "bf16", 2, 3, "fsdp", True, 4, True, 4, "selective", max_tokens=64)
     documents.append({"config": config_entry(everything, world_size=2)})
     found: set[str] = set()
 

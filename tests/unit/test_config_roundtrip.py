@@ -20,7 +20,7 @@ from autofit.study import config_params, distributions, trial_config
 #: A value other than the default for every field of Config.
 NON_DEFAULT = {"batch_size": 24, "precision": "bf16", "checkpoint_segments": 2, "accumulation_steps": 3,
                "sharding": "fsdp", "compile": True, "loader_workers": 4, "pin_memory": True, "prefetch_factor": 4,
-               "checkpoint_policy": "selective"}
+               "checkpoint_policy": "selective", "max_tokens": 64}
 
 
 def test_the_non_default_values_name_every_config_field():
@@ -64,7 +64,8 @@ def test_an_optuna_trial(config):
     params = config_params(config)
     trial = optuna.trial.create_trial(params=params, value=1.0, distributions={
         name: dist for name, dist in distributions((1, 64), 4, 8, sharded=True, compiled=True, loader=True,
-                                                   selective=True).items()})
+                                                   selective=True,
+                                                   token_range=(1, 128) if config.max_tokens else None).items()})
     assert trial_config(trial) == config
 
 

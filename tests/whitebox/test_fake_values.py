@@ -35,3 +35,18 @@ def test_value_reads_are_answered_and_data_dependent_sizes_guessed_in_process():
     assert sorted(mode.notes.values()) == [
         "`nonzero` has a data-dependent size: from its mask's known density",
         "`nonzero` has a data-dependent size: taken at its upper bound (every element)"]
+
+
+def test_a_fake_loss_formats_with_a_spec_as_a_number_and_tensor_formatting_is_left_as_it_was():
+    """nanoGPT prints `f"{losses['train']:.4f}"` in its evaluation: a plain FakeTensor refuses the spec
+    (TypeError), which stopped the estimator before the first training step."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from autofit.memory._fake_values import ValueFreeFakeMode
+
+    mode = ValueFreeFakeMode()
+    with mode:
+        loss = torch.zeros(4).mean()
+        assert f"{loss:.4f}" == "1.0000"  # the harmless value a fake loss reads as
+    assert "__format__" not in FakeTensor.__dict__
+    assert f"{torch.tensor(2.5):.1f}" == "2.5"

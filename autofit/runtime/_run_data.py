@@ -1,0 +1,57 @@
+"""`RunData`: the data knobs of a run (`run.sampler`, `run.loader`, `run.token_batches`): each builds the
+user's data under the run's config, and notes that the function offers it, so a search chooses for it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from autofit.config import Config
+from autofit.runtime._distributed import Ranks
+from autofit.runtime._knobs import KnobPanel
+from autofit.runtime._settings import RunSettings
+from autofit.runtime._tokens import TokenLoader, accumulate_tokens
+
+
+class RunData:
+    """The data a run hands its function: its sampler, its DataLoader, its batches by tokens."""
+
+    config: Config
+    settings: RunSettings
+    ranks: Ranks
+    reads: set[str]
+    notes: list[str]
+    _panel: KnobPanel
+    token_loader: TokenLoader | None
+    """The loader run.token_batches() built last (its batches' padding share goes in the summary)."""
+
+    def sampler(self, dataset: Any, *, shuffle: bool = True, seed: int = 0) -> torch.utils.data.Sampler:
+        """The sampler for your DataLoader: this rank's shard of `dataset` under torchrun, the whole of
+        it in one process; a DistributedSampler either way, so call `.set_epoch(epoch)` on it each
+        epoch to reshuffle (the same script runs with and without torchrun)."""
+        return self._panel.sampler(dataset, shuffle=shuffle, seed=seed)
+
+    def loader(self, dataset: Any, *, shuffle: bool = True, **kwargs: Any) -> torch.utils.data.DataLoader:
+        """A DataLoader over `dataset` with this run's micro-batch and sampler (`run.sampler`; none for an
+        IterableDataset), `drop_last=True` unless given. `num_workers`, `pin_memory` and `prefetch_factor`
+        come from the config where it sets them, else from `kwargs` (what the script declares), else
+        DataLoader's defaults: offering the loader here lets a search choose them."""
+        return self._panel.loader(self.config, dataset, shuffle=shuffle, declared=kwargs)
+
+    def token_batches(self, dataset: Any, lengths: Sequence[int], *, collate_fn: Callable | None = None,
+                      shuffle: bool = True, seed: int = 0) -> TokenLoader:
+        """A DataLoader of micro-batches whose padded size (samples x the longest in the batch) stays within
+        the config's `max_tokens`, length-bucketed so padding stays small (`lengths`: each sample's tokens;
+        `collate_fn` pads a batch). Give it to `run.batches`: it counts real tokens, and under
+        `@autofit(global_tokens=N)` accumulates about N tokens per optimizer step and weighs each micro-batch's
+        loss (a mean over its real tokens) by them. Under torchrun every rank gets as many micro-batches.
+        Call `.set_epoch(epoch)` each epoch; `.skip(n)` resumes an epoch after n batches (the order is the
+        seed's). A search climbs `max_tokens` for a function that batches here."""
+        self.reads.add("max_tokens")
+        self.token_loader = self._panel.token_batches(self.config, dataset, lengths, collate_fn=collate_fn,
+                                                      shuffle=shuffle, seed=seed)
+        self.config = accumulate_tokens(self.token_loader, self.config, self.settings.global_tokens,
+                                        self.ranks.world_size, self.notes)
+        return self.token_loader

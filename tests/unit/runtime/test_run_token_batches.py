@@ -1,0 +1,215 @@
+"""`run.token_batches`: micro-batches within the config's `max_tokens`, real tokens counted, the same order
+from the seed, and `global_tokens` turned into accumulation with each micro-batch weighted by its tokens."""
+
+from __future__ import annotations
+
+import torch
+
+from autofit import Config
+from autofit.runtime import Ranks, Run
+
+PAD = -100
+
+
+class Sequences(torch.utils.data.Dataset):
+    """Token sequences of the given lengths (inputs and next-token targets)."""
+
+    def __init__(self, lengths: list[int]) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.items = [torch.randint(0, 7, (n,), generator=generator) for n in lengths]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.items[index]
+
+
+def collate(items: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    longest = max(len(t) for t in items)
+    x = torch.zeros(len(items), longest, dtype=torch.long)
+    y = torch.full((len(items), longest), PAD)
+    for row, t in enumerate(items):
+        x[row, :len(t)] = t
+        y[row, :len(t)] = t
+    return x, y
+
+
+CPU_OOM = "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 1"
+LENGTHS = [3, 40, 5, 9, 17, 2, 33, 8, 12, 6, 25, 4, 19, 7, 11, 30]
+
+
+def test_padded_size_stays_within_max_tokens_and_tokens_are_the_real_ones():
+    run = Run(Config(64, max_tokens=64), "cpu")
+    loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate)
+    counted = 0
+    with run.active():
+        for x, y in run.batches(loader):
+            assert x.numel() <= 64
+            counted += int((y != PAD).sum())
+    run.finish()
+    assert counted == sum(LENGTHS)
+    assert run.clock.steps_done == len(loader)
+    assert "max_tokens" in run.reads and run.knobs.longest_sample == 40
+    assert 0 < run.summary()["padding_share"] < 0.5
+
+
+def test_without_max_tokens_the_cap_is_the_micro_batch_at_the_longest_length():
+    run = Run(Config(2), "cpu")
+    loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate)
+    assert loader.batch_sampler.max_tokens == 2 * 40
+
+
+def test_the_order_is_the_seeds_and_skip_resumes_it():
+    def order(skip: int = 0) -> list[list[int]]:
+        run = Run(Config(48, max_tokens=48), "cpu")
+        loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate, seed=5)
+        loader.set_epoch(1)
+        loader.skip(skip)
+        return [x[:, 0].tolist() for x, _ in loader]
+
+    whole = order()
+    assert order() == whole
+    assert order(skip=2) == whole[2:]
+
+
+def test_ranks_get_as_many_micro_batches():
+    counts = set()
+    for rank in range(3):
+        run = Run(Config(32, max_tokens=32), "cpu", ranks=Ranks(rank=rank, world_size=3))
+        counts.add(len(run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate)))
+    assert len(counts) == 1
+
+
+def _trained(config: Config, global_tokens: int | None) -> tuple[Run, torch.Tensor]:
+    torch.manual_seed(3)
+    embedding, head = torch.nn.Embedding(7, 8), torch.nn.Linear(8, 7)
+    model = torch.nn.Sequential(embedding, head)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    run = Run(config, "cpu", global_tokens=global_tokens)
+    loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate, shuffle=False)
+    with run.active():
+        for x, y in run.batches(loader):
+            loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 7), y.reshape(-1), ignore_index=PAD)
+            run.backward(loss, optimizer)
+    run.finish()
+    return run, torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_global_tokens_accumulates_about_that_many_and_equals_one_big_batch():
+    run, stepped = _trained(Config(64, max_tokens=64), global_tokens=sum(LENGTHS))
+    batches = run.token_loader.stats().batches
+    assert run.config.accumulation_steps == batches  # the whole epoch's tokens: one step
+    assert run.clock.steps_done == 1
+    _, big = _trained(Config(1024, max_tokens=1024), global_tokens=None)  # one micro-batch holds all
+    assert torch.allclose(stepped, big, atol=1e-5)
+
+
+def test_global_tokens_keeps_tokens_per_step_whatever_the_cap():
+    small, _ = _trained(Config(32, max_tokens=32), global_tokens=100)
+    large, _ = _trained(Config(128, max_tokens=128), global_tokens=100)
+    assert small.config.accumulation_steps > large.config.accumulation_steps
+    for run in (small, large):
+        per_batch = sum(LENGTHS) / run.token_loader.stats().batches
+        assert abs(run.config.accumulation_steps * per_batch - 100) <= per_batch / 2 + 1e-9
+
+
+def test_max_tokens_is_a_positive_whole_number_that_holds_the_samples_cap():
+    import pytest
+
+    from autofit.errors import UsageError
+
+    for bad in (0, -4, 2.5, True):
+        with pytest.raises(UsageError, match="max tokens"):
+            Config(1, max_tokens=bad)
+    with pytest.raises(UsageError, match="at most the max tokens"):
+        Config(128, max_tokens=64)
+    config = Config(64, max_tokens=64)
+    assert (config.size, config.label()) == (64, "fp32 tokens=64")
+    assert config.with_size(16) == Config(16, max_tokens=16)
+    assert Config(8).with_size(4) == Config(4)
+
+
+def test_a_probe_meets_the_longest_sample_first():
+    firsts = set()
+    for seed in range(4):
+        run = Run(Config(64, max_tokens=64), "cpu", probing=True)
+        loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate, seed=seed)
+        x, _ = next(iter(loader))
+        firsts.add(x.shape[1])
+    assert firsts == {40}
+    normal = Run(Config(64, max_tokens=64), "cpu")
+    widths = {next(iter(normal.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate, seed=s)))[0].shape[1]
+              for s in range(4)}
+    assert widths != {40}  # a real run keeps its shuffled order
+
+
+def test_an_oom_in_a_normal_run_halves_max_tokens_and_cuts_the_batches_by_samples():
+    from autofit.runtime import lowered
+
+    assert lowered(Config(64, max_tokens=64, accumulation_steps=3)) == Config(32, max_tokens=32, accumulation_steps=6)
+    assert lowered(Config(1, max_tokens=1)) is None
+    even = [8] * 16  # 2 batches of 8 samples at a cap of 64
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Embedding(7, 8), torch.nn.Linear(8, 7))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = Run(Config(64, max_tokens=64), "cpu", recover_oom=True)
+    loader = run.token_batches(Sequences(even), even, collate_fn=collate)
+    sizes, failed = [], False
+    with run.active():
+        for x, y in run.batches(loader):
+            with run.autocast():
+                if run.optimizer_steps == 1 and not failed:
+                    failed = True
+                    raise RuntimeError(CPU_OOM)
+                loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 7), y.reshape(-1), ignore_index=PAD)
+            sizes.append(len(x))
+            run.backward(loss, optimizer)
+    run.finish()
+    assert run.config == Config(32, max_tokens=32, accumulation_steps=2)
+    # the failed forward's loop body runs on once (its loss ignored), then the step is redone in halves
+    assert sizes == [8, 8, 4, 4] and run.optimizer_steps == 2
+
+
+def test_the_decorators_global_tokens_reaches_a_normal_call(tmp_path, monkeypatch):
+    from autofit import autofit
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AUTOFIT_DEVICE", "cpu")
+    seen = {}
+
+    @autofit(global_tokens=sum(LENGTHS), default_batch_size=2)
+    def train(run):
+        model = torch.nn.Sequential(torch.nn.Embedding(7, 8), torch.nn.Linear(8, 7))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate)
+        for x, y in run.batches(loader):
+            loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 7), y.reshape(-1), ignore_index=PAD)
+            run.backward(loss, optimizer)
+        seen.update(steps=run.optimizer_steps, batches=len(loader), accumulation=run.config.accumulation_steps)
+
+    train()
+    assert seen["accumulation"] == seen["batches"] > 1 and seen["steps"] == 1  # the epoch's tokens: one step
+
+
+def _one_epoch(run: Run, loader) -> None:
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, _ in run.batches(loader):
+        run.backward(model(x[:, :1].float()).mean(), optimizer)
+
+
+def test_a_probe_whose_cap_holds_the_whole_data_twice_over_is_data_bound():
+    import pytest
+
+    from autofit.runtime import DataTooSmall
+
+    padded = len(LENGTHS) * max(LENGTHS)  # one batch of everything, at the longest length
+    for cap, bound in ((2 * padded, True), (padded, False)):
+        run = Run(Config(cap, max_tokens=cap), "cpu", probing=True, measured_steps=1000)
+        loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate)
+        if bound:
+            with pytest.raises(DataTooSmall, match="the data is the ceiling"):
+                _one_epoch(run, loader)
+        else:
+            _one_epoch(run, loader)
