@@ -19,7 +19,7 @@ def _records(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("probe_process", ["fork", "persistent"])
+@pytest.mark.parametrize("probe_process", [pytest.param("fork", marks=pytest.mark.slow), "persistent"])  # CUDA's model by default
 def test_a_start_script_is_probed_with_its_arguments_and_its_globals_fresh(tmp_path, monkeypatch, probe_process):
     record = tmp_path / "record.jsonl"
     monkeypatch.setenv(SCRIPT_ARGS_ENV, json.dumps([f"--record={record}", "--iters", "100000"]))

@@ -31,6 +31,7 @@ def test_a_script_that_parses_its_arguments_at_import_gets_its_defaults_in_a_pro
     assert json.loads(result.output)["result"]["status"] == "ok"
 
 
+@pytest.mark.slow  # a real probe in a worker; the start script's arguments are probed in the default tier
 def test_a_decorated_script_gets_the_arguments_after_the_double_dash(monkeypatch):
     monkeypatch.delenv(SCRIPT_ARGS_ENV, raising=False)  # the command sets it for its workers: undone here
     result = invoke("probe", script("parses_args.py"), "--batch-size", "4", "--memory-limit", "1GiB", "--json",
