@@ -116,9 +116,11 @@ def test_probes_in_one_process_are_ok(entry, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("entry", _params())
 def test_a_search_exports_a_config_the_normal_run_trains_with(entry, tmp_path):
+    # --budget 3m: three probes and their A/B fit well inside; the estimator, whose share of the budget this
+    # bounds, is tested on its own (test_the_estimator_answers)
     env = _environment(tmp_path)
     searched = autofit_cli("search", entry.path, "--device", "cpu", "--memory-limit", entry.limit,
-                           "--trials", "3", *_ranks(entry), cwd=tmp_path, env=env, timeout=600)
+                           "--trials", "3", "--budget", "3m", *_ranks(entry), cwd=tmp_path, env=env, timeout=600)
     assert searched.returncode == 0, searched.stderr[-3000:]
     best = tmp_path / "studies" / f"{entry.name}.{entry.function}.cpu.best.json"
     document = json.loads(best.read_text())

@@ -42,7 +42,7 @@ def _character_corpus(directory) -> None:
 def test_nanogpt_train_py_searched_then_run_with_the_config_found(tmp_path):
     shutil.copytree(os.path.join(CORPUS, "nanogpt_repo"), tmp_path, dirs_exist_ok=True)
     _character_corpus(tmp_path / "data" / "shakespeare_char")
-    searched = autofit_cli("search", "train.py", "--trials", "3", "--precision", "fp32", "--memory-limit", "4GiB",
+    searched = autofit_cli("search", "train.py", "--trials", "3", "--budget", "3m", "--precision", "fp32", "--memory-limit", "4GiB",
                            "--batch-range", "1:24", "--json", "--", *ARGS, cwd=tmp_path, timeout=900)
     assert searched.returncode == 0, searched.stderr[-3000:]
     document = json.loads(searched.stdout)["best"]
