@@ -20,13 +20,13 @@ estimator without a single answer in a 2m30s search of GPT-2 small on an H100 (b
 
 from __future__ import annotations
 
-import os
 import time
 
 import optuna
 
 from autofit.memory import ENDED_FIRST, Estimator, SpaceEstimation, StoredEstimates, stored_estimates
 from autofit.planner import MemoryPrediction, SearchSpace
+from autofit.search._build_space import available_cores
 from autofit.search._progress import Reporter
 from autofit.search._settings import SearchSettings
 from autofit.study import keep_estimates
@@ -47,13 +47,6 @@ def runs_beside_probes(device_type: str, cores: int) -> bool:
     """Whether the estimator may run while a probe is timed: never on the CPU, whose probes use every
     core; on an accelerator when the machine has cores to spare."""
     return device_type != "cpu" and cores >= _CORES_BESIDE
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 class EstimatorLifecycle:
@@ -98,7 +91,7 @@ class EstimatorLifecycle:
             return self.update(study)
         if self._estimator is None:  # resumed from a study written without estimates
             self._estimator = Estimator(self.script, self.s.function)
-        self.beside = runs_beside_probes(device_type, _cores())
+        self.beside = runs_beside_probes(device_type, available_cores())
         where = "beside the probes, at idle priority" if self.beside else "between the probes"
         self.reporter.note(f"memory estimator: estimating {where} (fake tensors, no memory spent)")
         self._allowance = _TOTAL_SHARE * budget_s

@@ -41,18 +41,20 @@ def test_a_start_script_is_probed_with_its_arguments_and_its_globals_fresh(tmp_p
     assert all(r["seen"] == [r["batch_size"]] for r in seen)  # module globals fresh in every probe
 
 
-def test_a_second_autofit_start_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv(SCRIPT_ARGS_ENV, json.dumps(["--twice"]))
+def _probe_with_args(monkeypatch, args: list[str]):
+    """One b=4 probe of starts.py in a fresh worker, the script handed `args`."""
+    monkeypatch.setenv(SCRIPT_ARGS_ENV, json.dumps(args))
     with Worker(script("starts.py")) as worker:
         worker.start()
-        result = worker.probe(Config(batch_size=4), timeout=120)
+        return worker.probe(Config(batch_size=4), timeout=120)
+
+
+def test_a_second_autofit_start_is_a_clear_error(monkeypatch):
+    result = _probe_with_args(monkeypatch, ["--twice"])
     assert result.status == "error" and result.error_type == "UsageError"
     assert result.error_message == ONE_START
 
 
 def test_a_script_that_ends_short_of_the_probe_is_too_short(monkeypatch):
-    monkeypatch.setenv(SCRIPT_ARGS_ENV, json.dumps(["--iters=3"]))
-    with Worker(script("starts.py")) as worker:
-        worker.start()
-        result = worker.probe(Config(batch_size=4), timeout=120)
+    result = _probe_with_args(monkeypatch, ["--iters=3"])
     assert result.status == "error" and result.error_type == "ProbeTooShort"

@@ -55,7 +55,7 @@ class _Reporter:
 
 def _lifecycle(monkeypatch, cores: int) -> tuple[slices.EstimatorLifecycle, _Process, _Reporter]:
     monkeypatch.setattr(slices, "SpaceEstimation", _Estimation)
-    monkeypatch.setattr(slices, "_cores", lambda: cores)
+    monkeypatch.setattr(slices, "available_cores", lambda: cores)
     monkeypatch.setattr(slices, "_kept", lambda study: None)
     monkeypatch.setattr(slices, "_SLICE_S", 0.01)
     reporter = _Reporter()
