@@ -46,3 +46,9 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason="needs a CUDA device: torch.cuda.is_available() is False")
         for item in gpu:
             item.add_marker(skip)
+
+
+# Every search a test starts (in this process or a subprocess) measures its final A/B over 3 probes' steps
+# rather than 10: the tests check what a search decides, not how long it measures; the tests of the
+# confirmation's length set `confirm_factor` themselves.
+os.environ.setdefault("AUTOFIT_CONFIRM_FACTOR", "3")

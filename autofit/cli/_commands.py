@@ -265,6 +265,9 @@ def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], batch_s
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Warm-up steps per probe.")
 @click.option("--probe-timeout", type=DURATION, default=None,
               help="Kill a probe after this long (default: derived from the budget and earlier probes).")
+@click.option("--confirm-factor", type=click.IntRange(min=1), default=None,
+              help="The final A/B of the close contenders measures this many probes' steps each "
+                   "(default: AUTOFIT_CONFIRM_FACTOR, else 10); smaller decides sooner, on less evidence.")
 @click.option("--compile/--no-compile", "compile_", default=None,
               help="Probe torch.compile as well as eager when the function offers run.compile() (default: yes).")
 @click.option("--checkpoint-policy", "checkpoint_policies", type=CHECKPOINT_POLICY_LIST, default=None,
@@ -286,7 +289,7 @@ def search(ctx: click.Context, target: str, script_args: tuple[str, ...], parall
            global_batch: int | None, batch_range: tuple[int, int] | None, token_range: tuple[int, int] | None,
            precision, accumulation, sharding, study: str | None,
            out: str | None, fresh: bool, steps: int, warmup: int, probe_timeout: float | None,
-           alloc_conf: str | None, compile_: bool | None, checkpoint_policies, probe_process: str | None,
+           confirm_factor: int | None, alloc_conf: str | None, compile_: bool | None, checkpoint_policies, probe_process: str | None,
            estimate: bool, as_json: bool, quiet: bool, verbose: bool) -> None:
     """Search the fastest config of TARGET that fits, within a time budget, and export it.
 
@@ -312,6 +315,7 @@ def search(ctx: click.Context, target: str, script_args: tuple[str, ...], parall
         nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, estimate=estimate,
         compile=compile_, checkpoint_policy=checkpoint_policies, alloc_conf=alloc_conf,
         probe_process=probe_process, script_args=script_args,
+        **({"confirm_factor": confirm_factor} if confirm_factor is not None else {}),
     )
     take_ctrl_c()  # a search started with SIGINT ignored (a background job) still stops on Ctrl-C
     if node_rank > 0:

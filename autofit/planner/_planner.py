@@ -167,11 +167,13 @@ class Planner:
         """The close contenders to measure again, longer, before a winner is named, best first: the first
         three of the ranking as it stood before any remeasurement within the noise of the best (its
         ranking margin, see `within_noise`) and measured once then; those remeasured already are left
-        out. None of them is decided on one probe."""
+        out. None of them is decided on one probe. A leader with no contender is left to its confirmation."""
         before = [o for o in observations if o.phase != "remeasure"]
         remeasured = {o.config for o in observations if o.phase == "remeasure"}
         state = self._state(before)
         close = within_noise(state.ranking.ranked(), state.ranking.margin)
+        if len(close) < 2:
+            return []  # the leader alone: nothing to tell apart, and its confirmation measures it longer
         return [c.config for c in close[:_CONTENDERS] if c.probes <= 1 and c.config not in remeasured]
 
     def ab_entrants(self, observations: Sequence[Observation]) -> list[Config]:

@@ -33,6 +33,9 @@ from autofit.study import (
     trial_config,
 )
 
+CLAIM_WAIT_S = 5.0
+"""How long a claim waits for an earlier trial's params (written by its searcher right after asking)."""
+
 
 class Session:
     """One search's study and what its probes are measured under; `open()` opens or resumes the study."""
@@ -150,13 +153,20 @@ class Session:
 
     def _claimed_earlier(self, number: int, config) -> bool:
         """Another process asked for the same config first (parallel workers): the lower trial
-        number keeps it, so exactly one of two racing workers probes it."""
-        for other in self.study.get_trials(deepcopy=False):
-            if other.number < number and not other.user_attrs.get("duplicate") \
-                    and other.user_attrs.get("phase", "explore") == "explore" and trial_config(other) == config \
-                    and (other.state == optuna.trial.TrialState.RUNNING or "probe" in other.user_attrs):
-                return True
-        return False
+        number keeps it, so exactly one of two racing workers probes it. Optuna writes a trial's params
+        just after creating it: an earlier trial still without them is waited for (CLAIM_WAIT_S at
+        most), or both racers would keep the config."""
+        deadline = time.monotonic() + CLAIM_WAIT_S
+        while True:
+            earlier = [t for t in self.study.get_trials(deepcopy=False)
+                       if t.number < number and not t.user_attrs.get("duplicate")]
+            if any(t.state == optuna.trial.TrialState.RUNNING and not t.params for t in earlier) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            return any(other.user_attrs.get("phase", "explore") == "explore" and trial_config(other) == config
+                       and (other.state == optuna.trial.TrialState.RUNNING or "probe" in other.user_attrs)
+                       for other in earlier)
 
     def heartbeat(self, trial: optuna.Trial) -> Heartbeat:
         """Keeps `trial` alive in the eyes of other searchers while its probe runs."""

@@ -3,6 +3,7 @@ CLI, the decorator's `train.search()` and the benchmarks fill in and read."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import InitVar, dataclass, field
 
 import optuna
@@ -44,7 +45,8 @@ class SearchSettings:
     warmup: int = 2
     steps: int = 5
     probe_timeout: float | None = None
-    confirm_factor: int = 10
+    confirm_factor: int = field(default_factory=lambda: default_confirm_factor())
+    """The final A/B's windows add up to this many probes' steps (AUTOFIT_CONFIRM_FACTOR, else 10)."""
     seed: int | None = 0
     recheck: bool = True
     """Probe suspect measurements again before they win or prune (off only to measure what it buys)."""
@@ -73,6 +75,8 @@ class SearchSettings:
     """HOST:PORT of torchrun's c10d rendezvous for probes across nodes (a port free on HOST)."""
 
     def __post_init__(self) -> None:
+        if self.confirm_factor < 1:
+            raise UsageError(f"The confirmation factor must be at least 1, but got {self.confirm_factor}.")
         self.probe_process = probe_process_for(self.device, self.probe_process)
         if not 0 <= self.headroom < 1:
             raise UsageError(f"The headroom must be a fraction in [0, 1), but got {self.headroom}.")
@@ -150,3 +154,19 @@ class SearchResult:
 
         study = optuna.load_study(study_name=self.study_name, storage=open_for_reading(self._url or self.storage))
         return trials_frame(study.get_trials(deepcopy=False), self.usable_bytes)
+
+
+CONFIRM_FACTOR_ENV = "AUTOFIT_CONFIRM_FACTOR"
+
+
+def default_confirm_factor() -> int:
+    """AUTOFIT_CONFIRM_FACTOR where set (a shorter A/B for a tight budget, or for a test suite that checks
+    what a search decides rather than how long it measures), else 10."""
+    raw = os.environ.get(CONFIRM_FACTOR_ENV, "10")
+    try:
+        value = int(raw)
+    except ValueError:
+        raise UsageError(f"{CONFIRM_FACTOR_ENV} must be a whole number of probes, but got {raw!r}.") from None
+    if value < 1:
+        raise UsageError(f"{CONFIRM_FACTOR_ENV} must be at least 1, but got {value}.")
+    return value

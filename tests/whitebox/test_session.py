@@ -21,3 +21,54 @@ def test_a_search_names_its_study_after_the_function(tmp_path):
     assert session.study_name == "hf_user.main-cpu0"
     named = Session(SearchSettings(script=path, function="other", device="cpu", memory_limit=2**30, storage=storage))
     assert named.study_name == "hf_user.other-cpu0"
+
+
+def test_of_two_searchers_asking_for_one_config_the_later_trial_waits_for_the_earlier_s_params(tmp_path):
+    """Optuna creates a trial, then writes its params: a searcher whose later trial is checked in between
+    must wait for them, or both racers keep the config (a config explored twice, seen in CI)."""
+    import threading
+    import time
+
+    import optuna
+
+    from autofit.config import Config
+    from autofit.study import config_params, distributions
+
+    path = _script(tmp_path, "from autofit import autofit\n\n@autofit\ndef main(run):\n    pass\n")
+    session = Session(SearchSettings(script=path, device="cpu", memory_limit=2**30,
+                                     storage=f"sqlite:///{tmp_path / 'autofit.db'}"))
+    session.study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'race.db'}", study_name="race")
+    config = Config(16)
+    dists = distributions((1, 64), 0, 1)
+    first = session.study.ask()  # created; its searcher has not written its params yet
+    second = session.study.ask()
+
+    def write_params() -> None:
+        time.sleep(0.5)
+        for name, value in config_params(config).items():
+            if name in dists:
+                session.study._storage.set_trial_param(first._trial_id, name, dists[name].to_internal_repr(value),
+                                                       dists[name])
+
+    writer = threading.Thread(target=write_params)
+    writer.start()
+    assert session._claimed_earlier(second.number, config)  # it waited, then saw the earlier claim
+    writer.join()
+    assert not session._claimed_earlier(first.number, config)  # the earlier trial keeps the config
+
+
+def test_the_confirmation_factor_comes_from_the_environment_and_bad_values_are_one_clear_error(tmp_path, monkeypatch):
+    import pytest
+
+    from autofit.errors import UsageError
+
+    path = _script(tmp_path, "from autofit import autofit\n\n@autofit\ndef main(run):\n    pass\n")
+    monkeypatch.delenv("AUTOFIT_CONFIRM_FACTOR", raising=False)
+    assert SearchSettings(script=path).confirm_factor == 10
+    monkeypatch.setenv("AUTOFIT_CONFIRM_FACTOR", "4")
+    assert SearchSettings(script=path).confirm_factor == 4
+    assert SearchSettings(script=path, confirm_factor=7).confirm_factor == 7  # given beats the environment
+    for bad in ("ten", "0"):
+        monkeypatch.setenv("AUTOFIT_CONFIRM_FACTOR", bad)
+        with pytest.raises(UsageError, match="AUTOFIT_CONFIRM_FACTOR"):
+            SearchSettings(script=path)

@@ -4,6 +4,8 @@ configs within that noise, in alternating rounds, whose medians rank them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from autofit.config import Config
 from autofit.planner import ABPlan, Observation, Planner, SearchSpace
 
@@ -25,6 +27,18 @@ def test_a_config_within_the_noise_of_the_leader_measured_once_is_a_contender():
     seen = [ok(16, 60.0), ok(32, 92.0), ok(48, 85.0), ok(64, 100.0)]
     assert planner.ranking_margin(seen) == 0.10
     assert planner.contenders(seen) == [Config(64), Config(32)]
+
+
+def test_timer_bound_steps_widen_the_margin_to_a_quarter_at_most():
+    """Millisecond steps (a 2-rank CPU search) spread 30-60% within a probe while probes' medians agree:
+    a config a fifth as fast is no contender, and a leader with none is left to its confirmation."""
+    planner = Planner(SPACE, GiB)
+    noisy = [replace(o, spread=0.5) for o in (ok(16, 13_853.0), ok(Config(8, accumulation_steps=2), 2_707.0))]
+    assert planner.ranking_margin(noisy) == 0.25
+    assert planner.contenders(noisy) == []
+    assert planner.ab_entrants(noisy) == [Config(16)]
+    noisy.append(replace(ok(Config(16, accumulation_steps=2), 11_000.0), spread=0.5))  # 21% behind: within
+    assert planner.contenders(noisy) == [Config(16), Config(16, accumulation_steps=2)]
 
 
 def test_the_a_b_entrants_are_the_leader_and_the_undominated_configs_within_its_noise_two_at_most():
