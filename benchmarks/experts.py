@@ -1,6 +1,7 @@
 """autofit's pick against what an expert would set by hand, and against the exhaustive grid, in one run.
 
     python -m benchmarks.experts [--device cpu] [--memory-limit 2GiB] [--budget 3m] [--rounds 3]
+    python -m benchmarks.experts --pair nanogpt      # the held-out pair: nanoGPT's own train.py, accumulation kept
     python -m benchmarks.experts --device cuda --script benchmarks/gpu/gpt124m.py --full-size --budget 4m
 
 The baselines are the strongest sensible choices, not the weakest:
@@ -12,8 +13,15 @@ The baselines are the strongest sensible choices, not the weakest:
   selective) x batch of the search space probed for real (benchmarks/record_landscape.py), the fastest that fits the usable memory.
 autofit searches the same script under the same limit; its exported best-config file is measured as
 written. All picks are then re-measured **interleaved** (A B C A B C ...) in one worker under the limit
-(benchmarks/gpu/compare.py), so a drift of the machine hits them all alike. Writes
-benchmarks/experts-DEVICE.md with the table and the command.
+(benchmarks/gpu/compare.py), so a drift of the machine hits them all alike. The headline is the
+median of the per-round ratios with their range ("parity within noise" where the range covers 1.0).
+
+`--pair nanogpt` runs the same comparison on a script autofit was not tuned on: nanoGPT's own train.py
+(tests/corpus/nanogpt_repo, four lines added) with the nanoGPT README's CPU recipe and a global batch of
+48 kept by accumulation (`--batch_size=12 --gradient_accumulation_steps=4`), on a generated character
+corpus. Its expert baseline is bf16 at the largest micro-batch that fits, the fewest accumulation
+steps; the Lightning and HF finders have no form of that script and are left out. Writes
+benchmarks/experts-DEVICE[-PAIR].md with the table and the command.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,11 +44,15 @@ REPO = os.path.dirname(HERE)
 SCRIPT = "benchmarks/gpu/gpt124m.py"
 #: The small GPT-2 of the CPU rows (benchmarks/finders-cpu.md uses the same).
 SMALL_GPT = {"GPT124M_SEQ": "64", "GPT124M_LAYERS": "4", "GPT124M_WIDTH": "256", "GPT124M_SAMPLES": "1024"}
+#: nanoGPT README's CPU recipe, a global batch of 48 (12 x 4 accumulation steps).
+NANOGPT_ARGS = ["--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1", "--block_size=64",
+                "--batch_size=12", "--gradient_accumulation_steps=4", "--n_layer=4", "--n_head=4", "--n_embd=128",
+                "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
 
 
-def _run(args: list[str], env: dict) -> subprocess.CompletedProcess:
+def _run(args: list[str], env: dict, cwd: str = REPO) -> subprocess.CompletedProcess:
     print("$", " ".join(args), file=sys.stderr, flush=True)
-    done = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         print(done.stderr[-2000:], file=sys.stderr)
     return done
@@ -71,17 +84,29 @@ def main() -> None:
     parser.add_argument("--grid-batch", default="4:256", help="the grid's micro-batch range LOW:HIGH")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--pair", choices=["nanogpt"], default=None,
+                        help="the held-out pair: nanoGPT's own train.py with its CPU recipe, global batch 48")
     args = parser.parse_args()
     from benchmarks.record_landscape import record
 
-    env = {**os.environ, "PYTHONPATH": pythonpath(), **({} if args.full_size else SMALL_GPT)}
-    os.environ.update(env)  # the grid's worker runs the same script under the same settings
+    env = {**os.environ, "PYTHONPATH": pythonpath(), **({} if args.full_size or args.pair else SMALL_GPT)}
+    script_args: list[str] = []
+    global_batch = None
     started = time.perf_counter()
     picks: dict[str, str] = {}
     times: dict[str, float] = {}
     notes: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for tool in ("lightning", "hf"):
+        cwd = REPO
+        if args.pair == "nanogpt":
+            from tests.support.nanogpt import nanogpt_folder
+
+            cwd = os.path.join(tmp, "nanogpt")
+            args.script, script_args, global_batch = nanogpt_folder(cwd), NANOGPT_ARGS, 48
+            env["AUTOFIT_SCRIPT_ARGS"] = json.dumps(script_args)  # the grid's and the compare's probes
+            os.chdir(cwd)  # the grid's worker: nanoGPT reads data/ from where it runs
+        os.environ.update(env)  # the grid's worker runs the same script under the same settings
+        for tool in () if args.pair else ("lightning", "hf"):
             found = run_finder(tool, args, env, tmp)
             name = f"{tool} (bf16)"
             times[name] = found["wall_s"]
@@ -95,7 +120,8 @@ def main() -> None:
         began = time.perf_counter()
         grid = record(args.script, memory_limit=parse_size(args.memory_limit), batch_range=(int(low), int(high)),
                       precisions=("fp32", "bf16"), checkpoint_policies=CHECKPOINT_POLICIES,  # as the search
-                      name="experts-grid", out=os.path.join(tmp, "grid.json"), device=args.device)
+                      global_batch=global_batch, name="experts-grid", out=os.path.join(tmp, "grid.json"),
+                      device=args.device)
         times["grid best"] = time.perf_counter() - began
         fits = [e for e in grid.entries.values() if e.status == "ok" and e.peak_bytes and e.peak_bytes <= grid.usable_bytes]
         grid_best = grid.best_config()
@@ -103,7 +129,7 @@ def main() -> None:
             picks["grid best"] = _spec(grid_best)
         hand = [e.config for e in fits if e.config.precision == "bf16" and e.config.checkpoint_segments == 0]
         if hand:
-            largest = max(hand, key=lambda c: c.batch_size)
+            largest = max(hand, key=lambda c: c.batch_size)  # at a global batch: the fewest accumulation steps
             picks["bf16, largest batch that fits"] = _spec(largest)
             times["bf16, largest batch that fits"] = times["grid best"]
             notes["bf16, largest batch that fits"] = "read off the grid (doubling by hand until OOM finds the same)"
@@ -111,7 +137,7 @@ def main() -> None:
         began = time.perf_counter()
         searched = _run(["-m", "autofit.cli", "search", args.script, "--device", args.device, "--memory-limit",
                          args.memory_limit, "--budget", args.budget, "--storage", f"sqlite:///{tmp}/autofit.db",
-                         "--out", best_file], env)
+                         "--out", best_file, *(["--", *script_args] if script_args else [])], env, cwd)
         times["autofit"] = time.perf_counter() - began
         if searched.returncode != 0:
             sys.exit(f"autofit search failed: {searched.stderr[-1000:]}")
@@ -120,11 +146,26 @@ def main() -> None:
         compared = _run(["-m", "benchmarks.gpu.compare", args.script, "--device", args.device, "--memory-limit",
                          args.memory_limit, "--rounds", str(args.rounds), "--steps", str(args.steps),
                          "--out", compared_path,
-                         *[part for name, spec in picks.items() for part in ("--config", f"{name}={spec}")]], env)
+                         *[part for name, spec in picks.items() for part in ("--config", f"{name}={spec}")]], env, cwd)
         if compared.returncode != 0:
             sys.exit(f"compare failed: {compared.stderr[-1000:]}")
         rows = json.load(open(compared_path))["rows"]
+        os.chdir(REPO)
     write_table(args, rows, picks, times, notes, time.perf_counter() - started, grid.meta.get("probed"))
+
+
+def round_ratios(rows: dict, name: str, other: str) -> list[float]:
+    """`name` ÷ `other` in each interleaved round both completed (they shared that round's drift)."""
+    return [a / b for a, b in zip(rows[name].get("rounds", []), rows[other].get("rounds", [])) if a and b]
+
+
+def ratio_words(ratios: list[float]) -> str:
+    """The median of the per-round ratios with their range; "parity within noise" where it covers 1.0."""
+    if not ratios:
+        return "n/a"
+    low, high = min(ratios), max(ratios)
+    words = f"**{statistics.median(ratios):.2f}x** (median of {len(ratios)} rounds, range {low:.2f}-{high:.2f}"
+    return words + ("; parity within noise)" if low <= 1.0 <= high else ")")
 
 
 def write_table(args, rows: dict, picks: dict, times: dict, notes: dict, elapsed: float, grid_probes) -> None:
@@ -134,10 +175,12 @@ def write_table(args, rows: dict, picks: dict, times: dict, notes: dict, elapsed
     command = (f"python -m benchmarks.experts --device {args.device} --memory-limit {args.memory_limit} "
                f"--budget {args.budget} --rounds {args.rounds} --grid-batch {args.grid_batch}"
                + (" --full-size" if args.full_size else "")
-               + (f" --script {args.script}" if args.script != SCRIPT else ""))
+               + (f" --pair {args.pair}" if args.pair else "")
+               + (f" --script {args.script}" if args.script != SCRIPT and not args.pair else ""))
+    setting = (f"; nanoGPT train.py {' '.join(NANOGPT_ARGS)}" if args.pair == "nanogpt"
+               else "" if args.full_size else f"; small GPT-2: {', '.join(f'{k}={v}' for k, v in SMALL_GPT.items())}")
     lines = [
-        f"`{command}` ({elapsed / 60:.1f} min in all, {os.cpu_count()} cores; grid: {grid_probes} probes"
-        + ("" if args.full_size else f"; small GPT-2: {', '.join(f'{k}={v}' for k, v in SMALL_GPT.items())}") + ")",
+        f"`{command}` ({elapsed / 60:.1f} min in all, {os.cpu_count()} cores; grid: {grid_probes} probes{setting})",
         "",
         "| pick | config | time to pick | samples/s (interleaved, median) | ÷ strongest baseline | ÷ grid best | model FLOP/s | MFU | peak |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -155,12 +198,16 @@ def write_table(args, rows: dict, picks: dict, times: dict, notes: dict, elapsed
                      f"{format_flops(sorted(flops)[len(flops) // 2]) if flops else '—'} | "
                      f"{f'{sorted(mfus)[len(mfus) // 2]:.1%}' if mfus else 'n/a'} | {peak:.0f} MiB |")
     if strongest and rate.get("autofit"):
-        lines += ["", f"autofit ÷ the strongest baseline ({strongest}): **{rate['autofit'] / rate[strongest]:.2f}x**; "
-                      f"÷ the grid's best: **{rate['autofit'] / rate['grid best']:.2f}**" if rate.get("grid best") else ""]
+        lines += ["", f"autofit ÷ the strongest baseline ({strongest}): {ratio_words(round_ratios(rows, 'autofit', strongest))}"
+                      + (f"; ÷ the grid's best: {ratio_words(round_ratios(rows, 'autofit', 'grid best'))}"
+                         if rate.get("grid best") else "")]
+        lines += ["", "Per round (interleaved): " + "; ".join(
+            f"{name} {', '.join(f'{r:,.1f}' if r else 'failed' for r in row.get('rounds', []))}" for name, row in rows.items())]
     lines += [f"- {name}: {note}" for name, note in notes.items()]
     text = "\n".join(lines) + "\n"
     print(text)
-    with open(os.path.join(HERE, f"experts-{args.device}.md"), "w") as handle:
+    suffix = f"-{args.pair}" if args.pair else ""
+    with open(os.path.join(HERE, f"experts-{args.device}{suffix}.md"), "w") as handle:
         handle.write(text)
 
 

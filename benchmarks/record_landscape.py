@@ -93,6 +93,7 @@ def record(
     checkpoint: bool = True,
     checkpoint_policies: tuple[str, ...] = CHECKPOINT_POLICIES,
     accumulations: tuple[int, ...] | None = None,
+    global_batch: int | None = None,
     warmup: int = 2,
     steps: int = 5,
     timeout: float = 120.0,
@@ -107,7 +108,8 @@ def record(
     (alternately in reverse order, so a drift of the machine's load averages out) and its entry
     aggregates the runs (see `_entry`). `checkpoint_policies`: what the checkpointed levels recompute,
     each a strategy of its own (("full",): selective checkpointing left out, as landscapes recorded
-    before it had it)."""
+    before it had it). `global_batch`: the micro-batches are its divisors, each with the accumulation
+    that keeps it (as a search of a function that declares one)."""
     name = name or os.path.splitext(os.path.basename(study))[0]
     out = out or os.path.join(LANDSCAPE_DIR, f"{name}.json")
     if threads:
@@ -126,12 +128,16 @@ def record(
             log(f"the device does not run {', '.join(dropped)}; left out")
         # The pilot (smallest batch, first precision, no checkpointing) tells how many blocks the
         # function offers to run.checkpoint(), which decides the checkpoint levels of the space.
-        pilot_config = Config(batch_range[0], usable_precisions[0], 0, (accumulations or (1,))[0])
+        first = min(b for b in range(batch_range[0], batch_range[1] + 1) if global_batch % b == 0) \
+            if global_batch else batch_range[0]
+        pilot_config = Config(first, usable_precisions[0], 0,
+                              global_batch // first if global_batch else (accumulations or (1,))[0])
         pilot = worker.probe(pilot_config, warmup=warmup, steps=steps, timeout=timeout)
         blocks = pilot.knobs.get("checkpoint_blocks")
         space = SearchSpace.build(batch_range=batch_range, precisions=usable_precisions,
                                   checkpoint_blocks=blocks, use_checkpoint=checkpoint,
                                   accumulations=accumulations, checkpoint_policies=checkpoint_policies,
+                                  global_batch=global_batch,
                                   compiles=(False, True) if compile and pilot.knobs.get("compile") else (False,))
         configs = space.configs()
         log(f"{name}: {len(configs)} configs ({len(space.batch_sizes)} batches x "

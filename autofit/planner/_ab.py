@@ -23,6 +23,8 @@ from autofit.planner._ranking import Candidate, dominates
 AB_ENTRANTS = 2
 #: Rounds each entrant runs in a full A/B (fewer when the budget left cannot hold them).
 AB_ROUNDS = 3
+#: Close contenders measured again before the A/B: the first this many within the noise of the best.
+CONTENDERS = 3
 
 
 def within_noise(ranked: Sequence[Candidate], margin: float) -> list[Candidate]:
@@ -34,6 +36,14 @@ def within_noise(ranked: Sequence[Candidate], margin: float) -> list[Candidate]:
     floor = ranked[0].samples_per_s * (1 - margin)
     return [c for i, c in enumerate(ranked)
             if i == 0 or (c.samples_per_s >= floor and not any(dominates(a.config, c.config) for a in ranked[:i]))]
+
+
+def contenders(close: Sequence[Candidate], remeasured: set[Config]) -> list[Config]:
+    """Of the configs within the noise of the first (`within_noise`), the first CONTENDERS measured once
+    and not remeasured yet; none when the first has no company (its confirmation measures it)."""
+    if len(close) < 2:
+        return []
+    return [c.config for c in close[:CONTENDERS] if c.probes <= 1 and c.config not in remeasured]
 
 
 def entrants(ranked: Sequence[Candidate], margin: float, observations: Sequence[Observation]) -> list[Config]:

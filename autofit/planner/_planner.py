@@ -39,7 +39,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from autofit.config import SHARDINGS, Config
-from autofit.planner._ab import ABPlan, entrants, within_noise
+from autofit.planner._ab import ABPlan, contenders, entrants, within_noise
 from autofit.planner._feasibility import Feasibility
 from autofit.planner._loader_rule import leader, next_loader_config
 from autofit.planner._memory_model import MemoryModels
@@ -61,8 +61,6 @@ _PILOT_BATCH = 4
 _MIN_RECHECKS = 4
 _MAX_LEAP = 4
 _PILOT_JUMP = 4
-#: Close contenders: the first this many of the ranking within the noise of the best (`within_noise`).
-_CONTENDERS = 3
 
 
 class Planner:
@@ -166,15 +164,12 @@ class Planner:
     def contenders(self, observations: Sequence[Observation]) -> list[Config]:
         """The close contenders to measure again, longer, before a winner is named, best first: the first
         three of the ranking as it stood before any remeasurement within the noise of the best (its
-        ranking margin, see `within_noise`) and measured once then; those remeasured already are left
-        out. None of them is decided on one probe. A leader with no contender is left to its confirmation."""
+        ranking margin, see `within_noise`) and measured once then, remeasured not yet; none when the
+        leader has no contender (its confirmation measures it). None is decided on one probe."""
         before = [o for o in observations if o.phase != "remeasure"]
         remeasured = {o.config for o in observations if o.phase == "remeasure"}
         state = self._state(before)
-        close = within_noise(state.ranking.ranked(), state.ranking.margin)
-        if len(close) < 2:
-            return []  # the leader alone: nothing to tell apart, and its confirmation measures it longer
-        return [c.config for c in close[:_CONTENDERS] if c.probes <= 1 and c.config not in remeasured]
+        return contenders(within_noise(state.ranking.ranked(), state.ranking.margin), remeasured)
 
     def ab_entrants(self, observations: Sequence[Observation]) -> list[Config]:
         """The A/B's entrants, best first (see `entrants`); none once the first has a confirmation round."""

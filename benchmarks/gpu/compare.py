@@ -52,7 +52,7 @@ def main() -> None:
     limit = parse_size(args.memory_limit) if args.memory_limit else None
     configs = [parse_config(text) for text in args.config]
     rows = {name: {"config": config.to_dict(), "samples_per_s": [], "status": [], "peak_bytes": [], "mfu": [],
-                   "flops_per_s": []}
+                   "flops_per_s": [], "rounds": []}
             for name, config in configs}
     with Worker(args.script, device=args.device, memory_limit=limit, usable_bytes=limit) as worker:
         info = worker.start()
@@ -61,6 +61,7 @@ def main() -> None:
                 result = worker.probe(config, warmup=args.warmup, steps=args.steps, timeout=600)
                 rows[name]["status"].append(result.status)
                 rows[name]["peak_bytes"].append(result.peak_bytes)
+                rows[name]["rounds"].append(round(result.samples_per_s, 2) if result.samples_per_s else None)
                 if result.samples_per_s:
                     rows[name]["samples_per_s"].append(round(result.samples_per_s, 2))
                     rows[name]["flops_per_s"].append(result.flops_per_s)

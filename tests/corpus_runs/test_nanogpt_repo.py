@@ -6,42 +6,22 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
-import random
-import shutil
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
-from tests.support import CORPUS, REPO, autofit_cli
+from tests.support import REPO, autofit_cli
+from tests.support.nanogpt import nanogpt_folder
 
 ARGS = ["--dataset=shakespeare_char", "--device=cpu", "--compile=False", "--eval_iters=2", "--eval_interval=100000",
         "--log_interval=1", "--block_size=64", "--batch_size=12", "--gradient_accumulation_steps=1", "--n_layer=2",
         "--n_head=2", "--n_embd=64", "--max_iters=400", "--lr_decay_iters=400", "--dropout=0.0"]
 
 
-def _character_corpus(directory) -> None:
-    """train.bin and val.bin (uint16 character ids) and meta.pkl, as nanoGPT's prepare.py writes them."""
-    rng = random.Random(0)
-    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 8))) for _ in range(300)]
-    text = "\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(4000))
-    chars = sorted(set(text))
-    stoi = {c: i for i, c in enumerate(chars)}
-    ids = np.array([stoi[c] for c in text], dtype=np.uint16)
-    cut = int(len(ids) * 0.9)
-    os.makedirs(directory)
-    ids[:cut].tofile(os.path.join(directory, "train.bin"))
-    ids[cut:].tofile(os.path.join(directory, "val.bin"))
-    with open(os.path.join(directory, "meta.pkl"), "wb") as handle:
-        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}, handle)
-
-
 @pytest.mark.slow
 def test_nanogpt_train_py_searched_then_run_with_the_config_found(tmp_path):
-    shutil.copytree(os.path.join(CORPUS, "nanogpt_repo"), tmp_path, dirs_exist_ok=True)
-    _character_corpus(tmp_path / "data" / "shakespeare_char")
+    nanogpt_folder(tmp_path)
     searched = autofit_cli("search", "train.py", "--trials", "3", "--budget", "3m", "--precision", "fp32", "--memory-limit", "4GiB",
                            "--batch-range", "1:24", "--json", "--", *ARGS, cwd=tmp_path, timeout=900)
     assert searched.returncode == 0, searched.stderr[-3000:]

@@ -37,7 +37,8 @@ def _search(tmp_path, monkeypatch, rate, *, wall_s: float = 1.0, budget_s: float
     storage = f"sqlite:///{tmp_path}/ab.db"
     result = run_search(SearchSettings(script=script("fits_small.py"), storage=storage, study="ab", steps=STEPS,
                                        out=str(tmp_path / "best.json"), memory_limit=2**30, batch_range=(16, 64),
-                                       precision=("fp32",), estimate=False, budget_s=budget_s))
+                                       precision=("fp32",), estimate=False, budget_s=budget_s,
+                                       confirm_factor=10))  # A/B windows longer than a remeasurement
     study = optuna.load_study(study_name="ab", storage=open_storage(storage))
     return result, study
 
