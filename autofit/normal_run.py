@@ -16,6 +16,7 @@ from autofit.devices import allocator_difference
 from autofit.export import default_best_path, device_tag, read_best, script_sha256
 from autofit.options import SearchOptions
 from autofit.probing import input_bound_text
+from autofit.redaction import redacted_args
 
 if TYPE_CHECKING:
     from autofit.runtime import Run
@@ -158,7 +159,9 @@ def _say_if_other_args(fn: Decorated, document: dict) -> None:
     args = getattr(fn, "script_args", None)  # a script's own; a decorated function's script: sys.argv's
     if args is None and searched:
         args = sys.argv[1:]
-    if args is not None and list(args) != list(searched):
+    if args is not None:
+        args = redacted_args(args)  # the file holds them redacted: compared, and printed, as recorded
+    if args is not None and args != list(searched):
         print(f"autofit: this run's arguments ({' '.join(args) or 'none'}) are not those searched "
               f"({' '.join(searched) or 'none'}); the config's memory and speed may differ.", file=sys.stderr)
 

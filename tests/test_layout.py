@@ -88,7 +88,7 @@ def test_no_import_circle():
 #: The floors, lowest first: a module imports only from its own floor or below (the top-level modules
 #: not named here, such as the decorator and the normal run's launch, are the top floor with the CLI).
 FLOORS = (
-    ("_version", "errors", "units"),
+    ("_version", "errors", "units", "redaction"),
     ("config", "options", "export"),
     ("devices", "planner"),
     ("runtime",),
@@ -162,7 +162,7 @@ def test_runtime_imports_nothing_above_it():
 
 def test_study_only_stores_and_reads():
     """The record imports nothing that interprets it: no planner, memory, devices, findings or search."""
-    allowed = ("autofit.config", "autofit.errors", "autofit.units", "autofit._version", "autofit.export",
+    allowed = ("autofit.config", "autofit.errors", "autofit.units", "autofit._version", "autofit.export", "autofit.redaction",
                "autofit.probing", "autofit.study")
     above = [f"{module} imports {imported}" for module, path in _modules().items()
              if module.startswith("autofit.study")

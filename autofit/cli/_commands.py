@@ -24,7 +24,6 @@ from autofit.config import CHECKPOINT_POLICIES, PRECISIONS, SHARDINGS
 from autofit.errors import AutofitError
 from autofit.probing import PROBE_PROCESSES
 
-
 #: Where each command's help sends the reader on: the documentation site's CLI page.
 DOCS = "Docs: docs/reference/cli.md (build: sphinx-build docs docs/_build/html)"
 

@@ -35,8 +35,8 @@ from autofit.probing._script import (
 )
 from autofit.probing._torchrun import DistributedWorker
 from autofit.probing._wire import (
-    Channel,
     PROBE_PROCESSES,
+    Channel,
     LoadRequest,
     ProbeRequest,
     failure_reply,

@@ -33,7 +33,6 @@ from autofit.config import Config
 from autofit.errors import UsageError
 from autofit.probing._record import ProbeResult
 
-
 #: How a worker runs its probes: each in a child forked from the warm process ("fork", the CPU's
 #: default), or one after another in the process itself ("persistent", as CUDA must).
 PROBE_PROCESSES = ("fork", "persistent")

@@ -15,6 +15,7 @@ from autofit.export import script_sha256
 from autofit.findings import observations
 from autofit.planner import Observation, SearchSpace
 from autofit.probing import ProbeResult, WorkerInfo, check_script, decorated_name, pass_script_args
+from autofit.redaction import redacted_args
 from autofit.search._liveness import Heartbeat, fail_stale, owner_record
 from autofit.search._resume import fail_trials, open_study
 from autofit.search._sampler import AutofitSampler, Proposal
@@ -86,7 +87,7 @@ class Session:
         opened = open_study(self.storage, self.study_name, fresh=self.s.fresh, device_name=self.device_info.name,
                             memory_limit=self.memory_limit, memory_limit_given=self.s.memory_limit is not None,
                             headroom=self.s.headroom, script_sha256=self.script_sha256,
-                            world_size=self.s.world_size, script_args=list(self.s.script_args))
+                            world_size=self.s.world_size, script_args=redacted_args(self.s.script_args))
         self.memory_limit = opened.memory_limit
         self.usable = self.memory_limit * (1 - self.s.headroom)
         self.notes.extend(opened.notes)
@@ -125,7 +126,7 @@ class Session:
             "script": self.script, "function": info.function, "device": self.device_info.name,
             "device_info": self.device_info.to_dict(), "limit_bytes": self.memory_limit,
             "limit_given": self.s.memory_limit is not None, "script_sha256": self.script_sha256,
-            "script_args": list(self.s.script_args), "headroom": self.s.headroom, "usable_bytes": self.usable, "space": space.to_dict(),
+            "script_args": redacted_args(self.s.script_args), "headroom": self.s.headroom, "usable_bytes": self.usable, "space": space.to_dict(),
             "world_size": self.s.world_size, "allocator": current_allocator_settings(self.s.alloc_conf),
             "knobs": knobs, "versions": info.versions, "probe_process": self.s.probe_process,
         })

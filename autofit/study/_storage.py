@@ -14,6 +14,7 @@ from urllib.parse import unquote, unquote_plus
 import optuna
 
 from autofit.errors import StorageError
+from autofit.redaction import is_secret_name
 
 #: A searcher records a heartbeat on its running trial this often (RDB storages: SQLite, PostgreSQL,
 #: MySQL); a running trial without one for STALE_AFTER_S belonged to a searcher that died.
@@ -89,10 +90,6 @@ def storage_file(url: str) -> str | None:
     return url if is_journal(url) else None
 
 
-#: Query-string parameters whose values are secrets (libpq's password and sslpassword, MySQL
-#: drivers' passwd and pwd, tokens and keys of cloud drivers), matched on the lower-cased name.
-_SECRET_PARAMETERS = frozenset({"password", "passwd", "pwd", "sslpassword", "token", "secret", "key",
-                                "api_key", "apikey", "access_token", "auth_token", "secret_key", "access_key"})
 _PARAMETER = re.compile(r"(?P<name>[^&;=#]+)=(?P<value>[^&;#]*)")
 _SCHEME = re.compile(r"^[A-Za-z][\w+.-]*:/+")
 #: After the scheme: `user:password@host...`, the password up to the last "@" before the query.
@@ -106,11 +103,6 @@ def _credentials(base: str) -> tuple[str, re.Match | None]:
     return prefix, _CREDENTIALS.match(base[len(prefix):])
 
 
-def _is_secret(name: str) -> bool:
-    name = unquote_plus(name).strip().lower()
-    return name in _SECRET_PARAMETERS or any(word in name for word in ("password", "passwd", "secret", "token"))
-
-
 def secrets_in(url: str) -> list[str]:
     """The secrets a storage URL carries: the password of `user:password@`, and the value of each
     secret query-string parameter; each as written and percent-decoded, longest first."""
@@ -119,7 +111,7 @@ def secrets_in(url: str) -> list[str]:
     _, credentials = _credentials(base)
     if credentials and credentials["password"]:
         found.append(credentials["password"])
-    found += [m["value"] for m in _PARAMETER.finditer(query) if m["value"] and _is_secret(m["name"])]
+    found += [m["value"] for m in _PARAMETER.finditer(query) if m["value"] and is_secret_name(unquote_plus(m["name"]))]
     forms = {form for secret in found for form in (secret, unquote(secret), unquote_plus(secret)) if form}
     return sorted(forms, key=len, reverse=True)
 
@@ -134,7 +126,7 @@ def redacted(url: str | None) -> str:
     scheme, credentials = _credentials(base)
     if credentials and credentials["password"]:
         base = f"{scheme}{credentials['user']}:***@{credentials['host']}"
-    query = _PARAMETER.sub(lambda m: f"{m['name']}=***" if _is_secret(m["name"]) else m[0], query)
+    query = _PARAMETER.sub(lambda m: f"{m['name']}=***" if is_secret_name(unquote_plus(m["name"])) else m[0], query)
     return base + question + query
 
 

@@ -47,28 +47,33 @@ def test_a_second_start_in_a_normal_run_is_a_clear_error(tmp_path):
 
 @pytest.mark.slow
 def test_a_start_script_searched_with_its_arguments_then_run_normally(tmp_path):
+    """Its arguments reach every probe as given, and are recorded with the secret's value hidden."""
     shutil.copy(script("starts.py"), tmp_path / "starts.py")
     record = tmp_path / "record.jsonl"
+    secret = "s3cret-9f8e7d"
+    given = [f"--record={record}", "--iters=400", "--wandb-api-key", secret]
     searched = autofit_cli("search", "starts.py", "--trials", "3", "--batch-range", "1:64", "--memory-limit", "2GiB",
-                           "--json",
-                           "--", f"--record={record}", "--iters=400", cwd=tmp_path, timeout=600)
+                           "--json", "--", *given, cwd=tmp_path, timeout=600)
     assert searched.returncode == 0, searched.stderr
     document = json.loads(searched.stdout)["best"]
-    assert document["script"]["args"] == [f"--record={record}", "--iters=400"]
+    assert document["script"]["args"] == [f"--record={record}", "--iters=400", "--wandb-api-key", "***"]
     seen = [json.loads(line) for line in record.read_text().splitlines()]
-    assert len(seen) >= 3 and all(r["argv"] == document["script"]["args"] for r in seen)  # every probe
+    assert len(seen) >= 3 and all(r["argv"] == given for r in seen)  # every probe, the secret as given
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".db", ".json")]
+    assert written and not [p for p in written if secret.encode() in p.read_bytes()]  # the study, the file
+    assert secret not in searched.stdout + searched.stderr
     best = document["config"]["batch_size"]
     resumed = autofit_cli("search", "starts.py", "--trials", "3", "--batch-range", "1:64", "--memory-limit", "2GiB",
                           "--", "--iters=400", cwd=tmp_path, timeout=600)
     assert resumed.returncode == 2  # its probes measured the script under other arguments
     assert "must be resumed with the same script args" in resumed.stderr
-    same = _python("starts.py", f"--record={record}", "--iters=400", cwd=tmp_path)
+    same = _python("starts.py", *given, cwd=tmp_path)
     assert same.returncode == 0 and "not those searched" not in same.stderr
     other = _python("starts.py", "--iters=20", cwd=tmp_path)
     assert other.returncode == 0, other.stderr
     assert "autofit: running starts.py with the best config from" in other.stderr
     assert (f"this run's arguments (--iters=20) are not those searched "
-            f"(--record={record} --iters=400)") in other.stderr
+            f"(--record={record} --iters=400 --wandb-api-key ***)") in other.stderr
     assert f"autofit: trained 20 optimizer steps with fp32 b={best}" in other.stderr
 
 

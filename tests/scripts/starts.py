@@ -13,6 +13,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--record", default=None)
 parser.add_argument("--twice", action="store_true")
 parser.add_argument("--iters", type=int, default=100_000)
+parser.add_argument("--wandb-api-key", default=None)  # a secret: never recorded as given
 args = parser.parse_args()
 
 SEEN = []  # rebuilt by every execution of the script: nothing of one probe reaches the next
