@@ -19,8 +19,9 @@ median of the per-round ratios with their range ("parity within noise" where the
 `--pair nanogpt` runs the same comparison on a script autofit was not tuned on: nanoGPT's own train.py
 (tests/corpus/nanogpt_repo, four lines added) with the nanoGPT README's CPU recipe and a global batch of
 48 kept by accumulation (`--batch_size=12 --gradient_accumulation_steps=4`), on a generated character
-corpus. Its expert baseline is bf16 at the largest micro-batch that fits, the fewest accumulation
-steps; the Lightning and HF finders have no form of that script and are left out. Writes
+corpus, in fp32 alone (nanoGPT autocasts only on a GPU: its bf16 on a CPU is fp32). Its expert
+baseline is the largest micro-batch that fits, the fewest accumulation steps; the Lightning and HF
+finders have no form of that script and are left out. Writes
 benchmarks/experts-DEVICE[-PAIR].md with the table and the command.
 """
 
@@ -91,7 +92,7 @@ def main() -> None:
 
     env = {**os.environ, "PYTHONPATH": pythonpath(), **({} if args.full_size or args.pair else SMALL_GPT)}
     script_args: list[str] = []
-    global_batch = None
+    global_batch, precisions = None, ("fp32", "bf16")
     started = time.perf_counter()
     picks: dict[str, str] = {}
     times: dict[str, float] = {}
@@ -102,7 +103,7 @@ def main() -> None:
             from tests.support.nanogpt import nanogpt_folder
 
             cwd = os.path.join(tmp, "nanogpt")
-            args.script, script_args, global_batch = nanogpt_folder(cwd), NANOGPT_ARGS, 48
+            args.script, script_args, global_batch, precisions = nanogpt_folder(cwd), NANOGPT_ARGS, 48, ("fp32",)
             env["AUTOFIT_SCRIPT_ARGS"] = json.dumps(script_args)  # the grid's and the compare's probes
             os.chdir(cwd)  # the grid's worker: nanoGPT reads data/ from where it runs
         os.environ.update(env)  # the grid's worker runs the same script under the same settings
@@ -119,7 +120,7 @@ def main() -> None:
         low, _, high = args.grid_batch.partition(":")
         began = time.perf_counter()
         grid = record(args.script, memory_limit=parse_size(args.memory_limit), batch_range=(int(low), int(high)),
-                      precisions=("fp32", "bf16"), checkpoint_policies=CHECKPOINT_POLICIES,  # as the search
+                      precisions=precisions, checkpoint_policies=CHECKPOINT_POLICIES,  # as the search
                       global_batch=global_batch, name="experts-grid", out=os.path.join(tmp, "grid.json"),
                       device=args.device)
         times["grid best"] = time.perf_counter() - began
@@ -127,16 +128,18 @@ def main() -> None:
         grid_best = grid.best_config()
         if grid_best is not None:
             picks["grid best"] = _spec(grid_best)
-        hand = [e.config for e in fits if e.config.precision == "bf16" and e.config.checkpoint_segments == 0]
+        hand = [e.config for e in fits if e.config.precision == precisions[-1] and e.config.checkpoint_segments == 0]
         if hand:
             largest = max(hand, key=lambda c: c.batch_size)  # at a global batch: the fewest accumulation steps
-            picks["bf16, largest batch that fits"] = _spec(largest)
-            times["bf16, largest batch that fits"] = times["grid best"]
-            notes["bf16, largest batch that fits"] = "read off the grid (doubling by hand until OOM finds the same)"
+            expert = f"{precisions[-1]}, largest batch that fits"
+            picks[expert] = _spec(largest)
+            times[expert] = times["grid best"]
+            notes[expert] = "read off the grid (doubling by hand until OOM finds the same)"
         best_file = os.path.join(tmp, "autofit.best.json")
         began = time.perf_counter()
         searched = _run(["-m", "autofit.cli", "search", args.script, "--device", args.device, "--memory-limit",
                          args.memory_limit, "--budget", args.budget, "--storage", f"sqlite:///{tmp}/autofit.db",
+                         "--precision", ",".join(precisions),
                          "--out", best_file, *(["--", *script_args] if script_args else [])], env, cwd)
         times["autofit"] = time.perf_counter() - began
         if searched.returncode != 0:

@@ -169,12 +169,12 @@ class Planner:
         before = [o for o in observations if o.phase != "remeasure"]
         remeasured = {o.config for o in observations if o.phase == "remeasure"}
         state = self._state(before)
-        return contenders(within_noise(state.ranking.ranked(), state.ranking.margin), remeasured)
+        return contenders(within_noise(state.ranking.ranked(), state.ranking.contender_margin), remeasured)
 
     def ab_entrants(self, observations: Sequence[Observation]) -> list[Config]:
         """The A/B's entrants, best first (see `entrants`); none once the first has a confirmation round."""
         ranking = self._state(observations).ranking
-        return entrants(ranking.ranked(), ranking.margin, observations)
+        return entrants(ranking.ranked(), ranking.contender_margin, observations)
 
     def to_confirm(self, observations: Sequence[Observation], plan: ABPlan | None = None) -> Config | None:
         """The config whose confirmation round comes next: `plan`'s next entrant (A, B, C, A, B, C, ...),

@@ -24,10 +24,11 @@ from autofit.planner._recompute import checkpoint_policy, recomputes_no_more
 
 #: Configs within this fraction of the best throughput are ties, won by the lower peak.
 TIE_TOLERANCE = 0.02
-MAX_MARGIN = 0.25
-"""The ranking margin never exceeds this: where steps last milliseconds the timer's noise makes their
-spread large (0.3-0.6 on a 2-rank CPU search) while probes' medians agree within a few percent, and a
-config a quarter slower on its probes is slower, not a contender to measure again."""
+MAX_CONTENDER_MARGIN = 0.25
+"""A contender (measured again, an A/B entrant) is never further behind the first than this: where steps
+last milliseconds the timer's noise makes their spread large (0.3-0.6 on a 2-rank CPU search) while
+probes' medians agree within a few percent, and a config a quarter slower on its probes is slower. A
+dominated config still needs the whole margin to rank above the config it dominates."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,12 @@ class Ranking:
     def margin(self) -> float:
         """How much faster a dominated config must measure to rank above the config it dominates: the
         disagreement between two probes of one config that the search's noise still explains."""
-        return min(MAX_MARGIN, max(TIE_TOLERANCE, self.noise.repeat_limit))
+        return max(TIE_TOLERANCE, self.noise.repeat_limit)
+
+    @property
+    def contender_margin(self) -> float:
+        """How far behind the first a config may read and still be measured against it (see `margin`)."""
+        return min(MAX_CONTENDER_MARGIN, self.margin)
 
     def dominated_by(self, config: Config) -> Candidate | None:
         """The feasible config `config` adds work to, if one was measured (see `dominates`)."""

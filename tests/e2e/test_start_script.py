@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from autofit.probing import calls_start
-from tests.support import REPO, autofit_cli, script
+from tests.support import REPO, autofit_cli, free_port, script
 
 
 def _python(path, *args, cwd) -> subprocess.CompletedProcess:
@@ -86,3 +86,32 @@ def test_probe_and_estimate_hand_the_script_its_arguments(tmp_path, command):
     assert done.returncode == 0, done.stderr
     seen = [json.loads(line) for line in record.read_text().splitlines()]
     assert seen and all(r["argv"] == [f"--record={record}", "--iters=100000"] for r in seen)
+
+
+@pytest.mark.distributed
+def test_a_torchrun_script_that_starts_its_own_ddp_is_searched_on_two_ranks_then_run_under_torchrun(tmp_path):
+    """nanoGPT's shape: `autofit.start`, then the script's own `init_process_group` (gloo) and DDP wrapper, its
+    accumulation shared out over the ranks. Every probe is a 2-rank torchrun job whose ranks agree on the
+    config; torchrun then runs the script with the config found, the global batch kept."""
+    shutil.copy(script("starts_ddp.py"), tmp_path / "starts_ddp.py")
+    record = tmp_path / "record.jsonl"
+    searched = autofit_cli("search", "starts_ddp.py", "--nproc-per-node", "2", "--trials", "3", "--memory-limit", "2GiB",
+                           "--json", "--", f"--record={record}", cwd=tmp_path, timeout=900)
+    assert searched.returncode == 0, searched.stderr[-3000:]
+    document = json.loads(searched.stdout)["best"]
+    assert document["world_size"] == 2
+    seen = [json.loads(line) for line in record.read_text().splitlines()]
+    by_rank = {rank: [(r["batch_size"], r["accumulation"]) for r in seen if r["rank"] == rank] for rank in (0, 1)}
+    assert len(by_rank[0]) >= 3 and by_rank[0] == by_rank[1]  # both ranks of every probe ran one config
+    assert all(b * acc * 2 == 32 for b, acc in by_rank[0])  # the script's global batch, 8 x 4, kept on 2 ranks
+    config = document["config"]
+    record.unlink()
+    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                          f"--master-port={free_port()}", "--master-addr=127.0.0.1", "starts_ddp.py", "--iters=10",
+                          f"--record={record}"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": REPO, "AUTOFIT_DEVICE": "cpu"})
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "done after 10 iterations on 2 ranks" in ran.stdout
+    ranks = [json.loads(line) for line in record.read_text().splitlines()]
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    assert {(r["batch_size"], r["accumulation"]) for r in ranks} == {(config["batch_size"], config["accumulation_steps"])}
