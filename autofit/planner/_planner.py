@@ -270,7 +270,7 @@ class Planner:
         if self._cannot_beat_best(state, strategy, candidates):
             return None
         if state.predicted is not None and any(state.predicted.peak(self.space.config(strategy, b)) for b in candidates):
-            return self._predicted_next(state, strategy, candidates)
+            return _predicted_next(state, strategy, candidates)
         own = state.memory.peaks(strategy)
         if not own:
             return self.space.config(strategy, self._first_batch(state, strategy, candidates))
@@ -308,22 +308,6 @@ class Planner:
         estimate = state.throughput.estimate(strategy, largest)
         return estimate is not None and estimate * _PRUNE_SLACK < best.samples_per_s
 
-    def _predicted_next(self, state: _State, strategy: Strategy, candidates: list[int]) -> Config | None:
-        """With predictions: the largest batch predicted to fit at the high end of its range; when
-        none is, the smallest still possible, and only if it could beat the best so far."""
-        configs = [self.space.config(strategy, b) for b in candidates]
-        safe = [c for c in configs if state.predicted.safe(c, self.usable)]
-        if safe:
-            return max(safe, key=lambda c: c.size)
-        gamble = min(configs, key=lambda c: c.size)
-        if state.feasible.fit_max(strategy) is None:
-            return gamble  # nothing of this family fits yet: the smallest is the one to try
-        ranked = state.ranking.ranked()
-        estimate = state.throughput.estimate(strategy, gamble.size)
-        if ranked and (estimate is None or estimate < ranked[0].samples_per_s * _GAMBLE_GAIN):
-            return None
-        return gamble
-
     def _first_batch(self, state: _State, strategy: Strategy, candidates: list[int]) -> int:
         """A strategy's first probe is an anchor, not a leap: it measures where OOM is unlikely.
 
@@ -344,6 +328,8 @@ class _State:
 
     def __init__(self, space: SearchSpace, usable: float, observations: Sequence[Observation],
                  check_noise: bool = True, prediction: MemoryPrediction | None = None) -> None:
+        self.space = space
+        self.usable = usable
         # Sized by samples or by tokens as the space is (a token function's pilot came before its knobs).
         self.observations = [o for o in observations if space.holds_kind(o.config)]
         by_config: dict[Config, list[Observation]] = defaultdict(list)
@@ -361,6 +347,23 @@ class _State:
     @property
     def any_observed(self) -> bool:
         return bool(self.observations)
+
+
+def _predicted_next(state: _State, strategy: Strategy, candidates: list[int]) -> Config | None:
+    """With predictions: the largest batch predicted to fit at the high end of its range; when
+    none is, the smallest still possible, and only if it could beat the best so far."""
+    configs = [state.space.config(strategy, b) for b in candidates]
+    safe = [c for c in configs if state.predicted.safe(c, state.usable)]
+    if safe:
+        return max(safe, key=lambda c: c.size)
+    gamble = min(configs, key=lambda c: c.size)
+    if state.feasible.fit_max(strategy) is None:
+        return gamble  # nothing of this family fits yet: the smallest is the one to try
+    ranked = state.ranking.ranked()
+    estimate = state.throughput.estimate(strategy, gamble.size)
+    if ranked and (estimate is None or estimate < ranked[0].samples_per_s * _GAMBLE_GAIN):
+        return None
+    return gamble
 
 
 def _around_the_best(space: SearchSpace, state: _State) -> Config | None:
