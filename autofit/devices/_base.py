@@ -49,7 +49,8 @@ class DeviceBackend(ABC):
         """Precisions this device runs natively."""
 
     def default_precisions(self) -> tuple[str, ...]:
-        """Precisions a search tries when the user names none: the supported ones that can be fast."""
+        """Precisions a search tries when the user names none: the supported ones that can be fast, the
+        one an engineer would set by hand first (the search's pilot runs it)."""
         return self.supported_precisions()
 
     @abstractmethod

@@ -318,6 +318,11 @@ class CudaBackend(DeviceBackend):
         precisions.append("fp16")
         return tuple(precisions)
 
+    def default_precisions(self) -> tuple[str, ...]:
+        # bf16 first where it runs natively (Ampere on): what an engineer sets by hand on such a GPU.
+        supported = self.supported_precisions()
+        return tuple(sorted(supported, key=lambda p: p != "bf16"))
+
     def overhead_bytes(self) -> int:
         """GPU memory this process holds outside PyTorch's allocator, measured now."""
         cuda = self._cuda()

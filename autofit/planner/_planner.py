@@ -12,7 +12,11 @@ benchmark's replays all run the same decisions. The rules, in order:
 2. A memory model per strategy (peak = a + m*batch, fitted from the peaks measured, bounded below by
    the OOMs) jumps straight to the largest batch predicted to fit, instead of doubling from 1. When
    the model, fitted on two or more points, predicts that the next batch would cross the usable
-   memory by more than its own error, that batch is not probed.
+   memory by more than its own error, that batch is not probed. The pilot (the first probe: the
+   space's first strategy at a small batch) is followed by its strategy's climb, so (or by rule 5),
+   until a larger batch fits; only then is each other precision probed once, at the largest batch the
+   pilot's fits: at the pilot's batch a GPU's step is launch-bound and every precision reads alike,
+   while batch moves throughput 10-100x and precision 1.1-1.5x.
 3. A throughput model per strategy (time per micro-batch = c0 + c1*batch) bounds what a strategy can
    reach: strategies (and the rest of a bracket) that cannot beat the best so far are skipped;
    checkpointing, which only adds compute, is bounded by its precision's model without it (and, once
@@ -197,9 +201,10 @@ class Planner:
         return self.space.config(strategy, batch)
 
     def _first_of_each_precision(self, state: _State) -> Config | None:
-        """Each precision the space holds, probed once right after the pilot, without checkpointing and
-        at the largest batch another precision fits (where the two compare directly): a short budget
-        then still compares precisions, and the faster one is explored first."""
+        """Each precision the space holds, probed once early, without checkpointing and at the largest
+        batch another precision fits (where the two compare directly): a short budget then still compares
+        precisions, and the faster one is explored first. Not before the pilot's strategy has climbed
+        (`_pilot_climb`): at the pilot's small batch every precision reads alike on a GPU."""
         pilot = self.space.strategies()[0]
         probed = {o.config.precision for o in state.observations}
         for strategy in self._order(state):
@@ -210,8 +215,22 @@ class Planner:
             candidates = [b for b in state.feasible.open_batches(strategy)
                           if not state.memory.says_too_big(self.space.config(strategy, b))]
             if candidates:  # at the batch the others fit, where the two compare directly
-                return self.space.config(strategy, self._first_batch(state, strategy, candidates))
+                climb = self._pilot_climb(state, pilot)
+                return climb or self.space.config(strategy, self._first_batch(state, strategy, candidates))
         return None
+
+    def _pilot_climb(self, state: _State, strategy: Strategy) -> Config | None:
+        """The pilot's strategy's next step up (rules 2 and 5), while the pilot fits and nothing larger of
+        it has fit or is being probed; None when it cannot climb (the pilot did not fit, nothing above it
+        is open: the top of the space, the data's ceiling, the memory models)."""
+        pilot = self._pilot()
+        if state.feasible.fit_max(strategy) != pilot.size:
+            return None  # the pilot did not fit, or its strategy climbed already
+        if any(o.status == "running" and self.space.strategy_of(o.config) == strategy and o.config.size > pilot.size
+               for o in state.observations):
+            return None  # the climb is under way: the precisions are compared where the others fit now
+        step = self._next_in_strategy(state, strategy)
+        return step if step is not None and step.size > pilot.size else None
 
     def _order(self, state: _State) -> list[Strategy]:
         """Each precision without checkpointing, the one measured fastest so far first (the pilot's
@@ -246,7 +265,7 @@ class Planner:
         if self._cannot_beat_best(state, strategy, candidates):
             return None
         if state.predicted is not None and any(state.predicted.peak(self.space.config(strategy, b)) for b in candidates):
-            return self._predicted_next(state, strategy, candidates)
+            return _predicted_next(state, strategy, candidates)
         own = state.memory.peaks(strategy)
         if not own:
             return self.space.config(strategy, self._first_batch(state, strategy, candidates))
@@ -284,22 +303,6 @@ class Planner:
         estimate = state.throughput.estimate(strategy, largest)
         return estimate is not None and estimate * _PRUNE_SLACK < best.samples_per_s
 
-    def _predicted_next(self, state: _State, strategy: Strategy, candidates: list[int]) -> Config | None:
-        """With predictions: the largest batch predicted to fit at the high end of its range; when
-        none is, the smallest still possible, and only if it could beat the best so far."""
-        configs = [self.space.config(strategy, b) for b in candidates]
-        safe = [c for c in configs if state.predicted.safe(c, self.usable)]
-        if safe:
-            return max(safe, key=lambda c: c.size)
-        gamble = min(configs, key=lambda c: c.size)
-        if state.feasible.fit_max(strategy) is None:
-            return gamble  # nothing of this family fits yet: the smallest is the one to try
-        ranked = state.ranking.ranked()
-        estimate = state.throughput.estimate(strategy, gamble.size)
-        if ranked and (estimate is None or estimate < ranked[0].samples_per_s * _GAMBLE_GAIN):
-            return None
-        return gamble
-
     def _first_batch(self, state: _State, strategy: Strategy, candidates: list[int]) -> int:
         """A strategy's first probe is an anchor, not a leap: it measures where OOM is unlikely.
 
@@ -320,6 +323,8 @@ class _State:
 
     def __init__(self, space: SearchSpace, usable: float, observations: Sequence[Observation],
                  check_noise: bool = True, prediction: MemoryPrediction | None = None) -> None:
+        self.space = space
+        self.usable = usable
         # Sized by samples or by tokens as the space is (a token function's pilot came before its knobs).
         self.observations = [o for o in observations if space.holds_kind(o.config)]
         by_config: dict[Config, list[Observation]] = defaultdict(list)
@@ -337,6 +342,23 @@ class _State:
     @property
     def any_observed(self) -> bool:
         return bool(self.observations)
+
+
+def _predicted_next(state: _State, strategy: Strategy, candidates: list[int]) -> Config | None:
+    """With predictions: the largest batch predicted to fit at the high end of its range; when
+    none is, the smallest still possible, and only if it could beat the best so far."""
+    configs = [state.space.config(strategy, b) for b in candidates]
+    safe = [c for c in configs if state.predicted.safe(c, state.usable)]
+    if safe:
+        return max(safe, key=lambda c: c.size)
+    gamble = min(configs, key=lambda c: c.size)
+    if state.feasible.fit_max(strategy) is None:
+        return gamble  # nothing of this family fits yet: the smallest is the one to try
+    ranked = state.ranking.ranked()
+    estimate = state.throughput.estimate(strategy, gamble.size)
+    if ranked and (estimate is None or estimate < ranked[0].samples_per_s * _GAMBLE_GAIN):
+        return None
+    return gamble
 
 
 def _around_the_best(space: SearchSpace, state: _State) -> Config | None:

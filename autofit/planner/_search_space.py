@@ -98,9 +98,11 @@ class SearchSpace:
         loader: LoaderChoices = LoaderChoices(),
         checkpoint_policies: tuple[str, ...] = ("full",),
         token_range: tuple[int, int] | None = None,
+        first_precision: str | None = None,
     ) -> SearchSpace:
         """`token_range`: batches by tokens, the caps to climb (the batch range and global batch then
-        do not apply)."""
+        do not apply). `first_precision`: the precision the first strategy (the planner's pilot) runs,
+        the device's first guess; the others follow in `PRECISIONS`' order."""
         low, high = token_range or batch_range
         if token_range is not None:
             sizes, global_batch = nice_batch_sizes(low, high), None
@@ -119,7 +121,7 @@ class SearchSpace:
         levels = checkpoint_levels(checkpoint_blocks) if use_checkpoint else [0]
         return cls(
             batch_sizes=tuple(sizes),
-            precisions=tuple(p for p in PRECISIONS if p in precisions),
+            precisions=tuple(sorted((p for p in PRECISIONS if p in precisions), key=lambda p: p != first_precision)),
             checkpoint_segments=tuple(levels),
             accumulations=tuple(sorted(set(accumulations or (1,)))),
             global_batch=global_batch,

@@ -34,7 +34,9 @@ def build_space(settings: SearchSettings, options: SearchOptions, info: WorkerIn
         raise UsageError(f"The precision must be one the device runs ({', '.join(precisions)}), "
                          f"but got {', '.join(unsupported)}.")
     if knobs is not None and not knobs.get("autocast"):
-        wanted = wanted[:1]  # the function never enters run.autocast(): precision changes nothing
+        # The function never enters run.autocast(): precision changes nothing, it computes in fp32
+        # (as the memory estimator assumes then).
+        wanted = ("fp32",) if "fp32" in wanted else wanted[:1]
     blocks = knobs.get("checkpoint_blocks") if knobs else None
     accumulations = options.accumulation
     if knobs is not None and not knobs.get("backward") and accumulations:
@@ -50,11 +52,17 @@ def build_space(settings: SearchSettings, options: SearchOptions, info: WorkerIn
         shardings = tuple(h for h in options.sharding or SHARDINGS if h in device_shardings(settings.device))
     compiles = (False, True) if knobs and knobs.get("compile") and options.compile else (False,)
     return SearchSpace.build(batch_range=options.batch_range, token_range=token_range(options, knobs),
-                             precisions=tuple(wanted),
+                             precisions=tuple(wanted), first_precision=first_precision(info, wanted),
                              checkpoint_blocks=blocks, use_checkpoint=options.checkpoint,
                              global_batch=global_batch, accumulations=accumulations, shardings=shardings,
                              compiles=compiles, loader=loader_choices(settings, knobs),
                              checkpoint_policies=options.checkpoint_policy or CHECKPOINT_POLICIES)
+
+
+def first_precision(info: WorkerInfo, wanted: tuple[str, ...]) -> str | None:
+    """The precision the pilot runs: the first of the device's defaults that the search may try (bf16 on
+    a GPU that runs it natively, fp32 on a CPU)."""
+    return next((p for p in info.default_precisions if p in wanted), None)
 
 
 def token_range(options: SearchOptions, knobs: dict | None) -> tuple[int, int] | None:

@@ -145,6 +145,44 @@ def test_precisions_by_capability(fake_cuda, capability, bf16, expected):
     assert "is_bf16_supported(including_emulation=False)" in fake_cuda.calls  # native bf16 only
 
 
+def _space_on(backend, knobs: dict | None = None):
+    """The space a search over `backend`'s default precisions builds (before the first probe: knobs None)."""
+    from autofit.probing import WorkerInfo
+    from autofit.search import SearchSettings
+    from autofit.search._build_space import build_space, search_options
+
+    info = WorkerInfo(function="train", options=None, device={"type": backend.type},
+                      precisions=list(backend.supported_precisions()),
+                      default_precisions=list(backend.default_precisions()), baseline_bytes=0,
+                      memory_limit=None, versions={}, load_s=0.0, pid=0)
+    settings = SearchSettings(script="train.py", device=backend.type)
+    return build_space(settings, search_options(info, settings), info, knobs)
+
+
+@pytest.mark.parametrize(
+    ("capability", "bf16", "first"),
+    [((7, 0), False, "fp32"), ((8, 0), True, "bf16"), ((9, 0), True, "bf16")],  # V100, A100, H100
+)
+def test_a_search_on_a_gpu_that_runs_bf16_starts_in_bf16(fake_cuda, capability, bf16, first):
+    """The pilot's precision is the engineer's first guess: bf16 by hand on an Ampere or later GPU."""
+    from autofit.planner import Planner
+
+    fake_cuda.capability, fake_cuda.bf16 = capability, bf16
+    backend = CudaBackend(0)
+    space = _space_on(backend)
+    assert space.precisions[0] == first and set(space.precisions) == set(backend.supported_precisions())
+    assert Planner(space, 70 * GiB).next([]).precision == first
+    # A function that never enters run.autocast() computes in fp32, whatever the pilot was labelled.
+    assert _space_on(backend, {"batches": True, "autocast": False}).precisions == ("fp32",)
+
+
+def test_a_search_on_a_cpu_with_bf16_instructions_still_starts_in_fp32(monkeypatch):
+    import autofit.devices._cpu as cpu_mod
+
+    monkeypatch.setattr(cpu_mod, "cpu_has_native_bf16", lambda: True)
+    assert _space_on(cpu_mod.CpuBackend(0)).precisions == ("fp32", "bf16")
+
+
 def test_no_cuda_in_torch_is_a_usage_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(UsageError, match="PyTorch built with CUDA"):

@@ -50,20 +50,24 @@ def test_selective_checkpointing_that_fails_for_a_reason_not_memory_is_abandoned
     assert proposed is None or proposed.checkpoint_policy != "selective" or not proposed.checkpoint_segments
 
 
-def test_every_precision_is_probed_right_after_the_pilot_and_the_faster_explored_first():
-    """A short budget still compares precisions: the second probe is the other precision's first
-    batch, and the one measured faster is the one whose batches are explored next."""
+def test_every_precision_is_probed_once_the_pilot_climbed_and_the_faster_explored_first():
+    """A short budget still compares precisions: once the pilot's strategy has climbed, the next probe is
+    the other precision's first batch, at the climbed one, and the one measured faster is the one whose
+    batches are explored next."""
     from autofit.planner import Observation, Planner, SearchSpace
 
     space = SearchSpace.build(batch_range=(8, 512), precisions=("fp32", "bf16"))
     planner = Planner(space, 64 * 2**30, check_noise=False)
     pilot = planner.next([])
     seen = [Observation(pilot, "ok", peak_bytes=2**30, samples_per_s=100.0, wall_s=1.0, phase="explore")]
+    climb = planner.next(seen)
+    assert (pilot.precision, climb.precision) == ("fp32", "fp32") and climb.batch_size > pilot.batch_size
+    seen.append(Observation(climb, "ok", peak_bytes=2 * 2**30, samples_per_s=200.0, wall_s=1.0, phase="explore"))
     second = planner.next(seen)
-    assert (pilot.precision, second.precision) == ("fp32", "bf16")
-    seen.append(Observation(second, "ok", peak_bytes=2**30, samples_per_s=300.0, wall_s=1.0, phase="explore"))
+    assert (second.precision, second.batch_size) == ("bf16", climb.batch_size)
+    seen.append(Observation(second, "ok", peak_bytes=2**30, samples_per_s=600.0, wall_s=1.0, phase="explore"))
     assert planner.next(seen).precision == "bf16"  # measured 3x faster: its larger batches first
-    seen[-1] = Observation(second, "ok", peak_bytes=2**30, samples_per_s=30.0, wall_s=1.0, phase="explore")
+    seen[-1] = Observation(second, "ok", peak_bytes=2**30, samples_per_s=60.0, wall_s=1.0, phase="explore")
     assert planner.next(seen).precision == "fp32"
 
 

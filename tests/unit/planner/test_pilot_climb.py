@@ -1,0 +1,105 @@
+"""The pilot's strategy climbs before the other precisions are probed, and they are probed at the batch it
+reached: on a GPU every precision reads alike at the pilot's batch (its step is launch-bound), while the
+batch moves throughput 10-100x (the 30 s search on an H100 that never left b=4, benchmarks/gpu.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autofit.config import Config
+from autofit.memory import peak_factors
+from autofit.planner import MemoryPrediction, Observation, Planner, SearchSpace
+
+GiB, MiB = 2**30, 2**20
+USABLE = 70 * GiB
+#: A GPU-like landscape: per-sample memory and compute by precision (16-bit autocast halves activations).
+PER_SAMPLE_BYTES = {"fp32": 60 * MiB, "tf32": 60 * MiB, "bf16": 36 * MiB, "fp16": 36 * MiB}
+PER_SAMPLE_S = {"fp32": 12e-6, "tf32": 10e-6, "bf16": 8e-6, "fp16": 8.4e-6}
+LAUNCH_S = 5e-3  # a step's fixed cost: kernel launches, the optimizer; at b=4 it is nearly all of it
+
+
+def _space(batch_range: tuple[int, int] = (1, 2048)) -> SearchSpace:
+    return SearchSpace.build(batch_range=batch_range, precisions=("fp32", "tf32", "bf16", "fp16"),
+                             first_precision="bf16")
+
+
+def _peak(config: Config) -> float:
+    return 2 * GiB + config.batch_size * PER_SAMPLE_BYTES[config.precision]
+
+
+def _probe(config: Config) -> Observation:
+    """Throughput near-linear in batch up to the memory line; the precisions equal (within 1%) at b=4."""
+    peak = _peak(config)
+    if peak > USABLE:
+        return Observation(config, "oom", wall_s=1.0)
+    rate = config.batch_size / (LAUNCH_S + config.batch_size * PER_SAMPLE_S[config.precision])
+    return Observation(config, "ok", peak_bytes=int(peak), samples_per_s=rate, wall_s=1.0, spread=0.02)
+
+
+def _best(space: SearchSpace) -> Config:
+    fits = [c for c in space.configs() if _peak(c) <= USABLE]
+    return max(fits, key=lambda c: _probe(c).samples_per_s)
+
+
+def _prediction(space: SearchSpace) -> MemoryPrediction:
+    """The estimator's answer: each precision's tensor bytes at two batches (its curve between)."""
+    factors = peak_factors("cuda")
+    typical = factors["typical_factor"]
+    estimates = {Config(b, p): b * PER_SAMPLE_BYTES[p] / typical + GiB / typical
+                 for p in space.precisions for b in (8, 64)}
+    return MemoryPrediction.from_estimates(estimates, device_bytes=GiB, **factors)
+
+
+def _replay(planner: Planner, limit: int = 60) -> list[Observation]:
+    seen: list[Observation] = []
+    while (config := planner.next(seen)) is not None:
+        assert len(seen) < limit, "the planner did not finish"
+        seen.append(_probe(config))
+    return seen
+
+
+@pytest.mark.parametrize("predicted", [False, True], ids=["memory-line", "estimator"])
+def test_the_pilot_climbs_before_the_other_precisions_which_are_probed_where_it_reached(predicted):
+    space = _space()
+    planner = Planner(space, USABLE, check_noise=False, prediction=_prediction(space) if predicted else None)
+    seen = _replay(planner)
+    pilot, climb = seen[0].config, seen[1].config
+    assert (pilot.precision, pilot.batch_size) == ("bf16", 4)
+    assert climb.precision == "bf16" and climb.batch_size > 4 and seen[1].status == "ok"
+    # Then each other precision, once, at the batch the pilot's strategy reached: where they compare.
+    assert [(o.config.precision, o.config.batch_size) for o in seen[2:5]] == [
+        (p, climb.batch_size) for p in ("fp32", "tf32", "fp16")]
+    if predicted:  # the estimator's calibrated prediction gives the jump: well past the launch-bound batches
+        assert climb.batch_size >= 512
+    assert planner.best(seen) == _best(space) == Config(1536, "bf16")
+
+
+def test_with_the_pilot_running_out_of_memory_the_precisions_are_compared_at_once():
+    space = _space()
+    planner = Planner(space, USABLE, check_noise=False)
+    seen = [Observation(Config(4, "bf16"), "oom")]
+    assert planner.next(seen).precision != "bf16"
+
+
+def test_with_the_pilot_at_the_top_of_the_space_the_precisions_are_compared_at_its_batch():
+    planner = Planner(_space((1, 4)), USABLE, check_noise=False)
+    seen = [_probe(Config(4, "bf16"))]
+    assert planner.next(seen) == Config(4, "fp32")
+
+
+def test_when_the_data_ends_the_climb_the_precisions_are_compared_at_the_pilots_batch():
+    """Every batch above the pilot's ran out of data: the climb is over, and the sweep comes next."""
+    planner = Planner(_space((4, 64)), USABLE, check_noise=False)
+    seen = [_probe(Config(4, "bf16"))]
+    while (config := planner.next(seen)).precision == "bf16":
+        assert config.batch_size > 4 and len(seen) < 6
+        seen.append(Observation(config, "error", data_bound=True))
+    assert len(seen) > 1 and config == Config(4, "fp32")
+
+
+def test_while_the_climb_runs_another_worker_compares_a_precision_instead_of_climbing_twice():
+    planner = Planner(_space(), USABLE, check_noise=False)
+    seen = [_probe(Config(4, "bf16"))]
+    climb = planner.next(seen)
+    seen.append(Observation(climb, "running"))
+    assert planner.next(seen) == Config(4, "fp32")
