@@ -26,6 +26,25 @@ CHECKPOINT_POLICIES: tuple[str, ...] = ("full", "selective")
 
 
 @dataclass(frozen=True)
+class Rate:
+    """The throughput a search ranks configs by (`Config.ranked_by`): its name in probe records, study
+    frames and the best-config file, and its unit in words."""
+
+    name: str
+    unit: str
+
+
+#: Samples/s: what a micro-batch of a fixed sample count is ranked by.
+SAMPLES = Rate("samples_per_s", "samples/s")
+#: Real (non-padding) tokens/s: what token batches (`max_tokens`) are ranked by. Their micro-batches hold
+#: as many samples as fit under the cap, short or long, so samples/s favours a cap that fills its
+#: batches with short samples; the tokens trained per second are the work done.
+TOKENS = Rate("tokens_per_s", "tokens/s")
+#: The rates a probe measures (where its batches count tokens, both).
+RATES: tuple[Rate, ...] = (SAMPLES, TOKENS)
+
+
+@dataclass(frozen=True)
 class Config:
     """The settings one probe (or the real run) trains under."""
 
@@ -88,7 +107,19 @@ class Config:
 
     @property
     def global_batch(self) -> int:
+        """Samples per optimizer step (of one rank). By tokens it counts no samples: `batch_size` there only
+        caps a micro-batch's samples (the cap itself unless set lower), and a step's size is its tokens, so
+        the best-config file writes none (see `autofit.export.config_entry`)."""
         return self.batch_size * self.accumulation_steps
+
+    @property
+    def ranked_by(self) -> Rate:
+        """The throughput this config is measured and ranked by: real tokens/s by tokens, else samples/s."""
+        return TOKENS if self.max_tokens is not None else SAMPLES
+
+    def size_label(self) -> str:
+        """The size knob in words: 'batch 64', or 'max_tokens=4096' by tokens."""
+        return f"max_tokens={self.max_tokens}" if self.max_tokens is not None else f"batch {self.batch_size}"
 
     def to_dict(self) -> dict:
         """The fields; `sharding`, `compile` and `checkpoint_policy` only when not the default, the
@@ -130,10 +161,10 @@ class Config:
         return {name: getattr(self, name) for name in LOADER_FIELDS if getattr(self, name) is not None}
 
     def label(self) -> str:
-        """Short human form: 'bf16 b=64 ckpt=2 selective acc=4' ('bf16 tokens=4096' by tokens)."""
+        """Short human form: 'bf16 b=64 ckpt=2 selective acc=4' ('bf16 max_tokens=4096' by tokens)."""
         parts = [self.precision]
         if self.max_tokens is not None:
-            parts.append(f"tokens={self.max_tokens}")
+            parts.append(f"max_tokens={self.max_tokens}")
         if self.max_tokens is None or self.batch_size < self.max_tokens:
             parts.append(f"b={self.batch_size}")
         if self.checkpoint_segments:

@@ -39,17 +39,22 @@ def versions(torch_version: str | None = None, cuda_version: str | None = None) 
             "python": platform.python_version()}
 
 
-def config_entry(config: Config, world_size: int = 1) -> dict[str, Any]:
+def config_entry(config: Config, world_size: int = 1, global_tokens: int | None = None) -> dict[str, Any]:
     """A config as the best-config file holds it: every field `Config.to_dict()` writes (so a field
-    added to Config cannot be dropped on its way to the file), and the global batch that all ranks
-    train together. In a distributed search's file `batch_size` is each rank's micro-batch: `ranks`
-    says how many, and `sharding` is always written."""
+    added to Config cannot be dropped on its way to the file), and the size of an optimizer step, all
+    ranks together: the global batch; by tokens, `global_tokens`, the real tokens per step the run keeps
+    (`@autofit(global_tokens=N)`, None: not held, a step is the config's accumulation), and a global batch
+    of None: `batch_size` there only caps a micro-batch's samples, so it counts nothing a step holds. In a
+    distributed search's file `batch_size` is each rank's micro-batch: `ranks` says how many, and
+    `sharding` is always written."""
     fields = config.to_dict()
+    step = ({"global_batch": None, "global_tokens": global_tokens} if config.max_tokens is not None
+            else {"global_batch": config.global_batch * world_size})
     entry: dict[str, Any] = {
         "batch_size": fields.pop("batch_size"),
         "accumulation_steps": fields.pop("accumulation_steps"),
         **({"ranks": world_size} if world_size > 1 else {}),
-        "global_batch": config.global_batch * world_size,
+        **step,
         "precision": fields.pop("precision"),
         "checkpoint_segments": fields.pop("checkpoint_segments"),
     }

@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from autofit.config import Config
+from autofit.config import TOKENS, Config
 from autofit.devices import allocator_difference
 from autofit.export import default_best_path, device_tag, read_best, script_sha256
 from autofit.options import SearchOptions
@@ -176,8 +176,12 @@ def report_run(run: Run) -> None:
     trained = f"autofit: trained {summary['optimizer_steps']} optimizer steps with {run.config.label()}{ranks}"
     if summary["samples_per_s"]:
         waited = input_bound_text(summary["data_wait_share"])
-        tokens = f" ({summary['tokens_per_s']:,.0f} real tokens/s)" if summary.get("tokens_per_s") else ""
-        print(f"{trained}: {summary['samples_per_s']:,.1f} samples/s{tokens} after {summary['warmup_steps']} "
+        samples = f"{summary['samples_per_s']:,.1f} samples/s"
+        tokens = f"{summary['tokens_per_s']:,.0f} real tokens/s" if summary.get("tokens_per_s") else None
+        # by tokens the rate the search ranked by first, as the best-config file has it
+        rate = (f"{tokens} ({samples})" if run.config.ranked_by == TOKENS and tokens
+                else f"{samples} ({tokens})" if tokens else samples)
+        print(f"{trained}: {rate} after {summary['warmup_steps']} "
               f"warm-up steps" + (f" ({waited})" if waited else ""), file=sys.stderr)
     elif summary["optimizer_steps"]:  # the run ended within its warm-up: nothing was timed
         print(f"{trained}: too few to time after {run.clock.warmup_steps} warm-up steps", file=sys.stderr)

@@ -72,7 +72,7 @@ def search(args, tmp: str, name: str, competitor: Competitor | None, recheck: bo
     trials = optuna.load_study(study_name=result.study_name, storage=settings.storage).get_trials()
     phases = [t.user_attrs.get("phase") for t in trials]
     return {"name": name, "best": result.best, "probes": result.probes, "rechecks": phases.count("recheck"),
-            "notes": result.notes, "search_rate": result.ranked[0].samples_per_s if result.ranked else None}
+            "notes": result.notes, "search_rate": result.ranked[0].rate if result.ranked else None}
 
 
 def remeasure(args, configs: list[Config], rounds: int) -> dict[Config, float]:

@@ -216,7 +216,7 @@ class Landscape:
             warmup, steps = self.meta.get("warmup", 2), self.meta.get("steps", 5)
             wall = e.wall_s * (warmup + length * steps) / (warmup + steps)
         return Observation(config=config, status=e.status, peak_bytes=e.peak_bytes,
-                           samples_per_s=rate, wall_s=wall, spread=spread)
+                           rate=rate, wall_s=wall, spread=spread)
 
 
 #: Injected interference ("interference" noise model): the chance that another job shares the

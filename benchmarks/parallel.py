@@ -44,7 +44,7 @@ def search(args, tmp: str, workers: int) -> dict:
     return {"workers": workers, "best": result.best, "wall": wall, "found": first - started if first else None,
             "probes": len(phases), "rechecks": phases.count("recheck"), "stopped": result.stopped,
             "noisy": any("too noisy" in note for note in result.notes),
-            "believed": result.ranked[0].samples_per_s if result.ranked else None}
+            "believed": result.ranked[0].rate if result.ranked else None}
 
 
 def main() -> None:

@@ -88,8 +88,8 @@ def best_measured(observations: Sequence[Observation], usable: float) -> Config 
     rates: dict[Config, list[float]] = defaultdict(list)
     bad: set[Config] = set()
     for o in observations:
-        if o.fits(usable) and o.samples_per_s:
-            rates[o.config].append(o.samples_per_s)
+        if o.fits(usable) and o.rate:
+            rates[o.config].append(o.rate)
         elif o.status != "running":
             bad.add(o.config)
     scored = {c: statistics.median(r) for c, r in rates.items() if c not in bad}
@@ -234,7 +234,7 @@ def autofit_remeasure_search(session: Session) -> Config | None:
         return planner.best(session.observations)
     ranked = planner.ranked(session.observations)
     for candidate in ranked[:3]:
-        if candidate.samples_per_s >= 0.95 * ranked[0].samples_per_s and candidate.probes <= 1:
+        if candidate.rate >= 0.95 * ranked[0].rate and candidate.probes <= 1:
             session.probe(candidate.config, length=2.0, phase="remeasure")
     return planner.best(session.observations)
 
@@ -300,7 +300,7 @@ def tpe_search(session: Session, budget: int, max_trials: int | None = None) -> 
             value = 0.0
         elif obs.status == "ok":
             trial.set_constraint("memory", (obs.peak_bytes or 0) / session.usable - 1.0)
-            value = obs.samples_per_s or 0.0
+            value = obs.rate or 0.0
         else:
             trial.set_constraint("failed", 1.0)
             value = 0.0

@@ -47,7 +47,8 @@ def show(study: str | None, storage: str | None, trial_number: int | None, full:
         click.echo(describe_trial(stored, trial_number, full=full))
         return
     frame = stored.trials_frame()
-    shown = select_probes(frame, sort=sort, reverse=reverse, status=status, phase=phase, top=top)
+    shown = select_probes(frame, sort=sort, reverse=reverse, status=status, phase=phase, top=top,
+                          ranked_by=stored.ranked_by)
     click.echo(describe_study(stored, shown, frame))
 
 
@@ -74,6 +75,7 @@ def studies(storage: str | None) -> None:
 def export(study: str | None, storage: str | None, out: str | None) -> None:
     """Write a stored study's best config as JSON, without probing again."""
     from autofit.export import default_best_path, device_tag, write_best
+    from autofit.report import rate_text
 
     stored = _load(study, storage)
     document = stored.document()
@@ -82,7 +84,7 @@ def export(study: str | None, storage: str | None, out: str | None) -> None:
                                     device=device_tag(device.get("type", "cpu"), device.get("name")))
     write_best(path, document)
     click.echo(f"best config of {stored.name} ({stored.best().label()}, "
-               f"{document['measured']['samples_per_s']:,.1f} samples/s) written to {path}")
+               f"{rate_text(document['measured'])}) written to {path}")
 
 
 @cli.command()

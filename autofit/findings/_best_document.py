@@ -13,6 +13,7 @@ from typing import Any
 
 import optuna
 
+from autofit.config import RATES
 from autofit.devices import mfu
 from autofit.errors import NoFeasibleConfig
 from autofit.export import config_entry, versions
@@ -54,12 +55,13 @@ def best_document(
     stopped = stopped if stopped is not None else end.get("stopped", NOT_FINISHED)
     partial = partial if partial is not None else bool(end.get("partial", True))
     world_size = meta.get("world_size", 1)
+    global_tokens = planner.space.global_tokens
     measured = _measured(ranked, done, trials, meta, planner, partial)
     reason = measured["unconfirmed"]
     run_versions = meta.get("versions") or {}
     return {
         "partial": partial,
-        "config": config_entry(ranked[0].config, world_size),
+        "config": config_entry(ranked[0].config, world_size, global_tokens),
         "measured": measured,
         "memory": {"limit_bytes": meta["limit_bytes"], "headroom": meta["headroom"], "usable_bytes": int(usable)},
         "device": meta["device_info"],
@@ -78,7 +80,8 @@ def best_document(
                   "stopped": stopped},
         "why": explain(ranked, done, planner, usable) + (f"; unconfirmed: {reason}" if reason else ""),
         "runner_ups": [
-            {**config_entry(c.config, world_size), "samples_per_s": c.samples_per_s, "peak_bytes": c.peak_bytes}
+            {**config_entry(c.config, world_size, global_tokens), c.config.ranked_by.name: c.rate,
+             "peak_bytes": c.peak_bytes}
             for c in ranked[1:5]
         ],
     }
@@ -92,16 +95,19 @@ def _measured(ranked: list[Candidate], done: list[Observation], trials, meta: di
     usable = meta["usable_bytes"]
     confirmed = any(o.phase == "confirm" and o.config == best.config and o.fits(usable) for o in done)
     figures = rate_figures(best, trials, meta, meta.get("world_size", 1))
+    ranked_by = best.config.ranked_by
+    rates = {r.name: figures.pop(r.name) for r in sorted(RATES, key=lambda r: r != ranked_by)}  # ranked first
     return {
-        "samples_per_s": best.samples_per_s,
-        "tokens_per_s": figures.pop("tokens_per_s"),
+        # the rate the search ranked by: samples_per_s, or tokens_per_s (real tokens) by tokens
+        "ranked_by": ranked_by.name,
+        **rates,
         # the highest peak any of its probes reached: a run must fit them all
         "peak_bytes": best.peak_bytes,
         "probes": best.probes,
         "confirmed": confirmed,
         # why not, when it is not (null when it is)
         "unconfirmed": unconfirmed_reason(confirmed, done, partial),
-        # the A/B that confirmed it: each entrant's rounds (samples/s), median and spread (null: none ran)
+        # the A/B that confirmed it: each entrant's rounds (at the ranked rate), median and spread (null: none ran)
         "ab": ab_record(ranked, done, planner),
         # which probes the rates come from ("confirmation", "median", "fastest"), and why
         "rate_from": best.measurement.rule,
@@ -111,24 +117,33 @@ def _measured(ranked: list[Candidate], done: list[Observation], trials, meta: di
 
 
 def rate_figures(best: Candidate, trials, meta: dict, world_size: int) -> dict[str, Any]:
-    """Every rate at the winner's samples/s, and every per-sample figure behind them (tokens, joules,
-    the share of time waiting for data) the median over the probes that samples/s comes from, so the
-    file's figures describe one measurement. Model FLOPs per sample are the model's, whatever the probe."""
+    """Every rate at the winner's ranked rate (`Candidate.rate`), and every figure behind them (the
+    other rate per ranked one: tokens per sample or samples per token; joules, the share of time waiting
+    for data) the median over the probes that rate comes from, so the file's figures describe one
+    measurement. Model FLOPs per sample are the model's, whatever the probe."""
     number = {o.trial for o in best.measurement.probes}
     probes = [r for t in trials if t.number in number and (r := trial_result(t))]
-    rate = best.samples_per_s
-    tokens = _median([r.tokens_per_s / r.samples_per_s for r in probes if r.tokens_per_s and r.samples_per_s])
+    rates = {r.name: _at_rate(best, probes, r.name) for r in RATES}
     flops = model_flops_per_sample(trials)
-    flops_per_s = rate * flops if flops and rate else None
+    samples = rates["samples_per_s"]
+    flops_per_s = samples * flops if flops and samples else None
     device = meta.get("device_info") or {}
     utilisation = (mfu(flops_per_s / max(1, world_size), device.get("name", ""), best.config.precision)
                    if flops_per_s and device.get("type") == "cuda" else None)
     waited = _median([r.data_wait_share for r in probes])
-    return {"tokens_per_s": rate * tokens if tokens else None,
+    return {**rates,
             "flops_per_sample": flops, "flops_per_s": flops_per_s, "mfu": utilisation,
             "joules_per_sample": _median([r.joules_per_sample for r in probes]),
             # share of the measured time its probes waited for data (when autofit saw the data)
             **({"data_wait_share": waited} if waited is not None else {})}
+
+
+def _at_rate(best: Candidate, probes: list, name: str) -> float | None:
+    """The winner's rate `name`: its ranked rate, or that times the median ratio of `name` to it in its probes."""
+    if name == best.config.ranked_by.name:
+        return best.rate
+    ratio = _median([getattr(r, name) / r.rate for r in probes if getattr(r, name) and r.rate])
+    return best.rate * ratio if ratio else None
 
 
 def _median(values: list[float | None]) -> float | None:

@@ -16,18 +16,19 @@ UNCONFIRMED_BUDGET = ("the budget left no room for the A/B that confirms a winne
 
 
 def ab_record(ranked: list[Candidate], done, planner: Planner) -> dict[str, Any] | None:
-    """The A/B (the confirmation) as the file keeps it: each entrant's config label, its rounds' samples/s
-    in the order they ran, their median and spread ((max - min) / median), best first; the A/B's spread
-    (the widest of its entrants'); the config that led before it. None when no round ran."""
+    """The A/B (the confirmation) as the file keeps it: each entrant's config label, its rounds' rates
+    (samples_per_s, or tokens_per_s by tokens: `Config.ranked_by`) in the order they ran, their median and
+    spread ((max - min) / median), best first; the A/B's spread (the widest of its entrants'); the config
+    that led before it. None when no round ran."""
     rounds: dict[Config, list[float]] = defaultdict(list)
     for o in sorted(done, key=lambda o: o.trial if o.trial is not None else -1):
-        if o.phase == "confirm" and o.status == "ok" and o.samples_per_s:
-            rounds[o.config].append(o.samples_per_s)
+        if o.phase == "confirm" and o.status == "ok" and o.rate:
+            rounds[o.config].append(o.rate)
     if not rounds:
         return None
     feasible = [c.config for c in ranked if c.config in rounds]
     order = feasible + [c for c in rounds if c not in feasible]
-    entrants = [{"label": c.label(), "samples_per_s": rounds[c], "median": statistics.median(rounds[c]),
+    entrants = [{"label": c.label(), c.ranked_by.name: rounds[c], "median": statistics.median(rounds[c]),
                  "spread": _spread(rounds[c])} for c in order]
     led = led_before(done, planner)
     return {"entrants": entrants, "spread": max(e["spread"] for e in entrants),
@@ -50,13 +51,13 @@ def ab_words(ranked: list[Candidate], done, planner: Planner) -> str | None:
     led = led_before(done, planner)
     if led is None or led == best.config or best.measurement is None or best.measurement.rule != "confirmation":
         return None
-    short = next((c.samples_per_s for c in planner.ranked([o for o in done if o.phase != "confirm"])
+    short = next((c.rate for c in planner.ranked([o for o in done if o.phase != "confirm"])
                   if c.config == led), None)
     in_ab = next((c for c in ranked if c.config == led and c.measurement.rule == "confirmation"), None)
-    against = (f"ran {in_ab.samples_per_s / best.samples_per_s:.2f}x of it in the A/B" if in_ab is not None
+    against = (f"ran {in_ab.rate / best.rate:.2f}x of it in the A/B" if in_ab is not None
                else "was not measured in the A/B")
     return (f"the A/B changed the winner: {led.label()} led on its short probes"
-            + (f" ({short:,.1f} samples/s)" if short else "") + f" but {against}")
+            + (f" ({short:,.1f} {led.ranked_by.unit})" if short else "") + f" but {against}")
 
 
 def unconfirmed_reason(confirmed: bool, done, partial: bool) -> str | None:

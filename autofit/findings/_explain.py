@@ -18,7 +18,7 @@ from autofit.units import format_size
 def explain(ranked: list[Candidate], done, planner: Planner, usable: float) -> str:
     """Why the winner won, in one sentence a person can check."""
     best = ranked[0]
-    parts = [f"{best.config.label()}: {best.samples_per_s:,.1f} samples/s"]
+    parts = [f"{best.config.label()}: {best.rate:,.1f} {best.config.ranked_by.unit}"]
     changed = ab_words(ranked, done, planner)
     if changed:
         parts.append(changed)
@@ -32,25 +32,27 @@ def explain(ranked: list[Candidate], done, planner: Planner, usable: float) -> s
         if key != best.config.precision and key not in others:
             others[key] = c
     for precision, c in others.items():
-        parts.append(f"{best.samples_per_s / c.samples_per_s:.2f}x the best {precision} config ({c.config.label()})")
+        parts.append(f"{best.rate / c.rate:.2f}x the best {precision} config ({c.config.label()})")
     strategy = planner.space.strategy_of(best.config)
     larger = sorted((o for o in done if planner.space.strategy_of(o.config) == strategy
-                     and o.config.batch_size > best.config.batch_size), key=lambda o: o.config.batch_size)
+                     and planner.space.holds_kind(o.config) and o.config.size > best.config.size),
+                    key=lambda o: o.config.size)
     if larger:
         o = larger[0]
+        size = o.config.size_label()
         if o.data_bound:
-            parts.append(f"batch {o.config.batch_size} is more than the data can feed (the loop ran out of batches)")
+            parts.append(f"{size} is more than the data can feed (the loop ran out of batches)")
         elif o.status == "oom":
-            parts.append(f"batch {o.config.batch_size} ran out of memory")
+            parts.append(f"{size} ran out of memory")
         elif o.status == "ok" and o.peak_bytes and o.peak_bytes > usable:
-            parts.append(f"batch {o.config.batch_size} needs {format_size(o.peak_bytes)} > {format_size(usable)} usable")
-        elif o.status == "ok" and o.samples_per_s:
-            measured = next((c.samples_per_s for c in ranked if c.config == o.config), o.samples_per_s)
-            if measured <= best.samples_per_s:
-                parts.append(f"batch {o.config.batch_size} was no faster ({measured / best.samples_per_s:.2f}x)")
+            parts.append(f"{size} needs {format_size(o.peak_bytes)} > {format_size(usable)} usable")
+        elif o.status == "ok" and o.rate:
+            measured = next((c.rate for c in ranked if c.config == o.config), o.rate)
+            if measured <= best.rate:
+                parts.append(f"{size} was no faster ({measured / best.rate:.2f}x)")
             else:
-                parts.append(f"batch {o.config.batch_size} was within {TIE_TOLERANCE:.0%} "
-                             f"({measured / best.samples_per_s:.2f}x) and needs more memory")
+                parts.append(f"{size} was within {TIE_TOLERANCE:.0%} "
+                             f"({measured / best.rate:.2f}x) and needs more memory")
     else:
         memory = planner.space and _predicted_next(planner, best.config, done, usable)
         if memory:
@@ -63,9 +65,9 @@ def _as_an_expert(ranked: list[Candidate], margin: float) -> list[str]:
     were not faster beyond the noise, and near-ties settled for less recompute or accumulation."""
     best, words = ranked[0], []
     for c in ranked[1:]:
-        if c.samples_per_s <= best.samples_per_s:
+        if c.rate <= best.rate:
             continue
-        gain = c.samples_per_s / best.samples_per_s
+        gain = c.rate / best.rate
         if dominates(best.config, c.config):
             words.append(f"{c.config.label()} read {gain:.2f}x but adds "
                          f"{'accumulation' if c.config.accumulation_steps > best.config.accumulation_steps else 'recompute'}"
@@ -80,15 +82,16 @@ def rate_note(ranked: list[Candidate], done) -> str:
     """Which of the winner's probes its figures come from and why (see `Measurement`), and any config
     that led on its short probes until its confirmation run measured it slower."""
     best = ranked[0]
+    unit = best.config.ranked_by.unit
     rule, probes = best.measurement.rule, best.measurement.probes
     short = _short_rate(best.config, done)
     if rule == "confirmation":
-        gap = best.samples_per_s / short - 1 if short else 0.0
+        gap = best.rate / short - 1 if short else 0.0
         against = (f"agreeing with its short probes' {short:,.1f}" if abs(gap) < 0.005 else
                    f"{abs(gap):.0%} {'below' if gap < 0 else 'above'} its short probes' {short:,.1f}: the long run counts")
         rounds = len(probes)
         source = "its confirmation run" if rounds == 1 else f"the median of its {rounds} A/B rounds"
-        parts = [f"from {source}: {best.samples_per_s:,.1f} samples/s, {against}"]
+        parts = [f"from {source}: {best.rate:,.1f} {unit}, {against}"]
     elif rule == "fastest":
         parts = ["from the fastest of its probes: they disagreed beyond the noise seen, and interference "
                  "slows a probe, never speeds it up"]
@@ -99,38 +102,42 @@ def rate_note(ranked: list[Candidate], done) -> str:
                      "another job on the machine: search again on a quiet one if so)")
     for c in ranked[1:]:
         led = _short_rate(c.config, done)
-        if c.measurement.rule == "confirmation" and led and led > best.samples_per_s:
-            parts.append(f"{c.config.label()} led with {led:,.1f} samples/s on its short probes but measured "
-                         f"{c.samples_per_s:,.1f} in its confirmation (the A/B)")
+        if c.measurement.rule == "confirmation" and led and led > best.rate:
+            parts.append(f"{c.config.label()} led with {led:,.1f} {unit} on its short probes but measured "
+                         f"{c.rate:,.1f} in its confirmation (the A/B)")
     return "; ".join(parts)
 
 
 def _short_rate(config: Config, done) -> float | None:
-    """The median samples/s of `config`'s probes other than its confirmation runs."""
-    rates = [o.samples_per_s for o in done
-             if o.config == config and o.status == "ok" and o.samples_per_s and o.phase != "confirm"]
+    """The median rate of `config`'s probes other than its confirmation runs."""
+    rates = [o.rate for o in done
+             if o.config == config and o.status == "ok" and o.rate and o.phase != "confirm"]
     return statistics.median(rates) if rates else None
 
 
 def _predicted_next(planner: Planner, config: Config, done, usable: float) -> str | None:
     sizes = planner.space.batch_sizes
-    if config.batch_size not in sizes or config.batch_size == sizes[-1]:
-        return "it is the largest batch allowed (--batch-range)" if config.batch_size == sizes[-1] else None
+    if config.size not in sizes or config.size == sizes[-1]:
+        if config.size != sizes[-1]:
+            return None
+        return ("it is the largest cap allowed (--token-range)" if config.max_tokens is not None
+                else "it is the largest batch allowed (--batch-range)")
     strategy = planner.space.strategy_of(config)
-    nxt = sizes[sizes.index(config.batch_size) + 1]
-    predicted = planner.predicted_peak(planner.space.config(strategy, nxt), done)
+    nxt = planner.space.config(strategy, sizes[sizes.index(config.size) + 1])
+    size = nxt.size_label()
+    predicted = planner.predicted_peak(nxt, done)
     if predicted is not None and predicted.high > usable:
         need = f"{format_size(predicted.low)}-{format_size(predicted.high)}" if predicted.high < float("inf") \
             else f"at least {format_size(predicted.low)}"
         verdict = "does not fit" if predicted.low > usable else "might not fit"
-        return (f"batch {nxt} is predicted to need {need} (memory estimator): it {verdict} in "
+        return (f"{size} is predicted to need {need} (memory estimator): it {verdict} in "
                 f"{format_size(usable)} usable" + ("" if predicted.low > usable else ", and could not be 10% faster"))
     line = planner.memory_line(strategy, done)
     if line is None:
         return None
-    if line(nxt) > usable:
-        return f"batch {nxt} is predicted to need {format_size(line(nxt))} > {format_size(usable)} usable"
-    return f"batch {nxt} was not probed (predicted to need {format_size(line(nxt))}, which fits)"
+    if line(nxt.size) > usable:
+        return f"{size} is predicted to need {format_size(line(nxt.size))} > {format_size(usable)} usable"
+    return f"{size} was not probed (predicted to need {format_size(line(nxt.size))}, which fits)"
 
 
 def fault_notes(study: optuna.Study, planner: Planner, seen) -> list[str]:
@@ -153,7 +160,7 @@ def fault_notes(study: optuna.Study, planner: Planner, seen) -> list[str]:
                 policies.discard(policy)
         elif result.error_type in DATA_BOUND_ERRORS and trial.user_attrs.get("phase") != "confirm" \
                 and any(o.status == "ok" for o in seen):
-            notes.append(f"batch {result.config.batch_size} is more than the data can feed (the function ran "
+            notes.append(f"{result.config.size_label()} is more than the data can feed (the function ran "
                          f"out of batches before the probe's steps): the climb stopped below it (trial {trial.number})")
         elif result.status in ("crashed", "timeout"):
             notes.append(f"trial {trial.number} ({result.config.label()}) {result.status}: "
@@ -169,14 +176,14 @@ def nothing_fits(done, usable: float, limit: float, headroom: float) -> str:
     failed = [o for o in done if o.failed]
     if failed and not peaks and not any(o.status == "oom" for o in done):
         kinds = sorted({o.status for o in failed})
-        smallest = min(failed, key=lambda o: o.config.batch_size).config.label()
+        smallest = min(failed, key=lambda o: o.config.size).config.label()
         what = {"timeout": "timed out", "crashed": "crashed", "error": "raised an error",
                 "diverged": "diverged (non-finite loss)"}
         return (f"No config could be measured: {len(failed)} probes failed ("
                 f"{', '.join(what[k] for k in kinds)}), none ran out of memory; the smallest tried was "
                 f"{smallest}. See `autofit show` for each probe's error"
                 + ("; a slow machine may need a longer --probe-timeout" if "timeout" in kinds else "") + ".")
-    smallest = min(done, key=lambda o: o.config.batch_size).config.label() if done else "none"
+    smallest = min(done, key=lambda o: o.config.size).config.label() if done else "none"
     needed = (f"the smallest config tried ({smallest}) needed {format_size(min(peaks))}" if peaks
               else f"even the smallest config tried ({smallest}) ran out of memory")
     extra = f"; {len(failed)} probes failed (see autofit show)" if failed else ""

@@ -29,7 +29,7 @@ def observations(trials: list[FrozenTrial], exclude: int | None = None) -> list[
             continue  # interrupted before it measured anything: probe it again
         spread = (result.step_time_iqr_s / result.step_time_median_s
                   if result.step_time_iqr_s is not None and result.step_time_median_s else None)
-        out.append(Observation(config, result.status, result.peak_bytes, result.samples_per_s,
+        out.append(Observation(config, result.status, result.peak_bytes, result.rate,
                                result.wall_s, trial.user_attrs.get("phase", "explore"), spread,
                                result.only_just_fits, result.error_type in DATA_BOUND_ERRORS,
                                result.data_wait_share, trial.number))

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from optuna.trial import FrozenTrial
 
-    from autofit.config import Config
+    from autofit.config import Config, Rate
     from autofit.planner import Candidate, Line, Planner, SearchSpace, Strategy
     from autofit.probing import ProbeResult
 
@@ -57,6 +57,8 @@ class StoredStudy:
         self._trials: list[FrozenTrial] = study.get_trials(deepcopy=False)
         self._planner = study_planner(study)
         self.space: SearchSpace = self._planner.space
+        self.ranked_by: Rate = self.space.ranked_by
+        """The throughput the study ranks by: samples/s, or real tokens/s for a search by tokens."""
         self._observations = observations(self._trials)
         self._ranked = self._planner.ranked(self._observations)
         self._frame = trials_frame(self._trials, self.usable_bytes)
@@ -108,7 +110,8 @@ class StoredStudy:
 
     def progress(self) -> pd.DataFrame:
         """After each probe (in trial order): probe-seconds spent so far and the best feasible config
-        the search knew then, ranked as the search ranks (so the last row is the winner)."""
+        the search knew then with its rate (`ranked_by`), ranked as the search ranks (so the last row is
+        the winner)."""
         return self._progress
 
     def _read_progress(self) -> pd.DataFrame:
@@ -123,9 +126,9 @@ class StoredStudy:
             spent += result.wall_s
             ranked = self._planner.ranked(seen)
             rows.append({"trial": trial.number, "probe_seconds": spent,
-                         "best_samples_per_s": ranked[0].samples_per_s if ranked else float("nan"),
+                         "best_rate": ranked[0].rate if ranked else float("nan"),
                          "best": ranked[0].config.label() if ranked else None})
-        return pd.DataFrame(rows, columns=["trial", "probe_seconds", "best_samples_per_s", "best"])
+        return pd.DataFrame(rows, columns=["trial", "probe_seconds", "best_rate", "best"])
 
     def probe(self, number: int) -> tuple[FrozenTrial, ProbeResult]:
         """Trial `number` and its probe; UsageError naming the probes there are when it has none."""
@@ -152,12 +155,12 @@ class StoredStudy:
         return None
 
     def summary(self) -> dict[str, Any]:
-        """One line's worth: device, limit, probes, best config and its throughput."""
+        """One line's worth: device, limit, probes, best config and its throughput (`rate`, in `rate_unit`)."""
         return {
             "study": self.name, "device": self.meta.get("device_info", {}).get("name", self.meta.get("device")),
             "limit_bytes": self.memory_limit, "probes": len(self._frame),
             "best": self._ranked[0].config.label() if self._ranked else None,
-            "samples_per_s": self._ranked[0].samples_per_s if self._ranked else None,
+            "rate": self._ranked[0].rate if self._ranked else None, "rate_unit": self.ranked_by.unit,
         }
 
 
@@ -178,5 +181,5 @@ def list_studies(storage: str | None = None) -> tuple[Located, list[dict[str, An
             rows.append(StoredStudy(optuna.load_study(study_name=name, storage=opened), where.storage).summary())
         except UsageError:
             rows.append({"study": name, "device": None, "limit_bytes": None, "probes": 0, "best": None,
-                         "samples_per_s": None})
+                         "rate": None, "rate_unit": None})
     return where, rows

@@ -33,9 +33,9 @@ def within_noise(ranked: Sequence[Candidate], margin: float) -> list[Candidate]:
     tell apart from the first."""
     if not ranked:
         return []
-    floor = ranked[0].samples_per_s * (1 - margin)
+    floor = ranked[0].rate * (1 - margin)
     return [c for i, c in enumerate(ranked)
-            if i == 0 or (c.samples_per_s >= floor and not any(dominates(a.config, c.config) for a in ranked[:i]))]
+            if i == 0 or (c.rate >= floor and not any(dominates(a.config, c.config) for a in ranked[:i]))]
 
 
 def contenders(close: Sequence[Candidate], remeasured: set[Config]) -> list[Config]:

@@ -95,9 +95,9 @@ def next_loader_config(choices: LoaderChoices, ranked: Sequence[Candidate],
         return None
     if any(o.status == "running" and o.config.loader and base_of(o.config) == base.config for o in observations):
         return None
-    rates = {c.config: c.samples_per_s for c in ranked}
+    rates = {c.config: c.rate for c in ranked}
     done = {o.config for o in observations if o.status != "running"}
-    best, best_rate = base.config, base.samples_per_s
+    best, best_rate = base.config, base.rate
     for step in (_more_workers, _prefetch_further, _pin_memory):
         for config in step(choices, best, share):
             if config not in done:
@@ -140,7 +140,7 @@ def loader_reason(choices: LoaderChoices, ranked: Sequence[Candidate],
     waited = f"{share:.0%} of the step waiting for data" if share is not None else "waiting for data"
     changes = ", ".join(_change(name, value) for name, value in winner.config.loader.items())
     return (f"input-bound: {waited} with {declared} loader workers; {changes}: "
-            f"{winner.samples_per_s / base.samples_per_s:.1f}x")
+            f"{winner.rate / base.rate:.1f}x")
 
 
 def _change(name: str, value) -> str:

@@ -44,7 +44,9 @@ def fit_line(points: list[tuple[float, float]]) -> Line | None:
 class ThroughputModel:
     """Time per micro-batch = fixed + per_sample * batch, so samples/s = b / (fixed + per_sample b).
 
-    Rises with batch and saturates at 1 / per_sample: the shape of nearly every training step.
+    Rises with batch and saturates at 1 / per_sample: the shape of nearly every training step. By tokens
+    the same with the token cap for b and real tokens/s for samples/s: a micro-batch's real tokens grow
+    with its cap (a constant share of it, the padding aside), and only the constants change.
     """
 
     line: Line
@@ -59,6 +61,6 @@ class ThroughputModel:
 
 
 def fit_throughput(points: list[tuple[int, float]]) -> ThroughputModel | None:
-    """From (batch, samples/s) points; None with fewer than two batch sizes."""
+    """From (size, rate) points (batch and samples/s, or cap and tokens/s); None with fewer than two sizes."""
     line = fit_line([(b, b / t) for b, t in points if t and t > 0])
     return ThroughputModel(line) if line is not None else None

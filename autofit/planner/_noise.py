@@ -7,9 +7,11 @@ A config's measurement is *suspect* when:
 - its steps varied far more than the search's probes usually do (step-time IQR over the median,
   `Observation.spread`, above 3x the typical spread and above 15%): something else ran meanwhile;
 - two probes of it disagree beyond the noise seen (more than 3x the typical spread, at least 10%);
-- it is far slower (or faster) than both its measured neighbours in batch size, same strategy:
-  per-sample throughput changes smoothly with batch size, so a dip of 25% below both is a slowdown
-  of the machine, not of the config.
+- it is far slower (or faster) than both its measured neighbours in size (batch or token cap), same
+  strategy: throughput changes smoothly with size, so a dip of 25% below both is a slowdown of the
+  machine, not of the config.
+
+Throughput here is each observation's `rate`: samples/s, or real tokens/s by tokens (`Config.ranked_by`).
 
 A suspect config is measured again (a "recheck" probe) before it may win or bound anything: until it
 is resolved (two agreeing probes, or three probes: then the fastest steady one counts, since
@@ -76,8 +78,9 @@ class Measurement:
         return cls(tuple(counted), "confirmation" if counted[0].phase == "confirm" else "median")
 
     @property
-    def samples_per_s(self) -> float:
-        return statistics.median(o.samples_per_s for o in self.probes)
+    def rate(self) -> float:
+        """The median rate of its probes (`Observation.rate`)."""
+        return statistics.median(o.rate for o in self.probes)
 
 
 def confirmed_first(obs: Sequence[Observation]) -> list[Observation]:
@@ -92,7 +95,7 @@ class NoiseReading:
         self._strategy_of = strategy_of
         self.ok: dict[Config, list[Observation]] = defaultdict(list)
         for o in observations:
-            if o.status == "ok" and o.samples_per_s:
+            if o.status == "ok" and o.rate:
                 self.ok[o.config].append(o)
         spreads = [o.spread for obs in self.ok.values() for o in obs if o.spread is not None]
         self.typical_spread = max(_SPREAD_FLOOR, statistics.median(spreads)) if spreads else _SPREAD_FLOOR
@@ -103,8 +106,8 @@ class NoiseReading:
 
     # --- the rules ------------------------------------------------------------------------------
     def rate(self, config: Config) -> float:
-        """What `config`'s probes say its samples/s is (see `measurement`)."""
-        return self.measurement(config).samples_per_s
+        """What `config`'s probes say its rate is (see `measurement`)."""
+        return self.measurement(config).rate
 
     def measurement(self, config: Config) -> Measurement:
         """The probes `config`'s figures come from: its confirmation runs when it has one, else its
@@ -118,7 +121,7 @@ class NoiseReading:
             measured = Measurement.of([o for o in obs if not self._erratic(o)] or obs)
         measured = replace(measured, erratic=any(self._erratic(o) for o in measured.probes))
         if measured.rule == "median" and len(measured.probes) >= 2 and self._disagree(measured.probes):
-            fastest = max(measured.probes, key=lambda o: o.samples_per_s)
+            fastest = max(measured.probes, key=lambda o: o.rate)
             return replace(measured, probes=(fastest,), rule="fastest")
         return measured  # an A/B's rounds count at their median, however they spread: they alternated
 
@@ -131,12 +134,12 @@ class NoiseReading:
         for config, obs in self.ok.items():
             if len(obs) >= _RESOLVING_PROBES or any(o.phase == "confirm" for o in obs):
                 continue  # settled: by enough probes, or by a long run (see `measurement`)
-            rates = [o.samples_per_s for o in obs]
+            rates = [o.rate for o in obs]
             if len(obs) == 2:
                 gap = abs(rates[0] - rates[1]) / max(rates)
                 if gap > repeat_limit:
                     found[config] = Suspicion(config, f"two probes disagree ({rates[0]:,.1f} vs {rates[1]:,.1f} "
-                                                      f"samples/s, {gap:.0%} apart)")
+                                                      f"{config.ranked_by.unit}, {gap:.0%} apart)")
                 continue  # two agreeing probes: resolved
             spread = obs[0].spread
             if spread is not None and spread > spread_limit:
@@ -170,20 +173,19 @@ class NoiseReading:
 
     def _short_rate(self, config: Config) -> float:
         """What `config`'s short probes say (a long run's figure compares with no short one)."""
-        return self._measure([o for o in self.ok[config] if o.phase != "confirm"] or self.ok[config]).samples_per_s
+        return self._measure([o for o in self.ok[config] if o.phase != "confirm"] or self.ok[config]).rate
 
     def _neighbour_gap(self, config: Config) -> str | None:
         strategy = self._strategy_of(config)
-        same = sorted((c for c in self.ok if self._strategy_of(c) == strategy), key=lambda c: c.batch_size)
+        same = sorted((c for c in self.ok if self._strategy_of(c) == strategy), key=lambda c: c.size)
         i = same.index(config)
         if i == 0:
             return None
-        rate, short = self.rate(config), self._short_rate
-        if i == len(same) - 1:  # the largest batch so far: throughput rarely falls steeply with batch
+        rate, short, unit = self.rate(config), self._short_rate, config.ranked_by.unit
+        if i == len(same) - 1:  # the largest size so far: throughput rarely falls steeply with size
             low = same[i - 1]
             if rate < short(low) * (1 - _NEIGHBOUR_GAP):
-                return (f"{rate:,.1f} samples/s is far slower than the smaller b={low.batch_size} "
-                        f"({short(low):,.1f})")
+                return f"{rate:,.1f} {unit} is far slower than the smaller {low.size_label()} ({short(low):,.1f})"
             return None
         low, high = same[i - 1], same[i + 1]
         around = (short(low), short(high))
@@ -193,8 +195,8 @@ class NoiseReading:
             word = "faster"
         else:
             return None
-        return (f"{rate:,.1f} samples/s is far {word} than its neighbours b={low.batch_size} "
-                f"({around[0]:,.1f}) and b={high.batch_size} ({around[1]:,.1f})")
+        return (f"{rate:,.1f} {unit} is far {word} than its neighbours {low.size_label()} "
+                f"({around[0]:,.1f}) and {high.size_label()} ({around[1]:,.1f})")
 
     # --- answers ------------------------------------------------------------------------------
     def unresolved(self) -> dict[Config, Suspicion]:
@@ -216,7 +218,7 @@ class NoiseReading:
                                         if len(counted := confirmed_first(obs)) >= 2 and self._disagree(counted)}
 
     def _disagree(self, obs: Sequence[Observation]) -> bool:
-        rates = [o.samples_per_s for o in obs]
+        rates = [o.rate for o in obs]
         return (max(rates) - min(rates)) / max(rates) > self.repeat_limit
 
     def summary(self) -> str | None:

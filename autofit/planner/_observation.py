@@ -14,7 +14,9 @@ class Observation:
     config: Config
     status: str  # a ProbeResult status, or "running" for a config a parallel worker is probing
     peak_bytes: int | None = None
-    samples_per_s: float | None = None
+    rate: float | None = None
+    """The throughput the search ranks by (`Config.ranked_by`): samples/s, or real tokens/s by tokens.
+    The planner compares, models and bounds this figure alone, whichever it is."""
     wall_s: float = 0.0
     phase: str = "explore"  # explore, recheck, remeasure or confirm
     spread: float | None = None  # step-time IQR / median step time: how steady the probe's steps were

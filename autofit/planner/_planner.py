@@ -240,7 +240,7 @@ class Planner:
         first_acc = strategies[0].accumulation_steps
 
         def best_of_precision(p: str) -> float:
-            return max((c.samples_per_s for c in state.ranking.ranked() if c.config.precision == p), default=0.0)
+            return max((c.rate for c in state.ranking.ranked() if c.config.precision == p), default=0.0)
 
         def key(s: Strategy) -> tuple:
             return (
@@ -301,7 +301,7 @@ class Planner:
         reachable = [b for b in open_batches if memory is None or memory(b) <= self.usable]
         largest = max(reachable) if reachable else min(open_batches)
         estimate = state.throughput.estimate(strategy, largest)
-        return estimate is not None and estimate * _PRUNE_SLACK < best.samples_per_s
+        return estimate is not None and estimate * _PRUNE_SLACK < best.rate
 
     def _first_batch(self, state: _State, strategy: Strategy, candidates: list[int]) -> int:
         """A strategy's first probe is an anchor, not a leap: it measures where OOM is unlikely.
@@ -356,7 +356,7 @@ def _predicted_next(state: _State, strategy: Strategy, candidates: list[int]) ->
         return gamble  # nothing of this family fits yet: the smallest is the one to try
     ranked = state.ranking.ranked()
     estimate = state.throughput.estimate(strategy, gamble.size)
-    if ranked and (estimate is None or estimate < ranked[0].samples_per_s * _GAMBLE_GAIN):
+    if ranked and (estimate is None or estimate < ranked[0].rate * _GAMBLE_GAIN):
         return None
     return gamble
 

@@ -1,5 +1,6 @@
-"""How probed configs rank: the median throughput of each (its confirmation run's once it has one; when
-rechecking noise, the rate the noise reading trusts: `NoiseReading.measurement`), feasible ones only.
+"""How probed configs rank: the median throughput of each (`Observation.rate`: samples/s, or real tokens/s
+by tokens; its confirmation run's once it has one; when rechecking noise, the rate the noise reading
+trusts: `NoiseReading.measurement`), feasible ones only.
 
 Two rules an expert applies come on top of the figures:
 
@@ -36,7 +37,8 @@ class Candidate:
     """A feasible config with its measured throughput (see `measurement`) and peak."""
 
     config: Config
-    samples_per_s: float
+    rate: float
+    """Its measured throughput in `config.ranked_by` (samples/s, or real tokens/s by tokens)."""
     peak_bytes: int | None
     probes: int
     tight: bool = False  # some probe of it needed allocator retries: it only just fits
@@ -69,12 +71,12 @@ class Ranking:
         out = []
         for config in trusted:
             obs = self.by_config[config]
-            ok = [o for o in obs if o.status == "ok" and o.samples_per_s]
+            ok = [o for o in obs if o.status == "ok" and o.rate]
             if ok:
                 # the peak: the highest any of its probes reached (a run must fit all of them)
                 peaks = [o.peak_bytes for o in ok if o.peak_bytes is not None]
                 measurement = self.noise.measurement(config) if self.check_noise else Measurement.of(ok)
-                out.append(Candidate(config, measurement.samples_per_s, max(peaks) if peaks else None, len(ok),
+                out.append(Candidate(config, measurement.rate, max(peaks) if peaks else None, len(ok),
                                      any(o.tight for o in ok), measurement))
         self._measured = out
         return out
@@ -87,12 +89,12 @@ class Ranking:
                 c for c in self.measured()
                 if not any(o.too_big(self.usable) or o.failed for o in self.by_config[c.config])
             ]
-            feasible.sort(key=lambda c: -c.samples_per_s)
+            feasible.sort(key=lambda c: -c.rate)
             if feasible:
-                top = feasible[0].samples_per_s
-                ties = [c for c in feasible if c.samples_per_s >= top * (1 - TIE_TOLERANCE)]
+                top = feasible[0].rate
+                ties = [c for c in feasible if c.rate >= top * (1 - TIE_TOLERANCE)]
                 rest = [c for c in feasible if c not in ties]
-                ties.sort(key=lambda c: (c.tight, _expert_order(c.config), c.peak_bytes or 0, -c.samples_per_s))
+                ties.sort(key=lambda c: (c.tight, _expert_order(c.config), c.peak_bytes or 0, -c.rate))
                 feasible = _dominated_last(ties + rest, self.margin)
             self._ranked = feasible
         return self._ranked
@@ -142,7 +144,7 @@ def _dominated_last(ranked: list[Candidate], margin: float) -> list[Candidate]:
         moved = False
         for i, candidate in enumerate(out):
             below = [j for j, other in enumerate(out) if j > i and dominates(other.config, candidate.config)
-                     and candidate.samples_per_s <= other.samples_per_s * (1 + margin)]
+                     and candidate.rate <= other.rate * (1 + margin)]
             if below:
                 out.insert(below[-1], out.pop(i))  # just below the last config it yields to
                 moved = True

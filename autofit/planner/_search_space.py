@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autofit.config import CHECKPOINT_POLICIES, PRECISIONS, SHARDINGS, Config
+from autofit.config import CHECKPOINT_POLICIES, PRECISIONS, SAMPLES, SHARDINGS, TOKENS, Config, Rate
 from autofit.errors import UsageError
 from autofit.planner._loader_rule import LoaderChoices
 from autofit.planner._recompute import checkpoint_policy
@@ -82,6 +82,9 @@ class SearchSpace:
     """What the checkpointed levels recompute: ("full",), or with "selective" too, both are probed."""
     tokens: bool = False
     """The sizes are token caps (run.token_batches): each config's `max_tokens`, no cap on its samples."""
+    global_tokens: int | None = None
+    """By tokens: the real tokens per optimizer step, all ranks together, that the run keeps
+    (`@autofit(global_tokens=N)`, which sets the accumulation from the data); None: not held."""
 
     @classmethod
     def build(
@@ -99,10 +102,11 @@ class SearchSpace:
         checkpoint_policies: tuple[str, ...] = ("full",),
         token_range: tuple[int, int] | None = None,
         first_precision: str | None = None,
+        global_tokens: int | None = None,
     ) -> SearchSpace:
         """`token_range`: batches by tokens, the caps to climb (the batch range and global batch then
-        do not apply). `first_precision`: the precision the first strategy (the planner's pilot) runs,
-        the device's first guess; the others follow in `PRECISIONS`' order."""
+        do not apply, `global_tokens` does). `first_precision`: the precision the first strategy (the
+        planner's pilot) runs, the device's first guess; the others follow in `PRECISIONS`' order."""
         low, high = token_range or batch_range
         if token_range is not None:
             sizes, global_batch = nice_batch_sizes(low, high), None
@@ -131,6 +135,7 @@ class SearchSpace:
             checkpoint_policies=tuple(q for q in CHECKPOINT_POLICIES if q in checkpoint_policies and levels != [0])
             or ("full",),
             tokens=token_range is not None,
+            global_tokens=global_tokens if token_range is not None else None,
         )
 
     def strategies(self) -> list[Strategy]:
@@ -148,6 +153,11 @@ class SearchSpace:
                       checkpoint_segments=strategy.checkpoint_segments, accumulation_steps=accumulation,
                       sharding=strategy.sharding, compile=strategy.compile,
                       checkpoint_policy=checkpoint_policy(strategy), max_tokens=size if self.tokens else None)
+
+    @property
+    def ranked_by(self) -> Rate:
+        """The throughput its configs rank by (`Config.ranked_by`): real tokens/s by tokens, else samples/s."""
+        return TOKENS if self.tokens else SAMPLES
 
     def holds_kind(self, config: Config) -> bool:
         """`config` sized as this space's are (by tokens or by samples): only those compare with them."""
@@ -179,6 +189,7 @@ class SearchSpace:
             **({"checkpoint_policies": list(self.checkpoint_policies)}
                if self.checkpoint_policies != ("full",) else {}),
             **({"tokens": True} if self.tokens else {}),
+            **({"global_tokens": self.global_tokens} if self.global_tokens is not None else {}),
         }
 
     @classmethod
@@ -194,6 +205,7 @@ class SearchSpace:
             loader=_loader_choices(data.get("loader")),
             checkpoint_policies=tuple(data.get("checkpoint_policies", ("full",))),
             tokens=bool(data.get("tokens", False)),
+            global_tokens=data.get("global_tokens"),
         )
 
 

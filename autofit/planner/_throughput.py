@@ -1,5 +1,6 @@
-"""What the planner believes about a strategy's throughput: its own fitted curve (time per micro-batch
-= c0 + c1 x batch) where it has two measured batch sizes, else one measured point carried along the
+"""What the planner believes about a strategy's throughput (`Observation.rate`: samples/s, or real tokens/s
+by tokens, whose micro-batches hold real tokens in proportion to their cap): its own fitted curve (time per
+micro-batch = c0 + c1 x size) where it has two measured sizes, else one measured point carried along the
 most similar strategy's curve, else the strategy it only adds work to (no checkpointing, DDP, eager)
 slowed as much as that addition was seen to slow others. Used to bound what a strategy can reach."""
 
@@ -32,14 +33,14 @@ class ThroughputModels:
         return [c for c in self.ranking.measured() if not c.config.loader]
 
     def points(self, strategy: Strategy) -> list[tuple[int, float]]:
-        """(batch, samples/s) of the strategy's trusted measurements."""
+        """(size, rate) of the strategy's trusted measurements."""
         return [
-            (c.config.size, c.samples_per_s) for c in self._measured()
+            (c.config.size, c.rate) for c in self._measured()
             if self.space.strategy_of(c.config) == strategy
         ]
 
     def estimate(self, strategy: Strategy, batch: int) -> float | None:
-        """Best guess of samples/s at `batch`, or None when nothing comparable was measured.
+        """Best guess of the rate at `batch` (a size), or None when nothing comparable was measured.
 
         Own model with two sizes; with one, another strategy's curve through that point; with none,
         for checkpointing, its precision without checkpointing times the slowdown checkpointing
@@ -93,7 +94,7 @@ class ThroughputModels:
                 base = self.estimate(replace(self.space.strategy_of(c.config), checkpoint_segments=0,
                                              checkpoint_policy="full"), c.config.size)
                 if base:
-                    ratios.append(min(1.0, c.samples_per_s / base))
+                    ratios.append(min(1.0, c.rate / base))
         prior = _SELECTIVE_SLOWDOWN if strategy.checkpoint_policy == "selective" else _CHECKPOINT_SLOWDOWN
         return min(ratios) if ratios else 1 - prior * strategy.checkpoint_segments / self._max_k
 
@@ -105,5 +106,5 @@ class ThroughputModels:
                 base = self.estimate(replace(self.space.strategy_of(c.config), sharding="ddp"),
                                      c.config.size)
                 if base:
-                    ratios.append(min(1.0, c.samples_per_s / base))
+                    ratios.append(min(1.0, c.rate / base))
         return min(ratios) if ratios else 1.0

@@ -30,6 +30,8 @@ class ProbeResult:
     config: Config
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
+    """Real (non-padding) tokens trained per second, where the function's batches count them (run.batches
+    with token batches, or its `tokens=`); all ranks of a distributed probe."""
     step_time_median_s: float | None = None
     step_time_iqr_s: float | None = None
     warmup_steps: int = 0
@@ -77,6 +79,12 @@ class ProbeResult:
         return self.status == "ok"
 
     @property
+    def rate(self) -> float | None:
+        """The throughput a search ranks this probe by (`Config.ranked_by`): samples/s, or by tokens
+        real tokens/s (None where the function's batches did not count them)."""
+        return getattr(self, self.config.ranked_by.name)
+
+    @property
     def only_just_fits(self) -> bool:
         """It ran, but the allocator had to free its cache and retry allocations to stay under the
         cap (CUDA's num_alloc_retries): at the edge of memory, and slower for it."""
@@ -107,14 +115,17 @@ class ProbeResult:
         return cls(**kwargs)
 
     def summary(self) -> str:
-        """One line for logs: 'ok  bf16 b=64  812.3 samples/s  peak 1.21 GiB'."""
+        """One line for logs: 'ok  bf16 b=64  812.3 samples/s  peak 1.21 GiB' (by tokens the rate ranked,
+        real tokens/s, first: 'ok  bf16 max_tokens=4096  51,234 real tokens/s (201.3 samples/s) ...')."""
         from autofit.units import format_flops, format_size
 
         line = f"{self.status:<8} {self.config.label():<24}"
-        if self.samples_per_s is not None:
+        if self.config.max_tokens is not None and self.tokens_per_s:  # batches by tokens: the real ones
+            line += f" {self.tokens_per_s:10,.0f} real tokens/s"
+            if self.samples_per_s is not None:
+                line += f" ({self.samples_per_s:,.1f} samples/s)"
+        elif self.samples_per_s is not None:
             line += f" {self.samples_per_s:10.1f} samples/s"
-            if self.config.max_tokens is not None and self.tokens_per_s:  # batches by tokens: the real ones
-                line += f" ({self.tokens_per_s:,.0f} real tokens/s)"
         if self.peak_bytes is not None:
             line += f"  peak {format_size(self.peak_bytes)}"
         if self.memory_limit is not None:

@@ -4,7 +4,7 @@ figures of a study; the self-contained HTML report. Nothing here decides anythin
 from __future__ import annotations
 
 from autofit.report._estimate_text import describe_fits, describe_known_parts, fits_json, known_parts_json
-from autofit.report._probe_text import describe_probe
+from autofit.report._probe_text import describe_probe, rate_text
 from autofit.report._search_text import describe_search
 from autofit.report._study_text import describe_study, describe_trial, select_probes, studies_table
 
@@ -17,6 +17,7 @@ __all__ = [
     "describe_trial",
     "fits_json",
     "known_parts_json",
+    "rate_text",
     "select_probes",
     "studies_table",
     "write_report",

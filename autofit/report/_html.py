@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING
 
 from autofit.errors import NoFeasibleConfig
 from autofit.probing import input_bound_text
-from autofit.report._probe_text import confirmation_words, work_text
+from autofit.report._probe_text import confirmation_words, rate_text, work_text
 from autofit.study import redacted
 from autofit.units import format_duration, format_size
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from autofit.config import Rate
     from autofit.findings import StoredStudy
 
 #: (PNG stem, section title, how to read it); the stems are those of autofit.report._plots.study_figures.
@@ -84,7 +85,7 @@ def render_report(stored: StoredStudy, pngs: dict[str, bytes]) -> str:
 
         measured = document["measured"]
         lines = [f"<b>Winner: {e(Config.from_dict(document['config']).label())}</b>, "
-                 f"{measured['samples_per_s']:,.1f} samples/s, peak {e(format_size(measured['peak_bytes']))} of "
+                 f"{e(rate_text(measured))}, peak {e(format_size(measured['peak_bytes']))} of "
                  f"{e(format_size(stored.usable_bytes))} usable"
                  f" ({e(confirmation_words(measured))})."]
         if measured.get("flops_per_s"):
@@ -102,7 +103,7 @@ def render_report(stored: StoredStudy, pngs: dict[str, bytes]) -> str:
         parts.append(f"<img alt=\"{e(title)}\" src=\"{data_uri(pngs[stem])}\">")
         parts.append(f"<p class=\"muted\">{e(how)}</p>")
     parts.append("<h2 id=\"probes\">All probes</h2>")
-    parts.append(_probes_table(frame, document))
+    parts.append(_probes_table(frame, document, stored.ranked_by))
     from autofit._version import __version__
 
     parts.append(f"<p class=\"muted\">Written by autofit {e(__version__)} on "
@@ -135,20 +136,20 @@ def _ranking_table(stored: StoredStudy) -> str:
     ranked = stored.ranked()
     if not ranked:
         return "<p>No feasible config.</p>"
-    head = ("<table><tr><th>rank</th><th class=\"l\">config</th><th>samples/s</th><th>vs winner</th>"
+    head = (f"<table><tr><th>rank</th><th class=\"l\">config</th><th>{stored.ranked_by.unit}</th><th>vs winner</th>"
             "<th>peak</th><th>% of usable</th><th>probes</th></tr>")
     rows = []
     for i, c in enumerate(ranked[:6]):
         peak = c.peak_bytes or 0
         css = ' class="best"' if i == 0 else ""
         rows.append(f"<tr{css}><td>{i + 1}</td>"
-                    f"<td class=\"l\">{html.escape(c.config.label())}</td><td>{c.samples_per_s:,.1f}</td>"
-                    f"<td>{c.samples_per_s / ranked[0].samples_per_s:.0%}</td><td>{format_size(c.peak_bytes)}</td>"
+                    f"<td class=\"l\">{html.escape(c.config.label())}</td><td>{c.rate:,.1f}</td>"
+                    f"<td>{c.rate / ranked[0].rate:.0%}</td><td>{format_size(c.peak_bytes)}</td>"
                     f"<td>{100 * peak / stored.usable_bytes:.0f}%</td><td>{c.probes}</td></tr>")
     return head + "".join(rows) + "</table>"
 
 
-def _probes_table(frame: pd.DataFrame, document: dict | None) -> str:
+def _probes_table(frame: pd.DataFrame, document: dict | None, ranked_by: Rate) -> str:
     from autofit.report._plots import config_labels
 
     e = html.escape
@@ -159,11 +160,12 @@ def _probes_table(frame: pd.DataFrame, document: dict | None) -> str:
         winner = Config.from_dict(document["config"]).label()
     frame = frame.assign(config=config_labels(frame)).sort_values("trial")
     head = ("<table><tr><th>trial</th><th class=\"l\">phase</th><th class=\"l\">config</th><th class=\"l\">status</th>"
-            "<th>samples/s</th><th>peak</th><th>% of limit</th><th>wall</th><th class=\"l\">error</th></tr>")
+            f"<th>{ranked_by.unit}</th><th>peak</th><th>% of limit</th><th>wall</th><th class=\"l\">error</th></tr>")
     rows = []
     for r in frame.itertuples(index=False):
         css = ' class="best"' if r.config == winner else ' class="bad"' if r.status != "ok" or not r.feasible else ""
-        rate = "-" if _missing(r.samples_per_s) else f"{r.samples_per_s:,.1f}"
+        value = getattr(r, ranked_by.name)
+        rate = "-" if _missing(value) else f"{value:,.1f}"
         peak = "-" if _missing(r.peak_bytes) or r.status == "oom" else format_size(r.peak_bytes)
         share = "-" if _missing(r.peak_fraction) or r.status == "oom" else f"{100 * r.peak_fraction:.0f}%"
         error = "" if _missing(r.error) or r.status == "ok" else str(r.error)[:120]

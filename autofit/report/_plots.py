@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autofit.config import PRECISIONS
+from autofit.config import PRECISIONS, SAMPLES
 from autofit.errors import UsageError
 
 if TYPE_CHECKING:
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from autofit.config import Rate
     from autofit.findings import StoredStudy
     from autofit.planner import Candidate, Line
 
@@ -103,22 +104,25 @@ def _memory_unit(memory_limit: float) -> tuple[float, str]:
     return (2**30, "GiB") if memory_limit >= 2 * 2**30 else (2**20, "MiB")
 
 
-def throughput_figure(frame: pd.DataFrame, global_batch: int | None = None, winner: str | None = None) -> Figure:
-    """Samples/s against batch size, one line per strategy; OOMs as crosses on the axis."""
+def throughput_figure(frame: pd.DataFrame, global_batch: int | None = None, winner: str | None = None,
+                      ranked_by: Rate = SAMPLES) -> Figure:
+    """The study's rate (samples/s, or real tokens/s by tokens) against batch size, one line per strategy;
+    OOMs as crosses on the axis."""
     fig = _figure()
     ax = fig.add_subplot()
+    rate = ranked_by.name
     frame = frame.assign(strategy=strategy_labels(frame, global_batch))
     colors = strategy_colors(frame["strategy"])
-    top = float(frame["samples_per_s"].max()) if frame["samples_per_s"].notna().any() else 1.0
+    top = float(frame[rate].max()) if frame[rate].notna().any() else 1.0
     for label, group in frame.groupby("strategy", sort=False):
         color = colors[str(label)]
         ran = group[group["status"] == "ok"]
         if len(ran):
-            medians = ran.groupby("batch_size")["samples_per_s"].median().sort_index()
+            medians = ran.groupby("batch_size")[rate].median().sort_index()
             ax.plot(medians.index, medians.values, "-o", color=color, alpha=0.6, ms=4, label=str(label))
             fits, over = ran[ran["feasible"].fillna(False)], ran[~ran["feasible"].fillna(False)]
-            ax.plot(fits["batch_size"], fits["samples_per_s"], "o", color=color, ms=6)
-            ax.plot(over["batch_size"], over["samples_per_s"], "o", mfc="white", mec=color, ms=6)
+            ax.plot(fits["batch_size"], fits[rate], "o", color=color, ms=6)
+            ax.plot(over["batch_size"], over[rate], "o", mfc="white", mec=color, ms=6)
         ooms = group[group["status"] == "oom"]
         if len(ooms):
             ax.plot(ooms["batch_size"], [0] * len(ooms), "x", color=color, ms=9, mew=2.2, clip_on=False,
@@ -127,14 +131,14 @@ def throughput_figure(frame: pd.DataFrame, global_batch: int | None = None, winn
     if winner is not None:
         best = frame[(config_labels(frame) == winner) & (frame["status"] == "ok")]
         if len(best):
-            y = float(best["samples_per_s"].median())
+            y = float(best[rate].median())
             b = int(best["batch_size"].iloc[0])
             ax.plot([b], [y], "*", color="gold", mec="black", ms=17, zorder=5)
             ax.annotate(f"best: {winner}", (b, y), xytext=(-14, 14), textcoords="offset points", ha="right",
                         fontsize=9, fontweight="bold", bbox={"boxstyle": "round", "fc": "white", "ec": "0.7"})
     _batch_axis(ax, frame["batch_size"])
     ax.set_ylim(0, top * 1.18)
-    ax.set_ylabel("throughput (samples/s)")
+    ax.set_ylabel(f"throughput ({ranked_by.unit})")
     ax.set_title("Throughput against batch size, per strategy")
     ax.grid(alpha=0.3)
     _legend(ax)
@@ -198,15 +202,17 @@ def memory_figure(frame: pd.DataFrame, memory_limit: float, usable_bytes: float,
     return fig
 
 
-def progress_figure(frame: pd.DataFrame, progress: pd.DataFrame) -> Figure:
-    """Each probe's throughput at the probe-seconds when it ended, and the best feasible so far."""
+def progress_figure(frame: pd.DataFrame, progress: pd.DataFrame, ranked_by: Rate = SAMPLES) -> Figure:
+    """Each probe's throughput (the study's rate) at the probe-seconds when it ended, and the best feasible
+    so far."""
+    rate = ranked_by.name
     fig = _figure()
     ax = fig.add_subplot()
     ordered = frame.sort_values("trial").assign(probe_seconds=lambda f: f["wall_s"].cumsum())
     for phase, color in PHASE_COLORS.items():
         rows = ordered[(ordered["phase"] == phase) & (ordered["status"] == "ok")]
         if len(rows):
-            ax.plot(rows["probe_seconds"], rows["samples_per_s"], "o", color=color, ms=5, alpha=0.8,
+            ax.plot(rows["probe_seconds"], rows[rate], "o", color=color, ms=5, alpha=0.8,
                     label=f"{phase} probe")
     ooms = ordered[ordered["status"] != "ok"]
     if len(ooms):
@@ -214,21 +220,21 @@ def progress_figure(frame: pd.DataFrame, progress: pd.DataFrame) -> Figure:
                 label="out of memory / failed")
     if len(progress):
         xs = [0.0, *progress["probe_seconds"]]
-        ys = [float("nan"), *progress["best_samples_per_s"]]
+        ys = [float("nan"), *progress["best_rate"]]
         ax.step(xs, ys, where="post", color="black", lw=2, label="best feasible so far")
-        last = progress.dropna(subset=["best_samples_per_s"])
+        last = progress.dropna(subset=["best_rate"])
         if len(last):
             end = last.iloc[-1]
             found = last[last["best"] == end["best"]].iloc[0]
             late = found["probe_seconds"] > 0.6 * float(ordered["wall_s"].sum())  # keep the text inside
             ax.annotate(f"{end['best']}\nfound after {found['probe_seconds']:.0f} s", (found["probe_seconds"],
-                        found["best_samples_per_s"]), xytext=(-8 if late else 8, -28), textcoords="offset points",
+                        found["best_rate"]), xytext=(-8 if late else 8, -28), textcoords="offset points",
                         ha="right" if late else "left", fontsize=9)
-    top = float(ordered["samples_per_s"].max()) if ordered["samples_per_s"].notna().any() else 1.0
+    top = float(ordered[rate].max()) if ordered[rate].notna().any() else 1.0
     ax.set_ylim(0, top * 1.15)
     ax.set_xlim(0, max(1.0, float(ordered["wall_s"].sum())) * 1.03)
     ax.set_xlabel("probe-seconds spent (cumulative wall time of the probes)")
-    ax.set_ylabel("throughput (samples/s)")
+    ax.set_ylabel(f"throughput ({ranked_by.unit})")
     ax.set_title("Search progress: best feasible throughput so far")
     ax.grid(alpha=0.3)
     _legend(ax)
@@ -241,20 +247,21 @@ def ranking_figure(ranked: list[Candidate], usable_bytes: float, count: int = 6)
     ax = fig.add_subplot()
     shown = ranked[:count][::-1]
     labels = [c.config.label() for c in shown]
-    rates = [c.samples_per_s for c in shown]
+    rates = [c.rate for c in shown]
     colors = ["#bbbbbb"] * (len(shown) - 1) + ["#2ca02c"] if shown else []
     ax.barh(labels, rates, color=colors)
     top = max(rates, default=1.0)
     unit, name = _memory_unit(usable_bytes)
     for i, c in enumerate(shown):
         peak = f"{c.peak_bytes / unit:,.0f} {name}" if c.peak_bytes else "-"
-        share = f"{c.samples_per_s / ranked[0].samples_per_s:.0%}"
-        ax.text(c.samples_per_s + top * 0.01, i, f"{c.samples_per_s:,.1f}/s ({share}), peak {peak}",
+        share = f"{c.rate / ranked[0].rate:.0%}"
+        ax.text(c.rate + top * 0.01, i, f"{c.rate:,.1f}/s ({share}), peak {peak}",
                 va="center", fontsize=8)
     if not shown:
         ax.text(0.5, 0.5, "no feasible config", transform=ax.transAxes, ha="center", color="0.5")
     ax.set_xlim(0, top * 1.45)
-    ax.set_xlabel("throughput (samples/s, median over the config's probes)")
+    unit = ranked[0].config.ranked_by.unit if ranked else "samples/s"
+    ax.set_xlabel(f"throughput ({unit}, median over the config's probes)")
     ax.set_title("The winner (green) and its runner-ups")
     ax.grid(axis="x", alpha=0.3)
     return fig
@@ -301,9 +308,10 @@ def study_figures(stored: StoredStudy) -> dict[str, Figure]:
     best = stored.best()
     models = {s.label(): line for s, line in stored.memory_models().items()}
     return {
-        "throughput": throughput_figure(frame, global_batch, winner=best.label() if best else None),
+        "throughput": throughput_figure(frame, global_batch, winner=best.label() if best else None,
+                                        ranked_by=stored.ranked_by),
         "memory": memory_figure(frame, stored.memory_limit, stored.usable_bytes, models, global_batch),
-        "progress": progress_figure(frame, stored.progress()),
+        "progress": progress_figure(frame, stored.progress(), stored.ranked_by),
         "ranking": ranking_figure(stored.ranked(), stored.usable_bytes),
         "memory_parts": memory_parts_figure(stored),
     }

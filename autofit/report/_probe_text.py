@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from autofit.config import TOKENS
 from autofit.probing import ProbeResult, input_bound_text
 from autofit.units import format_flops, format_size
 
@@ -10,8 +11,9 @@ def describe_probe(result: ProbeResult, header: str | None = None) -> str:
     rows: list[tuple[str, str]] = [("status", result.status), ("config", result.config.label())]
     if result.samples_per_s is not None:
         rate = f"{result.samples_per_s:,.1f} samples/s"
-        if result.tokens_per_s:
-            rate += f", {result.tokens_per_s:,.0f} tokens/s"
+        if result.tokens_per_s:  # by tokens the rate a search ranks by, first
+            tokens = f"{result.tokens_per_s:,.0f} real tokens/s"
+            rate = f"{tokens} ({rate})" if result.config.ranked_by == TOKENS else f"{rate}, {tokens}"
         rows.append(("throughput", rate))
     if result.step_time_median_s is not None:
         rows.append((
@@ -66,6 +68,15 @@ def work_text(flops_per_s: float | None, mfu: float | None, joules_per_sample: f
     if joules_per_sample is not None:
         parts.append(f"{joules_per_sample:.3g} J/sample")
     return ", ".join(parts)
+
+
+def rate_text(measured: dict) -> str:
+    """The headline rate of a best-config file's `measured`, the one the search ranked by first:
+    '265.6 samples/s', or by tokens '51,234 real (non-padding) tokens/s (201.3 samples/s)'."""
+    if measured.get("ranked_by") != TOKENS.name:  # files written before `ranked_by`: by samples
+        return f"{measured['samples_per_s']:,.1f} samples/s"
+    samples = f" ({measured['samples_per_s']:,.1f} samples/s)" if measured.get("samples_per_s") else ""
+    return f"{measured['tokens_per_s']:,.0f} real (non-padding) tokens/s{samples}"
 
 
 def confirmation_words(measured: dict) -> str:

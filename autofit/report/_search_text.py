@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from autofit.config import TOKENS
 from autofit.probing import input_bound_text
+from autofit.report._probe_text import rate_text
 from autofit.units import format_duration, format_size
 
 
@@ -15,13 +17,13 @@ def describe_search(result) -> str:
         lines.append("no config fits yet; run the same command to continue")
         return "\n".join(lines)
     lines.append("")
-    lines.append(f"{'':2}{'config':<28}{'samples/s':>12}{'peak':>12}{'probes':>8}")
+    lines.append(f"{'':2}{'config':<28}{result.best.ranked_by.unit:>12}{'peak':>12}{'probes':>8}")
     for i, c in enumerate(result.ranked[:5]):
         mark = "* " if i == 0 else "  "
-        lines.append(f"{mark}{c.config.label():<28}{c.samples_per_s:>12,.1f}{format_size(c.peak_bytes):>12}{c.probes:>8}")
-    tokens = (result.document or {}).get("measured", {}).get("tokens_per_s")
-    if result.best.max_tokens is not None and tokens:
-        lines.append(f"{'':2}batches by tokens: {result.best.label()} trains {tokens:,.0f} real (non-padding) tokens/s")
+        lines.append(f"{mark}{c.config.label():<28}{c.rate:>12,.1f}{format_size(c.peak_bytes):>12}{c.probes:>8}")
+    measured = (result.document or {}).get("measured")
+    if result.best.ranked_by == TOKENS and measured:  # ranked by real tokens/s: say so, and the samples/s
+        lines.append(f"{'':2}batches by tokens, ranked by real tokens/s: {result.best.label()} trains {rate_text(measured)}")
     lines.append("")
     waited = input_bound_text((result.document or {}).get("measured", {}).get("data_wait_share"))
     if waited:

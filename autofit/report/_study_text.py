@@ -7,27 +7,30 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from autofit.config import RATES, SAMPLES, Rate
 from autofit.errors import NoFeasibleConfig, UsageError
 from autofit.probing import STATUSES, input_bound_text
 from autofit.report._memory_text import describe_memory
-from autofit.report._probe_text import confirmation_words, describe_probe, work_text
+from autofit.report._probe_text import confirmation_words, describe_probe, rate_text, work_text
 from autofit.study import COLUMNS, redacted
 from autofit.units import format_duration, format_size
 
 if TYPE_CHECKING:
     from autofit.findings import StoredStudy
 
-#: Friendly --sort names for frame columns. Throughput sorts highest first, the rest lowest first.
-SORT_ALIASES = {"throughput": "samples_per_s", "peak": "peak_bytes", "memory": "peak_bytes",
-                "wall": "wall_s", "batch": "batch_size", "time": "started"}
+#: Friendly --sort names for frame columns ("throughput": the study's rate, see `select_probes`). The rates
+#: sort highest first, the rest lowest first.
+SORT_ALIASES = {"peak": "peak_bytes", "memory": "peak_bytes", "wall": "wall_s", "batch": "batch_size", "time": "started"}
 SORT_NAMES = ("throughput", "trial", "peak", "wall", "batch", "status", "phase", "precision")
 TAIL_LINES = 40
 
 
 def select_probes(frame: pd.DataFrame, sort: str = "throughput", reverse: bool = False,
-                  status: tuple[str, ...] = (), phase: tuple[str, ...] = (), top: int | None = None) -> pd.DataFrame:
-    """Filter then sort then cut: the rows `autofit show` prints."""
-    column = SORT_ALIASES.get(sort, sort)
+                  status: tuple[str, ...] = (), phase: tuple[str, ...] = (), top: int | None = None,
+                  ranked_by: Rate = SAMPLES) -> pd.DataFrame:
+    """Filter then sort then cut: the rows `autofit show` prints; "throughput" is the study's rate
+    (`StoredStudy.ranked_by`: samples/s, or real tokens/s by tokens)."""
+    column = ranked_by.name if sort == "throughput" else SORT_ALIASES.get(sort, sort)
     if column not in COLUMNS:
         raise UsageError(f"--sort must be one of {', '.join(SORT_NAMES)} (or a column of the probes frame), "
                          f"but got {sort!r}.")
@@ -35,7 +38,7 @@ def select_probes(frame: pd.DataFrame, sort: str = "throughput", reverse: bool =
         frame = frame[frame["status"].isin(status)]
     if phase:
         frame = frame[frame["phase"].isin(phase)]
-    descending = column == "samples_per_s"
+    descending = column in (r.name for r in RATES)
     frame = frame.sort_values([column, "trial"], ascending=[descending == reverse, True], na_position="last",
                               kind="stable")
     return frame.head(top) if top is not None else frame
@@ -45,16 +48,18 @@ def _na(value: Any) -> bool:
     return value is None or bool(pd.isna(value))
 
 
-def probes_table(frame: pd.DataFrame, winner_label: str | None = None) -> str:
-    """The table: config, status, throughput, peak memory, % of limit, wall time (and an error)."""
-    head = f"{'':2}{'trial':>5}  {'phase':<9} {'config':<24} {'status':<9}{'samples/s':>10}{'peak':>14}" \
+def probes_table(frame: pd.DataFrame, winner_label: str | None = None, ranked_by: Rate = SAMPLES) -> str:
+    """The table: config, status, throughput (the study's rate), peak memory, % of limit, wall time (and
+    an error)."""
+    head = f"{'':2}{'trial':>5}  {'phase':<9} {'config':<24} {'status':<9}{ranked_by.unit:>10}{'peak':>14}" \
            f"{'% limit':>9}{'wall':>8}"
     lines = [head]
     for row in frame.itertuples(index=False):
         label = _label(row)
         over = row.status == "ok" and not row.feasible
         mark = "* " if label == winner_label else "! " if over else "  "
-        rate = "-" if _na(row.samples_per_s) else f"{row.samples_per_s:,.1f}"
+        value = getattr(row, ranked_by.name)
+        rate = "-" if _na(value) else f"{value:,.1f}"
         if row.status == "oom":
             peak = "> " + format_size(row.limit_bytes) if not _na(row.limit_bytes) else "-"
             share = "> 100%"
@@ -99,7 +104,7 @@ def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame
     except NoFeasibleConfig:
         document = None
     winner = _doc_label(document) if document else None
-    lines.append(probes_table(shown, winner) if len(shown) else "(no probe matches the filters)")
+    lines.append(probes_table(shown, winner, stored.ranked_by) if len(shown) else "(no probe matches the filters)")
     lines.append("")
     if document is None:
         lines.append("best: none yet: no probe fits under the usable memory")
@@ -108,11 +113,9 @@ def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame
     confirmed = confirmation_words(measured)
     if measured.get("rate_from") == "confirmation":
         confirmed += ", whose figure this is"
-    lines.append(f"best: {winner}  {measured['samples_per_s']:,.1f} samples/s, peak "
+    lines.append(f"best: {winner}  {rate_text(measured)}, peak "
                  f"{format_size(measured['peak_bytes'])} of {format_size(stored.usable_bytes)} usable "
                  f"({measured['probes']} probe{'s' if measured['probes'] != 1 else ''}, {confirmed})")
-    if document["config"].get("max_tokens") and measured.get("tokens_per_s"):
-        lines.append(f"batches by tokens: {measured['tokens_per_s']:,.0f} real (non-padding) tokens/s")
     if measured.get("flops_per_s"):
         lines.append(f"work: {work_text(measured['flops_per_s'], measured.get('mfu'), measured.get('joules_per_sample'))}")
     if waited := input_bound_text(measured.get("data_wait_share")):
@@ -169,10 +172,10 @@ def studies_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "(no studies)"
     width = max(len("study"), *(len(r["study"]) for r in rows))
-    lines = [f"{'study':<{width}}  {'device':<22}{'limit':>12}{'probes':>8}  {'best':<24}{'samples/s':>11}"]
+    lines = [f"{'study':<{width}}  {'device':<22}{'limit':>12}{'probes':>8}  {'best':<28}{'throughput':>20}"]
     for r in rows:
         limit = format_size(r["limit_bytes"]) if r["limit_bytes"] else "-"
-        rate = f"{r['samples_per_s']:,.1f}" if r["samples_per_s"] else "-"
+        rate = f"{r['rate']:,.1f} {r['rate_unit']}" if r["rate"] else "-"
         lines.append(f"{r['study']:<{width}}  {(r['device'] or '-')[:21]:<22}{limit:>12}{r['probes']:>8}  "
-                     f"{r['best'] or '-':<24}{rate:>11}")
+                     f"{r['best'] or '-':<28}{rate:>20}")
     return "\n".join(lines)

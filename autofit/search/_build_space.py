@@ -56,7 +56,8 @@ def build_space(settings: SearchSettings, options: SearchOptions, info: WorkerIn
                              checkpoint_blocks=blocks, use_checkpoint=options.checkpoint,
                              global_batch=global_batch, accumulations=accumulations, shardings=shardings,
                              compiles=compiles, loader=loader_choices(settings, knobs),
-                             checkpoint_policies=options.checkpoint_policy or CHECKPOINT_POLICIES)
+                             checkpoint_policies=options.checkpoint_policy or CHECKPOINT_POLICIES,
+                             global_tokens=options.global_tokens)
 
 
 def first_precision(info: WorkerInfo, wanted: tuple[str, ...]) -> str | None:

@@ -62,9 +62,9 @@ class Reporter:
             self.counts["oom"] += 1
         elif not result.ok and result.error_type not in DATA_BOUND_ERRORS:  # a data ceiling is no failure
             self.counts["failed"] += 1
-        elif result.samples_per_s and (self.best is None or result.samples_per_s > self.best[0]):
-            self.best = (result.samples_per_s, result.config.label())
-        best = f"best {self.best[1]} {self.best[0]:,.1f}/s" if self.best else "no fit yet"
+        elif result.rate and (self.best is None or result.rate > self.best[0]):
+            self.best = (result.rate, f"{result.config.label()} {result.rate:,.1f} {result.config.ranked_by.unit}")
+        best = f"best {self.best[1]}" if self.best else "no fit yet"
         self._line(
             f"[{self.counts['probes']:>3} probes, {self.counts['oom']} too big, {self.counts['failed']} failed, "
             f"{self._left()} left, {best}] trial {number}{f' ({where})' if where else ''}: {result.summary()}"
@@ -93,7 +93,7 @@ class LiveReporter(Reporter):
         left = max(0.0, self.search.budget.left())
         filled = int(self._BAR * (1 - left / total)) if total else self._BAR
         bar = "#" * filled + "-" * (self._BAR - filled)
-        best = f"best {self.best[1]} {self.best[0]:,.1f}/s" if self.best else "no fit yet"
+        best = f"best {self.best[1]}" if self.best else "no fit yet"
         running = f"probing {self._running} ({time.monotonic() - self._since:.0f}s)" if self._running else "planning"
         c = self.counts
         return (f"[{bar}] {format_duration(left)} left | {c['probes']} probes, {c['oom']} too big, "

@@ -83,5 +83,5 @@ def record_probe(study: optuna.Study, trial: optuna.Trial, result: ProbeResult, 
         else:
             violation = float(result.peak_bytes or 0) - usable_bytes
         trial.set_constraint("memory", violation)
-        return study.tell(trial, result.samples_per_s or 0.0)
+        return study.tell(trial, result.rate or 0.0)
     return study.tell(trial, state=TrialState.FAIL)

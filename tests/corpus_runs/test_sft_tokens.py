@@ -23,7 +23,7 @@ def test_a_search_exports_max_tokens_and_a_normal_epoch_runs_under_the_limit(tmp
     searched = autofit_cli("search", SCRIPT, "--device", "cpu", "--memory-limit", "768MiB", "--precision", "fp32",
                            "--trials", "5", "--budget", "3m", cwd=tmp_path, timeout=900)
     assert searched.returncode == 0, searched.stderr[-3000:]
-    assert "tokens=" in searched.stderr  # the probes were sized by tokens
+    assert "max_tokens=" in searched.stderr  # the probes were sized by tokens
     assert "real (non-padding) tokens/s" in searched.stdout + searched.stderr
     best = tmp_path / "studies" / "sft_tokens.train.cpu.best.json"
     document = json.loads(best.read_text())

@@ -286,7 +286,7 @@ def test_a_batch_the_data_cannot_feed_stops_the_climb_without_blaming_the_precis
     planner = Planner(space, 100 * 2**30)
 
     def ok(b, precision="fp32"):
-        return Observation(Config(b, precision), "ok", peak_bytes=2**30 + b * 2**20, samples_per_s=10.0 * b)
+        return Observation(Config(b, precision), "ok", peak_bytes=2**30 + b * 2**20, rate=10.0 * b)
 
     seen = [ok(4), ok(64), ok(256), Observation(Config(1024), "error", data_bound=True),
             Observation(Config(1024, "bf16"), "error", data_bound=True)]
@@ -310,7 +310,7 @@ def test_contenders_are_remeasured_as_ranked_before_and_the_first_is_confirmed_o
     planner = Planner(SearchSpace.build(batch_range=(1, 64), precisions=("fp32",)), 2**30, check_noise=False)
 
     def probe(batch, rate, phase="explore"):
-        return Observation(Config(batch), "ok", peak_bytes=2**20 * batch, samples_per_s=rate, phase=phase)
+        return Observation(Config(batch), "ok", peak_bytes=2**20 * batch, rate=rate, phase=phase)
 
     seen = [probe(64, 100.0), probe(48, 97.0), probe(32, 96.0), probe(24, 95.5), probe(16, 90.0)]
     assert planner.contenders(seen) == [Config(64), Config(48), Config(32)]

@@ -29,7 +29,7 @@ def _landscape(fsdp_speed: float):
             return Observation(config, "oom")
         rate = 1000.0 * config.batch_size / (config.batch_size + 32)
         return Observation(config, "ok", peak_bytes=int(peak),
-                           samples_per_s=rate * (fsdp_speed if config.sharding != "ddp" else 1.0))
+                           rate=rate * (fsdp_speed if config.sharding != "ddp" else 1.0))
     return probe
 
 
@@ -63,7 +63,7 @@ def test_a_sharding_slower_everywhere_gets_few_probes_and_ddp_wins():
 def test_a_sharding_that_fails_without_running_is_dropped_after_one_failure():
     space = SearchSpace.build(batch_range=(1, MAX_BATCH), precisions=("fp32",), shardings=("ddp", "fsdp"))
     planner = Planner(space, USABLE, check_noise=False)
-    seen = [Observation(Config(4), "ok", peak_bytes=GiB + 4 * MiB, samples_per_s=4.0),
+    seen = [Observation(Config(4), "ok", peak_bytes=GiB + 4 * MiB, rate=4.0),
             Observation(Config(16, sharding="fsdp"), "error")]
     proposed = 0
     for _ in range(20):
@@ -72,7 +72,7 @@ def test_a_sharding_that_fails_without_running_is_dropped_after_one_failure():
             break
         assert config.sharding == "ddp"
         proposed += 1
-        seen.append(Observation(config, "ok", peak_bytes=GiB + config.batch_size * MiB, samples_per_s=float(config.batch_size)))
+        seen.append(Observation(config, "ok", peak_bytes=GiB + config.batch_size * MiB, rate=float(config.batch_size)))
     assert proposed >= 5  # the planner went on with DDP, and never came back to fsdp
 
 

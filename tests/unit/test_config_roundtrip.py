@@ -60,6 +60,20 @@ def test_a_distributed_file_states_the_true_global_batch_and_the_per_rank_micro_
     assert one["global_batch"] == 32 and "ranks" not in one and "sharding" not in one
 
 
+def test_a_token_config_s_file_states_its_tokens_per_step_and_no_global_batch(tmp_path):
+    """By tokens `batch_size` only caps a micro-batch's samples: a global batch from it would count nothing
+    a step holds. The file says the real tokens per step the run keeps instead (None: not held)."""
+    config = Config(batch_size=2048, accumulation_steps=2, max_tokens=2048)
+    held = read_best(write_best(str(tmp_path / "held.best.json"), {
+        "config": config_entry(config, 4, global_tokens=65536), "measured": {}, "memory": {},
+        "device": {"type": "cpu", "name": "cpu"}, "versions": {}, "script": {}}))
+    entry = held.document["config"]
+    assert entry["global_batch"] is None and entry["global_tokens"] == 65536 and entry["ranks"] == 4
+    assert held.config == config
+    assert read_best(_write(tmp_path, config)).document["config"]["global_tokens"] is None
+    assert "global_tokens" not in config_entry(Config(16), 4, global_tokens=65536)
+
+
 def test_an_optuna_trial(config):
     params = config_params(config)
     trial = optuna.trial.create_trial(params=params, value=1.0, distributions={

@@ -50,7 +50,7 @@ def test_an_oom_implies_oom_only_where_checkpointing_needs_no_less_memory():
 def test_a_fit_implies_fits_only_where_checkpointing_needs_no_more_memory():
     space = _space()
     fit = Observation(Config(64, checkpoint_segments=2, checkpoint_policy="selective"), "ok", peak_bytes=5e8,
-                      samples_per_s=10.0)
+                      rate=10.0)
     feasible = Feasibility(space, 1e9, [fit])
     fits = {s.label() for s in space.strategies() if feasible.fit_max(s) == 64}
     assert fits == {"fp32 ckpt=2", "fp32 ckpt=4", "fp32 ckpt=2 selective", "fp32 ckpt=4 selective"}

@@ -11,7 +11,7 @@ GiB = 2**30
 
 
 def _obs(config: Config, status: str, peak: int | None = None) -> Observation:
-    return Observation(config, status, peak_bytes=peak, samples_per_s=100.0 if status == "ok" else None)
+    return Observation(config, status, peak_bytes=peak, rate=100.0 if status == "ok" else None)
 
 
 def test_an_oom_with_accumulation_rules_out_nothing_without_it():
@@ -59,15 +59,15 @@ def test_every_precision_is_probed_once_the_pilot_climbed_and_the_faster_explore
     space = SearchSpace.build(batch_range=(8, 512), precisions=("fp32", "bf16"))
     planner = Planner(space, 64 * 2**30, check_noise=False)
     pilot = planner.next([])
-    seen = [Observation(pilot, "ok", peak_bytes=2**30, samples_per_s=100.0, wall_s=1.0, phase="explore")]
+    seen = [Observation(pilot, "ok", peak_bytes=2**30, rate=100.0, wall_s=1.0, phase="explore")]
     climb = planner.next(seen)
     assert (pilot.precision, climb.precision) == ("fp32", "fp32") and climb.batch_size > pilot.batch_size
-    seen.append(Observation(climb, "ok", peak_bytes=2 * 2**30, samples_per_s=200.0, wall_s=1.0, phase="explore"))
+    seen.append(Observation(climb, "ok", peak_bytes=2 * 2**30, rate=200.0, wall_s=1.0, phase="explore"))
     second = planner.next(seen)
     assert (second.precision, second.batch_size) == ("bf16", climb.batch_size)
-    seen.append(Observation(second, "ok", peak_bytes=2**30, samples_per_s=600.0, wall_s=1.0, phase="explore"))
+    seen.append(Observation(second, "ok", peak_bytes=2**30, rate=600.0, wall_s=1.0, phase="explore"))
     assert planner.next(seen).precision == "bf16"  # measured 3x faster: its larger batches first
-    seen[-1] = Observation(second, "ok", peak_bytes=2**30, samples_per_s=60.0, wall_s=1.0, phase="explore")
+    seen[-1] = Observation(second, "ok", peak_bytes=2**30, rate=60.0, wall_s=1.0, phase="explore")
     assert planner.next(seen).precision == "fp32"
 
 
@@ -76,7 +76,7 @@ def test_a_selective_policy_that_runs_out_of_memory_is_not_abandoned():
     from autofit.planner._feasibility import Feasibility
 
     space = _selective_space()
-    seen = [Observation(Config(64), "ok", peak_bytes=2**30, samples_per_s=640.0),
+    seen = [Observation(Config(64), "ok", peak_bytes=2**30, rate=640.0),
             Observation(Config(64, checkpoint_segments=1, checkpoint_policy="selective"), "oom"),
             Observation(Config(8, checkpoint_segments=2, checkpoint_policy="selective"), "crashed")]
     assert not Feasibility(space, 8 * GiB, seen).strategy_unusable(Strategy("fp32", 4, 1, checkpoint_policy="selective"))
@@ -93,7 +93,7 @@ def test_an_oom_while_accumulating_implies_nothing_for_one_micro_batch_a_step():
     feasible = Feasibility(space, 8 * GiB, [Observation(Config(32, accumulation_steps=2), "oom")])
     assert not feasible.implied_too_big(Config(64))
     assert 64 in feasible.open_batches(strategy) and 32 not in feasible.open_batches(strategy)
-    fit = Feasibility(space, 8 * GiB, [Observation(Config(64), "ok", peak_bytes=GiB, samples_per_s=1.0)])
+    fit = Feasibility(space, 8 * GiB, [Observation(Config(64), "ok", peak_bytes=GiB, rate=1.0)])
     assert 32 in fit.open_batches(strategy)  # a fit without held gradients says nothing of accumulating
 
 
@@ -105,7 +105,7 @@ def test_accumulation_orders_memory_one_way_at_one_micro_batch():
     one, two, four = (Strategy("fp32", 0, a) for a in (1, 2, 4))
 
     def feasible(config: Config, status: str) -> Feasibility:
-        return Feasibility(space, 8 * GiB, [Observation(config, status, peak_bytes=GiB, samples_per_s=1.0)])
+        return Feasibility(space, 8 * GiB, [Observation(config, status, peak_bytes=GiB, rate=1.0)])
 
     oom_accumulating = feasible(Config(32, accumulation_steps=2), "oom")
     assert oom_accumulating.oom_min(one) is None and not oom_accumulating.implied_too_big(Config(64))

@@ -16,7 +16,7 @@ GiB = 2**30
 def ok(config: Config | int, rate: float, phase: str = "explore", trial: int | None = None,
        status: str = "ok") -> Observation:
     config = Config(config) if isinstance(config, int) else config
-    return Observation(config, status, peak_bytes=config.batch_size * 2**20, samples_per_s=rate, wall_s=1.0,
+    return Observation(config, status, peak_bytes=config.batch_size * 2**20, rate=rate, wall_s=1.0,
                        phase=phase, spread=0.02, trial=trial)
 
 
@@ -76,5 +76,5 @@ def test_an_a_b_s_rounds_count_at_their_median_however_they_spread():
             ok(64, 70.0, "confirm"), ok(32, 90.0, "confirm"), ok(64, 95.0, "confirm"),
             ok(32, 91.0, "confirm"), ok(64, 72.0, "confirm"), ok(32, 89.0, "confirm")]
     ranked = {c.config: c for c in planner.ranked(seen)}
-    assert ranked[Config(64)].samples_per_s == 72.0 and ranked[Config(64)].measurement.rule == "confirmation"
-    assert planner.best(seen) == Config(32) and ranked[Config(32)].samples_per_s == 90.0
+    assert ranked[Config(64)].rate == 72.0 and ranked[Config(64)].measurement.rule == "confirmation"
+    assert planner.best(seen) == Config(32) and ranked[Config(32)].rate == 90.0

@@ -48,10 +48,10 @@ def test_tiny_landscape_truth() -> None:
 def test_noise_is_seeded_and_repeats_differ() -> None:
     land = tiny()
     c = Config(8, "fp32")
-    a = land.probe(c, noise=1.0, seed=3, repeat=0).samples_per_s
-    assert a == land.probe(c, noise=1.0, seed=3, repeat=0).samples_per_s
-    assert a != land.probe(c, noise=1.0, seed=3, repeat=1).samples_per_s
-    assert land.probe(c, noise=0.0).samples_per_s == pytest.approx(10 * 8 / 12)
+    a = land.probe(c, noise=1.0, seed=3, repeat=0).rate
+    assert a == land.probe(c, noise=1.0, seed=3, repeat=0).rate
+    assert a != land.probe(c, noise=1.0, seed=3, repeat=1).rate
+    assert land.probe(c, noise=0.0).rate == pytest.approx(10 * 8 / 12)
 
 
 def test_grid_probes_everything_and_finds_the_best() -> None:

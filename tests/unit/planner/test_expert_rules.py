@@ -14,7 +14,7 @@ SPACE = SearchSpace.build(batch_range=(4, 64), precisions=("fp32", "bf16"), chec
 
 
 def _ok(config: Config, rate: float, peak: float = 1.0) -> Observation:
-    return Observation(config, "ok", peak_bytes=int(peak * GiB), samples_per_s=rate, spread=0.02)
+    return Observation(config, "ok", peak_bytes=int(peak * GiB), rate=rate, spread=0.02)
 
 
 def test_dominance_is_more_recompute_or_more_accumulation_at_the_same_global_batch():

@@ -13,7 +13,7 @@ GiB = 2**30
 
 
 def ok(batch: int, rate: float, precision: str = "fp32", spread: float = 0.03, phase: str = "explore") -> Observation:
-    return Observation(Config(batch, precision), "ok", peak_bytes=batch * 2**20, samples_per_s=rate,
+    return Observation(Config(batch, precision), "ok", peak_bytes=batch * 2**20, rate=rate,
                        wall_s=1.0, phase=phase, spread=spread)
 
 
@@ -84,10 +84,10 @@ def test_under_injected_interference_rechecking_finds_the_best_more_often(seed):
 def test_a_config_that_only_just_fits_loses_a_near_tie():
     """Allocator retries (CUDA num_alloc_retries) mark a config at the edge of memory."""
     planner = Planner(SPACE, 10 * GiB, check_noise=False)
-    tight = Observation(Config(32), "ok", peak_bytes=3 * GiB, samples_per_s=301, tight=True)
-    roomy = Observation(Config(24), "ok", peak_bytes=4 * GiB, samples_per_s=299)
+    tight = Observation(Config(32), "ok", peak_bytes=3 * GiB, rate=301, tight=True)
+    roomy = Observation(Config(24), "ok", peak_bytes=4 * GiB, rate=299)
     assert planner.best([tight, roomy]) == Config(24)
-    assert planner.best([tight, Observation(Config(24), "ok", peak_bytes=2 * GiB, samples_per_s=250)]) == Config(32)
+    assert planner.best([tight, Observation(Config(24), "ok", peak_bytes=2 * GiB, rate=250)]) == Config(32)
 
 
 def _contenders() -> list[Observation]:
@@ -100,7 +100,7 @@ def test_a_slower_confirmation_lowers_the_winner_s_rate():
     planner = Planner(SPACE, 10 * GiB)
     seen = _contenders() + [ok(32, 290, phase="confirm")]
     best = planner.ranked(seen)[0]
-    assert best.config == Config(32) and best.samples_per_s == 290  # the long run's figure, not 301
+    assert best.config == Config(32) and best.rate == 290  # the long run's figure, not 301
     assert best.measurement.rule == "confirmation"
     assert [o.phase for o in best.measurement.probes] == ["confirm"]
 
@@ -119,10 +119,10 @@ def test_with_two_probes_a_disagreeing_confirmation_still_counts():
     """Two disagreeing probes once rated at their maximum (and a third settled them): a long run counts."""
     planner = Planner(SPACE, 10 * GiB)
     seen = [ok(8, 100), ok(16, 200), ok(32, 300), ok(32, 240, phase="confirm")]
-    assert dict((c.config, c.samples_per_s) for c in planner.ranked(seen))[Config(32)] == 240
+    assert dict((c.config, c.rate) for c in planner.ranked(seen))[Config(32)] == 240
     assert planner.best(seen) == Config(32) and planner.recheck(seen) is None
     trusting = Planner(SPACE, 10 * GiB, check_noise=False)  # the same rule without noise checks
-    assert dict((c.config, c.samples_per_s) for c in trusting.ranked(seen))[Config(32)] == 240
+    assert dict((c.config, c.rate) for c in trusting.ranked(seen))[Config(32)] == 240
 
 
 def test_an_erratic_confirmation_counts_and_says_so():
@@ -130,7 +130,7 @@ def test_an_erratic_confirmation_counts_and_says_so():
     short probe's steps (the long run is there to find it), so the long run's figure counts."""
     planner = Planner(SPACE, 10 * GiB)
     best = planner.ranked(_contenders() + [ok(32, 295, phase="confirm", spread=0.8)])[0]
-    assert best.config == Config(32) and best.samples_per_s == 295
+    assert best.config == Config(32) and best.rate == 295
     assert best.measurement.rule == "confirmation" and best.measurement.erratic
     short = planner.ranked(_contenders() + [ok(32, 295, phase="confirm")])[0].measurement
     assert not short.erratic

@@ -33,12 +33,12 @@ def _probe(config: Config) -> Observation:
     if peak > USABLE:
         return Observation(config, "oom", wall_s=1.0)
     rate = config.batch_size / (LAUNCH_S + config.batch_size * PER_SAMPLE_S[config.precision])
-    return Observation(config, "ok", peak_bytes=int(peak), samples_per_s=rate, wall_s=1.0, spread=0.02)
+    return Observation(config, "ok", peak_bytes=int(peak), rate=rate, wall_s=1.0, spread=0.02)
 
 
 def _best(space: SearchSpace) -> Config:
     fits = [c for c in space.configs() if _peak(c) <= USABLE]
-    return max(fits, key=lambda c: _probe(c).samples_per_s)
+    return max(fits, key=lambda c: _probe(c).rate)
 
 
 def _prediction(space: SearchSpace) -> MemoryPrediction:

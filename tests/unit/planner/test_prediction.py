@@ -31,7 +31,7 @@ def _probe(config: Config) -> Observation:
     peak = _true_peak(config)
     status = "ok" if peak <= 512 * MIB else "oom"
     return Observation(config, status, int(peak) if status == "ok" else None,
-                       samples_per_s=100 * config.batch_size / (config.batch_size + 8), wall_s=1.0)
+                       rate=100 * config.batch_size / (config.batch_size + 8), wall_s=1.0)
 
 
 def _search(prediction):

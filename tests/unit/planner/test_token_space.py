@@ -12,7 +12,7 @@ SPACE = SearchSpace.build(batch_range=(1, 2**20), token_range=(300, 2**14), prec
 
 
 def _ok(config: Config, peak: float, rate: float) -> Observation:
-    return Observation(config, "ok", peak_bytes=int(peak * GiB), samples_per_s=rate, spread=0.01)
+    return Observation(config, "ok", peak_bytes=int(peak * GiB), rate=rate, spread=0.01)
 
 
 def test_the_space_climbs_token_caps_from_the_longest_sample():

@@ -272,3 +272,22 @@ def test_an_input_bound_run_says_so_in_its_report(capsys):
     report_run(run)
     said = capsys.readouterr().err
     assert "trained 1 optimizer steps with fp32 b=2" in said and "input-bound: 100% of the time waiting" in said
+
+
+def test_a_run_by_tokens_reports_its_real_tokens_per_second_first(capsys):
+    """As the search ranked it and the best-config file heads with it; a run by samples keeps samples/s first."""
+    for config, first in ((Config(64, max_tokens=64), "real tokens/s ("), (Config(8), "samples/s (")):
+        run = Run(config, warmup_steps=0)
+        run.clock.start()
+        run.step_taken(4, 200)
+        report_run(run)
+        said = capsys.readouterr().err
+        assert f"trained 1 optimizer steps with {config.label()}: " in said and first in said, said
+    assert "max_tokens=64" in Config(64, max_tokens=64).label()
+
+
+def test_a_probe_s_line_by_tokens_leads_with_real_tokens_per_second():
+    from autofit.probing import ProbeResult
+
+    line = ProbeResult(status="ok", config=Config(64, max_tokens=64), samples_per_s=40.0, tokens_per_s=8000.0).summary()
+    assert "fp32 max_tokens=64" in line and line.index("8,000 real tokens/s") < line.index("40.0 samples/s")

@@ -125,7 +125,7 @@ def test_max_tokens_is_a_positive_whole_number_that_holds_the_samples_cap():
     with pytest.raises(UsageError, match="at most the max tokens"):
         Config(128, max_tokens=64)
     config = Config(64, max_tokens=64)
-    assert (config.size, config.label()) == (64, "fp32 tokens=64")
+    assert (config.size, config.label()) == (64, "fp32 max_tokens=64")
     assert config.with_size(16) == Config(16, max_tokens=16)
     assert Config(8).with_size(4) == Config(4)
 
@@ -213,3 +213,20 @@ def test_a_probe_whose_cap_holds_the_whole_data_twice_over_is_data_bound():
                 _one_epoch(run, loader)
         else:
             _one_epoch(run, loader)
+
+
+def test_a_probe_counts_the_real_tokens_of_its_measured_steps_not_the_padding():
+    """A search by tokens ranks caps by the probe's tokens/s: the samples' own tokens (the work), not the
+    padded size (the memory)."""
+    run = Run(Config(48, max_tokens=48), "cpu", probing=True, measured_steps=1000)
+    loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate)
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    real, padded = [], []
+    for x, y in run.batches(loader):
+        real.append(int((y != PAD).sum()))
+        padded.append(x.numel())
+        run.backward(model(x[:, :1].float()).mean(), optimizer)
+    measured = slice(run.clock.warmup_steps, None)
+    assert len(real[measured]) >= 3 and run.clock.steps_measured == len(real[measured])
+    assert run.clock.measured_tokens == sum(real[measured]) < sum(padded[measured])

@@ -17,7 +17,7 @@ GiB = 2**30
 
 
 def _ok(batch: int, rate: float, phase: str = "explore") -> Observation:
-    return Observation(Config(batch), "ok", peak_bytes=batch * 2**20, samples_per_s=rate, wall_s=1.0, phase=phase,
+    return Observation(Config(batch), "ok", peak_bytes=batch * 2**20, rate=rate, wall_s=1.0, phase=phase,
                        spread=0.02)
 
 
@@ -26,8 +26,8 @@ def test_a_confirmation_slower_than_the_probes_lowers_the_winner_and_the_next_is
     # b=64 probed twice at 100 (they agree), confirmed at 85 by its long run; b=32 measured 95.
     seen = [_ok(32, 95.0), _ok(64, 100.0), _ok(64, 100.0, "remeasure"), _ok(64, 85.0, "confirm")]
     ranked = planner.ranked(seen)
-    assert ranked[0].config == Config(32) and ranked[0].samples_per_s == 95.0
-    assert next(c for c in ranked if c.config == Config(64)).samples_per_s == 85.0
+    assert ranked[0].config == Config(32) and ranked[0].rate == 95.0
+    assert next(c for c in ranked if c.config == Config(64)).rate == 85.0
     assert planner.to_confirm(seen) == Config(32)  # the new first gets its own long run
 
 
@@ -36,7 +36,7 @@ def test_three_probes_do_not_outvote_the_confirmation():
     lower used to leave the short figure in the file with confirmed: true."""
     planner = Planner(SPACE, GiB)
     seen = [_ok(64, 100.0), _ok(64, 99.0, "recheck"), _ok(64, 85.0, "confirm")]
-    assert planner.ranked(seen)[0].samples_per_s == 85.0
+    assert planner.ranked(seen)[0].rate == 85.0
 
 
 def _record(study: optuna.Study, config: Config, rate: float, tokens: float, phase: str) -> None:

@@ -111,8 +111,8 @@ def test_a_selective_policy_that_fails_for_a_reason_not_memory_is_abandoned():
     from autofit.planner import Observation, Planner
 
     planner = Planner(_selective_space(), 8 * GiB)
-    seen = [Observation(Config(8), "ok", peak_bytes=2 * GiB, samples_per_s=80.0),
-            Observation(Config(16), "ok", peak_bytes=4 * GiB, samples_per_s=160.0),
+    seen = [Observation(Config(8), "ok", peak_bytes=2 * GiB, rate=80.0),
+            Observation(Config(16), "ok", peak_bytes=4 * GiB, rate=160.0),
             Observation(Config(32), "oom"),  # checkpointing is what reaches larger batches
             Observation(Config(32, checkpoint_segments=1, checkpoint_policy="selective"), "error")]
     proposals = []
@@ -121,7 +121,7 @@ def test_a_selective_policy_that_fails_for_a_reason_not_memory_is_abandoned():
         if config.checkpoint_policy == "selective":  # it fails again, whatever the blocks or batch
             seen.append(Observation(config, "error"))
         else:
-            seen.append(Observation(config, "ok", peak_bytes=config.batch_size * GiB // 8, samples_per_s=5.0 * config.batch_size))
+            seen.append(Observation(config, "ok", peak_bytes=config.batch_size * GiB // 8, rate=5.0 * config.batch_size))
     assert any(c.checkpoint_segments for c in proposals)  # checkpointing was explored
     assert not [c for c in proposals if c.checkpoint_policy == "selective"]
 
@@ -145,7 +145,7 @@ def test_the_planner_probes_one_micro_batch_a_step_after_an_oom_while_accumulati
     from autofit.planner import Observation, Planner
 
     space = SearchSpace.build(batch_range=(4, 64), precisions=("fp32",), global_batch=64)
-    seen = [Observation(Config(8, accumulation_steps=8), "ok", peak_bytes=int(5.4 * GiB), samples_per_s=80.0),
-            Observation(Config(16, accumulation_steps=4), "ok", peak_bytes=int(5.8 * GiB), samples_per_s=150.0),
+    seen = [Observation(Config(8, accumulation_steps=8), "ok", peak_bytes=int(5.4 * GiB), rate=80.0),
+            Observation(Config(16, accumulation_steps=4), "ok", peak_bytes=int(5.8 * GiB), rate=150.0),
             Observation(Config(32, accumulation_steps=2), "oom")]
     assert Planner(space, 6.5 * GiB).next(seen) == Config(64)
