@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import datetime
 
 import optuna
 
@@ -155,14 +156,14 @@ class Session:
     def _claimed_earlier(self, number: int, config) -> bool:
         """Another process asked for the same config first (parallel workers): the lower trial
         number keeps it, so exactly one of two racing workers probes it. Optuna writes a trial's params
-        just after creating it: an earlier trial still without them is waited for (CLAIM_WAIT_S at
-        most), or both racers would keep the config."""
+        just after creating it: an earlier trial created in the last CLAIM_WAIT_S and still without
+        them is waited for, or both racers would keep the config (an older one was left by a searcher
+        that died, and its liveness check fails it)."""
         deadline = time.monotonic() + CLAIM_WAIT_S
         while True:
             earlier = [t for t in self.study.get_trials(deepcopy=False)
                        if t.number < number and not t.user_attrs.get("duplicate")]
-            if any(t.state == optuna.trial.TrialState.RUNNING and not t.params for t in earlier) \
-                    and time.monotonic() < deadline:
+            if any(_being_asked(t) for t in earlier) and time.monotonic() < deadline:
                 time.sleep(0.05)
                 continue
             return any(other.user_attrs.get("phase", "explore") == "explore" and trial_config(other) == config
@@ -191,6 +192,13 @@ class Session:
         if time.monotonic() >= self._next_liveness_check:
             fail_stale(self.study)
             self._next_liveness_check = time.monotonic() + HEARTBEAT_S
+
+
+def _being_asked(trial: optuna.trial.FrozenTrial) -> bool:
+    """Created a moment ago by a searcher that has not written its params yet."""
+    if trial.state != optuna.trial.TrialState.RUNNING or trial.params or trial.datetime_start is None:
+        return False
+    return (datetime.now() - trial.datetime_start).total_seconds() < CLAIM_WAIT_S
 
 
 def same_devices(device: str, indices: tuple[int, ...]) -> DeviceInfo:

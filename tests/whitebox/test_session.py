@@ -72,3 +72,23 @@ def test_the_confirmation_factor_comes_from_the_environment_and_bad_values_are_o
         monkeypatch.setenv("AUTOFIT_CONFIRM_FACTOR", bad)
         with pytest.raises(UsageError, match="AUTOFIT_CONFIRM_FACTOR"):
             SearchSettings(script=path)
+
+
+def test_a_param_less_trial_is_waited_for_only_while_it_is_being_asked():
+    """A searcher that died between asking and writing params left a trial nobody will complete: claims
+    do not wait on it (the liveness check fails it), only on one created a moment ago."""
+    from datetime import datetime, timedelta
+
+    import optuna
+
+    from autofit.search._session import _being_asked
+
+    def trial(started: datetime, params: dict) -> optuna.trial.FrozenTrial:
+        return optuna.trial.FrozenTrial(number=0, state=optuna.trial.TrialState.RUNNING, value=None,
+                                        datetime_start=started, datetime_complete=None, params=params,
+                                        distributions={k: optuna.distributions.IntDistribution(1, 64) for k in params},
+                                        user_attrs={}, system_attrs={}, intermediate_values={}, trial_id=0)
+
+    assert _being_asked(trial(datetime.now(), {}))
+    assert not _being_asked(trial(datetime.now() - timedelta(minutes=1), {}))
+    assert not _being_asked(trial(datetime.now(), {"batch_size": 16}))
