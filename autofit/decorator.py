@@ -134,7 +134,7 @@ class AutofitFunction:
         # The same warm-up a probe skips is left out of the run's own throughput figure.
         return Run(RunSettings(config, torch_device, probing=False, warmup_steps=_NORMAL_RUN_WARMUP,
                                defaults=plan.path is None, ranks=ranks, redo=redo,
-                               global_tokens=self.options.global_tokens))
+                               global_tokens=self.options.global_tokens, token_envelope=plan.token_envelope))
 
     def search(self, **kwargs: Any):
         """Search this function's best config from Python; see `autofit.search.run_search`."""

@@ -19,7 +19,7 @@ from autofit.probing import input_bound_text
 from autofit.redaction import redacted_args
 
 if TYPE_CHECKING:
-    from autofit.runtime import Run
+    from autofit.runtime import Run, TokenEnvelope
 
 #: Where a normal run writes its summary as JSON, when set.
 RUN_REPORT_ENV = "AUTOFIT_RUN_REPORT"
@@ -84,12 +84,15 @@ class RunPlan(NamedTuple):
     """The memory limit the config was searched under ($AUTOFIT_MEMORY_LIMIT=json applies it)."""
     searched_world: int = 1
     """Ranks each probe ran on (the config's micro-batch and accumulation are per rank)."""
+    token_envelope: TokenEnvelope | None = None
+    """The micro-batches by tokens the search's probes ran (`measured.token_envelope`): the run splits
+    one beyond them (TokenGuard)."""
 
 
 def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: str | None) -> RunPlan:
     """The config, device and message for a normal run. An explicit path or AUTOFIT_CONFIG must
     exist and be valid."""
-    from autofit.runtime import lowered_path
+    from autofit.runtime import TokenEnvelope, lowered_path
 
     explicit = path or os.environ.get("AUTOFIT_CONFIG")
     device = device or os.environ.get("AUTOFIT_DEVICE") or _default_device()
@@ -115,7 +118,7 @@ def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: st
         message += f" (unconfirmed: {why})"
     searched_memory_limit = (best.document.get("memory") or {}).get("limit_bytes")
     return RunPlan(best.config, device, message, best.path, lowered_path(best.path), searched_memory_limit,
-                   int(best.document.get("world_size") or 1))
+                   int(best.document.get("world_size") or 1), TokenEnvelope.from_dict(measured.get("token_envelope")))
 
 
 def _warn_if_stale(fn: Decorated, document: dict, device: str) -> None:
@@ -166,6 +169,14 @@ def _say_if_other_args(fn: Decorated, document: dict) -> None:
               f"({' '.join(searched) or 'none'}); the config's memory and speed may differ.", file=sys.stderr)
 
 
+def split_text(guard: int, oom: int) -> str | None:
+    """'micro-batches run in pieces: 3 beyond what the probes ran (token guard), 1 after an out-of-memory
+    (OOM fallback)'; None when neither split any."""
+    parts = [*([f"{guard} beyond what the probes ran (token guard)"] if guard else []),
+             *([f"{oom} after an out-of-memory (OOM fallback)"] if oom else [])]
+    return f"micro-batches run in pieces: {', '.join(parts)}" if parts else None
+
+
 def report_run(run: Run) -> None:
     """Say on stderr what a normal run measured, with the verdict a probe gives on its data wait;
     write its summary as JSON to $AUTOFIT_RUN_REPORT if set (the main rank only, in a distributed run)."""
@@ -187,6 +198,8 @@ def report_run(run: Run) -> None:
         print(f"{trained}: too few to time after {run.clock.warmup_steps} warm-up steps", file=sys.stderr)
     if run.token_loader is not None:
         print(f"autofit: token batches: {run.token_loader.stats().describe()}", file=sys.stderr)
+    if split := split_text(summary["guard_split_batches"], summary["oom_split_batches"]):
+        print(f"autofit: {split}", file=sys.stderr)
     path = os.environ.get(RUN_REPORT_ENV)
     if path:
         with open(path, "w") as handle:

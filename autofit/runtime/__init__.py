@@ -12,6 +12,7 @@ from autofit.runtime._batch import batch_len, batch_tensors, count_samples, map_
 from autofit.runtime._checkpoint import checkpoint_policy_of
 from autofit.runtime._clock import ProbeFinished, StepClock
 from autofit.runtime._distributed import Ranks, leave_process_group, per_rank_config, ranks_from_env
+from autofit.runtime._envelope import TokenEnvelope, TokenGuard
 from autofit.runtime._feed import DataTooSmall
 from autofit.runtime._knobs import Knobs
 from autofit.runtime._memory_cap import MEMORY_LIMIT_ENV, describe_memory_limit, memory_limit_from_env
@@ -57,6 +58,8 @@ __all__ = [
     "StepRedo",
     "TokenBatchSampler",
     "TokenBatchStats",
+    "TokenEnvelope",
+    "TokenGuard",
     "announce",
     "batch_len",
     "batch_tensors",

@@ -1,5 +1,6 @@
-"""`StepFeed`: the optimizer steps a run's own loop builds, micro-batch by micro-batch, and the step
-fed again after an out-of-memory."""
+"""`StepFeed`: the optimizer steps a run's own loop builds, micro-batch by micro-batch, a micro-batch by
+tokens beyond the probes' envelope run in pieces (TokenGuard), and the step fed again after an
+out-of-memory."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import torch
 
 from autofit.config import Config
 from autofit.errors import UsageError
-from autofit.runtime._batch import count_samples, split_batch, to_device
+from autofit.runtime._batch import count_samples, to_device
 from autofit.runtime._clock import StepClock
 from autofit.runtime._dataloader import count_prefetch_as_warmup
+from autofit.runtime._envelope import TokenEnvelope, TokenGuard
 from autofit.runtime._knobs import KnobPanel, Knobs
+from autofit.runtime._micro import MicroBatch
 from autofit.runtime._precision import make_grad_scaler
 from autofit.runtime._redo import LoopRedo, Lowering, drop_graph
 from autofit.runtime._tokens import TokenLoader
@@ -49,6 +52,7 @@ class DataTooSmall(RuntimeError):
 
 
 _END = object()  # the data ran out
+_REAL_TOKENS = object()  # count each micro-batch's real tokens (run.token_batches' lengths)
 
 
 class StepFeed:
@@ -56,16 +60,22 @@ class StepFeed:
     scaling, the optimizer step at each step's end), and a step that ran out of memory fed again at
     the lowered micro-batch (`LoopRedo` decides). The run's config, clock and step count are the run's."""
 
-    def __init__(self, run: FedRun, clock: StepClock, panel: KnobPanel, redo: LoopRedo) -> None:
+    def __init__(self, run: FedRun, clock: StepClock, panel: KnobPanel, redo: LoopRedo,
+                 envelope: TokenEnvelope | None = None) -> None:
         self._run, self._clock, self._panel, self._redo = run, clock, panel, redo
         self.scaler = make_grad_scaler(run.config.precision, run.device)
         self._micro_batches = 0  # handed out by batches()
-        self.micro_in_step = 0  # of the optimizer step being fed
+        self.micro_in_step = 0  # of the optimizer step being fed (a micro-batch run in pieces counts once)
+        self.handed_in_step = 0  # batches handed out in the optimizer step being fed (each piece counts)
+        self._last_piece = True  # the batch handed out last ends its micro-batch (it was not cut by the guard)
+        self._piece_share = 1.0  # of its micro-batch's real tokens (samples where unknown)
         self._backwards_in_step = 0  # run.backward() calls in the optimizer step being fed
         self._step_samples = 0
         self._step_tokens = 0
         self._micro_tokens = 0  # of the micro-batch handed out last (the one whose loss comes next)
         self._token_cap: int | None = None  # of the TokenLoader being fed (run.token_batches)
+        self.guard = TokenGuard(envelope)
+        """Splits a micro-batch by tokens beyond `envelope`, what the search's probes ran (a normal run's)."""
         self.weight_by_tokens = False
         """Each micro-batch's loss counts by its tokens (`run.batches(..., weight_by_tokens=True)`)."""
         self._optimizer: torch.optim.Optimizer | None = None
@@ -79,14 +89,9 @@ class StepFeed:
     def batches(self, iterable: Iterable[Any], tokens: int | Callable[[Any], int] | None,
                 weight_by_tokens: bool = False) -> Iterator[Any]:
         """Yield micro-batches moved to the device; count samples, tokens and optimizer steps."""
-        self._token_cap = iterable.batch_sampler.max_tokens if isinstance(iterable, TokenLoader) else None
-        if tokens is None and isinstance(iterable, TokenLoader):  # run.token_batches(): its real tokens
-            tokens = _loader_tokens(iterable)
-            weight_by_tokens = weight_by_tokens or iterable.weight_by_tokens
-        if weight_by_tokens and tokens is None:
-            raise UsageError("run.batches(..., weight_by_tokens=True) needs tokens= (per sample, or a function "
-                             "of the batch): the weights are each micro-batch's tokens.")
-        self.weight_by_tokens = weight_by_tokens
+        loader = iterable if isinstance(iterable, TokenLoader) else None
+        self._token_cap = loader.batch_sampler.max_tokens if loader is not None else None
+        tokens, self.weight_by_tokens = _token_count(loader, tokens, weight_by_tokens)
         run = self._run
         if not run.knobs.batches:
             self._panel.training_data(iterable)
@@ -94,44 +99,40 @@ class StepFeed:
         run.knobs.batches = True
         with run.data_context():
             source = iter(iterable)
-        pending: deque = deque()  # micro-batches taken from the data and not yet handed out
-        this_step: list = []  # micro-batches of the step being fed (kept only to redo it after an OOM)
+        pending: deque[MicroBatch] = deque()  # micro-batches taken from the data and not yet handed out
+        this_step: list[MicroBatch] = []  # micro-batches of the step being fed (kept only to redo it after an OOM)
         yielded, largest = 0, 0
-        while True:
-            if self._redo.redoing:  # the step ran out of memory: feed it again, cut to the new micro-batch
-                pending = self._begin_redo([*this_step, *pending])
-                this_step = []
-            if not pending:
-                batch = self._fetch(source)
-                if batch is _END:
-                    break
-                largest = max(largest, count_samples(batch))
-                # After a lowering the loader still gives the batch it was built with: cut it.
-                pending.extend(split_batch(batch, self._piece(batch)) if run.lowerings else (batch,))
-            batch = pending.popleft()
-            yielded += 1
-            if self._hand_out(batch, tokens):
-                this_step = []
-            if self._redo.recovering:
-                this_step.append(batch)
-            yield to_device(batch, run.device)
+        try:
+            while True:
+                if self._redo.redoing:  # the step ran out of memory: feed it again, cut to the new micro-batch
+                    pending = self._begin_redo([*this_step, *pending])
+                    this_step = []
+                if not pending:
+                    batch = self._fetch(source)
+                    if batch is _END:
+                        break
+                    largest = max(largest, count_samples(batch))
+                    fed = MicroBatch.of_tokens(batch, loader.batch_lengths) if loader is not None else MicroBatch(batch)
+                    # After a lowering the loader still gives the batch it was built with: cut it.
+                    pending.extend(self._cut(fed) if run.lowerings else (fed,))
+                fed = pending.popleft()
+                pieces = self.guard.pieces(fed, may_split=self._panel.may_split_alone())
+                for index, piece in enumerate(pieces):
+                    if index and self._redo.redoing:
+                        break  # an earlier piece ran out of memory: its step is fed again
+                    yielded += 1
+                    if self._hand_out(piece, tokens, fed, first=index == 0, last=index == len(pieces) - 1):
+                        this_step = []
+                    if index == 0 and self._redo.recovering:
+                        this_step.append(fed)
+                    if len(pieces) > 1:  # DDP: only a micro-batch's last piece synchronises the gradients
+                        self._panel.gradient_sync(index == len(pieces) - 1)
+                    yield to_device(piece.batch, run.device)
+        finally:
+            self._panel.gradient_sync(True)
         self.finish()  # the data ran out: the last step's work is done
-        if run.probing and not yielded:
-            # A loader with drop_last yields nothing for a batch larger than the dataset: a probe
-            # looping over epochs would spin forever.
-            raise DataTooSmall(
-                f"The data yields no batch of {run.config.batch_size}: the batch is larger than the "
-                f"data can feed (a DataLoader with drop_last=True over fewer samples, say).")
-        if run.probing and _capped_by_the_data(iterable, run.config.batch_size, largest) and not run.lowerings:
-            # The loader's batches hold the whole data and no more: a larger micro-batch would run the
-            # same batches, and be exported as a batch the user's run never takes.
-            raise DataTooSmall(
-                f"A pass over the data gives batches of {largest} samples at most, fewer than the micro-batch "
-                f"of {run.config.batch_size}: the data is the ceiling (a larger micro-batch runs the same batches).")
-        if run.probing and isinstance(iterable, TokenLoader) and iterable.capped_by_the_data() and not run.lowerings:
-            raise DataTooSmall(f"A pass over the data is one batch of {iterable.stats().padded_tokens} padded tokens, "
-                               f"half the cap of {iterable.batch_sampler.max_tokens} at most: the data is the ceiling "
-                               f"(a smaller cap runs the same batch).")
+        if run.probing:
+            _check_the_pass(run, iterable, yielded, largest)
 
     def _fetch(self, source: Iterator[Any]) -> Any:
         """The next batch from the user's data (`_END` at its end), its wait on the clock."""
@@ -145,28 +146,33 @@ class StepFeed:
         except StopIteration:
             return _END
 
-    def _hand_out(self, batch: Any, tokens: int | Callable[[Any], int] | None) -> bool:
-        """Count `batch` into the step being fed; True when it begins a new optimizer step."""
+    def _hand_out(self, piece: MicroBatch, tokens: Any, whole: MicroBatch, *, first: bool, last: bool) -> bool:
+        """Count `piece` of the micro-batch `whole` (itself when not cut by the guard) into the step
+        being fed; True when it begins a new optimizer step."""
         closed = False
-        if self._micro_batches == 0:
-            self._clock.start()  # the first step begins
-        elif self.micro_in_step >= self._run.config.accumulation_steps and self._step_samples:
-            self._finish_step()  # (not already closed at the end of the data)
-            closed = True
+        if first:  # the pieces of one micro-batch are one micro-step of the accumulation
+            if self._micro_batches == 0:
+                self._clock.start()  # the first step begins
+            elif self.micro_in_step >= self._run.config.accumulation_steps and self._step_samples:
+                self._finish_step()  # (not already closed at the end of the data)
+                closed = True
+            self.micro_in_step += 1
         self._micro_batches += 1
-        self.micro_in_step += 1
-        self._step_samples += count_samples(batch)
-        self._micro_tokens = _count_tokens(batch, tokens)
+        self.handed_in_step += 1
+        self._step_samples += piece.samples
+        self._micro_tokens = _count_tokens(piece, tokens)
         self._step_tokens += self._micro_tokens
+        self._last_piece, self._piece_share = last, piece.share_of(whole)
+        if piece.real_tokens is not None and piece.width:  # what ran: a probe's envelope
+            self._run.knobs.ran_tokens(piece.samples, piece.width)
         return closed
 
-    def _piece(self, batch: Any) -> int:
-        """Samples per piece of a batch after a lowering: the micro-batch, or for batches by tokens as
-        many fewer samples as the cap is lower than the loader's."""
-        config = self._run.config
-        if config.max_tokens is None or self._token_cap is None:
-            return config.batch_size
-        return max(1, count_samples(batch) * config.max_tokens // self._token_cap)
+    def _cut(self, fed: MicroBatch) -> list[MicroBatch]:
+        """`fed` cut to the micro-batch an OOM lowered the run to (counted where it is cut)."""
+        pieces = fed.cut(_lowered_piece(fed.samples, self._run.config, self._token_cap))
+        if len(pieces) > 1:
+            self._redo.redo.split_batches += 1
+        return pieces
 
     def _drain_prefetch(self, iterable: Iterable[Any]) -> None:
         """Count the optimizer steps that empty the loader's prefetch queue as warm-up too."""
@@ -180,7 +186,7 @@ class StepFeed:
     def _finish_step(self) -> None:
         samples, tokens = self._step_samples, self._step_tokens
         self._step_samples = self._step_tokens = 0
-        self.micro_in_step = 0
+        self.micro_in_step = self.handed_in_step = 0
         self._run.step_taken(samples, tokens)
 
     # --- the losses -----------------------------------------------------------------------------
@@ -207,11 +213,13 @@ class StepFeed:
     def _accumulate(self, loss: torch.Tensor) -> None:
         # By tokens: the loss (a mean over its micro-batch's tokens) times its tokens, and the step's
         # gradients divided by all of its tokens before the optimizer steps (`_by_the_steps_tokens`):
-        # one big batch's token mean, however the tokens fall into micro-batches.
-        scaled = loss * self._micro_tokens if self.weight_by_tokens else loss / self._run.config.accumulation_steps
+        # one big batch's token mean, however the tokens fall into micro-batches. A piece the guard cut
+        # (a mean over its own tokens) counts by its share of its micro-batch's tokens.
+        accumulation = self._run.config.accumulation_steps
+        scaled = loss * self._micro_tokens if self.weight_by_tokens else loss * self._piece_share / accumulation
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
-        last = self._backwards_in_step + 1 >= self._run.config.accumulation_steps
+        last = self._last_piece and self._backwards_in_step + 1 >= accumulation
         if self._panel.sharded is not None:  # FSDP2: reduce-scatter the gradients once per step
             self._panel.sharded.set_requires_gradient_sync(last)
         if self._panel.data_parallel is not None and not last:
@@ -220,7 +228,8 @@ class StepFeed:
         else:
             scaled.backward()
         del scaled
-        self._backwards_in_step += 1
+        if self._last_piece:
+            self._backwards_in_step += 1
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer, clip_grad_norm: float | None) -> None:
         if self.weight_by_tokens:
@@ -279,14 +288,15 @@ class StepFeed:
             self.scaler = torch.amp.GradScaler(run.device.type, init_scale=self.scaler.get_scale())
         return True
 
-    def _begin_redo(self, micro_batches: list) -> deque:
+    def _begin_redo(self, micro_batches: list[MicroBatch]) -> deque[MicroBatch]:
         """Forget the failed step (its gradients, its counters, the memory it held); its micro-batches
         and those not yet handed out, cut to the lowered micro-batch."""
         self._redo.redoing = False
-        pending = deque(piece for item in micro_batches for piece in split_batch(item, self._piece(item)))
+        pending = deque(piece for item in micro_batches for piece in self._cut(item))
         if self._optimizer is not None:
             self._optimizer.zero_grad(set_to_none=True)
-        self.micro_in_step = self._backwards_in_step = 0
+        self.micro_in_step = self.handed_in_step = self._backwards_in_step = 0
+        self._last_piece, self._piece_share = True, 1.0
         self._step_samples = self._step_tokens = 0
         self._redo.redo.free()
         return pending
@@ -312,6 +322,34 @@ class OomGuard:
                 and self._feed.caught(exc, self._where))
 
 
+def _check_the_pass(run: FedRun, iterable: Iterable[Any], yielded: int, largest: int) -> None:
+    """A probe's pass over the data that no larger config could change: DataTooSmall."""
+    if not yielded:
+        # A loader with drop_last yields nothing for a batch larger than the dataset: a probe
+        # looping over epochs would spin forever.
+        raise DataTooSmall(
+            f"The data yields no batch of {run.config.batch_size}: the batch is larger than the "
+            f"data can feed (a DataLoader with drop_last=True over fewer samples, say).")
+    if _capped_by_the_data(iterable, run.config.batch_size, largest) and not run.lowerings:
+        # The loader's batches hold the whole data and no more: a larger micro-batch would run the
+        # same batches, and be exported as a batch the user's run never takes.
+        raise DataTooSmall(
+            f"A pass over the data gives batches of {largest} samples at most, fewer than the micro-batch "
+            f"of {run.config.batch_size}: the data is the ceiling (a larger micro-batch runs the same batches).")
+    if isinstance(iterable, TokenLoader) and iterable.capped_by_the_data() and not run.lowerings:
+        raise DataTooSmall(f"A pass over the data is one batch of {iterable.stats().padded_tokens} padded tokens, "
+                           f"half the cap of {iterable.batch_sampler.max_tokens} at most: the data is the ceiling "
+                           f"(a smaller cap runs the same batch).")
+
+
+def _lowered_piece(samples: int, config: Config, token_cap: int | None) -> int:
+    """Samples per piece of a batch of `samples` after a lowering: the micro-batch, or for batches by tokens
+    as many fewer samples as the cap is lower than the loader's."""
+    if config.max_tokens is None or token_cap is None:
+        return config.batch_size
+    return max(1, samples * config.max_tokens // token_cap)
+
+
 def _capped_by_the_data(iterable: Any, batch_size: int, largest: int) -> bool:
     """A DataLoader built with this micro-batch whose whole pass held less than one batch (with
     drop_last False it yields the whole data as one short batch)."""
@@ -319,14 +357,24 @@ def _capped_by_the_data(iterable: Any, batch_size: int, largest: int) -> bool:
             and 0 < largest < batch_size)
 
 
-def _loader_tokens(loader: TokenLoader) -> Callable[[Any], int]:
-    """The real tokens of the loader's batch; of a piece cut from it after a lowering, its share by samples."""
-    return lambda batch: round(loader.real_tokens * count_samples(batch) / max(1, loader.real_samples))
+def _token_count(loader: TokenLoader | None, tokens: Any, weight_by_tokens: bool) -> tuple[Any, bool]:
+    """How `run.batches` counts tokens, and whether it weighs each micro-batch's loss by them: a
+    TokenLoader's real tokens unless told otherwise (weighted under `global_tokens`)."""
+    if tokens is None and loader is not None:
+        tokens, weight_by_tokens = _REAL_TOKENS, weight_by_tokens or loader.weight_by_tokens
+    if weight_by_tokens and tokens is None:
+        raise UsageError("run.batches(..., weight_by_tokens=True) needs tokens= (per sample, or a function "
+                         "of the batch): the weights are each micro-batch's tokens.")
+    return tokens, weight_by_tokens
 
 
-def _count_tokens(batch: Any, tokens: int | Callable[[Any], int] | None) -> int:
+def _count_tokens(fed: MicroBatch, tokens: Any) -> int:
+    """The tokens of a micro-batch: its real ones (run.token_batches), the function's count of them, or
+    `tokens` per sample."""
     if tokens is None:
         return 0
+    if tokens is _REAL_TOKENS:
+        return fed.real_tokens or 0
     if callable(tokens):
-        return int(tokens(batch))
-    return int(tokens) * count_samples(batch)
+        return int(tokens(fed.batch))
+    return int(tokens) * count_samples(fed.batch)

@@ -15,6 +15,7 @@ from autofit.config import Config
 from autofit.runtime._checkpoint import apply_checkpoint, remove_checkpoint
 from autofit.runtime._dataloader import build_loader
 from autofit.runtime._distributed import Ranks
+from autofit.runtime._envelope import TokenEnvelope
 from autofit.runtime._tokens import TokenLoader, build_token_loader
 
 
@@ -33,6 +34,12 @@ class Knobs:
     followed: bool = False  # the function's own loop steps its optimizer: followed through step hooks
     # run.token_batches(): batches by tokens, its longest sample's length (the search climbs max_tokens from it)
     longest_sample: int | None = None
+    # the micro-batches by tokens that ran through run.batches (a probe's: the best-config file's envelope)
+    token_envelope: TokenEnvelope | None = None
+
+    def ran_tokens(self, samples: int, longest: int) -> None:
+        """A micro-batch of `samples` samples padded to `longest` tokens ran: widen `token_envelope`."""
+        self.token_envelope = TokenEnvelope.of_batch(samples, longest).widened(self.token_envelope)
 
     def to_dict(self) -> dict:
         return {
@@ -45,6 +52,7 @@ class Knobs:
             "shard_blocks": self.shard_blocks,
             **({"followed": True} if self.followed else {}),
             **({"longest_sample": self.longest_sample} if self.longest_sample is not None else {}),
+            **({"token_envelope": self.token_envelope.to_dict()} if self.token_envelope is not None else {}),
         }
 
 
@@ -126,6 +134,19 @@ class KnobPanel:
             self.training_loader = loader
         self._declared_workers[loader] = 0
         return loader
+
+    def may_split_alone(self) -> bool:
+        """Whether this rank may run more forward passes in a micro-step than the others (the token
+        guard's pieces): alone, or under the DDP built here, whose pieces but the last run under its
+        no_sync (`gradient_sync`), so that each rank synchronises once per micro-batch as before. FSDP2
+        gathers the parameters from all ranks in every forward, and a model wrapped elsewhere is unknown."""
+        return self._ranks.world_size <= 1 or (self.data_parallel is not None and self.sharded is None)
+
+    def gradient_sync(self, on: bool) -> None:
+        """DDP's `no_sync` from one hand-out of a micro-batch to the next (the forward and backward between):
+        off for a piece that is not its micro-batch's last."""
+        if self.data_parallel is not None:
+            self.data_parallel.require_backward_grad_sync = on
 
     def training_data(self, iterable: Any) -> None:
         """The steps take their batches from `iterable`: a loader built here declared the training workers."""

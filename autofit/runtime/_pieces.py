@@ -75,6 +75,7 @@ class PieceReplay:
         parts = split_batch(batch, self._run.batch_size)
         if len(parts) == 1:
             return [(batch, 1.0)]
+        self._run.redo.split_batches += 1
         total = count_samples(batch)
         return [(part, count_samples(part) / total) for part in parts]
 

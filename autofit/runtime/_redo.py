@@ -120,6 +120,8 @@ class StepRedo:
         self.enabled = enabled
         """False in a probe (an OOM is its answer) and where recovery is turned off."""
         self.lowerings: list[Lowering] = []
+        self.split_batches = 0
+        """Micro-batches cut into pieces of a lowered micro-batch (a run's loop, a framework's step)."""
         self._release_memory = release_memory or (lambda: None)
         self._used_memory = used_memory
 

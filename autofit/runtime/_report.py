@@ -15,10 +15,12 @@ from autofit.runtime._tokens import TokenLoader
 
 
 def run_summary(config: Config, device: torch.device, clock: StepClock, ranks: Ranks,
-                lowerings: list[Lowering], token_loader: TokenLoader | None = None) -> dict[str, Any]:
+                lowerings: list[Lowering], token_loader: TokenLoader | None = None, *,
+                guard_split_batches: int = 0, oom_split_batches: int = 0) -> dict[str, Any]:
     """The run's config, its steps and what the measured ones did (all ranks together), the configs it
-    lowered to after an OOM, and for batches by tokens their padding share (`tokens_per_s` counts the
-    real ones)."""
+    lowered to after an OOM, for batches by tokens their padding share (`tokens_per_s` counts the real
+    ones), and the micro-batches run in pieces: beyond the probes' envelope (the token guard), and cut
+    to a micro-batch an OOM lowered the run to (this rank's)."""
     times, samples, tokens = clock.measured()
     seconds = clock.measured_time_s
     return {
@@ -37,5 +39,7 @@ def run_summary(config: Config, device: torch.device, clock: StepClock, ranks: R
         "data_wait_share": clock.data_wait_share,
         "recent_step_times_s": [round(t, 6) for t in times],
         "lowerings": [item.to_dict() for item in lowerings],
+        "guard_split_batches": guard_split_batches,
+        "oom_split_batches": oom_split_batches,
         **({"padding_share": token_loader.stats().padding_share} if token_loader is not None else {}),
     }

@@ -64,7 +64,7 @@ class Run(RunView, RunData):
             used_memory=settings.used_memory)
         self._redo = LoopRedo(redo, probing=settings.probing)
         self._panel = KnobPanel(self._device, self.ranks, probing=settings.probing)
-        self._feed = StepFeed(self, self.clock, self._panel, self._redo)
+        self._feed = StepFeed(self, self.clock, self._panel, self._redo, settings.token_envelope)
         self.notes: list[str] = []
         """What the run changed in how it measures (a probe's result carries them)."""
         self.data_context: Callable[[], Any] = contextlib.nullcontext
@@ -126,11 +126,12 @@ class Run(RunView, RunData):
 
     @property
     def micro_step(self) -> int:
-        """Index of the micro-batch just handed out within its optimizer step (0 = a step begins).
+        """Index of the micro-batch just handed out within its optimizer step (0 = a step begins; each
+        piece of a micro-batch the token guard split counts, so it is 0 once per step).
 
         A step redone after an out-of-memory begins again at 0 with the same data: reset whatever
         you sum per step (losses, counts) when this is 0, and nothing is counted twice."""
-        return max(0, self._feed.micro_in_step - 1)
+        return max(0, self._feed.handed_in_step - 1)
 
     @property
     def checked_losses(self) -> int:
@@ -265,4 +266,6 @@ class Run(RunView, RunData):
 
     def summary(self) -> dict[str, Any]:
         """What this run measured after its warm-up steps: the real run's figures, next to a probe's."""
-        return run_summary(self.config, self._device, self.clock, self.ranks, self.lowerings, self.token_loader)
+        return run_summary(self.config, self._device, self.clock, self.ranks, self.lowerings, self.token_loader,
+                           guard_split_batches=self._feed.guard.split_batches,
+                           oom_split_batches=self.redo.split_batches)

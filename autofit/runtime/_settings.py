@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     import torch
 
     from autofit.runtime._distributed import Ranks
+    from autofit.runtime._envelope import TokenEnvelope
     from autofit.runtime._redo import StepRedo
 
 
@@ -54,3 +55,6 @@ class RunSettings:
     (run.token_batches) accumulate as many micro-batches as hold about that many."""
     energy: Callable[[], float | None] | None = None
     """The device's energy counter in joules, read where measuring starts and ends; None on a CPU."""
+    token_envelope: TokenEnvelope | None = None
+    """The micro-batches by tokens the search's probes ran (the best-config file's): a normal run splits
+    one beyond them before it runs (TokenGuard); None: no check."""

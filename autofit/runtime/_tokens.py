@@ -131,24 +131,30 @@ class TokenBatchSampler(Sampler[list[int]]):
 
 
 class TokenLoader(TimedDataLoader):
-    """The DataLoader `run.token_batches()` builds: its `batch_sampler` a TokenBatchSampler, and the real
-    (non-padding) tokens of the batch it yielded last in `real_tokens`, which `run.batches` counts
-    (and weighs each micro-batch's loss by, under `global_tokens`).
+    """The DataLoader `run.token_batches()` builds: its `batch_sampler` a TokenBatchSampler, and the lengths
+    of the samples of the batch it yielded last in `batch_lengths`, in the batch's order (a collate_fn
+    keeps its samples' order): `run.batches` counts their real (non-padding) tokens (and weighs each
+    micro-batch's loss by them, under `global_tokens`), and checks the batch against the probes'
+    envelope (TokenGuard).
 
     A DataLoader yields its sampler's batches in order (workers or not), and the sampler's order is a
     function of (seed, epoch, skip): walking it again beside the loader pairs each batch with its indices."""
 
     batch_sampler: TokenBatchSampler
-    real_tokens: int = 0
-    real_samples: int = 0
+    batch_lengths: tuple[int, ...] = ()
     weight_by_tokens: bool = False
     """Set under `global_tokens`: run.batches weighs each micro-batch's loss by its real tokens."""
 
     def __iter__(self):
         lengths = self.batch_sampler.lengths
         for indices, batch in zip(list(self.batch_sampler), super().__iter__(), strict=False):
-            self.real_tokens, self.real_samples = sum(lengths[i] for i in indices), len(indices)
+            self.batch_lengths = tuple(lengths[i] for i in indices)
             yield batch
+
+    @property
+    def real_tokens(self) -> int:
+        """The real (non-padding) tokens of the batch yielded last."""
+        return sum(self.batch_lengths)
 
     def set_epoch(self, epoch: int) -> None:
         """Each epoch its own order: call it at each epoch's start (as a DistributedSampler's)."""

@@ -31,6 +31,9 @@ def test_a_search_exports_max_tokens_and_a_normal_epoch_runs_under_the_limit(tmp
     assert config.max_tokens is not None and config.max_tokens >= 256  # at least the longest sample
     assert document["config"]["max_tokens"] == config.max_tokens
     assert document["measured"]["peak_bytes"] <= document["memory"]["usable_bytes"]
+    envelope = document["measured"]["token_envelope"]  # what the winner's probes ran: the longest batch first
+    assert envelope["longest_sample"] == 256 and envelope["padded_tokens"] <= config.max_tokens
+    assert envelope["padded_squares"] >= (config.max_tokens // 256) * 256**2
 
     environment = {key: value for key, value in os.environ.items() if key != "AUTOFIT_CONFIG"}
     ran = subprocess.run([sys.executable, SCRIPT], cwd=tmp_path, capture_output=True, text=True, timeout=900,
@@ -44,6 +47,9 @@ def test_a_search_exports_max_tokens_and_a_normal_epoch_runs_under_the_limit(tmp
     report = json.loads((tmp_path / "run.json").read_text())
     assert report["config"]["max_tokens"] == config.max_tokens and not report["lowerings"]
     assert 0 < report["padding_share"] < 0.5 and report["tokens_per_s"]
+    # the same data as the probes': no batch lies beyond their envelope
+    assert (report["guard_split_batches"], report["oom_split_batches"]) == (0, 0)
+    assert "micro-batches run in pieces" not in ran.stderr
 
 
 @pytest.mark.slow
@@ -53,6 +59,7 @@ def test_a_probe_by_tokens_reports_the_longest_sample_and_real_tokens(tmp_path):
     assert probed.returncode == 0, probed.stderr[-3000:]
     result = json.loads(probed.stdout)["result"]
     assert result["config"]["max_tokens"] == 2048 and result["knobs"]["longest_sample"] == 256
+    assert result["knobs"]["token_envelope"]["longest_sample"] == 256  # the batch that holds it ran first
     assert 0 < result["tokens_per_s"] and result["samples_per_s"] < result["tokens_per_s"]
     refused = autofit_cli("probe", SCRIPT, "--device", "cpu", "--batch-size", "4096", "--max-tokens", "2048",
                           cwd=tmp_path)

@@ -1,0 +1,76 @@
+"""The micro-batches by tokens the probes ran travel to the run that trusts them: a probe's record, the
+stored study, the best-config file's `measured.token_envelope` (its winner's probes only, each measure's
+largest), and the settings of the normal run that reads the file."""
+
+from __future__ import annotations
+
+import optuna
+
+from autofit import Config
+from autofit.decorator import AutofitFunction
+from autofit.export import config_entry, read_best, write_best
+from autofit.findings import best_document
+from autofit.normal_run import resolve_run_config
+from autofit.options import SearchOptions
+from autofit.planner import SearchSpace
+from autofit.probing import ProbeResult
+from autofit.runtime import TokenEnvelope
+from autofit.study import config_params, distributions
+
+GiB = 2**30
+TOKENS = (64, 1024)
+SPACE = SearchSpace.build(batch_range=(1, 2**20), token_range=TOKENS, precisions=("fp32",))
+
+
+def _probe(max_tokens: int, rate: float, envelope: TokenEnvelope | None) -> ProbeResult:
+    knobs = {"longest_sample": 80, **({"token_envelope": envelope.to_dict()} if envelope else {})}
+    return ProbeResult(status="ok", config=Config(max_tokens, max_tokens=max_tokens), samples_per_s=rate,
+                       tokens_per_s=rate * 60,  # a search by tokens ranks by them
+                       peak_bytes=GiB, step_time_median_s=1.0, step_time_iqr_s=0.02, knobs=knobs)
+
+
+def _study(results: list[ProbeResult]) -> optuna.Study:
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr("autofit", {
+        "script": "train.py", "function": "train", "device_info": {"type": "cpu", "name": "cpu"},
+        "limit_bytes": 8 * GiB, "headroom": 0.1, "usable_bytes": 7 * GiB, "space": SPACE.to_dict()})
+    dists = distributions((1, 2**20), 0, 1, token_range=TOKENS)
+    for result in results:
+        stored = ProbeResult.from_dict(result.to_dict())  # as the probe's record crosses to the study
+        study.add_trial(optuna.trial.create_trial(
+            params={k: v for k, v in config_params(stored.config).items() if k in dists}, distributions=dists,
+            value=stored.samples_per_s,
+            state=optuna.trial.TrialState.COMPLETE,
+            user_attrs={"probe": stored.to_dict(), "phase": "explore", "status": stored.status}))
+    return study
+
+
+def test_the_file_holds_what_the_winners_probes_ran_each_measures_largest():
+    study = _study([_probe(256, 100.0, TokenEnvelope(80, 240, 19200)),  # another config's probe: not the winner's
+                    _probe(512, 300.0, TokenEnvelope(64, 512, 32768)),
+                    _probe(512, 306.0, TokenEnvelope(60, 480, 34560))])  # another draw of the winning cap
+    measured = best_document(study, "sqlite:///x.db", stopped="done", partial=False)["measured"]
+    assert measured["token_envelope"] == {"longest_sample": 64, "padded_tokens": 512, "padded_squares": 34560}
+
+
+def test_a_file_by_samples_holds_none():
+    study = _study([_probe(256, 100.0, None)])
+    assert "token_envelope" not in best_document(study, "sqlite:///x.db", stopped="done", partial=False)["measured"]
+
+
+def test_the_envelope_in_the_file_reaches_the_normal_runs_settings(tmp_path, monkeypatch):
+    envelope = TokenEnvelope(64, 512, 33000)
+    config = Config(512, max_tokens=512)
+    path = write_best(str(tmp_path / "train.train.best.json"), {
+        "config": config_entry(config), "measured": {"token_envelope": envelope.to_dict()}, "memory": {},
+        "device": {"type": "cpu", "name": "cpu"}, "versions": {}, "script": {}})
+    assert read_best(path).document["measured"]["token_envelope"] == envelope.to_dict()
+    monkeypatch.setenv("AUTOFIT_CONFIG", path)
+    fn = AutofitFunction(lambda run: None, SearchOptions())
+    plan = resolve_run_config(fn, None, "cpu")
+    assert plan.config == config and plan.token_envelope == envelope
+    assert fn.make_run(plan=plan).settings.token_envelope == envelope
+    without = write_best(str(tmp_path / "old.best.json"), {
+        "config": config_entry(config), "measured": {}, "memory": {}, "device": {"type": "cpu", "name": "cpu"},
+        "versions": {}, "script": {}})
+    assert resolve_run_config(fn, without, "cpu").token_envelope is None  # a file written before it: no guard
