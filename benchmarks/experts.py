@@ -46,7 +46,7 @@ SCRIPT = "benchmarks/gpu/gpt124m.py"
 #: The small GPT-2 of the CPU rows (benchmarks/finders-cpu.md uses the same).
 SMALL_GPT = {"GPT124M_SEQ": "64", "GPT124M_LAYERS": "4", "GPT124M_WIDTH": "256", "GPT124M_SAMPLES": "1024"}
 #: nanoGPT README's CPU recipe, a global batch of 48 (12 x 4 accumulation steps).
-NANOGPT_ARGS = ["--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1", "--block_size=64",
+NANOGPT_ARGS = ["--dataset=shakespeare_char", "--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1", "--block_size=64",
                 "--batch_size=12", "--gradient_accumulation_steps=4", "--n_layer=4", "--n_head=4", "--n_embd=128",
                 "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
 
