@@ -91,7 +91,8 @@ def test_a_real_confirmation_slower_than_the_probes_hands_the_win_to_the_next(tm
 
     result = run_search(SearchSettings(script=script("slower_when_long.py"), memory_limit=768 * 2**20,
                                        budget_s=300, estimate=False, out=str(tmp_path / "best.json"),
-                                       storage=f"sqlite:///{tmp_path}/s.db", study="s"))
+                                       storage=f"sqlite:///{tmp_path}/s.db", study="s",
+                                       confirm_factor=10))  # rounds past the 30 steps after which b=16 slows
     measured = read_best(result.json_path).document["measured"]
     assert result.best == Config(12)
     assert measured["confirmed"] is True and measured["rate_from"] == "confirmation"
