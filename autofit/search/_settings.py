@@ -14,6 +14,21 @@ from autofit.planner import Candidate
 from autofit.probing import probe_process_for
 from autofit.study import open_for_reading
 
+CONFIRM_FACTOR_ENV = "AUTOFIT_CONFIRM_FACTOR"
+
+
+def default_confirm_factor() -> int:
+    """AUTOFIT_CONFIRM_FACTOR where set (a shorter A/B for a tight budget, or for a test suite that checks
+    what a search decides rather than how long it measures), else 10."""
+    raw = os.environ.get(CONFIRM_FACTOR_ENV, "10")
+    try:
+        value = int(raw)
+    except ValueError:
+        raise UsageError(f"{CONFIRM_FACTOR_ENV} must be a whole number of probes, but got {raw!r}.") from None
+    if value < 1:
+        raise UsageError(f"{CONFIRM_FACTOR_ENV} must be at least 1, but got {value}.")
+    return value
+
 
 @dataclass
 class SearchSettings:
@@ -45,7 +60,7 @@ class SearchSettings:
     warmup: int = 2
     steps: int = 5
     probe_timeout: float | None = None
-    confirm_factor: int = field(default_factory=lambda: default_confirm_factor())
+    confirm_factor: int = field(default_factory=default_confirm_factor)
     """The final A/B's windows add up to this many probes' steps (AUTOFIT_CONFIRM_FACTOR, else 10)."""
     seed: int | None = 0
     recheck: bool = True
@@ -154,19 +169,3 @@ class SearchResult:
 
         study = optuna.load_study(study_name=self.study_name, storage=open_for_reading(self._url or self.storage))
         return trials_frame(study.get_trials(deepcopy=False), self.usable_bytes)
-
-
-CONFIRM_FACTOR_ENV = "AUTOFIT_CONFIRM_FACTOR"
-
-
-def default_confirm_factor() -> int:
-    """AUTOFIT_CONFIRM_FACTOR where set (a shorter A/B for a tight budget, or for a test suite that checks
-    what a search decides rather than how long it measures), else 10."""
-    raw = os.environ.get(CONFIRM_FACTOR_ENV, "10")
-    try:
-        value = int(raw)
-    except ValueError:
-        raise UsageError(f"{CONFIRM_FACTOR_ENV} must be a whole number of probes, but got {raw!r}.") from None
-    if value < 1:
-        raise UsageError(f"{CONFIRM_FACTOR_ENV} must be at least 1, but got {value}.")
-    return value

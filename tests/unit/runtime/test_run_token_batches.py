@@ -7,33 +7,7 @@ import torch
 
 from autofit import Config
 from autofit.runtime import Ranks, Run
-
-PAD = -100
-
-
-class Sequences(torch.utils.data.Dataset):
-    """Token sequences of the given lengths (inputs and next-token targets)."""
-
-    def __init__(self, lengths: list[int]) -> None:
-        generator = torch.Generator().manual_seed(0)
-        self.items = [torch.randint(0, 7, (n,), generator=generator) for n in lengths]
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        return self.items[index]
-
-
-def collate(items: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    longest = max(len(t) for t in items)
-    x = torch.zeros(len(items), longest, dtype=torch.long)
-    y = torch.full((len(items), longest), PAD)
-    for row, t in enumerate(items):
-        x[row, :len(t)] = t
-        y[row, :len(t)] = t
-    return x, y
-
+from tests.support.sequences import PAD, Sequences, collate
 
 CPU_OOM = "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 1"
 LENGTHS = [3, 40, 5, 9, 17, 2, 33, 8, 12, 6, 25, 4, 19, 7, 11, 30]

@@ -8,33 +8,12 @@ import torch
 
 from autofit import Config
 from autofit.runtime import Run, RunSettings, TokenEnvelope, TokenGuard
+from tests.support.sequences import PAD, Sequences, collate
 
-PAD = -100
 LENGTHS = [3, 40, 5, 9, 17, 2, 33, 8, 12, 6, 25, 4, 19, 7, 11, 30]
 # At a cap of 128 the batches are [40, 33, 30], [25, 19, 17, 12, 11] and the eight from 9 down: a probe
 # that never drew a sample past 25 tokens ran at most 5 x 25 padded tokens and 5 x 25² padded squares.
 ENVELOPE = TokenEnvelope(longest_sample=25, padded_tokens=125, padded_squares=3125)
-
-
-class Sequences(torch.utils.data.Dataset):
-    def __init__(self, lengths: list[int]) -> None:
-        generator = torch.Generator().manual_seed(0)
-        self.items = [torch.randint(0, 7, (n,), generator=generator) for n in lengths]
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        return self.items[index]
-
-
-def collate(items: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    longest = max(len(t) for t in items)
-    x = torch.zeros(len(items), longest, dtype=torch.long)
-    y = torch.full((len(items), longest), PAD)
-    for row, t in enumerate(items):
-        x[row, :len(t)], y[row, :len(t)] = t, t
-    return x, y
 
 
 class CausalLM(torch.nn.Module):
