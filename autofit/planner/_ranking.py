@@ -62,11 +62,12 @@ class Ranking:
         """Every config that ran its steps (inside the headroom or not), with its measured throughput.
 
         Suspect measurements (see _noise.py) are left out until a recheck resolves them, so they
-        neither win nor bound other strategies; unless nothing else was measured."""
+        neither win nor bound other strategies; unless no trusted config fits (a search whose rechecks
+        ran out on a noisy machine still exports the fastest config that fits, not "nothing fits")."""
         if self._measured is not None:
             return self._measured
         trusted = [c for c in self.by_config if not (self.check_noise and self.noise.is_unresolved(c))]
-        if not any(o.status == "ok" for c in trusted for o in self.by_config[c]):
+        if not any(self._fits(c) for c in trusted):
             trusted = list(self.by_config)
         out = []
         for config in trusted:
@@ -81,14 +82,17 @@ class Ranking:
         self._measured = out
         return out
 
+    def _fits(self, config: Config) -> bool:
+        """It ran its steps, and no probe of it crossed the headroom or failed."""
+        obs = self.by_config[config]
+        return any(o.status == "ok" and o.rate for o in obs) and not any(o.too_big(self.usable) or o.failed
+                                                                        for o in obs)
+
     def ranked(self) -> list[Candidate]:
         """Feasible configs, best first: throughput, with near-ties broken toward configs that did
         not need allocator retries, then toward lower peak."""
         if self._ranked is None:
-            feasible = [
-                c for c in self.measured()
-                if not any(o.too_big(self.usable) or o.failed for o in self.by_config[c.config])
-            ]
+            feasible = [c for c in self.measured() if self._fits(c.config)]
             feasible.sort(key=lambda c: -c.rate)
             if feasible:
                 top = feasible[0].rate

@@ -50,6 +50,18 @@ def test_a_suspect_cannot_win_until_rechecked():
     assert planner.best(rechecked) == Config(32)  # two agreeing probes: it may win now
 
 
+def test_when_only_suspects_fit_the_fastest_of_them_is_ranked_rather_than_nothing():
+    """A noisy machine's search whose rechecks ran out: the trusted configs crossed the headroom, the ones
+    that fit disagree with their repeats. It exports the fastest that fits (CI saw "nothing fits")."""
+    planner = Planner(SPACE, 40 * 2**20)
+    over = [ok(48, 300), ok(48, 296)]  # resolved, 48 MiB peak: over the 40 MiB usable
+    suspects = [ok(16, 180), ok(16, 120), ok(32, 250), ok(32, 160)]  # fit, repeats 33% and 36% apart
+    seen = over + suspects
+    assert set(reading(seen).unresolved()) == {Config(16), Config(32)}
+    assert [c.config for c in planner.ranked(seen)] == [Config(32), Config(16)]
+    assert planner.best(seen + [ok(24, 200), ok(24, 204)]) == Config(24)  # a trusted fit still wins over them
+
+
 def test_a_planner_that_trusts_everything_never_rechecks():
     planner = Planner(SPACE, 10 * GiB, check_noise=False)
     seen = [ok(8, 100), ok(16, 180), ok(32, 900, spread=0.7)]
