@@ -98,7 +98,7 @@ class SearchSpace:
         accumulations: tuple[int, ...] | None = None,
         shardings: tuple[str, ...] = ("ddp",),
         compiles: tuple[bool, ...] = (False,),
-        loader: LoaderChoices = LoaderChoices(),
+        loader: LoaderChoices | None = None,
         checkpoint_policies: tuple[str, ...] = ("full",),
         token_range: tuple[int, int] | None = None,
         first_precision: str | None = None,
@@ -131,7 +131,7 @@ class SearchSpace:
             global_batch=global_batch,
             shardings=tuple(h for h in SHARDINGS if h in shardings) or ("ddp",),
             compiles=tuple(sorted(set(compiles))) or (False,),
-            loader=loader,
+            loader=loader or LoaderChoices(),
             checkpoint_policies=tuple(q for q in CHECKPOINT_POLICIES if q in checkpoint_policies and levels != [0])
             or ("full",),
             tokens=token_range is not None,

@@ -59,7 +59,7 @@ def test_an_oom_before_the_first_step_starts_again_lower(tmp_path):
     assert Config.from_dict(record["ended_with"]).global_batch == 32
 
 
-@pytest.mark.parametrize("from_step, redone", [(0, "starting again"), (3, "redoing the step")])
+@pytest.mark.parametrize("from_step, redone", [pytest.param(0, "starting again", marks=pytest.mark.slow), (3, "redoing the step")])
 def test_an_oom_that_persists_at_micro_batch_one_is_a_clear_error(tmp_path, from_step, redone):
     best = config_file(tmp_path / "always.best.json", Config(4))
     env = {**os.environ, "AUTOFIT_CONFIG": best, "AUTOFIT_DEVICE": "cpu", "PYTHONPATH": REPO,

@@ -170,9 +170,9 @@ def test_a_hang_is_killed_at_the_timeout_and_the_next_probe_is_killed_too(runner
     probing = runner_for("hangs.py")
     probing.runner.start()
     for _ in range(2):  # the runner is usable after a probe it had to kill
-        result = probing.probe(1, timeout=3)
+        result = probing.probe(1, timeout=2)
         assert result.status == "timeout" and result.error_type == "Timeout"
-        assert "did not finish within 3s" in result.error_message and "--probe-timeout" in result.error_message
+        assert "did not finish within 2s" in result.error_message and "--probe-timeout" in result.error_message
         assert result.memory_limit == LIMIT
 
 

@@ -24,6 +24,7 @@ def worker():
         yield w
 
 
+@pytest.mark.slow  # the runner contract's [worker] case is in the default tier
 def test_oversize_config_is_oom_and_the_same_worker_runs_the_next_probe(worker):
     pid = worker.pid
     result = worker.probe(Config(batch_size=1024), timeout=60)
@@ -42,6 +43,7 @@ def test_peak_grows_with_batch_size(worker):
     assert peaks[2] - peaks[0] > 92 * 2**20  # >= 1 MiB per extra sample, as the script allocates
 
 
+@pytest.mark.slow  # the runner contract's [worker] case is in the default tier
 def test_hang_is_killed_at_the_timeout():
     with Worker(script("hangs.py")) as w:
         w.start()
@@ -74,6 +76,7 @@ def test_worker_killed_from_outside_is_crashed():
         assert "SIGKILL" in result.error_message
 
 
+@pytest.mark.slow  # the runner contract's [worker] case is in the default tier
 def test_memory_a_probe_keeps_goes_with_its_process_on_cpu():
     """leaks.py keeps 200 MiB per call in a module-level list: each CPU probe runs in its own forked
     process, so the next probe starts from the same baseline and measures the same peak."""
