@@ -352,16 +352,22 @@ def search(ctx: click.Context, target: str, script_args: tuple[str, ...], parall
 @click.option("--batch-range", type=INT_RANGE, default=None, callback=_or_renamed("--batch-range"),
               help="Micro-batches to consider, MIN:MAX (default: the decorator's batch_range).")
 @_renamed("--batch-size", "--batch-range", type=INT_RANGE, default=None)
+@click.option("--token-range", type=INT_RANGE, default=None,
+              help="Token caps (max_tokens) to consider for a function that batches by tokens, MIN:MAX (default: "
+                   "the decorator's token_range; the caps start at the longest sample).")
 @click.option("--precision", type=PRECISION_LIST, default=None, help="Precisions to consider, e.g. fp32,bf16.")
 @click.option("--checkpoint-policy", "checkpoint_policies", type=CHECKPOINT_POLICY_LIST, default=None,
               help="Checkpoint policies to consider when the function offers run.checkpoint(), e.g. full "
                    "(default: full,selective).")
 @click.option("--json", "as_json", is_flag=True, help="Print the predictions as JSON.")
 def estimate(target: str, script_args: tuple[str, ...], sizes: tuple[int, ...] | None, memory_limit: int | None, headroom: float,
-             global_batch: int | None, batch_range: tuple[int, int] | None, precision, checkpoint_policies, as_json: bool) -> None:
+             global_batch: int | None, batch_range: tuple[int, int] | None, token_range: tuple[int, int] | None,
+             precision, checkpoint_policies, as_json: bool) -> None:
     """Predict, before any probe, the config that fits each memory size and where its memory goes.
 
     TARGET's function runs two steps on fake tensors (SCRIPT_ARGS, after `--`: the script's own arguments) (no memory is allocated) in a process of its own.
+    For a function that batches by tokens (run.token_batches) the answer is a token cap (max_tokens) per size,
+    each cap estimated at its worst micro-batch: the data's longest samples, as many as the cap holds.
     The answers are predictions, not measurements: `autofit search` measures.
     """
     from autofit.devices import check_device
@@ -377,7 +383,7 @@ def estimate(target: str, script_args: tuple[str, ...], sizes: tuple[int, ...] |
         info = check_device("cpu", 0)
         sizes = (memory_limit or info.free_bytes or info.total_bytes,)
     fits = WhatFits(script, function, on_gpu=on_gpu, batch_range=batch_range, global_batch=global_batch,
-                    precisions=precision, checkpoint_policies=checkpoint_policies)
+                    precisions=precision, checkpoint_policies=checkpoint_policies, token_range=token_range)
     try:
         if fits.unavailable:
             raise CommandFailed(f"No memory estimate of {target} is possible: {fits.unavailable}. "

@@ -73,14 +73,16 @@ def estimate_one(fn: Any, config: Any, device: Any) -> dict:
 
 def _estimating_run(config: Any, device: Any, tracker: Any) -> Any:
     """A probing Run of two steps whose data is read for real (outside the fake mode), whose
-    optimizers' parameters the tracker follows by name, and whose tracker restarts at each step."""
+    optimizers' parameters the tracker follows by name, and whose tracker restarts at each step. Batches
+    by tokens are the cap's worst at both steps: the data's longest samples, as many as the cap holds
+    (the second step, which holds the optimizer's state, would otherwise run a random draw)."""
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     from autofit.runtime import Run
 
     run = Run(config, device, probing=True, warmup_steps=1, measured_steps=1, min_measure_s=0.0,
-                    max_measured_steps=1)
+              max_measured_steps=1, worst_token_batches=True)  # both steps at the cap's worst batch
     run.compile_enabled = False  # fake tensors through inductor: estimated as the eager model
 
     @contextmanager

@@ -35,6 +35,17 @@ class MemoryEstimate:
     notes: tuple[str, ...] = ()
     """What the estimate guessed (a data-dependent size taken at its upper bound, and the like)."""
     why_missing: str | None = None
+    token_envelope: dict[str, int] | None = None
+    """By tokens: the micro-batches the estimate ran, as a TokenEnvelope's fields (`longest_sample`,
+    `padded_tokens`, `padded_squares`); one batch, the cap's worst. None for batches by samples."""
+
+    @property
+    def worst_batch(self) -> tuple[int, int] | None:
+        """By tokens: the estimated micro-batch as (samples, padded length); None for batches by samples."""
+        if not self.token_envelope:
+            return None
+        longest = self.token_envelope["longest_sample"]
+        return self.token_envelope["padded_tokens"] // longest, longest
 
     @property
     def total_bytes(self) -> int:
@@ -226,7 +237,8 @@ def _parse(configs: list[Config], reply: dict, failure: str | None) -> Estimates
         if found["ok"]:
             breakdown = {part: int(found["breakdown"].get(part, 0)) for part in PARTS}
             out.estimates[config] = MemoryEstimate(config, breakdown, tuple(found.get("missing", ())),
-                                                   tuple(found.get("notes", ())), found.get("error"))
+                                                   tuple(found.get("notes", ())), found.get("error"),
+                                                   (found.get("knobs") or {}).get("token_envelope"))
         else:
             out.unavailable[config] = found["error"]
     missing = configs[len(reply["estimates"]):]

@@ -1,5 +1,7 @@
 """`autofit estimate`: which config would fit on a card of each size, predicted from fake-tensor
-estimates (autofit.memory._estimator) before a single probe, with where its memory would go.
+estimates (autofit.memory._estimator) before a single probe, with where its memory would go. For a
+function that batches by tokens (run.token_batches) the sizes are token caps (`max_tokens`), each
+estimated at its worst micro-batch: the data's longest samples, as many as the cap holds.
 
 The answer per size is the most preferred strategy that fits a micro-batch, at the largest
 micro-batch it fits: the fastest precision first (on GPUs bf16, fp16, tf32, fp32; on a CPU bf16 only
@@ -25,17 +27,14 @@ from dataclasses import dataclass
 from autofit.config import CHECKPOINT_POLICIES, Config
 from autofit.memory._estimator import CUDA_CONTEXT_BYTES, Estimator, MemoryEstimate
 from autofit.memory._peak_factors import CPU_TYPICAL_FACTOR
-from autofit.planner import Strategy, checkpoint_levels, divisors_in, nice_batch_sizes
+from autofit.memory._sizes import Sizes
+from autofit.planner import Strategy, checkpoint_levels, divisors_in
 
 #: Prior for a CUDA device: the caching allocator's rounding and fragmentation over the tensors' own
 #: bytes (the context's prior is memory_estimate.CUDA_CONTEXT_BYTES).
 ALLOCATOR_OVERHEAD = 0.10
 #: Preference among precisions when nothing was measured: the fastest kinds first.
 GPU_PREFERENCE = ("bf16", "fp16", "tf32", "fp32")
-_LARGEST_BATCH = 2**16
-#: Batches estimated to fit each strategy's line: small ones are often below where activations
-#: take over from the optimizer step's peak, so the line is fitted on the largest two that rise.
-_LINE_BATCHES = (64, 256, 1024, 4096)
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,8 @@ class WhatFits:
     def __init__(self, script: str, function: str | None, *, on_gpu: bool, baseline_bytes: int | None = None,
                  batch_range: tuple[int, int] | None = None, global_batch: int | None = None,
                  precisions: tuple[str, ...] | None = None, checkpoint: bool = True,
-                 checkpoint_policies: tuple[str, ...] | None = None) -> None:
+                 checkpoint_policies: tuple[str, ...] | None = None,
+                 token_range: tuple[int, int] | None = None) -> None:
         self.script, self.function = script, function
         self.on_gpu = on_gpu
         self.estimates: dict[Config, MemoryEstimate | None] = {}
@@ -82,12 +82,16 @@ class WhatFits:
             return
         self.estimates.update(pilot.estimates)
         options = pilot.options or {}
-        self.global_batch = global_batch or options.get("global_batch")
-        low, high = batch_range or tuple(options.get("batch_range") or (1, _LARGEST_BATCH))
-        high = min(high, _LARGEST_BATCH)
-        self.batches = divisors_in(self.global_batch, low, high) if self.global_batch else nice_batch_sizes(low, high)
-        wanted = precisions or tuple(options.get("precision") or ()) or None
         knobs = pilot.knobs or {}
+        try:
+            self.sizes = Sizes.of(knobs, options, batch_range=batch_range, token_range=token_range,
+                                  global_batch=global_batch)
+        except Exception:
+            self.close()  # a token range below the longest sample: no process is left behind
+            raise
+        self.batches = list(self.sizes.values)
+        """The sizes to consider, smallest first: micro-batches, or token caps (`sizes.tokens`)."""
+        wanted = precisions or tuple(options.get("precision") or ()) or None
         order = GPU_PREFERENCE if on_gpu else (("bf16", "fp32") if _native_cpu_bf16() else ("fp32",))
         self.precisions = tuple(p for p in order if wanted is None or p in wanted) if knobs.get("autocast") else ("fp32",)
         blocks = knobs.get("checkpoint_blocks") if checkpoint else None
@@ -127,9 +131,8 @@ class WhatFits:
         return int(self.baseline + estimate.total_bytes * factor)
 
     def config(self, strategy: Strategy, batch: int) -> Config:
-        accumulation = self.global_batch // batch if self.global_batch else 1
-        return Config(batch, strategy.precision, strategy.checkpoint_segments, accumulation,
-                      checkpoint_policy=strategy.checkpoint_policy)
+        """`strategy` at `batch`, a micro-batch or a token cap (`sizes.tokens`)."""
+        return self.sizes.config(strategy, batch)
 
     def strategies(self) -> list[Strategy]:
         """Most preferred first: the fastest precision, then the fewest checkpointed blocks, then
@@ -138,7 +141,7 @@ class WhatFits:
                 for q in (self.policies if k else ("full",))]
 
     def _line_batches(self) -> list[int]:
-        return [b for b in _LINE_BATCHES if b in self.batches] or self.batches[-2:] or self.batches
+        return self.sizes.line()
 
     def _line(self, strategy: Strategy) -> tuple[int, int, float] | None:
         """(batch, peak, bytes per sample) through the largest two line points that rise; None
@@ -197,8 +200,12 @@ class WhatFits:
 
     def data_ceiling(self) -> int | None:
         """The smallest batch the data could not feed, in any strategy (the data does not change)."""
-        bound = [c.batch_size for c, why in self.why_not.items() if "DataTooSmall" in why]
+        bound = [c.size for c, why in self.why_not.items() if "DataTooSmall" in why and self._sized_here(c)]
         return min(bound) if bound else None
+
+    def _sized_here(self, config: Config) -> bool:
+        """`config` is sized as the sizes are (by tokens or by samples; the pilot is by samples)."""
+        return (config.max_tokens is not None) == self.sizes.tokens
 
     def _beyond_reach(self, strategy: Strategy, usable: int) -> bool:
         """Even the smallest batch is estimated (or, by the line, predicted 10% or more) over `usable`."""
@@ -222,8 +229,8 @@ class WhatFits:
     def data_bound(self, config: Config) -> bool:
         """The data feeds no batch of this strategy above `config`'s (memory is not what stops it)."""
         strategy = _strategy_of(_as_estimated(config))
-        tried = sorted(c.batch_size for c in (*self.estimates, *self.why_not)
-                       if c.batch_size > config.batch_size and _strategy_of(c) == strategy)
+        tried = sorted(c.size for c in (*self.estimates, *self.why_not)
+                       if self._sized_here(c) and c.size > config.size and _strategy_of(c) == strategy)
         if not tried:
             return False
         why = self.why_not.get(_as_estimated(self.config(strategy, tried[0])))
@@ -236,7 +243,7 @@ class WhatFits:
         def rank(fit: Fit) -> tuple:
             if fit.config is None:
                 return (len(order), 0)
-            return (order.index(_strategy_of(fit.config)), -fit.config.batch_size)
+            return (order.index(_strategy_of(fit.config)), -fit.config.size)
 
         best: Fit | None = None
         out = {}

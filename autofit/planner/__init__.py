@@ -28,7 +28,14 @@ from autofit.planner._prediction import (
     memory_key,
 )
 from autofit.planner._ranking import TIE_TOLERANCE, Candidate, dominates
-from autofit.planner._search_space import SearchSpace, Strategy, checkpoint_levels, divisors_in, nice_batch_sizes
+from autofit.planner._search_space import (
+    SearchSpace,
+    Strategy,
+    checkpoint_levels,
+    divisors_in,
+    nice_batch_sizes,
+    token_caps,
+)
 
 __all__ = [
     "AB_ENTRANTS",
@@ -62,6 +69,7 @@ __all__ = [
     "next_loader_config",
     "nice_batch_sizes",
     "shared_cores_loader_note",
+    "token_caps",
     "wait_share",
     "loader_worker_counts",
 ]

@@ -30,6 +30,16 @@ def divisors_in(n: int, low: int, high: int) -> list[int]:
     return [d for d in range(max(1, low), min(n, high) + 1) if n % d == 0]
 
 
+def token_caps(declared: tuple[int, int], longest: int) -> tuple[int, int]:
+    """The token caps to climb for a function that batches by tokens (run.token_batches): from the
+    longest sample up (a lower cap would not bound a batch that holds it, and the ladder's first rung is
+    the data's worst case, that sample alone at the cap) within the `declared` range."""
+    low, high = declared
+    if longest > high:
+        raise UsageError(f"The token range must reach the longest sample ({longest} tokens), but got {low}:{high}.")
+    return max(low, longest), high
+
+
 def checkpoint_levels(blocks: int | None) -> list[int]:
     """0, about a quarter, half, and all of the blocks (distinct values)."""
     if not blocks:

@@ -1,5 +1,6 @@
 """`autofit estimate`'s answer: per memory size, the predicted config and where its memory goes,
-always marked as predicted (fake tensors, not a run)."""
+always marked as predicted (fake tensors, not a run). For a function that batches by tokens the configs
+are token caps (`max_tokens`), each estimated at its worst micro-batch."""
 
 from __future__ import annotations
 
@@ -64,12 +65,33 @@ def describe_fits(fits: WhatFits, predicted: list[Fit], target: str) -> str:
     if any(_holds_no_gradients(f) for f in predicted):
         lines.append("grads near 0 (acc=1): the peak comes at the forward's end or the backward's start, before this "
                      "step's gradients exist (the last step's were freed by zero_grad).")
+    tokens = _by_tokens(predicted)
     if any(f.config is not None and fits.data_bound(f.config) for f in predicted):
-        lines.append("(data): the data feeds no larger micro-batch (a DataLoader with drop_last over fewer samples).")
+        lines.append("(data): a larger cap runs the same batches (the whole data is one batch that half the cap holds)."
+                     if tokens else
+                     "(data): the data feeds no larger micro-batch (a DataLoader with drop_last over fewer samples).")
+    if tokens:
+        lines.append(_worst_batches_line(predicted))
     lines.append("preference without measurements: the fastest precision, then the fewest checkpointed blocks "
-                 "(selective before full), at the largest micro-batch that fits; `autofit search` measures which is "
-                 "really fastest.")
+                 f"(selective before full), at the largest {'token cap' if tokens else 'micro-batch'} that fits; "
+                 "`autofit search` measures which is really fastest.")
     return "\n".join(lines)
+
+
+def _by_tokens(predicted: list[Fit]) -> bool:
+    """The configs are token caps (the function batches by tokens, run.token_batches)."""
+    return any(f.config is not None and f.config.max_tokens is not None for f in predicted)
+
+
+def _worst_batches_line(predicted: list[Fit]) -> str:
+    """How each cap was estimated: at its worst micro-batch, named per cap (samples x padded length)."""
+    shapes = {f.config.max_tokens: f.estimate.worst_batch for f in predicted
+              if f.config is not None and f.estimate.worst_batch is not None}
+    named = ", ".join(f"max_tokens={cap}: {samples} x {longest}" for cap, (samples, longest) in sorted(shapes.items()))
+    return ("max_tokens: each cap estimated at its worst micro-batch, not a random draw: the data's longest "
+            "samples, as many as the cap holds, padded to the longest, at both estimated steps (an attention's "
+            "scores grow with the square of the length; a batch of shorter samples fills the cap closer, by less "
+            f"than one longest sample's tokens){' (' + named + ')' if named else ''}.")
 
 
 def _holds_no_gradients(fit: Fit) -> bool:
@@ -80,11 +102,25 @@ def _holds_no_gradients(fit: Fit) -> bool:
 
 
 def fits_json(fits: WhatFits, predicted: list[Fit], target: str) -> dict:
+    """The answer as JSON. By tokens (`"size": "max_tokens"`) each row names its cap (`max_tokens`) and the
+    worst micro-batch it was estimated at (`worst_batch`: samples and padded length)."""
+    tokens = fits.sizes.tokens
     return {
         "target": target, "predicted": True, "device": "gpu" if fits.on_gpu else "cpu",
+        "size": "max_tokens" if tokens else "batch_size",
+        **({"longest_sample": fits.sizes.longest_sample} if tokens else {}),
         "baseline_bytes": fits.baseline, "notes": fits.notes,
         "fits": [{"memory_bytes": f.memory_bytes, "usable_bytes": f.usable_bytes,
+                  **({"max_tokens": f.config.max_tokens if f.config else None} if tokens else {}),
                   "config": f.config.to_dict() if f.config else None,
                   "predicted_peak_bytes": f.predicted_peak_bytes,
-                  "breakdown_bytes": f.estimate.breakdown if f.estimate else None} for f in predicted],
+                  "breakdown_bytes": f.estimate.breakdown if f.estimate else None,
+                  **({"worst_batch": _worst_batch_json(f)} if tokens else {})} for f in predicted],
     }
+
+
+def _worst_batch_json(fit: Fit) -> dict | None:
+    shape = fit.estimate.worst_batch if fit.estimate is not None else None
+    if shape is None:
+        return None
+    return {"samples": shape[0], "longest": shape[1], "token_envelope": fit.estimate.token_envelope}

@@ -132,7 +132,8 @@ class StepFeed:
             self._panel.gradient_sync(True)
         self.finish()  # the data ran out: the last step's work is done
         if run.probing:
-            _check_the_pass(run, iterable, yielded, largest)
+            with run.data_context():  # the sampler's draws (TokenLoader.stats) are real data, not fake tensors
+                _check_the_pass(run, iterable, yielded, largest)
 
     def _fetch(self, source: Iterator[Any]) -> Any:
         """The next batch from the user's data (`_END` at its end), its wait on the clock."""

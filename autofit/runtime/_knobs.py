@@ -60,9 +60,10 @@ class KnobPanel:
     """The model and data knobs of one run, applied under the config each call is given (a run's
     config changes after an OOM or when a framework's own settings stand), and noted in `used`."""
 
-    def __init__(self, device: torch.device, ranks: Ranks, *, probing: bool) -> None:
+    def __init__(self, device: torch.device, ranks: Ranks, *, probing: bool, worst_token_batches: bool = False) -> None:
         self.used = Knobs()
         self._device, self._ranks, self._probing = device, ranks, probing
+        self._worst_token_batches = worst_token_batches
         self.compile_enabled = True
         """False where the model must stay eager (the memory estimator's fake tensors)."""
         self._declared_workers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -127,7 +128,7 @@ class KnobPanel:
         """A TokenLoader at the config's token cap over this rank's share of the batches."""
         loader = build_token_loader(dataset, lengths, config, collate_fn=collate_fn, shuffle=shuffle, seed=seed,
                                     rank=self._ranks.rank, world_size=self._ranks.world_size,
-                                    probing=self._probing)
+                                    probing=self._probing, worst_only=self._worst_token_batches)
         self.used.longest_sample = max(loader.batch_sampler.lengths, default=0)
         self.used.loader = True
         if self.training_loader is None:

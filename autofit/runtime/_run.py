@@ -63,7 +63,8 @@ class Run(RunView, RunData):
             enabled=settings.recover_oom and not settings.probing, release_memory=settings.release_memory,
             used_memory=settings.used_memory)
         self._redo = LoopRedo(redo, probing=settings.probing)
-        self._panel = KnobPanel(self._device, self.ranks, probing=settings.probing)
+        self._panel = KnobPanel(self._device, self.ranks, probing=settings.probing,
+                                worst_token_batches=settings.worst_token_batches)
         self._feed = StepFeed(self, self.clock, self._panel, self._redo, settings.token_envelope)
         self.notes: list[str] = []
         """What the run changed in how it measures (a probe's result carries them)."""

@@ -58,3 +58,6 @@ class RunSettings:
     token_envelope: TokenEnvelope | None = None
     """The micro-batches by tokens the search's probes ran (the best-config file's): a normal run splits
     one beyond them before it runs (TokenGuard); None: no check."""
+    worst_token_batches: bool = False
+    """The memory estimator's: every micro-batch by tokens (run.token_batches) is the cap's worst, the
+    data's longest samples as many as the cap holds, so an estimate answers for the cap, not for a draw."""

@@ -54,7 +54,7 @@ class TokenBatchSampler(Sampler[list[int]]):
 
     def __init__(self, lengths: Sequence[int], max_tokens: int, *, shuffle: bool = True, seed: int = 0,
                  rank: int = 0, world_size: int = 1, max_samples: int | None = None,
-                 worst_first: bool = False) -> None:
+                 worst_first: bool = False, worst_only: bool = False) -> None:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, but got {max_tokens}")
         if not 0 <= rank < world_size:
@@ -69,6 +69,9 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.worst_first = worst_first
         """A probe's: the batch that holds the longest sample comes first, so that the probe's peak memory
         is the data's worst case and a cap picked from it survives the long tail."""
+        self.worst_only = worst_only
+        """The memory estimator's: every batch is that worst one (`worst_batch`), as many as the epoch has,
+        so that each estimated step holds the cap's worst case, not a draw."""
         self.epoch = 0
         self._skip = 0
 
@@ -82,7 +85,27 @@ class TokenBatchSampler(Sampler[list[int]]):
 
     def all_batches(self) -> list[list[int]]:
         """Every batch of this epoch, before they are dealt to the ranks."""
-        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        generator = self._generator()
+        batches = self._cut(generator)
+        worst = batches[0] if batches else None  # cut first, from the longest sample down
+        if self.shuffle:
+            batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+        if self.worst_first and worst is not None:
+            batches.remove(worst)
+            batches.insert(0, worst)
+        return batches
+
+    def worst_batch(self) -> list[int]:
+        """The batch whose memory is the cap's worst: the data's longest samples, as many as the cap holds
+        (each padded to the longest; an attention holds samples x longest² scores, the most at the longest)."""
+        batches = self._cut(self._generator())
+        return batches[0] if batches else []
+
+    def _generator(self) -> torch.Generator:
+        return torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+
+    def _cut(self, generator: torch.Generator) -> list[list[int]]:
+        """This epoch's batches in length order, cut greedily from the longest sample down."""
         order = (torch.randperm(len(self.lengths), generator=generator).tolist() if self.shuffle
                  else list(range(len(self.lengths))))
         order.sort(key=lambda i: -self.lengths[i])  # stable: equal lengths keep their random order
@@ -97,16 +120,12 @@ class TokenBatchSampler(Sampler[list[int]]):
             current.append(index)
         if current:
             batches.append(current)
-        worst = batches[0] if batches else None  # cut first, from the longest sample down
-        if self.shuffle:
-            batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
-        if self.worst_first and worst is not None:
-            batches.remove(worst)
-            batches.insert(0, worst)
         return batches
 
     def _mine(self) -> list[list[int]]:
         batches = self.all_batches()
+        if self.worst_only and batches:
+            batches = [self.worst_batch() for _ in batches]
         if self.world_size > 1 and batches:
             short = -len(batches) % self.world_size
             batches = batches + [batches[i % len(batches)] for i in range(short)]
@@ -176,16 +195,17 @@ class TokenLoader(TimedDataLoader):
 
 def build_token_loader(dataset: Any, lengths: Sequence[int], config: Config, *, collate_fn: Callable | None,
                        shuffle: bool, seed: int, rank: int, world_size: int,
-                       probing: bool = False) -> TokenLoader:
+                       probing: bool = False, worst_only: bool = False) -> TokenLoader:
     """A TokenLoader over `dataset` at the config's token cap (None: `batch_size` samples at the longest
-    length, the worst micro-batch a fixed size would meet), its loader fields from the config."""
+    length, the worst micro-batch a fixed size would meet), its loader fields from the config;
+    `worst_only` (the memory estimator's): every batch the cap's worst (TokenBatchSampler.worst_batch)."""
     if len(lengths) != len(dataset):
         raise UsageError(f"run.token_batches needs one length per sample: the dataset has {len(dataset)} "
                          f"samples, but got {len(lengths)} lengths.")
     cap = config.max_tokens if config.max_tokens is not None else config.batch_size * max(lengths, default=1)
     max_samples = config.batch_size if config.max_tokens is not None and config.batch_size < config.max_tokens else None
     sampler = TokenBatchSampler(lengths, cap, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
-                                max_samples=max_samples, worst_first=probing)
+                                max_samples=max_samples, worst_first=probing, worst_only=worst_only)
     arguments = loader_arguments(config, {"collate_fn": collate_fn} if collate_fn is not None else {},
                                  probing=probing)
     arguments.pop("drop_last", None)  # a batch sampler decides the batches

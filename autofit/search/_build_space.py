@@ -9,7 +9,7 @@ import os
 from autofit.config import CHECKPOINT_POLICIES, LOADER_PREFETCH, SHARDINGS, device_shardings
 from autofit.errors import UsageError
 from autofit.options import SearchOptions
-from autofit.planner import LoaderChoices, SearchSpace, loader_worker_counts, shared_cores_loader_note
+from autofit.planner import LoaderChoices, SearchSpace, loader_worker_counts, shared_cores_loader_note, token_caps
 from autofit.probing import WorkerInfo
 from autofit.search._settings import SearchSettings
 
@@ -67,16 +67,12 @@ def first_precision(info: WorkerInfo, wanted: tuple[str, ...]) -> str | None:
 
 
 def token_range(options: SearchOptions, knobs: dict | None) -> tuple[int, int] | None:
-    """For a function that batches by tokens (run.token_batches), the token caps to climb: from the
-    longest sample up (a lower cap would not bound a batch that holds it, and the ladder's first rung is
-    the data's worst case, that sample alone at the cap) within the declared range."""
+    """For a function that batches by tokens (run.token_batches), the token caps to climb
+    (autofit.planner.token_caps); None for one that batches by samples."""
     longest = (knobs or {}).get("longest_sample")
     if not longest:
         return None
-    low, high = options.token_range
-    if longest > high:
-        raise UsageError(f"The token range must reach the longest sample ({longest} tokens), but got {low}:{high}.")
-    return max(low, longest), high
+    return token_caps(options.token_range, longest)
 
 
 def available_cores() -> int:
