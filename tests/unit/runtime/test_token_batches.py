@@ -100,3 +100,12 @@ def test_batches_feed_a_dataloader_as_its_batch_sampler():
 def test_bad_arguments_are_refused(bad):
     with pytest.raises(ValueError):
         TokenBatchSampler([1, 2], **{"max_tokens": 8, **bad})
+
+
+def test_the_estimators_batches_are_all_the_caps_worst_the_longest_samples_as_many_as_the_cap_holds():
+    lengths = [10] * 40 + [30, 25, 28]
+    worst = TokenBatchSampler(lengths, max_tokens=90, seed=4, worst_only=True)
+    drawn = TokenBatchSampler(lengths, max_tokens=90, seed=4)
+    assert sorted(worst.worst_batch()) == [40, 41, 42]  # 3 x 30 padded tokens: the longest three
+    assert list(worst) == [worst.worst_batch()] * len(drawn)  # as many batches as an epoch has
+    assert worst.stats() == drawn.stats()  # the epoch's own batches are still what it counts
