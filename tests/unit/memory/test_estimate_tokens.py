@@ -8,31 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from autofit.config import MAX_BATCH, Config
-from autofit.errors import UsageError
+from autofit.config import Config
 from autofit.memory import PARTS, Fit, MemoryEstimate
-from autofit.memory._sizes import Sizes
-from autofit.planner import Strategy, nice_batch_sizes
 from tests.support import autofit_cli, script
-
-
-def test_a_function_that_batches_by_tokens_is_sized_by_caps_from_its_longest_sample():
-    sizes = Sizes.of({"longest_sample": 256}, {"token_range": [1, MAX_BATCH], "batch_range": [1, 64]},
-                     global_batch=32)
-    assert sizes.tokens and sizes.values == tuple(nice_batch_sizes(256, MAX_BATCH))  # no batch range, no global batch
-    assert sizes.config(Strategy("bf16", 2, checkpoint_policy="selective"), 4096) == Config(
-        4096, "bf16", 2, checkpoint_policy="selective", max_tokens=4096)
-    assert set(sizes.line()) <= set(sizes.values) and len(sizes.line()) == 4 and min(sizes.line()) >= 4 * 256
-    assert Sizes.of({"longest_sample": 256}, {}, token_range=(512, 2048)).values == (512, 768, 1024, 1536, 2048)
-    with pytest.raises(UsageError, match="must reach the longest sample"):
-        Sizes.of({"longest_sample": 256}, {}, token_range=(1, 100))
-
-
-def test_a_function_that_batches_by_samples_keeps_its_micro_batches():
-    sizes = Sizes.of({}, {"batch_range": [1, 64]}, global_batch=32)
-    assert not sizes.tokens and sizes.values == (1, 2, 4, 8, 16, 32)
-    assert sizes.config(Strategy("fp32"), 8) == Config(8, accumulation_steps=4)
-    assert sizes.line() == [16, 32]  # none of the line's batches in range: the largest two
 
 
 def _token_fit(memory: int, cap: int, samples: int, longest: int = 256) -> Fit:
@@ -46,7 +24,7 @@ def test_the_answer_names_caps_and_the_worst_batch_each_was_estimated_at():
     from autofit.report import describe_fits, fits_json
 
     fits = SimpleNamespace(on_gpu=True, notes=[], baseline=0, data_bound=lambda config: False,
-                           sizes=Sizes((256, 512, 4096), tokens=True, longest_sample=256))
+                           sizes=SimpleNamespace(tokens=True, longest_sample=256))
     predicted = [_token_fit(2**30, 512, 2), _token_fit(2**32, 4096, 16)]
     text = describe_fits(fits, predicted, "sft.py")
     assert "bf16 max_tokens=512 " in text and "bf16 max_tokens=4096 " in text and " b=" not in text
