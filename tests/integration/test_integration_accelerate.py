@@ -298,7 +298,7 @@ def test_prepare_across_processes_keeps_every_ranks_token_batches():
     from accelerate.data_loader import prepare_data_loader
     from torch.utils.data import DataLoader
 
-    from autofit.integrations._tokens import CountedTokenBatches, unshard_token_batches
+    from autofit.integrations.accelerate import CountedTokenBatches, unshard_token_batches
     from autofit.runtime import TokenBatchSampler
     from tests.support.sequences import Sequences, collate
 
