@@ -12,6 +12,10 @@
             with accelerator.accumulate(model):
                 ...
 
+Token batches: build the training loader with `run.token_batches(dataset, lengths, collate_fn=...)` and
+hand it to `prepare()` as any DataLoader; its batch sampler is kept (across processes too: every rank
+already gets as many micro-batches), a search climbs `max_tokens`, and steps count their real tokens.
+
 Needs `pip install autofit[hf]` (accelerate).
 """
 
@@ -31,7 +35,8 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler
 from autofit.config import Config
 from autofit.errors import UsageError
 from autofit.integrations._blocks import checkpointable_blocks
-from autofit.runtime import PieceReplay, Run, count_samples, loss_of
+from autofit.integrations._tokens import CountedTokenBatches, unshard_token_batches
+from autofit.runtime import PieceReplay, Run, TokenBatchSampler, count_samples, loss_of
 
 #: autofit's precision names in Accelerate's words (tf32: TF32 is held for the whole run by autofit).
 PRECISION = {"fp32": "no", "tf32": "no", "bf16": "bf16", "fp16": "fp16"}
@@ -84,13 +89,19 @@ def rebatched(loader: DataLoader, batch_size: int, *, endless: bool = False) -> 
     sampler = None if isinstance(loader.dataset, IterableDataset) else loader.sampler
     if endless and sampler is not None:
         sampler = _Endless(sampler)
+    return rebuilt(loader, batch_size=batch_size, sampler=sampler, drop_last=loader.drop_last)
+
+
+def rebuilt(loader: DataLoader, **batching: Any) -> DataLoader:
+    """`loader` built again with other `batching` arguments (batch_size and sampler, or batch_sampler), with
+    its own dataset, collation and workers."""
     extra: dict[str, Any] = {}
     if loader.num_workers > 0:
         extra.update(prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers)
-    return DataLoader(loader.dataset, batch_size=batch_size, sampler=sampler, collate_fn=loader.collate_fn,
-                      num_workers=loader.num_workers, pin_memory=loader.pin_memory, drop_last=loader.drop_last,
-                      timeout=loader.timeout, worker_init_fn=loader.worker_init_fn, generator=loader.generator,
-                      multiprocessing_context=loader.multiprocessing_context, **extra)
+    return DataLoader(loader.dataset, collate_fn=loader.collate_fn, num_workers=loader.num_workers,
+                      pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+                      generator=loader.generator, multiprocessing_context=loader.multiprocessing_context,
+                      **batching, **extra)
 
 
 class AutofitAccelerator(Accelerator):
@@ -123,6 +134,8 @@ class AutofitAccelerator(Accelerator):
         self._autofit_adopted = False  # the run's clock started
         self._autofit_accumulating = False  # accumulate() was entered
         self._autofit_samples = 0  # of the optimizer step being fed
+        self._autofit_tokens = 0  # real tokens of the optimizer step being fed (token batches)
+        self._autofit_batches: CountedTokenBatches | None = None  # the training loader's token batches
         self._autofit_replay = PieceReplay(run, self._autofit_zero_grad) if run.recovers_oom else None
         self._autofit_models: list[torch.nn.Module] = []
         self._autofit_batch: Any = None  # the last training forward's (args, kwargs), until its backward
@@ -136,11 +149,14 @@ class AutofitAccelerator(Accelerator):
         if not self._autofit_trains_loader:
             self._autofit_trains_loader = True
             data_loader = self._autofit_training_loader(data_loader)
-        return super().prepare_data_loader(data_loader, device_placement=device_placement,
-                                           slice_fn_for_dispatch=slice_fn_for_dispatch)
+        return unshard_token_batches(super().prepare_data_loader(data_loader, device_placement=device_placement,
+                                                                 slice_fn_for_dispatch=slice_fn_for_dispatch))
 
     def _autofit_training_loader(self, loader: DataLoader) -> DataLoader:
         run = self._autofit_run
+        if isinstance(loader.batch_sampler, TokenBatchSampler):  # run.token_batches: its batches, counted
+            self._autofit_batches = CountedTokenBatches(loader.batch_sampler, endless=run.probing)
+            return rebuilt(loader, batch_sampler=self._autofit_batches)
         if loader.batch_size is None:  # a batch_sampler of the script's own: its batches stand
             print("autofit: the training DataLoader has its own batch_sampler; its batches are kept as they are",
                   file=sys.stderr, flush=True)
@@ -221,10 +237,10 @@ class AutofitAccelerator(Accelerator):
                 f"This config accumulates {run.accumulation_steps} micro-batches per optimizer step, but the loop "
                 "steps its optimizer outside `with accelerator.accumulate(model):`: put the step inside it.")
         samples = self._autofit_samples or run.batch_size * run.accumulation_steps
-        self._autofit_samples = 0
+        tokens, self._autofit_samples, self._autofit_tokens = self._autofit_tokens, 0, 0
         if self._autofit_replay is not None:
             self._autofit_replay.step_done()
-        run.step_taken(samples)
+        run.step_taken(samples, tokens)
 
     def _autofit_wrap_forward(self, model: torch.nn.Module) -> None:
         """Count the training forwards' samples; in a real run, run them in pieces after an OOM."""
@@ -237,6 +253,8 @@ class AutofitAccelerator(Accelerator):
                 return forward(*args, **kwargs)
             batch = (args, kwargs)
             self._autofit_samples += count_samples(batch)
+            if self._autofit_batches is not None:  # the micro-batch's real tokens, as its sampler cut it
+                self._autofit_tokens += self._autofit_batches.take()[1]
             if self._autofit_replay is None:
                 return forward(*args, **kwargs)
             return self._autofit_first_piece(batch)

@@ -10,6 +10,11 @@ training step probed in autofit's worker.
         trainer = AutofitTrainer(run, model=model, args=args, train_dataset=dataset)
         trainer.train()
 
+Arguments that group by length (`train_sampling_strategy="group_by_length"`, or `group_by_length=True`
+before transformers 5) batch by tokens under a searched config: the training DataLoader's batch sampler is
+`run.token_batches`' over the same lengths (`length_column_name`, else each sample's `input_ids`), and a
+search climbs `max_tokens`. Other samplers batch by samples (`per_device_train_batch_size`), as before.
+
 Needs `pip install autofit[hf]` (transformers, accelerate).
 """
 
@@ -20,10 +25,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from autofit.config import Config
+from autofit.errors import UsageError
 from autofit.integrations._blocks import checkpointable_blocks
+from autofit.integrations._tokens import CountedTokenBatches, unshard_token_batches
 from autofit.runtime import PieceReplay, Run
 
 
@@ -37,6 +45,8 @@ def arguments_for(run: Run, args: TrainingArguments) -> TrainingArguments:
                             accumulation_steps=args.gradient_accumulation_steps)
         return args
     config = run.config
+    if config.max_tokens is not None:  # no global batch by tokens: the Trainer's accumulation stands
+        config = run.config = dataclasses.replace(config, accumulation_steps=args.gradient_accumulation_steps)
     _check_global_batch(config, args)
     changes: dict[str, Any] = {
         "per_device_train_batch_size": config.batch_size,
@@ -55,10 +65,16 @@ def arguments_for(run: Run, args: TrainingArguments) -> TrainingArguments:
     return dataclasses.replace(args, **changes)
 
 
+def groups_by_length(args: TrainingArguments) -> bool:
+    """Whether the arguments ask for HF's LengthGroupedSampler (transformers 5's strategy, or 4's flag)."""
+    return getattr(args, "train_sampling_strategy", None) == "group_by_length" or bool(
+        getattr(args, "group_by_length", False))
+
+
 def _check_global_batch(config: Config, args: TrainingArguments) -> None:
     """Arguments that accumulate gradients ask for a global batch: never change it silently."""
     wanted = args.per_device_train_batch_size * args.gradient_accumulation_steps
-    if args.gradient_accumulation_steps > 1 and config.global_batch != wanted:
+    if args.gradient_accumulation_steps > 1 and config.max_tokens is None and config.global_batch != wanted:
         raise ValueError(
             f"The TrainingArguments ask for a global batch of {wanted} ({args.per_device_train_batch_size} x "
             f"{args.gradient_accumulation_steps} accumulation steps) but this config trains {config.label()} "
@@ -69,23 +85,27 @@ def _check_global_batch(config: Config, args: TrainingArguments) -> None:
 class _StepCounter(TrainerCallback):
     """Counts the Trainer's optimizer steps on the Run: the clock a probe and a real run share."""
 
-    def __init__(self, run: Run, blocks: int, replay: PieceReplay | None) -> None:
+    def __init__(self, run: Run, blocks: int, replay: PieceReplay | None, counted: Any) -> None:
         self._run, self._blocks, self._replay = run, blocks, replay
+        self._counted = counted  # the step's (samples, tokens) where the trainer counts them (token batches)
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._run.adopt_loop(checkpoint_blocks=self._blocks)
 
     def on_step_end(self, args, state, control, **kwargs):
         per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * max(1, args.world_size)
+        samples, tokens = self._counted() or (per_step, 0)
         if self._replay is not None:
             self._replay.step_done()
-        self._run.step_taken(per_step)
+        self._run.step_taken(samples, tokens)
 
 
 class AutofitTrainer(Trainer):
     """A `transformers.Trainer` that trains under the run's config: micro-batch, accumulation
     (the global batch held), precision, and PyTorch's activation checkpointing on the first
-    `run.checkpoint_segments` of the model's repeated layers (or of `checkpoint_blocks`)."""
+    `run.checkpoint_segments` of the model's repeated layers (or of `checkpoint_blocks`). Arguments that
+    group by length batch by tokens (`run.token_sampler` over the same lengths) under a searched config;
+    with no searched config (`run.defaults`) HF's own sampler stands."""
 
     def __init__(self, run: Run, *args: Any, checkpoint_blocks: Sequence[torch.nn.Module] | None = None,
                  **kwargs: Any) -> None:
@@ -102,10 +122,62 @@ class AutofitTrainer(Trainer):
                 model.config.use_cache = False  # a cache filled twice by recomputation (as HF does it)
         self._autofit_replay = PieceReplay(run, self._zero_grad) if run.recovers_oom else None
         self._autofit_weight = 1.0  # a piece's share of its micro-batch's loss (after an OOM)
-        kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), _StepCounter(run, len(blocks), self._autofit_replay)]
+        self._autofit_run = run
+        self._autofit_batches: CountedTokenBatches | None = None  # the token batches being trained on
+        self._autofit_step = [0, 0]  # samples and real tokens of the optimizer step being fed (token batches)
+        kwargs["callbacks"] = [*(kwargs.get("callbacks") or []),
+                               _StepCounter(run, len(blocks), self._autofit_replay, self._autofit_step_count)]
         super().__init__(**kwargs)
 
+    def get_train_dataloader(self) -> DataLoader:
+        """HF's, or where the arguments group by length under a searched config, the same data batched by
+        tokens: collation (unused columns removed), workers and pinning as HF's, prepared by Accelerate."""
+        run = self._autofit_run
+        if not groups_by_length(self.args) or (run.defaults and not run.probing) or self.train_dataset is None:
+            return super().get_train_dataloader()
+        if run.settings.global_tokens is not None:
+            raise UsageError("The Trainer's gradient_accumulation_steps set its optimizer step: batching by tokens "
+                             "under the Trainer, search without global_tokens.")
+        lengths = self._autofit_lengths()
+        sampler = run.token_sampler(lengths, seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed)
+        self._autofit_batches = CountedTokenBatches(sampler)
+        dataset, collator = self.train_dataset, self.data_collator
+        if hasattr(dataset, "column_names"):  # a datasets.Dataset
+            dataset = self._remove_unused_columns(dataset, description="Training")
+        else:
+            collator = self._get_collator_with_removed_columns(collator, description="Training")
+        workers = self.args.dataloader_num_workers
+        extra: dict[str, Any] = {}
+        if workers > 0:
+            extra.update(prefetch_factor=self.args.dataloader_prefetch_factor,
+                         persistent_workers=self.args.dataloader_persistent_workers)
+        loader = DataLoader(dataset, batch_sampler=self._autofit_batches, collate_fn=collator, num_workers=workers,
+                            pin_memory=self.args.dataloader_pin_memory, **extra)
+        return unshard_token_batches(self.accelerator.prepare(loader))
+
+    def _autofit_lengths(self) -> list[int]:
+        """Each training sample's length, as HF's LengthGroupedSampler takes it (`length_column_name`, else
+        the model's first input)."""
+        grouped = super()._get_train_sampler(self.train_dataset)
+        lengths = getattr(grouped, "lengths", None)
+        if lengths is None:
+            raise UsageError(f"Batching by tokens needs each sample's length, as group_by_length does, but the "
+                             f"Trainer's sampler is a {type(grouped).__name__}.")
+        return [int(n) for n in lengths]
+
+    def _autofit_step_count(self) -> tuple[int, int] | None:
+        """The samples and real tokens of the optimizer step just taken (token batches), counted afresh."""
+        if self._autofit_batches is None:
+            return None
+        samples, tokens = self._autofit_step
+        self._autofit_step[:] = [0, 0]
+        return samples, tokens
+
     def training_step(self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        if self._autofit_batches is not None:  # the micro-batch's samples and real tokens, as its sampler cut it
+            samples, tokens = self._autofit_batches.take()
+            self._autofit_step[0] += samples
+            self._autofit_step[1] += tokens
         replay = self._autofit_replay
         if replay is None:
             return super().training_step(model, inputs, num_items_in_batch)

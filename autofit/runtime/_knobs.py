@@ -16,7 +16,7 @@ from autofit.runtime._checkpoint import apply_checkpoint, remove_checkpoint
 from autofit.runtime._dataloader import build_loader
 from autofit.runtime._distributed import Ranks
 from autofit.runtime._envelope import TokenEnvelope
-from autofit.runtime._tokens import TokenLoader, build_token_loader
+from autofit.runtime._tokens import TokenBatchSampler, TokenLoader, build_token_loader, token_sampler
 
 
 @dataclass
@@ -135,6 +135,14 @@ class KnobPanel:
             self.training_loader = loader
         self._declared_workers[loader] = 0
         return loader
+
+    def token_sampler(self, config: Config, lengths: Sequence[int], *, shuffle: bool, seed: int) -> TokenBatchSampler:
+        """The batch sampler of `token_batches` for a framework's own DataLoader, over this rank's share."""
+        sampler = token_sampler(lengths, config, shuffle=shuffle, seed=seed, rank=self._ranks.rank,
+                                world_size=self._ranks.world_size, probing=self._probing,
+                                worst_only=self._worst_token_batches)
+        self.used.longest_sample = max(sampler.lengths, default=0)
+        return sampler
 
     def may_split_alone(self) -> bool:
         """Whether this rank may run more forward passes in a micro-step than the others (the token

@@ -12,7 +12,7 @@ from autofit.config import Config
 from autofit.runtime._distributed import Ranks
 from autofit.runtime._knobs import KnobPanel
 from autofit.runtime._settings import RunSettings
-from autofit.runtime._tokens import TokenLoader, accumulate_tokens
+from autofit.runtime._tokens import TokenBatchSampler, TokenLoader, accumulate_tokens, config_for_tokens
 
 
 class RunData:
@@ -55,3 +55,14 @@ class RunData:
         self.config = accumulate_tokens(self.token_loader, self.config, self.settings.global_tokens,
                                         self.ranks.world_size, self.notes)
         return self.token_loader
+
+    def token_sampler(self, lengths: Sequence[int], *, shuffle: bool = True, seed: int = 0) -> TokenBatchSampler:
+        """The batch sampler `run.token_batches` cuts its micro-batches with, for a framework that builds its
+        own DataLoader (`batch_sampler=`; autofit.integrations): the same batches, the same search over
+        `max_tokens`, and under `@autofit(global_tokens=N)` the accumulation that holds about N tokens per
+        step. The framework counts the real tokens of its steps (`run.step_taken`)."""
+        self.reads.add("max_tokens")
+        sampler = self._panel.token_sampler(self.config, lengths, shuffle=shuffle, seed=seed)
+        self.config = config_for_tokens(sampler, self.config, self.settings.global_tokens, self.ranks.world_size,
+                                        self.notes)
+        return sampler

@@ -193,19 +193,26 @@ class TokenLoader(TimedDataLoader):
         return stats.batches == 1 and 2 * stats.padded_tokens <= self.batch_sampler.max_tokens
 
 
+def token_sampler(lengths: Sequence[int], config: Config, *, shuffle: bool, seed: int, rank: int, world_size: int,
+                  probing: bool = False, worst_only: bool = False) -> TokenBatchSampler:
+    """The TokenBatchSampler at the config's token cap (None: `batch_size` samples at the longest length, the
+    worst micro-batch a fixed size would meet); a probe's puts the batch of the longest sample first."""
+    cap = config.max_tokens if config.max_tokens is not None else config.batch_size * max(lengths, default=1)
+    max_samples = config.batch_size if config.max_tokens is not None and config.batch_size < config.max_tokens else None
+    return TokenBatchSampler(lengths, cap, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
+                             max_samples=max_samples, worst_first=probing, worst_only=worst_only)
+
+
 def build_token_loader(dataset: Any, lengths: Sequence[int], config: Config, *, collate_fn: Callable | None,
                        shuffle: bool, seed: int, rank: int, world_size: int,
                        probing: bool = False, worst_only: bool = False) -> TokenLoader:
-    """A TokenLoader over `dataset` at the config's token cap (None: `batch_size` samples at the longest
-    length, the worst micro-batch a fixed size would meet), its loader fields from the config;
+    """A TokenLoader over `dataset` with `token_sampler`'s batches, its loader fields from the config;
     `worst_only` (the memory estimator's): every batch the cap's worst (TokenBatchSampler.worst_batch)."""
     if len(lengths) != len(dataset):
         raise UsageError(f"run.token_batches needs one length per sample: the dataset has {len(dataset)} "
                          f"samples, but got {len(lengths)} lengths.")
-    cap = config.max_tokens if config.max_tokens is not None else config.batch_size * max(lengths, default=1)
-    max_samples = config.batch_size if config.max_tokens is not None and config.batch_size < config.max_tokens else None
-    sampler = TokenBatchSampler(lengths, cap, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
-                                max_samples=max_samples, worst_first=probing, worst_only=worst_only)
+    sampler = token_sampler(lengths, config, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
+                            probing=probing, worst_only=worst_only)
     arguments = loader_arguments(config, {"collate_fn": collate_fn} if collate_fn is not None else {},
                                  probing=probing)
     arguments.pop("drop_last", None)  # a batch sampler decides the batches
@@ -227,7 +234,16 @@ def accumulate_tokens(loader: TokenLoader, config: Config, global_tokens: int | 
     if global_tokens is None:
         return config
     loader.weight_by_tokens = True
-    accumulation = steps_accumulation(loader.stats(), global_tokens, world_size)
+    return config_for_tokens(loader.batch_sampler, config, global_tokens, world_size, notes)
+
+
+def config_for_tokens(sampler: TokenBatchSampler, config: Config, global_tokens: int | None, world_size: int,
+                      notes: list[str]) -> Config:
+    """The config at the accumulation that holds about `global_tokens` real tokens per step over `sampler`'s
+    batches (`steps_accumulation`, said in `notes`); `config` itself without `global_tokens`."""
+    if global_tokens is None:
+        return config
+    accumulation = steps_accumulation(sampler.stats(), global_tokens, world_size)
     if accumulation == config.accumulation_steps:
         return config
     notes.append(f"accumulation {accumulation}: about {global_tokens} tokens per optimizer step")

@@ -225,3 +225,94 @@ def test_the_corpus_scripts_estimate_holds_its_gradients_where_the_loop_does():
     held = found.estimates[accumulating].breakdown
     assert held["gradients"] == trainable and held["parameters"] >= trainable
     assert found.estimates[plain].breakdown["gradients"] < trainable / 10
+
+
+# --- token batches (run.token_batches) through prepare() ---------------------------------------------
+LENGTHS = [3, 5, 8, 13, 21, 2, 7, 30, 4, 9, 16, 6, 11, 25, 3, 12] * 2  # 32 samples, longest 30
+
+
+class TinyLM(torch.nn.Module):
+    """Embedding, one block, a head; returns its loss over the real tokens, as HF models do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(7, 8)
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(8, 8)])
+        self.head = torch.nn.Linear(8, 7)
+
+    def forward(self, x, y):
+        logits = self.head(torch.tanh(self.blocks[0](self.embed(x))))
+        return {"loss": torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100)}
+
+
+def _token_loop(run: Run, shapes: list[tuple[int, int, int]]) -> None:
+    """A no_trainer loop over run.token_batches handed to prepare(), noting the samples, padded length and
+    real tokens of each batch in `shapes`."""
+    from tests.support.sequences import Sequences, collate
+
+    torch.manual_seed(0)
+    loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate)
+    accelerator = AutofitAccelerator(run)
+    model = TinyLM()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for epoch in range(10**6 if run.probing else 1):
+        loader.set_epoch(epoch)
+        for x, y in loader:
+            shapes.append((*x.shape, int((y != -100).sum())))
+            with accelerator.accumulate(model):
+                accelerator.backward(model(x, y)["loss"])
+                optimizer.step()
+                optimizer.zero_grad()
+
+
+@pytest.mark.frameworks
+def test_token_batches_handed_to_prepare_are_probed_by_tokens():
+    """The probe climbs max_tokens (the longest sample noted), its batches stay within the cap, the batch of
+    the longest sample comes first, and its steps count their real tokens."""
+    run = Run(Config(64, max_tokens=64), probing=True, warmup_steps=2, measured_steps=30)
+    shapes: list = []
+    with run.active(), pytest.raises(ProbeFinished):
+        _token_loop(run, shapes)
+    assert run.knobs.longest_sample == 30 and "max_tokens" in run.reads
+    assert shapes[0][:2] == (2, 30)  # the longest sample's batch first: the probe's peak is the data's worst
+    assert all(samples * longest <= 64 for samples, longest, _ in shapes)
+    assert len(shapes) == 32 > len(run.token_loader)  # the probe's loader started again at its end
+    assert run.clock.measured_tokens == sum(real for _, _, real in shapes[2:])  # the measured steps' real tokens
+
+
+@pytest.mark.frameworks
+def test_a_normal_run_with_token_batches_trains_each_sample_once_within_the_cap():
+    run = Run(Config(64, max_tokens=64))
+    shapes: list = []
+    with run.active():
+        _token_loop(run, shapes)
+    assert all(samples * longest <= 64 for samples, longest, _ in shapes)
+    assert sum(samples for samples, _, _ in shapes) == len(LENGTHS) and run.optimizer_steps == len(shapes)
+
+
+@pytest.mark.frameworks
+def test_prepare_across_processes_keeps_every_ranks_token_batches():
+    """Accelerate wraps a batch sampler in a BatchSamplerShard across processes; token batches are dealt to
+    the ranks already: each rank keeps its own (as many as the other's), and no sample is dropped."""
+    from accelerate.data_loader import prepare_data_loader
+    from torch.utils.data import DataLoader
+
+    from autofit.integrations.accelerate import CountedTokenBatches, unshard_token_batches
+    from autofit.runtime import TokenBatchSampler
+    from tests.support.sequences import Sequences, collate
+
+    def rank_batches(rank: int, *, unshard: bool) -> list[int]:
+        sampler = CountedTokenBatches(TokenBatchSampler(LENGTHS, 64, rank=rank, world_size=2))
+        loader = DataLoader(Sequences(LENGTHS), batch_sampler=sampler, collate_fn=collate)
+        prepared = prepare_data_loader(loader, num_processes=2, process_index=rank, put_on_device=False)
+        if unshard:
+            unshard_token_batches(prepared)
+        return [samples for samples, _ in (tuple(x.shape) for x, _ in prepared)]
+
+    mine = [TokenBatchSampler(LENGTHS, 64, rank=rank, world_size=2) for rank in (0, 1)]
+    kept = [rank_batches(rank, unshard=True) for rank in (0, 1)]
+    assert kept == [[len(b) for b in sampler] for sampler in mine] and len(kept[0]) == len(kept[1])
+    assert sum(sum(batches) for batches in kept) >= len(LENGTHS)
+    resharded = [rank_batches(rank, unshard=False) for rank in (0, 1)]
+    assert sum(sum(batches) for batches in resharded) < len(LENGTHS)  # what the fix prevents: half of each dropped

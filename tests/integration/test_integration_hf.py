@@ -82,3 +82,50 @@ def test_a_model_built_at_import_loses_the_last_probes_checkpointing(monkeypatch
         plain = worker.probe(Config(batch_size=8, accumulation_steps=2), timeout=300)
     assert checkpointed.status == "ok", checkpointed.error_message
     assert plain.status == "ok", plain.error_message
+
+
+# --- group_by_length: batched by tokens ------------------------------------------------------------
+GROUPED = script("hf_group_by_length.py")
+
+
+def _batches(path) -> list[tuple[int, int]]:
+    return [tuple(int(v) for v in line.split()) for line in path.read_text().splitlines()]
+
+
+def test_a_trainer_that_groups_by_length_is_probed_by_tokens(tmp_path):
+    """The probe's batches are the token sampler's: within its cap, the longest sample's batch first; the
+    search is told the longest sample (it climbs max_tokens from there) and ranks by real tokens/s."""
+    out = tmp_path / "batches.txt"
+    probed = autofit_cli("probe", GROUPED, "--device", "cpu", "--max-tokens", "64", "--json", cwd=tmp_path,
+                         env={"BATCHES_OUT": str(out), "HF_OUT": str(tmp_path / "out")})
+    assert probed.returncode == 0, probed.stderr[-3000:]
+    result = json.loads(probed.stdout)["result"]
+    assert result["status"] == "ok" and result["config"]["max_tokens"] == 64
+    assert result["knobs"]["longest_sample"] == 30 and result["tokens_per_s"] > 0
+    batches = _batches(out)
+    assert batches[0] == (2, 30) and all(samples * longest <= 64 for samples, longest in batches)
+
+
+def test_a_normal_run_with_an_exported_token_cap_batches_by_tokens(tmp_path):
+    from autofit.export import config_entry, write_best
+
+    best, out = tmp_path / "tokens.best.json", tmp_path / "batches.txt"
+    write_best(str(best), {"partial": False, "config": config_entry(Config(64, max_tokens=64)), "measured": {},
+                           "memory": {"limit_bytes": None}, "device": {"type": "cpu"}, "versions": {}, "script": {}})
+    ran = subprocess.run([sys.executable, GROUPED], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": REPO, "AUTOFIT_CONFIG": str(best),
+                              "BATCHES_OUT": str(out), "HF_OUT": str(tmp_path / "out")})
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    batches = _batches(out)
+    assert all(samples * longest <= 64 for samples, longest in batches)
+    assert sum(samples for samples, _ in batches) == 64  # one epoch, each sample once
+    assert f"steps {len(batches)}" in ran.stdout  # one optimizer step per token batch
+
+
+def test_with_no_searched_config_hfs_own_length_grouped_batches_stand(tmp_path):
+    """No searched config (no file yet): HF's own LengthGroupedSampler and per-device batch of 4 stand."""
+    out = tmp_path / "batches.txt"
+    ran = subprocess.run([sys.executable, GROUPED], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": REPO, "BATCHES_OUT": str(out), "HF_OUT": str(tmp_path / "out")})
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert {samples for samples, _ in _batches(out)} == {4} and "steps 16" in ran.stdout
