@@ -122,6 +122,17 @@ def confirm(state: SearchState, runner: Runner) -> None:
     is its figure (see `Measurement`), so the winner is the one the A/B favours. A config the A/B left
     first on its short probes alone is confirmed in turn (three A/Bs at most); a winner the budget left
     no room for stays unconfirmed, and says why."""
+    led = state.planner.best(state.session.observations())  # the leader before any A/B
+    _confirm_rounds(state, runner)
+    # one note, on the winner the A/Bs leave: a later A/B may hand the win back (a note per A/B contradicted it)
+    first = state.planner.best(state.session.observations())
+    if led is not None and first is not None and first != led:
+        state.notes.append(f"the A/B changed the winner: {first.label()} ranks first now, "
+                           f"above {led.label()}, which led before it")
+
+
+def _confirm_rounds(state: SearchState, runner: Runner) -> None:
+    """`confirm`'s A/Bs, three at most; notes what the budget left out."""
     study = state.session.study
     for _ in range(3):
         seen = state.session.observations()
@@ -138,10 +149,6 @@ def confirm(state: SearchState, runner: Runner) -> None:
                                f"within the noise of the leader: the budget left could not hold them")
         if not _run_ab(state, runner, plan):
             return
-        first = state.planner.best(state.session.observations())
-        if first is not None and first != entrants[0]:
-            state.notes.append(f"the A/B changed the winner: {first.label()} ranks first now, "
-                               f"above {entrants[0].label()}, which led before it")
 
 
 def _run_ab(state: SearchState, runner: Runner, plan: ABPlan) -> bool:
