@@ -5,7 +5,8 @@
 The script is benchmarks/tokens_study.py: tests/corpus/sft_tokens.py's causal LM over ShareGPT-like
 conversation lengths (4..256 tokens, mean about 62: a long tail). Four ways to batch it, each found as
 its users find it, under the same memory limit and at the precision autofit's search picked (so the
-ratios are about batching alone):
+ratios are about batching alone), each "fits" as a search decides (a probe that ran, its peak inside the
+10% headroom a search keeps):
 
 - (a) **fixed, safe**: the largest fixed batch whose batch of the longest samples fits (probes of the
   longest sample only: doubling, then bisection): the choice that survives the long tail;
@@ -37,11 +38,13 @@ import time
 from collections.abc import Callable
 
 from autofit.config import Config
+from autofit.units import parse_size
 from benchmarks import REPO, pythonpath
 from benchmarks.experts import ratio_words
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STUDY = "benchmarks/tokens_study.py"
+HEADROOM = 0.1  # autofit search's default
 STRATEGIES = ("(a) fixed, safe", "(b) fixed, typical", "(c) token cap, hand-set", "(d) autofit")
 
 
@@ -51,10 +54,12 @@ def _run(args: list[str], env: dict) -> subprocess.CompletedProcess:
 
 
 class Prober:
-    """One probe of the study at a config (through `autofit probe`, under the limit): does it fit?"""
+    """One probe of the study at a config (through `autofit probe`, under the limit): does it fit? As a
+    search decides: it ran its steps and its peak stayed out of the headroom autofit keeps (10%)."""
 
     def __init__(self, env: dict, limit: str, precision: str) -> None:
         self.env, self.limit, self.precision = env, limit, precision
+        self.usable = parse_size(limit) * (1 - HEADROOM)
         self.count = 0
 
     def fits(self, knob: str, value: int, *study_args: str) -> bool:
@@ -62,7 +67,8 @@ class Prober:
         done = _run(["-m", "autofit.cli", "probe", STUDY, f"--{knob}", str(value), "--precision", self.precision,
                      "--memory-limit", self.limit, "--json", "--", *study_args], self.env)
         try:
-            return json.loads(done.stdout)["result"]["status"] == "ok"
+            result = json.loads(done.stdout)["result"]
+            return result["status"] == "ok" and (result["peak_bytes"] or 0) <= self.usable
         except (json.JSONDecodeError, KeyError):
             sys.exit(f"probe failed to report: {done.stderr[-1500:]}")
 
@@ -192,6 +198,10 @@ def write_table(args, configs: dict, runs: dict, found_in: dict, document: dict,
             f"{sum(r['guard'] for r in done)}/{sum(r['oom_split'] for r in done)} | "
             f"{statistics.median(paddings):.1%} | {len(done)} of {len(rounds)} |" if paddings else
             f"| {name} | {config.label()} | {found_in.get(name, 0):.0f} s | — | — | — | — | — | 0 of {len(rounds)} |")
+    hand = "(c) token cap, hand-set"
+    if rate.get("(d) autofit") and rate.get(hand):
+        lines += ["", f"autofit ÷ the hand-set token cap (c): "
+                      f"{ratio_words([a / b for a, b in zip(rate['(d) autofit'], rate[hand]) if a and b])}"]
     lines += ["", "Per round (interleaved, real tokens/s): " + "; ".join(
         f"{name} {', '.join(f'{r:,.0f}' if r else 'failed' for r in rate[name])}" for name in runs)]
     lowered = [f"{name} lowered to {r['final']}" for name, rounds in runs.items() for r in rounds if r.get("final")]
