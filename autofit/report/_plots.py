@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autofit.config import PRECISIONS, SAMPLES
+from autofit.config import PRECISIONS, SAMPLES, TOKENS
 from autofit.errors import UsageError
 
 if TYPE_CHECKING:
@@ -85,8 +85,13 @@ def strategy_colors(labels) -> dict[str, str]:
     return {label: _PALETTE[i % len(_PALETTE)] for i, label in enumerate(unique)}
 
 
-def _batch_axis(ax: Axes, batches) -> None:
-    """Batch sizes are powers of two and their halves: a log2 axis with plain-number ticks."""
+def size_name(ranked_by: Rate) -> str:
+    """What the x axis climbs: the micro-batch size, or by tokens the token cap."""
+    return "token cap (max_tokens)" if ranked_by == TOKENS else "micro-batch size"
+
+
+def _batch_axis(ax: Axes, batches, ranked_by: Rate = SAMPLES) -> None:
+    """Batch sizes (or token caps) are powers of two and their halves: a log2 axis with plain-number ticks."""
     from matplotlib.ticker import FixedLocator, NullLocator
 
     values = sorted({int(b) for b in batches}) or [1]
@@ -97,7 +102,7 @@ def _batch_axis(ax: Axes, batches) -> None:
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xticklabels([str(t) for t in ticks])
     ax.set_xlim(low / 1.4, high * 1.4)
-    ax.set_xlabel("micro-batch size (log scale)")
+    ax.set_xlabel(f"{size_name(ranked_by)} (log scale)")
 
 
 def _memory_unit(memory_limit: float) -> tuple[float, str]:
@@ -136,10 +141,10 @@ def throughput_figure(frame: pd.DataFrame, global_batch: int | None = None, winn
             ax.plot([b], [y], "*", color="gold", mec="black", ms=17, zorder=5)
             ax.annotate(f"best: {winner}", (b, y), xytext=(-14, 14), textcoords="offset points", ha="right",
                         fontsize=9, fontweight="bold", bbox={"boxstyle": "round", "fc": "white", "ec": "0.7"})
-    _batch_axis(ax, frame["batch_size"])
+    _batch_axis(ax, frame["batch_size"], ranked_by)
     ax.set_ylim(0, top * 1.18)
     ax.set_ylabel(f"throughput ({ranked_by.unit})")
-    ax.set_title("Throughput against batch size, per strategy")
+    ax.set_title(f"Throughput against {size_name(ranked_by)}, per strategy")
     ax.grid(alpha=0.3)
     _legend(ax)
     return fig
@@ -163,7 +168,8 @@ def _legend_markers(ax: Axes, frame: pd.DataFrame) -> None:
 
 
 def memory_figure(frame: pd.DataFrame, memory_limit: float, usable_bytes: float,
-                  models: dict[str, Line] | None = None, global_batch: int | None = None) -> Figure:
+                  models: dict[str, Line] | None = None, global_batch: int | None = None,
+                  ranked_by: Rate = SAMPLES) -> Figure:
     """Peak memory against batch size per strategy, with the limit, the usable line (limit less the
     headroom) and the planner's memory model; OOM probes as crosses on the limit line."""
     fig = _figure()
@@ -192,11 +198,11 @@ def memory_figure(frame: pd.DataFrame, memory_limit: float, usable_bytes: float,
     if models:
         ax.plot([], [], "--", color="black", lw=1.2, label="memory model (planner's fit)")
     _legend_markers(ax, frame)
-    _batch_axis(ax, frame["batch_size"])
+    _batch_axis(ax, frame["batch_size"], ranked_by)
     peaks = frame["peak_bytes"].dropna().astype(float)
     ax.set_ylim(0, max(memory_limit * 1.12, float(peaks.max()) * 1.05 if len(peaks) else 0) / unit)
     ax.set_ylabel(f"peak memory ({name})")
-    ax.set_title("Peak memory against batch size, per strategy")
+    ax.set_title(f"Peak memory against {size_name(ranked_by)}, per strategy")
     ax.grid(alpha=0.3)
     _legend(ax)
     return fig
@@ -310,7 +316,8 @@ def study_figures(stored: StoredStudy) -> dict[str, Figure]:
     return {
         "throughput": throughput_figure(frame, global_batch, winner=best.label() if best else None,
                                         ranked_by=stored.ranked_by),
-        "memory": memory_figure(frame, stored.memory_limit, stored.usable_bytes, models, global_batch),
+        "memory": memory_figure(frame, stored.memory_limit, stored.usable_bytes, models, global_batch,
+                                stored.ranked_by),
         "progress": progress_figure(frame, stored.progress(), stored.ranked_by),
         "ranking": ranking_figure(stored.ranked(), stored.usable_bytes),
         "memory_parts": memory_parts_figure(stored),
