@@ -15,12 +15,17 @@ import os
 import sys
 from dataclasses import replace
 
-from autofit.probing._bootstrap import bootstrap, prepare_process
+from autofit.probing._bootstrap import bootstrap, die_with_parent, prepare_process
 from autofit.probing._wire import read_rank_request, write_rank_result
 
 
 def main(request_path: str) -> int:
     prepare_process()
+    # A probe past its timeout has torchrun SIGKILLed, which leaves it no time to stop its ranks, each in a
+    # session of its own: without this they lived on as orphans (a hung rank forever, holding its memory).
+    die_with_parent()
+    if os.getppid() == 1:
+        return 3  # torchrun died before this rank could follow it
     load_request, probe_request, out = read_rank_request(request_path)
     from autofit.probing._probe import MIN_MEASURE_S, run_probe
     from autofit.runtime import ranks_from_env

@@ -11,6 +11,7 @@ timeout; memory a probe keeps does not reach the next one."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -167,13 +168,36 @@ def test_a_segfault_is_crashed_with_the_stack_in_the_log_and_the_next_probe_runs
 
 
 def test_a_hang_is_killed_at_the_timeout_and_the_next_probe_is_killed_too(runner_for):
+    """Killed with every process it started: torchrun's ranks (each in a session of its own) used to live on,
+    hung, after torchrun was SIGKILLed at the timeout."""
     probing = runner_for("hangs.py")
     probing.runner.start()
+    before = _rank_processes()
     for _ in range(2):  # the runner is usable after a probe it had to kill
         result = probing.probe(1, timeout=2)
         assert result.status == "timeout" and result.error_type == "Timeout"
         assert "did not finish within 2s" in result.error_message and "--probe-timeout" in result.error_message
         assert result.memory_limit == LIMIT
+    deadline = time.monotonic() + 10
+    while (left := _rank_processes() - before) and time.monotonic() < deadline:
+        time.sleep(0.2)  # SIGKILL from the kernel as torchrun dies; gone within moments
+    assert not left, f"rank processes outlived their probe: {sorted(left)}"
+
+
+def _rank_processes() -> set[int]:
+    """The live processes running a distributed probe's rank (autofit.probing._rank_process)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                command = handle.read()
+            with open(f"/proc/{entry}/stat") as handle:
+                zombie = handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except (OSError, IndexError):
+            continue
+        if b"autofit.probing._rank_process" in command and not zombie:
+            found.add(int(entry))
+    return found
 
 
 def test_memory_a_probe_keeps_does_not_reach_the_next_probe(runner_for):
