@@ -333,8 +333,11 @@ def main(argv: list[str]) -> int:
     per estimate (what is done reaches the supervisor before a crash) and a last one. Ends when the
     channel closes."""
     from autofit.config import Config
-    from autofit.probing import Channel, LoadRequest, ScriptError, bootstrap, ok_reply, serve
+    from autofit.probing import Channel, LoadRequest, ScriptError, bootstrap, die_with_parent, ok_reply, serve
 
+    # Paused (SIGSTOP) between probes, it cannot see its channel close: a searcher SIGKILLed then left it
+    # stopped for good, its memory held. It dies with the searcher instead.
+    die_with_parent()
     _run_beside_probes()
     channel = Channel.from_fd(int(argv[1]))
     message = channel.receive()

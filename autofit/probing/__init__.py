@@ -9,7 +9,7 @@ pandas at import time (the probe itself, `_probe.run_probe`, is imported by the 
 
 from __future__ import annotations
 
-from autofit.probing._bootstrap import Loaded, ScriptError, bootstrap, prepare_process, serve
+from autofit.probing._bootstrap import Loaded, ScriptError, bootstrap, die_with_parent, prepare_process, serve
 from autofit.probing._multinode import (
     JobBoard,
     MultiNodeWorker,
@@ -48,6 +48,7 @@ from autofit.probing._wire import (
 from autofit.probing._worker import Worker, WorkerStartError
 
 __all__ = [
+    "die_with_parent",
     "INPUT_BOUND_SHARE",
     "PROBE_PROCESSES",
     "STATUSES",
