@@ -125,7 +125,8 @@ class TokenBatchSampler(Sampler[list[int]]):
     def _mine(self) -> list[list[int]]:
         batches = self.all_batches()
         if self.worst_only and batches:
-            batches = [self.worst_batch() for _ in batches]
+            worst = self.worst_batch()  # cut once: each call sorts the whole data set
+            batches = [list(worst) for _ in batches]
         if self.world_size > 1 and batches:
             short = -len(batches) % self.world_size
             batches = batches + [batches[i % len(batches)] for i in range(short)]
