@@ -76,6 +76,11 @@ class Config:
     """Token batching (run.token_batches): a micro-batch's padded tokens (samples x its longest) at
     most, in place of a fixed sample count; memory follows the cap, not the longest sample. None: a
     micro-batch of `batch_size` samples. With it, `batch_size` is the most samples a micro-batch holds."""
+    max_squares: int | None = None
+    """Token batching only: a micro-batch's padded squares (samples x its longest², what an attention that
+    is not fused holds per head and layer) at most, beside `max_tokens`: the long batches are held by it,
+    so the short ones may hold more tokens than a cap set at the longest length (a per-length cap, as
+    2-D buckets are). None: `max_tokens` alone."""
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
@@ -93,6 +98,7 @@ class Config:
             )
         check_loader(self.loader_workers, self.prefetch_factor)
         check_max_tokens(self.max_tokens, self.batch_size)
+        check_max_squares(self.max_squares, self.max_tokens)
 
     @property
     def size(self) -> int:
@@ -100,10 +106,13 @@ class Config:
         return self.max_tokens if self.max_tokens is not None else self.batch_size
 
     def with_size(self, size: int, **fields) -> Config:
-        """This config at another size (the samples' cap kept within a smaller token cap), `fields` set too."""
+        """This config at another size (the samples' cap kept within a smaller token cap, a squares cap
+        scaled with the token cap: each batch's memory beyond the fixed part scales alike), `fields` set too."""
         if self.max_tokens is None:
             return replace(self, batch_size=size, **fields)
-        return replace(self, max_tokens=size, batch_size=min(self.batch_size, size), **fields)
+        squares = None if self.max_squares is None else max(1, self.max_squares * size // self.max_tokens)
+        return replace(self, max_tokens=size, batch_size=min(self.batch_size, size),
+                       **{"max_squares": squares, **fields})
 
     @property
     def global_batch(self) -> int:
@@ -137,6 +146,8 @@ class Config:
             del data["checkpoint_policy"]
         if self.max_tokens is None:
             del data["max_tokens"]
+        if self.max_squares is None:
+            del data["max_squares"]
         return data
 
     @classmethod
@@ -153,6 +164,7 @@ class Config:
             prefetch_factor=_optional(data.get("prefetch_factor"), int),
             checkpoint_policy=str(data.get("checkpoint_policy", "full")),
             max_tokens=_optional(data.get("max_tokens"), int),
+            max_squares=_optional(data.get("max_squares") or None, int),  # 0: none (a study's trial params)
         )
 
     @property
@@ -165,6 +177,8 @@ class Config:
         parts = [self.precision]
         if self.max_tokens is not None:
             parts.append(f"max_tokens={self.max_tokens}")
+        if self.max_squares is not None:
+            parts.append(f"max_squares={self.max_squares}")
         if self.max_tokens is None or self.batch_size < self.max_tokens:
             parts.append(f"b={self.batch_size}")
         if self.checkpoint_segments:
@@ -219,6 +233,16 @@ def check_max_tokens(max_tokens: int | None, batch_size: int) -> None:
     if batch_size > max_tokens:
         raise UsageError(f"The batch size (the most samples a token batch holds) must be at most the max tokens "
                          f"({max_tokens}), but got {batch_size}.")
+
+
+def check_max_squares(max_squares: int | None, max_tokens: int | None) -> None:
+    """A squares cap is a positive whole number, beside a token cap (it bounds batches by tokens)."""
+    if max_squares is None:
+        return
+    if isinstance(max_squares, bool) or not isinstance(max_squares, int) or max_squares < 1:
+        raise UsageError(f"The max squares must be a whole number of at least 1, but got {max_squares!r}.")
+    if max_tokens is None:
+        raise UsageError("The max squares bounds micro-batches by tokens: it needs max_tokens too.")
 
 
 def device_shardings(device_type: str) -> tuple[str, ...]:

@@ -10,7 +10,7 @@ import optuna
 
 from autofit.config import Config
 from autofit.findings._confirmation import ab_words
-from autofit.planner import TIE_TOLERANCE, Candidate, Planner, dominates, loader_reason
+from autofit.planner import TIE_TOLERANCE, Candidate, Planner, dominates, loader_reason, squares_reason
 from autofit.study import DATA_BOUND_ERRORS, trial_result
 from autofit.units import format_size
 
@@ -26,6 +26,9 @@ def explain(ranked: list[Candidate], done, planner: Planner, usable: float) -> s
     loader = loader_reason(planner.space.loader, ranked, done)
     if loader:
         parts.append(loader)
+    squares = squares_reason(ranked, planner.space.longest_sample)
+    if squares:
+        parts.append(squares)
     others = {}
     for c in ranked[1:]:
         key = c.config.precision
@@ -35,7 +38,8 @@ def explain(ranked: list[Candidate], done, planner: Planner, usable: float) -> s
         parts.append(f"{best.rate / c.rate:.2f}x the best {precision} config ({c.config.label()})")
     strategy = planner.space.strategy_of(best.config)
     larger = sorted((o for o in done if planner.space.strategy_of(o.config) == strategy
-                     and planner.space.holds_kind(o.config) and o.config.size > best.config.size),
+                     and planner.space.holds_kind(o.config) and o.config.max_squares == best.config.max_squares
+                     and o.config.size > best.config.size),
                     key=lambda o: o.config.size)
     if larger:
         o = larger[0]

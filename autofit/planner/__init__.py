@@ -36,6 +36,7 @@ from autofit.planner._search_space import (
     nice_batch_sizes,
     token_caps,
 )
+from autofit.planner._squares_rule import next_squares_config, squares_reason
 
 __all__ = [
     "AB_ENTRANTS",
@@ -65,6 +66,8 @@ __all__ = [
     "fit_line",
     "fit_throughput",
     "loader_reason",
+    "next_squares_config",
+    "squares_reason",
     "memory_key",
     "next_loader_config",
     "nice_batch_sizes",

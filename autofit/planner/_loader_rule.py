@@ -65,8 +65,9 @@ def shared_cores_loader_note(cores: int, *, ranks_per_node: int = 1, probes_at_o
 
 
 def leader(ranked: Sequence[Candidate]) -> Candidate | None:
-    """The fastest config with the loader as the script declares it (the configs the other rules probe)."""
-    return next((c for c in ranked if not c.config.loader), None)
+    """The fastest config with the loader as the script declares it and no squares cap (the configs the
+    other rules probe)."""
+    return next((c for c in ranked if not c.config.loader and c.config.max_squares is None), None)
 
 
 def wait_share(config: Config, observations: Sequence[Observation]) -> float | None:

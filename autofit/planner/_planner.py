@@ -30,6 +30,8 @@ benchmark's replays all run the same decisions. The rules, in order:
 6. When the function offers run.loader() and the leader waited for its data, the leader is probed
    with more loader workers, deeper prefetch and pinned memory, last (see _loader_rule.py). Rules 1-5 work
    with the loader as the script declares it.
+7. By tokens, the leader is then probed with larger token caps under a squares cap at its worst batch's,
+   so that short batches hold more tokens (per-length caps, see _squares_rule.py).
 
 The planner decides; what the observations say is read by its parts, once per decision (`_State`):
 what fits (_feasibility.py, rule 1), the memory lines and the calibrated prediction
@@ -53,6 +55,7 @@ from autofit.planner._observation import Observation
 from autofit.planner._prediction import CalibratedPrediction, MemoryPrediction, PeakRange
 from autofit.planner._ranking import Candidate, Ranking
 from autofit.planner._search_space import SearchSpace, Strategy
+from autofit.planner._squares_rule import next_squares_config
 from autofit.planner._throughput import ThroughputModels
 
 #: A skipped strategy's optimistic bound must fall this far below the best so far.
@@ -110,7 +113,9 @@ class Planner:
         refined = _around_the_best(self.space, state)
         if refined is not None:
             return refined
-        return next_loader_config(self.space.loader, state.ranking.ranked(), state.observations)
+        ranked = state.ranking.ranked()
+        return (next_loader_config(self.space.loader, ranked, state.observations)
+                or next_squares_config(self.space, leader(ranked), ranked, state.observations, self.usable))
 
     def ranked(self, observations: Sequence[Observation]) -> list[Candidate]:
         """Feasible configs, best first: throughput, with near-ties broken toward configs that did
@@ -330,9 +335,11 @@ class _State:
         by_config: dict[Config, list[Observation]] = defaultdict(list)
         for obs in self.observations:
             by_config[obs.config].append(obs)
-        # Loader variants are compared with their own kind, not with the batches around them.
-        self.noise = NoiseReading(self.observations, lambda c: (space.strategy_of(c), tuple(c.loader.items())))
-        self.feasible = Feasibility(space, usable, self.observations)
+        # Loader and squares variants are compared with their own kind, not with the batches around them.
+        self.noise = NoiseReading(self.observations,
+                                  lambda c: (space.strategy_of(c), tuple(c.loader.items()), c.max_squares))
+        # What fits and the memory lines are the space's (a squares variant's peak is not its cap's).
+        self.feasible = Feasibility(space, usable, [o for o in self.observations if o.config.max_squares is None])
         self.predicted: CalibratedPrediction | None = (
             prediction.calibrate(self.feasible.done) if prediction is not None else None)
         self.memory = MemoryModels(space, usable, self.feasible.done, self.predicted)

@@ -95,6 +95,9 @@ class SearchSpace:
     global_tokens: int | None = None
     """By tokens: the real tokens per optimizer step, all ranks together, that the run keeps
     (`@autofit(global_tokens=N)`, which sets the accumulation from the data); None: not held."""
+    longest_sample: int | None = None
+    """By tokens: the data's longest sample (its batch is a cap's worst; the squares rule caps the others'
+    squares at its batch's)."""
 
     @classmethod
     def build(
@@ -113,6 +116,7 @@ class SearchSpace:
         token_range: tuple[int, int] | None = None,
         first_precision: str | None = None,
         global_tokens: int | None = None,
+        longest_sample: int | None = None,
     ) -> SearchSpace:
         """`token_range`: batches by tokens, the caps to climb (the batch range and global batch then
         do not apply, `global_tokens` does). `first_precision`: the precision the first strategy (the
@@ -146,6 +150,7 @@ class SearchSpace:
             or ("full",),
             tokens=token_range is not None,
             global_tokens=global_tokens if token_range is not None else None,
+            longest_sample=longest_sample if token_range is not None else None,
         )
 
     def strategies(self) -> list[Strategy]:
@@ -200,6 +205,7 @@ class SearchSpace:
                if self.checkpoint_policies != ("full",) else {}),
             **({"tokens": True} if self.tokens else {}),
             **({"global_tokens": self.global_tokens} if self.global_tokens is not None else {}),
+            **({"longest_sample": self.longest_sample} if self.longest_sample is not None else {}),
         }
 
     @classmethod
@@ -216,6 +222,7 @@ class SearchSpace:
             checkpoint_policies=tuple(data.get("checkpoint_policies", ("full",))),
             tokens=bool(data.get("tokens", False)),
             global_tokens=data.get("global_tokens"),
+            longest_sample=data.get("longest_sample"),
         )
 
 

@@ -28,9 +28,10 @@ class ThroughputModels:
         self._max_k = (max(space.checkpoint_segments) if space.checkpoint_segments else 0) or 1
 
     def _measured(self) -> list:
-        """The trusted measurements, less the loader variants (run.loader): they speed up the input, not
-        the steps a strategy's curve describes, and would bend it."""
-        return [c for c in self.ranking.measured() if not c.config.loader]
+        """The trusted measurements, less the loader variants (run.loader) and the squares variants: they
+        speed up the input, or batch the short samples larger, not the steps a strategy's curve describes,
+        and would bend it."""
+        return [c for c in self.ranking.measured() if not c.config.loader and c.config.max_squares is None]
 
     def points(self, strategy: Strategy) -> list[tuple[int, float]]:
         """(size, rate) of the strategy's trusted measurements."""

@@ -46,7 +46,9 @@ class TokenBatchStats:
 
 class TokenBatchSampler(Sampler[list[int]]):
     """Index batches for a DataLoader's `batch_sampler`: each batch's sample count times its longest
-    length is at most `max_tokens` (a sample longer than the cap goes alone). With several ranks,
+    length is at most `max_tokens` (a sample longer than the cap goes alone), and with `max_squares` its
+    count times its longest² at most that (the long batches held by their attention's squares, the short
+    ones by their tokens). With several ranks,
     every rank gets the same number of batches (the epoch's batches are dealt round-robin, the last
     ones repeated from the start where they do not divide), so no rank waits on another's extra step.
 
@@ -54,21 +56,25 @@ class TokenBatchSampler(Sampler[list[int]]):
 
     def __init__(self, lengths: Sequence[int], max_tokens: int, *, shuffle: bool = True, seed: int = 0,
                  rank: int = 0, world_size: int = 1, max_samples: int | None = None,
-                 worst_first: bool = False, worst_only: bool = False) -> None:
+                 worst_first: bool = False, worst_only: bool = False, max_squares: int | None = None) -> None:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, but got {max_tokens}")
+        if max_squares is not None and max_squares < 1:
+            raise ValueError(f"max_squares must be at least 1, but got {max_squares}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not one of {world_size} ranks")
         self.lengths = [int(n) for n in lengths]
         if any(n < 1 for n in self.lengths):
             raise ValueError("every sample's length must be at least 1 token")
         self.max_tokens = int(max_tokens)
+        self.max_squares = None if max_squares is None else int(max_squares)
         self.shuffle, self.seed = shuffle, seed
         self.rank, self.world_size = rank, world_size
         self.max_samples = max_samples
         self.worst_first = worst_first
         """A probe's: the batch that holds the longest sample comes first, so that the probe's peak memory
-        is the data's worst case and a cap picked from it survives the long tail."""
+        is the data's worst case and a cap picked from it survives the long tail (under a squares cap the
+        batch of the most padded tokens right after it: the two caps' worst cases)."""
         self.worst_only = worst_only
         """The memory estimator's: every batch is that worst one (`worst_batch`), as many as the epoch has,
         so that each estimated step holds the cap's worst case, not a draw."""
@@ -87,13 +93,24 @@ class TokenBatchSampler(Sampler[list[int]]):
         """Every batch of this epoch, before they are dealt to the ranks."""
         generator = self._generator()
         batches = self._cut(generator)
-        worst = batches[0] if batches else None  # cut first, from the longest sample down
+        worst = self._worst(batches)
         if self.shuffle:
             batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
-        if self.worst_first and worst is not None:
-            batches.remove(worst)
-            batches.insert(0, worst)
+        if self.worst_first:
+            for batch in reversed(worst):
+                batches.remove(batch)
+                batches.insert(0, batch)
         return batches
+
+    def _worst(self, batches: list[list[int]]) -> list[list[int]]:
+        """The batches whose memory is the caps' worst, in length order: the longest sample's (cut first);
+        under a squares cap, the one of the most padded tokens too (where both caps bind)."""
+        if not batches:
+            return []
+        if self.max_squares is None:
+            return [batches[0]]
+        widest = max(batches, key=lambda b: (len(b) * self.lengths[b[0]], len(b) * self.lengths[b[0]] ** 2))
+        return [batches[0]] if widest is batches[0] else [batches[0], widest]
 
     def worst_batch(self) -> list[int]:
         """The batch whose memory is the cap's worst: the data's longest samples, as many as the cap holds
@@ -114,7 +131,8 @@ class TokenBatchSampler(Sampler[list[int]]):
         for index in order:  # longest first: a batch's first sample sets its padded length
             longest = self.lengths[current[0]] if current else self.lengths[index]
             full = self.max_samples is not None and len(current) >= self.max_samples
-            if current and ((len(current) + 1) * longest > self.max_tokens or full):
+            squares = self.max_squares is not None and (len(current) + 1) * longest**2 > self.max_squares
+            if current and ((len(current) + 1) * longest > self.max_tokens or full or squares):
                 batches.append(current)
                 current = []
             current.append(index)
@@ -197,11 +215,12 @@ class TokenLoader(TimedDataLoader):
 def token_sampler(lengths: Sequence[int], config: Config, *, shuffle: bool, seed: int, rank: int, world_size: int,
                   probing: bool = False, worst_only: bool = False) -> TokenBatchSampler:
     """The TokenBatchSampler at the config's token cap (None: `batch_size` samples at the longest length, the
-    worst micro-batch a fixed size would meet); a probe's puts the batch of the longest sample first."""
+    worst micro-batch a fixed size would meet) and squares cap; a probe's puts the caps' worst batches first."""
     cap = config.max_tokens if config.max_tokens is not None else config.batch_size * max(lengths, default=1)
     max_samples = config.batch_size if config.max_tokens is not None and config.batch_size < config.max_tokens else None
     return TokenBatchSampler(lengths, cap, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
-                             max_samples=max_samples, worst_first=probing, worst_only=worst_only)
+                             max_samples=max_samples, worst_first=probing, worst_only=worst_only,
+                             max_squares=config.max_squares)
 
 
 def build_token_loader(dataset: Any, lengths: Sequence[int], config: Config, *, collate_fn: Callable | None,

@@ -57,7 +57,8 @@ def build_space(settings: SearchSettings, options: SearchOptions, info: WorkerIn
                              global_batch=global_batch, accumulations=accumulations, shardings=shardings,
                              compiles=compiles, loader=loader_choices(settings, knobs),
                              checkpoint_policies=options.checkpoint_policy or CHECKPOINT_POLICIES,
-                             global_tokens=options.global_tokens)
+                             global_tokens=options.global_tokens,
+                             longest_sample=(knobs or {}).get("longest_sample"))
 
 
 def first_precision(info: WorkerInfo, wanted: tuple[str, ...]) -> str | None:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 COLUMNS = {
     "trial": "int64", "phase": "string", "status": "string", "precision": "string",
     "batch_size": "int64", "checkpoint_segments": "int64", "checkpoint_policy": "string",
-    "accumulation_steps": "int64", "max_tokens": "Int64",
+    "accumulation_steps": "int64", "max_tokens": "Int64", "max_squares": "Int64",
     "global_batch": "int64", "samples_per_s": "float64", "tokens_per_s": "float64",
     "flops_per_s": "float64", "mfu": "float64", "joules_per_sample": "float64",
     "step_time_median_s": "float64", "peak_bytes": "Int64", "limit_bytes": "Int64",
@@ -45,6 +45,7 @@ def trials_frame(trials: list[FrozenTrial], usable_bytes: float | None) -> pd.Da
             "checkpoint_policy": config.checkpoint_policy,
             "accumulation_steps": config.accumulation_steps,
             "max_tokens": config.max_tokens,
+            "max_squares": config.max_squares,
             "global_batch": config.global_batch,
             "samples_per_s": result.samples_per_s,
             "tokens_per_s": result.tokens_per_s,

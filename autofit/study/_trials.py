@@ -25,6 +25,8 @@ from autofit.probing import ProbeResult
 DATA_BOUND_ERRORS = ("ProbeTooShort", "DataTooSmall")
 #: Probes that ran (fit or not) are COMPLETE trials: the samplers learn from OOMs too.
 _COMPLETE_STATUSES = ("ok", "oom")
+#: The largest squares cap a trial may hold (Optuna keeps integers as floats: exact below 2**53).
+MAX_SQUARES = 2**50
 
 
 def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumulation: int,
@@ -33,7 +35,8 @@ def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumul
     """The trial parameters. Integer ranges, so a study may widen them later (Optuna allows that).
     `sharding`, `compile`, the loader's fields and `checkpoint_policy` only where the search considers
     them: other studies keep their form. The loader's choices include None: the loader as the script
-    declares it. `max_tokens` (within `token_range`) only for a function that batches by tokens."""
+    declares it. `max_tokens` (within `token_range`) and `max_squares` (0: none) only for a function that
+    batches by tokens."""
     return {
         "batch_size": IntDistribution(batch_range[0], max(batch_range[0], batch_range[1])),
         "precision": CategoricalDistribution(PRECISIONS),
@@ -45,7 +48,8 @@ def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumul
             "pin_memory": CategoricalDistribution((None, False, True)),
             "prefetch_factor": CategoricalDistribution((None, *LOADER_PREFETCH))} if loader else {}),
         **({"checkpoint_policy": CategoricalDistribution(CHECKPOINT_POLICIES)} if selective else {}),
-        **({"max_tokens": IntDistribution(token_range[0], max(token_range))} if token_range else {}),
+        **({"max_tokens": IntDistribution(token_range[0], max(token_range)),
+            "max_squares": IntDistribution(0, MAX_SQUARES)} if token_range else {}),
     }
 
 
@@ -53,7 +57,8 @@ def config_params(config: Config) -> dict[str, Any]:
     """The trial parameters of a config: the config's own fields (Optuna takes those it asks for)."""
     return {**config.to_dict(), "sharding": config.sharding, "compile": config.compile,
             **{name: getattr(config, name) for name in LOADER_FIELDS},
-            "checkpoint_policy": config.checkpoint_policy}
+            "checkpoint_policy": config.checkpoint_policy,
+            **({"max_squares": config.max_squares or 0} if config.max_tokens is not None else {})}
 
 
 def trial_config(trial: FrozenTrial) -> Config | None:

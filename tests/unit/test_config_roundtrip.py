@@ -20,7 +20,9 @@ from autofit.study import config_params, distributions, trial_config
 #: A value other than the default for every field of Config.
 NON_DEFAULT = {"batch_size": 24, "precision": "bf16", "checkpoint_segments": 2, "accumulation_steps": 3,
                "sharding": "fsdp", "compile": True, "loader_workers": 4, "pin_memory": True, "prefetch_factor": 4,
-               "checkpoint_policy": "selective", "max_tokens": 64}
+               "checkpoint_policy": "selective", "max_tokens": 64, "max_squares": 19200}
+#: Fields that need another beside them: a squares cap bounds batches by tokens.
+NEEDS = {"max_squares": {"max_tokens": 64}}
 
 
 def test_the_non_default_values_name_every_config_field():
@@ -32,7 +34,8 @@ def test_the_non_default_values_name_every_config_field():
 
 
 CONFIGS = [Config(**NON_DEFAULT), Config(8),
-           *(Config(**{"batch_size": 8, name: value}) for name, value in NON_DEFAULT.items() if name != "batch_size")]
+           *(Config(**{"batch_size": 8, **NEEDS.get(name, {}), name: value}) for name, value in NON_DEFAULT.items()
+             if name != "batch_size")]
 
 
 @pytest.fixture(params=CONFIGS, ids=lambda c: c.label().replace(" ", "_"))
