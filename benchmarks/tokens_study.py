@@ -9,9 +9,11 @@ is the data set's longest (to find the largest fixed batch that survives it). Bo
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 import torch
+from torch import nn
 from torch.nn import functional as F
 
 from autofit import autofit
@@ -24,10 +26,40 @@ args, _ = parser.parse_known_args()
 
 SAMPLES = int(os.environ.get("TOKENS_SAMPLES", "2048"))
 WIDTH = int(os.environ.get("TOKENS_WIDTH", "128"))
-LENGTHS = sharegpt_like_lengths(SAMPLES)
+#: ShareGPT's lengths divided by this (8: 4..256 tokens; 2: 16..1024).
+SCALE = int(os.environ.get("TOKENS_SCALE", "8"))
+#: "fused": nn.MultiheadAttention (PyTorch's scaled_dot_product_attention, no length² scores kept on CPU);
+#: "eager": softmax(q kᵀ) written out, as HF's eager attention and many hand-written models are: it keeps
+#: samples x heads x length² scores for backward, the memory a squares cap bounds.
+ATTENTION = os.environ.get("TOKENS_ATTENTION", "fused")
+LENGTHS = sharegpt_like_lengths(SAMPLES, scale=SCALE)
 if args.longest:
     LENGTHS = [max(LENGTHS)] * 512
 DATA = Conversations(LENGTHS)
+
+
+class EagerAttention(nn.Module):
+    """Causal self-attention with its scores written out (softmax(q kᵀ / √d) v)."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.out = nn.Linear(width, 3 * width), nn.Linear(width, width)
+
+    def forward(self, h, h2=None, h3=None, attn_mask=None, need_weights=False):
+        b, n, w = h.shape
+        q, k, v = (t.view(b, n, self.heads, w // self.heads).transpose(1, 2) for t in self.qkv(h).chunk(3, dim=-1))
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(w // self.heads)
+        scores = scores.masked_fill(attn_mask, float("-inf")).softmax(dim=-1)
+        return self.out((scores @ v).transpose(1, 2).reshape(b, n, w)), None
+
+
+def build_model() -> nn.Module:
+    model = TinyLM(width=WIDTH, context=max(LENGTHS))
+    if ATTENTION == "eager":
+        for block in model.blocks:
+            block.attention = EagerAttention(WIDTH, block.attention.num_heads)
+    return model
 
 
 def real_tokens(batch) -> int:
@@ -39,7 +71,7 @@ def real_tokens(batch) -> int:
 @autofit(batch_range=(1, 512))
 def train(run):
     torch.manual_seed(0)
-    model = TinyLM(width=WIDTH).to(run.device)
+    model = build_model().to(run.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     if args.fixed:
         loader = torch.utils.data.DataLoader(DATA, batch_size=run.batch_size, shuffle=True, collate_fn=collate,

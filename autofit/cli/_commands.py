@@ -148,6 +148,8 @@ def cli(ctx: click.Context) -> None:
               help="Micro-batch size (with --max-tokens: the most samples a micro-batch holds; default: no cap).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None,
               help="Token cap of a micro-batch of run.token_batches() (its samples x its longest).")
+@click.option("--max-squares", type=click.IntRange(min=1), default=None,
+              help="With --max-tokens: a squares cap too (a micro-batch's samples x its longest², per-length caps).")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
               help="Numeric precision of the forward pass.")
 @click.option("--checkpoint-segments", type=click.IntRange(min=0), default=0, show_default=True,
@@ -181,8 +183,8 @@ def cli(ctx: click.Context) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
 def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], batch_size: int | None,
-          max_tokens: int | None, precision: str, checkpoint_segments: int, checkpoint_policy: str,
-          accumulation: int, compile_: bool, sharding: str, loader_workers: int | None,
+          max_tokens: int | None, max_squares: int | None, precision: str, checkpoint_segments: int,
+          checkpoint_policy: str, accumulation: int, compile_: bool, sharding: str, loader_workers: int | None,
           pin_memory: bool | None, prefetch_factor: int | None, memory_limit: int | None, nproc_per_node: int,
           nnodes: int, node_rank: int,
           rdzv_endpoint: str | None, steps: int, warmup: int, timeout: float, probe_process: str | None,
@@ -209,7 +211,7 @@ def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], batch_s
                     checkpoint_segments=checkpoint_segments,
                     accumulation_steps=accumulation, sharding=sharding, compile=compile_,
                     loader_workers=loader_workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
-                    checkpoint_policy=checkpoint_policy)
+                    checkpoint_policy=checkpoint_policy, max_squares=max_squares)
     settings = ProbeSettings(script=script, function=function, config=config, device=state.device,
                              index=state.index, memory_limit=memory_limit, nproc_per_node=nproc_per_node,
                              nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, warmup=warmup,

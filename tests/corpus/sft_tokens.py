@@ -30,13 +30,13 @@ SAMPLES = 512
 SCALE = 8
 
 
-def sharegpt_like_lengths(n: int, seed: int = 0) -> list[int]:
-    """Total tokens per conversation: lognormal(mean 500, sigma 0.9) clipped to [32, 2048], divided by SCALE."""
+def sharegpt_like_lengths(n: int, seed: int = 0, scale: int = SCALE) -> list[int]:
+    """Total tokens per conversation: lognormal(mean 500, sigma 0.9) clipped to [32, 2048], divided by `scale`."""
     sigma = 0.9
     mu = math.log(500) - sigma**2 / 2  # a lognormal's mean is exp(mu + sigma^2 / 2)
     generator = torch.Generator().manual_seed(seed)
     drawn = torch.exp(mu + sigma * torch.randn(n, generator=generator)).clamp(32, 2048)
-    return [max(4, int(v) // SCALE) for v in drawn.tolist()]
+    return [max(4, int(v) // scale) for v in drawn.tolist()]
 
 
 LENGTHS = sharegpt_like_lengths(SAMPLES)

@@ -70,7 +70,9 @@ def test_a_search_exports_max_tokens_and_a_normal_epoch_runs_under_the_limit(ent
     assert document["measured"]["peak_bytes"] <= document["memory"]["usable_bytes"]
     envelope = document["measured"]["token_envelope"]  # what the winner's probes ran: the longest batch first
     assert envelope["longest_sample"] == entry.longest and envelope["padded_tokens"] <= config.max_tokens
-    assert envelope["padded_squares"] >= (config.max_tokens // entry.longest) * entry.longest**2
+    squares = config.max_squares or config.max_tokens * entry.longest  # a squares cap holds the long batches
+    assert envelope["padded_squares"] >= min(config.max_tokens // entry.longest,
+                                             squares // entry.longest**2) * entry.longest**2
 
     environment = {key: value for key, value in os.environ.items() if key != "AUTOFIT_CONFIG"}
     ran = subprocess.run([sys.executable, entry.path], cwd=tmp_path, capture_output=True, text=True, timeout=900,
@@ -101,6 +103,42 @@ def test_a_probe_by_tokens_reports_the_longest_sample_and_real_tokens(entry, tmp
     assert result["knobs"]["token_envelope"]["longest_sample"] == entry.longest  # the batch holding it ran first
     assert result["knobs"]["batches"] and result["measured_steps"] >= 5
     assert 0 < result["tokens_per_s"] and result["samples_per_s"] < result["tokens_per_s"]
+
+
+@pytest.mark.slow
+def test_a_squares_cap_is_probed_and_a_normal_run_batches_as_its_file_says(tmp_path):
+    """Per-length caps (`max_squares`): the probe's long batches stay within the squares cap while its short
+    ones hold more tokens than the squares cap's own token cap would, and a normal run with a file that holds
+    both caps cuts the epoch into exactly the batches the sampler cuts for them."""
+    from autofit.export import config_entry, write_best
+    from autofit.runtime import TokenBatchSampler
+
+    entry, cap = ENTRIES[0], 1024
+    squares = cap * entry.longest
+    probed = autofit_cli("probe", entry.path, "--device", "cpu", "--memory-limit", "2GiB", "--max-tokens", str(4 * cap),
+                         "--max-squares", str(squares), "--json", cwd=tmp_path)
+    assert probed.stdout, probed.stderr[-3000:]
+    result = json.loads(probed.stdout)["result"]
+    assert probed.returncode == 0 and result["status"] == "ok", result["error_message"]
+    assert result["config"]["max_squares"] == squares
+    envelope = result["knobs"]["token_envelope"]
+    assert envelope["longest_sample"] == entry.longest and envelope["padded_squares"] <= squares
+    assert envelope["padded_tokens"] > cap  # a short batch (run first, beside the longest) held more than T
+
+    config = Config(batch_size=4 * cap, max_tokens=4 * cap, max_squares=squares)
+    best = write_best(str(tmp_path / "sq.best.json"), {
+        "config": config_entry(config, 1), "measured": {}, "memory": {}, "device": {"type": "cpu", "name": "cpu"},
+        "versions": {}, "script": {}})
+    ran = subprocess.run([sys.executable, entry.path], cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "PYTHONPATH": REPO, "AUTOFIT_DEVICE": "cpu", "AUTOFIT_CONFIG": best,
+                              "AUTOFIT_RUN_REPORT": str(tmp_path / "run.json")})
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    report = json.loads((tmp_path / "run.json").read_text())
+    assert report["config"]["max_squares"] == squares and not report["lowerings"]
+    expected = TokenBatchSampler(_script(entry.name).LENGTHS, 4 * cap, max_squares=squares, seed=0).stats()
+    assert f"token batches: {expected.batches} batches of {expected.samples} samples" in ran.stderr
+    alone = TokenBatchSampler(_script(entry.name).LENGTHS, cap, seed=0).stats()
+    assert expected.batches < alone.batches  # the short samples batch larger than under the token cap alone
 
 
 @pytest.mark.slow

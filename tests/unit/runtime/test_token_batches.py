@@ -109,3 +109,46 @@ def test_the_estimators_batches_are_all_the_caps_worst_the_longest_samples_as_ma
     assert sorted(worst.worst_batch()) == [40, 41, 42]  # 3 x 30 padded tokens: the longest three
     assert list(worst) == [worst.worst_batch()] * len(drawn)  # as many batches as an epoch has
     assert worst.stats() == drawn.stats()  # the epoch's own batches are still what it counts
+
+
+def test_a_squares_cap_holds_the_long_batches_and_lets_the_short_ones_hold_more_tokens():
+    """Per-length caps: under max_squares = T x L (L the longest) the longest batches are what the cap T alone
+    gives them, and the short ones hold up to max_tokens, far more than T."""
+    lengths = _long_tailed()
+    longest, cap = max(lengths), 4096
+    alone = TokenBatchSampler(lengths, max_tokens=cap, seed=2)
+    both = TokenBatchSampler(lengths, max_tokens=4 * cap, max_squares=cap * longest, seed=2)
+    assert sorted(i for b in both for i in b) == list(range(len(lengths)))
+    for batch in both:
+        width = max(lengths[i] for i in batch)
+        assert len(batch) * width <= 4 * cap and len(batch) * width**2 <= cap * longest
+    assert len(both.worst_batch()) == len(alone.worst_batch())  # the longest samples: as many as before
+    assert max(len(b) * max(lengths[i] for i in b) for b in both) > 2 * cap
+    assert len(list(both)) < len(list(alone)) * 0.6  # fewer, larger batches
+    with pytest.raises(ValueError):
+        TokenBatchSampler(lengths, max_tokens=cap, max_squares=0)
+
+
+def test_a_probe_under_a_squares_cap_runs_both_caps_worst_batches_first():
+    """The batch of the longest samples (the most squares) and the batch of the most padded tokens (where the
+    token cap binds, on shorter samples) open a probe: its peak is the caps' worst case."""
+    lengths = [200] * 4 + [100] * 40 + [10] * 400
+    sampler = TokenBatchSampler(lengths, max_tokens=2000, max_squares=200 * 200 * 2, seed=5, worst_first=True)
+    first, second, *rest = list(sampler)
+    assert len(first) == 2 and {lengths[i] for i in first} == {200}  # the most squares: 2 x 200²
+    assert len(second) == 200 and {lengths[i] for i in second} == {10}  # the most tokens: 200 x 10
+    alone = TokenBatchSampler(lengths, max_tokens=400, seed=5, worst_first=True)
+    first, second = list(alone)[:2]
+    assert {lengths[i] for i in first} == {200} and {lengths[i] for i in second} != {10}  # the longest alone
+
+
+def test_a_lowered_squares_config_scales_both_caps():
+    from autofit import Config
+    from autofit.errors import UsageError
+
+    config = Config(batch_size=8192, max_tokens=8192, max_squares=4096 * 512)
+    lowered = config.with_size(4096)
+    assert (lowered.max_tokens, lowered.max_squares) == (4096, 2048 * 512)
+    assert config.label() == "fp32 max_tokens=8192 max_squares=2097152"
+    with pytest.raises(UsageError):
+        Config(batch_size=8, max_squares=100)
