@@ -316,7 +316,8 @@ class Planner:
         """
         if strategy.checkpoint_segments or state.feasible.fit_max(strategy):
             return min(candidates)
-        anchor = max((c.config.size for c in state.ranking.ranked() if not c.config.checkpoint_segments), default=None)
+        anchor = max((c.config.size for c in state.ranking.ranked()
+                      if not c.config.checkpoint_segments and c.config.max_squares is None), default=None)
         below = [b for b in candidates if anchor is not None and b <= anchor]
         return max(below) if below else min(candidates)
 

@@ -175,6 +175,8 @@ class CalibratedPrediction:
         difference in tensor bytes times the factor range. A strategy not measured yet starts from
         the measured config (of any strategy) nearest in tensor bytes, with a wider slack.
         """
+        if config.max_squares is not None:
+            return None  # the estimator runs the space's caps, never a squares cap (rule 7's variants)
         tensor = self.prediction.tensor_bytes(config)
         if tensor is None:
             return None

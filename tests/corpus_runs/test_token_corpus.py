@@ -183,3 +183,34 @@ def test_an_utterance_loss_does_not_depend_on_its_batch():
         alone = torch.cat([losses([short]), losses([long])])
     assert len(short[0]) < len(long[0])
     assert torch.allclose(batched, alone, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_search_probes_a_squares_cap_after_a_climb_that_memory_stopped(tmp_path):
+    """Rule 9 in a real search: the climb by tokens ends where the long batches' scores fill the memory, the
+    steps are not saturated (a larger batch trains more tokens per second), so the leader is probed under a
+    squares cap at its worst batch's (cap x 256) with a larger token cap; whatever wins fits and is exported
+    with every field it ran with."""
+    script = os.path.join(REPO, "tests", "scripts", "tokens_launch_bound.py")
+    searched = autofit_cli("search", script, "--device", "cpu", "--memory-limit", "600MiB", "--precision", "fp32",
+                           "--budget", "2m", cwd=tmp_path, timeout=600)
+    assert searched.returncode == 0, searched.stderr[-3000:]
+    import optuna
+
+    import autofit
+    from autofit.study import trial_config
+
+    stored = autofit.load_study("tokens_launch_bound.train-cpu0", f"sqlite:///{tmp_path}/studies/autofit.db")
+    study = optuna.load_study(study_name=stored.name, storage=f"sqlite:///{tmp_path}/studies/autofit.db")
+    configs = [c for t in study.get_trials() if (c := trial_config(t)) is not None]
+    assert stored.trials_frame()["max_squares"].notna().sum() == len([c for c in configs if c.max_squares])
+    assert stored.space.longest_sample == 256  # the study keeps what the rule needs
+    variants = [c for c in configs if c.max_squares is not None]
+    assert variants, searched.stderr[-3000:]
+    leaders = {c.max_tokens for c in configs if c.max_tokens is not None and c.max_squares is None}
+    assert all(v.max_squares % 256 == 0 and v.max_squares // 256 in leaders for v in variants)
+    assert all(v.max_tokens > v.max_squares // 256 for v in variants)
+    best = tmp_path / "studies" / "tokens_launch_bound.train.cpu.best.json"
+    document = json.loads(best.read_text())
+    assert document["measured"]["peak_bytes"] <= document["memory"]["usable_bytes"]
+    assert Config.from_dict(document["config"]).max_squares == document["config"].get("max_squares")
