@@ -32,6 +32,7 @@ from autofit.probing._failures import crash_result, log_tail, timeout_result
 from autofit.probing._record import ProbeResult, WorkerInfo
 from autofit.probing._wire import LoadRequest, ProbeRequest, read_rank_results, write_rank_request
 from autofit.probing._worker import Worker
+from autofit.runtime import TokenEnvelope
 
 #: Which rank's failure names the probe's status when several failed (an OOM explains the rest).
 _PRECEDENCE = ("oom", "diverged", "error", "crashed", "timeout")
@@ -205,7 +206,7 @@ def combine(config: Config, results: dict[int, ProbeResult | None], nproc: int, 
         ranks = list(present.values())
         first = ranks[0]
         waiting = max(ranks, key=lambda r: r.data_wait_share or -1.0)  # the rank the data held back most
-        return replace(first, data_wait_s=waiting.data_wait_s, data_wait_share=waiting.data_wait_share, wall_s=wall, world_size=nproc, peak_bytes=peak, log_path=log_path,
+        return replace(first, knobs=_ranks_knobs(ranks), data_wait_s=waiting.data_wait_s, data_wait_share=waiting.data_wait_share, wall_s=wall, world_size=nproc, peak_bytes=peak, log_path=log_path,
                        samples_per_s=sum(r.samples_per_s or 0 for r in ranks) or None,
                        tokens_per_s=sum(r.tokens_per_s or 0 for r in ranks) or None,
                        step_time_median_s=max((r.step_time_median_s or 0) for r in ranks) or None,
@@ -226,6 +227,20 @@ def combine(config: Config, results: dict[int, ProbeResult | None], nproc: int, 
                                 f"(torchrun exit status {code}); see the probe's log.",
                         error_type="RankCrashed", wall_s=wall, memory_limit=limit, log_path=log_path, ranks=nproc,
                         peak_bytes=peak, traceback=log_tail(log_path))
+
+
+def _ranks_knobs(ranks: list[ProbeResult]) -> dict | None:
+    """Rank 0's knobs, with the token envelope of every rank's micro-batches: a rank that drew a longer
+    batch than rank 0 ran it too, so a normal run must not split a batch like it (each rank draws its own
+    share of the epoch's batches)."""
+    knobs = ranks[0].knobs
+    envelopes = [TokenEnvelope.from_dict((r.knobs or {}).get("token_envelope")) for r in ranks]
+    widest = None
+    for envelope in envelopes:
+        widest = envelope.widened(widest) if envelope is not None else widest
+    if knobs is None or widest is None:
+        return knobs
+    return {**knobs, "token_envelope": widest.to_dict()}
 
 
 def _mean(values: list[float | None]) -> float | None:
