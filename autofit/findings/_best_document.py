@@ -21,7 +21,14 @@ from autofit.findings._confirmation import ab_record, unconfirmed_reason
 from autofit.findings._explain import explain, rate_note
 from autofit.findings._planning import observations, study_planner
 from autofit.planner import Candidate, Observation, Planner
-from autofit.study import model_flops_per_sample, recorded_end, redacted, study_meta, trial_result
+from autofit.study import (
+    model_flops_per_sample,
+    model_flops_per_token,
+    recorded_end,
+    redacted,
+    study_meta,
+    trial_result,
+)
 
 #: What an export says when the search that wrote the study never reached its end.
 NOT_FINISHED = "the search did not finish (nothing recorded its end)"
@@ -135,15 +142,19 @@ def rate_figures(best: Candidate, trials, meta: dict, world_size: int) -> dict[s
     number = {o.trial for o in best.measurement.probes}
     probes = [r for t in trials if t.number in number and (r := trial_result(t))]
     rates = {r.name: _at_rate(best, probes, r.name) for r in RATES}
-    flops = model_flops_per_sample(trials)
-    samples = rates["samples_per_s"]
-    flops_per_s = samples * flops if flops and samples else None
+    flops, per_token = model_flops_per_sample(trials), model_flops_per_token(trials)
+    samples, tokens = rates["samples_per_s"], rates["tokens_per_s"]
+    if best.config.max_tokens is not None and per_token and tokens:  # by tokens: samples per batch vary
+        flops_per_s = tokens * per_token
+    else:
+        flops_per_s = samples * flops if flops and samples else None
     device = meta.get("device_info") or {}
     utilisation = (mfu(flops_per_s / max(1, world_size), device.get("name", ""), best.config.precision)
                    if flops_per_s and device.get("type") == "cuda" else None)
     waited = _median([r.data_wait_share for r in probes])
     return {**rates,
-            "flops_per_sample": flops, "flops_per_s": flops_per_s, "mfu": utilisation,
+            "flops_per_sample": flops, **({"flops_per_token": per_token} if per_token else {}),
+            "flops_per_s": flops_per_s, "mfu": utilisation,
             "joules_per_sample": _median([r.joules_per_sample for r in probes]),
             # share of the measured time its probes waited for data (when autofit saw the data)
             **({"data_wait_share": waited} if waited is not None else {})}

@@ -149,7 +149,8 @@ def _fill_work(result: ProbeResult, run: Run, backend: DeviceBackend) -> None:
     if run.flops is not None and run.flops.failure:
         result.notes.append(run.flops.failure)
     if run.flops is not None and run.flops.per_sample is not None:
-        result.set_flops(run.flops.per_sample, backend.peak_flops_per_s(result.config.precision))
+        result.set_flops(run.flops.per_sample, backend.peak_flops_per_s(result.config.precision),
+                         run.flops.per_token)
     energy, samples = run.clock.measured_energy_j, run.clock.measured_samples
     if energy is not None and energy >= 0 and samples:
         result.joules_per_sample = energy / samples

@@ -66,8 +66,11 @@ class ProbeResult:
     flops_per_sample: float | None = None
     """Model FLOPs per sample (forward, backward, optimizer; checkpointing's recompute left out),
     counted by PyTorch's FLOP formulas on one step after the measured ones; None for compiled or sharded configs."""
+    flops_per_token: float | None = None
+    """Model FLOPs per real (non-padding) token of the same counted step, where its batches count tokens."""
     flops_per_s: float | None = None
-    """Model FLOP/s achieved: samples/s x FLOPs per sample (all ranks of a distributed probe)."""
+    """Model FLOP/s achieved: samples/s x FLOPs per sample, or by tokens real tokens/s x FLOPs per token
+    (all ranks of a distributed probe)."""
     mfu: float | None = None
     """Model FLOPs utilisation: FLOP/s over the device's dense peak at this precision (None on a CPU
     or a GPU without a known peak: autofit.devices.PEAK_FLOPS)."""
@@ -90,13 +93,19 @@ class ProbeResult:
         cap (CUDA's num_alloc_retries): at the edge of memory, and slower for it."""
         return self.ok and int(self.allocator.get("num_alloc_retries", 0) or 0) > 0
 
-    def set_flops(self, flops_per_sample: float, peak_flops_per_s: float | None) -> None:
-        """FLOPs per sample, and from them FLOP/s and MFU against one device's dense peak (every rank
-        of a distributed probe has its own device, so the peak counts once per rank)."""
-        self.flops_per_sample = flops_per_sample
-        if not self.samples_per_s:
+    def set_flops(self, flops_per_sample: float, peak_flops_per_s: float | None,
+                  flops_per_token: float | None = None) -> None:
+        """FLOPs per sample (and per real token), and from them FLOP/s and MFU against one device's dense
+        peak (every rank of a distributed probe has its own device, so the peak counts once per rank).
+        By tokens the FLOP/s come from tokens/s and FLOPs per token: a micro-batch's samples vary with the
+        lengths drawn, its tokens far less."""
+        self.flops_per_sample, self.flops_per_token = flops_per_sample, flops_per_token
+        if self.config.max_tokens is not None and flops_per_token and self.tokens_per_s:
+            self.flops_per_s = self.tokens_per_s * flops_per_token
+        elif self.samples_per_s:
+            self.flops_per_s = self.samples_per_s * flops_per_sample
+        else:
             return
-        self.flops_per_s = self.samples_per_s * flops_per_sample
         if peak_flops_per_s:
             self.mfu = self.flops_per_s / (peak_flops_per_s * max(1, self.world_size))
 

@@ -54,6 +54,8 @@ class StepFlops:
         self._mode: Any = None
         self.flops: int | None = None
         self.samples = 0
+        self.tokens = 0
+        """The counted step's real (non-padding) tokens, where its batches count them (0: not counted)."""
         self.failure: str | None = None
         """Why nothing was counted (the counter could not start or stop), for the probe's notes."""
 
@@ -71,8 +73,8 @@ class StepFlops:
             return
         self._mode = mode
 
-    def end(self, samples: int) -> None:
-        """Close the counted step of `samples` samples."""
+    def end(self, samples: int, tokens: int = 0) -> None:
+        """Close the counted step of `samples` samples (and `tokens` real tokens, where counted)."""
         mode, self._mode = self._mode, None
         if mode is None:
             return
@@ -82,7 +84,7 @@ class StepFlops:
             self.failure = f"FLOPs not counted ({type(error).__name__}: {error})"
             return
         self.flops = mode.total
-        self.samples = samples
+        self.samples, self.tokens = samples, tokens
 
     def abandon(self) -> None:
         """The step did not finish (an exception left it): stop counting, keep nothing."""
@@ -99,6 +101,15 @@ class StepFlops:
         if not self.flops or not self.samples:
             return None
         return self.flops / self.samples
+
+    @property
+    def per_token(self) -> float | None:
+        """Model FLOPs per real token of the counted step (None where its tokens were not counted): by
+        tokens a micro-batch holds as many samples as fit, so FLOPs per sample vary with the lengths drawn
+        far more than FLOPs per token do."""
+        if not self.flops or not self.tokens:
+            return None
+        return self.flops / self.tokens
 
 
 _cpu_attention_counted = False

@@ -27,6 +27,7 @@ from autofit.study import (
     default_study_name,
     is_journal,
     model_flops_per_sample,
+    model_flops_per_token,
     open_storage,
     quiet_heartbeat_warnings,
     record_probe,
@@ -176,9 +177,11 @@ class Session:
 
     def record(self, trial: optuna.Trial, result: ProbeResult, phase: str) -> None:
         if result.ok and result.flops_per_sample is None:  # compiled or sharded: the eager probes' count
-            counted = model_flops_per_sample(self.study.get_trials(deepcopy=False))
+            trials = self.study.get_trials(deepcopy=False)
+            counted = model_flops_per_sample(trials)
             if counted is not None:
-                result.set_flops(counted, peak_flops_per_s(self.device_info.name, result.config.precision))
+                result.set_flops(counted, peak_flops_per_s(self.device_info.name, result.config.precision),
+                                 model_flops_per_token(trials))
         record_probe(self.study, trial, result, self.usable, phase)
 
     def fail_unfinished(self) -> None:

@@ -77,6 +77,13 @@ def model_flops_per_sample(trials: list[FrozenTrial]) -> float | None:
     return counted[len(counted) // 2] if counted else None
 
 
+def model_flops_per_token(trials: list[FrozenTrial]) -> float | None:
+    """The function's model FLOPs per real token as its probes counted them (the median), None where none
+    counted tokens."""
+    counted = sorted(r.flops_per_token for t in trials if (r := trial_result(t)) and r.flops_per_token)
+    return counted[len(counted) // 2] if counted else None
+
+
 def record_probe(study: optuna.Study, trial: optuna.Trial, result: ProbeResult, usable_bytes: float, phase: str) -> FrozenTrial:
     """Store the whole probe on its trial; OOM and over-headroom are infeasible COMPLETE trials."""
     trial.set_user_attr("probe", result.to_dict())
