@@ -21,7 +21,9 @@ Needs `pip install autofit[hf]` (transformers, accelerate).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -146,19 +148,15 @@ class AutofitTrainer(Trainer):
             dataset = self._remove_unused_columns(dataset, description="Training")
         else:
             collator = self._get_collator_with_removed_columns(collator, description="Training")
-        workers = self.args.dataloader_num_workers
-        extra: dict[str, Any] = {}
-        if workers > 0:
-            extra.update(prefetch_factor=self.args.dataloader_prefetch_factor,
-                         persistent_workers=self.args.dataloader_persistent_workers)
-        loader = DataLoader(dataset, batch_sampler=self._autofit_batches, collate_fn=collator, num_workers=workers,
-                            pin_memory=self.args.dataloader_pin_memory, **extra)
+        loader = DataLoader(dataset, batch_sampler=self._autofit_batches, collate_fn=collator,
+                            **_hf_loader_arguments(self.args))
         return unshard_token_batches(self.accelerator.prepare(loader))
 
     def _autofit_lengths(self) -> list[int]:
         """Each training sample's length, as HF's LengthGroupedSampler takes it (`length_column_name`, else
         the model's first input)."""
-        grouped = super()._get_train_sampler(self.train_dataset)
+        takes_dataset = "train_dataset" in inspect.signature(super()._get_train_sampler).parameters
+        grouped = super()._get_train_sampler(self.train_dataset) if takes_dataset else super()._get_train_sampler()
         lengths = getattr(grouped, "lengths", None)
         if lengths is None:
             raise UsageError(f"Batching by tokens needs each sample's length, as group_by_length does, but the "
@@ -215,3 +213,29 @@ class AutofitTrainer(Trainer):
 
     def _zero_grad(self) -> None:
         self.model.zero_grad(set_to_none=True)
+
+
+def _hf_loader_arguments(args: Any) -> dict[str, Any]:
+    """The DataLoader arguments HF's Trainer gives its training loader (workers, pinning, prefetch, persistent
+    workers, multiprocessing context, its seeded workers), each where this transformers has it: the token
+    batches load as HF's own loader would."""
+    workers = args.dataloader_num_workers
+    out: dict[str, Any] = {"num_workers": workers, "pin_memory": args.dataloader_pin_memory}
+    if workers > 0:
+        out.update(prefetch_factor=args.dataloader_prefetch_factor,
+                   persistent_workers=args.dataloader_persistent_workers)
+        context = getattr(args, "dataloader_multiprocessing_context", None)
+        if context is not None:
+            out["multiprocessing_context"] = context
+        try:
+            from transformers.trainer_utils import seed_worker
+        except ImportError:
+            seed_worker = None
+        if seed_worker is not None:
+            named = inspect.signature(seed_worker).parameters
+            out["worker_init_fn"] = (partial(seed_worker, num_workers=workers, rank=args.process_index)
+                                     if "rank" in named else seed_worker)
+    in_order = getattr(args, "dataloader_in_order", None)
+    if in_order is not None and "in_order" in inspect.signature(DataLoader).parameters:
+        out["in_order"] = in_order
+    return out

@@ -129,3 +129,34 @@ def test_with_no_searched_config_hfs_own_length_grouped_batches_stand(tmp_path):
                          env={**os.environ, "PYTHONPATH": REPO, "BATCHES_OUT": str(out), "HF_OUT": str(tmp_path / "out")})
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert {samples for samples, _ in _batches(out)} == {4} and "steps 16" in ran.stdout
+
+
+def test_token_batches_load_as_hfs_own_training_loader_would(tmp_path):
+    """Workers seeded by HF's seed_worker (per rank), prefetch, persistent workers and pinning as the
+    Trainer's arguments say: a probe's loader is the loader the user's run has."""
+    from transformers import TrainingArguments
+
+    from autofit.integrations.hf import _hf_loader_arguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), dataloader_num_workers=2, dataloader_prefetch_factor=3,
+                             dataloader_persistent_workers=True, use_cpu=True, report_to=[])
+    loader = _hf_loader_arguments(args)
+    assert loader["num_workers"] == 2 and loader["prefetch_factor"] == 3 and loader["persistent_workers"]
+    seeded = loader["worker_init_fn"]
+    assert seeded.func.__name__ == "seed_worker" and seeded.keywords == {"num_workers": 2, "rank": args.process_index}
+    alone = _hf_loader_arguments(TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[]))
+    assert alone["num_workers"] == 0 and "worker_init_fn" not in alone and "prefetch_factor" not in alone
+
+
+def test_the_lengths_come_from_a_trainer_whose_sampler_takes_no_dataset(monkeypatch):
+    """transformers before 4.52: `Trainer._get_train_sampler(self)`, no dataset argument."""
+    from types import SimpleNamespace
+
+    from transformers import Trainer
+
+    from autofit.integrations.hf import AutofitTrainer
+
+    monkeypatch.setattr(Trainer, "_get_train_sampler", lambda self: SimpleNamespace(lengths=[3, 7, 5]))
+    trainer = object.__new__(AutofitTrainer)
+    trainer.train_dataset = [0, 1, 2]
+    assert trainer._autofit_lengths() == [3, 7, 5]
