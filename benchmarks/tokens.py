@@ -21,7 +21,8 @@ Each then trains one whole epoch as a normal run (`AUTOFIT_CONFIG`, `AUTOFIT_MEM
 cap), interleaved (a b c d a b c d ...) so that a drift of the machine falls on all of them. Reported:
 real (non-padding) tokens/s over the run's measured steps, OOMs caught (the run's lowerings), micro-batches
 run in pieces (token guard / OOM fallback), padding share, and whether the epoch finished. The headline
-is autofit ÷ (a), the median of the per-round ratios with their range. Writes benchmarks/tokens-cpu.md.
+is autofit ÷ (a), the median of the per-round ratios with their range. Writes benchmarks/tokens-cpu.md
+(`--device cuda`: benchmarks/tokens-cuda.md, or `--out`).
 """
 
 from __future__ import annotations
@@ -123,9 +124,11 @@ def main() -> None:
     parser.add_argument("--budget", default="3m", help="autofit's search budget")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--samples", type=int, default=2048, help="conversations in the epoch")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (the GPU checklist's `tokens` step)")
+    parser.add_argument("--out", default=None, help="the table's file (default: benchmarks/tokens-<device>.md)")
     args = parser.parse_args()
     started = time.perf_counter()
-    env = {**os.environ, "PYTHONPATH": pythonpath(), "AUTOFIT_DEVICE": "cpu", "TOKENS_SAMPLES": str(args.samples)}
+    env = {**os.environ, "PYTHONPATH": pythonpath(), "AUTOFIT_DEVICE": args.device, "TOKENS_SAMPLES": str(args.samples)}
     with tempfile.TemporaryDirectory() as tmp:
         best = os.path.join(tmp, "autofit.best.json")
         began = time.perf_counter()
@@ -174,7 +177,8 @@ def main() -> None:
 
 def write_table(args, configs: dict, runs: dict, found_in: dict, document: dict, elapsed: float) -> None:
     command = (f"python -m benchmarks.tokens --memory-limit {args.memory_limit} --budget {args.budget} "
-               f"--rounds {args.rounds} --samples {args.samples}")
+               f"--rounds {args.rounds} --samples {args.samples}"
+               + (f" --device {args.device}" if args.device != "cpu" else ""))
     rate = {name: [r.get("tokens_per_s") if r["finished"] else None for r in rounds] for name, rounds in runs.items()}
     median = {name: statistics.median([r for r in rates if r]) if any(rates) else None for name, rates in rate.items()}
     lines = [f"`{command}` ({elapsed / 60:.1f} min in all, {os.cpu_count()} cores, "
@@ -211,7 +215,7 @@ def write_table(args, configs: dict, runs: dict, found_in: dict, document: dict,
     lines += [f"- did not finish: {line}" for line in failed]
     text = "\n".join(lines) + "\n"
     print(text)
-    with open(os.path.join(HERE, "tokens-cpu.md"), "w") as handle:
+    with open(args.out or os.path.join(HERE, f"tokens-{args.device}.md"), "w") as handle:
         handle.write(text)
 
 

@@ -8,6 +8,8 @@
 #   benchmarks/gpu/run_checklist.sh nanogpt   the nanoGPT-style 124M searched over every knob, then its exhaustive grid
 #   benchmarks/gpu/run_checklist.sh experts   autofit vs the expert baselines (bf16 finders, bf16 largest fit, grid)
 #   benchmarks/gpu/run_checklist.sh xl        the same where memory binds: GPT-2 XL (1.5B) at context 1024
+#   benchmarks/gpu/run_checklist.sh tokens    batching by tokens over a whole epoch (benchmarks/tokens.py), then a
+#                                             search of its eager-attention study (does the squares cap pay?)
 # Everything is logged to $OUT (default: out/gpu); PYTHON picks the interpreter (default python3).
 set -u
 cd "$(dirname "$0")/../.."
@@ -42,6 +44,16 @@ search)
     "$PYTHON" -m autofit.cli search benchmarks/gpu/gpt124m.py --gpu 0 --budget "$BUDGET" --fresh --out "$OUT/gpt124m.best.json"
     echo "exit status $?"
     "$PYTHON" -m autofit.cli show --study gpt124m.train-cuda0 --storage sqlite:///studies/autofit.db
+    ;;
+tokens)
+    step "benchmarks/tokens.py --device cuda --memory-limit ${LIMIT:-2GiB} (issue 26: autofit >= 2x the safe fixed batch)"
+    "$PYTHON" -m benchmarks.tokens --device cuda --memory-limit "${LIMIT:-2GiB}" --budget "${BUDGET}" --rounds "${ROUNDS:-3}" \
+        --samples "${SAMPLES:-8192}" --out "$OUT/tokens-cuda.md"
+    step "the eager-attention study at lengths to 1024: does the squares cap (max_squares) pay on a GPU?"
+    TOKENS_SAMPLES=8192 TOKENS_SCALE=2 TOKENS_ATTENTION=eager "$PYTHON" -m autofit.cli search benchmarks/tokens_study.py \
+        --gpu 0 --memory-limit "${LIMIT:-2GiB}" --budget "${BUDGET}" --fresh --storage "sqlite:///$OUT/tokens.db" \
+        --out "$OUT/tokens-eager.best.json"
+    echo "exit status $?"
     ;;
 fidelity)
     step "probe vs normal run, interleaved (benchmarks/fidelity.py --device cuda)"
