@@ -32,7 +32,6 @@ from autofit.probing._failures import crash_result, log_tail, timeout_result
 from autofit.probing._record import ProbeResult, WorkerInfo
 from autofit.probing._wire import LoadRequest, ProbeRequest, read_rank_results, write_rank_request
 from autofit.probing._worker import Worker
-from autofit.runtime import TokenEnvelope
 
 #: Which rank's failure names the probe's status when several failed (an OOM explains the rest).
 _PRECEDENCE = ("oom", "diverged", "error", "crashed", "timeout")
@@ -234,13 +233,11 @@ def _ranks_knobs(ranks: list[ProbeResult]) -> dict | None:
     batch than rank 0 ran it too, so a normal run must not split a batch like it (each rank draws its own
     share of the epoch's batches)."""
     knobs = ranks[0].knobs
-    envelopes = [TokenEnvelope.from_dict((r.knobs or {}).get("token_envelope")) for r in ranks]
-    widest = None
-    for envelope in envelopes:
-        widest = envelope.widened(widest) if envelope is not None else widest
-    if knobs is None or widest is None:
+    envelopes = [e for r in ranks if (e := (r.knobs or {}).get("token_envelope"))]
+    if knobs is None or not envelopes:
         return knobs
-    return {**knobs, "token_envelope": widest.to_dict()}
+    # each measure's largest, as TokenEnvelope.widened (read here as the record's dicts: no torch in this process)
+    return {**knobs, "token_envelope": {name: max(int(e[name]) for e in envelopes) for name in envelopes[0]}}
 
 
 def _mean(values: list[float | None]) -> float | None:
