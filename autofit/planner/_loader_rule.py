@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from autofit.config import LOADER_FIELDS, LOADER_WORKERS, Config
-from autofit.planner._observation import Observation
+from autofit.planner._observation import Observation, is_variant
 from autofit.planner._ranking import Candidate
 
 #: Below this share of the measured time waiting for data, a faster loader gains under 1/(1-0.03), about
@@ -67,7 +67,7 @@ def shared_cores_loader_note(cores: int, *, ranks_per_node: int = 1, probes_at_o
 def leader(ranked: Sequence[Candidate]) -> Candidate | None:
     """The fastest config with the loader as the script declares it and no squares cap (the configs the
     other rules probe)."""
-    return next((c for c in ranked if not c.config.loader and c.config.max_squares is None), None)
+    return next((c for c in ranked if not is_variant(c.config)), None)
 
 
 def wait_share(config: Config, observations: Sequence[Observation]) -> float | None:

@@ -9,6 +9,12 @@ from autofit.config import Config
 FAILED_STATUSES = ("error", "diverged", "timeout", "crashed")
 
 
+def is_variant(config: Config) -> bool:
+    """A variant of the leader probed last (other loader settings, or a squares cap): not a point of its
+    strategy's curves, and not a leader the other rules start from."""
+    return bool(config.loader) or config.max_squares is not None
+
+
 @dataclass(frozen=True)
 class Observation:
     config: Config

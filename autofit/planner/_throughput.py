@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autofit.planner._models import ThroughputModel, fit_throughput
+from autofit.planner._observation import is_variant
 from autofit.planner._ranking import Ranking
 from autofit.planner._recompute import recomputes_no_more
 from autofit.planner._search_space import SearchSpace, Strategy
@@ -31,7 +32,7 @@ class ThroughputModels:
         """The trusted measurements, less the loader variants (run.loader) and the squares variants: they
         speed up the input, or batch the short samples larger, not the steps a strategy's curve describes,
         and would bend it."""
-        return [c for c in self.ranking.measured() if not c.config.loader and c.config.max_squares is None]
+        return [c for c in self.ranking.measured() if not is_variant(c.config)]
 
     def points(self, strategy: Strategy) -> list[tuple[int, float]]:
         """(size, rate) of the strategy's trusted measurements."""

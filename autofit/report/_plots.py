@@ -41,12 +41,6 @@ _PALETTE = ["#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#
             "#aec7e8", "#98df8a", "#c5b0d5", "#c49c94"]
 
 
-def _missing(value) -> bool:
-    import pandas as pd
-
-    return bool(pd.isna(value))
-
-
 def _figure() -> Figure:
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -69,17 +63,17 @@ def strategy_labels(frame: pd.DataFrame, global_batch: int | None = None) -> pd.
     """A strategy per probe, labelled as Strategy.label(): precision and checkpointed blocks, plus
     accumulation when it is a free choice (with a global batch it follows from the micro-batch), and a
     squares cap where one is set (its token caps are another curve than the strategy's)."""
+    import pandas as pd
+
     labels = []
     for row in frame.itertuples(index=False):
         text = row.precision + (f" ckpt={row.checkpoint_segments}" if row.checkpoint_segments else "")
         text += " selective" if row.checkpoint_segments and row.checkpoint_policy == "selective" else ""
         if global_batch is None and row.accumulation_steps > 1:
             text += f" acc={row.accumulation_steps}"
-        if "max_squares" in frame.columns and not _missing(row.max_squares):
+        if "max_squares" in frame.columns and not pd.isna(row.max_squares):
             text += f" max_squares={row.max_squares}"  # a squares variant: its own curve (rule 7)
         labels.append(text)
-    import pandas as pd
-
     return pd.Series(labels, index=frame.index, dtype="string")
 
 

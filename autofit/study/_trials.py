@@ -73,14 +73,18 @@ def trial_result(trial: FrozenTrial) -> ProbeResult | None:
 def model_flops_per_sample(trials: list[FrozenTrial]) -> float | None:
     """The function's model FLOPs per sample as its probes counted them (the median: the count does
     not depend on the config, and compiled or sharded probes count none), None before any count."""
-    counted = sorted(r.flops_per_sample for t in trials if (r := trial_result(t)) and r.flops_per_sample)
-    return counted[len(counted) // 2] if counted else None
+    return _median_count(trials, "flops_per_sample")
 
 
 def model_flops_per_token(trials: list[FrozenTrial]) -> float | None:
     """The function's model FLOPs per real token as its probes counted them (the median), None where none
     counted tokens."""
-    counted = sorted(r.flops_per_token for t in trials if (r := trial_result(t)) and r.flops_per_token)
+    return _median_count(trials, "flops_per_token")
+
+
+def _median_count(trials: list[FrozenTrial], name: str) -> float | None:
+    """The median of a FLOP count the probes recorded (`name` of ProbeResult), None where none did."""
+    counted = sorted(value for t in trials if (r := trial_result(t)) and (value := getattr(r, name)))
     return counted[len(counted) // 2] if counted else None
 
 
