@@ -29,34 +29,31 @@ class Entry:
     limit: str
     tier: str | None  # pytest marker of the search and run (None: slow)
     nproc: int = 1
-    fast_probe: bool = False  # its probe runs in the default tier
 
     @property
     def path(self) -> str:
         return os.path.join(CORPUS, f"{self.name}.py")
 
-    def marks(self, *, probe: bool = False) -> list:
-        if probe and self.fast_probe:
-            return []
+    def marks(self) -> list:
         return [getattr(pytest.mark, self.tier or "slow")]
 
 
 ENTRIES = [
     Entry("word_language_model", "main", ("--batch-size", "20"), "1GiB", None),
-    Entry("mnist_cnn", "main", ("--batch-size", "64"), "1GiB", None, fast_probe=True),
+    Entry("mnist_cnn", "main", ("--batch-size", "64"), "1GiB", None),
     Entry("dcgan", "train", ("--batch-size", "64"), "1GiB", None),
     Entry("nanogpt_train", "train", ("--batch-size", "8", "--accumulation", "2"), "1GiB", None),
     Entry("hf_trainer_clm", "main", ("--batch-size", "8", "--accumulation", "2"), "1536MiB", "frameworks"),
     Entry("lightning_tied", "main", ("--batch-size", "16", "--accumulation", "2", "--checkpoint", "2"), "1536MiB",
           "frameworks"),
     Entry("ddp_converted", "main", ("--batch-size", "16", "--accumulation", "2"), "1GiB", "distributed", nproc=2),
-    Entry("moe", "train", ("--batch-size", "32", "--checkpoint", "1"), "1GiB", None, fast_probe=True),
+    Entry("moe", "train", ("--batch-size", "32", "--checkpoint", "1"), "1GiB", None),
     Entry("late_device", "train", ("--batch-size", "32", "--checkpoint", "1"), "1GiB", None),
 ]
 
 
-def _params(*, probe: bool = False):
-    return [pytest.param(entry, id=entry.name, marks=entry.marks(probe=probe)) for entry in ENTRIES]
+def _params():
+    return [pytest.param(entry, id=entry.name, marks=entry.marks()) for entry in ENTRIES]
 
 
 def _ranks(entry: Entry) -> tuple[str, ...]:
@@ -73,7 +70,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.parametrize("entry", _params(probe=True))
+@pytest.mark.parametrize("entry", _params())
 def test_a_probe_is_ok(entry, tmp_path):
     probed = autofit_cli("probe", entry.path, "--device", "cpu", "--memory-limit", "2GiB", *entry.probe,
                          *_ranks(entry), "--json", cwd=tmp_path, env=_environment(tmp_path))

@@ -11,6 +11,9 @@ from autofit.cli import cli
 from autofit.probing import JobBoard
 from tests.support import script
 
+# Its searches run on tight budgets or measure speed: the heavy tier runs them alone (pyproject.toml: serial).
+pytestmark = pytest.mark.serial
+
 BROKEN = "from autofit import autofit\n\n\n@autofit\ndef train(run)\n    pass\n"
 
 

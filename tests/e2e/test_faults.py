@@ -18,6 +18,9 @@ from autofit.findings import observations
 from autofit.search import SearchSettings, run_search
 from tests.support import REPO, script
 
+# Its searches run on tight budgets or measure speed: the heavy tier runs them alone (pyproject.toml: serial).
+pytestmark = pytest.mark.serial
+
 LIMIT = 768 * 2**20
 
 

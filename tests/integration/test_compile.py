@@ -12,6 +12,9 @@ from autofit.export import config_entry, read_best, write_best
 from autofit.study import trial_result
 from tests.support import autofit_cli, script
 
+# Its searches run on tight budgets or measure speed: the heavy tier runs them alone (pyproject.toml: serial).
+pytestmark = pytest.mark.serial
+
 
 def _search(tmp_path, name: str, *extra: str):
     storage = f"sqlite:///{tmp_path}/s.db"

@@ -12,7 +12,7 @@ from autofit.probing import Worker
 from tests.support import REPO, autofit_cli, probe_result, probed_configs, refused_by_the_allocator, script
 
 pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
-pytestmark = pytest.mark.frameworks
+pytestmark = [pytest.mark.frameworks, pytest.mark.serial]  # tight budgets: the heavy tier runs it alone
 
 #: Measured on this machine (seq 128, probe peaks with the process's baseline of ~330 MiB):
 #: b=4 acc=4 436 MiB, b=8 acc=2 503 MiB, b=16 624 MiB, b=16 with 4 checkpointed blocks 556 MiB.

@@ -10,6 +10,9 @@ import pytest
 from autofit.config import Config
 from tests.support import REPO, autofit_cli, probe_result, probed_configs, refused_by_the_allocator, script
 
+# Its searches run on tight budgets or measure speed: the heavy tier runs them alone (pyproject.toml: serial).
+pytestmark = pytest.mark.serial
+
 pytest.importorskip("lightning", reason="the lightning extra: pip install -e '.[lightning]'")
 
 #: Measured on this machine (probe peaks with the process's baseline of ~480 MiB): b=16 acc=4 617 MiB,

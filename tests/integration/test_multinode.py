@@ -14,6 +14,9 @@ import pytest
 
 from tests.support import REPO, autofit_cli, free_port, script
 
+# Its searches run on tight budgets or measure speed: the heavy tier runs them alone (pyproject.toml: serial).
+pytestmark = pytest.mark.serial
+
 
 def _nodes(tmp_path, script_name: str, *extra: str, budget: str = "60s"):
     """Node 1 started first (it waits for node 0's search), then node 0; both outputs."""

@@ -16,6 +16,9 @@ from autofit.cli import cli
 from autofit.findings import observations
 from tests.support import REPO, autofit_cli, script
 
+# Its searches run on tight budgets or measure speed: the heavy tier runs them alone (pyproject.toml: serial).
+pytestmark = pytest.mark.serial
+
 
 def _search(tmp_path, storage: str, *extra: str, target: str = "grows.py") -> list[str]:
     return [sys.executable, "-m", "autofit.cli", "search", script(target), "--device", "cpu", "--memory-limit",

@@ -92,6 +92,7 @@ def test_sharding_is_refused_where_it_cannot_apply(tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.serial  # a 60 s budget: run alone
 def test_a_search_on_two_ranks_tries_fsdp_and_a_torchrun_run_applies_the_exported_sharding(tmp_path):
     # Sharding only adds communication where everything fits, so a search with DDP beside it may prune
     # FSDP unprobed (its bound is DDP's curve): asked for FSDP, the search must probe it.
@@ -117,9 +118,10 @@ def test_a_search_on_two_ranks_tries_fsdp_and_a_torchrun_run_applies_the_exporte
 
 
 @pytest.mark.distributed
-def test_the_bundled_gpt_probes_under_fsdp2_with_checkpointing_and_a_searched_config_runs_under_torchrun(tmp_path):
+def test_the_bundled_gpt_probes_under_fsdp2_with_checkpointing_and_a_torchrun_run_trains_so(tmp_path):
     """studies/gpt.py offers its blocks: an FSDP2 probe with checkpointed blocks runs on 2 ranks, and
-    a `--nproc-per-node 2` search's export is what `torchrun --nproc-per-node 2 studies/gpt.py` trains with."""
+    `torchrun --nproc-per-node 2 studies/gpt.py` trains with a file that says so. (That a search on two
+    ranks exports what a torchrun run picks up is test_distributed's and the ddp_converted corpus entry's.)"""
     import os
     import subprocess
     import sys
@@ -132,15 +134,11 @@ def test_the_bundled_gpt_probes_under_fsdp2_with_checkpointing_and_a_searched_co
     result = json.loads(probed.stdout)["result"]
     assert result["status"] == "ok" and result["world_size"] == 2 and result["knobs"]["shard_blocks"] == 4
 
-    searched = autofit_cli("search", os.path.join(STUDIES, "gpt.py"), "--nproc-per-node", "2", "--memory-limit",
-                           "1GiB", "--precision", "fp32", "--batch-size", "16:32", "--trials", "2", "--budget", "2m",
-                           "--storage", f"sqlite:///{tmp_path}/g.db", "--out", str(tmp_path / "g.best.json"),
-                           cwd=tmp_path)
-    assert searched.returncode == 0, searched.stderr[-3000:]
-    config = Config.from_dict(json.loads((tmp_path / "g.best.json").read_text())["config"])
+    config = Config(16, checkpoint_segments=2, sharding="fsdp")
+    best = config_file(tmp_path / "g.best.json", config)
     ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
                           f"--master-port={free_port()}", "--master-addr=127.0.0.1", os.path.join(STUDIES, "gpt.py")],
-                         env={**os.environ, "PYTHONPATH": REPO, "AUTOFIT_CONFIG": str(tmp_path / "g.best.json")},
+                         env={**os.environ, "PYTHONPATH": REPO, "AUTOFIT_CONFIG": best},
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert f"2 ranks, each {config.label()}" in ran.stderr
