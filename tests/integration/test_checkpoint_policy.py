@@ -149,6 +149,7 @@ def test_a_probe_from_the_command_line_runs_under_the_policy_it_names(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # its winner sits at the memory cap's edge: 24 probes to find one that fits, on a quiet CPU
 def test_a_search_probes_selective_checkpointing_and_exports_what_wins(tmp_path):
     """A real search of the eight blocks from batch 256, where no checkpointing does not fit the cap:
     only checkpointed strategies run, selective ones are probed (an Optuna param of this study), and the
@@ -163,9 +164,9 @@ def test_a_search_probes_selective_checkpointing_and_exports_what_wins(tmp_path)
 
     storage = f"sqlite:///{tmp_path}/s.db"
     done = autofit_cli("search", script("transformer_blocks.py"), "--device", "cpu", "--memory-limit", "800MiB",
-                       "--precision", "fp32", "--batch-size", "256:1024", "--budget", "5m", "--trials", "6",
+                       "--precision", "fp32", "--batch-size", "256:1024", "--budget", "30m", "--trials", "24",
                        "--storage", storage, "--study", "s", "--out", str(tmp_path / "best.json"), cwd=tmp_path,
-                       timeout=900)  # bounded by its 6 probes: the first OOM at batch 256 sends the next to checkpointing
+                       timeout=1800)  # bounded by its 24 probes (rechecks of noisy probes on a loaded machine take some)
     assert done.returncode == 0, done.stderr[-3000:]
     trials = optuna.load_study(study_name="s", storage=storage).trials
     results = [r for t in trials if (r := trial_result(t))]
