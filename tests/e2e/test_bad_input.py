@@ -11,8 +11,7 @@ from autofit.cli import cli
 from autofit.probing import JobBoard
 from tests.support import script
 
-# Its searches run on tight budgets or measure speed: the heavy tier runs them alone (pyproject.toml: serial).
-pytestmark = pytest.mark.serial
+pytestmark = pytest.mark.serial  # tight budgets or speeds measured (pyproject.toml)
 
 BROKEN = "from autofit import autofit\n\n\n@autofit\ndef train(run)\n    pass\n"
 

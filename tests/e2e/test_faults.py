@@ -18,8 +18,7 @@ from autofit.findings import observations
 from autofit.search import SearchSettings, run_search
 from tests.support import REPO, script
 
-# Its searches run on tight budgets or measure speed: the heavy tier runs them alone (pyproject.toml: serial).
-pytestmark = pytest.mark.serial
+pytestmark = pytest.mark.serial  # tight budgets or speeds measured (pyproject.toml)
 
 LIMIT = 768 * 2**20
 

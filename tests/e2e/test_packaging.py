@@ -13,8 +13,7 @@ from autofit.export import read_best, write_best
 from autofit.search import SearchSettings, run_search
 from tests.support import REPO, script
 
-# Its searches run on tight budgets or measure speed: the heavy tier runs them alone (pyproject.toml: serial).
-pytestmark = pytest.mark.serial
+pytestmark = pytest.mark.serial  # tight budgets or speeds measured (pyproject.toml)
 
 
 def test_best_config_files_have_ordinary_permissions(tmp_path):

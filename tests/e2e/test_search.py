@@ -19,8 +19,7 @@ from autofit.search import SearchSettings, run_search
 from autofit.study import open_storage
 from tests.support import autofit_cli, script
 
-# Its searches run on tight budgets or measure speed: the heavy tier runs them alone (pyproject.toml: serial).
-pytestmark = pytest.mark.serial
+pytestmark = pytest.mark.serial  # tight budgets or speeds measured (pyproject.toml)
 
 LIMIT = 768 * 2**20
 TRIALS = 4

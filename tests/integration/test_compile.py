@@ -12,8 +12,7 @@ from autofit.export import config_entry, read_best, write_best
 from autofit.study import trial_result
 from tests.support import autofit_cli, script
 
-# Its searches run on tight budgets or measure speed: the heavy tier runs them alone (pyproject.toml: serial).
-pytestmark = pytest.mark.serial
+pytestmark = pytest.mark.serial  # tight budgets or speeds measured (pyproject.toml)
 
 
 def _search(tmp_path, name: str, *extra: str):

@@ -14,8 +14,7 @@ from autofit.memory import CPU_TYPICAL_FACTOR, Estimator, StoredEstimates, estim
 from autofit.planner import MemoryPrediction
 from tests.support import STUDIES, autofit_cli, script
 
-# Its searches run on tight budgets or measure speed: the heavy tier runs them alone (pyproject.toml: serial).
-pytestmark = pytest.mark.serial
+pytestmark = pytest.mark.serial  # tight budgets or speeds measured (pyproject.toml)
 
 
 def _estimator_pids() -> list[int]:

@@ -10,8 +10,7 @@ import pytest
 from autofit.config import Config
 from tests.support import REPO, autofit_cli, probe_result, probed_configs, refused_by_the_allocator, script
 
-# Its searches run on tight budgets or measure speed: the heavy tier runs them alone (pyproject.toml: serial).
-pytestmark = pytest.mark.serial
+pytestmark = pytest.mark.serial  # tight budgets or speeds measured (pyproject.toml)
 
 pytest.importorskip("lightning", reason="the lightning extra: pip install -e '.[lightning]'")
 

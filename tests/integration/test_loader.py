@@ -26,8 +26,7 @@ from autofit.planner import (
 from autofit.runtime import Run, StepClock
 from tests.support import autofit_cli, probe_result, script
 
-# Its searches run on tight budgets or measure speed: the heavy tier runs them alone (pyproject.toml: serial).
-pytestmark = pytest.mark.serial
+pytestmark = pytest.mark.serial  # tight budgets or speeds measured (pyproject.toml)
 
 
 # --- data wait in every probe ------------------------------------------------------------------

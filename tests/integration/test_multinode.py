@@ -14,8 +14,7 @@ import pytest
 
 from tests.support import REPO, autofit_cli, free_port, script
 
-# Its searches run on tight budgets or measure speed: the heavy tier runs them alone (pyproject.toml: serial).
-pytestmark = pytest.mark.serial
+pytestmark = pytest.mark.serial  # tight budgets or speeds measured (pyproject.toml)
 
 
 def _nodes(tmp_path, script_name: str, *extra: str, budget: str = "60s"):

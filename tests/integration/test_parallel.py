@@ -16,8 +16,7 @@ from autofit.cli import cli
 from autofit.findings import observations
 from tests.support import REPO, autofit_cli, script
 
-# Its searches run on tight budgets or measure speed: the heavy tier runs them alone (pyproject.toml: serial).
-pytestmark = pytest.mark.serial
+pytestmark = pytest.mark.serial  # tight budgets or speeds measured (pyproject.toml)
 
 
 def _search(tmp_path, storage: str, *extra: str, target: str = "grows.py") -> list[str]:

@@ -12,8 +12,7 @@ from autofit.planner import SearchSpace
 from autofit.probing import ProbeResult
 from autofit.study import config_params, distributions
 
-# Its searches run on tight budgets or measure speed: the heavy tier runs them alone (pyproject.toml: serial).
-pytestmark = pytest.mark.serial
+pytestmark = pytest.mark.serial  # tight budgets or speeds measured (pyproject.toml)
 
 GiB = 2**30
 SPACE = SearchSpace.build(batch_range=(8, 64), precisions=("fp32",))
