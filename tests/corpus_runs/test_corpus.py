@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 
 from autofit.config import Config
-from tests.support import CORPUS, REPO, autofit_cli
+from tests.support import CORPUS, REPO, autofit_cli, free_port
 
 
 @dataclass(frozen=True)
@@ -62,12 +61,6 @@ def _ranks(entry: Entry) -> tuple[str, ...]:
 
 def _environment(tmp_path) -> dict[str, str]:
     return {"HF_OUT": str(tmp_path / "hf_out"), "PL_OUT": str(tmp_path / "pl_out"), "OMP_NUM_THREADS": "1"}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.parametrize("entry", _params())
@@ -128,7 +121,7 @@ def test_a_search_exports_a_config_the_normal_run_trains_with(entry, tmp_path):
     # Run as it will be run: from the same working directory, which holds studies/ with the file.
     launcher = [sys.executable] if entry.nproc == 1 else [
         sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={entry.nproc}",
-        f"--master-port={_free_port()}", "--master-addr=127.0.0.1"]
+        f"--master-port={free_port()}", "--master-addr=127.0.0.1"]
     environment = {key: value for key, value in os.environ.items() if key != "AUTOFIT_CONFIG"}
     ran = subprocess.run([*launcher, entry.path], cwd=tmp_path, capture_output=True, text=True, timeout=600,
                          env={**environment, "PYTHONPATH": REPO, "AUTOFIT_DEVICE": "cpu", **env})

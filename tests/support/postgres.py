@@ -6,23 +6,18 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
 
+from tests.support import free_port
+
 
 def _bin(name: str) -> str | None:
     found = shutil.which(name) or sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))[-1:]
     return found if isinstance(found, str) else (found[0] if found else None)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager
@@ -36,7 +31,7 @@ def postgres_server(folder: str) -> Iterator[str]:
     if os.geteuid() == 0:  # the server refuses to run as root: run it as Debian's postgres user
         shutil.chown(folder, "postgres")
         as_postgres = ["runuser", "-u", "postgres", "--"]
-    data, log, port = os.path.join(folder, "data"), os.path.join(folder, "server.log"), _free_port()
+    data, log, port = os.path.join(folder, "data"), os.path.join(folder, "server.log"), free_port()
 
     def run(*command: str) -> None:
         subprocess.run([*as_postgres, *command], check=True, capture_output=True, text=True, timeout=120)
