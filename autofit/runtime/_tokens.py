@@ -5,7 +5,8 @@ longest sample the data happens to hold.
 Samples are sorted by length (ties in a seeded random order) and cut greedily into batches, then the
 batches are shuffled: padding stays small without a fixed bucket grid, and an epoch's order is a
 function of (seed, epoch) alone, so a resumed run takes the same batches (fairseq's `--max-tokens`
-batching, written here for any dataset that states its lengths)."""
+batching, written here for any dataset that states its lengths). A probe takes the same batches in an
+order of its own: the caps' worst first, then the rest stratified by length (autofit.runtime._probe_order)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from torch.utils.data import Sampler
 from autofit.config import Config
 from autofit.errors import UsageError
 from autofit.runtime._dataloader import TimedDataLoader, loader_arguments
+from autofit.runtime._probe_order import stratified
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,8 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.worst_first = worst_first
         """A probe's: the batch that holds the longest sample comes first, so that the probe's peak memory
         is the data's worst case and a cap picked from it survives the long tail (under a squares cap the
-        batch of the most padded tokens right after it: the two caps' worst cases)."""
+        batch of the most padded tokens right after it: the two caps' worst cases); the rest follow
+        stratified by length (`stratified`), so that the few steps a probe measures stand for the epoch."""
         self.worst_only = worst_only
         """The memory estimator's: every batch is that worst one (`worst_batch`), as many as the epoch has,
         so that each estimated step holds the cap's worst case, not a draw."""
@@ -94,13 +97,15 @@ class TokenBatchSampler(Sampler[list[int]]):
         generator = self._generator()
         batches = self._cut(generator)
         worst = self._worst(batches)
+        if self.worst_first:  # a probe's: the caps' worst batches, then the rest stratified by length
+            rest = [batch for batch in batches if not any(batch is w for w in worst)]
+            return worst + stratified(rest, self._length_key, self.world_size, generator)
         if self.shuffle:
             batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
-        if self.worst_first:
-            for batch in reversed(worst):
-                batches.remove(batch)
-                batches.insert(0, batch)
         return batches
+
+    def _length_key(self, batch: list[int]) -> tuple[int, int]:
+        return self.lengths[batch[0]], len(batch)  # cut longest first: its first sample is its longest
 
     def _worst(self, batches: list[list[int]]) -> list[list[int]]:
         """The batches whose memory is the caps' worst, in length order: the longest sample's (cut first);
@@ -158,8 +163,8 @@ class TokenBatchSampler(Sampler[list[int]]):
         return max(0, len(self._mine()) - self._skip)
 
     def stats(self) -> TokenBatchStats:
-        """This epoch's batches (all ranks'), counted."""
-        batches = self.all_batches()
+        """This epoch's batches (all ranks'), counted: the same in a probe as in the run."""
+        batches = self._cut(self._generator())
         padded = sum(len(b) * max(self.lengths[i] for i in b) for b in batches)
         return TokenBatchStats(
             batches=len(batches), samples=sum(len(b) for b in batches),
