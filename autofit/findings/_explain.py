@@ -187,9 +187,29 @@ def nothing_fits(done, usable: float, limit: float, headroom: float) -> str:
                 f"{', '.join(what[k] for k in kinds)}), none ran out of memory; the smallest tried was "
                 f"{smallest}. See `autofit show` for each probe's error"
                 + ("; a slow machine may need a longer --probe-timeout" if "timeout" in kinds else "") + ".")
+    crossed = _crossed_when_measured_again(done, usable)
+    if crossed is not None:
+        return (f"Nothing fits under {format_size(usable)} usable ({format_size(limit)} limit, {headroom:.0%} "
+                f"headroom): {crossed}, and no other config measured fits. Give the search more --trials or "
+                f"--budget (it tries more checkpointing or a smaller size next), or keep less --headroom.")
     smallest = min(done, key=lambda o: o.config.size).config.label() if done else "none"
     needed = (f"the smallest config tried ({smallest}) needed {format_size(min(peaks))}" if peaks
               else f"even the smallest config tried ({smallest}) ran out of memory")
     extra = f"; {len(failed)} probes failed (see autofit show)" if failed else ""
     return (f"Nothing fits under {format_size(usable)} usable "
             f"({format_size(limit)} limit, {headroom:.0%} headroom): {needed}{extra}.")
+
+
+def _crossed_when_measured_again(done, usable: float) -> str | None:
+    """A config that fit in one probe and crossed the headroom (or ran out) in a later one, said with
+    both figures: at the edge of the memory, a longer measurement met a batch or an allocation the
+    first one did not, and the search had nothing left to try."""
+    for first in done:
+        if not first.fits(usable) or first.peak_bytes is None:
+            continue
+        later = next((o for o in done if o.config == first.config and o.too_big(usable)), None)
+        if later is not None:
+            again = "ran out of memory" if later.status == "oom" else f"read {format_size(later.peak_bytes)}"
+            return (f"{first.config.label()} fit in a probe ({format_size(first.peak_bytes)}) but {again} when "
+                    f"measured again")
+    return None
