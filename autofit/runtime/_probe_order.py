@@ -5,8 +5,11 @@ A probe times about five optimizer steps. Drawn at random from a long-tailed len
 batches can all be short or all be long, and where a token's cost grows with its sequence's length (an
 attention's scores) the probe's tokens/s is then a draw's, not the epoch's: one token cap read 16k
 tokens/s while its neighbours read 27-35k. Ordered here, any run of consecutive batches holds short,
-typical and long ones in the epoch's proportions: a van der Corput (bit-reversal) sequence over the
-batches sorted by length, started at a seeded random offset."""
+typical and long ones in the epoch's proportions: the batches sorted by length, cut into strata, and
+the strata visited in van der Corput (bit-reversal) order from a seeded offset (`_spread`). Eight steps
+of a long-tailed set read the epoch's rate within 5% on average, 13% at worst, where shuffled they erred
+by 12% and 50% (tests/unit/runtime/test_token_batches.py; a random pick from each of eight strata would
+read 4%)."""
 
 from __future__ import annotations
 
@@ -37,21 +40,26 @@ def stratified(batches: Sequence[T], length_of: Callable[[T], tuple[int, int]], 
 
 
 def _spread(items: list[T], generator: torch.Generator) -> list[T]:
-    """`items` (sorted) in a low-discrepancy order: the bit-reversal of 0, 1, 2, ... over the next power
-    of two, shifted by a seeded offset and scaled to the items, each item at its first visit."""
+    """`items` (sorted) in a low-discrepancy order. They are cut into 2^m strata of consecutive items (the
+    largest power of two not above their count), and the strata visited in van der Corput order (the
+    bit-reversal of a counter started at a seeded offset), one item of each per round in a seeded order.
+    Any 2^j consecutive counts differ in their low j bits, so their reversals differ in their high j: any
+    2^j consecutive batches of a round hold one of each of the 2^j coarsest strata."""
     count = len(items)
     if count < 2:
         return list(items)
-    size = 1 << (count - 1).bit_length()
-    bits = size.bit_length() - 1
-    offset = int(torch.randint(size, (1,), generator=generator))
-    seen: set[int] = set()
+    bits = count.bit_length() - 1
+    strata_count = 1 << bits
+    keys = torch.rand(count, generator=generator).tolist()
+    strata = [sorted(range(s * count // strata_count, (s + 1) * count // strata_count), key=keys.__getitem__)
+              for s in range(strata_count)]
+    offset = int(torch.randint(strata_count, (1,), generator=generator))
     out: list[T] = []
-    for k in range(size):
-        position = ((_reversed(k, bits) + offset) % size) * count // size
-        if position not in seen:
-            seen.add(position)
-            out.append(items[position])
+    for round_ in range(max(len(stratum) for stratum in strata)):
+        for k in range(strata_count):
+            stratum = strata[_reversed((k + offset) % strata_count, bits)]
+            if round_ < len(stratum):
+                out.append(items[stratum[round_]])
     return out
 
 

@@ -171,7 +171,7 @@ def _tokens_per_s(batches: list[list[int]], lengths: list[int]) -> float:
 def test_the_few_batches_a_probe_measures_stand_for_the_epoch(ranks):
     """A probe measures a handful of steps after its warm-up. Drawn at random from a long-tailed length
     distribution they can all be short or all be long; stratified by length they read the epoch's tokens/s
-    (here within 19%, 6% on average; shuffled, the same windows erred by up to 50%, 12% on average)."""
+    (here within 13%, 5% on average; shuffled, the same windows erred by up to 50%, 12% on average)."""
     lengths = _long_tailed(3000, seed=0)
     errors = []
     for seed in range(100):
@@ -179,7 +179,7 @@ def test_the_few_batches_a_probe_measures_stand_for_the_epoch(ranks):
         epoch = _tokens_per_s(sampler.all_batches(), lengths)
         measured = list(sampler)[2:10]  # this rank's: after the worst batch and a warm-up step, eight steps
         errors.append(abs(_tokens_per_s(measured, lengths) / epoch - 1))
-    assert max(errors) < 0.25 and sum(errors) / len(errors) < 0.08
+    assert max(errors) < 0.2 and sum(errors) / len(errors) < 0.07
 
 
 def test_a_probe_takes_the_epochs_batches_in_its_own_order_and_counts_them_alike():
