@@ -163,23 +163,30 @@ def _seconds(batch: list[int], lengths: list[int]) -> float:
     return len(batch) * longest * (1 + longest / 256)
 
 
-def _tokens_per_s(batches: list[list[int]], lengths: list[int]) -> float:
-    return sum(lengths[i] for b in batches for i in b) / sum(_seconds(b, lengths) for b in batches)
+def _tokens_per_s(ranks: list[list[list[int]]], lengths: list[int]) -> float:
+    """Real tokens/s of steps whose ranks each ran one batch: a step waits on its slowest rank."""
+    tokens = sum(lengths[i] for share in ranks for batch in share for i in batch)
+    return tokens / sum(max(_seconds(batch, lengths) for batch in step) for step in zip(*ranks, strict=True))
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_the_few_batches_a_probe_measures_stand_for_the_epoch(ranks):
     """A probe measures a handful of steps after its warm-up. Drawn at random from a long-tailed length
-    distribution they can all be short or all be long; stratified by length they read the epoch's tokens/s
-    (here within 13%, 5% on average; shuffled, the same windows erred by up to 50%, 12% on average)."""
+    distribution they can all be short or all be long; stratified by length they read the epoch's tokens/s.
+    Here, eight steps: within 10% (1 rank; 23% on 2), 4% on average (7%); shuffled, the same windows erred
+    by up to 38% (37%), 12% (9%) on average."""
     lengths = _long_tailed(3000, seed=0)
+
+    def shares(seed: int, probing: bool) -> list[list[list[int]]]:
+        return [list(TokenBatchSampler(lengths, max_tokens=4096, seed=seed, worst_first=probing, world_size=ranks,
+                                       rank=rank)) for rank in range(ranks)]
+
+    epoch = sum(_tokens_per_s(shares(seed, False), lengths) for seed in range(20)) / 20  # a run's, shuffled
     errors = []
     for seed in range(100):
-        sampler = TokenBatchSampler(lengths, max_tokens=4096, seed=seed, worst_first=True, world_size=ranks)
-        epoch = _tokens_per_s(sampler.all_batches(), lengths)
-        measured = list(sampler)[2:10]  # this rank's: after the worst batch and a warm-up step, eight steps
+        measured = [share[2:10] for share in shares(seed, True)]  # after the worst batch and a warm-up step
         errors.append(abs(_tokens_per_s(measured, lengths) / epoch - 1))
-    assert max(errors) < 0.2 and sum(errors) / len(errors) < 0.07
+    assert max(errors) < 0.3 and sum(errors) / len(errors) < 0.085
 
 
 def test_a_probe_takes_the_epochs_batches_in_its_own_order_and_counts_them_alike():
