@@ -189,6 +189,7 @@ def test_an_utterance_loss_does_not_depend_on_its_batch():
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # a 2m budget: beside another test, noisy probes spent it on remeasuring 3072 and 4096
 def test_a_search_probes_a_squares_cap_after_a_climb_that_memory_stopped(tmp_path):
     """Rule 9 in a real search: the climb by tokens ends where the long batches' scores fill the memory, the
     steps are not saturated (a larger batch trains more tokens per second), so the leader is probed under a

