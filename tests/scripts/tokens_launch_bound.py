@@ -1,6 +1,7 @@
 """Batches by tokens where a step's time is mostly fixed (a GPU's kernel launches, played here by a sleep per
-micro-batch) and its memory mostly attention's samples x heads x length² scores: 24 samples of 256 tokens and
-2000 of 32. The token cap the climb reaches is held by the long batches' scores (about 50 MiB more per 1024
+micro-batch) and its memory mostly attention's samples x heads x length² scores: 96 samples of 256 tokens and
+2000 of 32 (with 24, the long ones made two batches an epoch, the worst one in the probe's warm-up and the
+other in its five measured steps or not: the probe read a draw, not the epoch). The token cap the climb reaches is held by the long batches' scores (about 50 MiB more per 1024
 tokens at 256), a larger one does not fit, and a batch of more tokens trains more tokens per second: the
 search probes a squares cap (`max_squares`, per-length caps) after its climb. Whether the variant wins is
 the probes' to say (on a CPU the short batches' scores add to the long ones' in the process's memory)."""
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 from autofit import autofit
 
 PAD, VOCAB, HEADS = -100, 64, 16
-LENGTHS = [256] * 24 + [32] * 2000
+LENGTHS = [256] * 96 + [32] * 2000
 _g = torch.Generator().manual_seed(0)
 ITEMS = [torch.randint(0, VOCAB, (n,), generator=_g) for n in LENGTHS]
 
