@@ -27,6 +27,7 @@ import torch  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from autofit.runtime import TokenBatchSampler  # noqa: E402
+from autofit.runtime._probe_order import stratified  # noqa: E402
 from benchmarks import tokens_study as study  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -55,19 +56,21 @@ def time_batches(batches: list[list[int]], passes: int) -> list[float]:
     return [statistics.median(seconds) for seconds in zip(*timings, strict=True)]
 
 
-def window_errors(cap: int, seconds: dict[tuple[int, ...], float], epoch_rate: float, steps: int,
-                  seeds: int, stratified: bool) -> list[float]:
-    """The window's tokens/s over the epoch's, minus one, for each seed's order."""
+def window_errors(batches: list[list[int]], seconds: list[float], epoch_rate: float, steps: int, seeds: int,
+                  order: str) -> list[float]:
+    """The window's tokens/s over the epoch's, minus one, for each seed's order of the one epoch's timed
+    batches: the worst batch first, then the rest shuffled (the probe's order before) or stratified."""
+    worst, rest = 0, list(range(1, len(batches)))  # the cut puts the longest samples' batch first
     errors = []
     for seed in range(seeds):
-        sampler = TokenBatchSampler(study.LENGTHS, cap, seed=seed, worst_first=stratified)
-        order = sampler.all_batches()
-        if not stratified:  # the probe's order before: shuffled, the worst batch moved first
-            worst = sampler.worst_batch()
-            order = [worst] + [b for b in order if b != worst]
-        window = order[2:2 + steps]
-        tokens = sum(study.LENGTHS[i] for b in window for i in b)
-        errors.append(tokens / sum(seconds[tuple(b)] for b in window) / epoch_rate - 1)
+        generator = torch.Generator().manual_seed(seed)
+        if order == "shuffled":
+            ordered = [rest[i] for i in torch.randperm(len(rest), generator=generator).tolist()]
+        else:
+            ordered = stratified(rest, lambda i: (study.LENGTHS[batches[i][0]], len(batches[i])), 1, generator)
+        window = ([worst] + ordered)[2:2 + steps]
+        tokens = sum(study.LENGTHS[i] for b in window for i in batches[b])
+        errors.append(tokens / sum(seconds[b] for b in window) / epoch_rate - 1)
     return errors
 
 
@@ -80,12 +83,12 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for cap in (int(c) for c in args.caps.split(",")):
-        batches = TokenBatchSampler(study.LENGTHS, cap, seed=0).all_batches()
-        seconds = dict(zip((tuple(b) for b in batches), time_batches(batches, args.passes), strict=True))
-        epoch_rate = sum(study.LENGTHS) / sum(seconds.values())
+        batches = TokenBatchSampler(study.LENGTHS, cap, shuffle=False).all_batches()  # one epoch's, longest first
+        seconds = time_batches(batches, args.passes)
+        epoch_rate = sum(study.LENGTHS) / sum(seconds)
         for name, steps in WINDOWS.items():
-            for order, stratified in (("shuffled", False), ("stratified", True)):
-                errors = [abs(e) for e in window_errors(cap, seconds, epoch_rate, steps, args.seeds, stratified)]
+            for order in ("shuffled", "stratified"):
+                errors = [abs(e) for e in window_errors(batches, seconds, epoch_rate, steps, args.seeds, order)]
                 rows.append((cap, len(batches), epoch_rate, name, order, statistics.mean(errors),
                              statistics.quantiles(errors, n=10)[-1], max(errors)))
                 print(f"max_tokens={cap} {name} {order}: mean {rows[-1][5]:.1%} p90 {rows[-1][6]:.1%} "
