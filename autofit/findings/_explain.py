@@ -187,17 +187,16 @@ def nothing_fits(done, usable: float, limit: float, headroom: float) -> str:
                 f"{', '.join(what[k] for k in kinds)}), none ran out of memory; the smallest tried was "
                 f"{smallest}. See `autofit show` for each probe's error"
                 + ("; a slow machine may need a longer --probe-timeout" if "timeout" in kinds else "") + ".")
+    head = f"Nothing fits under {format_size(usable)} usable ({format_size(limit)} limit, {headroom:.0%} headroom)"
     crossed = _crossed_when_measured_again(done, usable)
     if crossed is not None:
-        return (f"Nothing fits under {format_size(usable)} usable ({format_size(limit)} limit, {headroom:.0%} "
-                f"headroom): {crossed}, and no other config measured fits. Give the search more --trials or "
+        return (f"{head}: {crossed}, and no other config measured fits. Give the search more --trials or "
                 f"--budget (it tries more checkpointing or a smaller size next), or keep less --headroom.")
     smallest = min(done, key=lambda o: o.config.size).config.label() if done else "none"
     needed = (f"the smallest config tried ({smallest}) needed {format_size(min(peaks))}" if peaks
               else f"even the smallest config tried ({smallest}) ran out of memory")
     extra = f"; {len(failed)} probes failed (see autofit show)" if failed else ""
-    return (f"Nothing fits under {format_size(usable)} usable "
-            f"({format_size(limit)} limit, {headroom:.0%} headroom): {needed}{extra}.")
+    return f"{head}: {needed}{extra}."
 
 
 def _crossed_when_measured_again(done, usable: float) -> str | None:

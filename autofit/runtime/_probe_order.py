@@ -25,8 +25,9 @@ def stratified(batches: Sequence[T], length_of: Callable[[T], tuple[int, int]], 
                generator: torch.Generator) -> list[T]:
     """`batches` in a probe's order: each rank's share (every `ranks`-th position, as the ranks are dealt
     them) stratified by `length_of` (a batch's sort key: its longest sample, then its size), and each
-    share's sequence started at an offset of its own, so that one step's ranks hold unrelated lengths, as
-    in a shuffled epoch (the step waits on its slowest rank). A permutation: every batch once."""
+    share's sequence started at an offset and scrambled by coins of its own, so that one step's ranks hold
+    unrelated lengths, as in a shuffled epoch (the step waits on its slowest rank). A permutation: every
+    batch once."""
     ordered = sorted(batches, key=length_of)
     shares: list[list[T]] = [[] for _ in range(ranks)]
     for start in range(0, len(ordered), ranks):  # neighbours in length go to different ranks
