@@ -108,6 +108,7 @@ def test_framework_trainers_are_estimated(name, config):
     assert estimate.total_bytes > estimate.breakdown["parameters"] * 3
 
 
+@pytest.mark.slow  # the default tier stays under 5 minutes on 2 cores
 def test_a_batch_the_data_cannot_feed_is_no_estimate_not_a_partial_one(tmp_path):
     """The data's end is the config's limit, not the fake tensors': no estimate (the search and
     `autofit estimate` read it as the data's ceiling), even though an optimizer exists by then."""

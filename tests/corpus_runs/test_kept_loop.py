@@ -32,6 +32,7 @@ def test_the_kept_loop_differs_from_the_original_in_five_lines():
     assert len(changed) - len(added) <= 3, "\n".join(changed)  # removed: the signature, batch and dtype lines
 
 
+@pytest.mark.slow  # the default tier stays under 5 minutes on 2 cores
 def test_a_probe_of_the_kept_loop_follows_its_steps(tmp_path):
     probed = autofit_cli("probe", f"{CORPUS}/nanogpt_kept.py", "--batch-size", "4", "--accumulation", "2",
                          "--precision", "bf16", "--memory-limit", "1GiB", "--json", cwd=tmp_path)

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from autofit import Config
@@ -47,6 +48,7 @@ def _forwards_and_steps(stdout: str) -> tuple[int, int]:
     return int(forwards), int(steps)
 
 
+@pytest.mark.slow  # the default tier stays under 5 minutes on 2 cores
 def test_batches_beyond_the_probes_run_in_pieces_and_train_as_the_whole_ones(tmp_path):
     whole, whole_report = _run(tmp_path, "whole", None)
     split, split_report = _run(tmp_path, "split", ENVELOPE)

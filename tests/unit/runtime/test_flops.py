@@ -45,6 +45,7 @@ def test_the_clock_measures_energy_over_the_measured_steps_only():
     assert clock.measured_energy_j == pytest.approx(10.0)
 
 
+@pytest.mark.slow  # the default tier stays under 5 minutes on 2 cores
 def test_a_gpt_probe_counts_what_the_palm_formula_says(tmp_path):
     """The nanoGPT study (benchmarks/gpu/nanogpt.py), shrunk, probed for real through the CLI: its
     counted FLOPs per token are the standard 6N + 12·layers·context·width (PaLM, appendix B; N the
