@@ -19,6 +19,12 @@ PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
 #: the CPU between uses. One process ignores it.
 SHARDINGS: tuple[str, ...] = ("ddp", "fsdp", "fsdp-offload")
 
+#: Micro-batches per optimizer step a probe runs at most: a config that accumulates more is priced from
+#: them (its step's first micro-batch, those in the middle, and its last with the optimizer step:
+#: autofit.runtime._accumulation), so a probe costs what four micro-batches a step cost, not a whole
+#: global batch's step.
+PROBE_ACCUMULATION = 4
+
 #: What a checkpointed block (run.checkpoint) recomputes in backward, most memory saved first:
 #: "full" its whole forward; "selective" all but the outputs of matmuls, convolutions and attention,
 #: which it keeps (torchtitan's op-level selective checkpointing).
@@ -113,6 +119,16 @@ class Config:
         squares = None if self.max_squares is None else max(1, self.max_squares * size // self.max_tokens)
         return replace(self, max_tokens=size, batch_size=min(self.batch_size, size),
                        **{"max_squares": squares, **fields})
+
+    @property
+    def probe_accumulation(self) -> int:
+        """Micro-batches per optimizer step a probe of this config runs (PROBE_ACCUMULATION at most)."""
+        return min(self.accumulation_steps, PROBE_ACCUMULATION)
+
+    def probe_steps(self, micro_batches: int) -> int:
+        """Optimizer steps of a probe of this config that hold at least `micro_batches` micro-batches (a
+        probe's length is asked in micro-batches: what a step costs is priced, not paid many times)."""
+        return max(1, -(-micro_batches // self.probe_accumulation))
 
     @property
     def global_batch(self) -> int:
@@ -266,3 +282,14 @@ def check_precision(name: str) -> str:
     if name not in PRECISIONS:
         raise UsageError(f"The precision must be one of {', '.join(PRECISIONS)}, but got {name!r}.")
     return name
+
+
+#: A script's own dtype, by the names scripts use for it (nanoGPT's `dtype = 'bfloat16'`, `torch.float16`).
+_DTYPE_PRECISIONS = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
+
+
+def precision_of(value: object) -> str:
+    """The precision a script declares, as autofit names it: one of PRECISIONS, or a dtype by its torch name
+    (`"bfloat16"`, `torch.bfloat16`)."""
+    name = str(value).removeprefix("torch.")
+    return check_precision(_DTYPE_PRECISIONS.get(name, name))

@@ -156,6 +156,7 @@ def search_options(
     checkpoint_policy: tuple[str, ...] | list[str] | str | None = None,
     compile: bool = True,
     default_batch_size: int | None = None,
+    default_precision: object = None,
     recover_oom: bool = True,
     batch_size: tuple[int, int] | None = None,
 ) -> SearchOptions:
@@ -184,6 +185,7 @@ def search_options(
         checkpoint_policy=tuple(checkpoint_policy) if checkpoint_policy is not None else None,
         compile=compile,
         default_batch_size=default_batch_size,
+        default_precision=default_precision,
         recover_oom=recover_oom,
     )
 
@@ -202,6 +204,7 @@ def autofit(
     checkpoint_policy: tuple[str, ...] | list[str] | str | None = None,
     compile: bool = True,
     default_batch_size: int | None = None,
+    default_precision: object = None,
     recover_oom: bool = True,
     batch_size: tuple[int, int] | None = None,
 ) -> Any:
@@ -211,6 +214,8 @@ def autofit(
     per optimizer step, whatever the micro-batch's cap.
     `batch_range=(lo, hi)`: the micro-batches to consider (default: 1 up, until memory stops the climb);
     `token_range=(lo, hi)` the token caps, for a function that batches by tokens.
+    `default_batch_size=`, `default_precision=`: what a normal call trains with before any search (the
+    script's own micro-batch and precision; a dtype's name such as nanoGPT's `"bfloat16"` is taken).
     `batch_size=` is its old name, still taken (deprecated)."""
     options = search_options(
         global_batch=global_batch,
@@ -224,6 +229,7 @@ def autofit(
         checkpoint_policy=checkpoint_policy,
         compile=compile,
         default_batch_size=default_batch_size,
+        default_precision=default_precision,
         recover_oom=recover_oom,
         batch_size=batch_size,
     )

@@ -9,6 +9,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from autofit.config import TOKENS, Config
@@ -103,6 +104,9 @@ def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: st
         found = next((p for p in candidates if os.path.exists(p)), None)
         if found is None:
             config, why = fn.options.unsearched_config()
+            if device.split(":")[0] == "cpu" and config.precision == "fp16":  # nanoGPT's dtype off a GPU
+                config = replace(config, precision="fp32")
+                why += " (fp16 is emulated on the CPU: fp32)"
             return RunPlan(config, device, (
                 f"no best config found for {_what(fn)} (looked for {candidates[0]}); "
                 f"running with defaults: {config.label()}{why}. Run `autofit search` to find a faster one."

@@ -7,8 +7,12 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autofit.config import MAX_BATCH, Config, check_checkpoint_policy, check_precision, check_sharding
+from autofit.config import MAX_BATCH, Config, check_checkpoint_policy, check_precision, check_sharding, precision_of
 from autofit.errors import UsageError
+
+
+#: A normal call's micro-batch before any search where the script names none of its own.
+_UNSEARCHED_BATCH = 32
 
 
 @dataclass(frozen=True)
@@ -42,8 +46,12 @@ class SearchOptions:
     compile: bool = True
     """Consider torch.compile when the function offers its model to run.compile()."""
     default_batch_size: int | None = None
-    """Micro-batch of a normal call when no search result exists (None: the global batch if one is
-    declared, else 32); with a global batch, the accumulation is derived to keep it."""
+    """Micro-batch of a normal call when no search result exists: the script's own (None: 32, within the
+    global batch where one is declared: never the whole global batch at once); with a global batch, the
+    accumulation is derived to keep it."""
+    default_precision: str | None = None
+    """Precision of a normal call when no search result exists: the script's own (one of PRECISIONS, or a
+    dtype's name: nanoGPT's `dtype`); None: fp32, unless the declared precisions leave it out."""
     recover_oom: bool = True
     """Called normally, redo a step that runs out of memory with a smaller micro-batch and more
     accumulation (the global batch kept) instead of crashing; $AUTOFIT_OOM_RECOVERY=0 turns it off."""
@@ -69,13 +77,17 @@ class SearchOptions:
             raise UsageError(f"The global batch must be at least 1, but got {self.global_batch}.")
         if self.global_tokens is not None and self.global_tokens < 1:
             raise UsageError(f"The global tokens must be at least 1, but got {self.global_tokens}.")
+        if self.default_precision is not None:
+            object.__setattr__(self, "default_precision", precision_of(self.default_precision))
 
     def unsearched_config(self) -> tuple[Config, str]:
         """The config a normal call trains with before any search, and how it follows from what the
-        user declared: the global batch kept (micro-batch x accumulation), the micro-batch within the
-        declared range, fp32 unless the declared precisions leave it out (then the first of them)."""
+        user declared: the script's own micro-batch and precision where it passed them (`default_batch_size`,
+        `default_precision`), the global batch kept (micro-batch x accumulation; without a micro-batch of
+        its own, 32 at most: the whole global batch at once ran nanoGPT's defaults out of memory), the
+        micro-batch within the declared range, fp32 unless the declared precisions leave it out."""
         lo, hi = self.batch_range
-        wanted = self.default_batch_size or self.global_batch or 32
+        wanted = self.default_batch_size or _UNSEARCHED_BATCH
         batch = min(max(wanted, lo), hi)
         accumulation, why = 1, []
         if self.global_batch is not None:
@@ -84,7 +96,11 @@ class SearchOptions:
             why.append(f"global batch {self.global_batch} as declared")
         if self.default_batch_size is not None:
             why.append(f"default micro-batch {self.default_batch_size}")
-        precision = "fp32" if not self.precision or "fp32" in self.precision else self.precision[0]
+        if self.default_precision is not None:
+            precision = self.default_precision
+            why.append(f"default precision {precision}")
+        else:
+            precision = "fp32" if not self.precision or "fp32" in self.precision else self.precision[0]
         config = Config(batch_size=batch, precision=precision, accumulation_steps=accumulation)
         return config, (f" ({', '.join(why)})" if why else "")
 

@@ -62,19 +62,37 @@ class CliContext:
     """--storage as given (None: the default)."""
     _storage: Any = field(default=None, repr=False)
 
+    _default: tuple[str, int, str] | None = field(default=None, repr=False)
+
     @property
     def device(self) -> str:
-        """The device type commands probe on; a UsageError for --device cpu with --gpu."""
+        """The device type commands probe on; a UsageError for --device cpu with --gpu. Neither given: the
+        device a normal run trains on (`default_device`: a visible GPU before the CPU), said in one line."""
         if self.gpu is not None and self.device_type == "cpu":
             shown = ",".join(map(str, self.gpu)) if isinstance(self.gpu, tuple) else self.gpu
             raise UsageError(f"--gpu must go with --device cuda, but got --device cpu --gpu {shown}.")
-        return self.device_type or ("cuda" if self.gpu is not None else "cpu")
+        if self.device_type or self.gpu is not None:
+            return self.device_type or "cuda"
+        return self._defaulted()[0]
 
     @property
     def index(self) -> int:
         """The (first) device index."""
+        if self.gpu is None and self.device_type is None:
+            return self._defaulted()[1]
         first = self.gpu[0] if isinstance(self.gpu, tuple) else self.gpu
         return first or 0
+
+    def _defaulted(self) -> tuple[str, int, str]:
+        if self._default is None:
+            from autofit.devices import default_device
+
+            self._default = default_device()
+            kind, index, why = self._default
+            if kind != "cpu" or why.startswith("$"):
+                click.echo(f"autofit: no --device given: probing {kind}:{index} ({why}); --device cpu probes the CPU",
+                           err=True)
+        return self._default
 
     @property
     def gpus(self) -> tuple[int, ...]:

@@ -45,3 +45,26 @@ def check_device(device_type: str, index: int = 0) -> DeviceInfo:
             raise UsageError(f"The GPU index must be in 0..{len(gpus) - 1}, but got {index}.")
         return gpus[index]
     raise UsageError(f"The device must be one of {', '.join(DEVICE_TYPES)}, but got {device_type!r}.")
+
+
+#: Where a normal run trains (`python train.py`): the same variable names the device a search probes by default.
+DEVICE_ENV = "AUTOFIT_DEVICE"
+
+
+def default_device() -> tuple[str, int, str]:
+    """The device a command probes when none is named, its index, and why, in words: $AUTOFIT_DEVICE where
+    set (a normal run trains there), else the first GPU NVML sees (a normal run trains on CUDA wherever
+    PyTorch sees one), else the CPU. Never imports torch."""
+    import os
+
+    named = os.environ.get(DEVICE_ENV)
+    if named:
+        kind, _, index = named.partition(":")
+        if kind not in DEVICE_TYPES or (index and not index.isdigit()):
+            raise UsageError(f"{DEVICE_ENV} must name a device (cpu, cuda or cuda:N), but got {named!r}.")
+        return kind, int(index or 0), f"${DEVICE_ENV}={named}"
+    from autofit.devices._cuda import cuda_devices
+
+    if cuda_devices():
+        return "cuda", 0, "a GPU is visible, where `python train.py` trains"
+    return "cpu", 0, "no GPU is visible"

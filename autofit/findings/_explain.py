@@ -11,6 +11,7 @@ import optuna
 from autofit.config import Config
 from autofit.findings._confirmation import ab_words
 from autofit.planner import TIE_TOLERANCE, Candidate, Planner, dominates, loader_reason, squares_reason
+from autofit.probing import BUDGET_CUT
 from autofit.study import DATA_BOUND_ERRORS, trial_result
 from autofit.units import format_size
 
@@ -167,7 +168,8 @@ def fault_notes(study: optuna.Study, planner: Planner, seen) -> list[str]:
             notes.append(f"{result.config.size_label()} is more than the data can feed (the function ran "
                          f"out of batches before the probe's steps): the climb stopped below it (trial {trial.number})")
         elif result.status in ("crashed", "timeout"):
-            notes.append(f"trial {trial.number} ({result.config.label()}) {result.status}: "
+            status = "not measured" if result.error_type == BUDGET_CUT else result.status
+            notes.append(f"trial {trial.number} ({result.config.label()}) {status}: "
                          f"{(result.error_message or '').splitlines()[0][:200]}")
         notes.extend(f"trial {trial.number}: {note}" for note in result.notes)
     return notes
@@ -178,6 +180,17 @@ def nothing_fits(done, usable: float, limit: float, headroom: float) -> str:
     crossed the headroom, and what really happened when they timed out, crashed or raised instead."""
     peaks = [o.peak_bytes for o in done if o.status == "ok" and o.peak_bytes]
     failed = [o for o in done if o.failed]
+    slow = [o for o in done if o.status == "timeout"]
+    if slow and not failed and not peaks and not any(o.status == "oom" for o in done):
+        longest = max(slow, key=lambda o: o.wall_s)
+        cut = sum(o.cut for o in slow)
+        what = (f"{len(slow) - cut} timed out" if len(slow) > cut else "") + (
+            f"{', ' if len(slow) > cut else ''}{cut} ran until the budget ended" if cut else "")
+        return (f"No config could be measured: {len(slow)} probes ({what}) before any finished; the longest, "
+                f"{longest.config.label()}, ran {longest.wall_s:.0f}s (trial {longest.trial}). Give the search a "
+                f"longer --budget (at least {2 * longest.wall_s / 60:.0f}m: its start, compilation included, comes "
+                f"before its first step) or a longer --probe-timeout; `autofit show --trial {longest.trial}` says "
+                f"where it stopped, and its log what it was doing.")
     if failed and not peaks and not any(o.status == "oom" for o in done):
         kinds = sorted({o.status for o in failed})
         smallest = min(failed, key=lambda o: o.config.size).config.label()

@@ -9,6 +9,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autofit.memory import stored_estimates
 from autofit.planner import Observation, Planner, SearchSpace
+from autofit.probing import BUDGET_CUT
 from autofit.study import DATA_BOUND_ERRORS, study_meta, trial_config, trial_result
 
 
@@ -32,7 +33,9 @@ def observations(trials: list[FrozenTrial], exclude: int | None = None) -> list[
         out.append(Observation(config, result.status, result.peak_bytes, result.rate,
                                result.wall_s, trial.user_attrs.get("phase", "explore"), spread,
                                result.only_just_fits, result.error_type in DATA_BOUND_ERRORS,
-                               result.data_wait_share, trial.number))
+                               result.data_wait_share, trial.number, start_s=result.start_s,
+                               step_s=result.probe_step_s or result.step_time_median_s,
+                               ran_accumulation=result.probe_accumulation, cut=result.error_type == BUDGET_CUT))
     return out
 
 

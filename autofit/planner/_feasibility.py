@@ -56,15 +56,22 @@ class Feasibility:
 
     def open_batches(self, strategy: Strategy) -> list[int]:
         """Batches whose feasibility is still unknown: neither probed nor implied to fit or not (within
-        one accumulation, those between the largest fit and the smallest OOM)."""
+        one accumulation, those between the largest fit and the smallest OOM), nor implied too slow."""
         configs = [self.space.config(strategy, b) for b in self.space.batch_sizes]
-        return [c.size for c in configs
-                if not self.tried(c) and not self.implied_fit(c) and not self.implied_too_big(c)]
+        return [c.size for c in configs if not self.tried(c) and not self.implied_fit(c)
+                and not self.implied_too_big(c) and not self.implied_too_slow(c)]
+
+    def implied_too_slow(self, config: Config) -> bool:
+        """At a fixed global batch, a probe that timed out at micro-batch b (its start or a step took too
+        long) says no smaller micro-batch is worth a probe: its step holds more micro-batches, each no
+        faster per sample. A timeout says nothing of memory, and nothing against a larger micro-batch."""
+        return bool(self.space.global_batch) and any(o.timed_out and config.size < o.config.size for o in self.done)
 
     def strategy_unusable(self, strategy: Strategy) -> bool:
         """A precision (sharding, compilation, selective checkpointing) that failed without ever running
         is not worth more probes: after one failure when another one runs (the failure is its own), else
-        after two. An OOM counts as running: it says the memory, not the code, stopped it."""
+        after two. An OOM counts as running: it says the memory, not the code, stopped it; a timeout is no
+        failure (`Observation.failed`): it says how long the config takes, never that it cannot run."""
         return (strategy.precision in self.unusable_precisions()
                 or strategy.sharding in self._unusable("sharding", self.space.shardings)
                 or strategy.compile in self._unusable("compile", self.space.compiles)

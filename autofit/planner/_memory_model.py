@@ -129,7 +129,16 @@ class MemoryModels:
             return True
         key = line_key(config)
         margin, line = self._margin(key), self._line(key)
-        return margin is not None and line is not None and line(config.size) > self.usable * (1 + margin)
+        if margin is not None and line is not None and line(config.size) > self.usable * (1 + margin):
+            return True
+        # Its twin that holds gradients through a forward as it does not (or the other way round): the same
+        # activations a sample, so the twin's slope alone (no intercept: weights, gradients, optimizer) is a
+        # floor under its peak. At a fixed global batch the one micro-batch without accumulation has no line
+        # of its own, and was proposed at a 25x overshoot because of it.
+        twin = (*key[:-1], not key[-1])
+        twin_margin, twin_line = self._margin(twin), self._line(twin)
+        return (twin_margin is not None and twin_line is not None
+                and twin_line.slope * config.size > self.usable * (1 + twin_margin))
 
     def predicted_gamble(self, config: Config) -> bool:
         """Predicted neither to fit nor not to: probing it risks an OOM."""

@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 from autofit.config import Config
 
-FAILED_STATUSES = ("error", "diverged", "timeout", "crashed")
+#: The user's code failed: a precision (sharding, compile, policy) that only fails is unusable. A timeout is
+#: not among them: it says the config is slow to start or to step, a speed fact, not that it cannot run.
+FAILED_STATUSES = ("error", "diverged", "crashed")
 
 
 def is_variant(config: Config) -> bool:
@@ -30,6 +32,10 @@ class Observation:
     data_bound: bool = False  # the data ran out before the probe had its steps: the batch is too big for it
     data_wait_share: float | None = None  # share of the measured time spent waiting for data (run.batches)
     trial: int | None = None  # the study's trial that holds the probe (None in replays): its other figures
+    start_s: float | None = None  # before its first micro-batch ended: set-up, its own evaluation, compilation
+    step_s: float | None = None  # one of the probe's own optimizer steps (of `ran_accumulation` micro-batches)
+    ran_accumulation: int | None = None  # micro-batches a step the probe ran (None: the config's own)
+    cut: bool = False  # the search's budget ended it: nothing measured, no verdict on the config
 
     def fits(self, usable_bytes: float) -> bool:
         """Ran its steps with its peak inside the usable memory."""
@@ -45,3 +51,8 @@ class Observation:
     def failed(self) -> bool:
         """The user's code failed here (not: the data could not feed this batch)."""
         return self.status in FAILED_STATUSES and not self.data_bound
+
+    @property
+    def timed_out(self) -> bool:
+        """Killed for taking too long to start or to step (not cut by the budget's end)."""
+        return self.status == "timeout" and not self.cut

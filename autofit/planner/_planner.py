@@ -64,10 +64,16 @@ _PRUNE_SLACK = 1.03
 #: an OOM probe costs a probe, and a batch near the memory limit is rarely much faster.
 _GAMBLE_GAIN = 1.10
 _PILOT_BATCH = 4
+#: Where the device's memory is large, the pilot starts at about one sample per this many bytes of it (a
+#: memory-scaled guess: GPT-2 small at 1,024 tokens takes about 1 GiB a sample in bf16, 2 in fp32), not at
+#: _PILOT_BATCH: on an 80 GB GPU a micro-batch of 4 is launch-bound and tells little of what fits.
+_PILOT_BYTES_PER_SAMPLE = 2 * 2**30
 #: Rechecks of suspect measurements always allowed, whatever the number of explore probes.
 _MIN_RECHECKS = 4
 _MAX_LEAP = 4
 _PILOT_JUMP = 4
+#: With nothing measured, a config that timed out is probed this many times at most.
+_TIMEOUT_TRIES = 2
 
 
 class Planner:
@@ -115,7 +121,21 @@ class Planner:
             return refined
         ranked = state.ranking.ranked()
         return (next_loader_config(self.space.loader, ranked, state.observations)
-                or next_squares_config(self.space, leader(ranked), ranked, state.observations, self.usable))
+                or next_squares_config(self.space, leader(ranked), ranked, state.observations, self.usable)
+                or _retry_timed_out(state))
+
+    def leader_can_climb(self, observations: Sequence[Observation]) -> bool:
+        """Whether the leader is the largest batch of its strategy that fits and a larger one is still open
+        (not probed, not ruled out by the memory models): its climb has not reached the memory edge."""
+        state = self._state(observations)
+        top = leader(state.ranking.ranked())
+        if top is None:
+            return False
+        strategy = self.space.strategy_of(top.config)
+        if state.feasible.fit_max(strategy) != top.config.size:
+            return False
+        return any(b > top.config.size and not state.memory.says_too_big(self.space.config(strategy, b))
+                   for b in state.feasible.open_batches(strategy))
 
     def ranked(self, observations: Sequence[Observation]) -> list[Candidate]:
         """Feasible configs, best first: throughput, with near-ties broken toward configs that did
@@ -200,16 +220,22 @@ class Planner:
 
     # --- decisions ----------------------------------------------------------------------------
     def _pilot(self) -> Config:
+        """The first probe: the space's first strategy (the expected best precision) at a memory-scaled
+        guess of its batch (_PILOT_BYTES_PER_SAMPLE), at least _PILOT_BATCH; a token space's first cap."""
         strategy = self.space.strategies()[0]
         sizes = self.space.batch_sizes
-        batch = next((b for b in sizes if b >= _PILOT_BATCH), sizes[-1])
-        return self.space.config(strategy, batch)
+        first = next((b for b in sizes if b >= _PILOT_BATCH), sizes[-1])
+        if self.space.tokens:
+            return self.space.config(strategy, first)
+        guess = max((b for b in sizes if b <= self.usable / _PILOT_BYTES_PER_SAMPLE), default=first)
+        return self.space.config(strategy, max(first, guess))
 
     def _first_of_each_precision(self, state: _State) -> Config | None:
         """Each precision the space holds, probed once early, without checkpointing and at the largest
         batch another precision fits (where the two compare directly): a short budget then still compares
-        precisions, and the faster one is explored first. Not before the pilot's strategy has climbed
-        (`_pilot_climb`): at the pilot's small batch every precision reads alike on a GPU."""
+        precisions, and the faster one is explored first. Not before the pilot's strategy (the expected best
+        precision) has climbed to its memory edge (`_pilot_climb`): at a small batch every precision reads
+        alike on a GPU, and a short budget spends itself on the precision most likely to win."""
         pilot = self.space.strategies()[0]
         probed = {o.config.precision for o in state.observations}
         for strategy in self._order(state):
@@ -225,17 +251,18 @@ class Planner:
         return None
 
     def _pilot_climb(self, state: _State, strategy: Strategy) -> Config | None:
-        """The pilot's strategy's next step up (rules 2 and 5), while the pilot fits and nothing larger of
-        it has fit or is being probed; None when it cannot climb (the pilot did not fit, nothing above it
-        is open: the top of the space, the data's ceiling, the memory models)."""
-        pilot = self._pilot()
-        if state.feasible.fit_max(strategy) != pilot.size:
-            return None  # the pilot did not fit, or its strategy climbed already
-        if any(o.status == "running" and self.space.strategy_of(o.config) == strategy and o.config.size > pilot.size
+        """The pilot's strategy's next step up (rules 2 and 5) while it fits somewhere and a larger batch
+        of it is open; None when it cannot climb (nothing of it fits, nothing above is open: the top of the
+        space, the data's ceiling, the memory models) or while a step up is being probed (several runners:
+        the others compare the precisions where it fits now)."""
+        top = state.feasible.fit_max(strategy)
+        if top is None:
+            return None  # the pilot did not fit: the precisions are compared at once
+        if any(o.status == "running" and self.space.strategy_of(o.config) == strategy and o.config.size > top
                for o in state.observations):
-            return None  # the climb is under way: the precisions are compared where the others fit now
+            return None
         step = self._next_in_strategy(state, strategy)
-        return step if step is not None and step.size > pilot.size else None
+        return step if step is not None and step.size > top else None
 
     def _order(self, state: _State) -> list[Strategy]:
         """Each precision without checkpointing, the one measured fastest so far first (the pilot's
@@ -281,6 +308,12 @@ class Planner:
             low = state.feasible.fit_max(strategy) or self.space.batch_sizes[0]
             high = state.feasible.oom_min(strategy)
             target = (low * high) ** 0.5 if high else low * _PILOT_JUMP
+            peak = max((p for b, p in own if b == low), default=None)
+            if not high and peak:
+                # peak = a + m x batch with a >= 0: up to usable x low / peak fits for sure; a step that far
+                # (at least the next batch up) rather than a blind x4 into an OOM
+                above = min((b for b in candidates if b > low), default=target)
+                target = min(target, max(self.usable * low / peak, above))
             below = [b for b in candidates if b <= target]
             return self.space.config(strategy, max(below) if below else min(candidates))
         # Extrapolate at most _MAX_LEAP x beyond the largest batch measured: a model fitted on small
@@ -331,8 +364,9 @@ class _State:
                  check_noise: bool = True, prediction: MemoryPrediction | None = None) -> None:
         self.space = space
         self.usable = usable
-        # Sized by samples or by tokens as the space is (a token function's pilot came before its knobs).
-        self.observations = [o for o in observations if space.holds_kind(o.config)]
+        # Sized by samples or by tokens as the space is (a token function's pilot came before its knobs); a
+        # probe the search's budget cut short measured nothing and decides nothing (a resumed search probes it).
+        self.observations = [o for o in observations if space.holds_kind(o.config) and not o.cut]
         by_config: dict[Config, list[Observation]] = defaultdict(list)
         for obs in self.observations:
             by_config[obs.config].append(obs)
@@ -367,6 +401,20 @@ def _predicted_next(state: _State, strategy: Strategy, candidates: list[int]) ->
     if ranked and (estimate is None or estimate < ranked[0].rate * _GAMBLE_GAIN):
         return None
     return gamble
+
+
+def _retry_timed_out(state: _State) -> Config | None:
+    """With nothing measured and nothing else to probe, a config that timed out is probed once more
+    (the search gives it what the budget left allows): a search never ends with nothing measured
+    while its budget lasts. The one that got furthest first: the largest micro-batch."""
+    if any(o.status == "ok" for o in state.observations):
+        return None
+    tries: dict[Config, int] = {}
+    for o in state.feasible.done:
+        if o.status == "timeout":
+            tries[o.config] = tries.get(o.config, 0) + 1
+    again = [c for c, n in tries.items() if n < _TIMEOUT_TRIES]
+    return max(again, key=lambda c: c.size) if again else None
 
 
 def _around_the_best(space: SearchSpace, state: _State) -> Config | None:

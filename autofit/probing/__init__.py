@@ -18,7 +18,9 @@ from autofit.probing._multinode import (
     lead_probe,
     probe_study_name,
 )
+from autofit.probing._failures import BUDGET_CUT, TIMEOUT_TYPES
 from autofit.probing._once import ProbeSettings, follow_probe, probe_once
+from autofit.probing._progress import ProbeLimits, ProbeWatch, ProgressFile, read_progress
 from autofit.probing._record import INPUT_BOUND_SHARE, STATUSES, ProbeResult, WorkerInfo, input_bound_text
 from autofit.probing._runner import ProbeRunner, make_runner
 from autofit.probing._script import (
@@ -35,6 +37,7 @@ from autofit.probing._script import (
 )
 from autofit.probing._torchrun import DistributedWorker
 from autofit.probing._wire import (
+    MIN_MEASURE_S,
     PROBE_PROCESSES,
     Channel,
     LoadRequest,
@@ -48,6 +51,13 @@ from autofit.probing._wire import (
 from autofit.probing._worker import Worker, WorkerStartError
 
 __all__ = [
+    "BUDGET_CUT",
+    "MIN_MEASURE_S",
+    "TIMEOUT_TYPES",
+    "ProbeLimits",
+    "ProbeWatch",
+    "ProgressFile",
+    "read_progress",
     "die_with_parent",
     "INPUT_BOUND_SHARE",
     "PROBE_PROCESSES",

@@ -10,6 +10,7 @@ import os
 import signal
 
 from autofit.config import Config
+from autofit.probing._progress import ProbeLimits
 from autofit.probing._record import ProbeResult
 
 
@@ -33,17 +34,33 @@ def log_tail(path: str | None, lines: int = 30) -> str | None:
         return "".join(handle.readlines()[-lines:]) or None
 
 
-def timeout_result(config: Config, *, timeout: float, wall_s: float, memory_limit: int | None,
-                   log_path: str | None, ranks: int = 1, traceback: str | None = None) -> ProbeResult:
-    """A probe killed at `timeout` seconds (all `ranks` of it)."""
+#: Why a runner killed a probe (`ProbeWatch.expired`), as the error type its result carries. A probe the
+#: budget cut short is no verdict on its config: nothing was measured, nothing failed.
+TIMEOUT_TYPES = {"start": "StartTimeout", "stall": "Timeout", "budget": "BudgetCut"}
+BUDGET_CUT = TIMEOUT_TYPES["budget"]
+
+
+def timeout_result(config: Config, *, limits: ProbeLimits, reason: str, wall_s: float, memory_limit: int | None,
+                   log_path: str | None, ranks: int = 1, traceback: str | None = None,
+                   progress: tuple[int, int] | None = None) -> ProbeResult:
+    """A probe killed for `reason` ("start", "stall" or "budget": `ProbeWatch.expired`), all `ranks` of
+    it, with the micro-batches and steps it had done (`progress`)."""
     what = "The probe" if ranks == 1 else f"The probe's {ranks} ranks"
-    killed = "was killed" if ranks == 1 else "were killed"
+    done = f"{progress[0]} micro-batches ({progress[1]} optimizer steps) done" if progress else "no micro-batch done"
+    if reason == "budget":
+        message = (f"{what} ran until the search's budget ran out ({done}, {wall_s:.0f}s): not measured; "
+                   f"a longer --budget measures it.")
+    elif reason == "start":
+        message = (f"{what} had not finished its first micro-batch after {limits.start_s:.0f}s (its set-up, its own "
+                   f"evaluation and compilation come first) and {'was' if ranks == 1 else 'were'} killed; raise "
+                   f"--probe-timeout (or --budget) if its start is really that slow.")
+    else:
+        message = (f"{what} made no progress for {limits.stall_s:.0f}s ({done}) and "
+                   f"{'was' if ranks == 1 else 'were'} killed; raise --probe-timeout if one micro-batch is really "
+                   f"that slow.")
     return ProbeResult(
         status="timeout", config=config, wall_s=wall_s, memory_limit=memory_limit, world_size=ranks,
-        error_type="Timeout",
-        error_message=f"{what} did not finish within {timeout:.0f}s and {killed}; "
-                      f"raise --probe-timeout if one step is really that slow.",
-        traceback=traceback, log_path=log_path,
+        error_type=TIMEOUT_TYPES[reason], error_message=message, traceback=traceback, log_path=log_path,
     )
 
 

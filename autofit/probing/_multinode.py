@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 from autofit.config import Config
 from autofit.errors import UsageError
+from autofit.probing._progress import ProbeLimits
 from autofit.probing._record import ProbeResult
 from autofit.probing._torchrun import DistributedWorker
 
@@ -158,7 +159,7 @@ class MultiNodeWorker(DistributedWorker):
         """Node 0: where it posts each probe and finds the other nodes' results."""
         self.session = session
 
-    def probe(self, config: Config, *, warmup: int = 2, steps: int = 5, timeout: float = 300.0,
+    def probe(self, config: Config, *, warmup: int = 2, steps: int = 5, timeout: float | ProbeLimits = 300.0,
               log_path: str | None = None, min_measure_s: float | None = None,
               trial_id: int | None = None) -> ProbeResult:
         """One probe of `config` on every node's ranks, posted on the running trial `trial_id`."""
@@ -171,7 +172,7 @@ class MultiNodeWorker(DistributedWorker):
         return result
 
     def _run_everywhere(self, job: dict[str, Any], log_path: str | None, trial_id: int | None,
-                        ) -> tuple[dict[int, ProbeResult | None], int | None, bool, str]:
+                        ) -> tuple[dict[int, ProbeResult | None], int | None, tuple | None, str]:
         if self.board is None or trial_id is None:
             raise ValueError("a probe across nodes needs the job board and its trial")
         board = self.board
@@ -192,7 +193,7 @@ class MultiNodeWorker(DistributedWorker):
     def run_job(self, job: dict, stop: Callable[[], bool] | None = None) -> tuple[dict[int, ProbeResult], bool]:
         """A follower node's share of a job node 0 posted: this node's ranks' results, and whether
         its torchrun share ended well."""
-        local, code, _, _ = self._launch(job, None, stop)
+        local, code, _, _ = self._launch(job, None, stop, lead=False)
         return local, code == 0
 
 

@@ -8,14 +8,22 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from autofit.config import Config
+from autofit.config import PROBE_ACCUMULATION, Config
 from autofit.devices import DeviceBackend
 from autofit.probing._bootstrap import user_traceback
 from autofit.probing._record import ProbeResult
-from autofit.runtime import ProbeFinished, Ranks, Run, RunSettings, breaks_the_device, is_oom
+from autofit.probing._wire import MIN_MEASURE_S
+from autofit.runtime import (
+    CompileTimer,
+    ProbeFinished,
+    Ranks,
+    Run,
+    RunSettings,
+    breaks_the_device,
+    is_oom,
+    price_steps,
+)
 
-#: A probe measures at least this long (unless its steps reach _MAX_EXTENSION x the asked number).
-MIN_MEASURE_S = 0.5
 _MAX_EXTENSION = 50
 #: A probe that measured this many steps is a measurement even when the function returned before
 #: the longer run it was asked for (a confirmation of a script whose loop ends sooner).
@@ -31,13 +39,18 @@ def run_probe(
     measured_steps: int = 5,
     min_measure_s: float = MIN_MEASURE_S,
     ranks: Ranks | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ProbeResult:
-    """Run `fn` for warm-up + measured optimizer steps under `config` on `backend`.
+    """Run `fn` for warm-up optimizer steps, then steps holding at least `measured_steps` micro-batches
+    (`Config.probe_steps`), under `config` on `backend`.
 
-    The measured part goes on past `measured_steps` (up to 50x) until `min_measure_s` is measured,
-    so that fast steps are timed over a span a clock can resolve.
+    The measured part goes on past them (up to 50x) until `min_measure_s` is measured,
+    so that fast steps are timed over a span a clock can resolve. A config that accumulates more than
+    PROBE_ACCUMULATION micro-batches runs that many a step, and its own step is priced from them
+    (autofit.runtime._accumulation). `progress` is told (micro-batches, steps) as they finish.
     Never raises for anything the user's code does: every outcome is a status in the result.
     """
+    measured_steps = config.probe_steps(measured_steps)
     backend.release()
     baseline = backend.used_bytes()
     backend.reset_peak()
@@ -46,10 +59,12 @@ def run_probe(
         config, backend.torch_device(), probing=True, warmup_steps=warmup_steps,
         measured_steps=measured_steps, synchronize=backend.synchronize, min_measure_s=min_measure_s,
         max_measured_steps=measured_steps * _MAX_EXTENSION, ranks=ranks, count_flops=True,
-        energy=backend.energy_joules, global_tokens=getattr(getattr(fn, "options", None), "global_tokens", None)))
+        energy=backend.energy_joules, global_tokens=getattr(getattr(fn, "options", None), "global_tokens", None),
+        probe_accumulation=PROBE_ACCUMULATION, progress=progress))
     result = ProbeResult(status="ok", config=config, warmup_steps=warmup_steps, memory_limit=backend.memory_limit)
+    compiling = CompileTimer(before=lambda: run.clock.first_micro_at is None)
     try:
-        with run.active():
+        with compiling, run.active():
             fn(run)
         run.finish()
         _check_length(result, run, measured_steps)
@@ -62,6 +77,10 @@ def run_probe(
         traceback.clear_frames(exc.__traceback__)  # frames hold the user's tensors
         del exc
     result.wall_s = time.perf_counter() - started
+    if run.clock.first_micro_at is not None:
+        result.start_s = run.clock.first_micro_at - started
+    if compiling.timed and compiling.compiles:
+        result.compile_s = compiling.total_s
     result.knobs = run.knobs.to_dict()
     result.warmup_steps = run.clock.warmup_steps
     result.notes.extend(run.notes)
@@ -125,23 +144,38 @@ def _check_finite(result: ProbeResult, run: Run) -> None:
 
 
 def _fill_timing(result: ProbeResult, run: Run) -> None:
+    """The measured steps' figures, for a step of the config's own accumulation: a probe that ran fewer
+    micro-batches a step prices its steps (autofit.runtime._accumulation)."""
     times, samples, tokens = run.clock.measured()
     result.measured_steps = run.clock.steps_measured
     if not times:
         return
     total = run.clock.measured_time_s
-    result.samples_per_s = samples / total if total > 0 else None
-    result.tokens_per_s = tokens / total if tokens and total > 0 else None
-    result.step_time_median_s = statistics.median(times)
+    ran, priced = run.config.accumulation_steps, run.priced_config.accumulation_steps
+    pricing = price_steps(ran, priced, run.clock.inner)
+    if priced > ran:
+        result.probe_accumulation = ran
+        result.inner_micro_s = run.clock.inner.inner_micro_s if run.clock.inner is not None else None
+        if pricing.note:
+            result.notes.append(pricing.note)
+    probe_step = total / max(1, result.measured_steps)
+    speed = pricing.scale * probe_step / pricing.step_s(probe_step)  # a priced step's rate over a probe step's
+    result.samples_per_s = samples / total * speed if total > 0 else None
+    result.tokens_per_s = tokens / total * speed if tokens and total > 0 else None
+    median = statistics.median(times)
+    result.probe_step_s = median
+    result.step_time_median_s = pricing.step_s(median)
     result.warmup_s = run.clock.warmup_time_s
     result.data_wait_s, result.data_wait_share = run.clock.data_wait_s, run.clock.data_wait_share
-    if result.config.compile and result.warmup_s is not None:
-        result.compile_s = max(0.0, result.warmup_s - result.warmup_steps * result.step_time_median_s)
+    if result.compile_s is None and result.config.compile and result.warmup_s is not None:
+        # compilation could not be watched: the warm-up beyond its steps at the measured pace
+        result.compile_s = max(0.0, result.warmup_s - result.warmup_steps * median)
     if len(times) >= 4:
         q = statistics.quantiles(times, n=4)
-        result.step_time_iqr_s = q[2] - q[0]
+        iqr = q[2] - q[0]
     else:
-        result.step_time_iqr_s = max(times) - min(times)
+        iqr = max(times) - min(times)
+    result.step_time_iqr_s = iqr * result.step_time_median_s / median if median > 0 else iqr
 
 
 def _fill_work(result: ProbeResult, run: Run, backend: DeviceBackend) -> None:
@@ -149,8 +183,9 @@ def _fill_work(result: ProbeResult, run: Run, backend: DeviceBackend) -> None:
     if run.flops is not None and run.flops.failure:
         result.notes.append(run.flops.failure)
     if run.flops is not None and run.flops.per_sample is not None:
-        result.set_flops(run.flops.per_sample, backend.peak_flops_per_s(result.config.precision),
-                         run.flops.per_token)
+        # the peak of the math that ran: a script that turned TF32 on itself ran its fp32 matmuls in TF32
+        math = "tf32" if result.config.precision == "fp32" and run.knobs.forces_tf32 else result.config.precision
+        result.set_flops(run.flops.per_sample, backend.peak_flops_per_s(math), run.flops.per_token)
     energy, samples = run.clock.measured_energy_j, run.clock.measured_samples
     if energy is not None and energy >= 0 and samples:
         result.joules_per_sample = energy / samples

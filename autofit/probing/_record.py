@@ -53,8 +53,22 @@ class ProbeResult:
     """Ranks the probe ran on (a distributed probe: throughput of all of them, the largest peak)."""
     warmup_s: float | None = None
     """Wall time of the warm-up steps: compilation (torch.compile), cuDNN autotuning, first-use costs."""
+    start_s: float | None = None
+    """From the probe's start to its first micro-batch's end: the function's or script's own set-up
+    (building the model, reading data, its own evaluation) and the first forward and backward, where
+    compilation lands. Never counted in the throughput, nor against a probe's step timeout."""
     compile_s: float | None = None
-    """Compiled configs: the warm-up's time beyond its steps at the measured pace (compilation)."""
+    """Seconds torch.compile spent compiling during the probe, whoever asked for it (run.compile or the
+    script's own torch.compile), timed by TorchDynamo's compile callbacks (where it has none, a compiled
+    config's warm-up beyond its steps at the measured pace); None: nothing compiled."""
+    probe_accumulation: int | None = None
+    """Micro-batches per optimizer step the probe ran, where fewer than the config's: its steps were priced
+    as the config's (autofit.runtime._accumulation); None: it ran the config's own."""
+    probe_step_s: float | None = None
+    """Median time of the probe's own optimizer steps (of `probe_accumulation` micro-batches where set):
+    what a longer run of it takes per step."""
+    inner_micro_s: float | None = None
+    """Where the probe priced its steps: one micro-batch inside a step, timed exactly."""
     data_wait_s: float | None = None
     """Host time the measured steps waited inside `next()` on the data (run.batches): an upper bound on
     the device's idle time, since on a GPU the wait can overlap kernels queued before it."""
@@ -107,7 +121,12 @@ class ProbeResult:
         else:
             return
         if peak_flops_per_s:
-            self.mfu = self.flops_per_s / (peak_flops_per_s * max(1, self.world_size))
+            mfu = self.flops_per_s / (peak_flops_per_s * max(1, self.world_size))
+            if mfu > 1.0:  # more than the hardware can do: the count or the peak is wrong, never a figure
+                self.notes.append(f"MFU read {mfu:.0%}, over 100%: a measuring error (a peak for other math than "
+                                  f"what ran?); not stored")
+            else:
+                self.mfu = mfu
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -147,7 +166,12 @@ class ProbeResult:
                 line += f" (MFU {self.mfu:.1%})"
         if self.ok and (waited := input_bound_text(self.data_wait_share)):
             line += f"  ({waited})"
-        if self.compile_s is not None:
+        if self.probe_accumulation is not None:
+            line += f"  (priced from {self.probe_accumulation} micro-batches a step)"
+        if self.start_s is not None and self.start_s >= 1.0:
+            compiled = f", {self.compile_s:.1f}s of it compiling" if self.compile_s else ""
+            line += f"  (first micro-batch after {self.start_s:.1f}s{compiled}: not counted)"
+        elif self.compile_s is not None:
             line += f"  (compiled in {self.compile_s:.1f}s, not counted)"
         if self.error_message and self.status != "ok":
             line += f"  ({self.error_type}: {self.error_message.splitlines()[0][:120]})"

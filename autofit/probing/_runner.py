@@ -8,7 +8,7 @@ results. What a runner promises:
   function, a limit below that baseline) raises UsageError; a script that fails at import raises
   WorkerStartError with its traceback.
 - `probe(config, ...)` runs one probe and returns its `ProbeResult`. Whatever the user's code does
-  (runs out of memory, raises, crashes, hangs past `timeout`, returns too early) is a status in the
+  (runs out of memory, raises, crashes, hangs past its limits, returns too early) is a status in the
   result, never an exception; the runner is ready for the next probe afterwards.
 - `kill()` stops a running probe at once (an interrupted search); `close()` (or leaving the `with`
   block) releases every process it started.
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from autofit.config import Config
 from autofit.probing._multinode import MultiNodeWorker
+from autofit.probing._progress import ProbeLimits
 from autofit.probing._record import ProbeResult, WorkerInfo
 from autofit.probing._torchrun import DistributedWorker
 from autofit.probing._worker import Worker
@@ -42,11 +43,13 @@ class ProbeRunner(Protocol):
 
     def start(self) -> WorkerInfo: ...
 
-    def probe(self, config: Config, *, warmup: int = 2, steps: int = 5, timeout: float = 300.0,
+    def probe(self, config: Config, *, warmup: int = 2, steps: int = 5, timeout: float | ProbeLimits = 300.0,
               log_path: str | None = None, min_measure_s: float | None = None,
               trial_id: int | None = None) -> ProbeResult:
         """`warmup` steps, then at least `steps` measured ones (more until `min_measure_s` is
-        measured); killed after `timeout` seconds. `log_path` receives the user's output.
+        measured); killed by its `timeout` limits (`ProbeLimits`: a start past its limit, steps that
+        stop progressing, the search's end; a number of seconds limits the first two alike), its result
+        then a `timeout` whose error type says which. `log_path` receives the user's output.
         `trial_id`: the running Optuna trial the probe is recorded on, through which a runner
         across machines reaches the other nodes (the others ignore it)."""
         ...

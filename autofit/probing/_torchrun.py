@@ -29,6 +29,7 @@ from typing import IO, Any
 from autofit.config import Config
 from autofit.errors import UsageError
 from autofit.probing._failures import crash_result, log_tail, timeout_result
+from autofit.probing._progress import ProbeLimits, ProbeWatch
 from autofit.probing._record import ProbeResult, WorkerInfo
 from autofit.probing._wire import LoadRequest, ProbeRequest, read_rank_results, write_rank_request
 from autofit.probing._worker import Worker
@@ -85,29 +86,35 @@ class DistributedWorker:
             self.info = worker.start()
         return self.info
 
-    def probe(self, config: Config, *, warmup: int = 2, steps: int = 5, timeout: float = 300.0,
+    def probe(self, config: Config, *, warmup: int = 2, steps: int = 5, timeout: float | ProbeLimits = 300.0,
               log_path: str | None = None, min_measure_s: float | None = None,
               trial_id: int | None = None) -> ProbeResult:
-        """One probe of `config` on all ranks; `trial_id` names the job's rendezvous (and, across
-        nodes, the running trial on which it is posted for the other nodes)."""
+        """One probe of `config` on all ranks, killed by its `timeout` limits (rank 0's progress: see
+        `ProbeLimits`); `trial_id` names the job's rendezvous (and, across nodes, the running trial on
+        which it is posted for the other nodes)."""
         started = time.perf_counter()
+        limits = ProbeLimits.of(timeout)
         job = self._job_for(ProbeRequest(config, warmup=warmup, steps=steps, min_measure_s=min_measure_s),
-                            timeout, trial_id)
+                            limits, trial_id)
         results, code, timed_out, log_file = self._run_everywhere(job, log_path, trial_id)
-        result = combine(config, results, self.world_size, time.perf_counter() - started, code, timed_out, timeout,
+        result = combine(config, results, self.world_size, time.perf_counter() - started, code, timed_out, limits,
                          log_file, self.memory_limit)
         result.log_path = log_path
         return result
 
-    def _job_for(self, request: ProbeRequest, timeout: float, trial_id: int | None) -> dict[str, Any]:
-        """The job every node's share runs: the probe, its time limit, and its rendezvous."""
-        return {**request.to_wire(), "label": request.config.label(), "timeout": timeout, "session": self.session,
+    def _job_for(self, request: ProbeRequest, limits: ProbeLimits, trial_id: int | None) -> dict[str, Any]:
+        """The job every node's share runs: the probe, its limits (`timeout`: the longest any node's share
+        may run, for the nodes that cannot see rank 0's progress), and its rendezvous."""
+        backstop = limits.total_s if limits.total_s is not None else limits.start_s + 10 * limits.stall_s
+        return {**request.to_wire(), "label": request.config.label(), "limits": limits.to_wire(),
+                "timeout": backstop, "session": self.session,
                 "rdzv_id": f"autofit-{self.session or 'local'}-{trial_id if trial_id is not None else 0}"}
 
     def _run_everywhere(self, job: dict[str, Any], log_path: str | None, trial_id: int | None,
-                        ) -> tuple[dict[int, ProbeResult | None], int | None, bool, str]:
-        """Every rank's result (None: it left none), torchrun's exit status, whether the job was
-        killed at its timeout, and where its output went. One machine: its ranks are all of them."""
+                        ) -> tuple[dict[int, ProbeResult | None], int | None, tuple[str, ProbeWatch] | None, str]:
+        """Every rank's result (None: it left none), torchrun's exit status, why the job was killed
+        for its limits and what it had done (None: it was not), and where its output went. One
+        machine: its ranks are all of them."""
         local, code, timed_out, log_file = self._launch(job, log_path)
         results: dict[int, ProbeResult | None] = dict.fromkeys(range(self.world_size))
         results.update(local)
@@ -117,16 +124,20 @@ class DistributedWorker:
         """torchrun's flags that say where the job's ranks meet."""
         return ["--standalone"]
 
-    def _launch(self, job: dict, log_path: str | None, stop: Callable[[], bool] | None = None,
-                ) -> tuple[dict[int, ProbeResult], int | None, bool, str]:
+    def _launch(self, job: dict, log_path: str | None, stop: Callable[[], bool] | None = None, *,
+                lead: bool = True) -> tuple[dict[int, ProbeResult], int | None, tuple[str, ProbeWatch] | None, str]:
         """This node's torchrun share of `job`: its ranks' results (by global rank), torchrun's exit
-        status, whether it was killed for its timeout, and where the ranks' output went. `stop`,
-        asked every half second, ends the share early (another node's rank failed)."""
+        status, why it was killed for its limits (and what it had done) or None, and where the ranks'
+        output went. `stop`, asked every half second, ends the share early (another node's rank failed).
+        The `lead` node's rank 0 writes the progress its limits read; another node's share runs until
+        the job's `timeout` at most, node 0 stopping it sooner."""
         load = LoadRequest(self.script, self.function, device=self.device, index=self.index,
                            memory_limit=self.memory_limit, usable_bytes=self.usable_bytes)
         with tempfile.TemporaryDirectory(prefix="autofit-ranks-") as out:
             request = os.path.join(out, "request.json")
-            write_rank_request(request, load, ProbeRequest.from_wire(job), out)
+            progress = os.path.join(out, "progress.json") if lead else None
+            probe = ProbeRequest.from_wire({**job, "progress_path": progress})
+            write_rank_request(request, load, probe, out)
             command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={self.nproc}",
                        *self._rendezvous(job), "--max-restarts=0", "-m", "autofit.probing._rank_process", request]
             log_file = log_path or self._log_file(f"{job['rdzv_id']}.log")
@@ -134,10 +145,13 @@ class DistributedWorker:
             with open_log(log_file) as log:
                 self._job = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                              env=env)
-                code, timed_out = self._wait(job["timeout"], stop)
+                limits = ProbeLimits.from_wire(job["limits"]) if lead and "limits" in job else \
+                    ProbeLimits(job["timeout"], job["timeout"], job["timeout"])
+                watch = ProbeWatch(limits, progress)
+                code, reason = self._wait(watch, stop)
                 self._job = None
             results = read_rank_results(out)
-        return results, code, timed_out, log_file
+        return results, code, (reason, watch) if reason else None, log_file
 
     def _log_file(self, name: str) -> str:
         """A job's log when the probe names none: in the run's log folder, else in this runner's
@@ -150,19 +164,20 @@ class DistributedWorker:
             self._private_dir = tempfile.mkdtemp(prefix="autofit-ranks-logs-")
         return os.path.join(self._private_dir, name)
 
-    def _wait(self, timeout: float, stop: Callable[[], bool] | None) -> tuple[int | None, bool]:
-        """torchrun's exit status (None when killed), and whether it ran past `timeout`."""
-        deadline = time.monotonic() + timeout
+    def _wait(self, watch: ProbeWatch, stop: Callable[[], bool] | None) -> tuple[int | None, str | None]:
+        """torchrun's exit status (None when killed), and why it was killed for its limits (None: it
+        was not)."""
         while True:
             try:
-                return self._job.wait(timeout=0.5 if stop else max(0.0, deadline - time.monotonic())), False
+                return self._job.wait(timeout=watch.wait_s()), None
             except subprocess.TimeoutExpired:
-                if time.monotonic() >= deadline:
+                reason = watch.expired()
+                if reason is not None:
                     self.kill()
-                    return None, True
+                    return None, reason
                 if stop is not None and stop():
                     self.kill()
-                    return None, False
+                    return None, None
 
     def kill(self) -> None:
         """Stop a running job at once: torchrun and its ranks (their own session)."""
@@ -194,7 +209,8 @@ def open_log(path: str) -> IO[str]:
 
 
 def combine(config: Config, results: dict[int, ProbeResult | None], nproc: int, wall: float, code: int | None,
-            timed_out: bool, timeout: float, log_path: str | None, limit: int | None) -> ProbeResult:
+            timed_out: tuple[str, ProbeWatch] | None, limits: ProbeLimits, log_path: str | None,
+            limit: int | None) -> ProbeResult:
     """One result for the job: ok only when every rank ran its steps; else the most telling failure."""
     present = {rank: r for rank, r in results.items() if r is not None}
     peaks = [r.peak_bytes for r in present.values() if r.peak_bytes is not None]
@@ -221,7 +237,9 @@ def combine(config: Config, results: dict[int, ProbeResult | None], nproc: int, 
                        memory_after_bytes=None)
     missing = [rank for rank in range(nproc) if rank not in present]
     if timed_out:
-        return timeout_result(config, timeout=timeout, wall_s=wall, memory_limit=limit, log_path=log_path, ranks=nproc)
+        reason, watch = timed_out
+        return timeout_result(config, limits=watch.limits, reason=reason, wall_s=wall, memory_limit=limit,
+                              log_path=log_path, ranks=nproc, progress=watch.progress)
     return crash_result(config, f"rank(s) {', '.join(map(str, missing))} of {nproc} died without a result "
                                 f"(torchrun exit status {code}); see the probe's log.",
                         error_type="RankCrashed", wall_s=wall, memory_limit=limit, log_path=log_path, ranks=nproc,

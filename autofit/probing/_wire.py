@@ -73,6 +73,11 @@ class LoadRequest:
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
+#: A probe measures at least this long (unless its steps reach 50x the asked number): five 3 ms steps are
+#: too short to time.
+MIN_MEASURE_S = 0.5
+
+
 @dataclass(frozen=True)
 class ProbeRequest:
     """Probe one config: `warmup` steps, then `steps` measured ones (more, up to `min_measure_s`)."""
@@ -81,16 +86,20 @@ class ProbeRequest:
     warmup: int = 2
     steps: int = 5
     min_measure_s: float | None = None
+    progress_path: str | None = None
+    """Where the probe writes its progress for its runner (autofit.probing._progress); None: nowhere."""
 
     def to_wire(self) -> dict[str, Any]:
-        """The keys a job posted across nodes has always carried (studies keep them)."""
+        """The keys a job posted across nodes has always carried (studies keep them), and where the
+        probe's progress goes."""
         return {"config": self.config.to_dict(), "warmup": self.warmup, "steps": self.steps,
-                "min_measure_s": self.min_measure_s}
+                "min_measure_s": self.min_measure_s,
+                **({"progress_path": self.progress_path} if self.progress_path else {})}
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> ProbeRequest:
         return cls(Config.from_dict(data["config"]), warmup=data.get("warmup", 2), steps=data.get("steps", 5),
-                   min_measure_s=data.get("min_measure_s"))
+                   min_measure_s=data.get("min_measure_s"), progress_path=data.get("progress_path"))
 
 
 # --- replies ----------------------------------------------------------------------------------------

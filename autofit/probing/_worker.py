@@ -9,14 +9,17 @@ baseline after a probe is replaced before the next one.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from typing import Any
 
 from autofit.config import Config
 from autofit.errors import AutofitError, UsageError, UserCodeError
 from autofit.probing._failures import crash_result, describe_exit, log_tail, timeout_result
+from autofit.probing._progress import ProbeLimits, ProbeWatch
 from autofit.probing._record import ProbeResult, WorkerInfo
 from autofit.probing._wire import Channel, LoadRequest, ProbeRequest, probe_process_for, result_of, start_child
 from autofit.units import format_size
@@ -71,6 +74,8 @@ class Worker:
         self._proc: subprocess.Popen | None = None
         self._channel: Channel | None = None
         self._warm_baseline: int | None = None
+        self._progress_dir: str | None = None
+        """Where its probes write their progress (mkdtemp: this runner's alone), removed by `close`."""
 
     # --- life cycle ---------------------------------------------------------------------------
     def __enter__(self) -> Worker:
@@ -135,11 +140,26 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self._kill()
             self._proc = None
+        self._forget_progress()
 
     def kill(self) -> None:
         """Stop at once, the probe running in it lost (an interrupted search)."""
         self._kill()
         self.close()
+
+    def _forget_progress(self) -> None:
+        if self._progress_dir is not None:
+            shutil.rmtree(self._progress_dir, ignore_errors=True)
+            self._progress_dir = None
+
+    def _progress_path(self) -> str:
+        """A fresh place for the next probe's progress."""
+        if self._progress_dir is None:
+            self._progress_dir = tempfile.mkdtemp(prefix="autofit-progress-")
+        path = os.path.join(self._progress_dir, "probe.json")
+        if os.path.exists(path):
+            os.remove(path)
+        return path
 
     # --- probes -------------------------------------------------------------------------------
     def probe(
@@ -148,22 +168,25 @@ class Worker:
         *,
         warmup: int = 2,
         steps: int = 5,
-        timeout: float = 300.0,
+        timeout: float | ProbeLimits = 300.0,
         log_path: str | None = None,
         min_measure_s: float | None = None,
         trial_id: int | None = None,
     ) -> ProbeResult:
-        """Run one probe. Every outcome of the user's code is a status; only bad input raises.
-        `trial_id` is for runners across nodes; one process has no use for it."""
+        """Run one probe, killed by its `timeout` limits (`ProbeLimits`; seconds: the start and each
+        stretch without progress alike). Every outcome of the user's code is a status; only bad input
+        raises. `trial_id` is for runners across nodes; one process has no use for it."""
         if not self.alive:
             self.start()
         assert self._channel is not None
         started = time.perf_counter()
-        request = ProbeRequest(config, warmup=warmup, steps=steps, min_measure_s=min_measure_s)
-        reply = self._channel.request({"op": "probe", "request": request.to_wire(), "log_path": log_path}, timeout)
+        request = ProbeRequest(config, warmup=warmup, steps=steps, min_measure_s=min_measure_s,
+                               progress_path=self._progress_path())
+        watch = ProbeWatch(ProbeLimits.of(timeout), request.progress_path)
+        reply, reason = self._await(request, log_path, watch)
         wall = time.perf_counter() - started
         if reply is None:
-            return self._dead_result(config, wall, timeout, log_path, timed_out=self._channel.timed_out)
+            return self._dead_result(config, wall, watch, reason, log_path)
         if not reply["ok"]:
             if reply["kind"] == "usage":
                 raise UsageError(reply["message"])
@@ -178,17 +201,34 @@ class Worker:
             self._replace_if_leaking(result)
         return result
 
-    def _dead_result(self, config: Config, wall: float, timeout: float, log_path: str | None,
-                     timed_out: bool) -> ProbeResult:
-        if timed_out:
+    def _await(self, request: ProbeRequest, log_path: str | None,
+               watch: ProbeWatch) -> tuple[dict[str, Any] | None, str | None]:
+        """The probe's reply, or None and why it was given up: a limit of `watch`'s, or None where the
+        worker died."""
+        try:
+            self._channel.send({"op": "probe", "request": request.to_wire(), "log_path": log_path})
+        except OSError:
+            return None, None
+        while True:
+            reply = self._channel.receive(watch.wait_s())
+            if reply is not None or not self._channel.timed_out:
+                return reply, None
+            reason = watch.expired()
+            if reason is not None:
+                return None, reason
+
+    def _dead_result(self, config: Config, wall: float, watch: ProbeWatch, reason: str | None,
+                     log_path: str | None) -> ProbeResult:
+        if reason is not None:
             self._kill()
         code = self._reap()
         self._kill_group()  # a probe process forked by the worker must not outlive it
         self.close()
         tail = log_tail(log_path)
-        if timed_out:
-            return timeout_result(config, timeout=timeout, wall_s=wall, memory_limit=self.memory_limit,
-                                  log_path=log_path, traceback=tail)
+        if reason is not None:
+            return timeout_result(config, limits=watch.limits, reason=reason, wall_s=wall,
+                                  memory_limit=self.memory_limit, log_path=log_path, traceback=tail,
+                                  progress=watch.progress)
         return crash_result(config, f"The worker died during the probe ({describe_exit(code)}); "
                                     f"a fresh worker runs the next probe.",
                             wall_s=wall, memory_limit=self.memory_limit, log_path=log_path, traceback=tail)

@@ -79,6 +79,7 @@ class _Session:
 
     def _run_probe(self, request: ProbeRequest) -> Any:
         from autofit.probing._probe import run_probe
+        from autofit.probing._progress import ProgressFile
 
         assert self.loaded is not None, "a probe before the function was loaded"
         return run_probe(
@@ -87,6 +88,7 @@ class _Session:
             self.loaded.backend,
             warmup_steps=request.warmup,
             measured_steps=request.steps,
+            progress=ProgressFile(request.progress_path) if request.progress_path else None,
             **({"min_measure_s": request.min_measure_s} if request.min_measure_s is not None else {}),
         )
 

@@ -8,9 +8,11 @@ Everything here runs inside the user's process (a probe's worker, a rank, a norm
 
 from __future__ import annotations
 
+from autofit.runtime._accumulation import PricedSteps, price_steps
 from autofit.runtime._batch import batch_len, batch_tensors, count_samples, map_batch, split_batch, to_device
 from autofit.runtime._checkpoint import checkpoint_policy_of
 from autofit.runtime._clock import ProbeFinished, StepClock
+from autofit.runtime._compile_timer import CompileTimer
 from autofit.runtime._distributed import Ranks, leave_process_group, per_rank_config, ranks_from_env
 from autofit.runtime._envelope import TokenEnvelope, TokenGuard
 from autofit.runtime._feed import DataTooSmall
@@ -40,6 +42,9 @@ from autofit.runtime._settings import RunSettings
 from autofit.runtime._tokens import TokenBatchSampler, TokenBatchStats
 
 __all__ = [
+    "CompileTimer",
+    "PricedSteps",
+    "price_steps",
     "MEMORY_LIMIT_ENV",
     "ONE_START",
     "RECOVERY_ENV",

@@ -9,6 +9,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from autofit.runtime._accumulation import InnerSpans
+
 
 class ProbeFinished(BaseException):
     """Raised out of `run.batches()` once a probe has its steps.
@@ -64,6 +66,15 @@ class StepClock:
     _last: float | None = None
     _agreed_steps: int | None = None
     complete: bool = False
+    inner: InnerSpans | None = None
+    """A probe that prices a longer accumulation than it runs times its steps' inner micro-batches here."""
+    progress: Callable[[int, int], None] | None = None
+    """Told (micro-batches done, optimizer steps done) at every backward pass and step: a probe's sign of
+    life to the process that may kill it (throttled by the listener)."""
+    micro_batches_done: int = 0
+    """Backward passes returned so far (each micro-batch's), in warm-up or not."""
+    first_micro_at: float | None = None
+    """When the first backward pass returned (`time.perf_counter`): the run's set-up ended there."""
 
     @property
     def total_steps(self) -> int | None:
@@ -101,7 +112,29 @@ class StepClock:
         self.data_wait_s = self.data_wait_s or 0.0
         self._waiting_s += seconds
 
+    @property
+    def measuring(self) -> bool:
+        """A probe's measured step is running now."""
+        return self.measured_steps is not None and self.steps_done >= self.warmup_steps and not self.complete
+
+    def backward_done(self) -> None:
+        """A backward pass returned (a micro-batch's, or one of several in it)."""
+        self.micro_batches_done += 1
+        if self.first_micro_at is None:
+            self.first_micro_at = time.perf_counter()
+        if self.inner is not None:
+            self.inner.backward_done(self.measuring)
+        if self.progress is not None:
+            self.progress(self.micro_batches_done, self.steps_done)
+
     def step_done(self, samples: int, tokens: int) -> None:
+        if self.inner is not None:
+            self.inner.step_done()
+        self._step_done(samples, tokens)
+        if self.progress is not None:
+            self.progress(self.micro_batches_done, self.steps_done)
+
+    def _step_done(self, samples: int, tokens: int) -> None:
         self.steps_done += 1
         waited, self._waiting_s = self._waiting_s, 0.0
         if self.data_wait_s is not None and self.steps_done > self.warmup_steps:

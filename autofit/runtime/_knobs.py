@@ -36,6 +36,8 @@ class Knobs:
     longest_sample: int | None = None
     # the micro-batches by tokens that ran through run.batches (a probe's: the best-config file's envelope)
     token_envelope: TokenEnvelope | None = None
+    # the function turned TF32 on for float32 matmuls itself (nanoGPT): fp32 and tf32 run the same math
+    forces_tf32: bool = False
 
     def ran_tokens(self, samples: int, longest: int) -> None:
         """A micro-batch of `samples` samples padded to `longest` tokens ran: widen `token_envelope`."""
@@ -53,6 +55,7 @@ class Knobs:
             **({"followed": True} if self.followed else {}),
             **({"longest_sample": self.longest_sample} if self.longest_sample is not None else {}),
             **({"token_envelope": self.token_envelope.to_dict()} if self.token_envelope is not None else {}),
+            **({"forces_tf32": True} if self.forces_tf32 else {}),
         }
 
 

@@ -77,6 +77,17 @@ def tf32_scope(enabled: bool) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous_legacy
 
 
+def tf32_matmuls() -> bool:
+    """Whether float32 matmuls on CUDA run in TF32 now (the script may have turned it on itself, as
+    nanoGPT does: `torch.backends.cuda.matmul.allow_tf32 = True`)."""
+    try:
+        if _new_api_available():
+            return torch.backends.cuda.matmul.fp32_precision == "tf32"
+        return bool(torch.backends.cuda.matmul.allow_tf32)
+    except RuntimeError:  # this build refuses to read it
+        return False
+
+
 def precision_scope(name: str, device: torch.device):
     """The context a whole run (forward, backward, optimizer) runs under for precision `name`.
 

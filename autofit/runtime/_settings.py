@@ -58,6 +58,12 @@ class RunSettings:
     token_envelope: TokenEnvelope | None = None
     """The micro-batches by tokens the search's probes ran (the best-config file's): a normal run splits
     one beyond them before it runs (TokenGuard); None: no check."""
+    probe_accumulation: int | None = None
+    """A probe's most micro-batches per optimizer step (PROBE_ACCUMULATION): a config that accumulates
+    more runs this many, and its own step is priced from them (autofit.runtime._accumulation); None: the
+    config's accumulation runs as it is."""
+    progress: Callable[[int, int], None] | None = None
+    """Told (micro-batches done, optimizer steps done) as a probe runs: its sign of life to the runner."""
     worst_token_batches: bool = False
     """The memory estimator's: every micro-batch by tokens (run.token_batches) is the cap's worst, the
     data's longest samples as many as the cap holds, so an estimate answers for the cap, not for a draw."""

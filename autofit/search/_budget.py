@@ -3,6 +3,7 @@ probes so far and the budget left. Every estimate is from measured wall times, n
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 
@@ -10,12 +11,15 @@ import optuna
 
 from autofit.config import Config
 from autofit.planner import AB_ROUNDS, ABPlan, Planner
+from autofit.probing import MIN_MEASURE_S, ProbeLimits
 from autofit.search._settings import SearchSettings
 from autofit.study import trial_config, trial_result
 
 #: The share of the budget kept back at most for the decision (the close contenders' second probes, the
 #: A/B): the search plans its last minutes for choosing well, not for exploring more.
 DECISION_SHARE = 1 / 3
+#: A confirmation of the leader alone (no config within its noise) takes this share of the budget at most.
+ONE_ENTRANT_SHARE = 1 / 4
 
 
 class Budget:
@@ -29,16 +33,25 @@ class Budget:
         return self.deadline - time.monotonic()
 
     def next_probe_estimate(self, seen, config: Config | None = None) -> float:
-        """The longest of the last three probes: what the next one may well take. A compiled config
-        compiles in its warm-up, which eager probes never paid: for one, the longest compiled probe
-        so far (its compilation included), once there is one."""
+        """What a probe of `config` should take, priced by what it costs: its start (the longest start
+        seen among probes that compile as it does: its set-up, its own evaluation, compilation) and its
+        steps (warm-up, the measured window of at least MIN_MEASURE_S, the counted step), each step of the
+        micro-batches it runs at the time per sample seen nearest to it. Without a config, or before any
+        probe ran a step, the longest of the last three probes' walls."""
         done = [o for o in seen if o.status != "running"]
-        if config is not None and config.compile:
-            compiled = [o.wall_s for o in done if o.config.compile]
-            if compiled:
-                return max(compiled)
         walls = [o.wall_s for o in done][-3:]
-        return max(walls) if walls else 0.0
+        fallback = max(walls) if walls else 0.0
+        if config is None:
+            return fallback
+        per_sample = _per_sample_s(done, config)
+        if per_sample is None:
+            compiled = [o.wall_s for o in done if o.config.compile == config.compile]
+            return max(compiled) if compiled else fallback
+        starts = [o.start_s for o in done if o.start_s is not None and o.config.compile == config.compile]
+        start = max(starts) if starts else max((o.start_s for o in done if o.start_s is not None), default=0.0)
+        step = per_sample * config.batch_size * config.probe_accumulation
+        measured = max(MIN_MEASURE_S, config.probe_steps(self.s.steps) * step)
+        return start + measured + (self.s.warmup + 1) * step
 
     def confirm_estimate(self, study: optuna.Study, config: Config, steps: int) -> float:
         """Seconds a probe of `config` with `steps` measured steps should take, from its last probe."""
@@ -47,17 +60,24 @@ class Budget:
         if not results:
             return 0.0
         last = results[-1]
-        # step_time_median_s is per optimizer step, which already holds all accumulation micro-batches.
-        extra_steps = max(0, steps - last.measured_steps) * (last.step_time_median_s or 0)
-        return last.wall_s + extra_steps
+        # The probe's own step (of the micro-batches it ran: a longer accumulation is priced, not run); a
+        # probe's length is asked in micro-batches (`Config.probe_steps`).
+        step = last.probe_step_s or last.step_time_median_s or 0
+        return last.wall_s + max(0, config.probe_steps(steps) - last.measured_steps) * step
 
     def ab_plan(self, study: optuna.Study, entrants: Sequence[Config], since: int = -1) -> ABPlan | None:
         """The longest A/B (the confirmation, see planner/_ab.py) the budget left holds: every entrant for
         AB_ROUNDS rounds whose windows add up to confirm_factor x a probe's steps, shortened first in its
         windows (down to 2 probes' steps in all), then in its rounds (2), then in its entrants (the last
-        first); one entrant runs one long round. None when not even the first's shortest run fits."""
+        first); one entrant runs one long round, a quarter of the budget at most (one config measured
+        longer is no A/B: it can only correct the leader's own figure). None when not even the first's
+        shortest run fits."""
         return next((plan for plan in self._ab_plans(entrants, since)
-                     if self.ab_estimate(study, plan) <= self.left()), None)
+                     if self.ab_estimate(study, plan) <= self._ab_allowance(plan)), None)
+
+    def _ab_allowance(self, plan: ABPlan) -> float:
+        left = self.left()
+        return min(left, ONE_ENTRANT_SHARE * self.s.budget_s) if len(plan.entrants) == 1 else left
 
     def ab_estimate(self, study: optuna.Study, plan: ABPlan) -> float:
         """Seconds `plan` should take, from each entrant's last probe."""
@@ -77,11 +97,16 @@ class Budget:
     def decision_reserve(self, planner: Planner, seen, study: optuna.Study | None = None) -> float:
         """Time kept back for the decision, so that exploring stops early enough: the close contenders'
         second probes and the longest A/B of the configs within the noise of the leader (estimated from
-        their probes), at most a third of the budget."""
+        their probes), at most a third of the budget. A leader with no company whose strategy can still
+        climb keeps nothing back: its climb comes before a longer measurement of it."""
         if study is None:
             return 0.0
         remeasures = sum(self.confirm_estimate(study, c, 2 * self.s.steps) for c in planner.contenders(seen))
-        plans = self._ab_plans(planner.ab_entrants(seen), -1)
+        entrants = planner.ab_entrants(seen)
+        if len(entrants) == 1 and planner.leader_can_climb(seen):
+            return min(remeasures, DECISION_SHARE * self.s.budget_s)
+        plans = [p for p in self._ab_plans(entrants, -1)
+                 if self.ab_estimate(study, p) <= self._ab_allowance(p) or len(p.entrants) > 1]
         ab = self.ab_estimate(study, plans[0]) if plans else 0.0
         return min(remeasures + ab, DECISION_SHARE * self.s.budget_s)
 
@@ -91,11 +116,40 @@ class Budget:
         plans = [p for p in self._ab_plans(entrants, -1) if len(p.entrants) == len(entrants)]
         return self.ab_estimate(study, plans[-1]) if plans else 0.0
 
-    def probe_timeout(self, seen) -> float:
-        """--probe-timeout, else: the first probe max(60 s, a quarter of the budget); later ones 5x
-        the confirmation factor x the slowest ok probe; never beyond the budget left (30 s at least)."""
+    def probe_limits(self, seen, config: Config | None = None) -> ProbeLimits:
+        """When a probe is killed (`ProbeLimits`), never past the budget left (`total_s`), however it
+        progresses. --probe-timeout limits its start and each stretch of its steps without progress alike.
+        Else its start (until its first micro-batch ends: set-up, its own evaluation, compilation) gets
+        what the budget left allows for the first probe (nothing is known of it, and a search with nothing
+        measured has nothing to export), then 3x the longest start seen (60 s at least); its steps may go
+        without progress for 20x the slowest step seen (60 s at least; a quarter of the budget before any).
+        A config probed again after it timed out gets all the budget left."""
+        left = max(1.0, self.left())
         if self.s.probe_timeout:
-            return self.s.probe_timeout
-        walls = [o.wall_s for o in seen if o.status == "ok"]
-        derived = max(30.0, 5 * max(walls) * self.s.confirm_factor) if walls else max(60.0, 0.25 * self.s.budget_s)
-        return min(derived, max(30.0, self.left()))
+            return ProbeLimits(self.s.probe_timeout, self.s.probe_timeout, left)
+        done = [o for o in seen if o.status != "running"]
+        if config is not None and any(o.config == config and o.timed_out for o in done):
+            return ProbeLimits(left, left, left)  # probed again for a timeout: all the budget left allows
+        compiles = config.compile if config is not None else None
+        starts = [o.start_s for o in done if o.start_s is not None and (compiles is None or o.config.compile == compiles)]
+        start = max(60.0, 3 * max(starts)) if starts else left
+        steps = [o.step_s for o in done if o.status == "ok" and o.step_s]
+        stall = max(60.0, 20 * max(steps)) if steps else max(60.0, 0.25 * self.s.budget_s)
+        return ProbeLimits(min(start, left), min(stall, left), left)
+
+
+def _per_sample_s(done, config: Config) -> float | None:
+    """Seconds per sample of a probe's step, from the probe nearest to `config` that ran its steps: the same
+    strategy first, the nearest micro-batch next (per sample, a step costs less at a larger one)."""
+    measured = [o for o in done if o.status == "ok" and o.step_s and o.config.max_tokens is None]
+    if not measured:
+        return None
+
+    def distance(o) -> tuple:
+        c = o.config
+        return ((c.precision, c.compile, c.checkpoint_segments, c.sharding) != (
+            config.precision, config.compile, config.checkpoint_segments, config.sharding),
+            abs(math.log(c.batch_size / config.batch_size)))
+
+    nearest = min(measured, key=distance)
+    return nearest.step_s / (nearest.config.batch_size * (nearest.ran_accumulation or nearest.config.accumulation_steps))

@@ -33,6 +33,10 @@ def build_space(settings: SearchSettings, options: SearchOptions, info: WorkerIn
     if unsupported:
         raise UsageError(f"The precision must be one the device runs ({', '.join(precisions)}), "
                          f"but got {', '.join(unsupported)}.")
+    if knobs is not None and knobs.get("forces_tf32") and "tf32" in wanted and "fp32" in wanted:
+        # The function turns TF32 on itself: its fp32 runs TF32 math, the same as tf32; one of them, named
+        # for what runs.
+        wanted = tuple(p for p in wanted if p != "fp32")
     if knobs is not None and not knobs.get("autocast"):
         # The function never enters run.autocast(): precision changes nothing, it computes in fp32
         # (as the memory estimator assumes then).

@@ -17,7 +17,7 @@ from autofit.errors import NoFeasibleConfig, UserCodeError
 from autofit.export import default_best_path, device_tag, write_best
 from autofit.findings import UNCONFIRMED_BUDGET, best_document, fault_notes, nothing_fits
 from autofit.planner import ABPlan, Observation
-from autofit.probing import ProbeResult
+from autofit.probing import BUDGET_CUT, ProbeResult
 from autofit.search._build_space import loader_note
 from autofit.search._sampler import Proposal
 from autofit.search._settings import SearchResult
@@ -80,16 +80,22 @@ def _next_explore(state: SearchState, running: int) -> Proposal | str | None:
     study, budget = state.session.study, state.budget
     seen = state.session.observations()
     reserve = budget.decision_reserve(state.planner, seen, study)
-    if budget.left() < budget.next_probe_estimate(seen) + reserve:
-        return "the time budget"
     proposal = state.sampler.propose(study, "explore")
     if proposal is None:
         if running or any(o.status == "running" for o in seen):
             return None  # what the probes running now (here or in another searcher) find decides
         return "the planner had nothing left worth probing"
-    if proposal.config.compile and budget.left() < budget.next_probe_estimate(seen, proposal.config) + reserve:
-        return "the time budget (a compiled probe compiles first)"
+    # Nothing measured yet: a probe while any budget is left (it is killed at the budget's end at worst).
+    measured = any(o.status == "ok" for o in seen)
+    if budget.left() < budget.next_probe_estimate(seen, proposal.config) + (reserve if measured else 0.0):
+        if measured or budget.left() < _LAST_TRY_S:
+            return ("the time budget (a compiled probe compiles first)" if proposal.config.compile
+                    else "the time budget")
     return proposal
+
+
+#: With nothing measured, a probe is still started while this much of the budget is left.
+_LAST_TRY_S = 10.0
 
 
 def _check_fatal(result: ProbeResult, seen: list[Observation]) -> None:
@@ -132,12 +138,17 @@ def confirm(state: SearchState, runner: Runner) -> None:
 
 
 def _confirm_rounds(state: SearchState, runner: Runner) -> None:
-    """`confirm`'s A/Bs, three at most; notes what the budget left out."""
+    """`confirm`'s A/Bs, three at most; notes what the budget left out. The leader alone is measured longer
+    only once its strategy has climbed to its memory edge (otherwise the budget went to the climb)."""
     study = state.session.study
     for _ in range(3):
         seen = state.session.observations()
         entrants = state.planner.ab_entrants(seen)
         if not entrants:
+            return
+        if len(entrants) == 1 and state.planner.leader_can_climb(seen):
+            state.notes.append(f"{entrants[0].label()} is unconfirmed: its strategy could still climb when the "
+                               f"budget ran out (a longer --budget climbs it, then measures the winner longer)")
             return
         plan = state.budget.ab_plan(study, entrants, since=max((o.trial for o in seen if o.trial is not None),
                                                                  default=-1))
@@ -162,6 +173,10 @@ def _run_ab(state: SearchState, runner: Runner, plan: ABPlan) -> bool:
         result = state.probe(runner, plan.steps)
         if result is None:
             return False  # another searcher claimed the round: its A/B decides
+        if result.error_type == BUDGET_CUT:  # no verdict: the round measured nothing
+            state.notes.append(f"the A/B stopped before its end: the budget ran out during {proposal.config.label()}'s "
+                               f"round (not measured; its probes stand)")
+            return False
         if not (result.ok and (result.peak_bytes or 0) <= state.session.usable):
             state.notes.append(f"{proposal.config.label()} failed its A/B round "
                                f"({result.status if result.status != 'ok' else 'over the headroom'}): "

@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from autofit.config import Config
-from autofit.probing import JobBoard, ProbeResult, ProbeRunner, WorkerInfo, make_runner
+from autofit.probing import JobBoard, ProbeLimits, ProbeResult, ProbeRunner, WorkerInfo, make_runner
 from autofit.search._settings import SearchSettings
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class RunnerPool:
         """The runner a probe ran on, as the progress lines name it; None when there is one."""
         return self._names[id(runner)] if len(self.runners) > 1 else None
 
-    def probe(self, runner: Runner, config: Config, *, steps: int, timeout: float, log_path: str,
+    def probe(self, runner: Runner, config: Config, *, steps: int, timeout: ProbeLimits, log_path: str,
               trial_id: int, heartbeat: AbstractContextManager) -> Future[ProbeResult]:
         """Probe `config` on `runner`, in the runner's thread, inside the trial's `heartbeat`; across
         nodes, the trial is where the other nodes find the job."""

@@ -90,7 +90,7 @@ class SearchState:
         self.reporter.probe_started(trial.number, proposal.config, proposal.phase)
         log_path = os.path.join(self.session.run_dir, f"trial-{trial.number}.log")
         os.makedirs(self.session.run_dir, exist_ok=True)
-        timeout = self.budget.probe_timeout(self.session.observations(exclude=trial.number))
+        timeout = self.budget.probe_limits(self.session.observations(exclude=trial.number), proposal.config)
         self.estimator.pause()  # nothing of it runs beside a timed probe
         self.estimator.probes_running += 1
         future = self.pool.probe(runner, proposal.config, steps=steps, timeout=timeout, log_path=log_path,

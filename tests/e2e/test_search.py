@@ -34,8 +34,10 @@ def searched(tmp_path_factory):
     cwd = os.getcwd()
     os.chdir(home)
     try:
+        # bf16 asked for: a CPU without bf16 instructions leaves it out of its defaults (it is emulated there)
         result = run_search(SearchSettings(script=script("fits_small.py"), memory_limit=LIMIT, trials=TRIALS,
-                                           budget_s=600, batch_range=(128, 1024), confirm_factor=2))
+                                           budget_s=600, batch_range=(128, 1024), confirm_factor=2,
+                                           precision=("fp32", "bf16")))
     finally:
         os.chdir(cwd)
     study = optuna.load_study(study_name=result.study_name, storage=open_storage(result.storage))

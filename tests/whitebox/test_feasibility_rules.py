@@ -51,22 +51,25 @@ def test_selective_checkpointing_that_fails_for_a_reason_not_memory_is_abandoned
 
 
 def test_every_precision_is_probed_once_the_pilot_climbed_and_the_faster_explored_first():
-    """A short budget still compares precisions: once the pilot's strategy has climbed, the next probe is
-    the other precision's first batch, at the climbed one, and the one measured faster is the one whose
-    batches are explored next."""
+    """A short budget still compares precisions: once the pilot's strategy has climbed to its memory edge
+    (here the top of the space), the next probe is the other precision's first batch, at the climbed one,
+    and the one measured faster is the one whose batches are explored next."""
     from autofit.planner import Observation, Planner, SearchSpace
 
     space = SearchSpace.build(batch_range=(8, 512), precisions=("fp32", "bf16"))
     planner = Planner(space, 64 * 2**30, check_noise=False)
     pilot = planner.next([])
     seen = [Observation(pilot, "ok", peak_bytes=2**30, rate=100.0, wall_s=1.0, phase="explore")]
-    climb = planner.next(seen)
-    assert (pilot.precision, climb.precision) == ("fp32", "fp32") and climb.batch_size > pilot.batch_size
-    seen.append(Observation(climb, "ok", peak_bytes=2 * 2**30, rate=200.0, wall_s=1.0, phase="explore"))
-    second = planner.next(seen)
-    assert (second.precision, second.batch_size) == ("bf16", climb.batch_size)
-    seen.append(Observation(second, "ok", peak_bytes=2**30, rate=600.0, wall_s=1.0, phase="explore"))
-    assert planner.next(seen).precision == "bf16"  # measured 3x faster: its larger batches first
+    while (climb := planner.next(seen)).precision == pilot.precision:
+        assert climb.batch_size > seen[-1].config.batch_size and len(seen) < 6
+        seen.append(Observation(climb, "ok", peak_bytes=2**30 + climb.batch_size * 2**24, rate=100.0 + climb.batch_size,
+                                wall_s=1.0, phase="explore"))
+    top = seen[-1].config.batch_size
+    assert len(seen) >= 2 and top == 512
+    second = climb
+    assert (second.precision, second.batch_size) == ("bf16", top)
+    seen.append(Observation(second, "ok", peak_bytes=2**30, rate=1800.0, wall_s=1.0, phase="explore"))
+    assert planner.next(seen).precision == "bf16"  # measured 3x faster: its other batches first
     seen[-1] = Observation(second, "ok", peak_bytes=2**30, rate=60.0, wall_s=1.0, phase="explore")
     assert planner.next(seen).precision == "fp32"
 

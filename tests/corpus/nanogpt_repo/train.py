@@ -76,7 +76,7 @@ compile = True # use PyTorch 2.0 to compile the model to be faster
 config_keys = [k for k,v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
 exec(open('configurator.py').read()) # overrides from command line or config file
 config = {k: globals()[k] for k in config_keys} # will be useful for logging
-import autofit; run = autofit.start(global_batch=gradient_accumulation_steps * batch_size) # autofit: the Run this process trains with
+import autofit; run = autofit.start(global_batch=gradient_accumulation_steps * batch_size, default_batch_size=batch_size, default_precision=dtype) # autofit: the Run this process trains with (before any search: the script's own micro-batch and dtype)
 batch_size, gradient_accumulation_steps = run.batch_size, run.accumulation_steps * run.world_size # autofit: the searched micro-batch and accumulation (of all ranks: nanoGPT shares it out below)
 dtype = str(run.dtype).removeprefix('torch.') # autofit: the searched precision
 device = str(run.device) # autofit: the device

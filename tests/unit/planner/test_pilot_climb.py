@@ -59,19 +59,34 @@ def _replay(planner: Planner, limit: int = 60) -> list[Observation]:
 
 
 @pytest.mark.parametrize("predicted", [False, True], ids=["memory-line", "estimator"])
-def test_the_pilot_climbs_before_the_other_precisions_which_are_probed_where_it_reached(predicted):
+def test_the_pilot_climbs_to_its_memory_edge_before_the_other_precisions_which_are_probed_there(predicted):
+    """On a device whose memory is known the pilot starts at a memory-scaled guess (70 GiB: b=32, not 4), and
+    the expected best precision climbs to its memory edge before the others are swept, each once at the
+    batch it reached."""
     space = _space()
     planner = Planner(space, USABLE, check_noise=False, prediction=_prediction(space) if predicted else None)
     seen = _replay(planner)
-    pilot, climb = seen[0].config, seen[1].config
-    assert (pilot.precision, pilot.batch_size) == ("bf16", 4)
-    assert climb.precision == "bf16" and climb.batch_size > 4 and seen[1].status == "ok"
-    # Then each other precision, once, at the batch the pilot's strategy reached: where they compare.
-    assert [(o.config.precision, o.config.batch_size) for o in seen[2:5]] == [
-        (p, climb.batch_size) for p in ("fp32", "tf32", "fp16")]
-    if predicted:  # the estimator's calibrated prediction gives the jump: well past the launch-bound batches
-        assert climb.batch_size >= 512
+    pilot = seen[0].config
+    assert (pilot.precision, pilot.batch_size) == ("bf16", 32)
+    first_other = next(i for i, o in enumerate(seen) if o.config.precision != "bf16")
+    climb = seen[:first_other]
+    assert all(o.status == "ok" for o in climb)  # no blind leap into an OOM
+    edge = max(o.config.batch_size for o in climb)
+    assert edge == 1536  # bf16's largest batch that fits (1,933 samples of it would), before any other precision
+    # Then each other precision once, at the batch the pilot's strategy reached (or below, where the memory
+    # models or the estimator say that one does not fit it): where they compare.
+    firsts = {}
+    for o in seen[first_other:]:
+        if o.config.precision != "bf16":
+            firsts.setdefault(o.config.precision, o.config.batch_size)
+    assert set(firsts) == {"fp32", "tf32", "fp16"} and max(firsts.values()) == edge
+    assert all(batch >= 1024 for batch in firsts.values())
     assert planner.best(seen) == _best(space) == Config(1536, "bf16")
+
+
+def test_on_a_small_memory_the_pilot_stays_at_its_smallest_guess():
+    planner = Planner(_space(), 2 * GiB, check_noise=False)
+    assert planner.next([]) == Config(4, "bf16")
 
 
 def test_with_the_pilot_running_out_of_memory_the_precisions_are_compared_at_once():

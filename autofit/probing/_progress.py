@@ -1,0 +1,119 @@
+"""A running probe's sign of life, and the limits its runner kills it by.
+
+A probe on a GPU pays for its start (the script's own set-up and evaluation, compilation) before its
+first micro-batch ends, then for its steps. One fixed timeout over both killed nanoGPT's compiled probes
+on an H100 while they compiled. So a probe writes what it has done (`ProgressFile`: micro-batches and
+optimizer steps, at most once a second) where its runner looks, and the runner (`ProbeWatch`) kills it
+only when its start takes longer than `ProbeLimits.start_s`, when its steps make no progress for
+`stall_s`, or when it reaches `total_s` (the search's budget) whatever its progress. Each reason is its
+own kind of result (`timeout_result`): a start or a stall is a timeout, the budget's end is no verdict on
+the config at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+
+#: A probe's progress is written at most this often (seconds): a sign of life, not a log.
+_WRITE_EVERY_S = 1.0
+#: How often a runner looks at a running probe's progress (seconds).
+POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class ProbeLimits:
+    """When a runner kills a probe: its start (until its first micro-batch ends) past `start_s`, its steps
+    without progress for `stall_s`, or the whole of it past `total_s` (None: no such limit)."""
+
+    start_s: float
+    stall_s: float
+    total_s: float | None = None
+
+    @classmethod
+    def of(cls, timeout: float | ProbeLimits) -> ProbeLimits:
+        """A bare number of seconds limits the start and each stretch without progress alike."""
+        return timeout if isinstance(timeout, ProbeLimits) else cls(float(timeout), float(timeout))
+
+    @property
+    def longest_s(self) -> float:
+        """The longest a probe under these limits can take before its first sign of life."""
+        return min(self.start_s, self.total_s) if self.total_s is not None else self.start_s
+
+    def to_wire(self) -> dict:
+        return {"start_s": self.start_s, "stall_s": self.stall_s, "total_s": self.total_s}
+
+    @classmethod
+    def from_wire(cls, data: dict | float) -> ProbeLimits:
+        if not isinstance(data, dict):
+            return cls.of(data)
+        return cls(float(data["start_s"]), float(data["stall_s"]),
+                   None if data.get("total_s") is None else float(data["total_s"]))
+
+
+class ProgressFile:
+    """Called by the probe's run with (micro-batches done, optimizer steps done); writes them to `path`
+    (replaced whole: a reader never sees half of it), the first at once and then at most once a second."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._written: float | None = None
+
+    def __call__(self, micro_batches: int, steps: int) -> None:
+        now = time.monotonic()
+        if self._written is not None and now - self._written < _WRITE_EVERY_S:
+            return
+        self._written = now
+        temporary = f"{self.path}.{os.getpid()}.tmp"
+        try:
+            with open(temporary, "w") as handle:
+                json.dump({"micro_batches": micro_batches, "steps": steps}, handle)
+            os.replace(temporary, self.path)
+        except OSError:  # a sign of life lost is no fault of the probe's
+            pass
+
+
+def read_progress(path: str | None) -> tuple[int, int] | None:
+    """(micro-batches, steps) the probe wrote last, or None before its first micro-batch ended."""
+    if not path:
+        return None
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+        return int(data["micro_batches"]), int(data["steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class ProbeWatch:
+    """One running probe, as its runner sees it: `expired()` says why it must be killed now, or None."""
+
+    def __init__(self, limits: ProbeLimits, path: str | None) -> None:
+        self.limits = limits
+        self.path = path
+        self.started = time.monotonic()
+        self.progress: tuple[int, int] | None = None
+        self._changed = self.started
+
+    def expired(self) -> str | None:
+        """"budget" (past `total_s`), "start" (no micro-batch done within `start_s`), "stall" (no
+        progress for `stall_s` since the last), or None."""
+        now = time.monotonic()
+        seen = read_progress(self.path)
+        if seen is not None and seen != self.progress:
+            self.progress, self._changed = seen, now
+        if self.limits.total_s is not None and now - self.started >= self.limits.total_s:
+            return "budget"
+        if self.progress is None:
+            return "start" if now - self.started >= self.limits.start_s else None
+        return "stall" if now - self._changed >= self.limits.stall_s else None
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def wait_s(self) -> float:
+        """How long a runner may wait for the probe's answer before it looks again."""
+        return POLL_S
