@@ -10,7 +10,6 @@ from typing import Any
 from autofit.config import MAX_BATCH, Config, check_checkpoint_policy, check_precision, check_sharding, precision_of
 from autofit.errors import UsageError
 
-
 #: A normal call's micro-batch before any search where the script names none of its own.
 _UNSEARCHED_BATCH = 32
 

@@ -127,15 +127,7 @@ class Planner:
     def leader_can_climb(self, observations: Sequence[Observation]) -> bool:
         """Whether the leader is the largest batch of its strategy that fits and a larger one is still open
         (not probed, not ruled out by the memory models): its climb has not reached the memory edge."""
-        state = self._state(observations)
-        top = leader(state.ranking.ranked())
-        if top is None:
-            return False
-        strategy = self.space.strategy_of(top.config)
-        if state.feasible.fit_max(strategy) != top.config.size:
-            return False
-        return any(b > top.config.size and not state.memory.says_too_big(self.space.config(strategy, b))
-                   for b in state.feasible.open_batches(strategy))
+        return _can_climb(self.space, self._state(observations))
 
     def ranked(self, observations: Sequence[Observation]) -> list[Candidate]:
         """Feasible configs, best first: throughput, with near-ties broken toward configs that did
@@ -220,15 +212,8 @@ class Planner:
 
     # --- decisions ----------------------------------------------------------------------------
     def _pilot(self) -> Config:
-        """The first probe: the space's first strategy (the expected best precision) at a memory-scaled
-        guess of its batch (_PILOT_BYTES_PER_SAMPLE), at least _PILOT_BATCH; a token space's first cap."""
-        strategy = self.space.strategies()[0]
-        sizes = self.space.batch_sizes
-        first = next((b for b in sizes if b >= _PILOT_BATCH), sizes[-1])
-        if self.space.tokens:
-            return self.space.config(strategy, first)
-        guess = max((b for b in sizes if b <= self.usable / _PILOT_BYTES_PER_SAMPLE), default=first)
-        return self.space.config(strategy, max(first, guess))
+        """The first probe: the space's first strategy (the expected best precision) at `_pilot_size`."""
+        return self.space.config(self.space.strategies()[0], _pilot_size(self.space, self.usable))
 
     def _first_of_each_precision(self, state: _State) -> Config | None:
         """Each precision the space holds, probed once early, without checkpointing and at the largest
@@ -247,7 +232,7 @@ class Planner:
                           if not state.memory.says_too_big(self.space.config(strategy, b))]
             if candidates:  # at the batch the others fit, where the two compare directly
                 climb = self._pilot_climb(state, pilot)
-                return climb or self.space.config(strategy, self._first_batch(state, strategy, candidates))
+                return climb or self.space.config(strategy, _first_batch(state, strategy, candidates))
         return None
 
     def _pilot_climb(self, state: _State, strategy: Strategy) -> Config | None:
@@ -294,13 +279,13 @@ class Planner:
                       if not state.memory.says_too_big(self.space.config(strategy, b))]
         if not candidates:
             return None
-        if self._cannot_beat_best(state, strategy, candidates):
+        if _cannot_beat_best(self.space, state, strategy, candidates):
             return None
         if state.predicted is not None and any(state.predicted.peak(self.space.config(strategy, b)) for b in candidates):
             return _predicted_next(state, strategy, candidates)
         own = state.memory.peaks(strategy)
         if not own:
-            return self.space.config(strategy, self._first_batch(state, strategy, candidates))
+            return self.space.config(strategy, _first_batch(state, strategy, candidates))
         memory = state.memory.line(strategy)
         if memory is None:
             # One point and nothing to borrow an intercept from: step up, or bisect (geometrically)
@@ -327,33 +312,6 @@ class Planner:
         if state.memory.says_too_big(self.space.config(strategy, smallest)):
             return None  # the model, beyond its margin of error, says nothing open fits
         return self.space.config(strategy, smallest)
-
-    def _cannot_beat_best(self, state: _State, strategy: Strategy, open_batches: list[int]) -> bool:
-        """True when even the best open batch of `strategy` is bounded below the best so far."""
-        best = leader(state.ranking.ranked())  # loader variants speed up the input, not a strategy
-        if best is None:
-            return False
-        if self.space.strategy_of(best.config) == strategy and len(state.throughput.points(strategy)) < 3:
-            return False  # two noisy points of the leading strategy cannot say its curve has turned
-        memory = state.memory.line(strategy)
-        reachable = [b for b in open_batches if memory is None or memory(b) <= self.usable]
-        largest = max(reachable) if reachable else min(open_batches)
-        estimate = state.throughput.estimate(strategy, largest)
-        return estimate is not None and estimate * _PRUNE_SLACK < best.rate
-
-    def _first_batch(self, state: _State, strategy: Strategy, candidates: list[int]) -> int:
-        """A strategy's first probe is an anchor, not a leap: it measures where OOM is unlikely.
-
-        With checkpointing: just above the largest batch already implied to fit. A new precision:
-        the largest batch another precision fits, where the two compare directly.
-        """
-        if strategy.checkpoint_segments or state.feasible.fit_max(strategy):
-            return min(candidates)
-        anchor = max((c.config.size for c in state.ranking.ranked()
-                      if not c.config.checkpoint_segments and c.config.max_squares is None), default=None)
-        below = [b for b in candidates if anchor is not None and b <= anchor]
-        return max(below) if below else min(candidates)
-
 
 class _State:
     """One reading of the observations, indexed for the planner's questions: what fits (feasible),
@@ -386,6 +344,34 @@ class _State:
         return bool(self.observations)
 
 
+def _cannot_beat_best(space: SearchSpace, state: _State, strategy: Strategy, open_batches: list[int]) -> bool:
+    """True when even the best open batch of `strategy` is bounded below the best so far."""
+    best = leader(state.ranking.ranked())  # loader variants speed up the input, not a strategy
+    if best is None:
+        return False
+    if space.strategy_of(best.config) == strategy and len(state.throughput.points(strategy)) < 3:
+        return False  # two noisy points of the leading strategy cannot say its curve has turned
+    memory = state.memory.line(strategy)
+    reachable = [b for b in open_batches if memory is None or memory(b) <= state.usable]
+    largest = max(reachable) if reachable else min(open_batches)
+    estimate = state.throughput.estimate(strategy, largest)
+    return estimate is not None and estimate * _PRUNE_SLACK < best.rate
+
+
+def _first_batch(state: _State, strategy: Strategy, candidates: list[int]) -> int:
+    """A strategy's first probe is an anchor, not a leap: it measures where OOM is unlikely.
+
+    With checkpointing: just above the largest batch already implied to fit. A new precision:
+    the largest batch another precision fits, where the two compare directly.
+    """
+    if strategy.checkpoint_segments or state.feasible.fit_max(strategy):
+        return min(candidates)
+    anchor = max((c.config.size for c in state.ranking.ranked()
+                  if not c.config.checkpoint_segments and c.config.max_squares is None), default=None)
+    below = [b for b in candidates if anchor is not None and b <= anchor]
+    return max(below) if below else min(candidates)
+
+
 def _predicted_next(state: _State, strategy: Strategy, candidates: list[int]) -> Config | None:
     """With predictions: the largest batch predicted to fit at the high end of its range; when
     none is, the smallest still possible, and only if it could beat the best so far."""
@@ -401,6 +387,27 @@ def _predicted_next(state: _State, strategy: Strategy, candidates: list[int]) ->
     if ranked and (estimate is None or estimate < ranked[0].rate * _GAMBLE_GAIN):
         return None
     return gamble
+
+
+def _pilot_size(space: SearchSpace, usable: float) -> int:
+    """A memory-scaled guess (_PILOT_BYTES_PER_SAMPLE), at least _PILOT_BATCH; a token space's first cap."""
+    sizes = space.batch_sizes
+    first = next((b for b in sizes if b >= _PILOT_BATCH), sizes[-1])
+    if space.tokens:
+        return first
+    return max(first, max((b for b in sizes if b <= usable / _PILOT_BYTES_PER_SAMPLE), default=first))
+
+
+def _can_climb(space: SearchSpace, state: _State) -> bool:
+    """`Planner.leader_can_climb` on one reading of the observations."""
+    top = leader(state.ranking.ranked())
+    if top is None:
+        return False
+    strategy = space.strategy_of(top.config)
+    if state.feasible.fit_max(strategy) != top.config.size:
+        return False
+    return any(b > top.config.size and not state.memory.says_too_big(space.config(strategy, b))
+               for b in state.feasible.open_batches(strategy))
 
 
 def _retry_timed_out(state: _State) -> Config | None:

@@ -10,6 +10,7 @@ pandas at import time (the probe itself, `_probe.run_probe`, is imported by the 
 from __future__ import annotations
 
 from autofit.probing._bootstrap import Loaded, ScriptError, bootstrap, die_with_parent, prepare_process, serve
+from autofit.probing._failures import BUDGET_CUT, TIMEOUT_TYPES
 from autofit.probing._multinode import (
     JobBoard,
     MultiNodeWorker,
@@ -18,7 +19,6 @@ from autofit.probing._multinode import (
     lead_probe,
     probe_study_name,
 )
-from autofit.probing._failures import BUDGET_CUT, TIMEOUT_TYPES
 from autofit.probing._once import ProbeSettings, follow_probe, probe_once
 from autofit.probing._progress import ProbeLimits, ProbeWatch, ProgressFile, read_progress
 from autofit.probing._record import INPUT_BOUND_SHARE, STATUSES, ProbeResult, WorkerInfo, input_bound_text

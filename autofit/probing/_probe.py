@@ -62,7 +62,8 @@ def run_probe(
         energy=backend.energy_joules, global_tokens=getattr(getattr(fn, "options", None), "global_tokens", None),
         probe_accumulation=PROBE_ACCUMULATION, progress=progress))
     result = ProbeResult(status="ok", config=config, warmup_steps=warmup_steps, memory_limit=backend.memory_limit)
-    compiling = CompileTimer(before=lambda: run.clock.first_micro_at is None)
+    clock = run.clock
+    compiling = CompileTimer(before=lambda: clock.first_micro_at is None)
     try:
         with compiling, run.active():
             fn(run)
@@ -76,6 +77,19 @@ def run_probe(
         _record_failure(result, exc)
         traceback.clear_frames(exc.__traceback__)  # frames hold the user's tensors
         del exc
+    _fill_result(result, run, backend, started, compiling)
+    result.baseline_bytes = baseline
+    if result.restart_worker:
+        return result  # the device answers nothing more in this process: no clean-up
+    del run  # the user's model and tensors go before the memory left behind is read
+    backend.release()
+    result.memory_after_bytes = backend.used_bytes()
+    return result
+
+
+def _fill_result(result: ProbeResult, run: Run, backend: DeviceBackend, started: float,
+                 compiling: CompileTimer) -> None:
+    """What the run measured, into its result: its times, start and compilation, knobs, peak, work."""
     result.wall_s = time.perf_counter() - started
     if run.clock.first_micro_at is not None:
         result.start_s = run.clock.first_micro_at - started
@@ -84,9 +98,8 @@ def run_probe(
     result.knobs = run.knobs.to_dict()
     result.warmup_steps = run.clock.warmup_steps
     result.notes.extend(run.notes)
-    result.baseline_bytes = baseline
     if result.restart_worker:
-        return result  # the device answers nothing more in this process: no peak, no clean-up
+        return  # the device answers nothing more in this process: no peak
     if result.status == "ok":
         backend.synchronize()
         result.wall_s = time.perf_counter() - started
@@ -96,10 +109,6 @@ def run_probe(
         _fill_timing(result, run)
         _fill_work(result, run, backend)
         _check_finite(result, run)
-    del run  # the user's model and tensors go before the memory left behind is read
-    backend.release()
-    result.memory_after_bytes = backend.used_bytes()
-    return result
 
 
 def _check_length(result: ProbeResult, run: Run, measured_steps: int) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -55,24 +56,55 @@ class ProbeLimits:
 
 class ProgressFile:
     """Called by the probe's run with (micro-batches done, optimizer steps done); writes them to `path`
-    (replaced whole: a reader never sees half of it), the first at once and then at most once a second."""
+    (replaced whole: a reader never sees half of it): the first at once, then at most once a second, and a
+    thread writes the last one within a second of its coming (a probe that stalls right after some
+    progress must not leave an older count behind). Use it as a context: the thread ends with it."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._written: float | None = None
+        self._latest: tuple[int, int] | None = None
+        self._written: tuple[int, int] | None = None
+        self._written_at: float | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
+
+    def __enter__(self) -> ProgressFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._flusher is not None:
+            self._flusher.join()
+            self._flusher = None
 
     def __call__(self, micro_batches: int, steps: int) -> None:
+        self._latest = (micro_batches, steps)
         now = time.monotonic()
-        if self._written is not None and now - self._written < _WRITE_EVERY_S:
-            return
-        self._written = now
-        temporary = f"{self.path}.{os.getpid()}.tmp"
-        try:
-            with open(temporary, "w") as handle:
-                json.dump({"micro_batches": micro_batches, "steps": steps}, handle)
-            os.replace(temporary, self.path)
-        except OSError:  # a sign of life lost is no fault of the probe's
-            pass
+        if self._written_at is None or now - self._written_at >= _WRITE_EVERY_S:
+            self._write()
+        if self._flusher is None and not self._stop.is_set():
+            self._flusher = threading.Thread(target=self._flush, name="autofit-progress", daemon=True)
+            self._flusher.start()
+
+    def _flush(self) -> None:
+        while not self._stop.wait(_WRITE_EVERY_S):
+            if self._latest != self._written:
+                self._write()
+
+    def _write(self) -> None:
+        with self._lock:
+            latest = self._latest
+            if latest is None:
+                return
+            self._written, self._written_at = latest, time.monotonic()
+            temporary = f"{self.path}.{os.getpid()}.tmp"
+            try:
+                with open(temporary, "w") as handle:
+                    json.dump({"micro_batches": latest[0], "steps": latest[1]}, handle)
+                os.replace(temporary, self.path)
+            except OSError:  # a sign of life lost is no fault of the probe's
+                pass
 
 
 def read_progress(path: str | None) -> tuple[int, int] | None:

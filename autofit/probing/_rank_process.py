@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import nullcontext
 from dataclasses import replace
 
 from autofit.probing._bootstrap import bootstrap, die_with_parent, prepare_process
@@ -28,8 +29,8 @@ def main(request_path: str) -> int:
         return 3  # torchrun died before this rank could follow it
     load_request, probe_request, out = read_rank_request(request_path)
     from autofit.probing._probe import run_probe
-    from autofit.probing._wire import MIN_MEASURE_S
     from autofit.probing._progress import ProgressFile
+    from autofit.probing._wire import MIN_MEASURE_S
     from autofit.runtime import ranks_from_env
 
     ranks = ranks_from_env()
@@ -38,10 +39,11 @@ def main(request_path: str) -> int:
     # clock agrees on the step count among them after the first measured step).
     min_measure_s = probe_request.min_measure_s
     # Rank 0 tells the runner how far the job got (every rank steps together: one is enough).
-    progress = ProgressFile(probe_request.progress_path) if probe_request.progress_path and ranks.rank == 0 else None
-    result = run_probe(loaded.fn, probe_request.config, loaded.backend, warmup_steps=probe_request.warmup,
-                       measured_steps=probe_request.steps, ranks=ranks, progress=progress,
-                       min_measure_s=MIN_MEASURE_S if min_measure_s is None else min_measure_s)
+    tells = probe_request.progress_path and ranks.rank == 0
+    with ProgressFile(probe_request.progress_path) if tells else nullcontext() as progress:
+        result = run_probe(loaded.fn, probe_request.config, loaded.backend, warmup_steps=probe_request.warmup,
+                           measured_steps=probe_request.steps, ranks=ranks, progress=progress,
+                           min_measure_s=MIN_MEASURE_S if min_measure_s is None else min_measure_s)
     result.world_size = ranks.world_size
     write_rank_result(out, ranks.rank, result)
     sys.stdout.flush()

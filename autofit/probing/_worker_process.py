@@ -23,6 +23,7 @@ import os
 import random
 import sys
 import time
+from contextlib import nullcontext
 from typing import Any
 
 from autofit.probing._bootstrap import Loaded, bootstrap, die_with_parent, prepare_process, redirect_output, serve
@@ -82,15 +83,16 @@ class _Session:
         from autofit.probing._progress import ProgressFile
 
         assert self.loaded is not None, "a probe before the function was loaded"
-        return run_probe(
-            self.loaded.fn,
-            request.config,
-            self.loaded.backend,
-            warmup_steps=request.warmup,
-            measured_steps=request.steps,
-            progress=ProgressFile(request.progress_path) if request.progress_path else None,
-            **({"min_measure_s": request.min_measure_s} if request.min_measure_s is not None else {}),
-        )
+        with ProgressFile(request.progress_path) if request.progress_path else nullcontext() as progress:
+            return run_probe(
+                self.loaded.fn,
+                request.config,
+                self.loaded.backend,
+                warmup_steps=request.warmup,
+                measured_steps=request.steps,
+                progress=progress,
+                **({"min_measure_s": request.min_measure_s} if request.min_measure_s is not None else {}),
+            )
 
     def _probe_in_child(self, request: ProbeRequest) -> dict:
         """Fork a fresh child for the probe; its result comes back through a pipe."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+
 @dataclass
 class InnerSpans:
     """The micro-batches between the first and the last of each measured optimizer step, timed exactly:

@@ -88,6 +88,13 @@ def tf32_matmuls() -> bool:
         return False
 
 
+def forces_tf32(name: str, device: torch.device) -> bool:
+    """Inside a run's precision scope: whether the function turned TF32 on for float32 matmuls itself where
+    precision `name` keeps them IEEE. Its fp32 then runs TF32 math: the peak its MFU is measured against is
+    TF32's, and a search tries one of fp32 and tf32, not both."""
+    return torch.device(device).type == "cuda" and not MODES[name].tf32 and tf32_matmuls()
+
+
 def precision_scope(name: str, device: torch.device):
     """The context a whole run (forward, backward, optimizer) runs under for precision `name`.
 

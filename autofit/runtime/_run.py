@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -22,7 +21,7 @@ from autofit.runtime._feed import OomGuard, StepFeed
 from autofit.runtime._flops import StepFlops
 from autofit.runtime._follow import StepFollower
 from autofit.runtime._knobs import KnobPanel, Knobs
-from autofit.runtime._precision import MODES, precision_context, precision_scope, tf32_matmuls
+from autofit.runtime._precision import forces_tf32, precision_context, precision_scope
 from autofit.runtime._redo import LoopRedo, Lowering, StepRedo
 from autofit.runtime._report import run_summary
 from autofit.runtime._run_data import RunData
@@ -53,7 +52,7 @@ class Run(RunView, RunData):
         """True when no best-config file was found: `config` is the decorator's default, not a
         measured answer (a framework integration then leaves the user's own settings alone)."""
         self._device = torch.device(settings.device)
-        self.clock = self._make_clock(settings)
+        self.clock = _make_clock(settings, self.ranks)
         self.config = settings.config
         sharded = self.ranks.world_size > 1 and self.config.sharding != "ddp"
         self.flops: StepFlops | None = (StepFlops() if settings.count_flops and not self.config.compile
@@ -76,41 +75,6 @@ class Run(RunView, RunData):
         self.reads: set[str] = set()
         self.token_loader: TokenLoader | None = None
         self._follower = StepFollower(self, self._panel)
-
-    def _make_clock(self, settings: RunSettings) -> StepClock:
-        agree = agree_on_most if settings.probing and self.ranks.world_size > 1 else None
-        synchronize = settings.synchronize or (lambda: None)
-        inner = InnerSpans(1, synchronize) if settings.probe_accumulation is not None else None
-        return StepClock(settings.warmup_steps, settings.measured_steps, synchronize,
-                         min_measure_s=settings.min_measure_s, max_measured_steps=settings.max_measured_steps,
-                         agree=agree, energy=settings.energy, inner=inner, progress=settings.progress)
-
-    # --- the config -----------------------------------------------------------------------------
-    @property
-    def config(self) -> Config:
-        """The config the run trains with now (lowered after an OOM; a framework's own where it stands).
-        In a probe of a config that accumulates more than `RunSettings.probe_accumulation`, that many
-        micro-batches a step: `priced_config` is the config its figures are for."""
-        return self._config
-
-    @config.setter
-    def config(self, config: Config) -> None:
-        self._priced_accumulation = config.accumulation_steps
-        cap = self.settings.probe_accumulation
-        if cap is not None and config.accumulation_steps > cap:
-            config = replace(config, accumulation_steps=cap)
-        self._config = config
-        if self.clock.inner is not None:
-            self.clock.inner.per_step = config.accumulation_steps
-            self.clock.inner.pricing = self._priced_accumulation > config.accumulation_steps
-
-    @property
-    def priced_config(self) -> Config:
-        """The config this run's figures are for: `config` with the accumulation it stands for (a probe
-        that runs fewer micro-batches a step prices a step of these)."""
-        if self._priced_accumulation == self._config.accumulation_steps:
-            return self._config
-        return replace(self._config, accumulation_steps=self._priced_accumulation)
 
     # --- what the run did ---------------------------------------------------------------------
     @property
@@ -289,8 +253,8 @@ class Run(RunView, RunData):
             with precision_scope(self.config.precision, self._device), self._follower, watching:
                 try:
                     yield self
-                finally:
-                    self._read_the_math()
+                finally:  # what the function did to float32 matmuls, before the scope puts them back
+                    self.knobs.forces_tf32 = forces_tf32(self.config.precision, self._device)
         except Exception as exc:
             if self.knobs.followed:  # the user's own loop: an OOM starts the function again
                 self._redo.escaped(self.config, exc, steps_done=self.clock.steps_done)
@@ -300,15 +264,19 @@ class Run(RunView, RunData):
                 self.flops.abandon()  # the counted step never closed (an error, or the data ended)
             self.unwrap_blocks()
 
-    def _read_the_math(self) -> None:
-        """Before the precision scope is left: did the function turn TF32 on for float32 matmuls itself
-        (autofit's scope set it as the config says)? Then its fp32 ran TF32 math: the peak its MFU is
-        measured against is TF32's, and a search tries one of fp32 and tf32, not both."""
-        if self._device.type == "cuda" and not MODES[self.config.precision].tf32 and tf32_matmuls():
-            self.knobs.forces_tf32 = True
-
     def summary(self) -> dict[str, Any]:
         """What this run measured after its warm-up steps: the real run's figures, next to a probe's."""
         return run_summary(self.config, self._device, self.clock, self.ranks, self.lowerings, self.token_loader,
                            guard_split_batches=self._feed.guard.split_batches,
                            oom_split_batches=self.redo.split_batches)
+
+
+def _make_clock(settings: RunSettings, ranks: Ranks) -> StepClock:
+    """A run's step clock: a probe's ranks agree on their step count; a probe that prices a longer
+    accumulation than it runs times its steps' inner micro-batches (`InnerSpans`)."""
+    agree = agree_on_most if settings.probing and ranks.world_size > 1 else None
+    synchronize = settings.synchronize or (lambda: None)
+    inner = InnerSpans(1, synchronize) if settings.probe_accumulation is not None else None
+    return StepClock(settings.warmup_steps, settings.measured_steps, synchronize,
+                     min_measure_s=settings.min_measure_s, max_measured_steps=settings.max_measured_steps,
+                     agree=agree, energy=settings.energy, inner=inner, progress=settings.progress)

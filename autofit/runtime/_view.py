@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from autofit.config import Config
+from autofit.runtime._clock import StepClock
 from autofit.runtime._distributed import Ranks
 from autofit.runtime._settings import RunSettings
 
@@ -13,8 +16,6 @@ class RunView:
     """What a train function reads of its run: the config it trains with now, where it stands among
     the ranks, its device and whether it is a probe."""
 
-    config: Config
-    """The config the run trains with now (lowered after an OOM; a framework's own where it stands)."""
     ranks: Ranks
     """Where this process stands in a distributed (torchrun) run; rank 0 of 1 otherwise."""
     settings: RunSettings
@@ -22,6 +23,35 @@ class RunView:
     reads: set[str]
     """The settings the function read (`run.batch_size`, ...): a loop autofit follows through its
     optimizer's steps uses what it read, and only that is searched."""
+    clock: StepClock
+    _config: Config
+    _priced_accumulation: int
+
+    @property
+    def config(self) -> Config:
+        """The config the run trains with now (lowered after an OOM; a framework's own where it stands).
+        In a probe of a config that accumulates more than `RunSettings.probe_accumulation`, that many
+        micro-batches a step: `priced_config` is the config its figures are for."""
+        return self._config
+
+    @config.setter
+    def config(self, config: Config) -> None:
+        self._priced_accumulation = config.accumulation_steps
+        cap = self.settings.probe_accumulation
+        if cap is not None and config.accumulation_steps > cap:
+            config = replace(config, accumulation_steps=cap)
+        self._config = config
+        if self.clock.inner is not None:
+            self.clock.inner.per_step = config.accumulation_steps
+            self.clock.inner.pricing = self._priced_accumulation > config.accumulation_steps
+
+    @property
+    def priced_config(self) -> Config:
+        """The config this run's figures are for: `config` with the accumulation it stands for (a probe
+        that runs fewer micro-batches a step prices a step of these)."""
+        if self._priced_accumulation == self._config.accumulation_steps:
+            return self._config
+        return replace(self._config, accumulation_steps=self._priced_accumulation)
 
     @property
     def batch_size(self) -> int:
@@ -31,7 +61,8 @@ class RunView:
 
     @property
     def accumulation_steps(self) -> int:
-        """Micro-batches per optimizer step (per rank)."""
+        """Micro-batches per optimizer step (per rank). In a probe, at most PROBE_ACCUMULATION: the step of
+        the config's own is priced from them (`global_batch` says the same)."""
         self.reads.add("accumulation_steps")
         return self.config.accumulation_steps
 

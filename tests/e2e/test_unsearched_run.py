@@ -1,5 +1,6 @@
-"""Before any search, a decorated function trains what its decorator declared, and says so: a declared
-global batch is kept, an explicit default micro-batch is taken, the batch range and precisions hold."""
+"""Before any search, a decorated function (or a script's `autofit.start`) trains what it declared, and says
+so: a declared global batch is kept, the script's own micro-batch and precision are taken, the batch range
+and precisions hold, and the global batch is never one micro-batch unless it is small."""
 
 from __future__ import annotations
 
@@ -13,7 +14,12 @@ from autofit.options import SearchOptions
     ({}, Config(32)),
     ({"global_batch": 16}, Config(16)),
     ({"global_batch": 64, "default_batch_size": 16}, Config(16, accumulation_steps=4)),
-    ({"global_batch": 96, "batch_range": (1, 64)}, Config(48, accumulation_steps=2)),
+    ({"global_batch": 96, "batch_range": (1, 64)}, Config(32, accumulation_steps=3)),
+    # never the whole global batch at once: nanoGPT's 480 as one micro-batch ran an H100 out of memory
+    ({"global_batch": 480}, Config(32, accumulation_steps=15)),
+    ({"global_batch": 480, "default_batch_size": 12, "default_precision": "bfloat16"},
+     Config(12, "bf16", accumulation_steps=40)),
+    ({"default_precision": "torch.float16"}, Config(32, "fp16")),
     ({"default_batch_size": 8}, Config(8)),
     ({"batch_range": (1, 8)}, Config(8)),
     ({"precision": ("bf16", "fp32")}, Config(32)),

@@ -22,9 +22,11 @@ import autofit
 from autofit.config import Config
 from autofit.errors import UsageError
 from autofit.probing import (
+    BUDGET_CUT,
     DistributedWorker,
     JobBoard,
     MultiNodeWorker,
+    ProbeLimits,
     ProbeResult,
     ProbeRunner,
     Worker,
@@ -169,19 +171,40 @@ def test_a_segfault_is_crashed_with_the_stack_in_the_log_and_the_next_probe_runs
 
 def test_a_hang_is_killed_at_the_timeout_and_the_next_probe_is_killed_too(runner_for):
     """Killed with every process it started: torchrun's ranks (each in a session of its own) used to live on,
-    hung, after torchrun was SIGKILLed at the timeout."""
+    hung, after torchrun was SIGKILLed at the timeout. hangs.py hangs in its first micro-batch: its start
+    never ends."""
     probing = runner_for("hangs.py")
     probing.runner.start()
     before = _rank_processes()
     for _ in range(2):  # the runner is usable after a probe it had to kill
         result = probing.probe(1, timeout=2)
-        assert result.status == "timeout" and result.error_type == "Timeout"
-        assert "did not finish within 2s" in result.error_message and "--probe-timeout" in result.error_message
+        assert result.status == "timeout" and result.error_type == "StartTimeout"
+        assert "first micro-batch after 2s" in result.error_message and "--probe-timeout" in result.error_message
         assert result.memory_limit == LIMIT
     deadline = time.monotonic() + 10
     while (left := _rank_processes() - before) and time.monotonic() < deadline:
         time.sleep(0.2)  # SIGKILL from the kernel as torchrun dies; gone within moments
     assert not left, f"rank processes outlived their probe: {sorted(left)}"
+
+
+def test_a_probe_is_killed_when_its_steps_stop_progressing_not_while_its_start_runs(runner_for):
+    """A start (set-up, compilation) gets its own limit; steps are killed when they stop making progress:
+    stalls.py runs three micro-batches, then one never ends."""
+    probing = runner_for("stalls.py")
+    probing.runner.start()
+    result = probing.probe(1, timeout=ProbeLimits(start_s=120, stall_s=3))
+    assert result.status == "timeout" and result.error_type == "Timeout"
+    assert "no progress for 3s" in result.error_message and "3 micro-batches" in result.error_message
+    assert result.wall_s < 60  # killed for its stall, long before its start's limit
+
+
+def test_a_probe_cut_by_the_budget_is_not_measured_whatever_its_progress(runner_for):
+    """The budget's end (`total_s`) stops even a probe that is making progress, and says so: no verdict."""
+    probing = runner_for("stalls.py")
+    probing.runner.start()
+    result = probing.probe(1, timeout=ProbeLimits(start_s=120, stall_s=120, total_s=4))
+    assert result.status == "timeout" and result.error_type == BUDGET_CUT
+    assert "not measured" in result.error_message
 
 
 def _rank_processes() -> set[int]:

@@ -1,0 +1,67 @@
+"""Whole searches over a fake runner whose probes time out or are cut by the budget where the test says
+(tests/support/fake_runner.py): a timeout is a speed fact, never the end of a search, and a round of the A/B
+that the budget cuts short is "not measured", never "failed", and never drops the leader. White-box: the fake
+replaces the runner the search builds (autofit.search._pool.make_runner)."""
+
+from __future__ import annotations
+
+import optuna
+
+from autofit.config import Config
+from autofit.probing import BUDGET_CUT, ProbeResult
+from autofit.search import SearchSettings, run_search
+from autofit.study import open_storage, trial_config
+from tests.support import script
+from tests.support.fake_runner import FakeRunner
+
+SHORT = {16: 50.0, 24: 70.0, 32: 92.0, 48: 85.0, 64: 100.0}
+
+
+class _Slow(FakeRunner):
+    """The fake runner, with chosen probes ending as `outcome(config, steps, n)` says (n: the probe's number)."""
+
+    def __init__(self, *args, outcome, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.outcome = outcome
+
+    def probe(self, config: Config, *, warmup: int = 2, steps: int = 5, **kwargs) -> ProbeResult:
+        result = super().probe(config, warmup=warmup, steps=steps, **kwargs)
+        error_type = self.outcome(config, steps, len(self.calls) - 1)
+        if error_type is None:
+            return result
+        return ProbeResult(status="timeout", config=config, error_type=error_type, wall_s=self.wall_s,
+                           error_message=f"{error_type} (the test's)", memory_limit=self.memory_limit)
+
+
+def _search(tmp_path, monkeypatch, outcome, **settings):
+    def make_runner(script_path, function=None, **kwargs):
+        return _Slow(script_path, function, lambda config, steps: SHORT[config.batch_size], outcome=outcome, **kwargs)
+
+    monkeypatch.setattr("autofit.search._pool.make_runner", make_runner)
+    storage = f"sqlite:///{tmp_path}/t.db"
+    result = run_search(SearchSettings(script=script("fits_small.py"), storage=storage, study="t", steps=5,
+                                       out=str(tmp_path / "best.json"), memory_limit=2**30, batch_range=(16, 64),
+                                       precision=("fp32",), estimate=False, confirm_factor=10,
+                                       **{"budget_s": 3600.0, **settings}))
+    return result, optuna.load_study(study_name="t", storage=open_storage(storage))
+
+
+def test_the_first_two_probes_timing_out_do_not_end_the_search(tmp_path, monkeypatch):
+    """Two timeouts before anything ran once made every strategy unusable: "No config could be measured"."""
+    result, study = _search(tmp_path, monkeypatch, lambda config, steps, n: "Timeout" if n < 2 else None)
+    statuses = [t.user_attrs["status"] for t in study.trials]
+    assert statuses[:2] == ["timeout", "timeout"] and "ok" in statuses
+    assert result.best is not None
+
+
+def test_an_a_b_round_the_budget_cuts_is_not_measured_and_keeps_the_leader(tmp_path, monkeypatch):
+    """b=64 leads; b=32 is within its noise; the A/B's rounds are cut by the budget's end: the leader's
+    probes stand, nothing "failed its A/B round", and the note says the round was not measured."""
+    result, study = _search(tmp_path, monkeypatch,
+                            lambda config, steps, n: BUDGET_CUT if steps > 10 else None)
+    confirm = [(trial_config(t).batch_size, t.user_attrs["status"]) for t in study.trials
+               if t.user_attrs.get("phase") == "confirm"]
+    assert confirm and all(status == "timeout" for _, status in confirm)
+    assert result.best == Config(64)
+    assert not any("failed its A/B round" in note for note in result.notes)
+    assert any("not measured" in note for note in result.notes)
