@@ -94,7 +94,7 @@ def _fill_result(result: ProbeResult, run: Run, backend: DeviceBackend, started:
     if run.clock.first_micro_at is not None:
         result.start_s = run.clock.first_micro_at - started
     if compiling.timed and compiling.compiles:
-        result.compile_s = compiling.total_s
+        result.compile_s, result.compile_cache_hits = compiling.total_s, compiling.cache_hits
     result.knobs = run.knobs.to_dict()
     result.warmup_steps = run.clock.warmup_steps
     result.notes.extend(run.notes)

@@ -61,6 +61,9 @@ class ProbeResult:
     """Seconds torch.compile spent compiling during the probe, whoever asked for it (run.compile or the
     script's own torch.compile), timed by TorchDynamo's compile callbacks (where it has none, a compiled
     config's warm-up beyond its steps at the measured pace); None: nothing compiled."""
+    compile_cache_hits: int | None = None
+    """Graphs the compiler took from its caches in the probe (inductor's and AOTAutograd's, kept on disk:
+    a probe after the first of a config compiles from them, whatever was reset between probes)."""
     probe_accumulation: int | None = None
     """Micro-batches per optimizer step the probe ran, where fewer than the config's: its steps were priced
     as the config's (autofit.runtime._accumulation); None: it ran the config's own."""
@@ -169,10 +172,10 @@ class ProbeResult:
         if self.probe_accumulation is not None:
             line += f"  (priced from {self.probe_accumulation} micro-batches a step)"
         if self.start_s is not None and self.start_s >= 1.0:
-            compiled = f", {self.compile_s:.1f}s of it compiling" if self.compile_s else ""
-            line += f"  (first micro-batch after {self.start_s:.1f}s{compiled}: not counted)"
-        elif self.compile_s is not None:
-            line += f"  (compiled in {self.compile_s:.1f}s, not counted)"
+            line += f"  (first micro-batch after {self.start_s:.1f}s: not counted)"
+        if self.compile_s is not None:
+            cached = f", {self.compile_cache_hits} graphs from its cache" if self.compile_cache_hits else ""
+            line += f"  (compiled in {self.compile_s:.1f}s{cached}, not counted)"
         if self.error_message and self.status != "ok":
             line += f"  ({self.error_type}: {self.error_message.splitlines()[0][:120]})"
         return line

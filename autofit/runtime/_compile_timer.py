@@ -24,9 +24,15 @@ class CompileTimer:
         self.total_s = 0.0
         self.before_first_s = 0.0
         self.compiles = 0
+        self.cache_hits = 0
+        """Graphs the compiler took from its caches while the block ran (inductor's FX graph cache and
+        AOTAutograd's, on disk: they outlive a process, and TorchDynamo's reset between probes)."""
+        self._hits_before = 0
         self._since: float | None = None
         self._handler: Any = None
         self._compile: Any = None
+        self.timed = False
+        """Whether compilation could be watched (TorchDynamo loaded, with its callbacks)."""
 
     def __enter__(self) -> CompileTimer:
         if "torch._dynamo" in sys.modules:
@@ -43,6 +49,8 @@ class CompileTimer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._handler is not None:
+            self.cache_hits = _cache_hits() - self._hits_before
         if self._compile is not None:
             torch.compile = self._compile
             self._compile = None
@@ -55,11 +63,6 @@ class CompileTimer:
                 except ValueError:  # already gone (torch.compiler.reset() clears them)
                     pass
 
-    @property
-    def timed(self) -> bool:
-        """Whether compilation could be watched (TorchDynamo loaded, with its callbacks)."""
-        return self._handler is not None
-
     def _register(self) -> None:
         if self._handler is not None:
             return
@@ -68,7 +71,8 @@ class CompileTimer:
             return
         handler.register_start_callback(self._started)
         handler.register_end_callback(self._ended)
-        self._handler = handler
+        self._handler, self.timed = handler, True
+        self._hits_before = _cache_hits()
 
     def _started(self, *args: Any) -> None:
         self._since = time.perf_counter()
@@ -82,3 +86,13 @@ class CompileTimer:
         self.compiles += 1
         if self._before():
             self.before_first_s += spent
+
+
+def _cache_hits() -> int:
+    """Graphs served from the compiler's caches in this process so far (TorchDynamo's counters)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    if counters is None:
+        return 0
+    return sum(counters.get(group, {}).get(name, 0) for group, name in
+               (("inductor", "fxgraph_cache_hit"), ("aot_autograd", "autograd_cache_hit")))

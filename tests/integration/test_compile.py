@@ -73,3 +73,36 @@ def test_a_best_config_file_without_compile_reads_as_eager(tmp_path):
     assert _written_and_read_back(tmp_path, entry).compile is False
 
 
+
+
+@pytest.mark.compile
+def test_in_one_process_a_probe_after_the_first_compiles_from_the_compilers_caches(tmp_path, monkeypatch):
+    """CUDA's process model: every probe in one worker, TorchDynamo reset between them (a probe must compile as
+    the real run will, not at a shape another probe left behind), and inductor's and AOTAutograd's caches kept
+    (they are on disk): the second probe of a config takes its graphs from them, and both say how long
+    compilation took, apart from their steps."""
+    from autofit.probing import Worker
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # cold for the first probe
+    with Worker(script("compiles.py"), probe_process="persistent") as worker:
+        worker.start()
+        first, second = (worker.probe(Config(16, compile=True), timeout=300) for _ in range(2))
+    assert first.ok and second.ok
+    assert first.compile_s and second.compile_s is not None
+    assert not first.compile_cache_hits and second.compile_cache_hits > 0
+
+
+@pytest.mark.compile
+def test_a_scripts_own_compilation_is_timed_apart_from_its_steps(tmp_path, monkeypatch):
+    """nanoGPT compiles its model itself and evaluates it before its first step: the probe's start (before
+    its first micro-batch ended) holds that, and its compilation is timed whoever asked for it."""
+    from autofit.probing import Worker
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    with Worker(script("compiles_itself.py")) as worker:
+        worker.start()
+        result = worker.probe(Config(8, accumulation_steps=8), timeout=300)
+    assert result.ok, result.error_message
+    assert not result.config.compile and result.compile_s and result.compile_s > 0
+    assert result.start_s >= result.compile_s  # every graph (its evaluation, forward, backward) came before
+    assert result.probe_accumulation == 4  # acc=8 priced from 4 micro-batches a step
