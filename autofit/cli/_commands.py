@@ -174,9 +174,13 @@ def cli(ctx: click.Context) -> None:
 @_nproc_option
 @_nodes_options
 @_storage_option("With --nnodes: an Optuna storage every node reaches (default: sqlite:///studies/autofit.db).")
-@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True, help="Measured optimizer steps.")
+@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Micro-batches to measure at least (a step runs 4 at most; a longer accumulation is priced "
+                   "from them).")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Warm-up steps, not measured.")
-@click.option("--timeout", type=DURATION, default="5m", show_default=True, help="Kill the probe after this long.")
+@click.option("--timeout", type=DURATION, default="5m", show_default=True,
+              help="Kill the probe when its start (until its first micro-batch ends), or then a stretch of its "
+                   "steps, goes this long without progress.")
 @click.option("--probe-process", type=click.Choice(PROBE_PROCESSES), default=None,
               help="How probes run: fork (each in a fresh child of a warm process: the CPU's default) or "
                    "persistent (one after another in one process, as CUDA must run them).")
@@ -262,10 +266,15 @@ def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], batch_s
               help="Where to write the best-config JSON (default: studies/SCRIPT.FUNCTION.DEVICE.best.json, "
                    "DEVICE being cpu or the GPU model).")
 @click.option("--fresh", is_flag=True, help="Delete the study's earlier trials and start over.")
-@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True, help="Measured steps per probe.")
+@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Micro-batches each probe measures at least (a step runs 4 at most; a longer accumulation is "
+                   "priced from them).")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Warm-up steps per probe.")
 @click.option("--probe-timeout", type=DURATION, default=None,
-              help="Kill a probe after this long (default: derived from the budget and earlier probes).")
+              help="Kill a probe when its start (until its first micro-batch ends: set-up, the script's own "
+                   "evaluation, compilation), or then a stretch of its steps, goes this long without progress "
+                   "(default: the first start gets the budget left, later ones 3x the longest seen; steps 20x "
+                   "the slowest seen, 60 s at least). No probe runs past the budget.")
 @click.option("--confirm-factor", type=click.IntRange(min=1), default=None,
               help="The final A/B of the close contenders measures this many probes' steps each "
                    "(default: AUTOFIT_CONFIRM_FACTOR, else 10); smaller decides sooner, on less evidence.")

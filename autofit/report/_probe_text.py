@@ -21,6 +21,13 @@ def describe_probe(result: ProbeResult, header: str | None = None) -> str:
             f"{result.step_time_median_s:.4f} s median (IQR {result.step_time_iqr_s or 0:.4f} s) "
             f"over {result.measured_steps} steps after {result.warmup_steps} warm-up",
         ))
+    if result.probe_accumulation is not None:
+        inner = f" (one inside a step: {result.inner_micro_s:.4f} s)" if result.inner_micro_s else ""
+        rows.append(("priced", f"a step of {result.config.accumulation_steps} micro-batches, from steps of "
+                               f"{result.probe_accumulation} ({result.probe_step_s or 0:.4f} s){inner}"))
+    if result.start_s is not None:
+        rows.append(("start", f"{result.start_s:.1f} s before the first micro-batch ended (set-up, the script's own "
+                              f"evaluation, compilation; not in the throughput)"))
     if result.data_wait_s is not None and result.data_wait_share is not None:
         bound = input_bound_text(result.data_wait_share)
         rows.append(("data wait", f"{result.data_wait_s:.4f} s, {result.data_wait_share:.0%} of the measured time"
@@ -34,7 +41,8 @@ def describe_probe(result: ProbeResult, header: str | None = None) -> str:
         rows.append(("model FLOPs", work_text(result.flops_per_s, result.mfu, result.joules_per_sample,
                                               result.flops_per_sample)))
     if result.compile_s is not None:
-        rows.append(("compile", f"{result.compile_s:.1f} s in the warm-up (torch.compile; not in the throughput)"))
+        cached = f", {result.compile_cache_hits} graphs from the compiler's cache" if result.compile_cache_hits else ""
+        rows.append(("compile", f"{result.compile_s:.1f} s (torch.compile{cached}; not in the throughput)"))
     used = [name for name in ("autocast", "backward", "batches", "compile", "loader") if result.knobs.get(name)]
     if result.knobs.get("checkpoint_blocks") is not None:
         used.append(f"checkpoint ({result.knobs['checkpoint_blocks']} blocks)")

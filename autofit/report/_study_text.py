@@ -49,10 +49,10 @@ def _na(value: Any) -> bool:
 
 
 def probes_table(frame: pd.DataFrame, winner_label: str | None = None, ranked_by: Rate = SAMPLES) -> str:
-    """The table: config, status, throughput (the study's rate), peak memory, % of limit, wall time (and
-    an error)."""
+    """The table: config, status, throughput (the study's rate), peak memory, % of limit, wall time, its start
+    (before its first micro-batch ended: set-up, the script's own evaluation, compilation), and an error."""
     head = f"{'':2}{'trial':>5}  {'phase':<9} {'config':<24} {'status':<9}{ranked_by.unit:>10}{'peak':>14}" \
-           f"{'% limit':>9}{'wall':>8}"
+           f"{'% limit':>9}{'wall':>8}{'start':>8}"
     lines = [head]
     for row in frame.itertuples(index=False):
         label = _label(row)
@@ -66,8 +66,9 @@ def probes_table(frame: pd.DataFrame, winner_label: str | None = None, ranked_by
         else:
             peak = "-" if _na(row.peak_bytes) else format_size(row.peak_bytes)
             share = "-" if _na(row.peak_fraction) else f"{100 * row.peak_fraction:.0f}%"
+        start = "-" if _na(row.start_s) else format_duration(row.start_s)  # before its first micro-batch ended
         line = (f"{mark}{row.trial:>5}  {row.phase:<9} {label:<24} {row.status:<9}{rate:>10}{peak:>14}"
-                f"{share:>9}{format_duration(row.wall_s):>8}")
+                f"{share:>9}{format_duration(row.wall_s):>8}{start:>8}")
         if row.status not in ("ok", "oom") and not _na(row.error):
             line += f"  {row.error[:70]}"
         lines.append(line)

@@ -19,6 +19,7 @@ COLUMNS = {
     "flops_per_s": "float64", "mfu": "float64", "joules_per_sample": "float64",
     "step_time_median_s": "float64", "peak_bytes": "Int64", "limit_bytes": "Int64",
     "usable_bytes": "Int64", "peak_fraction": "float64", "feasible": "boolean", "wall_s": "float64",
+    "start_s": "float64", "compile_s": "float64", "probe_accumulation": "Int64",
     "error": "string", "log_path": "string", "started": "datetime64[ns]",
 }
 
@@ -59,6 +60,9 @@ def trials_frame(trials: list[FrozenTrial], usable_bytes: float | None) -> pd.Da
             "peak_fraction": (result.peak_bytes / result.memory_limit) if result.peak_bytes and result.memory_limit else None,
             "feasible": feasible,
             "wall_s": result.wall_s,
+            "start_s": result.start_s,
+            "compile_s": result.compile_s,
+            "probe_accumulation": result.probe_accumulation,
             "error": (f"{result.error_type}: {result.error_message.splitlines()[0]}" if result.error_message else None),
             "log_path": result.log_path,
             "started": trial.datetime_start,
