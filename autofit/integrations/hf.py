@@ -46,10 +46,10 @@ def arguments_for(run: Run, args: TrainingArguments) -> TrainingArguments:
         run.config = Config(args.per_device_train_batch_size, precision,
                             accumulation_steps=args.gradient_accumulation_steps)
         return args
+    if run.config.max_tokens is not None:  # no global batch by tokens: the Trainer's accumulation stands
+        run.config = dataclasses.replace(run.config, accumulation_steps=args.gradient_accumulation_steps)
+    _check_global_batch(run.priced_config, args)  # a probe runs fewer micro-batches a step than it prices
     config = run.config
-    if config.max_tokens is not None:  # no global batch by tokens: the Trainer's accumulation stands
-        config = run.config = dataclasses.replace(config, accumulation_steps=args.gradient_accumulation_steps)
-    _check_global_batch(config, args)
     changes: dict[str, Any] = {
         "per_device_train_batch_size": config.batch_size,
         "gradient_accumulation_steps": config.accumulation_steps,

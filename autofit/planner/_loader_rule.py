@@ -1,4 +1,4 @@
-"""The input pipeline's turn (rule 6 of the planner): when the function offers `run.loader()` and the
+"""The input pipeline's turn (rule 8 of the planner): when the function offers `run.loader()` and the
 leader's probes waited for their data, probe the leader with other loader settings.
 
 Waiting a share s of the step for data, a faster loader makes the step at most 1/(1-s) faster: under

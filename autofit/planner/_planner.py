@@ -12,11 +12,12 @@ benchmark's replays all run the same decisions. The rules, in order:
 2. A memory model per strategy (peak = a + m*batch, fitted from the peaks measured, bounded below by
    the OOMs) jumps straight to the largest batch predicted to fit, instead of doubling from 1. When
    the model, fitted on two or more points, predicts that the next batch would cross the usable
-   memory by more than its own error, that batch is not probed. The pilot (the first probe: the
-   space's first strategy at a small batch) is followed by its strategy's climb, so (or by rule 5),
-   until a larger batch fits; only then is each other precision probed once, at the largest batch the
-   pilot's fits: at the pilot's batch a GPU's step is launch-bound and every precision reads alike,
-   while batch moves throughput 10-100x and precision 1.1-1.5x.
+   memory by more than its own error, that batch is not probed; with one point, a step up goes no
+   further than usable x b / peak(b), which certainly fits. The pilot (the first probe: the space's
+   first strategy, the expected best precision, at a memory-scaled guess of its batch) climbs so (or by
+   rule 7) to its memory edge; only then is each other precision probed once, at the largest batch the
+   pilot's fits: at a small batch a GPU's step is launch-bound and every precision reads alike, while
+   batch moves throughput 10-100x and precision 1.1-1.5x.
 3. A throughput model per strategy (time per micro-batch = c0 + c1*batch) bounds what a strategy can
    reach: strategies (and the rest of a bracket) that cannot beat the best so far are skipped;
    checkpointing, which only adds compute, is bounded by its precision's model without it (and, once
@@ -24,18 +25,23 @@ benchmark's replays all run the same decisions. The rules, in order:
    sharded strategy (FSDP2, which only adds communication) by the same strategy under DDP.
 4. Throughput is noisy and not always monotone: the neighbours of the best batch are probed before
    the search ends, climbing while they improve.
-5. With the memory estimator's prediction (see _prediction.py), from the first probe on: each
+5. (The A/B that names the winner: _ab.py, and the search's confirm phase.)
+6. (The data's ceiling: _feasibility.py.)
+7. With the memory estimator's prediction (see _prediction.py), from the first probe on: each
    strategy starts at the largest batch predicted to fit at the high end of its range, a batch
    whose low end does not fit is never probed, and one in between only if it could be faster.
-6. When the function offers run.loader() and the leader waited for its data, the leader is probed
-   with more loader workers, deeper prefetch and pinned memory, last (see _loader_rule.py). Rules 1-5 work
+8. When the function offers run.loader() and the leader waited for its data, the leader is probed
+   with more loader workers, deeper prefetch and pinned memory, last (see _loader_rule.py). Rules 1-7 work
    with the loader as the script declares it.
-7. By tokens, the leader is then probed with larger token caps under a squares cap at its worst batch's,
+9. By tokens, the leader is then probed with larger token caps under a squares cap at its worst batch's,
    so that short batches hold more tokens (per-length caps, see _squares_rule.py).
+10. A timeout is a fact about speed: it makes nothing unusable, and at a fixed global batch rules out the
+   smaller micro-batches; with nothing measured, a timed-out config is probed again (_retry_timed_out).
 
+The numbers are those of docs/reference/planner.md.
 The planner decides; what the observations say is read by its parts, once per decision (`_State`):
 what fits (_feasibility.py, rule 1), the memory lines and the calibrated prediction
-(_memory_model.py, rules 2 and 5), the throughput estimates (_throughput.py, rule 3), the noise
+(_memory_model.py, rules 2 and 7), the throughput estimates (_throughput.py, rule 3), the noise
 reading (_noise.py) and the ranking (_ranking.py).
 """
 
@@ -236,7 +242,7 @@ class Planner:
         return None
 
     def _pilot_climb(self, state: _State, strategy: Strategy) -> Config | None:
-        """The pilot's strategy's next step up (rules 2 and 5) while it fits somewhere and a larger batch
+        """The pilot's strategy's next step up (rules 2 and 7) while it fits somewhere and a larger batch
         of it is open; None when it cannot climb (nothing of it fits, nothing above is open: the top of the
         space, the data's ceiling, the memory models) or while a step up is being probed (several runners:
         the others compare the precisions where it fits now)."""
@@ -427,7 +433,7 @@ def _retry_timed_out(state: _State) -> Config | None:
 def _around_the_best(space: SearchSpace, state: _State) -> Config | None:
     """Probe around the best batch, so a throughput peak below the memory limit is not missed:
     half the batch first (while halving keeps improving), then the untried neighbours."""
-    top = leader(state.ranking.ranked())  # the loader as the script declares it (rule 6 comes after)
+    top = leader(state.ranking.ranked())  # the loader as the script declares it (rule 8 comes after)
     if top is None:
         return None
     best = top.config

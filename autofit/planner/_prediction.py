@@ -176,7 +176,7 @@ class CalibratedPrediction:
         the measured config (of any strategy) nearest in tensor bytes, with a wider slack.
         """
         if config.max_squares is not None:
-            return None  # the estimator runs the space's caps, never a squares cap (rule 7's variants)
+            return None  # the estimator runs the space's caps, never a squares cap (rule 9's variants)
         tensor = self.prediction.tensor_bytes(config)
         if tensor is None:
             return None

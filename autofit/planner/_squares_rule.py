@@ -1,4 +1,4 @@
-"""The squares cap's turn (rule 7 of the planner): per-length token caps for a function that batches by
+"""The squares cap's turn (rule 9 of the planner): per-length token caps for a function that batches by
 tokens, probed where they can pay.
 
 The climb sets one token cap T by its worst batch: the data's longest samples (length L) at the cap. Under

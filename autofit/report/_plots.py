@@ -72,7 +72,7 @@ def strategy_labels(frame: pd.DataFrame, global_batch: int | None = None) -> pd.
         if global_batch is None and row.accumulation_steps > 1:
             text += f" acc={row.accumulation_steps}"
         if "max_squares" in frame.columns and not pd.isna(row.max_squares):
-            text += f" max_squares={row.max_squares}"  # a squares variant: its own curve (rule 7)
+            text += f" max_squares={row.max_squares}"  # a squares variant: its own curve (rule 9)
         labels.append(text)
     return pd.Series(labels, index=frame.index, dtype="string")
 

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checklist in one command per part, for a machine with a GPU and a CUDA build of torch.
+#   benchmarks/gpu/run_checklist.sh nanogpt-defaults   FIRST: nanoGPT's train.py at its defaults searched in 3m with
+#                                             no flag, then the pick against hand-set batches (benchmarks/gpu/nanogpt_defaults.sh)
 #   benchmarks/gpu/run_checklist.sh check     scripts/check_cuda.sh, then a search of each bundled study
 #   benchmarks/gpu/run_checklist.sh finders   Lightning's and HF's batch-size finders on GPT-2 small (124M)
 #   benchmarks/gpu/run_checklist.sh search    autofit on GPT-2 small
@@ -21,6 +23,10 @@ BUDGET="${BUDGET:-45s}"
 step() { echo; echo "=== $* ($(date +%T))"; }
 
 case "${1:-check}" in
+nanogpt-defaults)
+    step "nanoGPT's train.py at its defaults, compile on (benchmarks/gpu/nanogpt_defaults.sh)"
+    OUT="$OUT" PYTHON="$PYTHON" BUDGET="${BUDGET_NANOGPT:-3m}" benchmarks/gpu/nanogpt_defaults.sh
+    ;;
 check)
     step nvidia-smi; nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv
     "$PYTHON" -c 'import torch, optuna; print("torch", torch.__version__, "cuda", torch.version.cuda, "optuna", optuna.__version__)'

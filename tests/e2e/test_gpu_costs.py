@@ -48,6 +48,7 @@ def test_a_three_minute_search_measures_four_configs_without_a_timeout(tmp_path)
     assert best["config"]["global_batch"] == 480
 
 
+@pytest.mark.slow
 def test_a_normal_run_with_no_file_trains_at_the_scripts_own_batch(tmp_path):
     """Before any search, `python train.py` trains at what the script had (12 x 40), never at the whole
     global batch as one micro-batch (which ran nanoGPT's defaults out of memory on an H100)."""

@@ -187,6 +187,7 @@ def test_a_hang_is_killed_at_the_timeout_and_the_next_probe_is_killed_too(runner
     assert not left, f"rank processes outlived their probe: {sorted(left)}"
 
 
+@pytest.mark.slow  # the hang above keeps the [worker] case of the limits in the default tier
 def test_a_probe_is_killed_when_its_steps_stop_progressing_not_while_its_start_runs(runner_for):
     """A start (set-up, compilation) gets its own limit; steps are killed when they stop making progress:
     stalls.py runs three micro-batches, then one never ends."""
@@ -198,6 +199,7 @@ def test_a_probe_is_killed_when_its_steps_stop_progressing_not_while_its_start_r
     assert result.wall_s < 60  # killed for its stall, long before its start's limit
 
 
+@pytest.mark.slow
 def test_a_probe_cut_by_the_budget_is_not_measured_whatever_its_progress(runner_for):
     """The budget's end (`total_s`) stops even a probe that is making progress, and says so: no verdict."""
     probing = runner_for("stalls.py")
