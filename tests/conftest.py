@@ -35,6 +35,25 @@ def postgres_url(postgres_base, request):
     return create_database(postgres_base, "t_" + re.sub(r"\W", "_", request.node.name)[:50].lower())
 
 
+@pytest.fixture(autouse=True)
+def _the_checkout_stays_as_it_was():
+    """Tests write only to temporary folders: a study or a probe's log left in the checkout's studies/ is
+    what a newcomer's next `autofit show` reads (issue 37, item 10). Fails the test that left one."""
+    from tests.support import STUDIES
+
+    def listing() -> set[str]:
+        found = set()
+        for root, _, files in os.walk(STUDIES):
+            if "__pycache__" not in root:  # a study script imported: Python's own cache
+                found.update(os.path.relpath(os.path.join(root, name), STUDIES) for name in files)
+        return found
+
+    before = listing()
+    yield
+    left = sorted(listing() - before)
+    assert not left, f"the test wrote into the checkout's studies/: {left}"
+
+
 def pytest_collection_modifyitems(config, items):
     """`gpu` tests skip where torch sees no CUDA device (torch is imported only when one is selected)."""
     gpu = [item for item in items if item.get_closest_marker("gpu")]

@@ -42,6 +42,9 @@ def _leftovers() -> list[str]:
         "globals": CALLS != 0,
         "threads": torch.get_num_threads() == 1 and os.environ.get("EXPECT_THREADS", "1") != "1",
         "compiled": "torch._dynamo" in sys.modules and sys.modules["torch._dynamo"].convert_frame.FRAME_COUNTER > 0,
+        "anomaly": torch.is_anomaly_enabled(),
+        "sdp": not torch.backends.cuda.flash_sdp_enabled() or not torch.backends.cuda.math_sdp_enabled(),
+        "reduced_precision": not torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
     }
     return [name for name, present in found.items() if present]
 
@@ -60,7 +63,7 @@ def _check_rng() -> list[str]:
 
 
 KINDS = ("grad_mode", "environ", "argv", "cudnn", "deterministic", "default_dtype", "module_hook",
-         "optimizer_hook", "dispatch_mode", "autocast", "globals", "threads")
+         "optimizer_hook", "dispatch_mode", "autocast", "globals", "threads", "anomaly", "sdp", "reduced_precision")
 
 
 def _leave(kind: str, model: torch.nn.Module) -> None:
@@ -92,6 +95,13 @@ def _leave(kind: str, model: torch.nn.Module) -> None:
         CALLS += 1
     elif kind == "threads":
         torch.set_num_threads(1)
+    elif kind == "anomaly":
+        torch.autograd.set_detect_anomaly(True)
+    elif kind == "sdp":  # a script that picks its attention kernels for the whole process
+        torch.backends.cuda.enable_flash_sdp(False)
+        torch.backends.cuda.enable_math_sdp(False)
+    elif kind == "reduced_precision":
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
 
 
 @autofit(batch_range=(4, 64))
