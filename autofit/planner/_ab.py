@@ -29,13 +29,14 @@ CONTENDERS = 3
 
 def within_noise(ranked: Sequence[Candidate], margin: float) -> list[Candidate]:
     """The ranking's first and the configs no slower than it by more than `margin` (the noise the search
-    has seen) that no config ranked above them dominates, best first: the ones a single probe cannot
-    tell apart from the first."""
+    has seen), best first: the ones a single probe cannot tell apart from the first. A config the first
+    dominates is among them when it read faster: the A/B's rounds, not the rule, say whether it is."""
     if not ranked:
         return []
     floor = ranked[0].rate * (1 - margin)
     return [c for i, c in enumerate(ranked)
-            if i == 0 or (c.rate >= floor and not any(dominates(a.config, c.config) for a in ranked[:i]))]
+            if i == 0 or (c.rate >= floor and not any(dominates(a.config, c.config) and c.rate <= a.rate
+                                                      for a in ranked[:i]))]
 
 
 def contenders(close: Sequence[Candidate], remeasured: set[Config]) -> list[Config]:

@@ -102,7 +102,21 @@ class NoiseReading:
         self._spread_limit = max(_MIN_SPREAD, _SPREAD_FACTOR * self.typical_spread)
         self.repeat_limit = max(_MIN_REPEAT, _REPEAT_FACTOR * self.typical_spread)
         """Two probes of one config may differ this much (a fraction of the faster) and still agree."""
+        self.measured_noise = self._measured_noise()
+        """How much two measurements of one config differ here, measured: the median gap between the short
+        probes of the configs probed more than once, and at least half the typical step spread (a probe's rate
+        is the mean of a few steps: two that agree by luck must not make a noisy machine look quiet). What a
+        lead must exceed to be one (dominance, the A/B's entrants), with no floor of its own: a quiet
+        device's 1% is 1%."""
         self._suspicions = self._find()
+
+    def _measured_noise(self) -> float:
+        gaps = []
+        for obs in self.ok.values():
+            rates = [o.rate for o in obs if o.phase != "confirm"]
+            if len(rates) >= 2:
+                gaps.append((max(rates) - min(rates)) / max(rates))
+        return max(statistics.median(gaps) if gaps else 0.0, self.typical_spread / 2)
 
     # --- the rules ------------------------------------------------------------------------------
     def rate(self, config: Config) -> float:

@@ -328,9 +328,10 @@ class _State:
                  check_noise: bool = True, prediction: MemoryPrediction | None = None) -> None:
         self.space = space
         self.usable = usable
-        # Sized by samples or by tokens as the space is (a token function's pilot came before its knobs); a
-        # probe the search's budget cut short measured nothing and decides nothing (a resumed search probes it).
-        self.observations = [o for o in observations if space.holds_kind(o.config) and not o.cut]
+        # The configs the space asks for (a token function's pilot came before its knobs; a resumed study's
+        # probes of other settings, another global batch or precision, are no answer to this search); a probe
+        # the search's budget cut short measured nothing and decides nothing (a resumed search probes it).
+        self.observations = [o for o in observations if space.admits(o.config) and not o.cut]
         by_config: dict[Config, list[Observation]] = defaultdict(list)
         for obs in self.observations:
             by_config[obs.config].append(obs)

@@ -105,9 +105,11 @@ class Ranking:
 
     @property
     def margin(self) -> float:
-        """How much faster a dominated config must measure to rank above the config it dominates: the
-        disagreement between two probes of one config that the search's noise still explains."""
-        return max(TIE_TOLERANCE, self.noise.repeat_limit)
+        """How much faster a dominated config must measure to rank above the config it dominates: the noise
+        measured between two probes of one config (`NoiseReading.measured_noise`), the tie tolerance at least.
+        No floor beyond it: a 10% floor once made the largest micro-batch win unless a smaller one was 10%
+        faster, even on a quiet device."""
+        return max(TIE_TOLERANCE, self.noise.measured_noise)
 
     @property
     def contender_margin(self) -> float:
@@ -141,14 +143,15 @@ def _expert_order(config: Config) -> tuple:
 
 def _dominated_last(ranked: list[Candidate], margin: float) -> list[Candidate]:
     """`ranked` with each config moved just below any config it dominates that it does not beat by
-    more than `margin` (stable otherwise)."""
+    more than `margin` (stable otherwise). A config that only just fits (allocator retries) dominates
+    nothing: at the memory edge its next run may not fit, or run slower for the retries."""
     out = list(ranked)
     moved = True
     while moved:
         moved = False
         for i, candidate in enumerate(out):
-            below = [j for j, other in enumerate(out) if j > i and dominates(other.config, candidate.config)
-                     and candidate.rate <= other.rate * (1 + margin)]
+            below = [j for j, other in enumerate(out) if j > i and not other.tight
+                     and dominates(other.config, candidate.config) and candidate.rate <= other.rate * (1 + margin)]
             if below:
                 out.insert(below[-1], out.pop(i))  # just below the last config it yields to
                 moved = True

@@ -178,6 +178,21 @@ class SearchSpace:
         """`config` sized as this space's are (by tokens or by samples): only those compare with them."""
         return (config.max_tokens is not None) == self.tokens
 
+    def admits(self, config: Config) -> bool:
+        """Whether `config` is one this space asks for, its loader or squares variant included: the same
+        global batch (or one of its accumulations), one of its precisions, shardings, compiles, checkpoint
+        levels and policies, a size within its range. A resumed study's probes of other settings are not."""
+        if not self.holds_kind(config):
+            return False
+        if self.global_batch is not None and config.global_batch != self.global_batch:
+            return False
+        if self.global_batch is None and not self.tokens and config.accumulation_steps not in self.accumulations:
+            return False
+        return (config.precision in self.precisions and config.sharding in self.shardings
+                and config.compile in self.compiles and config.checkpoint_segments in self.checkpoint_segments
+                and (not config.checkpoint_segments or config.checkpoint_policy in self.checkpoint_policies)
+                and min(self.batch_sizes) <= config.size <= max(self.batch_sizes))
+
     def configs(self) -> list[Config]:
         return [self.config(s, b) for s in self.strategies() for b in self.batch_sizes]
 

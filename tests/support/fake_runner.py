@@ -16,15 +16,16 @@ Rate = Callable[[Config, int], float]
 
 
 class FakeRunner:
-    """Answers every probe at once with `rate(config, steps)` samples/s, a peak of `batch_size` MiB and a
-    wall of `wall_s` seconds; `calls` keeps (config, steps) of each probe, in order."""
+    """Answers every probe at once with `rate(config, steps)` samples/s, a peak of `batch_size` MiB, a
+    wall of `wall_s` seconds and steps that spread by `spread` (IQR over the median: the machine's noise);
+    `calls` keeps (config, steps) of each probe, in order."""
 
     def __init__(self, script: str, function: str | None, rate: Rate, *, wall_s: float = 1.0,
                  knobs: dict | None = None, device: str = "cpu", index: int = 0, memory_limit: int | None = None,
-                 **_: object) -> None:
+                 spread: float = 0.01, **_: object) -> None:
         self.script, self.function, self.device, self.index = script, function, device, index
         self.memory_limit = memory_limit
-        self.rate, self.wall_s = rate, wall_s
+        self.rate, self.wall_s, self.spread = rate, wall_s, spread
         self.knobs = knobs if knobs is not None else {"batches": True}
         self.info: WorkerInfo | None = None
         self.calls: list[tuple[Config, int]] = []
@@ -41,7 +42,7 @@ class FakeRunner:
         rate = self.rate(config, steps)
         step_s = config.global_batch / rate
         return ProbeResult(status="ok", config=config, samples_per_s=rate, step_time_median_s=step_s,
-                           step_time_iqr_s=0.01 * step_s, warmup_steps=warmup, measured_steps=steps,
+                           step_time_iqr_s=self.spread * step_s, warmup_steps=warmup, measured_steps=steps,
                            peak_bytes=config.batch_size * 2**20, memory_limit=self.memory_limit,
                            wall_s=self.wall_s, knobs=dict(self.knobs), log_path=log_path)
 

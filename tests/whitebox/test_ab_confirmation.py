@@ -29,8 +29,8 @@ STEPS = 5
 def _search(tmp_path, monkeypatch, rate, *, wall_s: float = 1.0, budget_s: float = 3600.0):
     runners: list[FakeRunner] = []
 
-    def make_runner(script_path, function=None, **kwargs):
-        runners.append(FakeRunner(script_path, function, rate, wall_s=wall_s, **kwargs))
+    def make_runner(script_path, function=None, **kwargs):  # steps spread 20%: a noise of 10%, b=32 within it
+        runners.append(FakeRunner(script_path, function, rate, wall_s=wall_s, spread=0.20, **kwargs))
         return runners[-1]
 
     monkeypatch.setattr("autofit.search._pool.make_runner", make_runner)

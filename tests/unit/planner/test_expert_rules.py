@@ -10,7 +10,8 @@ from autofit.findings import explain
 from autofit.planner import Observation, Planner, SearchSpace, dominates
 
 GiB = 2**30
-SPACE = SearchSpace.build(batch_range=(4, 64), precisions=("fp32", "bf16"), checkpoint_blocks=4)
+SPACE = SearchSpace.build(batch_range=(4, 64), precisions=("fp32", "bf16"), checkpoint_blocks=4,
+                          checkpoint_policies=("full", "selective"))
 
 
 def _ok(config: Config, rate: float, peak: float = 1.0) -> Observation:
@@ -32,10 +33,12 @@ def test_dominance_is_more_recompute_or_more_accumulation_at_the_same_global_bat
 
 def test_a_checkpointed_config_that_reads_faster_within_the_noise_ranks_below_the_plain_one():
     """The reported pick: bf16 b=24 ckpt=1 selective read 19.3 where bf16 b=24 without checkpointing,
-    which fits, read 18.1: the same batch with recompute added can only be slower."""
+    which fits, read 18.1, on a machine whose repeats disagree by 9% (fp32 b=24's two probes): the same
+    batch with recompute added can only be slower."""
     plain = Config(24, precision="bf16")
     recomputing = Config(24, precision="bf16", checkpoint_segments=1, checkpoint_policy="selective")
-    seen = [_ok(Config(24), 9.0), _ok(plain, 18.1, peak=1.5), _ok(recomputing, 19.3, peak=1.2)]
+    seen = [_ok(Config(24), 9.0), _ok(Config(24), 8.2), _ok(plain, 18.1, peak=1.5),
+            _ok(recomputing, 19.3, peak=1.2)]
     planner = Planner(SPACE, 4 * GiB)
     assert [c.config for c in planner.ranked(seen)][:2] == [plain, recomputing]
     why = explain(planner.ranked(seen), seen, planner, 4 * GiB)
