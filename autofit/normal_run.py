@@ -103,15 +103,14 @@ def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: st
         candidates = _candidate_paths(fn, device)
         found = next((p for p in candidates if os.path.exists(p)), None)
         if found is None:
-            config, why = fn.options.unsearched_config()
-            if device.split(":")[0] == "cpu" and config.precision == "fp16":  # nanoGPT's dtype off a GPU
-                config = replace(config, precision="fp32")
-                why += " (fp16 is emulated on the CPU: fp32)"
-            return RunPlan(config, device, (
-                f"no best config found for {_what(fn)} (looked for {candidates[0]}); "
-                f"running with defaults: {config.label()}{why}. Run `autofit search` to find a faster one."
-            ), None, lowered_path(candidates[0]), None)
+            return _unsearched_plan(fn, device, f"no best config found for {_what(fn)} (looked for {candidates[0]})",
+                                    lowered_path(candidates[0]))
         best = read_best(found)
+        other = _other_global_batch(fn, best.document)
+        if other is not None:  # the file answers another question than the one this script asks
+            return _unsearched_plan(fn, device, f"the best config in {found} keeps a global batch of {other}, not "
+                                                f"the {fn.options.global_batch} {_what(fn)} declares (search again)",
+                                    lowered_path(found))
     _warn_if_stale(fn, best.document, device)
     _say_if_other_args(fn, best.document)
     partial = " (partial search)" if best.partial else ""
@@ -123,6 +122,26 @@ def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: st
     searched_memory_limit = (best.document.get("memory") or {}).get("limit_bytes")
     return RunPlan(best.config, device, message, best.path, lowered_path(best.path), searched_memory_limit,
                    int(best.document.get("world_size") or 1), TokenEnvelope.from_dict(measured.get("token_envelope")))
+
+
+def _unsearched_plan(fn: Decorated, device: str, why_not: str, record_path: str) -> RunPlan:
+    """What a normal call trains with when no best-config file answers it: what the script declared."""
+    config, why = fn.options.unsearched_config()
+    if device.split(":")[0] == "cpu" and config.precision == "fp16":  # nanoGPT's dtype off a GPU
+        config = replace(config, precision="fp32")
+        why += " (fp16 is emulated on the CPU: fp32)"
+    return RunPlan(config, device, f"{why_not}; running with defaults: {config.label()}{why}. Run `autofit search` "
+                                   f"to find a faster one.", None, record_path, None)
+
+
+def _other_global_batch(fn: Decorated, document: dict) -> int | None:
+    """The global batch of a best-config file found beside the script, where the script declares another (a
+    search resumed with other options, or the declaration changed since); None where they agree or either
+    holds none (by tokens, or nothing declared). An explicit file (`autofit_config=`, $AUTOFIT_CONFIG) is the
+    user's own choice and is not second-guessed."""
+    declared = fn.options.global_batch
+    written = (document.get("config") or {}).get("global_batch")
+    return written if declared is not None and written is not None and written != declared else None
 
 
 def _warn_if_stale(fn: Decorated, document: dict, device: str) -> None:

@@ -65,3 +65,32 @@ def test_the_first_line_says_when_the_winner_was_never_confirmed(tmp_path, monke
     assert first.startswith("autofit: running train with the best config from") and "bf16 b=48" in first
     reason = document["measured"].get("unconfirmed") or "the search ended before a longer run could measure it"
     assert (f"(unconfirmed: {reason}" in first) is not confirmed  # the file's own reason
+
+
+def test_a_best_config_file_of_another_global_batch_is_not_trained_with(tmp_path, monkeypatch, capsys):
+    """A study resumed with other options once exported a config at a global batch of 480 for a function that
+    declares 240: its normal run then trained the wrong global batch without a word. Now the file found beside
+    the script is set aside, said so, and the declared global batch trains."""
+    import json
+    import os
+
+    from autofit.export import default_best_path, device_tag
+    from tests.support import REPO
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AUTOFIT_CONFIG", raising=False)
+    monkeypatch.setenv("AUTOFIT_DEVICE", "cpu")
+
+    @autofit(global_batch=240)
+    def train(run):
+        return run.config
+
+    document = json.load(open(os.path.join(REPO, "autofit", "recorded", "gpt.train.best.json")))
+    document["config"].update(batch_size=48, accumulation_steps=10, global_batch=480)
+    path = default_best_path(__file__, "train", "studies", device_tag("cpu"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as handle:
+        json.dump(document, handle)
+    assert train() == Config(30, accumulation_steps=8)  # the declared 240: 32 at most a micro-batch, a divisor
+    err = capsys.readouterr().err
+    assert "keeps a global batch of 480, not the 240 train declares" in err and "running with defaults" in err
