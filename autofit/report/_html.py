@@ -161,9 +161,11 @@ def _probes_table(frame: pd.DataFrame, document: dict | None, ranked_by: Rate) -
     frame = frame.assign(config=config_labels(frame)).sort_values("trial")
     head = ("<table><tr><th>trial</th><th class=\"l\">phase</th><th class=\"l\">config</th><th class=\"l\">status</th>"
             f"<th>{ranked_by.unit}</th><th>peak</th><th>% of limit</th><th>wall</th><th class=\"l\">error</th></tr>")
-    rows = []
+    rows, starred = [], False
     for r in frame.itertuples(index=False):
-        css = ' class="best"' if r.config == winner else ' class="bad"' if r.status != "ok" or not r.feasible else ""
+        best = r.config == winner and r.status == "ok" and not starred  # the winner, once, whatever its knobs
+        starred = starred or best
+        css = ' class="best"' if best else ' class="bad"' if r.status != "ok" or not r.feasible else ""
         value = getattr(r, ranked_by.name)
         rate = "-" if _missing(value) else f"{value:,.1f}"
         peak = "-" if _missing(r.peak_bytes) or r.status == "oom" else format_size(r.peak_bytes)

@@ -60,21 +60,16 @@ def png_bytes(fig: Figure) -> bytes:
 
 
 def strategy_labels(frame: pd.DataFrame, global_batch: int | None = None) -> pd.Series:
-    """A strategy per probe, labelled as Strategy.label(): precision and checkpointed blocks, plus
-    accumulation when it is a free choice (with a global batch it follows from the micro-batch), and a
-    squares cap where one is set (its token caps are another curve than the strategy's)."""
+    """A strategy per probe: its config's label (`Config.label()`, every knob) without its size, and without
+    its accumulation where a global batch fixes it (it follows from the micro-batch). A squares cap, a
+    compiled, sharded or loader variant is a curve of its own."""
     import pandas as pd
 
-    labels = []
-    for row in frame.itertuples(index=False):
-        text = row.precision + (f" ckpt={row.checkpoint_segments}" if row.checkpoint_segments else "")
-        text += " selective" if row.checkpoint_segments and row.checkpoint_policy == "selective" else ""
-        if global_batch is None and row.accumulation_steps > 1:
-            text += f" acc={row.accumulation_steps}"
-        if "max_squares" in frame.columns and not pd.isna(row.max_squares):
-            text += f" max_squares={row.max_squares}"  # a squares variant: its own curve (rule 9)
-        labels.append(text)
-    return pd.Series(labels, index=frame.index, dtype="string")
+    def strategy(label: str) -> str:
+        return " ".join(part for part in str(label).split() if not part.startswith(("b=", "max_tokens="))
+                        and not (global_batch is not None and part.startswith("acc=")))
+
+    return pd.Series([strategy(label) for label in frame["label"]], index=frame.index, dtype="string")
 
 
 def strategy_colors(labels) -> dict[str, str]:
@@ -328,14 +323,5 @@ def study_figures(stored: StoredStudy) -> dict[str, Figure]:
 
 
 def config_labels(frame: pd.DataFrame) -> pd.Series:
-    """Config.label() per row ('bf16 b=64 ckpt=2'), to match probes against the winner."""
-    import pandas as pd
-
-    from autofit.config import Config
-
-    labels = [Config(batch_size=int(r.batch_size), precision=r.precision,
-                     checkpoint_segments=int(r.checkpoint_segments), accumulation_steps=int(r.accumulation_steps),
-                     checkpoint_policy=r.checkpoint_policy,
-                     max_tokens=None if pd.isna(getattr(r, "max_tokens", None)) else int(r.max_tokens)).label()
-              for r in frame.itertuples(index=False)]
-    return pd.Series(labels, index=frame.index, dtype="string")
+    """Config.label() per row ('bf16 b=64 ckpt=2 compiled'), to match probes against the winner."""
+    return frame["label"]

@@ -50,14 +50,18 @@ def _na(value: Any) -> bool:
 
 def probes_table(frame: pd.DataFrame, winner_label: str | None = None, ranked_by: Rate = SAMPLES) -> str:
     """The table: config, status, throughput (the study's rate), peak memory, % of limit, wall time, its start
-    (before its first micro-batch ended: set-up, the script's own evaluation, compilation), and an error."""
+    (before its first micro-batch ended: set-up, the script's own evaluation, compilation), and an error. The
+    winner's first row is starred, once, whatever its knobs (`Config.label()`, the frame's `label`)."""
     head = f"{'':2}{'trial':>5}  {'phase':<9} {'config':<24} {'status':<9}{ranked_by.unit:>10}{'peak':>14}" \
            f"{'% limit':>9}{'wall':>8}{'start':>8}"
     lines = [head]
+    starred = False
     for row in frame.itertuples(index=False):
-        label = _label(row)
+        label = row.label
         over = row.status == "ok" and not row.feasible
-        mark = "* " if label == winner_label else "! " if over else "  "
+        winner = label == winner_label and not starred and row.status == "ok"
+        starred = starred or winner
+        mark = "* " if winner else "! " if over else "  "
         value = getattr(row, ranked_by.name)
         rate = "-" if _na(value) else f"{value:,.1f}"
         if row.status == "oom":
@@ -73,15 +77,6 @@ def probes_table(frame: pd.DataFrame, winner_label: str | None = None, ranked_by
             line += f"  {row.error[:70]}"
         lines.append(line)
     return "\n".join(lines)
-
-
-def _label(row: Any) -> str:
-    from autofit.config import Config
-
-    return Config(batch_size=int(row.batch_size), precision=row.precision,
-                  checkpoint_segments=int(row.checkpoint_segments),
-                  accumulation_steps=int(row.accumulation_steps), checkpoint_policy=row.checkpoint_policy,
-                  max_tokens=None if _na(getattr(row, "max_tokens", None)) else int(row.max_tokens)).label()
 
 
 def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame) -> str:

@@ -12,8 +12,10 @@ if TYPE_CHECKING:
     import pandas as pd
 
 COLUMNS = {
-    "trial": "int64", "phase": "string", "status": "string", "precision": "string",
+    "trial": "int64", "phase": "string", "status": "string", "label": "string", "precision": "string",
     "batch_size": "int64", "checkpoint_segments": "int64", "checkpoint_policy": "string",
+    "sharding": "string", "compile": "boolean", "loader_workers": "Int64", "pin_memory": "boolean",
+    "prefetch_factor": "Int64",
     "accumulation_steps": "int64", "max_tokens": "Int64", "max_squares": "Int64",
     "global_batch": "int64", "samples_per_s": "float64", "tokens_per_s": "float64",
     "flops_per_s": "float64", "mfu": "float64", "joules_per_sample": "float64",
@@ -40,10 +42,16 @@ def trials_frame(trials: list[FrozenTrial], usable_bytes: float | None) -> pd.Da
             "trial": trial.number,
             "phase": trial.user_attrs.get("phase", "explore"),
             "status": result.status,
+            "label": config.label(),  # every knob: the one name of a config in every table and plot
             "precision": config.precision,
             "batch_size": config.batch_size,
             "checkpoint_segments": config.checkpoint_segments,
             "checkpoint_policy": config.checkpoint_policy,
+            "sharding": config.sharding,
+            "compile": config.compile,
+            "loader_workers": config.loader_workers,
+            "pin_memory": config.pin_memory,
+            "prefetch_factor": config.prefetch_factor,
             "accumulation_steps": config.accumulation_steps,
             "max_tokens": config.max_tokens,
             "max_squares": config.max_squares,
