@@ -176,7 +176,8 @@ def test_corrupt_config_is_a_clear_error_not_a_default(tmp_path):
     (["--storage", "nosuchdb://x"], "storage"),
     (["--precision", "fp32,tf32"], "tf32"),
 ])
-def test_search_bad_input_is_one_line_and_exit_2_or_1(tmp_path, args, message):
+def test_search_bad_input_is_one_line_and_exit_2_or_1(tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)  # its default storage and the worker's log: never the checkout's studies/
     result = CliRunner().invoke(cli, ["search", script("fits_small.py"), "--budget", "30s", "--memory-limit", "768MiB",
                                       "--out", str(tmp_path / "b.json"), *args])
     assert result.exit_code in (1, 2), result.output
