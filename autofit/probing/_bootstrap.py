@@ -77,8 +77,11 @@ class Loaded:
                 "baseline_bytes": self.backend.used_bytes()}
 
 
-def bootstrap(request: LoadRequest, *, cap_memory: bool = True) -> Loaded:
+def bootstrap(request: LoadRequest, *, cap_memory: bool = True,
+              before_script: Callable[[], None] | None = None) -> Loaded:
     """Open the device, import the script, find the function, release caches, apply the limit.
+    `before_script` runs with the device open and nothing of the script run yet (what a process that
+    runs a script from its top in every probe must put back before each one).
 
     Raises UsageError for bad input (no such script or function, a limit below what the process
     needs to start) and ScriptError when the user's module raises at import.
@@ -87,6 +90,8 @@ def bootstrap(request: LoadRequest, *, cap_memory: bool = True) -> Loaded:
 
     backend = make_backend(request.device, request.index)
     backend.torch_device()  # on a GPU: made current, so the module's own tensors land on it
+    if before_script is not None:
+        before_script()
     try:
         module, fn = _load(request)
     except UsageError:

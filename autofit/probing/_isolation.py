@@ -7,7 +7,8 @@ before every probe, so that both process models give a probe the same start:
 
 - random number generators (torch, CUDA, Python's `random`, NumPy's global one);
 - grad mode, autocast left entered, default dtype, intra-op threads, deterministic algorithms,
-  cuDNN's flags, the float32 matmul/convolution precision (TF32);
+  cuDNN's flags, the float32 matmul/convolution precision (TF32), reduced-precision reductions, the
+  attention kernels (flash, memory-efficient, math, cuDNN) and anomaly detection;
 - global module and optimizer hooks, and hooks added to the modules the script builds at import;
 - torch-function and dispatch modes left entered;
 - torch.compile's caches (dynamo's compiled frames and its recompile counts);
@@ -45,7 +46,16 @@ _INSTANCE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_
                    "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
 #: Switches read and written as plain attributes: (object path, attribute).
 _SWITCHES = (("torch.backends.cudnn", "benchmark"), ("torch.backends.cudnn", "deterministic"),
-             ("torch.backends.cudnn", "enabled"))
+             ("torch.backends.cudnn", "enabled"),
+             ("torch.backends.cuda.matmul", "allow_bf16_reduced_precision_reduction"),
+             ("torch.backends.cuda.matmul", "allow_fp16_reduced_precision_reduction"))
+#: Switches read and written through functions: (getter, setter) under torch (a script that picks its
+#: attention kernels, or debugs with anomaly detection, for its whole process).
+_FLAGS = (("backends.cuda.flash_sdp_enabled", "backends.cuda.enable_flash_sdp"),
+          ("backends.cuda.mem_efficient_sdp_enabled", "backends.cuda.enable_mem_efficient_sdp"),
+          ("backends.cuda.math_sdp_enabled", "backends.cuda.enable_math_sdp"),
+          ("backends.cuda.cudnn_sdp_enabled", "backends.cuda.enable_cudnn_sdp"),
+          ("is_anomaly_enabled", "autograd.set_detect_anomaly"))
 #: The float32 precision switches of PyTorch's current API (torch >= 2.9): the legacy `allow_tf32`
 #: flags are never read where they exist (mixing the two APIs raises).
 _FP32_SWITCHES = ("torch.backends", "torch.backends.cuda.matmul", "torch.backends.cudnn",
@@ -74,6 +84,7 @@ class Pristine:
     script: ModuleType | None
     rng: dict[str, Any] = field(default_factory=dict)
     switches: dict[tuple[str, str], Any] = field(default_factory=dict)
+    flags: dict[str, Any] = field(default_factory=dict)
     hook_keys: dict[int, tuple[dict, set]] = field(default_factory=dict)
     environ: dict[str, str] = field(default_factory=dict)
     argv: list[str] = field(default_factory=list)
@@ -92,6 +103,7 @@ class Pristine:
         state = cls(script=script)
         state.rng = _rng_state()
         state.switches = _read_switches()
+        state.flags = _read_flags()
         state.environ, state.argv = dict(os.environ), list(sys.argv)
         state.threads, state.grad_enabled = torch.get_num_threads(), torch.is_grad_enabled()
         state.default_dtype = torch.get_default_dtype()
@@ -127,6 +139,7 @@ class Pristine:
             for key in set(registry) - keys:
                 del registry[key]
         _write_switches(self.switches)
+        _write_flags(self.flags)
         torch.set_grad_enabled(self.grad_enabled)
         torch.set_default_dtype(self.default_dtype)
         torch.use_deterministic_algorithms(self.deterministic[0], warn_only=self.deterministic[1])
@@ -190,6 +203,29 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
     if "numpy" in state:
         sys.modules["numpy"].random.set_state(state["numpy"])
+
+
+def _function(path: str) -> Any:
+    target: Any = torch
+    for part in path.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            return None
+    return target
+
+
+def _read_flags() -> dict[str, Any]:
+    values = {}
+    for getter, setter in _FLAGS:
+        read = _function(getter)
+        if read is not None and _function(setter) is not None:
+            values[setter] = read()
+    return values
+
+
+def _write_flags(values: dict[str, Any]) -> None:
+    for setter, value in values.items():
+        _function(setter)(value)
 
 
 def _read_switches() -> dict[tuple[str, str], Any]:

@@ -27,6 +27,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from autofit.probing._bootstrap import Loaded, bootstrap, die_with_parent, prepare_process, redirect_output, serve
+from autofit.probing._script import calls_start
 from autofit.probing._wire import Channel, LoadRequest, ProbeRequest, internal_failure, ok_reply, result_reply
 
 
@@ -46,15 +47,14 @@ class _Session:
         if self.fork_probes:
             self.threads = torch.get_num_threads()  # what the user's own run would get
             torch.set_num_threads(1)  # no OpenMP team in the process that forks (see the docstring)
-        self.loaded = loaded = bootstrap(request)
+        whole_script = request.function is None and calls_start(request.script)
+        self.loaded = loaded = bootstrap(request, before_script=self._capture if whole_script else None)
         if self.fork_probes and torch.get_num_threads() != 1:
             self.threads = torch.get_num_threads()  # the script chose its own thread count at import
             torch.set_num_threads(1)
         backend = loaded.backend
-        if not self.fork_probes:
-            from autofit.probing._isolation import Pristine
-
-            self.pristine = Pristine.capture(loaded.module)
+        if not self.fork_probes and not whole_script:
+            self._capture(loaded.module)
         return ok_reply(
             **loaded.describe(),
             device=backend.info().to_dict(),
@@ -67,6 +67,17 @@ class _Session:
             pid=os.getpid(),
         )
 
+    def _capture(self, module: Any = None) -> None:
+        """The process as a persistent probe must find it. A script that calls `autofit.start` runs from its
+        top in every probe, so it is captured before the worker ran any of it (at load, up to its start
+        call): what its top does (a global hook it registers, a switch it sets) then happens once a probe,
+        as in its own run, not once at load and again in every probe."""
+        if self.fork_probes:
+            return
+        from autofit.probing._isolation import Pristine
+
+        self.pristine = Pristine.capture(module)
+
     def probe(self, message: dict) -> dict:
         request = ProbeRequest.from_wire(message["request"])
         if self.fork_probes:
@@ -76,6 +87,12 @@ class _Session:
         result = self._run_probe(request)
         if carried:
             result.notes.append(carried)
+        if not result.restart_worker:
+            # Put back now what the probe left (its module-level lists emptied, its hooks gone), so that the
+            # memory it held comes back before the worker is measured: what stays is what cannot come back.
+            self.pristine.restore()
+            self.loaded.backend.release()
+            result.memory_after_bytes = self.loaded.backend.used_bytes()
         return result_reply(result)
 
     def _run_probe(self, request: ProbeRequest) -> Any:

@@ -54,3 +54,24 @@ def test_cuda_runs_its_probes_in_one_process():
         probe_process_for("cuda", "fork")
     with pytest.raises(UsageError, match="must be one of fork, persistent"):
         probe_process_for("cpu", "threads")
+
+
+@pytest.mark.slow
+def test_in_one_process_a_probe_starts_where_the_first_did_whatever_the_last_left():
+    """keeps_on_an_object.py hangs 128 MiB a call on a model built at import: in one process each probe
+    would carry the earlier ones' (the held-out Accelerate script read 466 MiB on its first probe and 1,023
+    MiB ten later, under a 1 GiB limit). The worker is replaced when its memory does not come back."""
+    with Worker(script("keeps_on_an_object.py"), memory_limit=LIMIT, probe_process="persistent") as worker:
+        probes = [worker.probe(Config(batch_size=8), warmup=1, steps=2, timeout=120) for _ in range(4)]
+    assert all(p.status == "ok" for p in probes), [p.error_message for p in probes]
+    peaks = [p.peak_bytes for p in probes]
+    assert max(peaks) - min(peaks) < 64 * 2**20, [p // 2**20 for p in peaks]
+    assert any("the worker was replaced" in note for p in probes for note in p.notes)
+
+
+def test_a_scripts_top_runs_once_a_probe_in_one_process():
+    """hooks_before_start.py registers a global hook before its start call and fails on finding two: the
+    worker's load (up to the start call) must leave nothing of its top to the probes."""
+    with Worker(script("hooks_before_start.py"), memory_limit=LIMIT, probe_process="persistent") as worker:
+        probes = [worker.probe(Config(batch_size=b), warmup=1, steps=2, timeout=120) for b in (4, 8)]
+    assert [p.status for p in probes] == ["ok", "ok"], [p.error_message for p in probes]
