@@ -143,12 +143,15 @@ def _record_failure(result: ProbeResult, exc: BaseException) -> None:
 
 
 def _check_finite(result: ProbeResult, run: Run) -> None:
+    if run.skipped_steps:
+        result.notes.append(f"{run.skipped_steps} optimizer steps skipped by the loop's GradScaler (inf/NaN "
+                            f"gradients, fp16): counted with the step after them")
     if not run.losses_finite():
         result.status = "diverged"
         result.error_type = "NonFiniteLoss"
         result.error_message = (
-            f"The loss became NaN or inf under {result.config.label()}: this config is unusable "
-            f"(fp16 overflow or too large a step)."
+            f"The loss (or, for a loop autofit follows, its parameters) became NaN or inf under "
+            f"{result.config.label()}: this config is unusable (fp16 overflow or too large a step)."
         )
 
 
@@ -161,6 +164,8 @@ def _fill_timing(result: ProbeResult, run: Run) -> None:
         return
     total = run.clock.measured_time_s
     ran, priced = run.config.accumulation_steps, run.priced_config.accumulation_steps
+    if run.knobs.followed and not run.knobs.backward:
+        priced = ran  # a loop that keeps its own accumulation ran its own steps: nothing to price
     pricing = price_steps(ran, priced, run.clock.inner)
     if priced > ran:
         result.probe_accumulation = ran

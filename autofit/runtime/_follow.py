@@ -36,6 +36,9 @@ class FollowedRun(Protocol):
     clock: StepClock
 
     @property
+    def priced_config(self) -> Config: ...
+
+    @property
     def knobs(self) -> Knobs: ...
 
     @property
@@ -59,6 +62,13 @@ class StepFollower:
         self._run, self._panel = run, panel
         self._leader: weakref.ReferenceType | None = None
         self._handles: list[Any] = []
+        self._backwards_at_step = 0  # the run's backward passes when the last followed step closed
+        self._fewest_backwards: int | None = None  # the fewest backward passes a followed step held
+        self._finite = True
+        self._told_own_accumulation = False
+        self.skipped_steps = 0
+        """Steps the loop ran but never stepped its optimizer for (a GradScaler's inf/NaN skip, fp16): the
+        next step that did holds their micro-batches too, and counts them."""
 
     def __enter__(self) -> StepFollower:
         self._handles = [register_optimizer_step_pre_hook(self._before),
@@ -87,8 +97,55 @@ class StepFollower:
         if self._leader is None or self._leader() is not optimizer or self._driven():
             return
         config = self._run.config
+        held = self._run.clock.micro_batches_done - self._backwards_at_step
+        steps = self._steps_in_this_one()
+        samples = config.batch_size * config.accumulation_steps * steps
+        if not self._run.knobs.backward and self._run.priced_config.accumulation_steps > 1 and held > 0:
+            samples = config.batch_size * held  # its own accumulation: what it ran, not what was asked
+            self._say_own_accumulation(held)
         # May end a probe: ProbeFinished, out of the user's optimizer.step(), past any `except Exception`.
-        self._run.step_taken(config.batch_size * config.accumulation_steps)
+        self._run.step_taken(samples)
+
+    def _say_own_accumulation(self, held: int) -> None:
+        """Once: the loop keeps an accumulation of its own where the config asks for another (a global batch
+        declared), so its samples are counted as it ran them and its global batch is not the one declared."""
+        if self._told_own_accumulation:
+            return
+        self._told_own_accumulation = True
+        asked = self._run.priced_config
+        self._run.notes.append(
+            f"the loop keeps its own accumulation ({held} micro-batches a step) and reads neither "
+            f"run.accumulation_steps nor run.global_batch: its samples are counted as it ran them, and its global "
+            f"batch is {asked.batch_size * held}, not the {asked.global_batch} asked for (read "
+            f"run.accumulation_steps to keep it)")
+
+    def _steps_in_this_one(self) -> int:
+        """How many of the loop's steps this optimizer step closes: one, or more where a GradScaler skipped
+        the optimizer for steps before it (fp16 overflow: no `optimizer.step()`, no hook), whose micro-batches
+        and time it holds. Told apart by the backward passes (a probe watches them): the fewest a step held
+        is one step's."""
+        done = self._run.clock.micro_batches_done
+        held, self._backwards_at_step = done - self._backwards_at_step, done
+        if held <= 0:
+            return 1  # no backward passes seen (a normal run does not watch them)
+        self._fewest_backwards = held if self._fewest_backwards is None else min(self._fewest_backwards, held)
+        steps = max(1, int(held / self._fewest_backwards + 0.25))  # a GAN's 3 against 2 is one step
+        self.skipped_steps += steps - 1
+        return steps
+
+    def check_finite(self) -> None:
+        """At a probe's end, while the loop's frames (and its optimizer) are still alive: whether the followed
+        optimizer's parameters are all finite. A loop autofit does not drive hands it no loss, and a step of
+        inf or NaN leaves its mark there (one device sync; never inside the measured steps)."""
+        optimizer = self._leader() if self._leader is not None else None
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.numel()] if optimizer else []
+        if params:
+            with torch.no_grad():
+                self._finite = bool(torch.stack([torch.isfinite(p).all() for p in params]).all().item())
+
+    def params_finite(self) -> bool:
+        """What `check_finite` found (True where it found nothing to check)."""
+        return self._finite
 
     def _starts(self) -> None:
         """The first step of the function's own loop begins: the clock starts, the knobs it used are

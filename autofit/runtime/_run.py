@@ -164,8 +164,14 @@ class Run(RunView, RunData):
         return self._feed.batches(iterable, tokens, weight_by_tokens)
 
     def losses_finite(self) -> bool:
-        """Whether every optimizer step's loss was finite (reads the device flag: one sync)."""
-        return self._feed.losses_finite()
+        """Whether every optimizer step's loss was finite (reads the device flag: one sync); for a loop
+        autofit follows, which hands it no loss, whether its optimizer's parameters are finite."""
+        return self._feed.losses_finite() and (not self.knobs.followed or self._follower.params_finite())
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps a loop autofit follows ran without stepping its optimizer (a GradScaler's skip, fp16)."""
+        return self._follower.skipped_steps
 
     def lower_after_oom(self, exc: BaseException, where: str) -> bool:
         """An exception in a step that a framework's trainer drives (autofit.integrations): when it is
@@ -262,6 +268,8 @@ class Run(RunView, RunData):
         finally:
             if self.flops is not None and self.flops.counting:
                 self.flops.abandon()  # the counted step never closed (an error, or the data ended)
+            if self.probing and self.knobs.followed:
+                self._follower.check_finite()  # the loop's frames, its optimizer with them, are alive still
             self.unwrap_blocks()
 
     def summary(self) -> dict[str, Any]:

@@ -55,7 +55,9 @@ def build_space(settings: SearchSettings, options: SearchOptions, info: WorkerIn
     if world > 1 and knobs is not None and knobs.get("shard_blocks"):
         shardings = tuple(h for h in options.sharding or SHARDINGS if h in device_shardings(settings.device))
     compiles = (False, True) if knobs and knobs.get("compile") and options.compile else (False,)
-    return SearchSpace.build(batch_range=options.batch_range, token_range=token_range(options, knobs),
+    own = (knobs or {}).get("own_batch")  # a loop that reads no batch knob: its micro-batch is not searched
+    return SearchSpace.build(batch_range=(own, own) if own else options.batch_range,
+                             token_range=token_range(options, knobs),
                              precisions=tuple(wanted), first_precision=first_precision(info, wanted),
                              checkpoint_blocks=blocks, use_checkpoint=options.checkpoint,
                              global_batch=global_batch, accumulations=accumulations, shardings=shardings,

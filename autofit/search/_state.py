@@ -68,11 +68,20 @@ class SearchState:
 
     def learn_knobs(self, result: ProbeResult) -> None:
         """The first probe tells which knobs the function offers: the space narrows to them, and the
-        memory estimator, which needs the space, is asked."""
-        if self.session.knobs() is None and result.knobs.get("batches"):
-            space = build_space(self.s, self.options, self.info, result.knobs)
-            self.session.save_meta(self.info, space, result.knobs)
-            self.planner.learn(space=space, prediction=self.prediction(space))
+        memory estimator, which needs the space, is asked. A loop of its own that reads neither
+        run.batch_size nor run.global_batch keeps its own batch: the micro-batch is not searched (climbing
+        it changed nothing but the samples counted), and the search says so."""
+        knobs = result.knobs
+        if self.session.knobs() is not None or not (knobs.get("batches") or knobs.get("followed")):
+            return
+        if not knobs.get("batches"):
+            knobs = {**knobs, "own_batch": result.config.batch_size}  # the space keeps it (build_space)
+            self.notes.append(f"the function's loop reads neither run.batch_size nor run.global_batch: its batch is "
+                              f"its own, so the micro-batch was not searched, and samples/s counts "
+                              f"{result.config.batch_size} a micro-batch (compare its figures with each other only)")
+        space = build_space(self.s, self.options, self.info, knobs)
+        self.session.save_meta(self.info, space, knobs)
+        self.planner.learn(space=space, prediction=self.prediction(space))
 
     def prediction(self, space: SearchSpace) -> MemoryPrediction | None:
         """The memory estimator's prediction over `space` (it starts estimating, or the study kept it)."""

@@ -9,9 +9,11 @@ import shutil
 import subprocess
 import sys
 
+import optuna
 import pytest
 
 from autofit.probing import calls_start
+from autofit.study import trial_result
 from tests.support import REPO, autofit_cli, free_port, script
 
 
@@ -115,3 +117,18 @@ def test_a_torchrun_script_that_starts_its_own_ddp_is_searched_on_two_ranks_then
     ranks = [json.loads(line) for line in record.read_text().splitlines()]
     assert sorted(r["rank"] for r in ranks) == [0, 1]
     assert {(r["batch_size"], r["accumulation"]) for r in ranks} == {(config["batch_size"], config["accumulation_steps"])}
+
+
+@pytest.mark.slow
+def test_a_loop_that_reads_no_batch_knob_is_not_climbed_and_says_so(tmp_path):
+    """own_batch_loop.py trains 16 samples a step whatever the config says: one micro-batch is probed (the
+    search does not climb a knob the loop never reads), and the search says why."""
+    from autofit.search import SearchSettings, run_search
+
+    result = run_search(SearchSettings(script=script("own_batch_loop.py"), memory_limit=2**30, trials=4,
+                                       budget_s=300, storage=f"sqlite:///{tmp_path}/o.db", out=str(tmp_path / "o.json"),
+                                       confirm_factor=2))
+    study = optuna.load_study(study_name=result.study_name, storage=f"sqlite:///{tmp_path}/o.db")
+    sizes = {trial_result(t).config.batch_size for t in study.trials if trial_result(t)}
+    assert len(sizes) == 1, sizes
+    assert any("reads neither run.batch_size nor run.global_batch" in note for note in result.notes)

@@ -176,3 +176,64 @@ def test_a_loop_that_builds_a_new_optimizer_each_epoch_is_still_followed():
                 optimizer.zero_grad()
             del model, optimizer  # the epoch's optimizer goes with it
     assert run.clock.steps_done == 6
+
+
+def _kept_loop(run: Run, *, lr: float = 0.01, skip_every: int | None = None) -> None:
+    """A kept loop with its own GradScaler: its loss goes to inf on every `skip_every`-th step (the scaler
+    then skips the optimizer: no step, no hook), or its learning rate is wild."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    scaler = torch.amp.GradScaler("cpu", enabled=skip_every is not None)
+    step = 0
+    while True:
+        for micro in range(run.accumulation_steps):
+            loss = model(torch.randn(run.batch_size, 8)).pow(2).mean() / run.accumulation_steps
+            if skip_every is not None and step % skip_every == skip_every - 1 and micro == 0:
+                loss = loss * float("inf")
+            scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+
+
+def test_a_kept_loop_that_diverges_is_diverged_though_it_hands_autofit_no_loss():
+    """Issue 37, item 4: a followed loop at lr=1e30 came back `ok`: its loss never reached autofit."""
+    from autofit.devices import make_backend
+    from autofit.probing._probe import run_probe
+
+    result = run_probe(lambda run: _kept_loop(run, lr=1e30), Config(4), make_backend("cpu"), measured_steps=4)
+    assert result.status == "diverged", result.error_message
+    calm = run_probe(lambda run: _kept_loop(run), Config(4), make_backend("cpu"), measured_steps=4)
+    assert calm.status == "ok"
+
+
+def test_steps_a_kept_loops_gradscaler_skips_are_counted_with_the_step_after_them():
+    """A step the GradScaler skips never calls optimizer.step(): its micro-batches and time went into the
+    next counted step as if they were one step's, and the rate read half of what ran."""
+    run = Run(Config(4, accumulation_steps=2), "cpu", probing=True, warmup_steps=1, measured_steps=6)
+    with pytest.raises(ProbeFinished), run.active():
+        _kept_loop(run, skip_every=3)
+    assert run.skipped_steps >= 2
+    # every step the loop ran is counted: measured samples are the steps it ran (skipped or not) x 4 x 2
+    assert run.clock.measured_samples % (4 * 2) == 0
+    assert run.clock.measured_samples // 8 > run.clock.steps_measured
+
+
+def test_a_kept_loop_with_its_own_accumulation_is_counted_as_it_ran():
+    """Issue 37, item 3: a loop that reads run.batch_size but keeps its own accumulation (2 micro-batches a
+    step) under a declared global batch (the config's acc=8) was counted 4 x 8 samples a step, favouring small
+    micro-batches by G/(b x A). Now it counts what ran, and says its global batch is not the one declared."""
+    run = Run(Config(4, accumulation_steps=8), "cpu", probing=True, warmup_steps=1, measured_steps=3,
+              probe_accumulation=4)
+    model, optimizer = _model_and_optimizer()
+    with pytest.raises(ProbeFinished), run.active():
+        while True:
+            for _ in range(2):  # its own accumulation
+                model(torch.randn(run.batch_size, 8)).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    assert run.clock.measured_samples == run.clock.steps_measured * 4 * 2
+    assert any("keeps its own accumulation (2 micro-batches a step)" in note and "not the 32 asked" in note
+               for note in run.notes)
