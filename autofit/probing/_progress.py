@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -149,3 +151,25 @@ class ProbeWatch:
     def wait_s(self) -> float:
         """How long a runner may wait for the probe's answer before it looks again."""
         return POLL_S
+
+
+class ProgressFolder:
+    """Where one runner's probes write their progress: a folder of its own (mkdtemp: private, a fresh name),
+    made on first use and removed with `remove`."""
+
+    def __init__(self) -> None:
+        self._folder: str | None = None
+
+    def fresh_path(self) -> str:
+        """A place for the next probe's progress, with nothing of the last one's in it."""
+        if self._folder is None:
+            self._folder = tempfile.mkdtemp(prefix="autofit-progress-")
+        path = os.path.join(self._folder, "probe.json")
+        if os.path.exists(path):
+            os.remove(path)
+        return path
+
+    def remove(self) -> None:
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None

@@ -9,17 +9,15 @@ baseline after a probe is replaced before the next one.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from typing import Any
 
 from autofit.config import Config
 from autofit.errors import AutofitError, UsageError, UserCodeError
 from autofit.probing._failures import crash_result, describe_exit, log_tail, timeout_result
-from autofit.probing._progress import ProbeLimits, ProbeWatch
+from autofit.probing._progress import ProbeLimits, ProbeWatch, ProgressFolder
 from autofit.probing._record import ProbeResult, WorkerInfo
 from autofit.probing._wire import Channel, LoadRequest, ProbeRequest, probe_process_for, result_of, start_child
 from autofit.units import format_size
@@ -77,8 +75,8 @@ class Worker:
         self._proc: subprocess.Popen | None = None
         self._channel: Channel | None = None
         self._warm_baseline: int | None = None
-        self._progress_dir: str | None = None
-        """Where its probes write their progress (mkdtemp: this runner's alone), removed by `close`."""
+        self._progress = ProgressFolder()
+        """Where its probes write their progress, removed by `close`."""
 
     # --- life cycle ---------------------------------------------------------------------------
     def __enter__(self) -> Worker:
@@ -143,26 +141,12 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self._kill()
             self._proc = None
-        self._forget_progress()
+        self._progress.remove()
 
     def kill(self) -> None:
         """Stop at once, the probe running in it lost (an interrupted search)."""
         self._kill()
         self.close()
-
-    def _forget_progress(self) -> None:
-        if self._progress_dir is not None:
-            shutil.rmtree(self._progress_dir, ignore_errors=True)
-            self._progress_dir = None
-
-    def _progress_path(self) -> str:
-        """A fresh place for the next probe's progress."""
-        if self._progress_dir is None:
-            self._progress_dir = tempfile.mkdtemp(prefix="autofit-progress-")
-        path = os.path.join(self._progress_dir, "probe.json")
-        if os.path.exists(path):
-            os.remove(path)
-        return path
 
     # --- probes -------------------------------------------------------------------------------
     def probe(
@@ -184,7 +168,7 @@ class Worker:
         assert self._channel is not None
         started = time.perf_counter()
         request = ProbeRequest(config, warmup=warmup, steps=steps, min_measure_s=min_measure_s,
-                               progress_path=self._progress_path())
+                               progress_path=self._progress.fresh_path())
         watch = ProbeWatch(ProbeLimits.of(timeout), request.progress_path)
         reply, reason = self._await(request, log_path, watch)
         wall = time.perf_counter() - started

@@ -308,14 +308,15 @@ def test_a_batch_the_data_cannot_feed_stops_the_climb_without_blaming_the_precis
 
 
 def test_contenders_are_remeasured_as_ranked_before_and_the_first_is_confirmed_once():
-    """The close contenders (within 5% of the best, measured once) keep the order they had before any
-    remeasurement, however a remeasurement moves them; the confirmed first is not confirmed again."""
+    """The close contenders (within 5% of the best, the noise steps that spread 10% leave, measured once) keep
+    the order they had before any remeasurement, however a remeasurement moves them; the confirmed first is
+    not confirmed again."""
     from autofit.planner import Observation, Planner, SearchSpace
 
     planner = Planner(SearchSpace.build(batch_range=(1, 64), precisions=("fp32",)), 2**30, check_noise=False)
 
     def probe(batch, rate, phase="explore"):
-        return Observation(Config(batch), "ok", peak_bytes=2**20 * batch, rate=rate, phase=phase)
+        return Observation(Config(batch), "ok", peak_bytes=2**20 * batch, rate=rate, phase=phase, spread=0.10)
 
     seen = [probe(64, 100.0), probe(48, 97.0), probe(32, 96.0), probe(24, 95.5), probe(16, 90.0)]
     assert planner.contenders(seen) == [Config(64), Config(48), Config(32)]

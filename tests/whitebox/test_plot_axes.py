@@ -13,6 +13,7 @@ pytest.importorskip("matplotlib")
 
 def _frame() -> pd.DataFrame:
     return pd.DataFrame({"status": ["ok", "ok", "oom"], "batch_size": [1024, 2048, 4096],
+                         "label": ["fp32 b=1024", "fp32 b=2048", "fp32 b=4096"],
                          "precision": ["fp32"] * 3, "checkpoint_segments": [0] * 3, "checkpoint_policy": ["full"] * 3,
                          "accumulation_steps": [1] * 3, "feasible": [True, True, False],
                          "samples_per_s": [40.0, 50.0, None], "tokens_per_s": [9000.0, 11000.0, None],

@@ -87,3 +87,21 @@ def test_cpu_attention_is_counted_like_the_cuda_kernels():
         torch.nn.functional.scaled_dot_product_attention(q, q, q).sum().backward()
     forward = 2 * 2 * 4 * 64 * 64 * 16 * 2  # two batched matmuls of (64x16)(16x64) per head
     assert counter.get_total_flops() >= forward * 3  # forward, and a backward about twice it
+
+def _kept_loop(run, *, lr: float = 0.01) -> None:
+    """A kept loop (its own optimizer step), at a learning rate that is fine or wild."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    while True:
+        model(torch.randn(run.batch_size, 8)).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def test_a_kept_loop_that_diverges_is_diverged_though_it_hands_autofit_no_loss():
+    """Issue 37, item 4: a followed loop at lr=1e30 came back `ok`: its loss never reached autofit."""
+    result = run_probe(lambda run: _kept_loop(run, lr=1e30), Config(4), make_backend("cpu"), measured_steps=4)
+    assert result.status == "diverged", result.error_message
+    calm = run_probe(lambda run: _kept_loop(run), Config(4), make_backend("cpu"), measured_steps=4)
+    assert calm.status == "ok"
