@@ -54,6 +54,9 @@ class _Group(click.Group):
             raise click.exceptions.Exit(130) from None
 
 
+#: `autofit probe`'s limit when --probe-timeout is not given: its start, then each stretch of its steps.
+PROBE_TIMEOUT_S = 300.0
+
 def _renamed(old: str, new: str, **option):
     """A flag's old name, still taken (hidden from --help): using it prints one line naming the new flag.
     The new flag's option needs `callback=_or_renamed(new)`; giving both is bad input."""
@@ -151,7 +154,7 @@ def cli(ctx: click.Context) -> None:
 @click.option("--max-squares", type=click.IntRange(min=1), default=None,
               help="With --max-tokens: a squares cap too (a micro-batch's samples x its longest², per-length caps).")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
-              help="Numeric precision of the forward pass.")
+              help="Numeric precision of the whole step (forward, backward and optimizer: autocast, TF32, fp16 loss scaling).")
 @click.option("--checkpoint-segments", type=click.IntRange(min=0), default=0, show_default=True,
               callback=_or_renamed("--checkpoint-segments"),
               help="Blocks (of those the function offers to run.checkpoint()) that recompute their activations.")
@@ -178,9 +181,10 @@ def cli(ctx: click.Context) -> None:
               help="Micro-batches to measure at least (a step runs 4 at most; a longer accumulation is priced "
                    "from them).")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Warm-up steps, not measured.")
-@click.option("--timeout", type=DURATION, default="5m", show_default=True,
+@click.option("--probe-timeout", type=DURATION, default=None, callback=_or_renamed("--probe-timeout"),
               help="Kill the probe when its start (until its first micro-batch ends), or then a stretch of its "
-                   "steps, goes this long without progress.")
+                   "steps, goes this long without progress (default: 5m).")
+@_renamed("--timeout", "--probe-timeout", type=DURATION, default=None)
 @click.option("--probe-process", type=click.Choice(PROBE_PROCESSES), default=None,
               help="How probes run: fork (each in a fresh child of a warm process: the CPU's default) or "
                    "persistent (one after another in one process, as CUDA must run them).")
@@ -191,7 +195,7 @@ def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], batch_s
           checkpoint_policy: str, accumulation: int, compile_: bool, sharding: str, loader_workers: int | None,
           pin_memory: bool | None, prefetch_factor: int | None, memory_limit: int | None, nproc_per_node: int,
           nnodes: int, node_rank: int,
-          rdzv_endpoint: str | None, steps: int, warmup: int, timeout: float, probe_process: str | None,
+          rdzv_endpoint: str | None, steps: int, warmup: int, probe_timeout: float | None, probe_process: str | None,
           as_json: bool) -> None:
     """Run one probe: a few real training steps of TARGET under one config.
 
@@ -219,7 +223,7 @@ def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], batch_s
     settings = ProbeSettings(script=script, function=function, config=config, device=state.device,
                              index=state.index, memory_limit=memory_limit, nproc_per_node=nproc_per_node,
                              nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, warmup=warmup,
-                             steps=steps, timeout=timeout, probe_process=probe_process)
+                             steps=steps, timeout=probe_timeout if probe_timeout is not None else PROBE_TIMEOUT_S, probe_process=probe_process)
     if settings.node_rank > 0:
         ctx.exit(follow_probe(settings, state.storage()))
     result = probe_once(settings, storage=state.storage)

@@ -76,3 +76,17 @@ def test_old_flags_are_hidden_from_help():
     shown = CliRunner().invoke(cli, ["search", "--help"]).output + CliRunner().invoke(cli, ["probe", "--help"]).output
     assert "--batch-range" in shown and "--parallel" in shown and "--checkpoint-segments" in shown
     assert "--workers" not in shown and "--batch-size MIN" not in shown and "--checkpoint " not in shown
+
+
+def test_probe_takes_its_timeout_as_probe_timeout_the_name_search_gives_it(tmp_path):
+    """One quantity, one name: `probe --timeout` was `search --probe-timeout`. The old name still works, says
+    so in one line, and both together are bad input."""
+    runner = CliRunner()
+    base = ["probe", script("hangs.py"), "--device", "cpu", "--batch-size", "1", "--json"]
+    new = runner.invoke(cli, [*base, "--probe-timeout", "2s"])
+    assert json.loads(new.stdout)["result"]["error_type"] == "StartTimeout" and "deprecated" not in new.stderr
+    old = runner.invoke(cli, [*base, "--timeout", "2s"])
+    assert json.loads(old.stdout)["result"]["error_type"] == "StartTimeout"
+    assert "--timeout is deprecated and will be removed: use --probe-timeout" in old.stderr
+    both = runner.invoke(cli, [*base, "--timeout", "2s", "--probe-timeout", "2s"])
+    assert both.exit_code == 2 and "Give --probe-timeout only" in both.output
