@@ -261,6 +261,29 @@ def check_max_squares(max_squares: int | None, max_tokens: int | None) -> None:
         raise UsageError("The max squares bounds micro-batches by tokens: it needs max_tokens too.")
 
 
+def pareto_front(points) -> list[tuple[int, int]]:
+    """The (padded tokens, padded squares) pairs no other pair matches or beats in both, squares first: what
+    a micro-batch by tokens needs in memory rises with both (its activations with its tokens, an attention
+    that is not fused with its squares), so these batches are the worst whatever the model's mix of the two."""
+    front: list[tuple[int, int]] = []
+    for tokens, squares in sorted({(int(t), int(s)) for t, s in points}, key=lambda p: (-p[1], -p[0])):
+        if not front or tokens > front[-1][0]:
+            front.append((tokens, squares))
+    return front
+
+
+def widest_envelope(envelopes) -> dict | None:
+    """Token envelopes (their records' dicts: a probe's knobs, the best-config file's) as one: each measure's
+    largest, and the Pareto front of the micro-batches they ran (`front`, where they hold one). Kept here, on
+    plain dicts, so the processes that import no torch merge them as the run does."""
+    envelopes = [e for e in envelopes if e]
+    if not envelopes:
+        return None
+    merged = {key: max(int(e[key]) for e in envelopes) for key in ("longest_sample", "padded_tokens", "padded_squares")}
+    fronts = [tuple(point) for e in envelopes for point in e.get("front") or ()]
+    return {**merged, "front": [list(p) for p in pareto_front(fronts)]} if fronts else merged
+
+
 def device_shardings(device_type: str) -> tuple[str, ...]:
     """The shardings a device type can run: offloading needs an accelerator to offload from."""
     return SHARDINGS if device_type != "cpu" else tuple(h for h in SHARDINGS if h != "fsdp-offload")

@@ -13,7 +13,7 @@ from typing import Any
 
 import optuna
 
-from autofit.config import RATES, Config
+from autofit.config import RATES, Config, widest_envelope
 from autofit.devices import mfu
 from autofit.errors import NoFeasibleConfig
 from autofit.export import config_entry, versions
@@ -126,12 +126,12 @@ def _measured(ranked: list[Candidate], done: list[Observation], trials, meta: di
     }
 
 
-def token_envelope(config: Config, trials) -> dict[str, int] | None:
+def token_envelope(config: Config, trials) -> dict | None:
     """What the probes of `config` that ran their steps drew by tokens (runtime.TokenEnvelope's fields),
-    each measure's largest over all of them; None where none batched by tokens."""
+    widened over all of them (`widest_envelope`); None where none batched by tokens."""
     drawn = [envelope for trial in trials if (result := trial_result(trial)) and result.ok and result.config == config
              and (envelope := result.knobs.get("token_envelope"))]
-    return {key: max(envelope[key] for envelope in drawn) for key in drawn[0]} if drawn else None
+    return widest_envelope(drawn)
 
 
 def rate_figures(best: Candidate, trials, meta: dict, world_size: int) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import IO, Any
 
-from autofit.config import Config
+from autofit.config import Config, widest_envelope
 from autofit.errors import UsageError
 from autofit.probing._failures import crash_result, log_tail, timeout_result
 from autofit.probing._progress import ProbeLimits, ProbeWatch
@@ -254,8 +254,8 @@ def _ranks_knobs(ranks: list[ProbeResult]) -> dict | None:
     envelopes = [e for r in ranks if (e := (r.knobs or {}).get("token_envelope"))]
     if knobs is None or not envelopes:
         return knobs
-    # each measure's largest, as TokenEnvelope.widened (read here as the record's dicts: no torch in this process)
-    return {**knobs, "token_envelope": {name: max(int(e[name]) for e in envelopes) for name in envelopes[0]}}
+    # as TokenEnvelope.widened, on the records' dicts (no torch in this process)
+    return {**knobs, "token_envelope": widest_envelope(envelopes)}
 
 
 def _mean(values: list[float | None]) -> float | None:

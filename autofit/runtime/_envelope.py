@@ -11,9 +11,10 @@ batch the probes never saw."""
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
+from autofit.config import widest_envelope
 from autofit.runtime._micro import MicroBatch
 
 
@@ -21,35 +22,44 @@ from autofit.runtime._micro import MicroBatch
 class TokenEnvelope:
     """The largest of each measure over the micro-batches the probes ran (the best-config file's
     `measured.token_envelope`): their longest sample, padded tokens (samples x longest) and padded
-    squares (samples x longest², what a non-fused attention holds per head and layer)."""
+    squares (samples x longest², what a non-fused attention holds per head and layer), and the Pareto front
+    of those micro-batches in (padded tokens, padded squares): the batches no other ran matches in both.
+    A micro-batch no larger in both than one of them needs no more memory than it did, whatever the model's
+    mix of the two; one beyond every one of them is a batch the probes never ran."""
 
     longest_sample: int
     padded_tokens: int
     padded_squares: int
+    front: tuple[tuple[int, int], ...] = ()
+    """(padded tokens, padded squares) of the ran micro-batches no other ran beats in both; empty in files
+    written before it was kept (then the measures alone decide, as they did)."""
 
     @classmethod
     def of_batch(cls, samples: int, longest: int) -> TokenEnvelope:
         """One micro-batch of `samples` samples padded to `longest` tokens."""
-        return cls(longest, samples * longest, samples * longest**2)
+        return cls(longest, samples * longest, samples * longest**2, ((samples * longest, samples * longest**2),))
 
     def widened(self, other: TokenEnvelope | None) -> TokenEnvelope:
-        """The envelope of both (each measure's largest)."""
+        """The envelope of both (each measure's largest, one front: `autofit.config.widest_envelope`)."""
         if other is None:
             return self
-        return TokenEnvelope(max(self.longest_sample, other.longest_sample),
-                             max(self.padded_tokens, other.padded_tokens),
-                             max(self.padded_squares, other.padded_squares))
+        return TokenEnvelope.from_dict(widest_envelope([self.to_dict(), other.to_dict()]))
 
     def holds(self, samples: int, longest: int) -> bool:
-        """A micro-batch is inside unless its longest sample is longer than the probes' and its padded
-        squares more than theirs: no longer than their longest, the probes' worst batch bounds it."""
-        return longest <= self.longest_sample or samples * longest**2 <= self.padded_squares
+        """A micro-batch is inside when a batch the probes ran was at least as large in padded tokens and in
+        padded squares (its memory then bounds this one's). Without a front (an older file): unless its
+        longest sample is longer than the probes' and its padded squares more than theirs."""
+        tokens, squares = samples * longest, samples * longest**2
+        if self.front:
+            return any(tokens <= t and squares <= s for t, s in self.front)
+        return longest <= self.longest_sample or squares <= self.padded_squares
 
     def piece_samples(self, samples: int, longest: int) -> int:
-        """Samples per piece of a micro-batch beyond the envelope: as few pieces as keep each within
-        the probes' padded squares and tokens, as even as they divide (one sample at least: a sample is
-        never cut)."""
-        most = max(1, min(self.padded_squares // longest**2, self.padded_tokens // longest))
+        """Samples per piece of a micro-batch beyond the envelope: as few pieces as keep each within a batch
+        the probes ran (within their padded squares and tokens, without a front), as even as they divide (one
+        sample at least: a sample is never cut)."""
+        bounds = self.front or ((self.padded_tokens, self.padded_squares),)
+        most = max(1, max(min(s // longest**2, t // longest) for t, s in bounds))
         pieces = -(-samples // most)
         return -(-samples // pieces)
 
@@ -57,15 +67,18 @@ class TokenEnvelope:
         return (f"longest {self.longest_sample} tokens, {self.padded_tokens} padded tokens, "
                 f"{self.padded_squares} padded squares")
 
-    def to_dict(self) -> dict[str, int]:
-        return asdict(self)
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"longest_sample": self.longest_sample, "padded_tokens": self.padded_tokens,
+                                "padded_squares": self.padded_squares}
+        return {**data, "front": [list(p) for p in self.front]} if self.front else data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> TokenEnvelope | None:
         """An envelope from a file (None when it holds none)."""
         if not data:
             return None
-        return cls(int(data["longest_sample"]), int(data["padded_tokens"]), int(data["padded_squares"]))
+        front = tuple((int(t), int(s)) for t, s in data.get("front") or ())
+        return cls(int(data["longest_sample"]), int(data["padded_tokens"]), int(data["padded_squares"]), front)
 
 
 class TokenGuard:

@@ -17,10 +17,13 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from autofit.config import Config
+from autofit.config import Config, pareto_front
 from autofit.errors import UsageError
 from autofit.runtime._dataloader import TimedDataLoader, loader_arguments
 from autofit.runtime._probe_order import stratified
+
+#: A probe's worst-first batches at most (the Pareto front of an epoch's batches is two or three long).
+WORST_BATCHES = 4
 
 
 @dataclass(frozen=True)
@@ -74,10 +77,10 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.rank, self.world_size = rank, world_size
         self.max_samples = max_samples
         self.worst_first = worst_first
-        """A probe's: the batch that holds the longest sample comes first, so that the probe's peak memory
-        is the data's worst case and a cap picked from it survives the long tail (under a squares cap the
-        batch of the most padded tokens right after it: the two caps' worst cases); the rest follow
-        stratified by length (`stratified`), so that the few steps a probe measures stand for the epoch."""
+        """A probe's: the epoch's worst batches come first (`_worst`: those no other batch beats in both
+        padded tokens and padded squares), so that the probe's peak memory is the data's worst case and a cap
+        picked from it survives the long tail; the rest follow stratified by length (`stratified`), so that
+        the few steps a probe measures stand for the epoch."""
         self.worst_only = worst_only
         """The memory estimator's: every batch is that worst one (`worst_batch`), as many as the epoch has,
         so that each estimated step holds the cap's worst case, not a draw."""
@@ -108,14 +111,20 @@ class TokenBatchSampler(Sampler[list[int]]):
         return self.lengths[batch[0]], len(batch)  # cut longest first: its first sample is its longest
 
     def _worst(self, batches: list[list[int]]) -> list[list[int]]:
-        """The batches whose memory is the caps' worst, in length order: the longest sample's (cut first);
-        under a squares cap, the one of the most padded tokens too (where both caps bind)."""
+        """The batches whose memory is the epoch's worst, most padded squares first: those no other batch
+        matches in both padded tokens and padded squares (`pareto_front`), whatever the model's mix of the two
+        (a longest sample that the cap holds once is not always the worst: with a cap of 3072, two samples of
+        1536 hold more tokens and more squares than one of 2048). At most WORST_BATCHES of them."""
         if not batches:
             return []
-        if self.max_squares is None:
-            return [batches[0]]
-        widest = max(batches, key=lambda b: (len(b) * self.lengths[b[0]], len(b) * self.lengths[b[0]] ** 2))
-        return [batches[0]] if widest is batches[0] else [batches[0], widest]
+        measures = {id(b): (len(b) * self.lengths[b[0]], len(b) * self.lengths[b[0]] ** 2) for b in batches}
+        front = pareto_front(measures.values())
+        if len(front) > WORST_BATCHES:  # its ends, and evenly between
+            front = [front[round(i * (len(front) - 1) / (WORST_BATCHES - 1))] for i in range(WORST_BATCHES)]
+        worst = []
+        for point in front:
+            worst.append(next(b for b in batches if measures[id(b)] == point and not any(b is w for w in worst)))
+        return worst
 
     def worst_batch(self) -> list[int]:
         """The batch whose memory is the cap's worst: the data's longest samples, as many as the cap holds

@@ -130,12 +130,14 @@ def test_a_squares_cap_holds_the_long_batches_and_lets_the_short_ones_hold_more_
 
 
 def test_a_probe_under_a_squares_cap_runs_both_caps_worst_batches_first():
-    """The batch of the longest samples (the most squares) and the batch of the most padded tokens (where the
-    token cap binds, on shorter samples) open a probe: its peak is the caps' worst case."""
+    """The batches no other beats in both padded squares and padded tokens open a probe: its peak is the
+    epoch's worst case whatever the model's mix of the two. Under this squares cap the longest samples go two
+    a batch (2 x 200² squares, 400 tokens) and the next eight a batch (8 x 100²: as many squares, twice the
+    tokens): that one, not the longest's, is the most squares' worst; then the most tokens (200 x 10)."""
     lengths = [200] * 4 + [100] * 40 + [10] * 400
     sampler = TokenBatchSampler(lengths, max_tokens=2000, max_squares=200 * 200 * 2, seed=5, worst_first=True)
     first, second, *rest = list(sampler)
-    assert len(first) == 2 and {lengths[i] for i in first} == {200}  # the most squares: 2 x 200²
+    assert len(first) == 8 and {lengths[i] for i in first} == {100}  # the most squares, and more tokens: 8 x 100²
     assert len(second) == 200 and {lengths[i] for i in second} == {10}  # the most tokens: 200 x 10
     seconds = set()
     for seed in range(8):  # without a squares cap the longest alone opens it; what follows is the data's
@@ -198,3 +200,16 @@ def test_a_probe_takes_the_epochs_batches_in_its_own_order_and_counts_them_alike
         assert probe.stats() == run.stats() and len(probe) == len(run)
         assert [len(list(TokenBatchSampler(lengths, max_tokens=2048, seed=4, worst_first=True, world_size=ranks,
                                            rank=rank))) for rank in range(ranks)] == [len(probe)] * ranks
+
+
+def test_a_cap_the_longest_sample_does_not_divide_probes_the_batch_that_needs_more_than_it():
+    """Issue 37, item 5: with a cap of 3072 and a longest sample of 2048 (the README benchmark's own pick),
+    an ordinary 2 x 1536 batch holds more tokens and more squares than the 1 x 2048 batch that opened the
+    probes: it opens them now, and the epoch's every batch is within one the probe ran."""
+    lengths = [2048] + [1536] * 6 + [700] * 30 + [100] * 200
+    sampler = TokenBatchSampler(lengths, max_tokens=3072, seed=0, worst_first=True)
+    batches = list(sampler)
+    first = batches[0]
+    assert len(first) == 2 and {lengths[i] for i in first} == {1536}
+    ran = [(len(b) * max(lengths[i] for i in b), len(b) * max(lengths[i] for i in b) ** 2) for b in batches]
+    assert all(t <= ran[0][0] and s <= ran[0][1] for t, s in ran)  # the first bounds every batch of the epoch

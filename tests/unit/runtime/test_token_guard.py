@@ -55,7 +55,7 @@ def test_the_guard_counts_what_it_splits_and_leaves_a_rank_that_may_not_whole(ca
 
 def test_the_envelope_widens_to_what_ran_and_travels_as_a_dict():
     drawn = TokenEnvelope.of_batch(3, 40).widened(TokenEnvelope.of_batch(5, 25))
-    assert drawn == TokenEnvelope(40, 125, 4800)
+    assert drawn == TokenEnvelope(40, 125, 4800, ((120, 4800), (125, 3125)))  # neither beats the other in both
     assert TokenEnvelope.from_dict(drawn.to_dict()) == drawn and TokenEnvelope.from_dict(None) is None
 
 
@@ -105,11 +105,13 @@ def test_a_split_batch_trains_as_the_whole_one():
 
 def test_what_ran_is_recorded_as_the_runs_envelope():
     run, _, _, _ = _trained(Config(128, max_tokens=128), None)
-    assert run.knobs.token_envelope == TokenEnvelope(40, 125, 4800)
+    envelope = run.knobs.token_envelope
+    assert (envelope.longest_sample, envelope.padded_tokens, envelope.padded_squares) == (40, 125, 4800)
     assert run.knobs.to_dict()["token_envelope"] == {"longest_sample": 40, "padded_tokens": 125,
-                                                     "padded_squares": 4800}
+                                                     "padded_squares": 4800, "front": [[120, 4800], [125, 3125]]}
     guarded, _, _, _ = _trained(Config(128, max_tokens=128), ENVELOPE)
-    assert guarded.knobs.token_envelope == TokenEnvelope(40, 125, 3125)  # its pieces, one sample each
+    pieces = guarded.knobs.token_envelope  # its pieces, one sample each
+    assert (pieces.longest_sample, pieces.padded_tokens, pieces.padded_squares) == (40, 125, 3125)
 
 
 def test_an_oom_in_a_piece_redoes_the_step_from_the_whole_batch_and_both_are_counted():
@@ -143,3 +145,14 @@ def test_an_oom_in_a_piece_redoes_the_step_from_the_whole_batch_and_both_are_cou
     assert split_text(2, 1) == ("micro-batches run in pieces: 2 beyond what the probes ran (token guard), "
                                 "1 after an out-of-memory (OOM fallback)")
     assert split_text(0, 0) is None
+
+
+def test_the_guard_splits_a_batch_no_longer_than_the_probes_longest_but_larger_than_any_they_ran():
+    """Issue 37, item 5: probes that ran one sample of 2048 (the cap 3072 holds it once) let a 2 x 1536 batch
+    through as "no longer than their longest", though it holds more tokens and more squares than anything
+    they ran. The guard now splits by the batches they ran."""
+    seen = TokenEnvelope.of_batch(1, 2048)
+    assert not seen.holds(2, 1536) and seen.piece_samples(2, 1536) == 1
+    assert seen.holds(1, 1536) and seen.holds(2, 1000)  # 2000 tokens, 2M squares: within the 2048 batch
+    old = TokenEnvelope(2048, 2048, 2048**2)  # a file written before the front: the measures alone, as then
+    assert old.holds(2, 1536)
