@@ -21,6 +21,7 @@ from autofit.runtime._knobs import KnobPanel, Knobs
 from autofit.runtime._micro import MicroBatch
 from autofit.runtime._precision import make_grad_scaler
 from autofit.runtime._redo import LoopRedo, Lowering, drop_graph
+from autofit.runtime._saved import SavedTensors
 from autofit.runtime._tokens import TokenLoader
 
 
@@ -84,6 +85,8 @@ class StepFeed:
         # activations and made a probe's memory grow step by step (~3 MiB per step, measured).
         self._all_finite: torch.Tensor | None = None
         self.checked_losses = 0
+        self.saved = SavedTensors()
+        """What a real run's forward passes save for backward, let go after an OOM (`OomGuard`, `caught`)."""
 
     # --- the data -------------------------------------------------------------------------------
     def batches(self, iterable: Iterable[Any], tokens: int | Callable[[Any], int] | None,
@@ -282,6 +285,7 @@ class StepFeed:
                                    can_feed_again=run.knobs.batches)
         if config is None:
             return False
+        self.saved.release()  # the failed step's activations, whatever of the loop still holds its graph
         if loss is not None:
             drop_graph(loss)  # now: the user's `loss` would hold the failed graph to the redo
         run.config = config
@@ -311,14 +315,23 @@ class OomGuard:
     def __init__(self, feed: StepFeed, inner: Any, where: str) -> None:
         self._feed, self._inner, self._where = feed, inner, where
         self._training = True
+        self._hooks: Any = None
 
     def __enter__(self) -> Any:
         self._training = torch.is_grad_enabled()
+        if self._training:  # its saved tensors held where an OOM's redo can let them go (SavedTensors)
+            self._hooks = self._feed.saved.hooks()
+            self._hooks.__enter__()
         return self._inner.__enter__()
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
-        if self._inner.__exit__(kind, exc, tb):
-            return True
+        try:
+            if self._inner.__exit__(kind, exc, tb):
+                return True
+        finally:
+            if self._hooks is not None:
+                self._hooks.__exit__(None, None, None)
+                self._hooks = None
         return (self._training and exc is not None and isinstance(exc, Exception)
                 and self._feed.caught(exc, self._where))
 

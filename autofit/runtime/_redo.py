@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from autofit.config import Config
 from autofit.runtime._oom import is_oom
+from autofit.units import format_size
 
 if TYPE_CHECKING:
     import torch
@@ -33,7 +34,13 @@ RECOVERY_ENV = "AUTOFIT_OOM_RECOVERY"
 
 
 class OutOfMemoryAtBatchOne(RuntimeError):
-    """A step ran out of memory at micro-batch 1: no smaller micro-batch can keep this run alive."""
+    """A step ran out of memory at micro-batch 1, or again at a smaller one holding what the larger failed
+    with: no smaller micro-batch can keep this run alive."""
+
+
+#: A step redone after an OOM must start holding less than this share of what its failed attempt held when it
+#: failed, or that attempt's memory did not come back (a smaller micro-batch cannot help then).
+_CAME_BACK = 0.9
 
 
 def recovery_enabled(default: bool = True) -> bool:
@@ -124,6 +131,7 @@ class StepRedo:
         """Micro-batches cut into pieces of a lowered micro-batch (a run's loop, a framework's step)."""
         self._release_memory = release_memory or (lambda: None)
         self._used_memory = used_memory
+        self._after_free: int | None = None
 
     def lower(self, config: Config, exc: BaseException, where: str, step: int, *,
               restart: bool = False) -> Lowering | None:
@@ -132,13 +140,36 @@ class StepRedo:
         started again rather than the step redone. At micro-batch 1, OutOfMemoryAtBatchOne."""
         if not self.enabled or not is_oom(exc):
             return None
+        held = self._memory_now()
+        self._stop_if_nothing_came_back(config, where, step, held, exc)
         smaller = lowered(config)
         if smaller is None:
             raise OutOfMemoryAtBatchOne(
                 f"Out of memory in the {where} of step {step} even at micro-batch 1 "
                 f"({config.label()}): the model, its optimizer state and one sample's activations do not "
                 f"fit. Turn on checkpointing, use bf16, or train on a device with more memory.") from exc
-        return Lowering(step, where, config, smaller, self._memory_now(), time.time(), restart=restart)
+        return Lowering(step, where, config, smaller, held, time.time(), restart=restart)
+
+    def _stop_if_nothing_came_back(self, config: Config, where: str, step: int, held: int | None,
+                                   exc: BaseException) -> None:
+        """A step that runs out of memory again at a smaller size after the memory of its failed attempt did not
+        come back (the redo started holding about what the failed attempt held when it failed): halving on to
+        micro-batch 1 (as a whole-epoch run by tokens once did, eleven times in 15 s) cannot help. Say what
+        holds it, and stop."""
+        last = self.lowerings[-1] if self.lowerings else None
+        if last is None or last.step != step or last.after != config or not last.memory_bytes:
+            return
+        kept = self._after_free
+        if kept is None or kept < _CAME_BACK * last.memory_bytes:
+            return
+
+        raise OutOfMemoryAtBatchOne(
+            f"Out of memory again in the {where} of step {step} at {config.label()}: after {last.before.label()} "
+            f"failed holding {format_size(last.memory_bytes)}, the redo started still holding {format_size(kept)}: "
+            f"the failed step's memory did not come back, so a smaller micro-batch cannot help. Something still "
+            f"holds that step's tensors: "
+            f"usually a variable of your loop (its logits or outputs keep their graph until they are assigned "
+            f"again). Delete them at the end of each iteration (`del logits`), or keep only `loss.item()`.") from exc
 
     def take(self, lowering: Lowering) -> Config:
         """Go on with `lowering`: say so, keep it for the lowerings file; its config is returned."""
@@ -150,6 +181,7 @@ class StepRedo:
         """Hand the memory of a failed step back to the device (call once its exception is gone)."""
         gc.collect()  # the failed step's frames may sit in reference cycles
         self._release_memory()
+        self._after_free = self._memory_now()  # what the redo starts with
 
     def until_it_fits(self, attempt: Callable[[], T],
                       after_oom: Callable[[Exception], Callable[[], T] | None]) -> T:

@@ -74,3 +74,22 @@ def test_an_oom_that_persists_at_micro_batch_one_is_a_clear_error(tmp_path, from
     assert failed.stderr.count("enforces a memory limit") == 1
     record = json.loads((tmp_path / "always.lowered.json").read_text())
     assert Config.from_dict(record["ended_with"]) == Config(1, accumulation_steps=4)
+
+
+#: The loop that keeps each micro-batch's outputs (HOLD_OUTPUTS=1) holds one more micro-batch's logits between
+#: steps; measured here, 760 MiB lets its redo fit once the failed step's activations are let go, and not before.
+HOLD_LIMIT = os.environ.get("AUTOFIT_TEST_HOLD_LIMIT", "760MiB")
+
+
+@pytest.mark.slow
+def test_a_loop_that_keeps_its_outputs_is_redone_with_the_failed_steps_activations_let_go(tmp_path):
+    """The loop's `out` variable holds the failed step's graph into the redo; the run lets its saved tensors go,
+    so the smaller micro-batch fits and the run trains to the end (issue 37: a redo that halved to 1)."""
+    held = run_with_config(tmp_path, "held", Config(32), HOLD_LIMIT, HOLD_OUTPUTS="1")
+    assert held.returncode == 0, held.stderr[-2000:]
+    assert "redoing the step" in held.stderr
+    assert "did not come back" not in held.stderr
+    report = json.loads((tmp_path / "held.run.json").read_text())
+    assert report["optimizer_steps"] == 12
+    ended = Config.from_dict(json.loads((tmp_path / "held.lowered.json").read_text())["ended_with"])
+    assert ended.batch_size >= 4  # lowered as far as the memory needs, not halved on to 1

@@ -4,6 +4,8 @@ short sequences at batch 32 but not the long ones, the real run must lower its m
 the global batch and train to the end.
 
 Writes {"step_losses": {step: mean loss}, "weights": state_dict} to $LOSSES_OUT (torch.save).
+With HOLD_OUTPUTS=1 the loop keeps each micro-batch's outputs in a variable until the next forward assigns it
+again, as many loops keep their logits: a step that fails then holds its graph through them.
 """
 import os
 
@@ -36,9 +38,14 @@ def train(run):
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loader = DataLoader(Growing(), batch_size=run.batch_size, shuffle=False)
     step_losses = {}
+    hold = os.environ.get("HOLD_OUTPUTS") == "1"
     for x, y in run.batches(loader):
         with run.autocast():
-            loss = F.mse_loss(model(x), y)
+            if hold:
+                outputs = model(x)
+                loss = F.mse_loss(outputs, y)
+            else:
+                loss = F.mse_loss(model(x), y)
         if run.micro_step == 0:  # a step begins (again, after an OOM): start its sum afresh
             step_losses[run.optimizer_steps] = []
         step_losses[run.optimizer_steps].append(loss.item())

@@ -281,3 +281,64 @@ def test_the_decorator_starts_again_through_the_same_redo(tmp_path, monkeypatch,
     record = read_lowerings(lowered_path(str(tmp_path / "t.best.json")))
     assert [item["restart"] for item in record["lowerings"]] == [True, False]
     assert Config.from_dict(record["ended_with"]) == Config(2, accumulation_steps=4)
+
+
+def test_a_failed_steps_activations_go_back_though_the_loop_still_holds_its_outputs():
+    """Issue 37, item 7: a loop that keeps its outputs in a variable (`outputs = model(x)`) holds the failed step's
+    graph, and every activation saved in it, until the next forward assigns the variable again: the redo ran out
+    of memory again at every size. The run now lets the failed step's saved tensors go itself."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = [torch.randn(8, 4) for _ in range(6)]
+    run = Run(Config(8), recover_oom=True)
+    held: dict[str, object] = {}
+    seen = 0
+    for x in run.batches(data):
+        seen += 1
+        with run.autocast():
+            outputs = model(x)  # the loop's own variable: it keeps the graph until assigned again
+            _Fails.fail = seen == 3
+            loss = _Fails.apply(outputs).pow(2).mean()
+        if seen == 3:
+            held["outputs"] = outputs  # what the loop holds through the redo, as its variable does
+            held["saved"] = [weakref.ref(t) for t in _saved_activations(outputs)]
+        run.backward(loss, opt)
+    run.finish()
+    assert run.config == Config(4, accumulation_steps=2) and run.optimizer_steps == 6
+    assert held["saved"] and all(ref() is None for ref in held["saved"])  # gone, though `outputs` lives
+    with pytest.raises(RuntimeError, match="released this tensor"):
+        held["outputs"].sum().backward()
+
+
+def _saved_activations(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The activation the graph behind `tensor` saved inside the model: the GELU's input (the first layer's
+    output, held by nothing but the graph)."""
+    found, stack, seen = [], [tensor.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if type(node).__name__.startswith("GeluBackward"):
+            found.append(node._saved_self)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return found
+
+
+def test_a_step_whose_memory_never_came_back_stops_and_says_what_holds_it():
+    """The redo of a step that holds what its failed attempt held cannot fit at any smaller size: it stops at
+    once and says so, instead of halving to micro-batch 1 (eleven times in 15 s, in the held-out run)."""
+    memory = iter([700 * 2**20, 690 * 2**20, 705 * 2**20])  # failed at 700 MiB; after its free, 690 still held
+    redo = StepRedo(used_memory=lambda: next(memory))
+    first = redo.lower(Config(32), RuntimeError(CPU_OOM), "backward", 7)
+    redo.take(first)
+    redo.free()
+    with pytest.raises(OutOfMemoryAtBatchOne, match="did not come back.*still holds that step's tensors"):
+        redo.lower(first.after, RuntimeError(CPU_OOM), "forward", 7)
+    memory = iter([700 * 2**20, 300 * 2**20, 690 * 2**20])  # the memory came back: a second lowering is fine
+    redo = StepRedo(used_memory=lambda: next(memory))
+    redo.take(redo.lower(Config(32), RuntimeError(CPU_OOM), "backward", 7))
+    redo.free()
+    assert redo.lower(Config(16, accumulation_steps=2), RuntimeError(CPU_OOM), "backward", 7).after == \
+        Config(8, accumulation_steps=4)
