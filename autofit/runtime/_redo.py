@@ -38,9 +38,16 @@ class OutOfMemoryAtBatchOne(RuntimeError):
     with: no smaller micro-batch can keep this run alive."""
 
 
-#: A step redone after an OOM must start holding less than this share of what its failed attempt held when it
-#: failed, or that attempt's memory did not come back (a smaller micro-batch cannot help then).
+#: A step redone after an OOM must start holding less than this share of what its failed attempt had taken on
+#: top of what the run held between steps, or that attempt's memory did not come back (a smaller micro-batch
+#: cannot help then).
 _CAME_BACK = 0.9
+#: A failed attempt that took less than this share of what it held on top of the run's between-steps memory
+#: says nothing about memory coming back: it failed asking for more than was free, not after growing.
+_GREW = 0.05
+#: How often (seconds) a real run reads what it holds between optimizer steps: on CUDA a reading asks NVML,
+#: too slow for every step of a small model.
+_BETWEEN_STEPS_EVERY = 5.0
 
 
 def recovery_enabled(default: bool = True) -> bool:
@@ -132,6 +139,16 @@ class StepRedo:
         self._release_memory = release_memory or (lambda: None)
         self._used_memory = used_memory
         self._after_free: int | None = None
+        self._between_steps: int | None = None
+        self._between_steps_at = 0.0
+
+    def step_taken(self) -> None:
+        """An optimizer step ended: what the run holds now is what its next step starts from (read at most every
+        few seconds), the baseline a failed step's growth is measured from."""
+        now = time.monotonic()
+        if self.enabled and self._used_memory and (self._between_steps is None
+                                                   or now - self._between_steps_at >= _BETWEEN_STEPS_EVERY):
+            self._between_steps, self._between_steps_at = self._memory_now(), now
 
     def lower(self, config: Config, exc: BaseException, where: str, step: int, *,
               restart: bool = False) -> Lowering | None:
@@ -152,20 +169,25 @@ class StepRedo:
 
     def _stop_if_nothing_came_back(self, config: Config, where: str, step: int, held: int | None,
                                    exc: BaseException) -> None:
-        """A step that runs out of memory again at a smaller size after the memory of its failed attempt did not
-        come back (the redo started holding about what the failed attempt held when it failed): halving on to
-        micro-batch 1 (as a whole-epoch run by tokens once did, eleven times in 15 s) cannot help. Say what
-        holds it, and stop."""
+        """A step that runs out of memory again at a smaller size after the memory its failed attempt took did not
+        come back (the redo started holding about what the failed attempt held when it failed, measured from what
+        the run holds between steps): halving on to micro-batch 1 (as a whole-epoch run by tokens once did, eleven
+        times in 15 s) cannot help. Say what holds it, and stop. An attempt that failed without growing (it asked
+        for more than was free) proves nothing, and the halving goes on."""
         last = self.lowerings[-1] if self.lowerings else None
         if last is None or last.step != step or last.after != config or not last.memory_bytes:
             return
-        kept = self._after_free
-        if kept is None or kept < _CAME_BACK * last.memory_bytes:
+        kept, base = self._after_free, self._between_steps
+        if kept is None or base is None:
+            return
+        grew = last.memory_bytes - base
+        if grew <= _GREW * last.memory_bytes or kept - base < _CAME_BACK * grew:
             return
 
         raise OutOfMemoryAtBatchOne(
             f"Out of memory again in the {where} of step {step} at {config.label()}: after {last.before.label()} "
-            f"failed holding {format_size(last.memory_bytes)}, the redo started still holding {format_size(kept)}: "
+            f"failed holding {format_size(last.memory_bytes)}, the redo started still holding {format_size(kept)} "
+            f"(the run holds {format_size(base)} between steps): "
             f"the failed step's memory did not come back, so a smaller micro-batch cannot help. Something still "
             f"holds that step's tensors: "
             f"usually a variable of your loop (its logits or outputs keep their graph until they are assigned "

@@ -54,11 +54,13 @@ def test_estimate_of_a_token_function_answers_caps_each_at_its_worst_batch(tmp_p
         config = Config.from_dict(fit["config"])
         assert config.max_tokens == fit["max_tokens"] and fit["predicted_peak_bytes"] <= fit["usable_bytes"]
         samples, envelope = min(fit["max_tokens"] // 24, 4001), fit["worst_batch"]["token_envelope"]
-        assert envelope == {"longest_sample": 24, "padded_tokens": samples * 24, "padded_squares": samples * 24**2}
+        assert envelope == {"longest_sample": 24, "padded_tokens": samples * 24, "padded_squares": samples * 24**2,
+                                "front": [[samples * 24, samples * 24**2]]}
 
     done = autofit_cli("estimate", script("tokens_one_long.py"), "--memory", "1GiB", "--token-range", "1:32", "--json",
                        cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     [fit] = json.loads(done.stdout)["fits"]
     assert fit["max_tokens"] == 32  # the caps 24 and 32, from the longest sample up
-    assert fit["worst_batch"]["token_envelope"] == {"longest_sample": 24, "padded_tokens": 24, "padded_squares": 576}
+    assert fit["worst_batch"]["token_envelope"] == {"longest_sample": 24, "padded_tokens": 24, "padded_squares": 576,
+                                                    "front": [[24, 576]]}

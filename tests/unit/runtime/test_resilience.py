@@ -326,19 +326,40 @@ def _saved_activations(tensor: torch.Tensor) -> list[torch.Tensor]:
     return found
 
 
+def _redo_between_steps_at(between_steps: int, *readings: int) -> StepRedo:
+    """A StepRedo whose run held `between_steps` after its last optimizer step, then reads `readings`."""
+    memory = iter([between_steps, *readings])
+    redo = StepRedo(used_memory=lambda: next(memory))
+    redo.step_taken()
+    return redo
+
+
 def test_a_step_whose_memory_never_came_back_stops_and_says_what_holds_it():
     """The redo of a step that holds what its failed attempt held cannot fit at any smaller size: it stops at
     once and says so, instead of halving to micro-batch 1 (eleven times in 15 s, in the held-out run)."""
-    memory = iter([700 * 2**20, 690 * 2**20, 705 * 2**20])  # failed at 700 MiB; after its free, 690 still held
-    redo = StepRedo(used_memory=lambda: next(memory))
+    mib = 2**20
+    # 300 MiB between steps; failed at 700 MiB; after its free, 690 still held
+    redo = _redo_between_steps_at(300 * mib, 700 * mib, 690 * mib, 705 * mib)
     first = redo.lower(Config(32), RuntimeError(CPU_OOM), "backward", 7)
     redo.take(first)
     redo.free()
     with pytest.raises(OutOfMemoryAtBatchOne, match="did not come back.*still holds that step's tensors"):
         redo.lower(first.after, RuntimeError(CPU_OOM), "forward", 7)
-    memory = iter([700 * 2**20, 300 * 2**20, 690 * 2**20])  # the memory came back: a second lowering is fine
-    redo = StepRedo(used_memory=lambda: next(memory))
+    # the memory came back: a second lowering is fine
+    redo = _redo_between_steps_at(300 * mib, 700 * mib, 300 * mib, 690 * mib)
     redo.take(redo.lower(Config(32), RuntimeError(CPU_OOM), "backward", 7))
     redo.free()
     assert redo.lower(Config(16, accumulation_steps=2), RuntimeError(CPU_OOM), "backward", 7).after == \
         Config(8, accumulation_steps=4)
+
+
+def test_a_step_that_failed_without_growing_is_halved_on():
+    """An attempt that failed asking for more than was free (it held what the run holds between steps) says
+    nothing about memory coming back: the halving goes on (in CI, a fake OOM at every size was stopped at once
+    with "did not come back", instead of reaching micro-batch 1)."""
+    mib = 2**20
+    redo = _redo_between_steps_at(545 * mib, 545 * mib, 545 * mib, 545 * mib)
+    redo.take(redo.lower(Config(16), RuntimeError(CPU_OOM), "loop", 4))
+    redo.free()
+    assert redo.lower(Config(8, accumulation_steps=2), RuntimeError(CPU_OOM), "loop", 4).after == \
+        Config(4, accumulation_steps=4)

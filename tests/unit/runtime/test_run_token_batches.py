@@ -104,14 +104,24 @@ def test_max_tokens_is_a_positive_whole_number_that_holds_the_samples_cap():
     assert Config(8).with_size(4) == Config(4)
 
 
-def test_a_probe_meets_the_longest_sample_first():
+def test_a_probe_meets_the_epochs_worst_batch_first():
+    """A probe opens with a batch no batch of the epoch passes in both padded tokens and padded squares (here
+    the 30-wide pair, 60 tokens and 1800 squares, which passes the 40-long sample alone in both)."""
+    def padded(x: torch.Tensor) -> tuple[int, int]:
+        return x.shape[0] * x.shape[1], x.shape[0] * x.shape[1] ** 2
+
+    epoch = Run(Config(64, max_tokens=64), "cpu")
+    batches = [padded(x) for x, _ in epoch.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate, seed=0)]
     firsts = set()
     for seed in range(4):
         run = Run(Config(64, max_tokens=64), "cpu", probing=True)
         loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate, seed=seed)
         x, _ = next(iter(loader))
-        firsts.add(x.shape[1])
-    assert firsts == {40}
+        firsts.add(padded(x))
+    assert len(firsts) == 1
+    tokens, squares = firsts.pop()
+    assert not any(t > tokens and s > squares for t, s in batches) and (tokens, squares) in batches
+    assert (tokens, squares) != (40, 1600)  # not merely the longest sample
     normal = Run(Config(64, max_tokens=64), "cpu")
     widths = {next(iter(normal.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate, seed=s)))[0].shape[1]
               for s in range(4)}
