@@ -49,7 +49,7 @@ class Budget:
             return max(compiled) if compiled else fallback
         starts = [o.start_s for o in done if o.start_s is not None and o.config.compile == config.compile]
         start = max(starts) if starts else max((o.start_s for o in done if o.start_s is not None), default=0.0)
-        step = per_sample * config.batch_size * config.probe_accumulation
+        step = per_sample * config.size * config.probe_accumulation
         measured = max(MIN_MEASURE_S, config.probe_steps(self.s.steps) * step)
         return start + measured + (self.s.warmup + 1) * step
 
@@ -139,9 +139,12 @@ class Budget:
 
 
 def _per_sample_s(done, config: Config) -> float | None:
-    """Seconds per sample of a probe's step, from the probe nearest to `config` that ran its steps: the same
-    strategy first, the nearest micro-batch next (per sample, a step costs less at a larger one)."""
-    measured = [o for o in done if o.status == "ok" and o.step_s and o.config.max_tokens is None]
+    """Seconds per sample (per token cap's token, by tokens) of a probe's step, from the probe nearest to
+    `config` that ran its steps and is sized as it is (a token function's pilot by samples prices no token
+    cap): the same strategy first, the nearest micro-batch next (per sample, a step costs less at a larger
+    one)."""
+    by_tokens = config.max_tokens is not None
+    measured = [o for o in done if o.status == "ok" and o.step_s and (o.config.max_tokens is not None) == by_tokens]
     if not measured:
         return None
 
@@ -149,7 +152,7 @@ def _per_sample_s(done, config: Config) -> float | None:
         c = o.config
         return ((c.precision, c.compile, c.checkpoint_segments, c.sharding) != (
             config.precision, config.compile, config.checkpoint_segments, config.sharding),
-            abs(math.log(c.batch_size / config.batch_size)))
+            abs(math.log(c.size / config.size)))
 
     nearest = min(measured, key=distance)
-    return nearest.step_s / (nearest.config.batch_size * (nearest.ran_accumulation or nearest.config.accumulation_steps))
+    return nearest.step_s / (nearest.config.size * (nearest.ran_accumulation or nearest.config.accumulation_steps))

@@ -85,8 +85,9 @@ def _next_explore(state: SearchState, running: int) -> Proposal | str | None:
         if running or any(o.status == "running" for o in seen):
             return None  # what the probes running now (here or in another searcher) find decides
         return "the planner had nothing left worth probing"
-    # Nothing measured yet: a probe while any budget is left (it is killed at the budget's end at worst).
-    measured = any(o.status == "ok" for o in seen)
+    # Nothing measured yet that the space asks for (a token function's pilot came before its knobs): a probe
+    # while any budget is left (it is killed at the budget's end at worst).
+    measured = state.planner.best(seen) is not None
     if budget.left() < budget.next_probe_estimate(seen, proposal.config) + (reserve if measured else 0.0):
         if measured or budget.left() < _LAST_TRY_S:
             return ("the time budget (a compiled probe compiles first)" if proposal.config.compile

@@ -70,7 +70,7 @@ def test_a_probe_is_ok(entry, tmp_path):
     assert probed.stdout, probed.stderr[-3000:]
     result = json.loads(probed.stdout)["result"]
     assert probed.returncode == 0 and result["status"] == "ok", (result["error_message"], result["traceback"])
-    assert result["samples_per_s"] > 0 and result["measured_steps"] >= 5
+    assert result["samples_per_s"] > 0 and result["measured_steps"] >= Config.from_dict(result["config"]).probe_steps(5)
     assert result["world_size"] == entry.nproc
     assert result["knobs"]["batches"]  # it went through run.batches() or the framework's loop
 

@@ -46,10 +46,10 @@ def searched(tmp_path_factory):
 
 @pytest.mark.slow
 def test_a_search_stops_probing_when_its_budget_cannot_hold_another_probe(tmp_path):
-    """The budget expects the next probe to take as long as the longest recent one: a resumed search
-    whose whole budget is half of what its study's shortest probe took must start no probe and say why
-    it stopped (half of a recorded wall, however fast or slow the machine ran it)."""
-    base = dict(script=script("fits_small.py"), memory_limit=LIMIT, batch_range=(16, 16), estimate=False,
+    """The budget prices the next probe from what the study's probes took: a resumed search whose whole budget
+    is half of what its study's shortest probe took must start no probe, though larger micro-batches are left,
+    and say why it stopped (half of a recorded wall, however fast or slow the machine ran it)."""
+    base = dict(script=script("fits_small.py"), memory_limit=LIMIT, batch_range=(16, 64), estimate=False,
                 storage=f"sqlite:///{tmp_path}/b.db", study="budget", out=str(tmp_path / "b.json"), confirm_factor=2)
     first = run_search(SearchSettings(trials=1, budget_s=600, **base))
     assert first.probes >= 1 and first.stopped == "reached --trials 1"

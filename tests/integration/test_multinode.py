@@ -12,6 +12,7 @@ import sys
 import optuna
 import pytest
 
+from autofit import Config
 from tests.support import REPO, autofit_cli, free_port, script
 
 pytestmark = pytest.mark.serial  # tight budgets or speeds measured (pyproject.toml)
@@ -93,5 +94,5 @@ def test_one_probe_across_two_nodes(tmp_path):
         follower.kill()
     assert leader.returncode == 0, leader.stderr[-3000:]
     result = json.loads(leader.stdout)["result"]
-    assert result["status"] == "ok" and result["world_size"] == 2 and result["measured_steps"] >= 5
+    assert result["status"] == "ok" and result["world_size"] == 2 and result["measured_steps"] >= Config.from_dict(result["config"]).probe_steps(5)
     assert follower.returncode == 0 and "node 1 ran 1 probes" in follower_err

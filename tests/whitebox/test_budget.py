@@ -50,6 +50,24 @@ def test_the_next_probe_is_priced_by_what_it_costs_its_start_and_its_micro_batch
         pytest.approx(39.0)
 
 
+def test_a_token_cap_is_priced_by_token_probes_never_by_the_pilot_by_samples():
+    """A token function's pilot ran by samples (its knobs came after it): its seconds per sample priced a cap
+    of 256 tokens as 256 samples (64x the pilot's step of 4 samples of 256 tokens), and a 2-minute search
+    stopped at once with nothing it could export. A cap is priced by the probes by tokens, else by walls."""
+    from autofit.planner import Observation
+    from autofit.search import SearchSettings
+    from autofit.search._budget import Budget
+
+    budget = Budget(SearchSettings(script="train.py", budget_s=120, steps=5, warmup=2), started=0.0)
+    pilot = Observation(Config(4), "ok", wall_s=8.0, start_s=2.0, step_s=1.0, ran_accumulation=1, rate=4.0)
+    cap = Config(256, max_tokens=256)
+    assert budget.next_probe_estimate([pilot], cap) == 8.0  # the walls: nothing by tokens ran a step
+    by_tokens = Observation(Config(512, max_tokens=512), "ok", wall_s=9.0, start_s=2.0, step_s=0.5,
+                            ran_accumulation=1, rate=1000.0)
+    # per token: 0.5 s / 512; 5 measured steps at 0.25 s, 2 warm-up and the counted one
+    assert budget.next_probe_estimate([pilot, by_tokens], cap) == pytest.approx(2.0 + max(0.5, 5 * 0.25) + 3 * 0.25)
+
+
 def test_a_probe_is_killed_for_its_start_or_its_stalls_never_past_the_budget():
     from autofit.planner import Observation
     from autofit.search import SearchSettings
