@@ -245,7 +245,8 @@ def test_ctrl_c_stops_the_search_in_every_phase(tmp_path, moment, extra, kept, l
         assert not (tmp_path / "best.json").exists()
 
 
-@pytest.mark.parametrize("storage", ["default", "url"])
+# The default storage here; a storage given as a URL (journal, PostgreSQL) in tests/integration/test_parallel.py.
+@pytest.mark.parametrize("storage", ["default"])
 @pytest.mark.slow
 def test_two_searches_on_one_study_record_every_trial_once(tmp_path, storage):
     extra = ["--trials", "4", "--budget", "3m", "-q", "--json"]

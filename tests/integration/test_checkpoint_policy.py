@@ -164,7 +164,7 @@ def test_a_search_probes_selective_checkpointing_and_exports_what_wins(tmp_path)
 
     storage = f"sqlite:///{tmp_path}/s.db"
     done = autofit_cli("search", script("transformer_blocks.py"), "--device", "cpu", "--memory-limit", "800MiB",
-                       "--precision", "fp32", "--batch-size", "256:1024", "--budget", "30m", "--trials", "24",
+                       "--precision", "fp32", "--batch-size", "256:512", "--budget", "30m", "--trials", "10",
                        "--storage", storage, "--study", "s", "--out", str(tmp_path / "best.json"), cwd=tmp_path,
                        timeout=1800)  # bounded by its 24 probes (rechecks of noisy probes on a loaded machine take some)
     assert done.returncode == 0, done.stderr[-3000:]
