@@ -172,7 +172,8 @@ class AutofitAccelerator(Accelerator):
 
     def _autofit_check_global_batch(self, loader_batch: int) -> None:
         """A script that accumulates gradients asks for a global batch: never change it silently."""
-        config, accumulation = self._autofit_run.config, self._autofit_users_accumulation
+        # a probe runs fewer micro-batches a step than it prices: the global batch is the priced config's
+        config, accumulation = self._autofit_run.priced_config, self._autofit_users_accumulation
         wanted = loader_batch * accumulation
         if accumulation > 1 and config.global_batch != wanted:
             raise UsageError(

@@ -128,6 +128,16 @@ def test_a_config_that_would_change_the_global_batch_is_refused():
         _loop(Run(Config(4)))
 
 
+def test_a_probe_that_prices_a_long_accumulation_keeps_the_scripts_global_batch():
+    """A probe of b=1 acc=16 runs 4 micro-batches a step and prices the 16 (PROBE_ACCUMULATION): the script's
+    global batch (its loader's 4 x its own 4 accumulation steps) is the priced config's, not the one that ran
+    (a held-out Accelerate script's every probe was refused as "global batch 4, not 16")."""
+    run = Run(Config(1, accumulation_steps=16), probing=True, warmup_steps=1, measured_steps=4, probe_accumulation=4)
+    with run.active(), pytest.raises(ProbeFinished):
+        _loop(run, accumulation=4)
+    assert run.config.accumulation_steps == 4 and run.priced_config.accumulation_steps == 16
+
+
 @pytest.mark.parametrize("phase", ["forward", "backward"])
 def test_an_oom_in_the_loop_is_redone_in_pieces_and_trains_as_the_lower_micro_batch(phase, capsys):
     grown = Run(Config(4, accumulation_steps=2), recover_oom=True)
