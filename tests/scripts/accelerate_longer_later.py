@@ -42,7 +42,7 @@ def train(run):
     scheduler = get_scheduler("linear", optimizer=optimizer, num_warmup_steps=0, num_training_steps=STEPS)
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     model.train()
-    completed, losses, step_loss, step_samples = 0, {}, 0.0, 0
+    completed, losses = 0, {}
     for batch in loader:
         with accelerator.accumulate(model):
             outputs = model(**batch)
