@@ -78,6 +78,7 @@ def test_old_flags_are_hidden_from_help():
     assert "--workers" not in shown and "--batch-size MIN" not in shown and "--checkpoint " not in shown
 
 
+@pytest.mark.slow  # a real probe or estimate of 7-9 s: the default tier stays under 5 minutes
 def test_probe_takes_its_timeout_as_probe_timeout_the_name_search_gives_it(tmp_path):
     """One quantity, one name: `probe --timeout` was `search --probe-timeout`. The old name still works, says
     so in one line, and both together are bad input."""

@@ -30,6 +30,7 @@ def test_calls_start_reads_the_source(tmp_path):
     assert calls_start(str(aliased))
 
 
+@pytest.mark.slow  # a real probe or estimate of 7-9 s: the default tier stays under 5 minutes
 def test_a_normal_run_before_any_search_trains_the_declared_defaults(tmp_path):
     shutil.copy(script("starts.py"), tmp_path / "starts.py")
     done = _python("starts.py", "--iters=20", cwd=tmp_path)

@@ -69,6 +69,7 @@ def test_in_one_process_a_probe_starts_where_the_first_did_whatever_the_last_lef
     assert any("the worker was replaced" in note for p in probes for note in p.notes)
 
 
+@pytest.mark.slow  # a real probe or estimate of 7-9 s: the default tier stays under 5 minutes
 def test_a_scripts_top_runs_once_a_probe_in_one_process():
     """hooks_before_start.py registers a global hook before its start call and fails on finding two: the
     worker's load (up to the start call) must leave nothing of its top to the probes."""

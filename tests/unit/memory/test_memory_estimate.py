@@ -24,6 +24,7 @@ def test_the_bundled_mlp_is_estimated_by_part_and_grows_with_the_batch():
     assert found.baseline_bytes and found.baseline_bytes > 50 * 2**20  # the process's own memory, kept apart
 
 
+@pytest.mark.slow  # a real probe or estimate of 7-9 s: the default tier stays under 5 minutes
 def test_a_step_the_fake_tensors_cannot_follow_still_gives_what_the_optimizer_holds():
     configs = [Config(8), Config(16)]
     found = estimate_memory(script("class_balanced.py"), configs)  # torch.bincount of the labels
@@ -71,6 +72,7 @@ def test_estimate_answers_each_card_size_and_more_memory_never_answers_worse(tmp
         assert fit["predicted_peak_bytes"] <= fit["usable_bytes"]
 
 
+@pytest.mark.slow  # a real probe or estimate of 7-9 s: the default tier stays under 5 minutes
 def test_estimate_of_a_step_fake_tensors_cannot_follow_answers_with_the_known_parts(tmp_path):
     from tests.support import autofit_cli
 
