@@ -274,6 +274,11 @@ class LoopRedo:
         self.redoing = True
         return self.redo.take(lowering)
 
+    def step_taken(self) -> None:
+        """An optimizer step of a real run that recovers ended (see `StepRedo.step_taken`); nothing in a probe."""
+        if self.recovering:
+            self.redo.step_taken()
+
     def escaped(self, config: Config, exc: BaseException, *, steps_done: int) -> None:
         """An exception left a loop the function drives itself (its own optimizer.step()): nothing can
         redo its step, so an OOM starts the function again (`restart_lowering`), whatever step it was."""

@@ -239,7 +239,7 @@ class Run(RunView, RunData):
             self.flops.end(samples, tokens)
             raise ProbeFinished()
         self.clock.step_done(samples, tokens)
-        self._redo.redo.step_taken()
+        self._redo.step_taken()
         if self.probing and self.clock.complete:
             if self.flops is not None:
                 self._counting_step = True

@@ -79,7 +79,6 @@ def _next_explore(state: SearchState, running: int) -> Proposal | str | None:
         return f"reached --trials {state.s.trials}"
     study, budget = state.session.study, state.budget
     seen = state.session.observations()
-    reserve = budget.decision_reserve(state.planner, seen, study)
     proposal = state.sampler.propose(study, "explore")
     if proposal is None:
         if running or any(o.status == "running" for o in seen):
@@ -88,7 +87,8 @@ def _next_explore(state: SearchState, running: int) -> Proposal | str | None:
     # Nothing measured yet that the space asks for (a token function's pilot came before its knobs): a probe
     # while any budget is left (it is killed at the budget's end at worst).
     measured = state.planner.best(seen) is not None
-    if budget.left() < budget.next_probe_estimate(seen, proposal.config) + (reserve if measured else 0.0):
+    reserve = budget.decision_reserve(state.planner, seen, study) if measured else 0.0
+    if budget.left() < budget.next_probe_estimate(seen, proposal.config) + reserve:
         if measured or budget.left() < _LAST_TRY_S:
             return ("the time budget (a compiled probe compiles first)" if proposal.config.compile
                     else "the time budget")
