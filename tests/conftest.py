@@ -71,3 +71,32 @@ def pytest_collection_modifyitems(config, items):
 # rather than 10: the tests check what a search decides, not how long it measures; the tests of the
 # confirmation's length set `confirm_factor` themselves.
 os.environ.setdefault("AUTOFIT_CONFIRM_FACTOR", "3")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under pytest-xdist (`-n 2`), a test marked `serial` (a tight budget, or a speed it measures) runs
+    alone: it waits for the test on the other worker to end, and that worker waits for it. A readers-writer
+    lock on files the workers share, held over the test's whole protocol (the module fixtures it sets up
+    included); every test passes the turnstile first, so a stream of other tests cannot starve a serial one.
+    One process without xdist runs one test at a time anyway."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        yield
+        return
+    import fcntl
+    import tempfile
+
+    base = os.path.join(tempfile.gettempdir(), f"autofit-tests-{run}")
+    alone = item.get_closest_marker("serial") is not None
+    with open(base + ".turnstile", "a") as turnstile, open(base + ".lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)

@@ -246,7 +246,9 @@ def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], batch_s
 @_nodes_options
 @click.option("--budget", type=DURATION, default="20m", show_default=True,
               help="Wall-clock budget for the whole search: 20m, 1h30m, 90s.")
-@click.option("--trials", type=click.IntRange(min=1), default=None, help="Stop after this many probes.")
+@click.option("--trials", type=click.IntRange(min=1), default=None,
+              help="Stop exploring after this many probes; the close contenders' second probes and the final "
+                   "A/B (see --confirm-factor) come after them.")
 @click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True,
               help="Fraction of the limit kept free: feasible means peak <= limit x (1 - headroom).")
 @click.option("--global-batch", type=click.IntRange(min=1), default=None,

@@ -52,8 +52,11 @@ def explain(ranked: list[Candidate], done, planner: Planner, usable: float) -> s
         elif o.status == "ok" and o.peak_bytes and o.peak_bytes > usable:
             parts.append(f"{size} needs {format_size(o.peak_bytes)} > {format_size(usable)} usable")
         elif o.status == "ok" and o.rate:
-            measured = next((c.rate for c in ranked if c.config == o.config), o.rate)
-            if measured <= best.rate:
+            measured = next((c.rate for c in ranked if c.config == o.config), None)
+            if measured is None:
+                parts.append(f"{size} read {o.rate / best.rate:.2f}x on a suspect measurement that no second "
+                             f"probe settled (a longer --budget or more --trials measures it again)")
+            elif measured <= best.rate:
                 parts.append(f"{size} was no faster ({measured / best.rate:.2f}x)")
             else:
                 parts.append(f"{size} was within {TIE_TOLERANCE:.0%} "

@@ -192,11 +192,22 @@ class Planner:
         """The close contenders to measure again, longer, before a winner is named, best first: the first
         three of the ranking as it stood before any remeasurement within the noise of the best (its
         ranking margin, see `within_noise`) and measured once then, remeasured not yet; none when the
-        leader has no contender (its confirmation measures it). None is decided on one probe."""
+        leader has no contender (its confirmation measures it). None is decided on one probe.
+
+        First come the suspect measurements (see _noise.py) that read faster than the leader: a search that
+        ended before their recheck (--trials, the budget) would otherwise leave them out and name a slower
+        config (a 3x slower one, once, on a suspect's erratic steps); a second probe settles them."""
         before = [o for o in observations if o.phase != "remeasure"]
         remeasured = {o.config for o in observations if o.phase == "remeasure"}
         state = self._state(before)
-        return contenders(within_noise(state.ranking.ranked(), state.ranking.contender_margin), remeasured)
+        ranked = state.ranking.ranked()
+        faster: list[Config] = []
+        if self.check_noise and ranked:
+            top = ranked[0].rate
+            faster = sorted((c for c in state.noise.unresolved() if c not in remeasured and state.ranking.fits(c)
+                             and state.noise.rate(c) > top), key=state.noise.rate, reverse=True)
+        return faster + [c for c in contenders(within_noise(ranked, state.ranking.contender_margin), remeasured)
+                         if c not in faster]
 
     def ab_entrants(self, observations: Sequence[Observation]) -> list[Config]:
         """The A/B's entrants, best first (see `entrants`); none once the first has a confirmation round."""

@@ -67,7 +67,7 @@ class Ranking:
         if self._measured is not None:
             return self._measured
         trusted = [c for c in self.by_config if not (self.check_noise and self.noise.is_unresolved(c))]
-        if not any(self._fits(c) for c in trusted):
+        if not any(self.fits(c) for c in trusted):
             trusted = list(self.by_config)
         out = []
         for config in trusted:
@@ -82,7 +82,7 @@ class Ranking:
         self._measured = out
         return out
 
-    def _fits(self, config: Config) -> bool:
+    def fits(self, config: Config) -> bool:
         """It ran its steps, and no probe of it crossed the headroom or failed."""
         obs = self.by_config[config]
         return any(o.status == "ok" and o.rate for o in obs) and not any(o.too_big(self.usable) or o.failed
@@ -92,7 +92,7 @@ class Ranking:
         """Feasible configs, best first: throughput, with near-ties broken toward configs that did
         not need allocator retries, then toward lower peak."""
         if self._ranked is None:
-            feasible = [c for c in self.measured() if self._fits(c.config)]
+            feasible = [c for c in self.measured() if self.fits(c.config)]
             feasible.sort(key=lambda c: -c.rate)
             if feasible:
                 top = feasible[0].rate

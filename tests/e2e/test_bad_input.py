@@ -11,8 +11,6 @@ from autofit.cli import cli
 from autofit.probing import JobBoard
 from tests.support import script
 
-pytestmark = pytest.mark.serial  # tight budgets or speeds measured (pyproject.toml)
-
 BROKEN = "from autofit import autofit\n\n\n@autofit\ndef train(run)\n    pass\n"
 
 

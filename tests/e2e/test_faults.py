@@ -18,8 +18,6 @@ from autofit.findings import observations
 from autofit.search import SearchSettings, run_search
 from tests.support import REPO, script
 
-pytestmark = pytest.mark.serial  # tight budgets or speeds measured (pyproject.toml)
-
 LIMIT = 768 * 2**20
 
 
@@ -63,6 +61,7 @@ def test_exception_on_every_probe_stops_after_the_first_with_the_traceback(tmp_p
     assert not (tmp_path / "best.json").exists()
 
 
+@pytest.mark.serial  # a 60 s budget
 @pytest.mark.slow
 def test_exception_under_one_precision_marks_it_unusable_and_goes_on(tmp_path):
     # No rechecks: a noisy machine's rechecks must not use up the trials before fp16's turn.
@@ -85,6 +84,7 @@ def test_segfault_in_user_code_is_crashed_and_the_search_goes_on(tmp_path):
     assert any("crashed" in n and "SIGSEGV" in n for n in result.notes)
 
 
+@pytest.mark.serial  # a 10 s probe timeout
 @pytest.mark.slow
 def test_hang_is_killed_at_the_probe_timeout_and_the_search_goes_on(tmp_path):
     result = run_search(settings(tmp_path, "hangs_above.py", trials=5, probe_timeout=10))
@@ -95,6 +95,7 @@ def test_hang_is_killed_at_the_probe_timeout_and_the_search_goes_on(tmp_path):
     assert result.best is not None and result.best.batch_size < 8
 
 
+@pytest.mark.serial  # a 5 s probe timeout
 @pytest.mark.slow
 def test_a_search_whose_every_probe_times_out_says_so_not_out_of_memory(tmp_path):
     with pytest.raises(NoFeasibleConfig) as info:
@@ -246,6 +247,7 @@ def test_ctrl_c_stops_the_search_in_every_phase(tmp_path, moment, extra, kept, l
 
 
 # The default storage here; a storage given as a URL (journal, PostgreSQL) in tests/integration/test_parallel.py.
+@pytest.mark.serial  # two searches at once on two cores
 @pytest.mark.parametrize("storage", ["default"])
 @pytest.mark.slow
 def test_two_searches_on_one_study_record_every_trial_once(tmp_path, storage):
@@ -295,6 +297,7 @@ def _running_trials(storage: str, study: str) -> list:
             if t.state == optuna.trial.TrialState.RUNNING]
 
 
+@pytest.mark.serial  # killed well inside a 3.5 s probe
 @pytest.mark.slow
 def test_a_search_killed_mid_probe_resumes_and_probes_the_unfinished_config(tmp_path):
     """SIGKILL (or the OOM killer) gives the searcher no chance to clean up: its trial is left

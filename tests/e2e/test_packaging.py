@@ -13,8 +13,6 @@ from autofit.export import read_best, write_best
 from autofit.search import SearchSettings, run_search
 from tests.support import REPO, script
 
-pytestmark = pytest.mark.serial  # tight budgets or speeds measured (pyproject.toml)
-
 
 def test_best_config_files_have_ordinary_permissions(tmp_path):
     old = os.umask(0o022)

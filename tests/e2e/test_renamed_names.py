@@ -65,6 +65,7 @@ def test_an_old_flag_with_its_new_name_is_bad_input(args):
     assert result.exit_code == 2 and "only, but got both" in result.output
 
 
+@pytest.mark.slow  # 8 s: the default tier stays near 5 minutes
 def test_the_probes_checkpoint_flag_sets_the_checkpoint_segments():
     result = CliRunner().invoke(cli, ["probe", script("fits_small.py"), "--batch-size", "4", "--checkpoint", "1",
                                       "--memory-limit", "1GiB", "--json"])

@@ -12,8 +12,6 @@ from autofit.export import config_entry, read_best, write_best
 from autofit.study import trial_result
 from tests.support import autofit_cli, script
 
-pytestmark = pytest.mark.serial  # tight budgets or speeds measured (pyproject.toml)
-
 
 def _search(tmp_path, name: str, *extra: str):
     storage = f"sqlite:///{tmp_path}/s.db"
@@ -24,6 +22,7 @@ def _search(tmp_path, name: str, *extra: str):
     return done, results
 
 
+@pytest.mark.serial  # their speeds are compared
 @pytest.mark.compile
 def test_compiled_and_eager_are_probed_and_told_apart(tmp_path):
     done, results = _search(tmp_path, "compiles.py", "--trials", "5", "--batch-size", "16:32")

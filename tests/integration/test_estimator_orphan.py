@@ -30,8 +30,11 @@ def test_a_paused_estimator_dies_with_a_searcher_killed_outright():
                                 text=True, env={**os.environ, "PYTHONPATH": REPO})
     try:
         pid = int(searcher.stdout.readline())
-        with open(f"/proc/{pid}/stat") as handle:
-            assert handle.read().rsplit(")", 1)[1].split()[0] == "T"  # stopped, as between probes
+        # stopped, as between probes: SIGSTOP takes effect when the kernel next schedules it (CI once read "R")
+        stopped = time.monotonic() + 10
+        while _state(pid) != "T" and time.monotonic() < stopped:
+            time.sleep(0.05)
+        assert _state(pid) == "T"
     finally:
         searcher.send_signal(signal.SIGKILL)
         searcher.wait()
@@ -44,9 +47,13 @@ def test_a_paused_estimator_dies_with_a_searcher_killed_outright():
     assert not alive, "the estimator outlived its searcher, stopped"
 
 
-def _alive(pid: int) -> bool:
+def _state(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return handle.read().rsplit(")", 1)[1].split()[0]
     except OSError:
-        return False
+        return None
+
+
+def _alive(pid: int) -> bool:
+    return _state(pid) not in (None, "Z")

@@ -188,7 +188,7 @@ def test_the_corpus_script_is_searched_under_a_limit_and_runs_with_the_answer(tm
     best = tmp_path / "clm.best.json"
     # A long budget and probe timeout: on a shared 2-core machine one probe of this GPT-2 took 45 s.
     searched = autofit_cli("search", ACCELERATE_CLM, "--device", "cpu", "--memory-limit", LIMIT, "--headroom", "0",
-                           "--budget", "180s", "--probe-timeout", "150s", "--storage", f"sqlite:///{tmp_path}/clm.db", "--out", str(best),
+                           "--trials", "4", "--budget", "180s", "--probe-timeout", "150s", "--storage", f"sqlite:///{tmp_path}/clm.db", "--out", str(best),
                            cwd=tmp_path, timeout=600)
     assert searched.returncode == 0, searched.stderr[-3000:]
     config = Config.from_dict(json.loads(best.read_text())["config"])

@@ -10,8 +10,6 @@ import pytest
 from autofit.config import Config
 from tests.support import REPO, autofit_cli, probe_result, probed_configs, refused_by_the_allocator, script
 
-pytestmark = pytest.mark.serial  # tight budgets or speeds measured (pyproject.toml)
-
 pytest.importorskip("lightning", reason="the lightning extra: pip install -e '.[lightning]'")
 
 #: Measured on this machine (probe peaks with the process's baseline of ~480 MiB): b=16 acc=4 617 MiB,
@@ -31,7 +29,7 @@ def _run(tmp_path, config_path=None):
 def test_a_lightning_script_is_searched_keeps_its_global_batch_and_runs_with_the_answer(tmp_path):
     best = tmp_path / "pl.best.json"
     searched = autofit_cli("search", script("lightning_module.py"), "--device", "cpu", "--memory-limit", LIMIT, "--headroom", "0",
-                           "--budget", "50s", "--storage", f"sqlite:///{tmp_path}/pl.db", "--out", str(best),
+                           "--trials", "4", "--budget", "3m", "--storage", f"sqlite:///{tmp_path}/pl.db", "--out", str(best),
                            cwd=tmp_path, env={"PL_OUT": str(tmp_path / "out")})
     assert searched.returncode == 0, searched.stderr[-3000:]
     config = Config.from_dict(json.loads(best.read_text())["config"])

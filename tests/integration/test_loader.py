@@ -266,6 +266,7 @@ def test_why_says_the_loader_was_chosen():
     assert "input-bound: 38% of the step waiting for data with 0 loader workers; 2 loader workers: 1.6x" in why
 
 
+@pytest.mark.slow  # 10 s: the default tier stays near 5 minutes
 def test_a_micro_batch_larger_than_the_data_is_a_data_ceiling_not_a_faster_config():
     """48 samples: at 64 the loader gives one batch of 48 per epoch, which a probe would time as a
     config of 64 (and a search export as one): it is the data's ceiling instead."""

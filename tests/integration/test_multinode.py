@@ -16,8 +16,6 @@ from autofit import Config
 from autofit.probing import BUDGET_CUT
 from tests.support import REPO, autofit_cli, free_port, script
 
-pytestmark = pytest.mark.serial  # tight budgets or speeds measured (pyproject.toml)
-
 
 def _nodes(tmp_path, script_name: str, *extra: str, budget: str = "60s"):
     """Node 1 started first (it waits for node 0's search), then node 0; both outputs."""
@@ -41,6 +39,7 @@ def _trials(tmp_path) -> list[optuna.trial.FrozenTrial]:
     return [t for t in study.get_trials() if "probe" in t.user_attrs]
 
 
+@pytest.mark.serial  # a tight budget
 @pytest.mark.distributed
 def test_every_probe_of_a_search_across_two_nodes_runs_on_both(tmp_path):
     leader, follower_code, follower_err = _nodes(tmp_path, "ddp_train.py", "--trials", "3", budget="45s")
@@ -56,6 +55,7 @@ def test_every_probe_of_a_search_across_two_nodes_runs_on_both(tmp_path):
     assert document["world_size"] == 2
 
 
+@pytest.mark.serial  # it times the stop
 @pytest.mark.distributed
 def test_a_rank_failing_on_the_other_node_fails_the_config_and_stops_every_rank_in_seconds(tmp_path):
     # ddp_faults.py: rank 1 runs out of memory at batch 16 and above, is SIGKILLed at batch 12.

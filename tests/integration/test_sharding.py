@@ -92,12 +92,11 @@ def test_sharding_is_refused_where_it_cannot_apply(tmp_path):
 
 
 @pytest.mark.distributed
-@pytest.mark.serial  # a 60 s budget: run alone
 def test_a_search_on_two_ranks_tries_fsdp_and_a_torchrun_run_applies_the_exported_sharding(tmp_path):
     # Sharding only adds communication where everything fits, so a search with DDP beside it may prune
     # FSDP unprobed (its bound is DDP's curve): asked for FSDP, the search must probe it.
     searched = autofit_cli("search", script("ddp_train.py"), "--nproc-per-node", "2", "--memory-limit", "1GiB",
-                           "--precision", "fp32", "--sharding", "fsdp", "--budget", "60s",
+                           "--precision", "fp32", "--sharding", "fsdp", "--trials", "4", "--budget", "3m",
                            "--storage", f"sqlite:///{tmp_path}/s.db", "--out", str(tmp_path / "s.best.json"),
                            cwd=tmp_path, env={"BLOCKS": "1", "WEIGHTS_OUT": str(tmp_path / "w.pt")})
     assert searched.returncode == 0, searched.stderr[-3000:]

@@ -9,6 +9,7 @@ from autofit.memory import PARTS, estimate_memory
 from tests.support import STUDIES, script
 
 
+@pytest.mark.slow  # 12 s: the default tier stays near 5 minutes
 def test_the_bundled_mlp_is_estimated_by_part_and_grows_with_the_batch():
     configs = [Config(256), Config(1024), Config(4096)]
     found = estimate_memory(f"{STUDIES}/mlp.py", configs)

@@ -79,3 +79,15 @@ def test_an_a_b_s_rounds_count_at_their_median_however_they_spread():
     ranked = {c.config: c for c in planner.ranked(seen)}
     assert ranked[Config(64)].rate == 72.0 and ranked[Config(64)].measurement.rule == "confirmation"
     assert planner.best(seen) == Config(32) and ranked[Config(32)].rate == 90.0
+
+
+def test_a_suspect_faster_than_the_leader_is_measured_again_before_any_contender():
+    """A search stopped by --trials before its recheck once named b=4 at 277 samples/s over b=768's erratic
+    837: a suspect left out of the ranking must still get its second probe before the end."""
+    planner = Planner(SPACE, GiB)
+    seen = [ok(8, 50.0), ok(16, 95.0), ok(24, 98.0), replace(ok(64, 300.0), spread=0.9), ok(48, 20.0)]
+    assert planner.best(seen) == Config(24)  # b=64's figure is suspect: it cannot win yet
+    assert planner.contenders(seen)[0] == Config(64)
+    seen.append(ok(64, 290.0, "remeasure"))  # two agreeing probes: settled, and it wins
+    assert Config(64) not in planner.contenders(seen)
+    assert planner.best(seen) == Config(64)
