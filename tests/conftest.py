@@ -67,10 +67,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-# Every search a test starts (in this process or a subprocess) measures its final A/B over 3 probes' steps
-# rather than 10: the tests check what a search decides, not how long it measures; the tests of the
-# confirmation's length set `confirm_factor` themselves.
-os.environ.setdefault("AUTOFIT_CONFIRM_FACTOR", "3")
+# Every search a test starts (in this process or a subprocess) measures its final A/B over one probe's steps
+# per entrant, one round, rather than 10 probes' steps in 3 rounds: the tests check what a search decides, not
+# how long it measures; the tests of the confirmation's length set `confirm_factor` themselves.
+os.environ.setdefault("AUTOFIT_CONFIRM_FACTOR", "1")
 
 
 @pytest.hookimpl(hookwrapper=True)

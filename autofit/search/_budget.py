@@ -67,7 +67,8 @@ class Budget:
 
     def ab_plan(self, study: optuna.Study, entrants: Sequence[Config], since: int = -1) -> ABPlan | None:
         """The longest A/B (the confirmation, see planner/_ab.py) the budget left holds: every entrant for
-        AB_ROUNDS rounds whose windows add up to confirm_factor x a probe's steps, shortened first in its
+        AB_ROUNDS rounds (as many as confirm_factor when it is smaller) whose windows add up to confirm_factor x
+        a probe's steps, shortened first in its
         windows (down to 2 probes' steps in all), then in its rounds (2), then in its entrants (the last
         first); one entrant runs one long round, a quarter of the budget at most (one config measured
         longer is no A/B: it can only correct the leader's own figure). None when not even the first's
@@ -86,9 +87,12 @@ class Budget:
     def _ab_plans(self, entrants: Sequence[Config], since: int) -> list[ABPlan]:
         """Every A/B `ab_plan` considers, longest first."""
         factor, steps, plans = self.s.confirm_factor, self.s.steps, []
+        # A factor below AB_ROUNDS runs fewer rounds (a round is a probe's steps at least): windows that add
+        # up to the factor, as --confirm-factor says, not 3 probes' steps whatever it asks for.
         for n in range(len(entrants), 1, -1):
-            for rounds in (AB_ROUNDS, 2):
-                for window in sorted({max(1, -(-factor // rounds)), max(1, -(-2 // rounds))}, reverse=True):
+            for rounds in sorted({min(AB_ROUNDS, factor), min(2, factor)}, reverse=True):
+                shortest = min(2, factor)
+                for window in sorted({max(1, -(-factor // rounds)), max(1, -(-shortest // rounds))}, reverse=True):
                     plans.append(ABPlan(tuple(entrants[:n]), rounds, steps * window, since))
         for length in sorted({f for f in (factor, 5, 3, 2) if f <= factor} or {factor}, reverse=True):
             plans.append(ABPlan(tuple(entrants[:1]), 1, steps * length, since))

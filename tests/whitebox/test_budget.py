@@ -168,3 +168,14 @@ def test_the_decision_reserve_holds_the_contenders_second_probes_and_the_a_b_rou
     assert budget.decision_reserve(planner, seen, study) == pytest.approx(2 * 15.0 + 2 * 3 * 25.0)
     short = Budget(SearchSettings(budget_s=300, **settings), started=0.0)
     assert short.decision_reserve(planner, seen, study) == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize(("factor", "rounds", "window"), [(1, 1, 1), (2, 2, 1), (3, 3, 1), (10, 3, 4)])
+def test_an_a_b_adds_up_to_the_confirm_factor_with_fewer_rounds_when_it_is_small(factor, rounds, window):
+    """--confirm-factor N: the A/B's windows add up to N probes' steps per entrant. A round is a probe's steps
+    at least, so a factor of 1 or 2 once still ran 3 rounds (3 probes' steps); it runs N rounds now."""
+    from autofit.search._budget import Budget
+
+    budget = Budget(SearchSettings(script="train.py", budget_s=600, steps=5, confirm_factor=factor), started=0.0)
+    longest = budget._ab_plans([Config(8), Config(16)], -1)[0]
+    assert (longest.rounds, longest.steps) == (rounds, 5 * window)
