@@ -3,7 +3,8 @@ them, the way Optuna runs one suite over every storage: the persistent worker, a
 gloo ranks, and a job across machines (here one machine joined through c10d rendezvous, its jobs
 posted on a study's trials); the worker runs in both process models (each probe forked from a warm
 process, or all of them in one process as on CUDA). Real processes under a real RLIMIT_DATA cap on CPU; a runner added to
-RUNNERS gets every test.
+RUNNERS gets every test (the job across machines those of MULTINODE_CONTRACT: inside a probe it runs torchrun's
+rank processes, whose faults torchrun-2-ranks checks).
 
 Whatever the user's code does is a status in the result, never an exception, and the runner probes
 again afterwards: ok, oom, error (a user exception, data too small for a probe), diverged, crashed,
@@ -63,9 +64,21 @@ class Probing:
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
 
+#: The runner across machines holds these; the faults inside a probe (an exception, NaN, a segfault, a hang, a
+#: stall, data too short, memory kept) it leaves to the same rank processes torchrun-2-ranks checks.
+MULTINODE_CONTRACT = {"test_start_reports_the_function_and_what_the_device_runs",
+                      "test_a_fitting_config_reports_throughput_and_a_peak_below_the_limit",
+                      "test_an_oversize_config_is_oom_and_the_next_probe_runs",
+                      "test_a_probe_cut_by_the_budget_is_not_measured_whatever_its_progress",
+                      "test_a_script_without_the_function_is_a_usage_error_and_a_broken_one_a_start_error"}
+
+
 @pytest.fixture(params=RUNNERS)
 def runner_for(request) -> Iterator[Callable[..., Probing]]:
     """`runner_for(SCRIPT)`: this parameter's runner for a script in tests/scripts, not started."""
+    if request.param == "multinode" and request.function.__name__ not in MULTINODE_CONTRACT:
+        pytest.skip("inside a probe the runner across machines runs torchrun's rank processes: torchrun-2-ranks "
+                    "checks this fault")
     made: list[ProbeRunner] = []
 
     def make(name: str) -> Probing:
