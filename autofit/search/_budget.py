@@ -89,9 +89,9 @@ class Budget:
         factor, steps, plans = self.s.confirm_factor, self.s.steps, []
         # A factor below AB_ROUNDS runs fewer rounds (a round is a probe's steps at least): windows that add
         # up to the factor, as --confirm-factor says, not 3 probes' steps whatever it asks for.
+        shortest = min(2, factor)
         for n in range(len(entrants), 1, -1):
-            for rounds in sorted({min(AB_ROUNDS, factor), min(2, factor)}, reverse=True):
-                shortest = min(2, factor)
+            for rounds in sorted({min(AB_ROUNDS, factor), shortest}, reverse=True):
                 for window in sorted({max(1, -(-factor // rounds)), max(1, -(-shortest // rounds))}, reverse=True):
                     plans.append(ABPlan(tuple(entrants[:n]), rounds, steps * window, since))
         for length in sorted({f for f in (factor, 5, 3, 2) if f <= factor} or {factor}, reverse=True):
