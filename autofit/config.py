@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 from autofit.errors import UsageError
+from autofit.knobs import Knob, knob, knobs, label, required_knob
 
 #: The largest micro-batch a search considers when none is given: in effect no bound, so memory
 #: (or the data) stops the climb, not a number picked in advance.
@@ -50,58 +51,85 @@ TOKENS = Rate("tokens_per_s", "tokens/s")
 RATES: tuple[Rate, ...] = (SAMPLES, TOKENS)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Config:
-    """The settings one probe (or the real run) trains under."""
+    """The settings one probe (or the real run) trains under. Each field is a knob (autofit.knobs), declared
+    here once, in the order a config's label names them; keyword-only, so a field inserted breaks nothing."""
 
-    batch_size: int
-    """Micro-batch: samples per forward/backward. Larger is faster until memory runs out."""
-    precision: str = "fp32"
+    precision: str = knob(
+        default="fp32", kind=str, choices=PRECISIONS, stored=True, order="memory",
+        label=lambda value, item: value,
+        help="Numeric precision of the whole step (forward, backward and optimizer: autocast, TF32, fp16 loss "
+             "scaling).")
     """fp32, tf32 (TF32 matmuls, CUDA only), bf16 or fp16 (autocast; fp16 adds loss scaling)."""
-    checkpoint_segments: int = 0
-    """Blocks that recompute activations in backward: less memory, more compute."""
-    accumulation_steps: int = 1
-    """Micro-batches per optimizer step: keeps the global batch while the micro-batch shrinks."""
-    sharding: str = "ddp"
-    """Distributed runs only: ddp, fsdp or fsdp-offload (see SHARDINGS)."""
-    compile: bool = False
-    """torch.compile the model the function offers through run.compile() (eager when False)."""
-    # The input pipeline (run.loader); None: as the script declares it (else DataLoader's default).
-    loader_workers: int | None = None
-    """DataLoader worker processes: batches load in parallel with the step, for CPU cores and memory
-    (each worker holds a copy of the dataset object); 0 loads in the training process itself."""
-    pin_memory: bool | None = None
-    """Page-locked host batches: faster, asynchronous copies to a GPU, for host memory that cannot be
-    swapped out (no gain on the CPU)."""
-    prefetch_factor: int | None = None
-    """Batches each worker loads ahead (workers > 0 only): absorbs uneven loading times, for host memory."""
-    checkpoint_policy: str = "full"
-    """What the checkpointed blocks recompute (see CHECKPOINT_POLICIES): "selective" keeps the matmul,
-    convolution and attention outputs, so it saves less memory than "full" for little recompute."""
-    max_tokens: int | None = None
+    max_tokens: int | None = knob(
+        kind=int, optional=True, minimum=1, offer="tokens", order="size",
+        label=lambda value, item: None if value is None else f"max_tokens={value}",
+        help="Token cap of a micro-batch of run.token_batches() (its samples x its longest).")
     """Token batching (run.token_batches): a micro-batch's padded tokens (samples x its longest) at
     most, in place of a fixed sample count; memory follows the cap, not the longest sample. None: a
     micro-batch of `batch_size` samples. With it, `batch_size` is the most samples a micro-batch holds."""
-    max_squares: int | None = None
+    max_squares: int | None = knob(
+        kind=int, optional=True, minimum=1, offer="tokens", order="memory", none_param=0,
+        label=lambda value, item: None if value is None else f"max_squares={value}",
+        help="With --max-tokens: a squares cap too (a micro-batch's samples x its longest², per-length caps).")
     """Token batching only: a micro-batch's padded squares (samples x its longest², what an attention that
     is not fused holds per head and layer) at most, beside `max_tokens`: the long batches are held by it,
     so the short ones may hold more tokens than a cap set at the longest length (a per-length cap, as
     2-D buckets are). None: `max_tokens` alone."""
+    batch_size: int = required_knob(
+        kind=int, minimum=1, stored=True, order="size",
+        label=lambda value, item: f"b={value}" if item.max_tokens is None or value < item.max_tokens else None,
+        help="Micro-batch size (with --max-tokens: the most samples a micro-batch holds; default: no cap).")
+    """Micro-batch: samples per forward/backward. Larger is faster until memory runs out."""
+    checkpoint_segments: int = knob(
+        default=0, kind=int, minimum=0, stored=True, order="memory",
+        label=lambda value, item: f"ckpt={value}" if value else None,
+        help="Blocks (of those the function offers to run.checkpoint()) that recompute their activations.")
+    """Blocks that recompute activations in backward: less memory, more compute."""
+    checkpoint_policy: str = knob(
+        default="full", kind=str, choices=CHECKPOINT_POLICIES, offer="selective", order="memory",
+        label=lambda value, item: value if item.checkpoint_segments and value != "full" else None,
+        help="What the checkpointed blocks recompute: all of their forward, or all but matmuls and attention.")
+    """What the checkpointed blocks recompute (see CHECKPOINT_POLICIES): "selective" keeps the matmul,
+    convolution and attention outputs, so it saves less memory than "full" for little recompute."""
+    accumulation_steps: int = knob(
+        default=1, kind=int, minimum=1, stored=True, order="memory", flag="--accumulation",
+        label=lambda value, item: f"acc={value}" if value and value > 1 else None,
+        help="Micro-batches per optimizer step.")
+    """Micro-batches per optimizer step: keeps the global batch while the micro-batch shrinks."""
+    sharding: str = knob(
+        default="ddp", kind=str, choices=SHARDINGS, offer="distribute", order="memory",
+        label=lambda value, item: value if value != "ddp" else None,
+        help="With --nproc-per-node: how run.distribute(model, blocks=...) holds the model.")
+    """Distributed runs only: ddp, fsdp or fsdp-offload (see SHARDINGS)."""
+    compile: bool = knob(
+        default=False, kind=bool, offer="compile", order="memory",
+        label=lambda value, item: "compiled" if value else None,
+        help="torch.compile the model the function offers to run.compile().")
+    """torch.compile the model the function offers through run.compile() (eager when False)."""
+    # The input pipeline (run.loader); None: as the script declares it (else DataLoader's default).
+    loader_workers: int | None = knob(
+        kind=int, optional=True, minimum=0, choices=(0, 1, 2, 4, 8), offer="loader", order="input",
+        label=lambda value, item: None if value is None else f"loader-workers={value}",
+        help="DataLoader workers of run.loader() (default: as the script declares).")
+    """DataLoader worker processes: batches load in parallel with the step, for CPU cores and memory
+    (each worker holds a copy of the dataset object); 0 loads in the training process itself."""
+    pin_memory: bool | None = knob(
+        kind=bool, optional=True, offer="loader", order="input",
+        label=lambda value, item: None if value is None else ("pinned" if value else "unpinned"),
+        help="Pinned host batches in run.loader() (default: as the script declares).")
+    """Page-locked host batches: faster, asynchronous copies to a GPU, for host memory that cannot be
+    swapped out (no gain on the CPU)."""
+    prefetch_factor: int | None = knob(
+        kind=int, optional=True, minimum=1, choices=(2, 4), offer="loader", order="input",
+        label=lambda value, item: None if value is None else f"prefetch={value}",
+        help="Batches each run.loader() worker loads ahead (default: as the script declares).")
+    """Batches each worker loads ahead (workers > 0 only): absorbs uneven loading times, for host memory."""
 
     def __post_init__(self) -> None:
-        check_precision(self.precision)
-        check_sharding(self.sharding)
-        check_checkpoint_policy(self.checkpoint_policy)
-        if self.batch_size < 1:
-            raise UsageError(f"The batch size must be at least 1, but got {self.batch_size}.")
-        if self.accumulation_steps < 1:
-            raise UsageError(
-                f"The accumulation steps must be at least 1, but got {self.accumulation_steps}."
-            )
-        if self.checkpoint_segments < 0:
-            raise UsageError(
-                f"The checkpoint segments must be 0 or more, but got {self.checkpoint_segments}."
-            )
+        for declared in KNOBS:
+            declared.check(getattr(self, declared.name))
         check_loader(self.loader_workers, self.prefetch_factor)
         check_max_tokens(self.max_tokens, self.batch_size)
         check_max_squares(self.max_squares, self.max_tokens)
@@ -147,41 +175,19 @@ class Config:
         return f"max_tokens={self.max_tokens}" if self.max_tokens is not None else f"batch {self.batch_size}"
 
     def to_dict(self) -> dict:
-        """The fields; `sharding`, `compile` and `checkpoint_policy` only when not the default, the
-        loader's only when set, so that single-process, eager, fully checkpointed configs (and every
-        study recorded before those existed) keep their form."""
-        data = asdict(self)
-        if self.sharding == "ddp":
-            del data["sharding"]
-        if not self.compile:
-            del data["compile"]
-        for name in LOADER_FIELDS:
-            if data[name] is None:
-                del data[name]
-        if self.checkpoint_policy == "full":
-            del data["checkpoint_policy"]
-        if self.max_tokens is None:
-            del data["max_tokens"]
-        if self.max_squares is None:
-            del data["max_squares"]
+        """The knobs' values; those not `stored` always only when not their default, so that single-process,
+        eager, fully checkpointed configs (and every study recorded before a knob existed) keep their form."""
+        data = {}
+        for declared in KNOBS:
+            held, value = declared.to_json(getattr(self, declared.name))
+            if held:
+                data[declared.name] = value
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> Config:
-        return cls(
-            batch_size=int(data["batch_size"]),
-            precision=str(data.get("precision", "fp32")),
-            checkpoint_segments=int(data.get("checkpoint_segments", 0)),
-            accumulation_steps=int(data.get("accumulation_steps", 1)),
-            sharding=str(data.get("sharding", "ddp")),
-            compile=bool(data.get("compile", False)),
-            loader_workers=_optional(data.get("loader_workers"), int),
-            pin_memory=_optional(data.get("pin_memory"), bool),
-            prefetch_factor=_optional(data.get("prefetch_factor"), int),
-            checkpoint_policy=str(data.get("checkpoint_policy", "full")),
-            max_tokens=_optional(data.get("max_tokens"), int),
-            max_squares=_optional(data.get("max_squares") or None, int),  # 0: none (a study's trial params)
-        )
+        """A config from its JSON, or from a trial's params (where None is each knob's `none_param`)."""
+        return cls(**{declared.name: declared.from_json(data) for declared in KNOBS})
 
     @property
     def loader(self) -> dict:
@@ -189,75 +195,42 @@ class Config:
         return {name: getattr(self, name) for name in LOADER_FIELDS if getattr(self, name) is not None}
 
     def label(self) -> str:
-        """Short human form: 'bf16 b=64 ckpt=2 selective acc=4' ('bf16 max_tokens=4096' by tokens)."""
-        parts = [self.precision]
-        if self.max_tokens is not None:
-            parts.append(f"max_tokens={self.max_tokens}")
-        if self.max_squares is not None:
-            parts.append(f"max_squares={self.max_squares}")
-        if self.max_tokens is None or self.batch_size < self.max_tokens:
-            parts.append(f"b={self.batch_size}")
-        if self.checkpoint_segments:
-            parts.append(f"ckpt={self.checkpoint_segments}")
-            if self.checkpoint_policy != "full":
-                parts.append(self.checkpoint_policy)
-        if self.accumulation_steps > 1:
-            parts.append(f"acc={self.accumulation_steps}")
-        if self.sharding != "ddp":
-            parts.append(self.sharding)
-        if self.compile:
-            parts.append("compiled")
-        if self.loader_workers is not None:
-            parts.append(f"loader-workers={self.loader_workers}")
-        if self.pin_memory is not None:
-            parts.append("pinned" if self.pin_memory else "unpinned")
-        if self.prefetch_factor is not None:
-            parts.append(f"prefetch={self.prefetch_factor}")
-        return " ".join(parts)
+        """Short human form, every knob that is not its default: 'bf16 b=64 ckpt=2 selective acc=4'
+        ('bf16 max_tokens=4096' by tokens). The one name of a config in every table, plot and line."""
+        return label(self, KNOBS)
 
 
+#: The knobs, in their label's order.
+KNOBS: tuple[Knob, ...] = knobs(Config)
+#: The knobs by name.
+KNOB: dict[str, Knob] = {k.name: k for k in KNOBS}
 #: The Config fields of the input pipeline (run.loader), None unless a config sets them.
-LOADER_FIELDS: tuple[str, ...] = ("loader_workers", "pin_memory", "prefetch_factor")
+LOADER_FIELDS: tuple[str, ...] = tuple(k.name for k in KNOBS if k.offer == "loader")
 #: The worker counts a search tries (those within the cores a probe may load with: autofit.planner's
 #: `worker_counts`).
-LOADER_WORKERS: tuple[int, ...] = (0, 1, 2, 4, 8)
+LOADER_WORKERS: tuple[int, ...] = KNOB["loader_workers"].choices
 #: Prefetch depths per worker: DataLoader's default and one further ahead.
-LOADER_PREFETCH: tuple[int, ...] = (2, 4)
-
-
-def _optional(value, kind):
-    return None if value is None else kind(value)
+LOADER_PREFETCH: tuple[int, ...] = KNOB["prefetch_factor"].choices
 
 
 def check_loader(workers: int | None, prefetch: int | None) -> None:
-    if workers is not None and workers < 0:
-        raise UsageError(f"The loader workers must be 0 or more, but got {workers}.")
-    if prefetch is not None and prefetch < 1:
-        raise UsageError(f"The prefetch factor must be at least 1, but got {prefetch}.")
+    """Prefetching needs workers to load ahead in."""
     if prefetch is not None and workers == 0:
         raise UsageError("The prefetch factor needs loader workers (batches load ahead in workers), "
                          "but got 0 workers.")
 
 
 def check_max_tokens(max_tokens: int | None, batch_size: int) -> None:
-    """A token cap is a positive whole number, and the samples' cap within it (each sample holds a
+    """The samples' cap within a token cap (each sample holds a
     token at least, so a larger one could never bind)."""
-    if max_tokens is None:
-        return
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise UsageError(f"The max tokens must be a whole number of at least 1, but got {max_tokens!r}.")
-    if batch_size > max_tokens:
+    if max_tokens is not None and batch_size > max_tokens:
         raise UsageError(f"The batch size (the most samples a token batch holds) must be at most the max tokens "
                          f"({max_tokens}), but got {batch_size}.")
 
 
 def check_max_squares(max_squares: int | None, max_tokens: int | None) -> None:
-    """A squares cap is a positive whole number, beside a token cap (it bounds batches by tokens)."""
-    if max_squares is None:
-        return
-    if isinstance(max_squares, bool) or not isinstance(max_squares, int) or max_squares < 1:
-        raise UsageError(f"The max squares must be a whole number of at least 1, but got {max_squares!r}.")
-    if max_tokens is None:
+    """A squares cap beside a token cap (it bounds batches by tokens)."""
+    if max_squares is not None and max_tokens is None:
         raise UsageError("The max squares bounds micro-batches by tokens: it needs max_tokens too.")
 
 
@@ -290,20 +263,17 @@ def device_shardings(device_type: str) -> tuple[str, ...]:
 
 
 def check_sharding(name: str) -> str:
-    if name not in SHARDINGS:
-        raise UsageError(f"The sharding must be one of {', '.join(SHARDINGS)}, but got {name!r}.")
+    KNOB["sharding"].check(name)
     return name
 
 
 def check_checkpoint_policy(name: str) -> str:
-    if name not in CHECKPOINT_POLICIES:
-        raise UsageError(f"The checkpoint policy must be one of {', '.join(CHECKPOINT_POLICIES)}, but got {name!r}.")
+    KNOB["checkpoint_policy"].check(name)
     return name
 
 
 def check_precision(name: str) -> str:
-    if name not in PRECISIONS:
-        raise UsageError(f"The precision must be one of {', '.join(PRECISIONS)}, but got {name!r}.")
+    KNOB["precision"].check(name)
     return name
 
 

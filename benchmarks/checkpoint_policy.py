@@ -35,16 +35,16 @@ def measure(args) -> tuple[list[Config], dict[Config, list], int]:
     """Every config's probe results, round by round, and the blocks the function offered."""
     with Worker(args.study, memory_limit=args.memory_limit) as worker:
         worker.start()
-        first = worker.probe(Config(args.batch_size), warmup=1, steps=1, timeout=600, min_measure_s=0.0)
+        first = worker.probe(Config(batch_size=args.batch_size), warmup=1, steps=1, timeout=600, min_measure_s=0.0)
         if not first.ok:
             sys.exit(f"The study must run at batch {args.batch_size} under {format_size(args.memory_limit)}, "
                      f"but its probe ended {first.status}: {first.error_message}")
         blocks = first.knobs.get("checkpoint_blocks")
         if not blocks:
             sys.exit(f"The study must offer blocks to run.checkpoint(), but {args.study} offers none.")
-        configs = [Config(args.batch_size),
-                   Config(args.batch_size, checkpoint_segments=blocks),
-                   Config(args.batch_size, checkpoint_segments=blocks, checkpoint_policy="selective")]
+        configs = [Config(batch_size=args.batch_size),
+                   Config(batch_size=args.batch_size, checkpoint_segments=blocks),
+                   Config(batch_size=args.batch_size, checkpoint_segments=blocks, checkpoint_policy="selective")]
         results: dict[Config, list] = {c: [] for c in configs}
         for r in range(args.rounds):
             for config in configs[r % 3:] + configs[:r % 3]:

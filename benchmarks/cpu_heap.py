@@ -60,7 +60,7 @@ def main() -> None:
     rows = []
     for name in args.scripts.split(","):
         script = os.path.join(CORPUS, f"{name}.py")
-        configs = [Config(int(b), p) for p in ("fp32", "bf16") for b in args.batches.split(",")]
+        configs = [Config(batch_size=int(b), precision=p) for p in ("fp32", "bf16") for b in args.batches.split(",")]
         found = estimate_memory(script, configs)
         for config in configs:
             estimate = found.estimates.get(config)

@@ -30,9 +30,9 @@ from autofit.units import parse_size
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 CASES = {
-    "gpt": (Config(32), Config(64), Config(128), Config(128, checkpoint_segments=4), Config(64, "bf16")),
-    "cnn": (Config(24), Config(64), Config(128)),
-    "mlp": (Config(256), Config(1024), Config(4096), Config(4096, "bf16")),
+    "gpt": (Config(batch_size=32), Config(batch_size=64), Config(batch_size=128), Config(batch_size=128, checkpoint_segments=4), Config(batch_size=64, precision="bf16")),
+    "cnn": (Config(batch_size=24), Config(batch_size=64), Config(batch_size=128)),
+    "mlp": (Config(batch_size=256), Config(batch_size=1024), Config(batch_size=4096), Config(batch_size=4096, precision="bf16")),
 }
 
 
@@ -66,7 +66,7 @@ def _configs(options: dict | None, batches: list[int]) -> tuple[Config, ...]:
     """A config per batch, the global batch the decorator declares kept by accumulation (batches that
     do not divide it are skipped)."""
     global_batch = (options or {}).get("global_batch")
-    return tuple(Config(b, accumulation_steps=global_batch // b if global_batch else 1) for b in batches
+    return tuple(Config(batch_size=b, accumulation_steps=global_batch // b if global_batch else 1) for b in batches
                  if not global_batch or global_batch % b == 0)
 
 

@@ -54,23 +54,23 @@ def _cases() -> tuple[Case, ...]:
     bf16 = cpu_has_native_bf16()
     return (
         Case("gpt", "studies/gpt.py",
-             (Config(96), Config(32), Config(64, checkpoint_segments=4)) + ((Config(64, "bf16"),) if bf16 else ()),
+             (Config(batch_size=96), Config(batch_size=32), Config(batch_size=64, checkpoint_segments=4)) + ((Config(batch_size=64, precision="bf16"),) if bf16 else ()),
              "bundled: character GPT (nanoGPT-style loop, DataLoader)"),
-        Case("cnn", "studies/cnn.py", (Config(64), Config(24)) + ((Config(24, "bf16"),) if bf16 else ()),
+        Case("cnn", "studies/cnn.py", (Config(batch_size=64), Config(batch_size=24)) + ((Config(batch_size=24, precision="bf16"),) if bf16 else ()),
              "bundled: conv classifier"),
-        Case("mlp", "studies/mlp.py", (Config(1024), Config(256)) + ((Config(256, "bf16"),) if bf16 else ()),
+        Case("mlp", "studies/mlp.py", (Config(batch_size=1024), Config(batch_size=256)) + ((Config(batch_size=256, precision="bf16"),) if bf16 else ()),
              "bundled: wide MLP"),
-        Case("word_lm", "benchmarks/fidelity_scripts/word_lm.py", (Config(20), Config(64)),
+        Case("word_lm", "benchmarks/fidelity_scripts/word_lm.py", (Config(batch_size=20), Config(batch_size=64)),
              "not written for autofit: pytorch/examples-style LSTM LM"),
         Case("hf_trainer", "tests/scripts/hf_trainer.py",
-             (Config(8, accumulation_steps=2), Config(4, accumulation_steps=4)),
+             (Config(batch_size=8, accumulation_steps=2), Config(batch_size=4, accumulation_steps=4)),
              "a Hugging Face Trainer (GPT-2 from its config) through autofit.integrations.hf"),
         Case("lightning", "tests/scripts/lightning_module.py",
-             (Config(16, accumulation_steps=4), Config(32, accumulation_steps=2)),
+             (Config(batch_size=16, accumulation_steps=4), Config(batch_size=32, accumulation_steps=2)),
              "a Lightning Trainer and LightningModule through autofit.integrations.lightning"),
-        Case("ddp", "tests/scripts/ddp_train.py", (Config(16), Config(4, accumulation_steps=4)),
+        Case("ddp", "tests/scripts/ddp_train.py", (Config(batch_size=16), Config(batch_size=4, accumulation_steps=4)),
              "2 ranks (gloo) under torchrun, DDP; config per rank", nproc=2, env=(("EPOCHS", "40"),)),
-        Case("fsdp2", "tests/scripts/ddp_train.py", (Config(16),),
+        Case("fsdp2", "tests/scripts/ddp_train.py", (Config(batch_size=16),),
              "2 ranks (gloo) under torchrun, FSDP2 per layer; config per rank", nproc=2,
              env=(("EPOCHS", "40"), ("SHARD", "1"))),
     )
@@ -78,7 +78,7 @@ def _cases() -> tuple[Case, ...]:
 
 #: On a GPU: GPT-2 small (benchmarks/gpu/gpt124m.py), whose steps are long enough to time.
 CUDA_CASES = (
-    Case("gpt124m", "benchmarks/gpu/gpt124m.py", (Config(48, "bf16"), Config(16, "bf16")),
+    Case("gpt124m", "benchmarks/gpu/gpt124m.py", (Config(batch_size=48, precision="bf16"), Config(batch_size=16, precision="bf16")),
          "GPT-2 small (124M), HF transformers model built from its config"),
 )
 

@@ -130,8 +130,8 @@ def record(
         # function offers to run.checkpoint(), which decides the checkpoint levels of the space.
         first = min(b for b in range(batch_range[0], batch_range[1] + 1) if global_batch % b == 0) \
             if global_batch else batch_range[0]
-        pilot_config = Config(first, usable_precisions[0], 0,
-                              global_batch // first if global_batch else (accumulations or (1,))[0])
+        pilot_config = Config(batch_size=first, precision=usable_precisions[0], checkpoint_segments=0,
+                              accumulation_steps=global_batch // first if global_batch else (accumulations or (1,))[0])
         pilot = worker.probe(pilot_config, warmup=warmup, steps=steps, timeout=timeout)
         blocks = pilot.knobs.get("checkpoint_blocks")
         space = SearchSpace.build(batch_range=batch_range, precisions=usable_precisions,

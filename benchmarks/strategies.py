@@ -148,7 +148,7 @@ def baseline_strategy(space: SearchSpace) -> Strategy:
     space's first precision), no checkpointing, the first accumulation."""
     first = space.strategies()[0]
     precision = "fp32" if "fp32" in space.precisions else space.precisions[0]
-    return Strategy(precision, 0, first.accumulation_steps)
+    return Strategy(precision=precision, checkpoint_segments=0, accumulation_steps=first.accumulation_steps)
 
 
 def snap_down(space: SearchSpace, batch: float) -> int | None:
@@ -292,7 +292,7 @@ def tpe_search(session: Session, budget: int, max_trials: int | None = None) -> 
         k = trial.suggest_categorical("checkpoint_segments", list(space.checkpoint_segments))
         accs = sorted({s.accumulation_steps for s in strategies}, key=lambda a: a or 0)
         acc = accs[0] if len(accs) == 1 else trial.suggest_categorical("accumulation", accs)
-        config = space.config(Strategy(precision, k, acc), b)
+        config = space.config(Strategy(precision=precision, checkpoint_segments=k, accumulation_steps=acc), b)
         obs = seen.get(config) or session.probe(config)
         seen[config] = obs
         if obs.status == "oom":

@@ -88,7 +88,7 @@ def test_no_import_circle():
 #: The floors, lowest first: a module imports only from its own floor or below (the top-level modules
 #: not named here, such as the decorator and the normal run's launch, are the top floor with the CLI).
 FLOORS = (
-    ("_version", "errors", "units", "redaction"),
+    ("_version", "errors", "units", "redaction", "knobs"),
     ("config", "options", "export"),
     ("devices", "planner"),
     ("runtime",),

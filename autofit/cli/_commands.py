@@ -20,7 +20,7 @@ from autofit.cli._types import (
     SHARDING_LIST,
     SIZE_LIST,
 )
-from autofit.config import CHECKPOINT_POLICIES, PRECISIONS, SHARDINGS
+from autofit.config import KNOBS
 from autofit.errors import AutofitError
 from autofit.probing import PROBE_PROCESSES
 
@@ -91,6 +91,23 @@ def _or_renamed(new: str):
     return take
 
 
+def _knob_options(f):
+    """`autofit probe`'s flag per knob (autofit.knobs), in the knobs' order: one value each, the knob's
+    default where not given (a flag for a bool knob that is off by default, on/off where None is a value)."""
+    for knob in reversed(KNOBS):
+        shown = knob.default is not None and knob.kind is not bool
+        if knob.kind is bool:
+            flag = f"{knob.cli_flag}/--no-{knob.cli_flag[2:]}" if knob.optional else knob.cli_flag
+            kind: dict[str, Any] = {"default": knob.default, **({} if knob.optional else {"is_flag": True})}
+        elif knob.kind is int:
+            flag, kind = knob.cli_flag, {"type": click.IntRange(min=knob.minimum), "default": knob.default}
+        else:
+            flag, kind = knob.cli_flag, {"type": click.Choice(knob.choices), "default": knob.default}
+        f = click.option(flag, knob.name, show_default=shown, callback=_or_renamed(knob.cli_flag), help=knob.help,
+                         **kind)(f)
+    return f
+
+
 def _device_options(f=None, *, many: bool = False):
     """--device, --gpu (kept on the context object, which resolves them) and --memory-limit."""
     if f is None:
@@ -147,32 +164,8 @@ def cli(ctx: click.Context) -> None:
 @cli.command()
 @click.argument("target")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-@click.option("--batch-size", type=click.IntRange(min=1), default=None,
-              help="Micro-batch size (with --max-tokens: the most samples a micro-batch holds; default: no cap).")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=None,
-              help="Token cap of a micro-batch of run.token_batches() (its samples x its longest).")
-@click.option("--max-squares", type=click.IntRange(min=1), default=None,
-              help="With --max-tokens: a squares cap too (a micro-batch's samples x its longest², per-length caps).")
-@click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
-              help="Numeric precision of the whole step (forward, backward and optimizer: autocast, TF32, fp16 loss scaling).")
-@click.option("--checkpoint-segments", type=click.IntRange(min=0), default=0, show_default=True,
-              callback=_or_renamed("--checkpoint-segments"),
-              help="Blocks (of those the function offers to run.checkpoint()) that recompute their activations.")
+@_knob_options
 @_renamed("--checkpoint", "--checkpoint-segments", type=click.IntRange(min=0), default=None)
-@click.option("--checkpoint-policy", type=click.Choice(CHECKPOINT_POLICIES), default="full", show_default=True,
-              help="What the checkpointed blocks recompute: all of their forward, or all but matmuls and attention.")
-@click.option("--accumulation", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Micro-batches per optimizer step.")
-@click.option("--compile", "compile_", is_flag=True,
-              help="torch.compile the model the function offers to run.compile().")
-@click.option("--sharding", type=click.Choice(SHARDINGS), default="ddp", show_default=True,
-              help="With --nproc-per-node: how run.distribute(model, blocks=...) holds the model.")
-@click.option("--loader-workers", type=click.IntRange(min=0), default=None,
-              help="DataLoader workers of run.loader() (default: as the script declares).")
-@click.option("--pin-memory/--no-pin-memory", default=None,
-              help="Pinned host batches in run.loader() (default: as the script declares).")
-@click.option("--prefetch-factor", type=click.IntRange(min=1), default=None,
-              help="Batches each run.loader() worker loads ahead (default: as the script declares).")
 @_device_options
 @_nproc_option
 @_nodes_options
@@ -190,13 +183,9 @@ def cli(ctx: click.Context) -> None:
                    "persistent (one after another in one process, as CUDA must run them).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
-def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], batch_size: int | None,
-          max_tokens: int | None, max_squares: int | None, precision: str, checkpoint_segments: int,
-          checkpoint_policy: str, accumulation: int, compile_: bool, sharding: str, loader_workers: int | None,
-          pin_memory: bool | None, prefetch_factor: int | None, memory_limit: int | None, nproc_per_node: int,
-          nnodes: int, node_rank: int,
-          rdzv_endpoint: str | None, steps: int, warmup: int, probe_timeout: float | None, probe_process: str | None,
-          as_json: bool) -> None:
+def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], memory_limit: int | None,
+          nproc_per_node: int, nnodes: int, node_rank: int, rdzv_endpoint: str | None, steps: int, warmup: int,
+          probe_timeout: float | None, probe_process: str | None, as_json: bool, **knobs: Any) -> None:
     """Run one probe: a few real training steps of TARGET under one config.
 
     TARGET is a script with one @autofit function, or SCRIPT:FUNCTION, or a script that calls
@@ -212,14 +201,10 @@ def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], batch_s
     check_script(script)
     pass_script_args(script_args)
     info = state.device_info()
-    if batch_size is None and max_tokens is None:
+    if knobs["batch_size"] is None and knobs["max_tokens"] is None:
         raise click.UsageError("Missing option '--batch-size' (or '--max-tokens' for a function that batches "
                                "by tokens).")
-    config = Config(batch_size=batch_size or max_tokens, max_tokens=max_tokens, precision=precision,
-                    checkpoint_segments=checkpoint_segments,
-                    accumulation_steps=accumulation, sharding=sharding, compile=compile_,
-                    loader_workers=loader_workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
-                    checkpoint_policy=checkpoint_policy, max_squares=max_squares)
+    config = Config(**{**knobs, "batch_size": knobs["batch_size"] or knobs["max_tokens"]})
     settings = ProbeSettings(script=script, function=function, config=config, device=state.device,
                              index=state.index, memory_limit=memory_limit, nproc_per_node=nproc_per_node,
                              nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, warmup=warmup,

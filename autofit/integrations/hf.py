@@ -43,7 +43,7 @@ def arguments_for(run: Run, args: TrainingArguments) -> TrainingArguments:
     (`run.defaults`) the arguments stand and the run's config is set from them, so its report is true."""
     if run.defaults and not run.probing:  # nothing searched yet: the user's own settings stand
         precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
-        run.config = Config(args.per_device_train_batch_size, precision,
+        run.config = Config(batch_size=args.per_device_train_batch_size, precision=precision,
                             accumulation_steps=args.gradient_accumulation_steps)
         return args
     if run.config.max_tokens is not None:  # no global batch by tokens: the Trainer's accumulation stands

@@ -137,7 +137,7 @@ class WhatFits:
     def strategies(self) -> list[Strategy]:
         """Most preferred first: the fastest precision, then the fewest checkpointed blocks, then
         selective checkpointing before full."""
-        return [Strategy(p, k, checkpoint_policy=q) for p in self.precisions for k in self.levels
+        return [Strategy(precision=p, checkpoint_segments=k, checkpoint_policy=q) for p in self.precisions for k in self.levels
                 for q in (self.policies if k else ("full",))]
 
     def _line_batches(self) -> list[int]:
@@ -278,7 +278,7 @@ def _as_estimated(config: Config) -> Config:
 def _strategy_of(config: Config) -> Strategy:
     """The strategy `config` trains (as `WhatFits.strategies` names it: no accumulation, which the
     global batch sets)."""
-    return Strategy(config.precision, config.checkpoint_segments, checkpoint_policy=config.checkpoint_policy)
+    return Strategy(precision=config.precision, checkpoint_segments=config.checkpoint_segments, checkpoint_policy=config.checkpoint_policy)
 
 
 def _native_cpu_bf16() -> bool:
@@ -291,6 +291,6 @@ def _pilot(global_batch: int | None) -> Config:
     """The first config estimated: micro-batch 8, or the largest divisor of the global batch up to 8
     with the accumulation that keeps it."""
     if not global_batch:
-        return Config(8)
+        return Config(batch_size=8)
     batch = divisors_in(global_batch, 1, 8)[-1]
-    return Config(batch, accumulation_steps=global_batch // batch)
+    return Config(batch_size=batch, accumulation_steps=global_batch // batch)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autofit.config import CHECKPOINT_POLICIES, PRECISIONS, SAMPLES, SHARDINGS, TOKENS, Config, Rate
+from autofit.config import CHECKPOINT_POLICIES, KNOBS, PRECISIONS, SAMPLES, SHARDINGS, TOKENS, Config, Rate
 from autofit.errors import UsageError
+from autofit.knobs import label
 from autofit.planner._loader_rule import LoaderChoices
 from autofit.planner._recompute import checkpoint_policy
 
@@ -47,7 +48,7 @@ def checkpoint_levels(blocks: int | None) -> list[int]:
     return sorted({0, max(1, round(blocks / 4)), max(1, round(blocks / 2)), blocks})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Strategy:
     """Everything but the micro-batch: within one strategy, memory rises with batch size."""
 
@@ -60,11 +61,8 @@ class Strategy:
     """"full" or "selective" (see CHECKPOINT_POLICIES); "full" when no block is checkpointed."""
 
     def label(self) -> str:
-        text = self.precision + (f" ckpt={self.checkpoint_segments}" if self.checkpoint_segments else "")
-        text += " selective" if checkpoint_policy(self) == "selective" else ""
-        if self.accumulation_steps and self.accumulation_steps > 1:
-            text += f" acc={self.accumulation_steps}"
-        return text + (f" {self.sharding}" if self.sharding != "ddp" else "") + (" compiled" if self.compile else "")
+        """The label of its configs without their size (the knobs' own words: autofit.knobs)."""
+        return label(self, KNOBS)
 
     @property
     def family(self) -> tuple[str, str, bool]:
@@ -155,7 +153,7 @@ class SearchSpace:
 
     def strategies(self) -> list[Strategy]:
         accs = (None,) if self.global_batch else self.accumulations
-        return [Strategy(p, k, a, h, c, q) for c in self.compiles for h in self.shardings for p in self.precisions
+        return [Strategy(precision=p, checkpoint_segments=k, accumulation_steps=a, sharding=h, compile=c, checkpoint_policy=q) for c in self.compiles for h in self.shardings for p in self.precisions
                 for k in self.checkpoint_segments for q in (self.checkpoint_policies if k else ("full",))
                 for a in accs]
 
@@ -198,8 +196,8 @@ class SearchSpace:
 
     def strategy_of(self, config: Config) -> Strategy:
         acc = None if self.global_batch else config.accumulation_steps
-        return Strategy(config.precision, config.checkpoint_segments, acc, config.sharding, config.compile,
-                        checkpoint_policy(config))
+        return Strategy(precision=config.precision, checkpoint_segments=config.checkpoint_segments, accumulation_steps=acc, sharding=config.sharding, compile=config.compile,
+                        checkpoint_policy=checkpoint_policy(config))
 
     def contains(self, config: Config) -> bool:
         return config in set(self.configs())

@@ -6,17 +6,16 @@ from typing import TYPE_CHECKING
 
 from optuna.trial import FrozenTrial
 
+from autofit.config import KNOBS
 from autofit.study._trials import trial_config, trial_result
 
 if TYPE_CHECKING:
     import pandas as pd
 
+#: The columns and their dtypes: the probe's, a column per knob (autofit.knobs), then what it measured.
 COLUMNS = {
-    "trial": "int64", "phase": "string", "status": "string", "label": "string", "precision": "string",
-    "batch_size": "int64", "checkpoint_segments": "int64", "checkpoint_policy": "string",
-    "sharding": "string", "compile": "boolean", "loader_workers": "Int64", "pin_memory": "boolean",
-    "prefetch_factor": "Int64",
-    "accumulation_steps": "int64", "max_tokens": "Int64", "max_squares": "Int64",
+    "trial": "int64", "phase": "string", "status": "string", "label": "string",
+    **{knob.name: knob.frame_dtype for knob in KNOBS},
     "global_batch": "int64", "samples_per_s": "float64", "tokens_per_s": "float64",
     "flops_per_s": "float64", "mfu": "float64", "joules_per_sample": "float64",
     "step_time_median_s": "float64", "peak_bytes": "Int64", "limit_bytes": "Int64",
@@ -43,18 +42,7 @@ def trials_frame(trials: list[FrozenTrial], usable_bytes: float | None) -> pd.Da
             "phase": trial.user_attrs.get("phase", "explore"),
             "status": result.status,
             "label": config.label(),  # every knob: the one name of a config in every table and plot
-            "precision": config.precision,
-            "batch_size": config.batch_size,
-            "checkpoint_segments": config.checkpoint_segments,
-            "checkpoint_policy": config.checkpoint_policy,
-            "sharding": config.sharding,
-            "compile": config.compile,
-            "loader_workers": config.loader_workers,
-            "pin_memory": config.pin_memory,
-            "prefetch_factor": config.prefetch_factor,
-            "accumulation_steps": config.accumulation_steps,
-            "max_tokens": config.max_tokens,
-            "max_squares": config.max_squares,
+            **{knob.name: getattr(config, knob.name) for knob in KNOBS},
             "global_batch": config.global_batch,
             "samples_per_s": result.samples_per_s,
             "tokens_per_s": result.tokens_per_s,

@@ -10,15 +10,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autofit.config import (
-    CHECKPOINT_POLICIES,
-    LOADER_FIELDS,
-    LOADER_PREFETCH,
-    LOADER_WORKERS,
-    PRECISIONS,
-    SHARDINGS,
-    Config,
-)
+from autofit.config import KNOBS, Config
 from autofit.probing import ProbeResult
 
 #: Errors that say the data cannot feed a batch this large (a ceiling, not a fault of the code).
@@ -32,33 +24,30 @@ MAX_SQUARES = 2**50
 def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumulation: int,
                   sharded: bool = False, compiled: bool = False, loader: bool = False,
                   selective: bool = False, token_range: tuple[int, int] | None = None) -> dict[str, BaseDistribution]:
-    """The trial parameters. Integer ranges, so a study may widen them later (Optuna allows that).
-    `sharding`, `compile`, the loader's fields and `checkpoint_policy` only where the search considers
-    them: other studies keep their form. The loader's choices include None: the loader as the script
-    declares it. `max_tokens` (within `token_range`) and `max_squares` (0: none) only for a function that
-    batches by tokens."""
-    return {
-        "batch_size": IntDistribution(batch_range[0], max(batch_range[0], batch_range[1])),
-        "precision": CategoricalDistribution(PRECISIONS),
-        "checkpoint_segments": IntDistribution(0, max(0, max_checkpoint)),
-        "accumulation_steps": IntDistribution(1, max(1, max_accumulation)),
-        **({"sharding": CategoricalDistribution(SHARDINGS)} if sharded else {}),
-        **({"compile": CategoricalDistribution((False, True))} if compiled else {}),
-        **({"loader_workers": CategoricalDistribution((None, *LOADER_WORKERS)),
-            "pin_memory": CategoricalDistribution((None, False, True)),
-            "prefetch_factor": CategoricalDistribution((None, *LOADER_PREFETCH))} if loader else {}),
-        **({"checkpoint_policy": CategoricalDistribution(CHECKPOINT_POLICIES)} if selective else {}),
-        **({"max_tokens": IntDistribution(token_range[0], max(token_range)),
-            "max_squares": IntDistribution(0, MAX_SQUARES)} if token_range else {}),
-    }
+    """The trial parameters: a knob (autofit.knobs) whose `offer` the search considers, or that needs none.
+    Integer ranges, so a study may widen them later (Optuna allows that); the other knobs categorical over
+    their values (None first where it is one: the loader as the script declares it). Knobs the search does
+    not consider are no params: other studies keep their form."""
+    offered = {"distribute": sharded, "compile": compiled, "loader": loader, "selective": selective,
+               "tokens": token_range is not None}
+    ranges = {"batch_size": (batch_range[0], max(batch_range)), "checkpoint_segments": (0, max(0, max_checkpoint)),
+              "accumulation_steps": (1, max(1, max_accumulation)),
+              "max_tokens": (token_range[0], max(token_range)) if token_range else (1, 1),
+              "max_squares": (0, MAX_SQUARES)}
+    params: dict[str, BaseDistribution] = {}
+    for knob in KNOBS:
+        if knob.offer is not None and not offered.get(knob.offer):
+            continue
+        params[knob.name] = (IntDistribution(*ranges[knob.name]) if knob.name in ranges
+                             else CategoricalDistribution(knob.trial_values()))
+    return params
 
 
 def config_params(config: Config) -> dict[str, Any]:
-    """The trial parameters of a config: the config's own fields (Optuna takes those it asks for)."""
-    return {**config.to_dict(), "sharding": config.sharding, "compile": config.compile,
-            **{name: getattr(config, name) for name in LOADER_FIELDS},
-            "checkpoint_policy": config.checkpoint_policy,
-            **({"max_squares": config.max_squares or 0} if config.max_tokens is not None else {})}
+    """The trial parameters of a config: every knob's value (Optuna takes those it asks for), the token caps
+    only by tokens (a study by samples has no such params)."""
+    return {knob.name: knob.param(getattr(config, knob.name)) for knob in KNOBS
+            if knob.offer != "tokens" or config.max_tokens is not None}
 
 
 def trial_config(trial: FrozenTrial) -> Config | None:

@@ -20,7 +20,7 @@ def _estimate(name: str, configs: list[Config]):
 
 @pytest.mark.slow  # the default tier stays under 5 minutes on 2 cores
 def test_a_nanogpt_loop_with_item_logging_clipping_and_a_grad_scaler_is_estimated():
-    small, large, fp16 = _estimate("nanogpt_loop.py", [Config(8), Config(16), Config(8, "fp16")])
+    small, large, fp16 = _estimate("nanogpt_loop.py", [Config(batch_size=8), Config(batch_size=16), Config(batch_size=8, precision="fp16")])
     assert fp16.breakdown["optimizer"] >= 2 * fp16.breakdown["parameters"]  # the scaler let AdamW step
     # 256x128 tied embedding/head, 64x128 positions, two blocks: ~0.44M fp32 parameters, counted once.
     params = 256 * 128 + 64 * 128 + 2 * (2 * 2 * 128 + 4 * 128 * 128 + 4 * 128 + 2 * 4 * 128 * 128 + 5 * 128) + 2 * 128
@@ -31,7 +31,7 @@ def test_a_nanogpt_loop_with_item_logging_clipping_and_a_grad_scaler_is_estimate
 
 @pytest.mark.slow
 def test_a_tied_model_built_on_the_cpu_cast_and_moved_late_is_estimated():
-    small, large = _estimate("built_on_cpu_then_moved.py", [Config(8), Config(16)])
+    small, large = _estimate("built_on_cpu_then_moved.py", [Config(batch_size=8), Config(batch_size=16)])
     params = 512 * 256 + (256 * 1024 + 1024) + (1024 * 256 + 256)  # the tied weight once
     assert small.breakdown["parameters"] == 4 * params
     assert small.breakdown["optimizer"] == 4 * params  # SGD's momentum
@@ -40,14 +40,14 @@ def test_a_tied_model_built_on_the_cpu_cast_and_moved_late_is_estimated():
 
 @pytest.mark.slow
 def test_a_reads_loss_value_loop_is_estimated():
-    small, large = _estimate("reads_loss_value.py", [Config(64), Config(256)])
+    small, large = _estimate("reads_loss_value.py", [Config(batch_size=64), Config(batch_size=256)])
     assert small.breakdown["parameters"] == 4 * (32 * 32 + 32)
     assert large.total_bytes > small.total_bytes
 
 
 @pytest.mark.slow
 def test_a_gan_built_at_import_with_argparse_an_ema_copy_and_two_optimizers_is_estimated():
-    small, large = _estimate("gan_ema_argparse.py", [Config(16), Config(256)])
+    small, large = _estimate("gan_ema_argparse.py", [Config(batch_size=16), Config(batch_size=256)])
     generator = (64 * 512 + 512) + 2 * 512 + (512 * 1024 + 1024)
     discriminator = (1024 * 512 + 512) + (512 + 1)
     assert small.breakdown["parameters"] >= 4 * (generator + discriminator)  # (and the EMA copy's)
@@ -57,7 +57,7 @@ def test_a_gan_built_at_import_with_argparse_an_ema_copy_and_two_optimizers_is_e
 
 @pytest.mark.slow  # the default tier stays under 5 minutes on 2 cores
 def test_moe_routing_sizes_follow_the_router_s_top_k_and_are_said_to_be_guessed():
-    small, large = _estimate("moe_routing.py", [Config(16), Config(64)])
+    small, large = _estimate("moe_routing.py", [Config(batch_size=16), Config(batch_size=64)])
     assert large.breakdown["activations"] > 3 * small.breakdown["activations"] > 0
     assert any("`nonzero` has a data-dependent size: from its mask's known density" in n for n in large.notes)
     # Balanced routing (2 of 8 experts per token), not every token through every expert: the activations
@@ -74,9 +74,9 @@ def test_a_partial_estimate_keeps_its_known_parts_for_the_planner():
     again = StoredEstimates.from_dict(stored.to_dict())
     assert again == stored
     prediction = again.prediction("cpu").calibrate([])
-    assert prediction.too_big(Config(8), 450 * 2**20)  # the process and the known parts alone pass it
-    assert not prediction.too_big(Config(8), 600 * 2**20)
-    assert prediction.peak(Config(8)) is None  # no range, so no gamble: probes explore above the floor
+    assert prediction.too_big(Config(batch_size=8), 450 * 2**20)  # the process and the known parts alone pass it
+    assert not prediction.too_big(Config(batch_size=8), 600 * 2**20)
+    assert prediction.peak(Config(batch_size=8)) is None  # no range, so no gamble: probes explore above the floor
     assert "activations not predicted" in again.summary()
 
 
@@ -87,7 +87,7 @@ def test_the_nanogpt_loop_s_estimate_grows_with_the_batch_as_probes_measure():
     from autofit.memory import CPU_FACTORS
     from autofit.probing import Worker
 
-    configs = [Config(16), Config(64)]
+    configs = [Config(batch_size=16), Config(batch_size=64)]
     small, large = _estimate("nanogpt_loop.py", configs)
     with Worker(script("nanogpt_loop.py"), device="cpu", memory_limit=4 * 2**30) as worker:
         worker.start()
@@ -99,9 +99,9 @@ def test_the_nanogpt_loop_s_estimate_grows_with_the_batch_as_probes_measure():
 
 
 @pytest.mark.frameworks
-@pytest.mark.parametrize("name, config", [("lightning_tied.py", Config(8, accumulation_steps=4)),
-                                          ("lightning_module.py", Config(16, accumulation_steps=4)),
-                                          ("hf_trainer.py", Config(4, accumulation_steps=4))])
+@pytest.mark.parametrize("name, config", [("lightning_tied.py", Config(batch_size=8, accumulation_steps=4)),
+                                          ("lightning_module.py", Config(batch_size=16, accumulation_steps=4)),
+                                          ("hf_trainer.py", Config(batch_size=4, accumulation_steps=4))])
 def test_framework_trainers_are_estimated(name, config):
     (estimate,) = _estimate(name, [config])
     assert estimate.breakdown["parameters"] > 0 and estimate.breakdown["optimizer"] > 0
@@ -119,9 +119,9 @@ def test_a_batch_the_data_cannot_feed_is_no_estimate_not_a_partial_one(tmp_path)
         "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
         "    loader = DataLoader(TensorDataset(torch.randn(16, 8)), batch_size=run.batch_size, drop_last=True)\n"
         "    while True:\n        for (x,) in run.batches(loader):\n            run.backward(model(x).sum(), opt)\n")
-    found = estimate_memory(str(path), [Config(8), Config(32)])
-    assert found.estimates[Config(8)].complete
-    assert Config(32) not in found.estimates and "DataTooSmall" in found.unavailable[Config(32)]
+    found = estimate_memory(str(path), [Config(batch_size=8), Config(batch_size=32)])
+    assert found.estimates[Config(batch_size=8)].complete
+    assert Config(batch_size=32) not in found.estimates and "DataTooSmall" in found.unavailable[Config(batch_size=32)]
 
 
 @pytest.mark.slow

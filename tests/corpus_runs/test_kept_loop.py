@@ -49,7 +49,7 @@ def test_a_probe_of_the_kept_loop_follows_its_steps(tmp_path):
 @pytest.mark.slow
 def test_the_kept_loop_is_searched_and_its_normal_run_trains_with_the_exported_config(tmp_path):
     shutil.copy(f"{CORPUS}/nanogpt_kept.py", tmp_path)
-    searched = autofit_cli("search", "nanogpt_kept.py", "--memory-limit", "1GiB", "--budget", "10m", "--trials", "4",
+    searched = autofit_cli("search", "nanogpt_kept.py", "--memory-limit", "1GiB", "--budget", "10m", "--trials", "3",
                            "--batch-range", "4:16", "--storage", f"sqlite:///{tmp_path}/k.db", cwd=tmp_path,
                            timeout=900)
     assert searched.returncode == 0, searched.stderr[-3000:]

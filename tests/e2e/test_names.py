@@ -68,7 +68,7 @@ def test_each_decorator_name_is_an_argument_of_autofit_and_a_field_of_search_opt
 @pytest.mark.parametrize("row", ROWS, ids=lambda row: row["quantity"][:30])
 def test_each_config_name_is_on_config(row):
     for name in re.findall(r"`Config\.([a-z_]+)`", row["Config / code"]):
-        assert hasattr(Config(8), name), name
+        assert hasattr(Config(batch_size=8), name), name
 
 
 def _exported_fields() -> set[str]:
@@ -76,7 +76,7 @@ def _exported_fields() -> set[str]:
     field set (distributed, so the fields only such files hold are written)."""
     documents = [read_best(path).document for path in glob.glob(os.path.join(REPO, "autofit", "recorded", "*.best.json"))]
     assert documents
-    everything = Config(24, "bf16", 2, 3, "fsdp", True, 4, True, 4, "selective", max_tokens=64)
+    everything = Config(batch_size=24, precision="bf16", checkpoint_segments=2, accumulation_steps=3, sharding="fsdp", compile=True, loader_workers=4, pin_memory=True, prefetch_factor=4, checkpoint_policy="selective", max_tokens=64)
     documents.append({"config": config_entry(everything, world_size=2)})
     found: set[str] = set()
 

@@ -291,10 +291,10 @@ def test_a_batch_the_data_cannot_feed_stops_the_climb_without_blaming_the_precis
     planner = Planner(space, 100 * 2**30)
 
     def ok(b, precision="fp32"):
-        return Observation(Config(b, precision), "ok", peak_bytes=2**30 + b * 2**20, rate=10.0 * b)
+        return Observation(Config(batch_size=b, precision=precision), "ok", peak_bytes=2**30 + b * 2**20, rate=10.0 * b)
 
-    seen = [ok(4), ok(64), ok(256), Observation(Config(1024), "error", data_bound=True),
-            Observation(Config(1024, "bf16"), "error", data_bound=True)]
+    seen = [ok(4), ok(64), ok(256), Observation(Config(batch_size=1024), "error", data_bound=True),
+            Observation(Config(batch_size=1024, precision="bf16"), "error", data_bound=True)]
     proposals = []
     for _ in range(30):
         config = planner.next(seen)
@@ -316,12 +316,12 @@ def test_contenders_are_remeasured_as_ranked_before_and_the_first_is_confirmed_o
     planner = Planner(SearchSpace.build(batch_range=(1, 64), precisions=("fp32",)), 2**30, check_noise=False)
 
     def probe(batch, rate, phase="explore"):
-        return Observation(Config(batch), "ok", peak_bytes=2**20 * batch, rate=rate, phase=phase, spread=0.10)
+        return Observation(Config(batch_size=batch), "ok", peak_bytes=2**20 * batch, rate=rate, phase=phase, spread=0.10)
 
     seen = [probe(64, 100.0), probe(48, 97.0), probe(32, 96.0), probe(24, 95.5), probe(16, 90.0)]
-    assert planner.contenders(seen) == [Config(64), Config(48), Config(32)]
+    assert planner.contenders(seen) == [Config(batch_size=64), Config(batch_size=48), Config(batch_size=32)]
     seen.append(probe(64, 80.0, "remeasure"))  # the leader falls: 24 is now within 5% of the best, too late
-    assert planner.contenders(seen) == [Config(48), Config(32)]
+    assert planner.contenders(seen) == [Config(batch_size=48), Config(batch_size=32)]
     seen += [probe(48, 97.0, "remeasure"), probe(32, 96.0, "remeasure")]
     assert planner.contenders(seen) == []
     first = planner.to_confirm(seen)

@@ -19,7 +19,7 @@ from autofit.export import config_entry, write_best
 from autofit.runtime import TokenEnvelope
 from tests.support import REPO, script
 
-CONFIG = Config(64, max_tokens=64, accumulation_steps=2)
+CONFIG = Config(batch_size=64, max_tokens=64, accumulation_steps=2)
 # What probes of data up to 16 tokens ran at this cap: 4 x 16 padded tokens, 4 x 16² padded squares. The
 # script's three 32-token samples come as [32, 32] and [32, 16], each 2 x 32² = 2048 squares: beyond.
 ENVELOPE = TokenEnvelope(longest_sample=16, padded_tokens=64, padded_squares=1024)

@@ -11,19 +11,19 @@ from autofit.options import SearchOptions
 
 
 @pytest.mark.parametrize(("declared", "expected"), [
-    ({}, Config(32)),
-    ({"global_batch": 16}, Config(16)),
-    ({"global_batch": 64, "default_batch_size": 16}, Config(16, accumulation_steps=4)),
-    ({"global_batch": 96, "batch_range": (1, 64)}, Config(32, accumulation_steps=3)),
+    ({}, Config(batch_size=32)),
+    ({"global_batch": 16}, Config(batch_size=16)),
+    ({"global_batch": 64, "default_batch_size": 16}, Config(batch_size=16, accumulation_steps=4)),
+    ({"global_batch": 96, "batch_range": (1, 64)}, Config(batch_size=32, accumulation_steps=3)),
     # never the whole global batch at once: nanoGPT's 480 as one micro-batch ran an H100 out of memory
-    ({"global_batch": 480}, Config(32, accumulation_steps=15)),
+    ({"global_batch": 480}, Config(batch_size=32, accumulation_steps=15)),
     ({"global_batch": 480, "default_batch_size": 12, "default_precision": "bfloat16"},
-     Config(12, "bf16", accumulation_steps=40)),
-    ({"default_precision": "torch.float16"}, Config(32, "fp16")),
-    ({"default_batch_size": 8}, Config(8)),
-    ({"batch_range": (1, 8)}, Config(8)),
-    ({"precision": ("bf16", "fp32")}, Config(32)),
-    ({"precision": ("bf16",)}, Config(32, "bf16")),
+     Config(batch_size=12, precision="bf16", accumulation_steps=40)),
+    ({"default_precision": "torch.float16"}, Config(batch_size=32, precision="fp16")),
+    ({"default_batch_size": 8}, Config(batch_size=8)),
+    ({"batch_range": (1, 8)}, Config(batch_size=8)),
+    ({"precision": ("bf16", "fp32")}, Config(batch_size=32)),
+    ({"precision": ("bf16",)}, Config(batch_size=32, precision="bf16")),
 ])
 def test_the_unsearched_config_follows_the_declaration(declared, expected):
     assert SearchOptions(**declared).unsearched_config()[0] == expected
@@ -60,7 +60,7 @@ def test_the_first_line_says_when_the_winner_was_never_confirmed(tmp_path, monke
     def train(run):
         return run.config
 
-    assert train(autofit_config=str(path)) == Config(48, precision="bf16")
+    assert train(autofit_config=str(path)) == Config(batch_size=48, precision="bf16")
     first = capsys.readouterr().err.splitlines()[0]
     assert first.startswith("autofit: running train with the best config from") and "bf16 b=48" in first
     reason = document["measured"].get("unconfirmed") or "the search ended before a longer run could measure it"
@@ -91,6 +91,6 @@ def test_a_best_config_file_of_another_global_batch_is_not_trained_with(tmp_path
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as handle:
         json.dump(document, handle)
-    assert train() == Config(30, accumulation_steps=8)  # the declared 240: 32 at most a micro-batch, a divisor
+    assert train() == Config(batch_size=30, accumulation_steps=8)  # the declared 240: 32 at most a micro-batch, a divisor
     err = capsys.readouterr().err
     assert "keeps a global batch of 480, not the 240 train declares" in err and "running with defaults" in err

@@ -51,9 +51,9 @@ def _flops(config: Config) -> tuple[int, int]:
 
 
 def test_full_checkpointing_recomputes_the_matmuls_and_selective_none_of_them():
-    forward, backward = _flops(Config(4))
-    full_forward, full_backward = _flops(Config(4, checkpoint_segments=2))
-    selective_forward, selective_backward = _flops(Config(4, checkpoint_segments=2, checkpoint_policy="selective"))
+    forward, backward = _flops(Config(batch_size=4))
+    full_forward, full_backward = _flops(Config(batch_size=4, checkpoint_segments=2))
+    selective_forward, selective_backward = _flops(Config(batch_size=4, checkpoint_segments=2, checkpoint_policy="selective"))
     assert forward > 0 and full_forward == selective_forward == forward
     # The forward's matmuls and attention again, but for each block's last matmul: PyTorch stops
     # recomputing once it has every tensor the backward needs, and that output is not one.
@@ -62,20 +62,20 @@ def test_full_checkpointing_recomputes_the_matmuls_and_selective_none_of_them():
 
 
 def test_one_checkpointed_block_of_two_recomputes_half_as_much():
-    _, backward = _flops(Config(4))
-    _, both = _flops(Config(4, checkpoint_segments=2))
-    _, one = _flops(Config(4, checkpoint_segments=1))
-    _, one_selective = _flops(Config(4, checkpoint_segments=1, checkpoint_policy="selective"))
+    _, backward = _flops(Config(batch_size=4))
+    _, both = _flops(Config(batch_size=4, checkpoint_segments=2))
+    _, one = _flops(Config(batch_size=4, checkpoint_segments=1))
+    _, one_selective = _flops(Config(batch_size=4, checkpoint_segments=1, checkpoint_policy="selective"))
     assert 2 * (one - backward) == both - backward and one_selective == backward
 
 
 def test_applying_another_policy_changes_it_and_keeps_the_module():
     blocks = torch.nn.ModuleList([Block(), Block()])
     keys = list(blocks.state_dict())
-    Run(Config(4, checkpoint_segments=2)).checkpoint(blocks)
-    Run(Config(4, checkpoint_segments=2)).checkpoint(blocks)  # idempotent: not checkpointed twice
+    Run(Config(batch_size=4, checkpoint_segments=2)).checkpoint(blocks)
+    Run(Config(batch_size=4, checkpoint_segments=2)).checkpoint(blocks)  # idempotent: not checkpointed twice
     assert [checkpoint_policy_of(b) for b in blocks] == ["full", "full"]
-    Run(Config(4, checkpoint_segments=1, checkpoint_policy="selective")).checkpoint(blocks)
+    Run(Config(batch_size=4, checkpoint_segments=1, checkpoint_policy="selective")).checkpoint(blocks)
     assert [checkpoint_policy_of(b) for b in blocks] == ["selective", None]
     assert "forward" not in vars(blocks[1])  # unwrapped: the class's own forward again
     assert list(blocks.state_dict()) == keys
@@ -95,27 +95,27 @@ def _peaks(script_name: str, configs: list[Config]) -> list[int]:
 def test_a_real_probe_peaks_lower_with_selective_and_lowest_with_full_checkpointing():
     """Eight transformer blocks at one batch: checkpointed selectively they keep the matmul and
     attention outputs, fully only each block's input."""
-    configs = [Config(256, checkpoint_segments=8), Config(256, checkpoint_segments=8, checkpoint_policy="selective"),
-               Config(256)]
+    configs = [Config(batch_size=256, checkpoint_segments=8), Config(batch_size=256, checkpoint_segments=8, checkpoint_policy="selective"),
+               Config(batch_size=256)]
     full, selective, none = _peaks(script("transformer_blocks.py"), configs)
     assert none - selective > 48 * MiB and selective - full > 48 * MiB, (none / MiB, selective / MiB, full / MiB)
 
 
 @pytest.mark.slow
 def test_the_bundled_gpt_peaks_lower_with_selective_and_lowest_with_full_checkpointing():
-    configs = [Config(128, checkpoint_segments=4), Config(128, checkpoint_segments=4, checkpoint_policy="selective"),
-               Config(128)]  # at 128: 1211, 922 and 762 MiB (twice the margins at 256, for twice the time)
+    configs = [Config(batch_size=128, checkpoint_segments=4), Config(batch_size=128, checkpoint_segments=4, checkpoint_policy="selective"),
+               Config(batch_size=128)]  # at 128: 1211, 922 and 762 MiB (twice the margins at 256, for twice the time)
     full, selective, none = _peaks(f"{STUDIES}/gpt.py", configs)
     assert none - selective > 64 * MiB and selective - full > 64 * MiB, (none / MiB, selective / MiB, full / MiB)
 
 
 def test_the_policy_is_validated_labelled_and_kept_only_when_not_full():
     with pytest.raises(UsageError, match=r"The checkpoint policy must be one of full, selective, but got 'some'\."):
-        Config(8, checkpoint_segments=1, checkpoint_policy="some")
-    selective = Config(64, "bf16", checkpoint_segments=2, checkpoint_policy="selective")
+        Config(batch_size=8, checkpoint_segments=1, checkpoint_policy="some")
+    selective = Config(batch_size=64, precision="bf16", checkpoint_segments=2, checkpoint_policy="selective")
     assert selective.label() == "bf16 b=64 ckpt=2 selective"
-    assert Config(64, "bf16", checkpoint_segments=2).label() == "bf16 b=64 ckpt=2"
-    assert "checkpoint_policy" not in Config(64, checkpoint_segments=2).to_dict()  # old files keep their form
+    assert Config(batch_size=64, precision="bf16", checkpoint_segments=2).label() == "bf16 b=64 ckpt=2"
+    assert "checkpoint_policy" not in Config(batch_size=64, checkpoint_segments=2).to_dict()  # old files keep their form
     assert Config.from_dict(selective.to_dict()) == selective
 
 

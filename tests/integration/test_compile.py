@@ -59,15 +59,15 @@ def _written_and_read_back(tmp_path, entry: dict) -> Config:
 
 
 def test_a_compiled_config_is_written_to_the_best_config_file_and_read_back_compiled(tmp_path):
-    compiled = Config(16, "bf16", accumulation_steps=2, compile=True)
+    compiled = Config(batch_size=16, precision="bf16", accumulation_steps=2, compile=True)
     assert config_entry(compiled)["compile"] is True
     assert _written_and_read_back(tmp_path, config_entry(compiled)) == compiled
-    assert _written_and_read_back(tmp_path, config_entry(Config(16))) == Config(16)
+    assert _written_and_read_back(tmp_path, config_entry(Config(batch_size=16))) == Config(batch_size=16)
 
 
 def test_a_best_config_file_without_compile_reads_as_eager(tmp_path):
     """Files written before compile was a knob, and every eager one, hold no `compile` field."""
-    entry = config_entry(Config(8, "bf16"))
+    entry = config_entry(Config(batch_size=8, precision="bf16"))
     assert "compile" not in entry
     assert _written_and_read_back(tmp_path, entry).compile is False
 
@@ -85,7 +85,7 @@ def test_in_one_process_a_probe_after_the_first_compiles_from_the_compilers_cach
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # cold for the first probe
     with Worker(script("compiles.py"), probe_process="persistent") as worker:
         worker.start()
-        first, second = (worker.probe(Config(16, compile=True), timeout=300) for _ in range(2))
+        first, second = (worker.probe(Config(batch_size=16, compile=True), timeout=300) for _ in range(2))
     assert first.ok and second.ok
     assert first.compile_s and second.compile_s is not None
     assert not first.compile_cache_hits and second.compile_cache_hits > 0
@@ -100,7 +100,7 @@ def test_a_scripts_own_compilation_is_timed_apart_from_its_steps(tmp_path, monke
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     with Worker(script("compiles_itself.py")) as worker:
         worker.start()
-        result = worker.probe(Config(8, accumulation_steps=8), timeout=300)
+        result = worker.probe(Config(batch_size=8, accumulation_steps=8), timeout=300)
     assert result.ok, result.error_message
     assert not result.config.compile and result.compile_s and result.compile_s > 0
     assert result.start_s >= result.compile_s  # every graph (its evaluation, forward, backward) came before

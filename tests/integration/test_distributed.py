@@ -17,7 +17,7 @@ from tests.support.runs import config_file, run_ddp_train
 @pytest.mark.distributed
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp2"])
 def test_two_ranks_keep_the_global_batch_and_train_as_one_process_would(tmp_path, sharding):
-    best = config_file(tmp_path / "ddp.best.json", Config(8, accumulation_steps=4))  # searched: global 32
+    best = config_file(tmp_path / "ddp.best.json", Config(batch_size=8, accumulation_steps=4))  # searched: global 32
     ddp = run_ddp_train(tmp_path, "ddp", 2, AUTOFIT_CONFIG=best, **({"SHARD": "1"} if sharding == "fsdp2" else {}))
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     # Each rank: micro-batch 8, accumulation 2; 2 ranks: the global batch stays 32; 512 samples = 16 steps.
@@ -48,7 +48,7 @@ def test_every_rank_that_trained_to_the_end_exits_cleanly(tmp_path):
     few CI runs."""
     if not sys.platform.startswith("linux"):
         pytest.skip("the helper sets thread priorities through /proc and SCHED_IDLE (Linux)")
-    best = config_file(tmp_path / "ddp.best.json", Config(8, accumulation_steps=4))
+    best = config_file(tmp_path / "ddp.best.json", Config(batch_size=8, accumulation_steps=4))
     for attempt in range(4):
         ran = run_ddp_train(tmp_path, "ddp", 2, via="idle_gloo_workers.py", AUTOFIT_CONFIG=best)
         assert ran.returncode == 0, f"run {attempt + 1} of 4 failed:\n{ran.stderr[-3000:]}"
@@ -57,8 +57,8 @@ def test_every_rank_that_trained_to_the_end_exits_cleanly(tmp_path):
 
 @pytest.mark.distributed
 def test_ranks_with_different_configs_stop_with_a_clear_error(tmp_path):
-    first = config_file(tmp_path / "a.best.json", Config(8, accumulation_steps=4))
-    second = config_file(tmp_path / "b.best.json", Config(16, accumulation_steps=2))
+    first = config_file(tmp_path / "a.best.json", Config(batch_size=8, accumulation_steps=4))
+    second = config_file(tmp_path / "b.best.json", Config(batch_size=16, accumulation_steps=2))
     ran = run_ddp_train(tmp_path, "split", 2, SPLIT_CONFIGS=f"{first},{second}")
     assert ran.returncode != 0
     assert "must train with one config, but they resolved different ones" in ran.stderr
@@ -66,12 +66,12 @@ def test_ranks_with_different_configs_stop_with_a_clear_error(tmp_path):
 
 
 def test_the_global_batch_is_kept_when_the_accumulation_divides_among_the_ranks():
-    assert per_rank_config(Config(8, accumulation_steps=4), 2) == (Config(8, accumulation_steps=2), None)
-    kept, note = per_rank_config(Config(8, accumulation_steps=3), 2)
-    assert kept == Config(8, accumulation_steps=3) and "global batch is 48" in note
-    assert per_rank_config(Config(8), 1) == (Config(8), None)
-    assert per_rank_config(Config(8, accumulation_steps=2), 2, searched_world=2) == (Config(8, accumulation_steps=2), None)
-    assert per_rank_config(Config(8, accumulation_steps=2), 1, searched_world=2) == (Config(8, accumulation_steps=4), None)
+    assert per_rank_config(Config(batch_size=8, accumulation_steps=4), 2) == (Config(batch_size=8, accumulation_steps=2), None)
+    kept, note = per_rank_config(Config(batch_size=8, accumulation_steps=3), 2)
+    assert kept == Config(batch_size=8, accumulation_steps=3) and "global batch is 48" in note
+    assert per_rank_config(Config(batch_size=8), 1) == (Config(batch_size=8), None)
+    assert per_rank_config(Config(batch_size=8, accumulation_steps=2), 2, searched_world=2) == (Config(batch_size=8, accumulation_steps=2), None)
+    assert per_rank_config(Config(batch_size=8, accumulation_steps=2), 1, searched_world=2) == (Config(batch_size=8, accumulation_steps=4), None)
     assert Ranks().is_main and not Ranks(rank=1, world_size=2).is_main
 
 

@@ -39,7 +39,7 @@ def test_the_estimator_takes_only_idle_cpu_time():
 
 
 def test_the_cpu_runtime_context_is_measured_and_predicted_beside_the_tensors():
-    found = estimate_memory(f"{STUDIES}/mlp.py", [Config(256), Config(1024)])
+    found = estimate_memory(f"{STUDIES}/mlp.py", [Config(batch_size=256), Config(batch_size=1024)])
     assert found.error is None
     # Thread stacks, malloc arenas, oneDNN's and the BLAS library's buffers: tens of MiB on any CPU,
     # and none of it a tensor the fake tensors could count.
@@ -50,15 +50,15 @@ def test_the_cpu_runtime_context_is_measured_and_predicted_beside_the_tensors():
     kept = StoredEstimates.from_dict(json.loads(json.dumps(stored.to_dict())))
     assert kept.context_bytes == found.context_bytes
     prediction = kept.prediction("cpu")
-    tensors = found.estimates[Config(256)].total_bytes
-    assert prediction.raw_peak(Config(256)) == pytest.approx(stored.device_bytes + CPU_TYPICAL_FACTOR * tensors)
+    tensors = found.estimates[Config(batch_size=256)].total_bytes
+    assert prediction.raw_peak(Config(batch_size=256)) == pytest.approx(stored.device_bytes + CPU_TYPICAL_FACTOR * tensors)
 
 
 def test_a_raw_peak_needs_an_estimate_of_the_strategy():
-    prediction = MemoryPrediction.from_estimates({Config(8): 8.0, Config(16): 16.0}, device_bytes=100,
+    prediction = MemoryPrediction.from_estimates({Config(batch_size=8): 8.0, Config(batch_size=16): 16.0}, device_bytes=100,
                                                 **peak_factors("cpu"))
-    assert prediction.raw_peak(Config(12)) == pytest.approx(100 + CPU_TYPICAL_FACTOR * 12)
-    assert prediction.raw_peak(Config(8, "bf16")) is None
+    assert prediction.raw_peak(Config(batch_size=12)) == pytest.approx(100 + CPU_TYPICAL_FACTOR * 12)
+    assert prediction.raw_peak(Config(batch_size=8, precision="bf16")) is None
 
 
 @pytest.mark.slow

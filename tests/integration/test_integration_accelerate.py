@@ -92,11 +92,11 @@ def _loop(run: Run, *, grows: str | None = None, loader_batch: int = 4, accumula
 
 
 def test_the_config_reaches_the_accelerator_and_the_training_loader():
-    settings = accelerator_settings(Run(Config(8, "bf16", accumulation_steps=2)), {"mixed_precision": "no"})
+    settings = accelerator_settings(Run(Config(batch_size=8, precision="bf16", accumulation_steps=2)), {"mixed_precision": "no"})
     assert settings["mixed_precision"] == "bf16" and settings["gradient_accumulation_steps"] == 2
     assert settings["cpu"] is True
-    assert accelerator_settings(Run(Config(8, "tf32")), {})["mixed_precision"] == "no"  # TF32: the run's scope
-    run = Run(Config(2, accumulation_steps=4))
+    assert accelerator_settings(Run(Config(batch_size=8, precision="tf32")), {})["mixed_precision"] == "no"  # TF32: the run's scope
+    run = Run(Config(batch_size=2, accumulation_steps=4))
     with run.active():
         done = _loop(run)
     assert done["batches"] == [2] * 16 and done["steps"] == 4
@@ -107,7 +107,7 @@ def test_the_config_reaches_the_accelerator_and_the_training_loader():
 def test_a_probe_counts_the_loops_optimizer_steps_and_never_runs_out_of_data():
     """32 samples at 4 x 2 give 4 optimizer steps an epoch; a probe of 2 + 5 steps ends by itself
     within the script's one pass over its loader (ProbeFinished), its loader starting again."""
-    run = Run(Config(4, accumulation_steps=2), probing=True, warmup_steps=2, measured_steps=5)
+    run = Run(Config(batch_size=4, accumulation_steps=2), probing=True, warmup_steps=2, measured_steps=5)
     with run.active(), pytest.raises(ProbeFinished):
         _loop(run)
     assert run.optimizer_steps == 7 and run.clock.measured_samples == 5 * 8
@@ -116,23 +116,23 @@ def test_a_probe_counts_the_loops_optimizer_steps_and_never_runs_out_of_data():
 
 
 def test_without_a_search_the_users_own_settings_stand():
-    run = Run(Config(1), defaults=True)
+    run = Run(Config(batch_size=1), defaults=True)
     with run.active():
         done = _loop(run)
     assert done["batches"] == [4] * 8 and done["steps"] == 4
-    assert run.config == Config(4, "fp32", accumulation_steps=2)
+    assert run.config == Config(batch_size=4, precision="fp32", accumulation_steps=2)
 
 
 def test_a_config_that_would_change_the_global_batch_is_refused():
     with pytest.raises(UsageError, match="asks for a global batch of 8 \\(4 x 2 accumulation steps\\)"):
-        _loop(Run(Config(4)))
+        _loop(Run(Config(batch_size=4)))
 
 
 def test_a_probe_that_prices_a_long_accumulation_keeps_the_scripts_global_batch():
     """A probe of b=1 acc=16 runs 4 micro-batches a step and prices the 16 (PROBE_ACCUMULATION): the script's
     global batch (its loader's 4 x its own 4 accumulation steps) is the priced config's, not the one that ran
     (a held-out Accelerate script's every probe was refused as "global batch 4, not 16")."""
-    run = Run(Config(1, accumulation_steps=16), probing=True, warmup_steps=1, measured_steps=4, probe_accumulation=4)
+    run = Run(Config(batch_size=1, accumulation_steps=16), probing=True, warmup_steps=1, measured_steps=4, probe_accumulation=4)
     with run.active(), pytest.raises(ProbeFinished):
         _loop(run, accumulation=4)
     assert run.config.accumulation_steps == 4 and run.priced_config.accumulation_steps == 16
@@ -140,16 +140,16 @@ def test_a_probe_that_prices_a_long_accumulation_keeps_the_scripts_global_batch(
 
 @pytest.mark.parametrize("phase", ["forward", "backward"])
 def test_an_oom_in_the_loop_is_redone_in_pieces_and_trains_as_the_lower_micro_batch(phase, capsys):
-    grown = Run(Config(4, accumulation_steps=2), recover_oom=True)
+    grown = Run(Config(batch_size=4, accumulation_steps=2), recover_oom=True)
     with grown.active():
         done = _loop(grown, grows=phase)
     assert [item.where for item in grown.lowerings] == [phase]
-    assert grown.lowerings[0].step == 2 and grown.config == Config(2, accumulation_steps=4)
+    assert grown.lowerings[0].step == 2 and grown.config == Config(batch_size=2, accumulation_steps=4)
     assert "global batch 8 unchanged" in capsys.readouterr().err
     assert done["steps"] == 4 and grown.optimizer_steps == 4
     assert done["batches"] == [4] * 8  # the script's loader keeps its batches; autofit cuts them
 
-    lower = Run(Config(2, accumulation_steps=4))
+    lower = Run(Config(batch_size=2, accumulation_steps=4))
     with lower.active():
         reference = _loop(lower)
     for key, value in reference["weights"].items():
@@ -157,13 +157,13 @@ def test_an_oom_in_the_loop_is_redone_in_pieces_and_trains_as_the_lower_micro_ba
 
 
 def test_a_loop_that_computes_its_own_loss_is_told_why_its_oom_cannot_be_redone():
-    run = Run(Config(4, accumulation_steps=2), recover_oom=True)
+    run = Run(Config(batch_size=4, accumulation_steps=2), recover_oom=True)
     with run.active(), pytest.raises(UsageError, match="this loop computes its own"):
         _loop(run, grows="forward", own_loss=True)
 
 
 def test_without_recovery_the_oom_reaches_the_script():
-    run = Run(Config(4, accumulation_steps=2), recover_oom=False)
+    run = Run(Config(batch_size=4, accumulation_steps=2), recover_oom=False)
     with run.active(), pytest.raises(torch.OutOfMemoryError):
         _loop(run, grows="forward")
 
@@ -188,7 +188,7 @@ def test_the_corpus_script_is_searched_under_a_limit_and_runs_with_the_answer(tm
     best = tmp_path / "clm.best.json"
     # A long budget and probe timeout: on a shared 2-core machine one probe of this GPT-2 took 45 s.
     searched = autofit_cli("search", ACCELERATE_CLM, "--device", "cpu", "--memory-limit", LIMIT, "--headroom", "0",
-                           "--trials", "4", "--budget", "180s", "--probe-timeout", "150s", "--storage", f"sqlite:///{tmp_path}/clm.db", "--out", str(best),
+                           "--trials", "3", "--budget", "180s", "--probe-timeout", "150s", "--storage", f"sqlite:///{tmp_path}/clm.db", "--out", str(best),
                            cwd=tmp_path, timeout=600)
     assert searched.returncode == 0, searched.stderr[-3000:]
     config = Config.from_dict(json.loads(best.read_text())["config"])
@@ -227,7 +227,7 @@ def test_the_corpus_scripts_estimate_holds_its_gradients_where_the_loop_does():
 
     from autofit.memory import estimate_memory
 
-    accumulating, plain = Config(8, accumulation_steps=2), Config(16)
+    accumulating, plain = Config(batch_size=8, accumulation_steps=2), Config(batch_size=16)
     found = estimate_memory(ACCELERATE_CLM, [accumulating, plain])
     assert found.error is None and not found.unavailable, found.unavailable
     model = GPT2LMHeadModel(GPT2Config(vocab_size=512, n_positions=64, n_embd=128, n_layer=4, n_head=4))
@@ -280,7 +280,7 @@ def _token_loop(run: Run, shapes: list[tuple[int, int, int]]) -> None:
 def test_token_batches_handed_to_prepare_are_probed_by_tokens():
     """The probe climbs max_tokens (the longest sample noted), its batches stay within the cap, the batch of
     the longest sample comes first, and its steps count their real tokens."""
-    run = Run(Config(64, max_tokens=64), probing=True, warmup_steps=2, measured_steps=30)
+    run = Run(Config(batch_size=64, max_tokens=64), probing=True, warmup_steps=2, measured_steps=30)
     shapes: list = []
     with run.active(), pytest.raises(ProbeFinished):
         _token_loop(run, shapes)
@@ -293,7 +293,7 @@ def test_token_batches_handed_to_prepare_are_probed_by_tokens():
 
 @pytest.mark.frameworks
 def test_a_normal_run_with_token_batches_trains_each_sample_once_within_the_cap():
-    run = Run(Config(64, max_tokens=64))
+    run = Run(Config(batch_size=64, max_tokens=64))
     shapes: list = []
     with run.active():
         _token_loop(run, shapes)

@@ -24,7 +24,7 @@ def test_a_trainer_script_is_searched_keeps_its_global_batch_and_runs_with_the_a
     best = tmp_path / "hf.best.json"
     env = {**os.environ, "PYTHONPATH": REPO, "HF_OUT": str(tmp_path / "out")}
     searched = autofit_cli("search", script("hf_trainer.py"), "--device", "cpu", "--memory-limit", LIMIT, "--headroom", "0",
-                           "--trials", "4", "--budget", "3m", "--storage", f"sqlite:///{tmp_path}/hf.db", "--out", str(best),
+                           "--trials", "3", "--budget", "3m", "--storage", f"sqlite:///{tmp_path}/hf.db", "--out", str(best),
                            cwd=tmp_path, env={"HF_OUT": str(tmp_path / "out")})
     assert searched.returncode == 0, searched.stderr[-3000:]
     document = json.loads(best.read_text())
@@ -56,7 +56,7 @@ def test_without_a_search_the_trainer_keeps_the_users_own_arguments(tmp_path):
 def test_a_config_that_would_change_the_global_batch_is_refused(tmp_path):
     config = tmp_path / "wrong.best.json"
     from autofit.export import config_entry, write_best
-    write_best(str(config), {"partial": False, "config": config_entry(Config(8)), "measured": {},
+    write_best(str(config), {"partial": False, "config": config_entry(Config(batch_size=8)), "measured": {},
                              "memory": {"limit_bytes": None}, "device": {"type": "cpu"}, "versions": {}, "script": {}})
     ran = subprocess.run([sys.executable, script("hf_trainer.py")],
                          env={**os.environ, "PYTHONPATH": REPO, "AUTOFIT_CONFIG": str(config),
@@ -110,7 +110,7 @@ def test_a_normal_run_with_an_exported_token_cap_batches_by_tokens(tmp_path):
     from autofit.export import config_entry, write_best
 
     best, out = tmp_path / "tokens.best.json", tmp_path / "batches.txt"
-    write_best(str(best), {"partial": False, "config": config_entry(Config(64, max_tokens=64)), "measured": {},
+    write_best(str(best), {"partial": False, "config": config_entry(Config(batch_size=64, max_tokens=64)), "measured": {},
                            "memory": {"limit_bytes": None}, "device": {"type": "cpu"}, "versions": {}, "script": {}})
     ran = subprocess.run([sys.executable, GROUPED], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                          env={**os.environ, "PYTHONPATH": REPO, "AUTOFIT_CONFIG": str(best),

@@ -29,7 +29,7 @@ def _run(tmp_path, config_path=None):
 def test_a_lightning_script_is_searched_keeps_its_global_batch_and_runs_with_the_answer(tmp_path):
     best = tmp_path / "pl.best.json"
     searched = autofit_cli("search", script("lightning_module.py"), "--device", "cpu", "--memory-limit", LIMIT, "--headroom", "0",
-                           "--trials", "4", "--budget", "3m", "--storage", f"sqlite:///{tmp_path}/pl.db", "--out", str(best),
+                           "--trials", "3", "--budget", "3m", "--storage", f"sqlite:///{tmp_path}/pl.db", "--out", str(best),
                            cwd=tmp_path, env={"PL_OUT": str(tmp_path / "out")})
     assert searched.returncode == 0, searched.stderr[-3000:]
     config = Config.from_dict(json.loads(best.read_text())["config"])
@@ -61,12 +61,12 @@ def test_before_a_search_a_trainer_that_changes_the_declared_global_batch_says_s
     from autofit.integrations.lightning import trainer_settings
     from autofit.runtime import Run
 
-    run = Run(Config(32), "cpu", defaults=True)  # the decorator's default for global_batch=32
+    run = Run(Config(batch_size=32), "cpu", defaults=True)  # the decorator's default for global_batch=32
     settings = trainer_settings(run, {"accumulate_grad_batches": 2})
     assert settings["accumulate_grad_batches"] == 2 and run.config.global_batch == 64
     said = capsys.readouterr().err
     assert "global batch is 64, not the 32 @autofit declares" in said and "default_batch_size=16" in said
-    kept = Run(Config(16, accumulation_steps=2), "cpu", defaults=True)  # default_batch_size=16
+    kept = Run(Config(batch_size=16, accumulation_steps=2), "cpu", defaults=True)  # default_batch_size=16
     trainer_settings(kept, {"accumulate_grad_batches": 2})
     assert kept.config.global_batch == 32 and "declares" not in capsys.readouterr().err
 
@@ -78,10 +78,10 @@ def test_the_config_becomes_the_trainers_settings(precision, lightning_precision
     from autofit.integrations.lightning import trainer_settings
     from autofit.runtime import Run
 
-    settings = trainer_settings(Run(Config(32, precision, accumulation_steps=2), "cpu"), {"max_epochs": 3})
+    settings = trainer_settings(Run(Config(batch_size=32, precision=precision, accumulation_steps=2), "cpu"), {"max_epochs": 3})
     assert settings["precision"] == lightning_precision and settings["accumulate_grad_batches"] == 2
     assert settings["max_epochs"] == 3 and settings["accelerator"] == "cpu"
-    probing = trainer_settings(Run(Config(32), "cpu", probing=True), {"max_epochs": 3})
+    probing = trainer_settings(Run(Config(batch_size=32), "cpu", probing=True), {"max_epochs": 3})
     assert probing["max_epochs"] == -1 and probing["limit_val_batches"] == 0 and probing["logger"] is False
 
 

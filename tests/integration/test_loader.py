@@ -65,7 +65,7 @@ def test_only_the_measured_steps_wait_counts():
 
 
 def test_a_loop_autofit_does_not_drive_has_no_data_wait():
-    run = Run(Config(4))
+    run = Run(Config(batch_size=4))
     run.adopt_loop()
     for _ in range(3):
         run.step_taken(4)
@@ -73,7 +73,7 @@ def test_a_loop_autofit_does_not_drive_has_no_data_wait():
 
 
 def test_run_batches_times_the_fetches():
-    run = Run(Config(2), warmup_steps=1)
+    run = Run(Config(batch_size=2), warmup_steps=1)
     for _ in run.batches([torch.zeros(2, 3)] * 4):
         pass
     assert run.clock.data_wait_s is not None and run.summary()["data_wait_share"] is not None
@@ -94,7 +94,7 @@ class _Stream(torch.utils.data.IterableDataset):
 
 
 def test_the_config_overrides_what_the_script_declares():
-    run = Run(Config(8, loader_workers=2, pin_memory=False, prefetch_factor=4))
+    run = Run(Config(batch_size=8, loader_workers=2, pin_memory=False, prefetch_factor=4))
     loader = run.loader(_Squares(), num_workers=0, pin_memory=True, prefetch_factor=3)
     assert (loader.num_workers, loader.pin_memory, loader.prefetch_factor) == (2, False, 4)
     assert loader.batch_size == 8 and loader.drop_last
@@ -103,18 +103,18 @@ def test_the_config_overrides_what_the_script_declares():
 
 
 def test_what_the_script_declares_holds_where_the_config_says_nothing():
-    run = Run(Config(8))
+    run = Run(Config(batch_size=8))
     loader = run.loader(_Squares(), num_workers=1, prefetch_factor=3, drop_last=False, shuffle=False)
     assert (loader.num_workers, loader.prefetch_factor, loader.drop_last) == (1, 3, False)
     assert run.knobs.declared_workers == 1
-    default = Run(Config(8)).loader(_Squares())
+    default = Run(Config(batch_size=8)).loader(_Squares())
     assert (default.num_workers, default.pin_memory, default.prefetch_factor) == (0, False, None)
 
 
 def test_the_training_loader_declares_the_workers_not_a_later_evaluation_one():
     """A script building its training loader, then an evaluation one, is searched from the training one's
     workers: those are the batches the probe measures."""
-    run = Run(Config(8))
+    run = Run(Config(batch_size=8))
     train = run.loader(_Squares(), num_workers=2)
     run.loader(_Squares(), shuffle=False, num_workers=0)  # evaluation
     assert run.knobs.declared_workers == 2
@@ -123,7 +123,7 @@ def test_the_training_loader_declares_the_workers_not_a_later_evaluation_one():
 
 
 def test_the_loader_run_batches_consumes_declares_the_workers_whichever_was_built_first():
-    run = Run(Config(8))
+    run = Run(Config(batch_size=8))
     run.loader(_Squares(), shuffle=False, num_workers=0)  # evaluation, built first
     train = run.loader(_Squares(), num_workers=1)
     next(run.batches(train))
@@ -132,15 +132,15 @@ def test_the_loader_run_batches_consumes_declares_the_workers_whichever_was_buil
 
 def test_a_config_without_workers_drops_what_needs_them():
     """The script's prefetch and persistent workers need workers: DataLoader would refuse them."""
-    loader = Run(Config(8, loader_workers=0)).loader(_Squares(), num_workers=4, prefetch_factor=4,
+    loader = Run(Config(batch_size=8, loader_workers=0)).loader(_Squares(), num_workers=4, prefetch_factor=4,
                                                      persistent_workers=True)
     assert (loader.num_workers, loader.prefetch_factor, loader.persistent_workers) == (0, None, False)
 
 
 def test_a_probe_keeps_no_worker_alive_and_an_iterable_gets_no_sampler():
-    loader = Run(Config(8), probing=True).loader(_Squares(), num_workers=1, persistent_workers=True)
+    loader = Run(Config(batch_size=8), probing=True).loader(_Squares(), num_workers=1, persistent_workers=True)
     assert not loader.persistent_workers
-    stream = Run(Config(8)).loader(_Stream())
+    stream = Run(Config(batch_size=8)).loader(_Stream())
     assert not isinstance(stream.sampler, torch.utils.data.DistributedSampler)
     assert [batch.shape[0] for batch in stream] == [8] * 4
 
@@ -152,13 +152,13 @@ def test_a_probe_keeps_no_worker_alive_and_an_iterable_gets_no_sampler():
 ])
 def test_bad_loader_fields_are_refused(fields, message):
     with pytest.raises(UsageError, match=message):
-        Config(8, **fields)
+        Config(batch_size=8, **fields)
 
 
 def test_the_loader_fields_in_the_label_and_the_dict():
-    config = Config(8, loader_workers=4, pin_memory=True)
+    config = Config(batch_size=8, loader_workers=4, pin_memory=True)
     assert config.label() == "fp32 b=8 loader-workers=4 pinned"
-    assert "prefetch_factor" not in config.to_dict() and "loader_workers" not in Config(8).to_dict()
+    assert "prefetch_factor" not in config.to_dict() and "loader_workers" not in Config(batch_size=8).to_dict()
     assert Config.from_dict(config.to_dict()) == config
 
 
@@ -208,7 +208,7 @@ def _space(choices: LoaderChoices = CHOICES) -> SearchSpace:
 
 def _seen(*probes: tuple[Config, float], share: float | None = 0.5) -> list[Observation]:
     """The leader (Config(8)) waiting `share` of its time, then each (config, samples/s)."""
-    return [Observation(Config(8), "ok", 100, 100.0, data_wait_share=share),
+    return [Observation(Config(batch_size=8), "ok", 100, 100.0, data_wait_share=share),
             *(Observation(config, "ok", 100, rate, data_wait_share=0.1) for config, rate in probes)]
 
 
@@ -218,14 +218,14 @@ def _next(seen: list[Observation], choices: LoaderChoices = CHOICES) -> Config |
 
 def test_the_first_worker_count_is_the_one_that_could_keep_pace():
     """Waiting half the step, one worker loading beside the step keeps pace; waiting 80%, four."""
-    assert _next(_seen(share=0.5)) == Config(8, loader_workers=1)
-    assert _next(_seen(share=0.8)) == Config(8, loader_workers=4)
+    assert _next(_seen(share=0.5)) == Config(batch_size=8, loader_workers=1)
+    assert _next(_seen(share=0.8)) == Config(batch_size=8, loader_workers=4)
 
 
 def test_the_workers_climb_while_faster_then_prefetch_then_pinning_then_done():
-    four, eight = Config(8, loader_workers=4), Config(8, loader_workers=8)
-    deeper = Config(8, loader_workers=4, prefetch_factor=4)
-    pinned = Config(8, loader_workers=4, prefetch_factor=4, pin_memory=True)
+    four, eight = Config(batch_size=8, loader_workers=4), Config(batch_size=8, loader_workers=8)
+    deeper = Config(batch_size=8, loader_workers=4, prefetch_factor=4)
+    pinned = Config(batch_size=8, loader_workers=4, prefetch_factor=4, pin_memory=True)
     seen = _seen(share=0.8)
     assert _next(seen) == four
     seen = _seen((four, 250.0), share=0.8)
@@ -246,20 +246,20 @@ def test_no_loader_probe_where_fixing_the_loader_could_not_pay():
 
 
 def test_a_variant_running_elsewhere_is_waited_for():
-    seen = [*_seen(share=0.8), Observation(Config(8, loader_workers=4), "running")]
+    seen = [*_seen(share=0.8), Observation(Config(batch_size=8, loader_workers=4), "running")]
     assert _next(seen) is None
 
 
 def test_the_cpu_tries_no_pinning_and_declared_workers_are_not_tried_again():
     choices = LoaderChoices(workers=(0, 1, 2), prefetch_factors=(4,), declared_workers=2)
     # Nothing above the declared two workers: only prefetching further is left, on the leader.
-    assert _next(_seen(share=0.8), choices) == Config(8, prefetch_factor=4)
-    seen = _seen((Config(8, prefetch_factor=4), 101.0), share=0.8)
+    assert _next(_seen(share=0.8), choices) == Config(batch_size=8, prefetch_factor=4)
+    seen = _seen((Config(batch_size=8, prefetch_factor=4), 101.0), share=0.8)
     assert _next(seen, choices) is None
 
 
 def test_why_says_the_loader_was_chosen():
-    two = Config(8, loader_workers=2)
+    two = Config(batch_size=8, loader_workers=2)
     seen = _seen((two, 160.0), share=0.38)
     planner = Planner(_space(), 1e9)
     why = explain(planner.ranked(seen), seen, planner, 1e9)
@@ -274,7 +274,7 @@ def test_a_micro_batch_larger_than_the_data_is_a_data_ceiling_not_a_faster_confi
     from autofit.probing import Worker
 
     with Worker(script("small_data.py"), memory_limit=1024 * 2**20) as worker:
-        fits, capped = (worker.probe(Config(batch), warmup=1, steps=2, timeout=120) for batch in (48, 64))
+        fits, capped = (worker.probe(Config(batch_size=batch), warmup=1, steps=2, timeout=120) for batch in (48, 64))
     assert fits.status == "ok", fits.error_message
     assert capped.status == "error" and capped.error_type == "DataTooSmall", capped.error_message
     assert "batches of 48 samples at most, fewer than the micro-batch of 64" in capped.error_message

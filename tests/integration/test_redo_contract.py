@@ -21,7 +21,7 @@ from autofit.export import config_entry, write_best
 from autofit.runtime import Run
 
 SAMPLES, GLOBAL, FITS = 32, 8, 2
-GROWN, LOWER = Config(4, accumulation_steps=2), Config(2, accumulation_steps=4)
+GROWN, LOWER = Config(batch_size=4, accumulation_steps=2), Config(batch_size=2, accumulation_steps=4)
 
 
 def _data() -> TensorDataset:

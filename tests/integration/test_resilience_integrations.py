@@ -15,8 +15,8 @@ pytestmark = pytest.mark.frameworks
 #: Measured on this machine (RLIMIT_DATA): HF at 850 MiB runs out in a forward (step 7, batch 16) and
 #: then in a backward (batch 8); Lightning at 650 MiB in a forward, then a backward, of step 7.
 CASES = {
-    "hf": ("hf_longer_later.py", Config(16), "850MiB", "transformers"),
-    "lightning": ("lightning_longer_later.py", Config(32), "650MiB", "lightning"),
+    "hf": ("hf_longer_later.py", Config(batch_size=16), "850MiB", "transformers"),
+    "lightning": ("lightning_longer_later.py", Config(batch_size=32), "650MiB", "lightning"),
 }
 
 
@@ -54,7 +54,7 @@ def test_an_accelerate_loop_whose_memory_grows_lowers_its_micro_batch_and_trains
     so the training is compared by its weights, which every step's gradient reaches."""
     pytest.importorskip("accelerate")
     pytest.importorskip("transformers")
-    config = Config(16)
+    config = Config(batch_size=16)
     # Measured on this machine: at 850 MiB step 7 runs out in its forward at b=16, then at b=8.
     grown = run_with_config(tmp_path, "grown", config, "850MiB", script_name="accelerate_longer_later.py")
     assert grown.returncode == 0, grown.stderr[-3000:]

@@ -20,7 +20,7 @@ LIMIT = os.environ.get("AUTOFIT_TEST_GROW_LIMIT", "650MiB")
 
 @pytest.mark.slow
 def test_a_run_whose_memory_grows_lowers_its_micro_batch_and_trains_to_the_end(tmp_path):
-    grown = run_with_config(tmp_path, "grown", Config(32), LIMIT)
+    grown = run_with_config(tmp_path, "grown", Config(batch_size=32), LIMIT)
     assert grown.returncode == 0, grown.stderr[-2000:]
     assert "redoing the step" in grown.stderr and "global batch 32 unchanged" in grown.stderr
     record = json.loads((tmp_path / "grown.lowered.json").read_text())
@@ -43,7 +43,7 @@ def test_a_run_whose_memory_grows_lowers_its_micro_batch_and_trains_to_the_end(t
 
 
 def test_without_recovery_the_same_run_fails_in_the_allocator(tmp_path):
-    failed = run_with_config(tmp_path, "off", Config(32), LIMIT, AUTOFIT_OOM_RECOVERY="0")
+    failed = run_with_config(tmp_path, "off", Config(batch_size=32), LIMIT, AUTOFIT_OOM_RECOVERY="0")
     assert failed.returncode != 0
     assert refused_by_the_allocator(failed.stderr)
     assert not (tmp_path / "off.lowered.json").exists()
@@ -52,7 +52,7 @@ def test_without_recovery_the_same_run_fails_in_the_allocator(tmp_path):
 @pytest.mark.slow
 def test_an_oom_before_the_first_step_starts_again_lower(tmp_path):
     """Long sequences from the first sample: batch 32 never fits, so the function starts again."""
-    started = run_with_config(tmp_path, "start", Config(32), LIMIT, LONG_TOKENS="2048", SHORT_FIRST="0")
+    started = run_with_config(tmp_path, "start", Config(batch_size=32), LIMIT, LONG_TOKENS="2048", SHORT_FIRST="0")
     assert started.returncode == 0, started.stderr[-2000:]
     record = json.loads((tmp_path / "start.lowered.json").read_text())
     assert record["lowerings"][0]["step"] == 1
@@ -61,7 +61,7 @@ def test_an_oom_before_the_first_step_starts_again_lower(tmp_path):
 
 @pytest.mark.parametrize("from_step, redone", [pytest.param(0, "starting again", marks=pytest.mark.slow), (3, "redoing the step")])
 def test_an_oom_that_persists_at_micro_batch_one_is_a_clear_error(tmp_path, from_step, redone):
-    best = config_file(tmp_path / "always.best.json", Config(4))
+    best = config_file(tmp_path / "always.best.json", Config(batch_size=4))
     env = {**os.environ, "AUTOFIT_CONFIG": best, "AUTOFIT_DEVICE": "cpu", "PYTHONPATH": REPO,
            "AUTOFIT_MEMORY_LIMIT": "1GiB", "OOM_FROM_STEP": str(from_step)}
     failed = subprocess.run([sys.executable, script("oom_in_forward.py")], env=env, capture_output=True, text=True,
@@ -73,7 +73,7 @@ def test_an_oom_that_persists_at_micro_batch_one_is_a_clear_error(tmp_path, from
     # RLIMIT_DATA after an OOM could refuse a process already above it).
     assert failed.stderr.count("enforces a memory limit") == 1
     record = json.loads((tmp_path / "always.lowered.json").read_text())
-    assert Config.from_dict(record["ended_with"]) == Config(1, accumulation_steps=4)
+    assert Config.from_dict(record["ended_with"]) == Config(batch_size=1, accumulation_steps=4)
 
 
 #: The loop that keeps each micro-batch's outputs (HOLD_OUTPUTS=1) holds one more micro-batch's logits between
@@ -85,7 +85,7 @@ HOLD_LIMIT = os.environ.get("AUTOFIT_TEST_HOLD_LIMIT", "760MiB")
 def test_a_loop_that_keeps_its_outputs_is_redone_with_the_failed_steps_activations_let_go(tmp_path):
     """The loop's `out` variable holds the failed step's graph into the redo; the run lets its saved tensors go,
     so the smaller micro-batch fits and the run trains to the end (issue 37: a redo that halved to 1)."""
-    held = run_with_config(tmp_path, "held", Config(32), HOLD_LIMIT, HOLD_OUTPUTS="1")
+    held = run_with_config(tmp_path, "held", Config(batch_size=32), HOLD_LIMIT, HOLD_OUTPUTS="1")
     assert held.returncode == 0, held.stderr[-2000:]
     assert "redoing the step" in held.stderr
     assert "did not come back" not in held.stderr

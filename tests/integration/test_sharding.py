@@ -63,8 +63,8 @@ def test_a_sharding_slower_everywhere_gets_few_probes_and_ddp_wins():
 def test_a_sharding_that_fails_without_running_is_dropped_after_one_failure():
     space = SearchSpace.build(batch_range=(1, MAX_BATCH), precisions=("fp32",), shardings=("ddp", "fsdp"))
     planner = Planner(space, USABLE, check_noise=False)
-    seen = [Observation(Config(4), "ok", peak_bytes=GiB + 4 * MiB, rate=4.0),
-            Observation(Config(16, sharding="fsdp"), "error")]
+    seen = [Observation(Config(batch_size=4), "ok", peak_bytes=GiB + 4 * MiB, rate=4.0),
+            Observation(Config(batch_size=16, sharding="fsdp"), "error")]
     proposed = 0
     for _ in range(20):
         config = planner.next(seen)
@@ -77,9 +77,9 @@ def test_a_sharding_that_fails_without_running_is_dropped_after_one_failure():
 
 
 def test_configs_keep_their_form_unless_sharded():
-    assert "sharding" not in Config(8).to_dict()
-    assert Config.from_dict(Config(8, sharding="fsdp").to_dict()) == Config(8, sharding="fsdp")
-    assert Config(8, "bf16", sharding="fsdp").label() == "bf16 b=8 fsdp"
+    assert "sharding" not in Config(batch_size=8).to_dict()
+    assert Config.from_dict(Config(batch_size=8, sharding="fsdp").to_dict()) == Config(batch_size=8, sharding="fsdp")
+    assert Config(batch_size=8, precision="bf16", sharding="fsdp").label() == "bf16 b=8 fsdp"
 
 
 def test_sharding_is_refused_where_it_cannot_apply(tmp_path):
@@ -105,7 +105,7 @@ def test_a_search_on_two_ranks_tries_fsdp_and_a_torchrun_run_applies_the_exporte
     assert document["config"]["sharding"] in ("ddp", "fsdp") and document["world_size"] == 2
 
     # Whatever won, the exported sharding is what a torchrun run applies: FSDP2 through blocks=.
-    best = config_file(tmp_path / "f.best.json", Config(8, accumulation_steps=4, sharding="fsdp"))
+    best = config_file(tmp_path / "f.best.json", Config(batch_size=8, accumulation_steps=4, sharding="fsdp"))
     sharded = run_ddp_train(tmp_path, "sharded", 2, AUTOFIT_CONFIG=best, BLOCKS="1")
     assert sharded.returncode == 0, sharded.stderr[-3000:]
     assert "each fp32 b=8 acc=2 fsdp" in sharded.stderr
@@ -133,7 +133,7 @@ def test_the_bundled_gpt_probes_under_fsdp2_with_checkpointing_and_a_torchrun_ru
     result = json.loads(probed.stdout)["result"]
     assert result["status"] == "ok" and result["world_size"] == 2 and result["knobs"]["shard_blocks"] == 4
 
-    config = Config(64, checkpoint_segments=2, sharding="fsdp")  # the epoch in 4x fewer steps than at 16
+    config = Config(batch_size=64, checkpoint_segments=2, sharding="fsdp")  # the epoch in 4x fewer steps than at 16
     best = config_file(tmp_path / "g.best.json", config)
     ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
                           f"--master-port={free_port()}", "--master-addr=127.0.0.1", os.path.join(STUDIES, "gpt.py")],

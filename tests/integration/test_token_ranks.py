@@ -51,7 +51,7 @@ def test_two_ranks_take_as_many_micro_batches_and_share_the_tokens_per_step(tmp_
 
 def _file(tmp_path, name: str, envelope: TokenEnvelope | None) -> str:
     return write_best(str(tmp_path / f"{name}.best.json"), {
-        "config": config_entry(Config(64, max_tokens=64), 2), "world_size": 2,
+        "config": config_entry(Config(batch_size=64, max_tokens=64), 2), "world_size": 2,
         "measured": {"token_envelope": envelope.to_dict()} if envelope else {}, "memory": {},
         "device": {"type": "cpu", "name": "cpu"}, "versions": {}, "script": {}})
 

@@ -33,7 +33,7 @@ def test_the_non_default_values_name_every_config_field():
             assert NON_DEFAULT[f.name] != f.default, f.name
 
 
-CONFIGS = [Config(**NON_DEFAULT), Config(8),
+CONFIGS = [Config(**NON_DEFAULT), Config(batch_size=8),
            *(Config(**{"batch_size": 8, **NEEDS.get(name, {}), name: value}) for name, value in NON_DEFAULT.items()
              if name != "batch_size")]
 
@@ -74,7 +74,7 @@ def test_a_token_config_s_file_states_its_tokens_per_step_and_no_global_batch(tm
     assert entry["global_batch"] is None and entry["global_tokens"] == 65536 and entry["ranks"] == 4
     assert held.config == config
     assert read_best(_write(tmp_path, config)).document["config"]["global_tokens"] is None
-    assert "global_tokens" not in config_entry(Config(16), 4, global_tokens=65536)
+    assert "global_tokens" not in config_entry(Config(batch_size=16), 4, global_tokens=65536)
 
 
 def test_an_optuna_trial(config):

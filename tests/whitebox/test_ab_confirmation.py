@@ -69,7 +69,7 @@ def test_a_config_within_the_noise_of_the_leader_is_probed_again_and_meets_it_in
     assert (32, "remeasure") in phases
     assert [b for b, phase in phases if phase == "confirm"] == [64, 32] * 3
     assert not any(b == 48 and phase == "confirm" for b, phase in phases)  # 15% behind: outside the noise
-    assert result.best == Config(64)
+    assert result.best == Config(batch_size=64)
 
 
 def test_the_a_b_alternates_and_can_change_the_winner_and_lower_its_figure(tmp_path, monkeypatch):
@@ -77,7 +77,7 @@ def test_the_a_b_alternates_and_can_change_the_winner_and_lower_its_figure(tmp_p
     its A/B median (90), below both short figures."""
     result, study = _search(tmp_path, monkeypatch, _rounds({64: [79.0, 80.0, 82.0], 32: [88.0, 90.0, 93.0]}))
     assert [b for b, phase in _phases(study) if phase == "confirm"] == [64, 32] * 3  # A, B, A, B, A, B
-    assert result.best == Config(32)
+    assert result.best == Config(batch_size=32)
     measured = result.document["measured"]
     assert measured["samples_per_s"] == 90.0 and measured["confirmed"] and measured["unconfirmed"] is None
     assert "the A/B changed the winner: fp32 b=64 led on its short probes (100.0 samples/s) but ran 0.89x" \
@@ -114,7 +114,7 @@ def test_when_a_second_a_b_hands_the_win_back_one_note_names_the_final_winner(tm
     """The first A/B lowers b=64 (70) below b=32 (80), and b=48 leads on its short probe (85) alone; its own A/B
     (75) hands the win back to b=32. One note names b=32 (a note per A/B had said b=48 too, which did not win)."""
     result, study = _search(tmp_path, monkeypatch, _rounds({64: [70.0], 32: [80.0], 48: [75.0]}))
-    assert result.best == Config(32)
+    assert result.best == Config(batch_size=32)
     assert [b for b, phase in _phases(study) if phase == "confirm"][-2:] == [48, 32]  # the second A/B ran
     changed = [note for note in result.notes if "the A/B changed the winner" in note]
     assert changed == ["the A/B changed the winner: fp32 b=32 ranks first now, above fp32 b=64, which led before it"]

@@ -38,15 +38,15 @@ def test_the_next_probe_is_priced_by_what_it_costs_its_start_and_its_micro_batch
     from autofit.search._budget import Budget
 
     budget = Budget(SearchSettings(script="train.py", budget_s=180, steps=5, warmup=2), started=0.0)
-    b16 = Config(16, "bf16", accumulation_steps=30, compile=False)
+    b16 = Config(batch_size=16, precision="bf16", accumulation_steps=30, compile=False)
     seen = [Observation(b16, "ok", wall_s=45.0, start_s=36.0, step_s=0.2, ran_accumulation=4, rate=400.0)]
     # per sample: 0.2 s / (16 x 4); b=48 acc=10 runs 4 micro-batches a step: 0.6 s; 2 steps measured (8 of
     # them >= 5), 2 warm-up and the counted one: 36 + 2 x 0.6 + 3 x 0.6
-    assert budget.next_probe_estimate(seen, Config(48, "bf16", accumulation_steps=10)) == pytest.approx(39.0)
+    assert budget.next_probe_estimate(seen, Config(batch_size=48, precision="bf16", accumulation_steps=10)) == pytest.approx(39.0)
     # a config of acc=1 runs its one micro-batch a step: 5 measured steps of 0.6 s
-    assert budget.next_probe_estimate(seen, Config(480, "bf16")) == pytest.approx(36.0 + (5 + 3) * 0.2 / 64 * 480)
+    assert budget.next_probe_estimate(seen, Config(batch_size=480, precision="bf16")) == pytest.approx(36.0 + (5 + 3) * 0.2 / 64 * 480)
     # a compiled config: no compiled start seen yet, so the longest start of any
-    assert budget.next_probe_estimate(seen, Config(48, "bf16", accumulation_steps=10, compile=True)) == \
+    assert budget.next_probe_estimate(seen, Config(batch_size=48, precision="bf16", accumulation_steps=10, compile=True)) == \
         pytest.approx(39.0)
 
 
@@ -59,10 +59,10 @@ def test_a_token_cap_is_priced_by_token_probes_never_by_the_pilot_by_samples():
     from autofit.search._budget import Budget
 
     budget = Budget(SearchSettings(script="train.py", budget_s=120, steps=5, warmup=2), started=0.0)
-    pilot = Observation(Config(4), "ok", wall_s=8.0, start_s=2.0, step_s=1.0, ran_accumulation=1, rate=4.0)
-    cap = Config(256, max_tokens=256)
+    pilot = Observation(Config(batch_size=4), "ok", wall_s=8.0, start_s=2.0, step_s=1.0, ran_accumulation=1, rate=4.0)
+    cap = Config(batch_size=256, max_tokens=256)
     assert budget.next_probe_estimate([pilot], cap) == 8.0  # the walls: nothing by tokens ran a step
-    by_tokens = Observation(Config(512, max_tokens=512), "ok", wall_s=9.0, start_s=2.0, step_s=0.5,
+    by_tokens = Observation(Config(batch_size=512, max_tokens=512), "ok", wall_s=9.0, start_s=2.0, step_s=0.5,
                             ran_accumulation=1, rate=1000.0)
     # per token: 0.5 s / 512; 5 measured steps at 0.25 s, 2 warm-up and the counted one
     assert budget.next_probe_estimate([pilot, by_tokens], cap) == pytest.approx(2.0 + max(0.5, 5 * 0.25) + 3 * 0.25)
@@ -74,14 +74,14 @@ def test_a_probe_is_killed_for_its_start_or_its_stalls_never_past_the_budget():
     from autofit.search._budget import Budget
 
     budget = Budget(SearchSettings(script="train.py", budget_s=180), started=time.monotonic())
-    first = budget.probe_limits([], Config(4, accumulation_steps=120))
+    first = budget.probe_limits([], Config(batch_size=4, accumulation_steps=120))
     assert first.start_s == pytest.approx(180, abs=2) and first.total_s == pytest.approx(180, abs=2)  # all of it
     assert first.stall_s == 60.0
-    seen = [Observation(Config(16, accumulation_steps=30), "ok", wall_s=45.0, start_s=36.0, step_s=0.2)]
-    later = budget.probe_limits(seen, Config(48, accumulation_steps=10))
+    seen = [Observation(Config(batch_size=16, accumulation_steps=30), "ok", wall_s=45.0, start_s=36.0, step_s=0.2)]
+    later = budget.probe_limits(seen, Config(batch_size=48, accumulation_steps=10))
     assert later.start_s == pytest.approx(108.0)  # 3x the longest start seen
-    timed_out = Observation(Config(48, accumulation_steps=10), "timeout", wall_s=108.0)
-    again = budget.probe_limits([*seen, timed_out], Config(48, accumulation_steps=10))
+    timed_out = Observation(Config(batch_size=48, accumulation_steps=10), "timeout", wall_s=108.0)
+    again = budget.probe_limits([*seen, timed_out], Config(batch_size=48, accumulation_steps=10))
     assert again.start_s == again.stall_s == pytest.approx(again.total_s)  # probed again: all the budget left
     fixed = Budget(SearchSettings(script="train.py", budget_s=180, probe_timeout=30), started=time.monotonic())
     assert (fixed.probe_limits(seen).start_s, fixed.probe_limits(seen).stall_s) == (30, 30)
@@ -177,5 +177,5 @@ def test_an_a_b_adds_up_to_the_confirm_factor_with_fewer_rounds_when_it_is_small
     from autofit.search._budget import Budget
 
     budget = Budget(SearchSettings(script="train.py", budget_s=600, steps=5, confirm_factor=factor), started=0.0)
-    longest = budget._ab_plans([Config(8), Config(16)], -1)[0]
+    longest = budget._ab_plans([Config(batch_size=8), Config(batch_size=16)], -1)[0]
     assert (longest.rounds, longest.steps) == (rounds, 5 * window)

@@ -15,7 +15,7 @@ MiB = 2**20
 
 # --- the planner ------------------------------------------------------------------------------
 def _strategy(k: int, policy: str = "full") -> Strategy:
-    return Strategy("fp32", k, 1, checkpoint_policy=policy)
+    return Strategy(precision="fp32", checkpoint_segments=k, accumulation_steps=1, checkpoint_policy=policy)
 
 
 def test_memory_is_ordered_by_blocks_and_policy_and_unknown_across():
@@ -40,7 +40,7 @@ def _space() -> SearchSpace:
 
 def test_an_oom_implies_oom_only_where_checkpointing_needs_no_less_memory():
     space = _space()
-    oom = Observation(Config(64, checkpoint_segments=4, checkpoint_policy="selective"), "oom")
+    oom = Observation(Config(batch_size=64, checkpoint_segments=4, checkpoint_policy="selective"), "oom")
     feasible = Feasibility(space, 1e9, [oom])
     implied = {s.label() for s in space.strategies() if feasible.implied_too_big(space.config(s, 64))}
     assert implied == {"fp32", "fp32 ckpt=1 selective", "fp32 ckpt=2 selective", "fp32 ckpt=4 selective"}
@@ -49,7 +49,7 @@ def test_an_oom_implies_oom_only_where_checkpointing_needs_no_less_memory():
 
 def test_a_fit_implies_fits_only_where_checkpointing_needs_no_more_memory():
     space = _space()
-    fit = Observation(Config(64, checkpoint_segments=2, checkpoint_policy="selective"), "ok", peak_bytes=5e8,
+    fit = Observation(Config(batch_size=64, checkpoint_segments=2, checkpoint_policy="selective"), "ok", peak_bytes=5e8,
                       rate=10.0)
     feasible = Feasibility(space, 1e9, [fit])
     fits = {s.label() for s in space.strategies() if feasible.fit_max(s) == 64}

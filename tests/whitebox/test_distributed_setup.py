@@ -75,7 +75,7 @@ def test_on_cuda_each_rank_joins_with_nccl_on_its_own_gpu(monkeypatch):
     from autofit.normal_run import RunPlan
 
     fn = api.AutofitFunction(lambda run: None, api.SearchOptions())
-    run = fn.make_run(plan=RunPlan(Config(8, accumulation_steps=4), "cuda", "", None, "x.lowered.json", None))
+    run = fn.make_run(plan=RunPlan(Config(batch_size=8, accumulation_steps=4), "cuda", "", None, "x.lowered.json", None))
     assert made == {"kind": "cuda", "index": 1}
     assert run.device == torch.device("cuda", 1) and run.rank == 1 and run.world_size == 2
     assert run.accumulation_steps == 2 and run.global_batch == 32 and not run.recovers_oom

@@ -16,35 +16,35 @@ def _obs(config: Config, status: str, peak: int | None = None) -> Observation:
 
 def test_an_oom_with_accumulation_rules_out_nothing_without_it():
     space = SearchSpace.build(batch_range=(1, 64), precisions=("fp32",), global_batch=64)
-    feasible = Feasibility(space, GiB, [_obs(Config(32, accumulation_steps=2), "oom")])
-    assert not feasible.implied_too_big(Config(64, accumulation_steps=1))  # no gradients held: unknown
-    strategy = space.strategy_of(Config(64, accumulation_steps=1))
+    feasible = Feasibility(space, GiB, [_obs(Config(batch_size=32, accumulation_steps=2), "oom")])
+    assert not feasible.implied_too_big(Config(batch_size=64, accumulation_steps=1))  # no gradients held: unknown
+    strategy = space.strategy_of(Config(batch_size=64, accumulation_steps=1))
     assert 64 in feasible.open_batches(strategy)
 
 
 def test_an_oom_without_accumulation_rules_out_larger_batches_with_it():
     space = SearchSpace.build(batch_range=(1, 64), precisions=("fp32",), accumulations=(1, 2))
-    feasible = Feasibility(space, GiB, [_obs(Config(16), "oom")])
-    assert feasible.implied_too_big(Config(32, accumulation_steps=2))
-    assert feasible.implied_too_big(Config(16, accumulation_steps=2))
+    feasible = Feasibility(space, GiB, [_obs(Config(batch_size=16), "oom")])
+    assert feasible.implied_too_big(Config(batch_size=32, accumulation_steps=2))
+    assert feasible.implied_too_big(Config(batch_size=16, accumulation_steps=2))
 
 
 def test_a_fit_without_accumulation_implies_no_fit_with_it():
     space = SearchSpace.build(batch_range=(1, 64), precisions=("fp32",), accumulations=(1, 2))
-    feasible = Feasibility(space, GiB, [_obs(Config(32), "ok", 2**20)])
-    with_accumulation = space.strategy_of(Config(8, accumulation_steps=2))
-    assert feasible.fit_max(space.strategy_of(Config(8))) == 32
+    feasible = Feasibility(space, GiB, [_obs(Config(batch_size=32), "ok", 2**20)])
+    with_accumulation = space.strategy_of(Config(batch_size=8, accumulation_steps=2))
+    assert feasible.fit_max(space.strategy_of(Config(batch_size=8))) == 32
     assert feasible.fit_max(with_accumulation) is None
 
 
 def test_selective_checkpointing_that_fails_for_a_reason_not_memory_is_abandoned():
     space = SearchSpace.build(batch_range=(1, 64), precisions=("fp32",), checkpoint_blocks=4,
                               checkpoint_policies=("full", "selective"))
-    selective = Config(8, checkpoint_segments=4, checkpoint_policy="selective")
-    seen = [_obs(Config(8), "ok", 2**20), _obs(selective, "error")]
+    selective = Config(batch_size=8, checkpoint_segments=4, checkpoint_policy="selective")
+    seen = [_obs(Config(batch_size=8), "ok", 2**20), _obs(selective, "error")]
     feasible = Feasibility(space, GiB, seen)
-    assert feasible.strategy_unusable(space.strategy_of(Config(8, checkpoint_segments=1, checkpoint_policy="selective")))
-    assert not feasible.strategy_unusable(space.strategy_of(Config(8, checkpoint_segments=1)))
+    assert feasible.strategy_unusable(space.strategy_of(Config(batch_size=8, checkpoint_segments=1, checkpoint_policy="selective")))
+    assert not feasible.strategy_unusable(space.strategy_of(Config(batch_size=8, checkpoint_segments=1)))
     planner = Planner(space, GiB)
     proposed = planner.next(seen)
     assert proposed is None or proposed.checkpoint_policy != "selective" or not proposed.checkpoint_segments
@@ -79,10 +79,10 @@ def test_a_selective_policy_that_runs_out_of_memory_is_not_abandoned():
     from autofit.planner._feasibility import Feasibility
 
     space = _selective_space()
-    seen = [Observation(Config(64), "ok", peak_bytes=2**30, rate=640.0),
-            Observation(Config(64, checkpoint_segments=1, checkpoint_policy="selective"), "oom"),
-            Observation(Config(8, checkpoint_segments=2, checkpoint_policy="selective"), "crashed")]
-    assert not Feasibility(space, 8 * GiB, seen).strategy_unusable(Strategy("fp32", 4, 1, checkpoint_policy="selective"))
+    seen = [Observation(Config(batch_size=64), "ok", peak_bytes=2**30, rate=640.0),
+            Observation(Config(batch_size=64, checkpoint_segments=1, checkpoint_policy="selective"), "oom"),
+            Observation(Config(batch_size=8, checkpoint_segments=2, checkpoint_policy="selective"), "crashed")]
+    assert not Feasibility(space, 8 * GiB, seen).strategy_unusable(Strategy(precision="fp32", checkpoint_segments=4, accumulation_steps=1, checkpoint_policy="selective"))
 
 
 def test_an_oom_while_accumulating_implies_nothing_for_one_micro_batch_a_step():
@@ -93,10 +93,10 @@ def test_an_oom_while_accumulating_implies_nothing_for_one_micro_batch_a_step():
 
     space = SearchSpace.build(batch_range=(4, 64), precisions=("fp32",), global_batch=64)
     strategy = space.strategies()[0]
-    feasible = Feasibility(space, 8 * GiB, [Observation(Config(32, accumulation_steps=2), "oom")])
-    assert not feasible.implied_too_big(Config(64))
+    feasible = Feasibility(space, 8 * GiB, [Observation(Config(batch_size=32, accumulation_steps=2), "oom")])
+    assert not feasible.implied_too_big(Config(batch_size=64))
     assert 64 in feasible.open_batches(strategy) and 32 not in feasible.open_batches(strategy)
-    fit = Feasibility(space, 8 * GiB, [Observation(Config(64), "ok", peak_bytes=GiB, rate=1.0)])
+    fit = Feasibility(space, 8 * GiB, [Observation(Config(batch_size=64), "ok", peak_bytes=GiB, rate=1.0)])
     assert 32 in fit.open_batches(strategy)  # a fit without held gradients says nothing of accumulating
 
 
@@ -105,17 +105,17 @@ def test_accumulation_orders_memory_one_way_at_one_micro_batch():
     from autofit.planner._feasibility import Feasibility
 
     space = SearchSpace.build(batch_range=(8, 64), precisions=("fp32",), accumulations=(1, 2, 4))
-    one, two, four = (Strategy("fp32", 0, a) for a in (1, 2, 4))
+    one, two, four = (Strategy(precision="fp32", checkpoint_segments=0, accumulation_steps=a) for a in (1, 2, 4))
 
     def feasible(config: Config, status: str) -> Feasibility:
         return Feasibility(space, 8 * GiB, [Observation(config, status, peak_bytes=GiB, rate=1.0)])
 
-    oom_accumulating = feasible(Config(32, accumulation_steps=2), "oom")
-    assert oom_accumulating.oom_min(one) is None and not oom_accumulating.implied_too_big(Config(64))
+    oom_accumulating = feasible(Config(batch_size=32, accumulation_steps=2), "oom")
+    assert oom_accumulating.oom_min(one) is None and not oom_accumulating.implied_too_big(Config(batch_size=64))
     assert oom_accumulating.oom_min(four) == 32  # as much held at acc=4: the same memory
-    assert feasible(Config(32), "oom").oom_min(two) == 32  # acc=1 ran out: accumulating needs more
-    assert feasible(Config(32), "ok").fit_max(two) is None  # acc=1 fits: accumulating may not
-    assert feasible(Config(32, accumulation_steps=4), "ok").fit_max(one) == 32
+    assert feasible(Config(batch_size=32), "oom").oom_min(two) == 32  # acc=1 ran out: accumulating needs more
+    assert feasible(Config(batch_size=32), "ok").fit_max(two) is None  # acc=1 fits: accumulating may not
+    assert feasible(Config(batch_size=32, accumulation_steps=4), "ok").fit_max(one) == 32
 
 
 def _selective_space() -> SearchSpace:

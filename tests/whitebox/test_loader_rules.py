@@ -47,7 +47,7 @@ def clock(monkeypatch) -> FakeClock:
 
 def _probe(fn, **steps) -> ProbeResult:
     """A real probe of `fn`, in this process (torch is loaded already): a few steps of its loop."""
-    return run_probe(fn, Config(4), make_backend("cpu"), **{"warmup_steps": 1, "measured_steps": 5, **steps})
+    return run_probe(fn, Config(batch_size=4), make_backend("cpu"), **{"warmup_steps": 1, "measured_steps": 5, **steps})
 
 
 def test_a_probe_of_a_slow_loader_is_input_bound(clock):
@@ -135,7 +135,7 @@ def _space(choices: LoaderChoices = CHOICES) -> SearchSpace:
 
 def _seen(*probes: tuple[Config, float], share: float | None = 0.5) -> list[Observation]:
     """The leader (Config(8)) waiting `share` of its time, then each (config, samples/s)."""
-    return [Observation(Config(8), "ok", 100, 100.0, data_wait_share=share),
+    return [Observation(Config(batch_size=8), "ok", 100, 100.0, data_wait_share=share),
             *(Observation(config, "ok", 100, rate, data_wait_share=0.1) for config, rate in probes)]
 
 

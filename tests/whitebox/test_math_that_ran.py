@@ -31,10 +31,10 @@ def test_a_function_that_forces_tf32_gets_one_strategy_for_fp32_and_tf32():
 
 def test_an_mfu_over_100_percent_is_said_and_never_stored():
     h100_fp32 = 67e12
-    result = ProbeResult(status="ok", config=Config(16), samples_per_s=459.0)
+    result = ProbeResult(status="ok", config=Config(batch_size=16), samples_per_s=459.0)
     result.set_flops(894e9, h100_fp32)  # 410 TFLOP/s against fp32's 67: TF32 ran
     assert result.mfu is None and result.flops_per_s == pytest.approx(459.0 * 894e9)
     assert any("over 100%" in note and "not stored" in note for note in result.notes)
-    sane = ProbeResult(status="ok", config=Config(16), samples_per_s=459.0)
+    sane = ProbeResult(status="ok", config=Config(batch_size=16), samples_per_s=459.0)
     sane.set_flops(894e9, 494.7e12)  # TF32's peak
     assert sane.mfu == pytest.approx(459.0 * 894e9 / 494.7e12) and not sane.notes

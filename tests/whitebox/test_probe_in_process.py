@@ -101,7 +101,7 @@ def _kept_loop(run, *, lr: float = 0.01) -> None:
 
 def test_a_kept_loop_that_diverges_is_diverged_though_it_hands_autofit_no_loss():
     """Issue 37, item 4: a followed loop at lr=1e30 came back `ok`: its loss never reached autofit."""
-    result = run_probe(lambda run: _kept_loop(run, lr=1e30), Config(4), make_backend("cpu"), measured_steps=4)
+    result = run_probe(lambda run: _kept_loop(run, lr=1e30), Config(batch_size=4), make_backend("cpu"), measured_steps=4)
     assert result.status == "diverged", result.error_message
-    calm = run_probe(lambda run: _kept_loop(run), Config(4), make_backend("cpu"), measured_steps=4)
+    calm = run_probe(lambda run: _kept_loop(run), Config(batch_size=4), make_backend("cpu"), measured_steps=4)
     assert calm.status == "ok"

@@ -27,8 +27,8 @@ def test_the_combined_envelope_is_every_rank_s_widest():
 
 
 def test_ranks_by_samples_keep_their_knobs_as_they_are():
-    plain = ProbeResult(status="ok", config=Config(8), samples_per_s=10.0, measured_steps=5, knobs={"batches": True})
-    combined = combine(Config(8), {0: plain, 1: plain}, 2, 1.0, 0, False, 60.0, None, None)
+    plain = ProbeResult(status="ok", config=Config(batch_size=8), samples_per_s=10.0, measured_steps=5, knobs={"batches": True})
+    combined = combine(Config(batch_size=8), {0: plain, 1: plain}, 2, 1.0, 0, False, 60.0, None, None)
     assert combined.knobs == {"batches": True}
 
 
@@ -38,6 +38,6 @@ def test_flops_by_tokens_come_from_tokens_per_second_and_flops_per_token():
     by_tokens = ProbeResult(status="ok", config=CONFIG, samples_per_s=10.0, tokens_per_s=1000.0)
     by_tokens.set_flops(5e6, 1e9, flops_per_token=2e4)
     assert by_tokens.flops_per_s == 1000.0 * 2e4 and by_tokens.mfu == 1000.0 * 2e4 / 1e9
-    by_samples = ProbeResult(status="ok", config=Config(8), samples_per_s=10.0)
+    by_samples = ProbeResult(status="ok", config=Config(batch_size=8), samples_per_s=10.0)
     by_samples.set_flops(5e6, None)
     assert by_samples.flops_per_s == 10.0 * 5e6 and by_samples.flops_per_token is None

@@ -38,7 +38,7 @@ def test_of_two_searchers_asking_for_one_config_the_later_trial_waits_for_the_ea
     session = Session(SearchSettings(script=path, device="cpu", memory_limit=2**30,
                                      storage=f"sqlite:///{tmp_path / 'autofit.db'}"))
     session.study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'race.db'}", study_name="race")
-    config = Config(16)
+    config = Config(batch_size=16)
     dists = distributions((1, 64), 0, 1)
     first = session.study.ask()  # created; its searcher has not written its params yet
     second = session.study.ask()

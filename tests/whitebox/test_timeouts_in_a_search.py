@@ -62,6 +62,6 @@ def test_an_a_b_round_the_budget_cuts_is_not_measured_and_keeps_the_leader(tmp_p
     confirm = [(trial_config(t).batch_size, t.user_attrs["status"]) for t in study.trials
                if t.user_attrs.get("phase") == "confirm"]
     assert confirm and all(status == "timeout" for _, status in confirm)
-    assert result.best == Config(64)
+    assert result.best == Config(batch_size=64)
     assert not any("failed its A/B round" in note for note in result.notes)
     assert any("not measured" in note for note in result.notes)

@@ -14,7 +14,7 @@ from tests.support import autofit_cli, script
 
 
 def _token_fit(memory: int, cap: int, samples: int, longest: int = 256) -> Fit:
-    config = Config(cap, "bf16", max_tokens=cap)
+    config = Config(batch_size=cap, precision="bf16", max_tokens=cap)
     envelope = {"longest_sample": longest, "padded_tokens": samples * longest, "padded_squares": samples * longest**2}
     estimate = MemoryEstimate(config, {**dict.fromkeys(PARTS, 0), "activations": 2**20}, token_envelope=envelope)
     return Fit(memory, memory, config, estimate, 2**20)

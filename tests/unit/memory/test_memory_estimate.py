@@ -11,7 +11,7 @@ from tests.support import STUDIES, script
 
 @pytest.mark.slow  # 12 s: the default tier stays near 5 minutes
 def test_the_bundled_mlp_is_estimated_by_part_and_grows_with_the_batch():
-    configs = [Config(256), Config(1024), Config(4096)]
+    configs = [Config(batch_size=256), Config(batch_size=1024), Config(batch_size=4096)]
     found = estimate_memory(f"{STUDIES}/mlp.py", configs)
     assert found.error is None and not found.unavailable, found.unavailable
     small, medium, large = (found.estimates[c] for c in configs)
@@ -27,7 +27,7 @@ def test_the_bundled_mlp_is_estimated_by_part_and_grows_with_the_batch():
 
 @pytest.mark.slow  # a real probe or estimate of 7-9 s: the default tier stays under 5 minutes
 def test_a_step_the_fake_tensors_cannot_follow_still_gives_what_the_optimizer_holds():
-    configs = [Config(8), Config(16)]
+    configs = [Config(batch_size=8), Config(batch_size=16)]
     found = estimate_memory(script("class_balanced.py"), configs)  # torch.bincount of the labels
     assert not found.unavailable and set(found.estimates) == set(configs), found.unavailable
     params = (512 * 2048 + 2048) + (2048 * 2048 + 2048) + (2048 * 10 + 10)
@@ -43,8 +43,8 @@ def test_a_step_the_fake_tensors_cannot_follow_still_gives_what_the_optimizer_ho
 def test_an_estimator_that_dies_is_reported_not_raised(tmp_path):
     broken = tmp_path / "broken.py"
     broken.write_text("raise SystemExit(7)\n")
-    found = estimate_memory(str(broken), [Config(8)])
-    assert found.error and "status" in found.error and Config(8) in found.unavailable
+    found = estimate_memory(str(broken), [Config(batch_size=8)])
+    assert found.error and "status" in found.error and Config(batch_size=8) in found.unavailable
 
 
 @pytest.mark.slow
@@ -106,9 +106,9 @@ def test_the_table_says_why_a_peak_without_accumulation_holds_no_gradients():
 
     fits = SimpleNamespace(on_gpu=False, notes=[], baseline=0, data_bound=lambda config: False)
     line = "grads near 0 (acc=1): the peak comes at the forward's end or the backward's start"
-    assert line in describe_fits(fits, [fit(Config(16), 0)], "train.py")
-    assert line not in describe_fits(fits, [fit(Config(8, accumulation_steps=2), 40 * 2**20)], "train.py")
-    assert line not in describe_fits(fits, [fit(Config(16), 40 * 2**20)], "train.py")  # held at the peak
+    assert line in describe_fits(fits, [fit(Config(batch_size=16), 0)], "train.py")
+    assert line not in describe_fits(fits, [fit(Config(batch_size=8, accumulation_steps=2), 40 * 2**20)], "train.py")
+    assert line not in describe_fits(fits, [fit(Config(batch_size=16), 40 * 2**20)], "train.py")  # held at the peak
 
 
 @pytest.mark.slow  # the default tier stays under 5 minutes on 2 cores
@@ -123,7 +123,7 @@ def test_estimate_considers_selective_checkpointing_which_keeps_less_than_none_a
     fits = WhatFits(f"{STUDIES}/gpt.py", None, on_gpu=False, batch_range=(64, 64), precisions=("fp32",))
     try:
         level = fits.levels[1]  # the fewest blocks checkpointed (of gpt.py's 4)
-        none, selective, full = (Strategy("fp32", k, checkpoint_policy=q)
+        none, selective, full = (Strategy(precision="fp32", checkpoint_segments=k, checkpoint_policy=q)
                                  for k, q in ((0, "full"), (level, "selective"), (level, "full")))
         assert fits.strategies()[:3] == [none, selective, full]
         configs = [fits.config(s, 64) for s in (none, selective, full)]

@@ -37,17 +37,17 @@ def tiny() -> Landscape:
 
 def test_tiny_landscape_truth() -> None:
     land = tiny()
-    assert land.best_config() == Config(12, "bf16")
+    assert land.best_config() == Config(batch_size=12, precision="bf16")
     assert land.best_throughput() == pytest.approx(9.0)
-    assert not land.feasible(Config(16, "bf16"))  # ran, but inside the headroom
-    assert land.entries[Config(12, "fp32")].status == "oom"
+    assert not land.feasible(Config(batch_size=16, precision="bf16"))  # ran, but inside the headroom
+    assert land.entries[Config(batch_size=12, precision="fp32")].status == "oom"
     assert land.grid_seconds() == 2 * sum(land.space.batch_sizes)
     assert Landscape.from_dict(land.to_dict()).entries == land.entries
 
 
 def test_noise_is_seeded_and_repeats_differ() -> None:
     land = tiny()
-    c = Config(8, "fp32")
+    c = Config(batch_size=8, precision="fp32")
     a = land.probe(c, noise=1.0, seed=3, repeat=0).rate
     assert a == land.probe(c, noise=1.0, seed=3, repeat=0).rate
     assert a != land.probe(c, noise=1.0, seed=3, repeat=1).rate
@@ -59,7 +59,7 @@ def test_grid_probes_everything_and_finds_the_best() -> None:
     assert r.probes == 16
     assert r.seconds == 2 * sum((1, 2, 3, 4, 6, 8, 12, 16))
     assert r.oom_probes == 3  # fp32 12 and 16 (oom), bf16 16 (inside the headroom)
-    assert r.pick == Config(12, "bf16")
+    assert r.pick == Config(batch_size=12, precision="bf16")
     assert r.ratio == pytest.approx(1.0)
     # fp32 probes come first: the pick reaches 97% only at bf16 b=12, the 15th probe.
     assert r.probes_to_target == 15
@@ -67,7 +67,7 @@ def test_grid_probes_everything_and_finds_the_best() -> None:
 
 def test_power_doubles_from_two_in_fp32_until_oom() -> None:
     r = run_strategy("lightning-power", tiny(), seed=0, noise=0.0)
-    assert (r.probes, r.oom_probes, r.pick) == (4, 1, Config(8, "fp32"))  # 2, 4, 8 fit; 16 OOM
+    assert (r.probes, r.oom_probes, r.pick) == (4, 1, Config(batch_size=8, precision="fp32"))  # 2, 4, 8 fit; 16 OOM
     assert r.seconds == 2 + 4 + 8 + 16
     assert r.ratio == pytest.approx((10 * 8 / 12) / 9.0)
     assert r.probes_to_target == float("inf")
@@ -75,12 +75,12 @@ def test_power_doubles_from_two_in_fp32_until_oom() -> None:
 
 def test_binsearch_bisects_between_last_fit_and_failure() -> None:
     r = run_strategy("lightning-binsearch", tiny(), seed=0, noise=0.0)
-    assert (r.probes, r.oom_probes, r.pick) == (5, 2, Config(8, "fp32"))  # ... 16 OOM, 12 OOM
+    assert (r.probes, r.oom_probes, r.pick) == (5, 2, Config(batch_size=8, precision="fp32"))  # ... 16 OOM, 12 OOM
 
 
 def test_accelerate_walks_down_from_128() -> None:
     r = run_strategy("accelerate", tiny(), seed=0, noise=0.0)
-    assert (r.probes, r.oom_probes, r.pick) == (3, 2, Config(8, "fp32"))  # 16, 12 (0.9x snapped), 8
+    assert (r.probes, r.oom_probes, r.pick) == (3, 2, Config(batch_size=8, precision="fp32"))  # 16, 12 (0.9x snapped), 8
 
 
 # --- autofit's planner ----------------------------------------------------------------------------
@@ -144,9 +144,9 @@ def test_repeated_runs_aggregate_to_the_fastest_and_noise_follows_their_spread()
         return {"status": status, "samples_per_s": rate, "peak_bytes": peak, "step_time_median_s": 1.0,
                 "step_time_iqr_s": 0.1, "wall_s": 2.0}
 
-    e = _entry(Config(8), [run(40.0, peak=120), run(50.0)])
+    e = _entry(Config(batch_size=8), [run(40.0, peak=120), run(50.0)])
     assert (e.status, e.samples_per_s, e.peak_bytes) == ("ok", 50.0, 120)
-    assert _entry(Config(8), [run(50.0), run(None, "oom")]).status == "oom"
+    assert _entry(Config(batch_size=8), [run(50.0), run(None, "oom")]).status == "oom"
 
     land = tiny()
     for c, e in land.entries.items():
@@ -158,7 +158,7 @@ def test_repeated_runs_aggregate_to_the_fastest_and_noise_follows_their_spread()
 def test_deepspeed_extrapolates_from_the_profile_and_tries_around_the_prediction() -> None:
     # Model states 100 MiB, 10 MiB per sample: (180 - 100) / 10 = 8 -> tries 8 (1.05x, 1x) and 6 (0.95x).
     r = run_strategy("deepspeed", tiny(), seed=0, noise=0.0)
-    assert (r.probes, r.oom_probes, r.pick) == (3, 0, Config(8, "fp32"))
+    assert (r.probes, r.oom_probes, r.pick) == (3, 0, Config(batch_size=8, precision="fp32"))
 
 
 def test_the_grid_records_selective_checkpointing_unless_told_not_to(monkeypatch) -> None:
@@ -188,7 +188,7 @@ def test_a_landscape_with_selective_checkpointing_round_trips_and_its_grid_best_
     assert all(c.checkpoint_policy == "full" for c in land.configs() if not c.checkpoint_segments)
     assert Landscape.from_dict(land.to_dict()).entries == land.entries
     # b=32 fits the usable 360 MiB with one level checkpointed selectively (356 MiB), not unchecked (420).
-    assert land.best_config() == Config(32, "fp32", 1, checkpoint_policy="selective")
+    assert land.best_config() == Config(batch_size=32, precision="fp32", checkpoint_segments=1, checkpoint_policy="selective")
     assert run_strategy("grid", land, seed=0, noise=0.0).pick == land.best_config()
     # A landscape recorded before the axis (no checkpoint_policies in its space) loads as full only.
     old = land.to_dict()

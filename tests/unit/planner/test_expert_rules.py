@@ -19,14 +19,14 @@ def _ok(config: Config, rate: float, peak: float = 1.0) -> Observation:
 
 
 def test_dominance_is_more_recompute_or_more_accumulation_at_the_same_global_batch():
-    plain = Config(24, precision="bf16")
-    assert dominates(plain, Config(24, precision="bf16", checkpoint_segments=1, checkpoint_policy="selective"))
-    assert dominates(Config(24, precision="bf16", checkpoint_segments=1, checkpoint_policy="selective"),
-                     Config(24, precision="bf16", checkpoint_segments=1))  # full recomputes more
-    assert dominates(Config(48, precision="bf16"), Config(24, precision="bf16", accumulation_steps=2))
-    assert not dominates(plain, Config(24, precision="fp32", checkpoint_segments=1))  # another precision
-    assert not dominates(plain, Config(48, precision="bf16", checkpoint_segments=1))  # another global batch
-    assert not dominates(Config(24, precision="bf16", checkpoint_segments=1), Config(12, precision="bf16",
+    plain = Config(batch_size=24, precision="bf16")
+    assert dominates(plain, Config(batch_size=24, precision="bf16", checkpoint_segments=1, checkpoint_policy="selective"))
+    assert dominates(Config(batch_size=24, precision="bf16", checkpoint_segments=1, checkpoint_policy="selective"),
+                     Config(batch_size=24, precision="bf16", checkpoint_segments=1))  # full recomputes more
+    assert dominates(Config(batch_size=48, precision="bf16"), Config(batch_size=24, precision="bf16", accumulation_steps=2))
+    assert not dominates(plain, Config(batch_size=24, precision="fp32", checkpoint_segments=1))  # another precision
+    assert not dominates(plain, Config(batch_size=48, precision="bf16", checkpoint_segments=1))  # another global batch
+    assert not dominates(Config(batch_size=24, precision="bf16", checkpoint_segments=1), Config(batch_size=12, precision="bf16",
                                                                                      accumulation_steps=2))
     assert not dominates(plain, plain)
 
@@ -35,9 +35,9 @@ def test_a_checkpointed_config_that_reads_faster_within_the_noise_ranks_below_th
     """The reported pick: bf16 b=24 ckpt=1 selective read 19.3 where bf16 b=24 without checkpointing,
     which fits, read 18.1, on a machine whose repeats disagree by 9% (fp32 b=24's two probes): the same
     batch with recompute added can only be slower."""
-    plain = Config(24, precision="bf16")
-    recomputing = Config(24, precision="bf16", checkpoint_segments=1, checkpoint_policy="selective")
-    seen = [_ok(Config(24), 9.0), _ok(Config(24), 8.2), _ok(plain, 18.1, peak=1.5),
+    plain = Config(batch_size=24, precision="bf16")
+    recomputing = Config(batch_size=24, precision="bf16", checkpoint_segments=1, checkpoint_policy="selective")
+    seen = [_ok(Config(batch_size=24), 9.0), _ok(Config(batch_size=24), 8.2), _ok(plain, 18.1, peak=1.5),
             _ok(recomputing, 19.3, peak=1.2)]
     planner = Planner(SPACE, 4 * GiB)
     assert [c.config for c in planner.ranked(seen)][:2] == [plain, recomputing]
@@ -46,8 +46,8 @@ def test_a_checkpointed_config_that_reads_faster_within_the_noise_ranks_below_th
 
 
 def test_a_dominated_config_faster_beyond_the_noise_still_wins():
-    plain = Config(24, precision="bf16")
-    recomputing = Config(24, precision="bf16", checkpoint_segments=1, checkpoint_policy="selective")
+    plain = Config(batch_size=24, precision="bf16")
+    recomputing = Config(batch_size=24, precision="bf16", checkpoint_segments=1, checkpoint_policy="selective")
     seen = [_ok(plain, 18.0, peak=1.5), _ok(recomputing, 24.0, peak=1.2)]
     assert Planner(SPACE, 4 * GiB).best(seen) == recomputing
 
@@ -56,19 +56,19 @@ def test_near_ties_go_to_fewer_accumulation_steps_before_the_lower_peak():
     """b=12 acc=4, b=24 acc=2 and b=48 at one global batch, within 2%: the engineer's b=48, although
     b=12 acc=4 peaks lowest (the old rule chose it)."""
     space = SearchSpace.build(batch_range=(4, 64), precisions=("bf16",), global_batch=48)
-    seen = [_ok(Config(12, precision="bf16", accumulation_steps=4), 60.0, peak=0.5),
-            _ok(Config(24, precision="bf16", accumulation_steps=2), 59.5, peak=0.8),
-            _ok(Config(48, precision="bf16"), 59.3, peak=1.4)]
+    seen = [_ok(Config(batch_size=12, precision="bf16", accumulation_steps=4), 60.0, peak=0.5),
+            _ok(Config(batch_size=24, precision="bf16", accumulation_steps=2), 59.5, peak=0.8),
+            _ok(Config(batch_size=48, precision="bf16"), 59.3, peak=1.4)]
     planner = Planner(space, 4 * GiB)
-    assert planner.best(seen) == Config(48, precision="bf16")
+    assert planner.best(seen) == Config(batch_size=48, precision="bf16")
     assert "bf16 b=12 acc=4 read 1.01x but adds accumulation to it" in explain(
         planner.ranked(seen), seen, planner, 4 * GiB)
 
 
 def test_near_ties_go_to_no_checkpointing_then_selective_then_full():
-    full = Config(16, checkpoint_segments=2)
-    selective = Config(32, checkpoint_segments=2, checkpoint_policy="selective")
-    none = Config(8)
+    full = Config(batch_size=16, checkpoint_segments=2)
+    selective = Config(batch_size=32, checkpoint_segments=2, checkpoint_policy="selective")
+    none = Config(batch_size=8)
     seen = [_ok(full, 50.0, peak=0.6), _ok(selective, 49.6, peak=0.7), _ok(none, 49.5, peak=0.9)]
     planner = Planner(SPACE, 4 * GiB)
     assert [c.config for c in planner.ranked(seen)] == [none, selective, full]

@@ -13,7 +13,7 @@ GiB = 2**30
 
 
 def ok(batch: int, rate: float, precision: str = "fp32", spread: float = 0.03, phase: str = "explore") -> Observation:
-    return Observation(Config(batch, precision), "ok", peak_bytes=batch * 2**20, rate=rate,
+    return Observation(Config(batch_size=batch, precision=precision), "ok", peak_bytes=batch * 2**20, rate=rate,
                        wall_s=1.0, phase=phase, spread=spread)
 
 
@@ -23,31 +23,31 @@ def reading(observations):
 
 def test_an_erratic_probe_is_suspect():
     noise = reading([ok(8, 100), ok(16, 180), ok(32, 300, spread=0.6)])
-    assert set(noise.unresolved()) == {Config(32)}
-    assert "varied 60%" in noise.unresolved()[Config(32)].reason
+    assert set(noise.unresolved()) == {Config(batch_size=32)}
+    assert "varied 60%" in noise.unresolved()[Config(batch_size=32)].reason
 
 
 def test_a_dip_below_both_neighbours_is_suspect_and_a_smooth_curve_is_not():
     assert reading([ok(8, 100), ok(16, 180), ok(32, 300)]).unresolved() == {}
     noise = reading([ok(8, 100), ok(16, 60), ok(32, 300)])
-    assert set(noise.unresolved()) == {Config(16)}
-    assert "slower than its neighbours" in noise.unresolved()[Config(16)].reason
+    assert set(noise.unresolved()) == {Config(batch_size=16)}
+    assert "slower than its neighbours" in noise.unresolved()[Config(batch_size=16)].reason
 
 
 def test_disagreeing_repeats_need_a_third_probe_and_agreeing_ones_do_not():
     assert reading([ok(8, 100), ok(8, 104)]).unresolved() == {}
-    assert set(reading([ok(8, 100), ok(8, 40)]).unresolved()) == {Config(8)}
+    assert set(reading([ok(8, 100), ok(8, 40)]).unresolved()) == {Config(batch_size=8)}
     assert reading([ok(8, 100), ok(8, 40), ok(8, 98)]).unresolved() == {}  # the median decides
 
 
 def test_a_suspect_cannot_win_until_rechecked():
     planner = Planner(SPACE, 10 * GiB)
     seen = [ok(8, 100), ok(16, 180), ok(32, 900, spread=0.7)]  # an erratic, too-good figure
-    assert planner.best(seen) == Config(16)
-    assert planner.recheck(seen) == Config(32)
+    assert planner.best(seen) == Config(batch_size=16)
+    assert planner.recheck(seen) == Config(batch_size=32)
     rechecked = seen + [ok(32, 880, phase="recheck")]
-    assert planner.recheck(rechecked) != Config(32)
-    assert planner.best(rechecked) == Config(32)  # two agreeing probes: it may win now
+    assert planner.recheck(rechecked) != Config(batch_size=32)
+    assert planner.best(rechecked) == Config(batch_size=32)  # two agreeing probes: it may win now
 
 
 def test_when_only_suspects_fit_the_fastest_of_them_is_ranked_rather_than_nothing():
@@ -57,15 +57,15 @@ def test_when_only_suspects_fit_the_fastest_of_them_is_ranked_rather_than_nothin
     over = [ok(48, 300), ok(48, 296)]  # resolved, 48 MiB peak: over the 40 MiB usable
     suspects = [ok(16, 180), ok(16, 120), ok(32, 250), ok(32, 160)]  # fit, repeats 33% and 36% apart
     seen = over + suspects
-    assert set(reading(seen).unresolved()) == {Config(16), Config(32)}
-    assert [c.config for c in planner.ranked(seen)] == [Config(32), Config(16)]
-    assert planner.best(seen + [ok(24, 200), ok(24, 204)]) == Config(24)  # a trusted fit still wins over them
+    assert set(reading(seen).unresolved()) == {Config(batch_size=16), Config(batch_size=32)}
+    assert [c.config for c in planner.ranked(seen)] == [Config(batch_size=32), Config(batch_size=16)]
+    assert planner.best(seen + [ok(24, 200), ok(24, 204)]) == Config(batch_size=24)  # a trusted fit still wins over them
 
 
 def test_a_planner_that_trusts_everything_never_rechecks():
     planner = Planner(SPACE, 10 * GiB, check_noise=False)
     seen = [ok(8, 100), ok(16, 180), ok(32, 900, spread=0.7)]
-    assert planner.recheck(seen) is None and planner.best(seen) == Config(32)
+    assert planner.recheck(seen) is None and planner.best(seen) == Config(batch_size=32)
 
 
 def test_a_machine_full_of_suspects_is_called_too_noisy():
@@ -96,10 +96,10 @@ def test_under_injected_interference_rechecking_finds_the_best_more_often(seed):
 def test_a_config_that_only_just_fits_loses_a_near_tie():
     """Allocator retries (CUDA num_alloc_retries) mark a config at the edge of memory."""
     planner = Planner(SPACE, 10 * GiB, check_noise=False)
-    tight = Observation(Config(32), "ok", peak_bytes=3 * GiB, rate=301, tight=True)
-    roomy = Observation(Config(24), "ok", peak_bytes=4 * GiB, rate=299)
-    assert planner.best([tight, roomy]) == Config(24)
-    assert planner.best([tight, Observation(Config(24), "ok", peak_bytes=2 * GiB, rate=250)]) == Config(32)
+    tight = Observation(Config(batch_size=32), "ok", peak_bytes=3 * GiB, rate=301, tight=True)
+    roomy = Observation(Config(batch_size=24), "ok", peak_bytes=4 * GiB, rate=299)
+    assert planner.best([tight, roomy]) == Config(batch_size=24)
+    assert planner.best([tight, Observation(Config(batch_size=24), "ok", peak_bytes=2 * GiB, rate=250)]) == Config(batch_size=32)
 
 
 def _contenders() -> list[Observation]:
@@ -112,7 +112,7 @@ def test_a_slower_confirmation_lowers_the_winner_s_rate():
     planner = Planner(SPACE, 10 * GiB)
     seen = _contenders() + [ok(32, 290, phase="confirm")]
     best = planner.ranked(seen)[0]
-    assert best.config == Config(32) and best.rate == 290  # the long run's figure, not 301
+    assert best.config == Config(batch_size=32) and best.rate == 290  # the long run's figure, not 301
     assert best.measurement.rule == "confirmation"
     assert [o.phase for o in best.measurement.probes] == ["confirm"]
 
@@ -120,10 +120,10 @@ def test_a_slower_confirmation_lowers_the_winner_s_rate():
 def test_a_confirmation_below_the_runner_up_hands_it_the_win_and_the_runner_up_is_confirmed_next():
     planner = Planner(SPACE, 10 * GiB)
     seen = _contenders() + [ok(32, 270, phase="confirm")]  # 10% below its short probes, below b=16
-    assert planner.best(seen) == Config(16)
-    assert planner.to_confirm(seen) == Config(16)
+    assert planner.best(seen) == Config(batch_size=16)
+    assert planner.to_confirm(seen) == Config(batch_size=16)
     seen.append(ok(16, 279, phase="confirm"))
-    assert planner.best(seen) == Config(16) and planner.to_confirm(seen) is None
+    assert planner.best(seen) == Config(batch_size=16) and planner.to_confirm(seen) is None
     assert planner.recheck(seen) is None  # a confirmed config is settled, whatever its short probes said
 
 
@@ -131,10 +131,10 @@ def test_with_two_probes_a_disagreeing_confirmation_still_counts():
     """Two disagreeing probes once rated at their maximum (and a third settled them): a long run counts."""
     planner = Planner(SPACE, 10 * GiB)
     seen = [ok(8, 100), ok(16, 200), ok(32, 300), ok(32, 240, phase="confirm")]
-    assert dict((c.config, c.rate) for c in planner.ranked(seen))[Config(32)] == 240
-    assert planner.best(seen) == Config(32) and planner.recheck(seen) is None
+    assert dict((c.config, c.rate) for c in planner.ranked(seen))[Config(batch_size=32)] == 240
+    assert planner.best(seen) == Config(batch_size=32) and planner.recheck(seen) is None
     trusting = Planner(SPACE, 10 * GiB, check_noise=False)  # the same rule without noise checks
-    assert dict((c.config, c.rate) for c in trusting.ranked(seen))[Config(32)] == 240
+    assert dict((c.config, c.rate) for c in trusting.ranked(seen))[Config(batch_size=32)] == 240
 
 
 def test_an_erratic_confirmation_counts_and_says_so():
@@ -142,7 +142,7 @@ def test_an_erratic_confirmation_counts_and_says_so():
     short probe's steps (the long run is there to find it), so the long run's figure counts."""
     planner = Planner(SPACE, 10 * GiB)
     best = planner.ranked(_contenders() + [ok(32, 295, phase="confirm", spread=0.8)])[0]
-    assert best.config == Config(32) and best.rate == 295
+    assert best.config == Config(batch_size=32) and best.rate == 295
     assert best.measurement.rule == "confirmation" and best.measurement.erratic
     short = planner.ranked(_contenders() + [ok(32, 295, phase="confirm")])[0].measurement
     assert not short.erratic
@@ -153,4 +153,4 @@ def test_a_confirmed_neighbour_s_long_run_does_not_make_a_config_suspect():
     probes."""
     seen = [ok(8, 370), ok(16, 750), ok(16, 752, phase="recheck"), ok(24, 540), ok(32, 420), ok(16, 330, phase="confirm")]
     assert reading(seen).unresolved() == {}
-    assert Planner(SPACE, 10 * GiB).best(seen) == Config(24)
+    assert Planner(SPACE, 10 * GiB).best(seen) == Config(batch_size=24)

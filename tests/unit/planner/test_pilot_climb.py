@@ -45,7 +45,7 @@ def _prediction(space: SearchSpace) -> MemoryPrediction:
     """The estimator's answer: each precision's tensor bytes at two batches (its curve between)."""
     factors = peak_factors("cuda")
     typical = factors["typical_factor"]
-    estimates = {Config(b, p): b * PER_SAMPLE_BYTES[p] / typical + GiB / typical
+    estimates = {Config(batch_size=b, precision=p): b * PER_SAMPLE_BYTES[p] / typical + GiB / typical
                  for p in space.precisions for b in (8, 64)}
     return MemoryPrediction.from_estimates(estimates, device_bytes=GiB, **factors)
 
@@ -81,40 +81,40 @@ def test_the_pilot_climbs_to_its_memory_edge_before_the_other_precisions_which_a
             firsts.setdefault(o.config.precision, o.config.batch_size)
     assert set(firsts) == {"fp32", "tf32", "fp16"} and max(firsts.values()) == edge
     assert all(batch >= 1024 for batch in firsts.values())
-    assert planner.best(seen) == _best(space) == Config(1536, "bf16")
+    assert planner.best(seen) == _best(space) == Config(batch_size=1536, precision="bf16")
 
 
 def test_on_a_small_memory_the_pilot_stays_at_its_smallest_guess():
     planner = Planner(_space(), 2 * GiB, check_noise=False)
-    assert planner.next([]) == Config(4, "bf16")
+    assert planner.next([]) == Config(batch_size=4, precision="bf16")
 
 
 def test_with_the_pilot_running_out_of_memory_the_precisions_are_compared_at_once():
     space = _space()
     planner = Planner(space, USABLE, check_noise=False)
-    seen = [Observation(Config(4, "bf16"), "oom")]
+    seen = [Observation(Config(batch_size=4, precision="bf16"), "oom")]
     assert planner.next(seen).precision != "bf16"
 
 
 def test_with_the_pilot_at_the_top_of_the_space_the_precisions_are_compared_at_its_batch():
     planner = Planner(_space((1, 4)), USABLE, check_noise=False)
-    seen = [_probe(Config(4, "bf16"))]
-    assert planner.next(seen) == Config(4, "fp32")
+    seen = [_probe(Config(batch_size=4, precision="bf16"))]
+    assert planner.next(seen) == Config(batch_size=4, precision="fp32")
 
 
 def test_when_the_data_ends_the_climb_the_precisions_are_compared_at_the_pilots_batch():
     """Every batch above the pilot's ran out of data: the climb is over, and the sweep comes next."""
     planner = Planner(_space((4, 64)), USABLE, check_noise=False)
-    seen = [_probe(Config(4, "bf16"))]
+    seen = [_probe(Config(batch_size=4, precision="bf16"))]
     while (config := planner.next(seen)).precision == "bf16":
         assert config.batch_size > 4 and len(seen) < 6
         seen.append(Observation(config, "error", data_bound=True))
-    assert len(seen) > 1 and config == Config(4, "fp32")
+    assert len(seen) > 1 and config == Config(batch_size=4, precision="fp32")
 
 
 def test_while_the_climb_runs_another_worker_compares_a_precision_instead_of_climbing_twice():
     planner = Planner(_space(), USABLE, check_noise=False)
-    seen = [_probe(Config(4, "bf16"))]
+    seen = [_probe(Config(batch_size=4, precision="bf16"))]
     climb = planner.next(seen)
     seen.append(Observation(climb, "running"))
-    assert planner.next(seen) == Config(4, "fp32")
+    assert planner.next(seen) == Config(batch_size=4, precision="fp32")

@@ -44,17 +44,17 @@ def _search(prediction):
 
 
 def test_interpolated_estimates_and_a_range_between_two_measured_batches():
-    prediction = MemoryPrediction.from_estimates({Config(8): 10.0, Config(32): 40.0}, device_bytes=5.0,
+    prediction = MemoryPrediction.from_estimates({Config(batch_size=8): 10.0, Config(batch_size=32): 40.0}, device_bytes=5.0,
                                                  **peak_factors("cpu"))
-    assert prediction.tensor_bytes(Config(16)) == pytest.approx(20.0)
-    assert prediction.tensor_bytes(Config(64)) == pytest.approx(80.0)  # the last two batches' slope
-    assert prediction.tensor_bytes(Config(16, "bf16")) is None  # no estimate of that curve
-    before = prediction.calibrate([]).peak(Config(16))
+    assert prediction.tensor_bytes(Config(batch_size=16)) == pytest.approx(20.0)
+    assert prediction.tensor_bytes(Config(batch_size=64)) == pytest.approx(80.0)  # the last two batches' slope
+    assert prediction.tensor_bytes(Config(batch_size=16, precision="bf16")) is None  # no estimate of that curve
+    before = prediction.calibrate([]).peak(Config(batch_size=16))
     assert before.low == pytest.approx(5.0 + 20.0) and before.high == float("inf")  # no probe: a floor only
-    calibrated = prediction.calibrate([Observation(Config(8), "ok", 100), Observation(Config(32), "ok", 200)])
-    between = calibrated.peak(Config(16))
+    calibrated = prediction.calibrate([Observation(Config(batch_size=8), "ok", 100), Observation(Config(batch_size=32), "ok", 200)])
+    between = calibrated.peak(Config(batch_size=16))
     assert 100 * 0.97 < between.low <= 100 and 200 <= between.high < 200 * 1.03  # monotone in batch
-    beyond = calibrated.peak(Config(64))
+    beyond = calibrated.peak(Config(batch_size=64))
     assert beyond.low > 200 and beyond.high > beyond.low  # a factor range measured from the two
 
 
@@ -67,15 +67,15 @@ def test_configs_to_estimate_take_a_few_batches_per_curve_unchecked_curves_first
 
 
 def test_the_planner_skips_what_the_prediction_rules_out_and_starts_next_to_the_predicted_fit():
-    prediction = MemoryPrediction.from_estimates({Config(b): _tensor(Config(b)) for b in BATCHES},
+    prediction = MemoryPrediction.from_estimates({Config(batch_size=b): _tensor(Config(batch_size=b)) for b in BATCHES},
                                                  device_bytes=150 * MIB, **peak_factors("cpu"))
     planner, seen = _search(prediction)
     assert all(o.fits(USABLE) for o in seen), [(o.config.batch_size, o.status, o.peak_bytes) for o in seen]
-    assert planner.best(seen) == Config(32)  # the largest that fits is the fastest here
-    assert seen[1].config == Config(32)  # after the pilot, straight to the predicted fit
-    assert Config(48) not in {o.config for o in seen}  # predicted to maybe not fit, for too little gain
-    assert planner.predicted_peak(Config(48), seen).high > USABLE
-    assert planner.predicted_peak(Config(64), seen).low > USABLE  # predicted not to fit at all
+    assert planner.best(seen) == Config(batch_size=32)  # the largest that fits is the fastest here
+    assert seen[1].config == Config(batch_size=32)  # after the pilot, straight to the predicted fit
+    assert Config(batch_size=48) not in {o.config for o in seen}  # predicted to maybe not fit, for too little gain
+    assert planner.predicted_peak(Config(batch_size=48), seen).high > USABLE
+    assert planner.predicted_peak(Config(batch_size=64), seen).low > USABLE  # predicted not to fit at all
     _, blind = _search(None)  # the same landscape from probes alone
     assert any(not o.fits(USABLE) for o in blind)
 

@@ -37,7 +37,7 @@ def test_two_timeouts_never_end_a_search():
 def test_a_timeout_never_makes_a_precision_unusable_where_an_error_would():
     space = _space()
     planner = Planner(space, 72 * GiB, check_noise=False)
-    bf16 = [Config(32, "bf16", accumulation_steps=15), Config(48, "bf16", accumulation_steps=10)]
+    bf16 = [Config(batch_size=32, precision="bf16", accumulation_steps=15), Config(batch_size=48, precision="bf16", accumulation_steps=10)]
     assert planner.unusable_precisions([_timeout(c) for c in bf16]) == set()
     assert planner.unusable_precisions([Observation(c, "error") for c in bf16]) == {"bf16"}
 

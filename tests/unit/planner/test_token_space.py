@@ -25,7 +25,7 @@ def test_the_space_climbs_token_caps_from_the_longest_sample():
 
 def test_the_pilot_by_samples_is_set_aside_and_the_climb_is_by_tokens():
     planner = Planner(SPACE, 4 * GiB)
-    pilot_by_samples = Observation(Config(4), "oom")  # before the knobs said the function batches by tokens
+    pilot_by_samples = Observation(Config(batch_size=4), "oom")  # before the knobs said the function batches by tokens
     first = planner.next([pilot_by_samples])
     assert first is not None and first.max_tokens == 300
     seen = [pilot_by_samples, _ok(first, 0.5, 10.0)]

@@ -40,7 +40,7 @@ def _own_loop(run: Run, steps: int | None = None, swallow: bool = False) -> int:
 
 
 def test_a_probe_of_a_kept_loop_measures_its_steps_and_ends_it_past_except_exception():
-    run = Run(Config(4, accumulation_steps=2), "cpu", probing=True, warmup_steps=2, measured_steps=3)
+    run = Run(Config(batch_size=4, accumulation_steps=2), "cpu", probing=True, warmup_steps=2, measured_steps=3)
     with pytest.raises(ProbeFinished), run.active():
         _own_loop(run, swallow=True)
     assert run.clock.steps_done == 5 and run.clock.steps_measured == 3
@@ -50,19 +50,19 @@ def test_a_probe_of_a_kept_loop_measures_its_steps_and_ends_it_past_except_excep
 
 
 def test_the_hooks_go_with_the_run_and_a_second_run_in_the_process_counts_only_its_own_steps():
-    first = Run(Config(2), "cpu", probing=False)
+    first = Run(Config(batch_size=2), "cpu", probing=False)
     with first.active():
         _own_loop(first, steps=3)
     assert first.clock.steps_done == 3
-    _own_loop(Run(Config(2), "cpu"), steps=4)  # outside any run: nothing counts these
-    second = Run(Config(2), "cpu", probing=False)
+    _own_loop(Run(Config(batch_size=2), "cpu"), steps=4)  # outside any run: nothing counts these
+    second = Run(Config(batch_size=2), "cpu", probing=False)
     with second.active():
         _own_loop(second, steps=2)
     assert (first.clock.steps_done, second.clock.steps_done) == (3, 2)
 
 
 def test_two_optimizers_step_once_per_iteration_as_the_first_one_steps():
-    run = Run(Config(4), "cpu", probing=False)
+    run = Run(Config(batch_size=4), "cpu", probing=False)
     generator, g_opt = _model_and_optimizer(1)
     critic, c_opt = _model_and_optimizer(2)
     with run.active():
@@ -75,7 +75,7 @@ def test_two_optimizers_step_once_per_iteration_as_the_first_one_steps():
 
 
 def test_a_loop_that_hands_its_steps_to_run_backward_is_not_followed():
-    run = Run(Config(4, accumulation_steps=2), "cpu", probing=False)
+    run = Run(Config(batch_size=4, accumulation_steps=2), "cpu", probing=False)
     model, optimizer = _model_and_optimizer()
     with run.active():
         for x in run.batches([torch.randn(4, 8) for _ in range(6)]):
@@ -85,7 +85,7 @@ def test_a_loop_that_hands_its_steps_to_run_backward_is_not_followed():
 
 
 def test_a_loop_that_reads_the_precision_is_searched_in_every_precision():
-    run = Run(Config(4, precision="bf16"), "cpu", probing=False)
+    run = Run(Config(batch_size=4, precision="bf16"), "cpu", probing=False)
     model, optimizer = _model_and_optimizer()
     with run.active():
         assert run.dtype == torch.bfloat16
@@ -122,7 +122,7 @@ def test_an_oom_in_a_kept_loop_starts_the_function_again_smaller_with_the_global
 
 def test_a_kept_loop_over_run_loader_times_its_wait_for_data():
     data = torch.utils.data.TensorDataset(torch.randn(64, 8))
-    run = Run(Config(4), "cpu", probing=True, warmup_steps=1, measured_steps=3)
+    run = Run(Config(batch_size=4), "cpu", probing=True, warmup_steps=1, measured_steps=3)
     model, optimizer = _model_and_optimizer()
     with pytest.raises(ProbeFinished), run.active():
         loader = run.loader(data)
@@ -137,7 +137,7 @@ def test_a_kept_loop_over_run_loader_times_its_wait_for_data():
 
 
 def test_a_loop_over_run_batches_with_its_own_optimizer_step_counts_each_step_once():
-    run = Run(Config(4), "cpu", probing=False)
+    run = Run(Config(batch_size=4), "cpu", probing=False)
     model, optimizer = _model_and_optimizer()
     with run.active():
         for x in run.batches([torch.randn(4, 8) for _ in range(5)]):
@@ -149,7 +149,7 @@ def test_a_loop_over_run_batches_with_its_own_optimizer_step_counts_each_step_on
 
 
 def test_an_oom_in_an_evaluation_under_run_autocast_reaches_the_script_and_trains_nothing_twice():
-    run = Run(Config(4), "cpu", probing=False)
+    run = Run(Config(batch_size=4), "cpu", probing=False)
     model, optimizer = _model_and_optimizer()
     fed = []
     with run.active():
@@ -166,7 +166,7 @@ def test_an_oom_in_an_evaluation_under_run_autocast_reaches_the_script_and_train
 
 
 def test_a_loop_that_builds_a_new_optimizer_each_epoch_is_still_followed():
-    run = Run(Config(4), "cpu", probing=False)
+    run = Run(Config(batch_size=4), "cpu", probing=False)
     with run.active():
         for _ in range(3):
             model, optimizer = _model_and_optimizer()
@@ -201,7 +201,7 @@ def _kept_loop(run: Run, *, lr: float = 0.01, skip_every: int | None = None) -> 
 def test_steps_a_kept_loops_gradscaler_skips_are_counted_with_the_step_after_them():
     """A step the GradScaler skips never calls optimizer.step(): its micro-batches and time went into the
     next counted step as if they were one step's, and the rate read half of what ran."""
-    run = Run(Config(4, accumulation_steps=2), "cpu", probing=True, warmup_steps=1, measured_steps=6)
+    run = Run(Config(batch_size=4, accumulation_steps=2), "cpu", probing=True, warmup_steps=1, measured_steps=6)
     with pytest.raises(ProbeFinished), run.active():
         _kept_loop(run, skip_every=3)
     assert run.skipped_steps >= 2
@@ -214,7 +214,7 @@ def test_a_kept_loop_with_its_own_accumulation_is_counted_as_it_ran():
     """Issue 37, item 3: a loop that reads run.batch_size but keeps its own accumulation (2 micro-batches a
     step) under a declared global batch (the config's acc=8) was counted 4 x 8 samples a step, favouring small
     micro-batches by G/(b x A). Now it counts what ran, and says its global batch is not the one declared."""
-    run = Run(Config(4, accumulation_steps=8), "cpu", probing=True, warmup_steps=1, measured_steps=3,
+    run = Run(Config(batch_size=4, accumulation_steps=8), "cpu", probing=True, warmup_steps=1, measured_steps=3,
               probe_accumulation=4)
     model, optimizer = _model_and_optimizer()
     with pytest.raises(ProbeFinished), run.active():

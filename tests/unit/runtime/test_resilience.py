@@ -29,12 +29,12 @@ CPU_OOM = "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't alloca
 
 
 def test_lowered_halves_and_keeps_the_global_batch():
-    assert lowered(Config(32)) == Config(16, accumulation_steps=2)
-    assert lowered(Config(16, "bf16", 2, accumulation_steps=2)) == Config(8, "bf16", 2, accumulation_steps=4)
-    assert lowered(Config(24)).global_batch == 24 and lowered(Config(24)).batch_size == 12
-    assert lowered(Config(9)) == Config(3, accumulation_steps=3)  # largest divisor below half
-    assert lowered(Config(7)) == Config(1, accumulation_steps=7)
-    assert lowered(Config(1)) is None
+    assert lowered(Config(batch_size=32)) == Config(batch_size=16, accumulation_steps=2)
+    assert lowered(Config(batch_size=16, precision="bf16", checkpoint_segments=2, accumulation_steps=2)) == Config(batch_size=8, precision="bf16", checkpoint_segments=2, accumulation_steps=4)
+    assert lowered(Config(batch_size=24)).global_batch == 24 and lowered(Config(batch_size=24)).batch_size == 12
+    assert lowered(Config(batch_size=9)) == Config(batch_size=3, accumulation_steps=3)  # largest divisor below half
+    assert lowered(Config(batch_size=7)) == Config(batch_size=1, accumulation_steps=7)
+    assert lowered(Config(batch_size=1)) is None
 
 
 def test_lowered_path_sits_beside_the_exported_file():
@@ -110,18 +110,18 @@ class _Recorder:
 @pytest.mark.parametrize("where", ["forward", "backward", "optimizer"])
 def test_an_oom_mid_run_redoes_the_step_with_half_the_micro_batch(where, capsys):
     reference = _Recorder()
-    reference.loop(Run(Config(8), recover_oom=True))
+    reference.loop(Run(Config(batch_size=8), recover_oom=True))
     recorder = _Recorder()
-    run = Run(Config(8), recover_oom=True)
+    run = Run(Config(batch_size=8), recover_oom=True)
     # micro-batch 4 is the first of step 4 (1-based): fail there (its forward, its backward, or
     # the optimizer step it ends)
     recorder.loop(run, **{f"fail_{where}_at": 4})
-    assert run.config == Config(4, accumulation_steps=2)
+    assert run.config == Config(batch_size=4, accumulation_steps=2)
     assert run.optimizer_steps == 6  # 48 samples / global batch 8: no step lost, none added
     assert all(n == 8 for n in recorder.step_samples.values())  # the loop counted each step once
     assert recorder.micro_sizes[-4:] == [4, 4, 4, 4]
     [lowering] = run.lowerings
-    assert lowering.step == 4 and lowering.before == Config(8) and lowering.after == Config(4, accumulation_steps=2)
+    assert lowering.step == 4 and lowering.before == Config(batch_size=8) and lowering.after == Config(batch_size=4, accumulation_steps=2)
     assert lowering.where == {"forward": "forward", "backward": "backward", "optimizer": "optimizer step"}[where]
     assert "redoing the step" in capsys.readouterr().err
     # the same data in the same order, the same optimizer steps: the same weights as a run that never failed
@@ -131,36 +131,36 @@ def test_an_oom_mid_run_redoes_the_step_with_half_the_micro_batch(where, capsys)
 
 def test_accumulation_doubles_again_on_a_second_oom():
     recorder = _Recorder(n_samples=64)
-    run = Run(Config(8, accumulation_steps=2), recover_oom=True)
+    run = Run(Config(batch_size=8, accumulation_steps=2), recover_oom=True)
     recorder.loop(run, fail_forward_at=4)  # the second micro-batch of step 2
-    assert run.config == Config(4, accumulation_steps=4)
+    assert run.config == Config(batch_size=4, accumulation_steps=4)
     assert run.optimizer_steps == 4 and all(n == 16 for n in recorder.step_samples.values())
 
 
 def test_an_oom_before_the_first_step_asks_the_launcher_to_start_again():
-    run = Run(Config(8), recover_oom=True)
+    run = Run(Config(batch_size=8), recover_oom=True)
     with pytest.raises(RuntimeError, match="can't allocate"):
         _Recorder().loop(run, fail_forward_at=1)
-    assert run.restart_config == Config(4, accumulation_steps=2)
+    assert run.restart_config == Config(batch_size=4, accumulation_steps=2)
     assert run.restart_lowering.where == "forward" and run.restart_lowering.step == 1
 
 
 def test_an_oom_at_micro_batch_one_is_a_clear_error():
-    run = Run(Config(1), recover_oom=True)
+    run = Run(Config(batch_size=1), recover_oom=True)
     with pytest.raises(OutOfMemoryAtBatchOne, match="even at micro-batch 1"):
         _Recorder(loader_batch=1).loop(run, fail_forward_at=1)
 
 
 def test_probes_and_runs_without_recovery_let_the_oom_through():
-    for run in (Run(Config(8), probing=True, warmup_steps=1, measured_steps=100, recover_oom=True),
-                Run(Config(8), recover_oom=False)):
+    for run in (Run(Config(batch_size=8), probing=True, warmup_steps=1, measured_steps=100, recover_oom=True),
+                Run(Config(batch_size=8), recover_oom=False)):
         with pytest.raises(RuntimeError, match="can't allocate"):
             _Recorder().loop(run, fail_forward_at=4)
-        assert not run.lowerings and run.config == Config(8)
+        assert not run.lowerings and run.config == Config(batch_size=8)
 
 
 def test_other_errors_are_never_taken_for_an_oom():
-    run = Run(Config(8), recover_oom=True)
+    run = Run(Config(batch_size=8), recover_oom=True)
     recorder = _Recorder()
     with pytest.raises(ZeroDivisionError):
         for x in run.batches(recorder.data):
@@ -177,7 +177,7 @@ def test_the_redo_frees_a_failed_attempt_once_its_except_block_is_left():
     failed: list = []
     freed_at_release: list = []
     redo = StepRedo(release_memory=lambda: freed_at_release.append(failed[0]() is None))
-    config = [Config(8)]
+    config = [Config(batch_size=8)]
 
     def attempt():
         if not failed:
@@ -193,21 +193,21 @@ def test_the_redo_frees_a_failed_attempt_once_its_except_block_is_left():
         config[0] = redo.take(lowering)
         return attempt
 
-    assert redo.until_it_fits(attempt, after_oom) == Config(4, accumulation_steps=2)
+    assert redo.until_it_fits(attempt, after_oom) == Config(batch_size=4, accumulation_steps=2)
     assert freed_at_release == [True]
     [lowering] = redo.lowerings
     assert (lowering.step, lowering.where, lowering.restart) == (3, "forward", False)
     with pytest.raises(ZeroDivisionError):
         redo.until_it_fits(lambda: 1 / 0, after_oom)
     assert len(redo.lowerings) == 1 and freed_at_release == [True]  # not an OOM: nothing lowered, nothing freed
-    assert StepRedo(enabled=False).lower(Config(8), RuntimeError(CPU_OOM), "forward", 3) is None
+    assert StepRedo(enabled=False).lower(Config(batch_size=8), RuntimeError(CPU_OOM), "forward", 3) is None
 
 
 def test_a_run_hands_the_failed_steps_memory_back_once_per_redo():
     released = []
-    run = Run(Config(8), recover_oom=True, release_memory=lambda: released.append(run.config))
+    run = Run(Config(batch_size=8), recover_oom=True, release_memory=lambda: released.append(run.config))
     _Recorder().loop(run, fail_backward_at=4)
-    assert released == [Config(4, accumulation_steps=2)]  # after the lowering, before the step is fed again
+    assert released == [Config(batch_size=4, accumulation_steps=2)]  # after the lowering, before the step is fed again
 
 
 @pytest.mark.parametrize("where", ["forward", "backward"])
@@ -219,7 +219,7 @@ def test_a_framework_step_redone_after_an_oom_has_the_whole_steps_gradient(where
     reference = copy.deepcopy(model)
     micro_batches = [torch.randn(8, 4) for _ in range(2)]  # one optimizer step, accumulation 2
     reference(torch.cat(micro_batches)).pow(2).mean().backward()
-    run = Run(Config(8, accumulation_steps=2), recover_oom=True)
+    run = Run(Config(batch_size=8, accumulation_steps=2), recover_oom=True)
     run.clock.steps_done = 3  # mid-run: the step is redone in place
     recovery = PieceReplay(run, lambda: model.zero_grad(set_to_none=True))
     pieces_run = []
@@ -242,7 +242,7 @@ def test_a_framework_step_redone_after_an_oom_has_the_whole_steps_gradient(where
     for x in micro_batches:
         recovery.feed(x, 2, work)
     recovery.step_done()
-    assert run.config == Config(4, accumulation_steps=4)
+    assert run.config == Config(batch_size=4, accumulation_steps=4)
     assert [lowering.where for lowering in run.lowerings] == [where]
     # forward: only the failed micro-batch again, in pieces; backward: the whole step so far again
     assert pieces_run == ([8, 4, 4] if where == "forward" else [8, 4, 4, 4, 4])
@@ -254,7 +254,7 @@ def test_the_decorator_starts_again_through_the_same_redo(tmp_path, monkeypatch,
     """An OOM before the first optimizer step starts the function again with a new Run that shares
     the first one's StepRedo; the failed Run is gone before the new attempt begins."""
     write_best(str(tmp_path / "t.best.json"), {
-        "partial": False, "config": config_entry(Config(8)), "measured": {}, "memory": {"limit_bytes": None},
+        "partial": False, "config": config_entry(Config(batch_size=8)), "measured": {}, "memory": {"limit_bytes": None},
         "device": {"type": "cpu"}, "versions": {}, "script": {}})
     monkeypatch.setenv("AUTOFIT_CONFIG", str(tmp_path / "t.best.json"))
     monkeypatch.setenv("AUTOFIT_DEVICE", "cpu")
@@ -274,13 +274,13 @@ def test_the_decorator_starts_again_through_the_same_redo(tmp_path, monkeypatch,
     assert len(attempts) == 2
     restart, in_place = lowerings
     assert lowerings is redo.lowerings
-    assert (restart.step, restart.restart, restart.after) == (1, True, Config(4, accumulation_steps=2))
-    assert (in_place.step, in_place.restart, in_place.after) == (3, False, Config(2, accumulation_steps=4))
+    assert (restart.step, restart.restart, restart.after) == (1, True, Config(batch_size=4, accumulation_steps=2))
+    assert (in_place.step, in_place.restart, in_place.after) == (3, False, Config(batch_size=2, accumulation_steps=4))
     err = capsys.readouterr().err
     assert err.index("starting again") < err.index("redoing the step")
     record = read_lowerings(lowered_path(str(tmp_path / "t.best.json")))
     assert [item["restart"] for item in record["lowerings"]] == [True, False]
-    assert Config.from_dict(record["ended_with"]) == Config(2, accumulation_steps=4)
+    assert Config.from_dict(record["ended_with"]) == Config(batch_size=2, accumulation_steps=4)
 
 
 def test_a_failed_steps_activations_go_back_though_the_loop_still_holds_its_outputs():
@@ -291,7 +291,7 @@ def test_a_failed_steps_activations_go_back_though_the_loop_still_holds_its_outp
     model = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     data = [torch.randn(8, 4) for _ in range(6)]
-    run = Run(Config(8), recover_oom=True)
+    run = Run(Config(batch_size=8), recover_oom=True)
     held: dict[str, object] = {}
     seen = 0
     for x in run.batches(data):
@@ -305,7 +305,7 @@ def test_a_failed_steps_activations_go_back_though_the_loop_still_holds_its_outp
             held["saved"] = [weakref.ref(t) for t in _saved_activations(outputs)]
         run.backward(loss, opt)
     run.finish()
-    assert run.config == Config(4, accumulation_steps=2) and run.optimizer_steps == 6
+    assert run.config == Config(batch_size=4, accumulation_steps=2) and run.optimizer_steps == 6
     assert held["saved"] and all(ref() is None for ref in held["saved"])  # gone, though `outputs` lives
     with pytest.raises(RuntimeError, match="released this tensor"):
         held["outputs"].sum().backward()
@@ -340,17 +340,17 @@ def test_a_step_whose_memory_never_came_back_stops_and_says_what_holds_it():
     mib = 2**20
     # 300 MiB between steps; failed at 700 MiB; after its free, 690 still held
     redo = _redo_between_steps_at(300 * mib, 700 * mib, 690 * mib, 705 * mib)
-    first = redo.lower(Config(32), RuntimeError(CPU_OOM), "backward", 7)
+    first = redo.lower(Config(batch_size=32), RuntimeError(CPU_OOM), "backward", 7)
     redo.take(first)
     redo.free()
     with pytest.raises(OutOfMemoryAtBatchOne, match="did not come back.*still holds that step's tensors"):
         redo.lower(first.after, RuntimeError(CPU_OOM), "forward", 7)
     # the memory came back: a second lowering is fine
     redo = _redo_between_steps_at(300 * mib, 700 * mib, 300 * mib, 690 * mib)
-    redo.take(redo.lower(Config(32), RuntimeError(CPU_OOM), "backward", 7))
+    redo.take(redo.lower(Config(batch_size=32), RuntimeError(CPU_OOM), "backward", 7))
     redo.free()
-    assert redo.lower(Config(16, accumulation_steps=2), RuntimeError(CPU_OOM), "backward", 7).after == \
-        Config(8, accumulation_steps=4)
+    assert redo.lower(Config(batch_size=16, accumulation_steps=2), RuntimeError(CPU_OOM), "backward", 7).after == \
+        Config(batch_size=8, accumulation_steps=4)
 
 
 def test_a_step_that_failed_without_growing_is_halved_on():
@@ -359,7 +359,7 @@ def test_a_step_that_failed_without_growing_is_halved_on():
     with "did not come back", instead of reaching micro-batch 1)."""
     mib = 2**20
     redo = _redo_between_steps_at(545 * mib, 545 * mib, 545 * mib, 545 * mib)
-    redo.take(redo.lower(Config(16), RuntimeError(CPU_OOM), "loop", 4))
+    redo.take(redo.lower(Config(batch_size=16), RuntimeError(CPU_OOM), "loop", 4))
     redo.free()
-    assert redo.lower(Config(8, accumulation_steps=2), RuntimeError(CPU_OOM), "loop", 4).after == \
-        Config(4, accumulation_steps=4)
+    assert redo.lower(Config(batch_size=8, accumulation_steps=2), RuntimeError(CPU_OOM), "loop", 4).after == \
+        Config(batch_size=4, accumulation_steps=4)

@@ -281,7 +281,7 @@ def test_a_probe_over_data_smaller_than_its_batch_stops_instead_of_spinning():
 
 def test_the_sampler_has_set_epoch_in_one_process_too():
     """A DDP script calls `sampler.set_epoch(epoch)`; the same script run without torchrun must too."""
-    run = Run(Config(4), torch.device("cpu"), probing=False)
+    run = Run(Config(batch_size=4), torch.device("cpu"), probing=False)
     data = torch.utils.data.TensorDataset(torch.arange(20))
     sampler = run.sampler(data)
     sampler.set_epoch(0)

@@ -30,10 +30,10 @@ CPU_OOM = "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't alloca
 
 # --- the settings -----------------------------------------------------------------------------------
 def test_a_run_is_built_from_one_frozen_settings_record_or_its_shorthand():
-    settings = RunSettings(Config(4, accumulation_steps=2), "cpu", probing=True, warmup_steps=1, measured_steps=2)
+    settings = RunSettings(Config(batch_size=4, accumulation_steps=2), "cpu", probing=True, warmup_steps=1, measured_steps=2)
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.probing = False
-    for run in (Run(settings), Run(Config(4, accumulation_steps=2), "cpu", probing=True, warmup_steps=1,
+    for run in (Run(settings), Run(Config(batch_size=4, accumulation_steps=2), "cpu", probing=True, warmup_steps=1,
                                    measured_steps=2)):
         assert (run.batch_size, run.accumulation_steps, run.probing, run.device) == (4, 2, True, torch.device("cpu"))
         assert run.clock.total_steps == 3 and not run.recovers_oom
@@ -43,10 +43,10 @@ def test_a_run_is_built_from_one_frozen_settings_record_or_its_shorthand():
 
 def test_a_shared_redo_keeps_the_lowerings_of_every_run_built_with_it():
     redo = StepRedo(enabled=True)
-    first = Run(RunSettings(Config(8), redo=redo))
+    first = Run(RunSettings(Config(batch_size=8), redo=redo))
     assert first.redo is redo and first.recovers_oom
-    redo.take(redo.lower(Config(8), MemoryError(), "forward", 1))
-    assert Run(RunSettings(Config(4, accumulation_steps=2), redo=redo)).lowerings == redo.lowerings != []
+    redo.take(redo.lower(Config(batch_size=8), MemoryError(), "forward", 1))
+    assert Run(RunSettings(Config(batch_size=4, accumulation_steps=2), redo=redo)).lowerings == redo.lowerings != []
 
 
 # --- the step clock ---------------------------------------------------------------------------------
@@ -82,7 +82,7 @@ def test_the_data_wait_counts_only_for_measured_steps():
 # --- the knobs --------------------------------------------------------------------------------------
 def test_checkpointing_is_noted_and_taken_off_when_the_run_ends():
     blocks = torch.nn.ModuleList(torch.nn.Linear(2, 2) for _ in range(3))
-    run = Run(Config(2, checkpoint_segments=2, checkpoint_policy="selective"))
+    run = Run(Config(batch_size=2, checkpoint_segments=2, checkpoint_policy="selective"))
     with run.active():
         run.checkpoint(blocks)
         assert run.knobs.checkpoint_blocks == 3
@@ -92,15 +92,15 @@ def test_checkpointing_is_noted_and_taken_off_when_the_run_ends():
 
 def test_compile_is_noted_and_skipped_where_the_config_or_the_run_says_eager():
     model = torch.nn.Linear(2, 2)
-    run = Run(Config(2, compile=True))
+    run = Run(Config(batch_size=2, compile=True))
     run.compile_enabled = False
     assert run.compile(model) is model and run.knobs.compile
-    assert Run(Config(2)).compile(model) is model
+    assert Run(Config(batch_size=2)).compile(model) is model
 
 
 def test_the_training_loader_is_the_one_the_steps_take_their_batches_from():
     data = torch.utils.data.TensorDataset(torch.randn(16, 2))
-    run = Run(Config(4, loader_workers=0))  # no worker process starts: the declared ones are noted
+    run = Run(Config(batch_size=4, loader_workers=0))  # no worker process starts: the declared ones are noted
     evaluation = run.loader(data, num_workers=0)
     training = run.loader(data, num_workers=1)
     assert run.knobs.loader and run.knobs.declared_workers == 0  # the first loader, until the steps say
@@ -111,7 +111,7 @@ def test_the_training_loader_is_the_one_the_steps_take_their_batches_from():
 
 def test_distribute_in_one_process_moves_the_model_and_notes_the_blocks():
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
-    run = Run(Config(2, sharding="fsdp"))
+    run = Run(Config(batch_size=2, sharding="fsdp"))
     assert run.distribute(model, blocks=list(model)) is model
     assert run.knobs.shard_blocks == 2
 
@@ -119,21 +119,21 @@ def test_distribute_in_one_process_moves_the_model_and_notes_the_blocks():
 # --- the redo: the run's own loop ---------------------------------------------------------------------
 def test_the_loop_redo_restarts_before_the_first_step_and_lowers_in_place_after_it():
     redo = LoopRedo(StepRedo(enabled=True), probing=False)
-    assert redo.caught(Config(8), RuntimeError(CPU_OOM), "forward", steps_done=0, can_feed_again=True) is None
-    assert redo.restart_lowering.after == Config(4, accumulation_steps=2) and not redo.redoing
+    assert redo.caught(Config(batch_size=8), RuntimeError(CPU_OOM), "forward", steps_done=0, can_feed_again=True) is None
+    assert redo.restart_lowering.after == Config(batch_size=4, accumulation_steps=2) and not redo.redoing
     assert redo.redo.lowerings == []  # not taken: only the normal call knows whether it starts again
-    after = redo.caught(Config(8), RuntimeError(CPU_OOM), "backward", steps_done=3, can_feed_again=True)
-    assert after == Config(4, accumulation_steps=2) and redo.redoing
+    after = redo.caught(Config(batch_size=8), RuntimeError(CPU_OOM), "backward", steps_done=3, can_feed_again=True)
+    assert after == Config(batch_size=4, accumulation_steps=2) and redo.redoing
     assert [(item.step, item.where) for item in redo.redo.lowerings] == [(4, "backward")]
 
 
 def test_the_loop_redo_lets_through_what_it_cannot_redo():
     redo = LoopRedo(StepRedo(enabled=True), probing=False)
-    assert redo.caught(Config(8), ValueError("a bug"), "forward", steps_done=3, can_feed_again=True) is None
-    assert redo.caught(Config(8), RuntimeError(CPU_OOM), "forward", steps_done=3, can_feed_again=False) is None
+    assert redo.caught(Config(batch_size=8), ValueError("a bug"), "forward", steps_done=3, can_feed_again=True) is None
+    assert redo.caught(Config(batch_size=8), RuntimeError(CPU_OOM), "forward", steps_done=3, can_feed_again=False) is None
     probe = LoopRedo(StepRedo(enabled=True), probing=True)
     assert not probe.recovering
-    assert probe.in_place(Config(8), RuntimeError(CPU_OOM), "forward", steps_done=3) is None
+    assert probe.in_place(Config(batch_size=8), RuntimeError(CPU_OOM), "forward", steps_done=3) is None
     assert redo.redo.lowerings == probe.redo.lowerings == []
 
 
@@ -146,12 +146,12 @@ def test_until_it_starts_starts_again_with_the_lowered_config_after_freeing_the_
     def start(config):
         events.append(config)
         if config is None or config.batch_size > 2:
-            pending.append(redo.lower(config or Config(8), RuntimeError(CPU_OOM), "forward", 1, restart=True))
+            pending.append(redo.lower(config or Config(batch_size=8), RuntimeError(CPU_OOM), "forward", 1, restart=True))
             raise RuntimeError(CPU_OOM)
         return "trained"
 
     assert redo.until_it_starts(start, lambda: pending.pop()) == "trained"
-    assert events == [None, "freed", Config(4, accumulation_steps=2), "freed", Config(2, accumulation_steps=4)]
+    assert events == [None, "freed", Config(batch_size=4, accumulation_steps=2), "freed", Config(batch_size=2, accumulation_steps=4)]
     assert [item.restart for item in redo.lowerings] == [True, True]
 
 
@@ -206,7 +206,7 @@ def test_a_framework_step_fed_in_pieces_after_an_oom_has_the_whole_steps_gradien
     reference = copy.deepcopy(model)
     micro_batches = [torch.randn(8, 4) for _ in range(2)]
     reference(torch.cat(micro_batches)).pow(2).mean().backward()
-    run = Run(Config(8, accumulation_steps=2), recover_oom=True)
+    run = Run(Config(batch_size=8, accumulation_steps=2), recover_oom=True)
     run.clock.steps_done = 3  # mid-run: the step is redone in place
     replay = PieceReplay(run, lambda: model.zero_grad(set_to_none=True))
     failures = {"forward": 0, "backward": 0}
@@ -236,7 +236,7 @@ def test_a_framework_step_fed_in_pieces_after_an_oom_has_the_whole_steps_gradien
 
         replay.backward_and_rest(batch, None, loss, framework_backward, work)
     replay.step_done()
-    assert failures[fails_in] == 1 and run.config == Config(4, accumulation_steps=4)
+    assert failures[fails_in] == 1 and run.config == Config(batch_size=4, accumulation_steps=4)
     assert [item.where for item in run.lowerings] == [fails_in]
     torch.testing.assert_close(model.weight.grad, reference.weight.grad)
     torch.testing.assert_close(model.bias.grad, reference.bias.grad)
@@ -249,15 +249,15 @@ def test_the_summary_counts_every_rank_and_leaves_the_warm_up_out():
     for _ in range(4):
         clock.step_done(samples=8, tokens=80)
     clock.measured_time_s = 2.0  # the figures below follow from it, whatever the steps took
-    summary = run_summary(Config(8), torch.device("cpu"), clock, Ranks(rank=0, world_size=2), [])
+    summary = run_summary(Config(batch_size=8), torch.device("cpu"), clock, Ranks(rank=0, world_size=2), [])
     assert (summary["optimizer_steps"], summary["warmup_steps"], summary["measured_steps"]) == (4, 1, 3)
     assert summary["samples_per_s"] == 3 * 8 * 2 / 2.0 and summary["tokens_per_s"] == 3 * 80 * 2 / 2.0
-    assert summary["config"] == Config(8).to_dict() and summary["lowerings"] == []
+    assert summary["config"] == Config(batch_size=8).to_dict() and summary["lowerings"] == []
 
 
 def test_only_the_main_rank_reports(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("AUTOFIT_RUN_REPORT", str(tmp_path / "run.json"))
-    run = Run(Config(2), ranks=Ranks(rank=1, world_size=2))
+    run = Run(Config(batch_size=2), ranks=Ranks(rank=1, world_size=2))
     run.clock.start()
     run.step_taken(2)
     report_run(run)
@@ -265,7 +265,7 @@ def test_only_the_main_rank_reports(tmp_path, monkeypatch, capsys):
 
 
 def test_an_input_bound_run_says_so_in_its_report(capsys):
-    run = Run(Config(2), warmup_steps=0)
+    run = Run(Config(batch_size=2), warmup_steps=0)
     run.clock.start()
     run.clock.data_waited(10.0)  # more than the step itself can have taken
     run.step_taken(2)
@@ -276,18 +276,18 @@ def test_an_input_bound_run_says_so_in_its_report(capsys):
 
 def test_a_run_by_tokens_reports_its_real_tokens_per_second_first(capsys):
     """As the search ranked it and the best-config file heads with it; a run by samples keeps samples/s first."""
-    for config, first in ((Config(64, max_tokens=64), "real tokens/s ("), (Config(8), "samples/s (")):
+    for config, first in ((Config(batch_size=64, max_tokens=64), "real tokens/s ("), (Config(batch_size=8), "samples/s (")):
         run = Run(config, warmup_steps=0)
         run.clock.start()
         run.step_taken(4, 200)
         report_run(run)
         said = capsys.readouterr().err
         assert f"trained 1 optimizer steps with {config.label()}: " in said and first in said, said
-    assert "max_tokens=64" in Config(64, max_tokens=64).label()
+    assert "max_tokens=64" in Config(batch_size=64, max_tokens=64).label()
 
 
 def test_a_probe_s_line_by_tokens_leads_with_real_tokens_per_second():
     from autofit.probing import ProbeResult
 
-    line = ProbeResult(status="ok", config=Config(64, max_tokens=64), samples_per_s=40.0, tokens_per_s=8000.0).summary()
+    line = ProbeResult(status="ok", config=Config(batch_size=64, max_tokens=64), samples_per_s=40.0, tokens_per_s=8000.0).summary()
     assert "fp32 max_tokens=64" in line and line.index("8,000 real tokens/s") < line.index("40.0 samples/s")

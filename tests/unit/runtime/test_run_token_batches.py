@@ -14,7 +14,7 @@ LENGTHS = [3, 40, 5, 9, 17, 2, 33, 8, 12, 6, 25, 4, 19, 7, 11, 30]
 
 
 def test_padded_size_stays_within_max_tokens_and_tokens_are_the_real_ones():
-    run = Run(Config(64, max_tokens=64), "cpu")
+    run = Run(Config(batch_size=64, max_tokens=64), "cpu")
     loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate)
     counted = 0
     with run.active():
@@ -29,14 +29,14 @@ def test_padded_size_stays_within_max_tokens_and_tokens_are_the_real_ones():
 
 
 def test_without_max_tokens_the_cap_is_the_micro_batch_at_the_longest_length():
-    run = Run(Config(2), "cpu")
+    run = Run(Config(batch_size=2), "cpu")
     loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate)
     assert loader.batch_sampler.max_tokens == 2 * 40
 
 
 def test_the_order_is_the_seeds_and_skip_resumes_it():
     def order(skip: int = 0) -> list[list[int]]:
-        run = Run(Config(48, max_tokens=48), "cpu")
+        run = Run(Config(batch_size=48, max_tokens=48), "cpu")
         loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate, seed=5)
         loader.set_epoch(1)
         loader.skip(skip)
@@ -50,7 +50,7 @@ def test_the_order_is_the_seeds_and_skip_resumes_it():
 def test_ranks_get_as_many_micro_batches():
     counts = set()
     for rank in range(3):
-        run = Run(Config(32, max_tokens=32), "cpu", ranks=Ranks(rank=rank, world_size=3))
+        run = Run(Config(batch_size=32, max_tokens=32), "cpu", ranks=Ranks(rank=rank, world_size=3))
         counts.add(len(run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate)))
     assert len(counts) == 1
 
@@ -71,17 +71,17 @@ def _trained(config: Config, global_tokens: int | None) -> tuple[Run, torch.Tens
 
 
 def test_global_tokens_accumulates_about_that_many_and_equals_one_big_batch():
-    run, stepped = _trained(Config(64, max_tokens=64), global_tokens=sum(LENGTHS))
+    run, stepped = _trained(Config(batch_size=64, max_tokens=64), global_tokens=sum(LENGTHS))
     batches = run.token_loader.stats().batches
     assert run.config.accumulation_steps == batches  # the whole epoch's tokens: one step
     assert run.clock.steps_done == 1
-    _, big = _trained(Config(1024, max_tokens=1024), global_tokens=None)  # one micro-batch holds all
+    _, big = _trained(Config(batch_size=1024, max_tokens=1024), global_tokens=None)  # one micro-batch holds all
     assert torch.allclose(stepped, big, atol=1e-5)
 
 
 def test_global_tokens_keeps_tokens_per_step_whatever_the_cap():
-    small, _ = _trained(Config(32, max_tokens=32), global_tokens=100)
-    large, _ = _trained(Config(128, max_tokens=128), global_tokens=100)
+    small, _ = _trained(Config(batch_size=32, max_tokens=32), global_tokens=100)
+    large, _ = _trained(Config(batch_size=128, max_tokens=128), global_tokens=100)
     assert small.config.accumulation_steps > large.config.accumulation_steps
     for run in (small, large):
         per_batch = sum(LENGTHS) / run.token_loader.stats().batches
@@ -95,13 +95,13 @@ def test_max_tokens_is_a_positive_whole_number_that_holds_the_samples_cap():
 
     for bad in (0, -4, 2.5, True):
         with pytest.raises(UsageError, match="max tokens"):
-            Config(1, max_tokens=bad)
+            Config(batch_size=1, max_tokens=bad)
     with pytest.raises(UsageError, match="at most the max tokens"):
-        Config(128, max_tokens=64)
-    config = Config(64, max_tokens=64)
+        Config(batch_size=128, max_tokens=64)
+    config = Config(batch_size=64, max_tokens=64)
     assert (config.size, config.label()) == (64, "fp32 max_tokens=64")
-    assert config.with_size(16) == Config(16, max_tokens=16)
-    assert Config(8).with_size(4) == Config(4)
+    assert config.with_size(16) == Config(batch_size=16, max_tokens=16)
+    assert Config(batch_size=8).with_size(4) == Config(batch_size=4)
 
 
 def test_a_probe_meets_the_epochs_worst_batch_first():
@@ -110,11 +110,11 @@ def test_a_probe_meets_the_epochs_worst_batch_first():
     def padded(x: torch.Tensor) -> tuple[int, int]:
         return x.shape[0] * x.shape[1], x.shape[0] * x.shape[1] ** 2
 
-    epoch = Run(Config(64, max_tokens=64), "cpu")
+    epoch = Run(Config(batch_size=64, max_tokens=64), "cpu")
     batches = [padded(x) for x, _ in epoch.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate, seed=0)]
     firsts = set()
     for seed in range(4):
-        run = Run(Config(64, max_tokens=64), "cpu", probing=True)
+        run = Run(Config(batch_size=64, max_tokens=64), "cpu", probing=True)
         loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate, seed=seed)
         x, _ = next(iter(loader))
         firsts.add(padded(x))
@@ -122,7 +122,7 @@ def test_a_probe_meets_the_epochs_worst_batch_first():
     tokens, squares = firsts.pop()
     assert not any(t > tokens and s > squares for t, s in batches) and (tokens, squares) in batches
     assert (tokens, squares) != (40, 1600)  # not merely the longest sample
-    normal = Run(Config(64, max_tokens=64), "cpu")
+    normal = Run(Config(batch_size=64, max_tokens=64), "cpu")
     widths = {next(iter(normal.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate, seed=s)))[0].shape[1]
               for s in range(4)}
     assert widths != {40}  # a real run keeps its shuffled order
@@ -131,13 +131,13 @@ def test_a_probe_meets_the_epochs_worst_batch_first():
 def test_an_oom_in_a_normal_run_halves_max_tokens_and_cuts_the_batches_by_samples():
     from autofit.runtime import lowered
 
-    assert lowered(Config(64, max_tokens=64, accumulation_steps=3)) == Config(32, max_tokens=32, accumulation_steps=6)
-    assert lowered(Config(1, max_tokens=1)) is None
+    assert lowered(Config(batch_size=64, max_tokens=64, accumulation_steps=3)) == Config(batch_size=32, max_tokens=32, accumulation_steps=6)
+    assert lowered(Config(batch_size=1, max_tokens=1)) is None
     even = [8] * 16  # 2 batches of 8 samples at a cap of 64
     torch.manual_seed(3)
     model = torch.nn.Sequential(torch.nn.Embedding(7, 8), torch.nn.Linear(8, 7))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    run = Run(Config(64, max_tokens=64), "cpu", recover_oom=True)
+    run = Run(Config(batch_size=64, max_tokens=64), "cpu", recover_oom=True)
     loader = run.token_batches(Sequences(even), even, collate_fn=collate)
     sizes, failed = [], False
     with run.active():
@@ -150,7 +150,7 @@ def test_an_oom_in_a_normal_run_halves_max_tokens_and_cuts_the_batches_by_sample
             sizes.append(len(x))
             run.backward(loss, optimizer)
     run.finish()
-    assert run.config == Config(32, max_tokens=32, accumulation_steps=2)
+    assert run.config == Config(batch_size=32, max_tokens=32, accumulation_steps=2)
     # the failed forward's loop body runs on once (its loss ignored), then the step is redone in halves
     assert sizes == [8, 8, 4, 4] and run.optimizer_steps == 2
 
@@ -190,7 +190,7 @@ def test_a_probe_whose_cap_holds_the_whole_data_twice_over_is_data_bound():
 
     padded = len(LENGTHS) * max(LENGTHS)  # one batch of everything, at the longest length
     for cap, bound in ((2 * padded, True), (padded, False)):
-        run = Run(Config(cap, max_tokens=cap), "cpu", probing=True, measured_steps=1000)
+        run = Run(Config(batch_size=cap, max_tokens=cap), "cpu", probing=True, measured_steps=1000)
         loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate)
         if bound:
             with pytest.raises(DataTooSmall, match="the data is the ceiling"):
@@ -202,7 +202,7 @@ def test_a_probe_whose_cap_holds_the_whole_data_twice_over_is_data_bound():
 def test_a_probe_counts_the_real_tokens_of_its_measured_steps_not_the_padding():
     """A search by tokens ranks caps by the probe's tokens/s: the samples' own tokens (the work), not the
     padded size (the memory)."""
-    run = Run(Config(48, max_tokens=48), "cpu", probing=True, measured_steps=1000)
+    run = Run(Config(batch_size=48, max_tokens=48), "cpu", probing=True, measured_steps=1000)
     loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate)
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

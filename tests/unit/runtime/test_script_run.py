@@ -11,7 +11,7 @@ from autofit.runtime import ONE_START, Run, StartReached, offer_script_run, take
 
 
 def test_the_offered_run_is_taken_once():
-    run = Run(autofit.Config(4), "cpu", probing=True)
+    run = Run(autofit.Config(batch_size=4), "cpu", probing=True)
     with offer_script_run(run):
         assert autofit.start(global_batch=8) is run
         with pytest.raises(UsageError, match="called it a second time"):
@@ -21,7 +21,7 @@ def test_the_offered_run_is_taken_once():
 
 def test_a_new_offer_starts_afresh():
     for batch in (4, 8):
-        run = Run(autofit.Config(batch), "cpu", probing=True)
+        run = Run(autofit.Config(batch_size=batch), "cpu", probing=True)
         with offer_script_run(run):
             assert take_script_run(SearchOptions()).batch_size == batch
 

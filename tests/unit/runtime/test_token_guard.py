@@ -86,9 +86,9 @@ def _trained(config: Config, envelope: TokenEnvelope | None, *, global_tokens: i
 
 
 def test_a_split_batch_trains_as_the_whole_one():
-    for config, global_tokens in ((Config(128, max_tokens=128), None),
-                                  (Config(128, max_tokens=128, accumulation_steps=2), None),
-                                  (Config(128, max_tokens=128), 70)):
+    for config, global_tokens in ((Config(batch_size=128, max_tokens=128), None),
+                                  (Config(batch_size=128, max_tokens=128, accumulation_steps=2), None),
+                                  (Config(batch_size=128, max_tokens=128), 70)):
         whole, whole_weights, whole_widths, whole_losses = _trained(config, None, global_tokens=global_tokens, epochs=2)
         split, split_weights, split_widths, split_losses = _trained(config, ENVELOPE, global_tokens=global_tokens,
                                                                     epochs=2)
@@ -104,12 +104,12 @@ def test_a_split_batch_trains_as_the_whole_one():
 
 
 def test_what_ran_is_recorded_as_the_runs_envelope():
-    run, _, _, _ = _trained(Config(128, max_tokens=128), None)
+    run, _, _, _ = _trained(Config(batch_size=128, max_tokens=128), None)
     envelope = run.knobs.token_envelope
     assert (envelope.longest_sample, envelope.padded_tokens, envelope.padded_squares) == (40, 125, 4800)
     assert run.knobs.to_dict()["token_envelope"] == {"longest_sample": 40, "padded_tokens": 125,
                                                      "padded_squares": 4800, "front": [[120, 4800], [125, 3125]]}
-    guarded, _, _, _ = _trained(Config(128, max_tokens=128), ENVELOPE)
+    guarded, _, _, _ = _trained(Config(batch_size=128, max_tokens=128), ENVELOPE)
     pieces = guarded.knobs.token_envelope  # its pieces, one sample each
     assert (pieces.longest_sample, pieces.padded_tokens, pieces.padded_squares) == (40, 125, 3125)
 
@@ -120,7 +120,7 @@ def test_an_oom_in_a_piece_redoes_the_step_from_the_whole_batch_and_both_are_cou
     torch.manual_seed(3)
     model = CausalLM()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    run = Run(RunSettings(Config(128, max_tokens=128), "cpu", recover_oom=True, token_envelope=ENVELOPE))
+    run = Run(RunSettings(Config(batch_size=128, max_tokens=128), "cpu", recover_oom=True, token_envelope=ENVELOPE))
     loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate, seed=1)
     widths, failed = [], False
     with run.active():
@@ -136,7 +136,7 @@ def test_an_oom_in_a_piece_redoes_the_step_from_the_whole_batch_and_both_are_cou
                                                              ignore_index=PAD)
                 run.backward(loss, optimizer)
     run.finish()
-    assert failed and run.config == Config(64, max_tokens=64, accumulation_steps=2)
+    assert failed and run.config == Config(batch_size=64, max_tokens=64, accumulation_steps=2)
     # epoch 2: two pieces (the second failed), then the whole batch again, cut to one sample per micro-batch
     assert widths.count(40) == 3 + 5
     summary = run.summary()

@@ -46,7 +46,7 @@ def _real_tokens(batch) -> int:
 def _one_step(weight_by_tokens: bool) -> torch.Tensor:
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    run = Run(Config(4, accumulation_steps=3), "cpu", probing=False)
+    run = Run(Config(batch_size=4, accumulation_steps=3), "cpu", probing=False)
     with run.active():
         for x, y in run.batches(_batches(), tokens=_real_tokens, weight_by_tokens=weight_by_tokens):
             run.backward(_loss(model, x, y), optimizer)
@@ -73,6 +73,6 @@ def test_the_plain_average_of_micro_batch_means_does_not():
 
 
 def test_weighting_by_tokens_needs_a_token_count():
-    run = Run(Config(4), "cpu", probing=False)
+    run = Run(Config(batch_size=4), "cpu", probing=False)
     with pytest.raises(UsageError, match="needs tokens="):
         next(iter(run.batches(_batches(), weight_by_tokens=True)))

@@ -17,7 +17,7 @@ GiB = 2**30
 
 
 def _ok(batch: int, rate: float, phase: str = "explore") -> Observation:
-    return Observation(Config(batch), "ok", peak_bytes=batch * 2**20, rate=rate, wall_s=1.0, phase=phase,
+    return Observation(Config(batch_size=batch), "ok", peak_bytes=batch * 2**20, rate=rate, wall_s=1.0, phase=phase,
                        spread=0.02)
 
 
@@ -26,9 +26,9 @@ def test_a_confirmation_slower_than_the_probes_lowers_the_winner_and_the_next_is
     # b=64 probed twice at 100 (they agree), confirmed at 85 by its long run; b=32 measured 95.
     seen = [_ok(32, 95.0), _ok(64, 100.0), _ok(64, 100.0, "remeasure"), _ok(64, 85.0, "confirm")]
     ranked = planner.ranked(seen)
-    assert ranked[0].config == Config(32) and ranked[0].rate == 95.0
-    assert next(c for c in ranked if c.config == Config(64)).rate == 85.0
-    assert planner.to_confirm(seen) == Config(32)  # the new first gets its own long run
+    assert ranked[0].config == Config(batch_size=32) and ranked[0].rate == 95.0
+    assert next(c for c in ranked if c.config == Config(batch_size=64)).rate == 85.0
+    assert planner.to_confirm(seen) == Config(batch_size=32)  # the new first gets its own long run
 
 
 def test_three_probes_do_not_outvote_the_confirmation():
@@ -58,9 +58,9 @@ def test_the_file_keeps_the_confirmation_and_derives_tokens_from_the_same_figure
         "script": "train.py", "function": "train", "device": "cpu", "device_info": {"type": "cpu", "name": "cpu"},
         "limit_bytes": 2 * GiB, "limit_given": True, "headroom": 0.5, "usable_bytes": GiB, "space": SPACE.to_dict(),
         "world_size": 1, "allocator": None, "knobs": None, "versions": {}})
-    _record(study, Config(64), 100.0, 12800.0, "explore")   # 128 tokens a sample
-    _record(study, Config(64), 120.0, 15360.0, "recheck")   # a faster short probe: its tokens/s was the file's
-    _record(study, Config(64), 90.0, 11520.0, "confirm")
+    _record(study, Config(batch_size=64), 100.0, 12800.0, "explore")   # 128 tokens a sample
+    _record(study, Config(batch_size=64), 120.0, 15360.0, "recheck")   # a faster short probe: its tokens/s was the file's
+    _record(study, Config(batch_size=64), 90.0, 11520.0, "confirm")
     measured = best_document(study, storage)["measured"]
     assert measured["confirmed"] and measured["rate_from"] == "confirmation"
     assert measured["samples_per_s"] == 90.0

@@ -16,9 +16,9 @@ from autofit.report import describe_study, write_report
 from autofit.study import config_params, distributions, open_storage
 
 GiB = 2**30
-PLAIN = Config(16, "fp32")
-TWINS = [PLAIN, Config(16, "fp32", compile=True), Config(16, "fp32", loader_workers=2),
-         Config(16, "fp32", pin_memory=True), Config(16, "fp32", prefetch_factor=4)]
+PLAIN = Config(batch_size=16, precision="fp32")
+TWINS = [PLAIN, Config(batch_size=16, precision="fp32", compile=True), Config(batch_size=16, precision="fp32", loader_workers=2),
+         Config(batch_size=16, precision="fp32", pin_memory=True), Config(batch_size=16, precision="fp32", prefetch_factor=4)]
 
 
 def _stored(tmp_path, configs: list[tuple[Config, float]]):
@@ -55,7 +55,7 @@ def test_probes_that_differ_in_one_knob_have_different_labels_in_show(tmp_path):
 
 
 def test_a_compiled_winner_is_starred_once_in_show_and_in_the_report(tmp_path):
-    compiled = Config(16, "fp32", compile=True)
+    compiled = Config(batch_size=16, precision="fp32", compile=True)
     stored = _stored(tmp_path, [(PLAIN, 90.0), (compiled, 120.0), (compiled, 118.0)])
     stars = [line for line in _shown(stored) if line.startswith("*")]
     assert len(stars) == 1 and compiled.label() in stars[0]

@@ -14,10 +14,10 @@ def test_a_config_that_fit_then_crossed_the_headroom_is_named_with_both_figures(
     """At the edge of the memory a longer measurement can read more than the probe did. With the trials
     spent, the search has nothing that fits, though one config did once: the line says so, and what
     would help, rather than that the smallest config needed less than the memory there is."""
-    edge = Config(256, checkpoint_segments=2)
-    done = [Observation(Config(512), "oom"),
+    edge = Config(batch_size=256, checkpoint_segments=2)
+    done = [Observation(Config(batch_size=512), "oom"),
             Observation(edge, "ok", peak_bytes=int(715.6 * MIB), rate=10.0),
-            Observation(Config(384), "ok", peak_bytes=760 * MIB, rate=11.0),
+            Observation(Config(batch_size=384), "ok", peak_bytes=760 * MIB, rate=11.0),
             Observation(edge, "ok", peak_bytes=int(741.6 * MIB), rate=10.0, phase="confirm")]
     line = nothing_fits(done, USABLE, LIMIT, 0.1)
     assert "fp32 b=256 ckpt=2 fit in a probe (715.60 MiB) but read 741.60 MiB when measured again" in line
@@ -25,7 +25,7 @@ def test_a_config_that_fit_then_crossed_the_headroom_is_named_with_both_figures(
 
 
 def test_without_such_a_config_the_line_names_the_smallest_config_and_its_need():
-    done = [Observation(Config(64), "ok", peak_bytes=730 * MIB, rate=5.0), Observation(Config(128), "oom")]
+    done = [Observation(Config(batch_size=64), "ok", peak_bytes=730 * MIB, rate=5.0), Observation(Config(batch_size=128), "oom")]
     line = nothing_fits(done, USABLE, LIMIT, 0.1)
     assert line == ("Nothing fits under 720.00 MiB usable (800.00 MiB limit, 10% headroom): the smallest config "
                     "tried (fp32 b=64) needed 730.00 MiB.")

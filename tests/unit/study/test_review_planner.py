@@ -26,7 +26,7 @@ def _study(probes: list[tuple[int, str, float, float, float | None]]) -> optuna.
         "script": "train.py", "function": "train", "device_info": {"type": "cpu", "name": "cpu"},
         "limit_bytes": 8 * GiB, "headroom": 0.1, "usable_bytes": 7 * GiB, "space": SPACE.to_dict()})
     for batch, phase, rate, tokens, joules in probes:
-        _add(study, ProbeResult(status="ok", config=Config(batch), samples_per_s=rate, tokens_per_s=rate * tokens,
+        _add(study, ProbeResult(status="ok", config=Config(batch_size=batch), samples_per_s=rate, tokens_per_s=rate * tokens,
                                 joules_per_sample=joules, peak_bytes=batch * 2**20, step_time_median_s=1.0,
                                 step_time_iqr_s=0.02, data_wait_share=0.01 if phase == "confirm" else 0.2), phase)
     return study
@@ -96,7 +96,7 @@ def test_a_real_confirmation_slower_than_the_probes_hands_the_win_to_the_next(tm
                                        storage=f"sqlite:///{tmp_path}/s.db", study="s",
                                        confirm_factor=10))  # rounds past the 30 steps after which b=16 slows
     measured = read_best(result.json_path).document["measured"]
-    assert result.best == Config(12)
+    assert result.best == Config(batch_size=12)
     assert measured["confirmed"] is True and measured["rate_from"] == "confirmation"
     assert "b=16 led with" in measured["rate_note"]
     # the A/B of the two within the noise ran b=16 slower over its longer rounds: it says so
@@ -114,10 +114,10 @@ def test_a_selective_policy_that_fails_for_a_reason_not_memory_is_abandoned():
     from autofit.planner import Observation, Planner
 
     planner = Planner(_selective_space(), 8 * GiB)
-    seen = [Observation(Config(8), "ok", peak_bytes=2 * GiB, rate=80.0),
-            Observation(Config(16), "ok", peak_bytes=4 * GiB, rate=160.0),
-            Observation(Config(32), "oom"),  # checkpointing is what reaches larger batches
-            Observation(Config(32, checkpoint_segments=1, checkpoint_policy="selective"), "error")]
+    seen = [Observation(Config(batch_size=8), "ok", peak_bytes=2 * GiB, rate=80.0),
+            Observation(Config(batch_size=16), "ok", peak_bytes=4 * GiB, rate=160.0),
+            Observation(Config(batch_size=32), "oom"),  # checkpointing is what reaches larger batches
+            Observation(Config(batch_size=32, checkpoint_segments=1, checkpoint_policy="selective"), "error")]
     proposals = []
     while (config := planner.next(seen)) is not None and len(proposals) < 40:
         proposals.append(config)
@@ -134,7 +134,7 @@ def test_the_search_says_why_selective_checkpointing_was_abandoned():
     from autofit.planner import Planner
 
     study = _study([(8, "explore", 80.0, 1, None)])
-    _add(study, ProbeResult(status="error", config=Config(8, checkpoint_segments=1, checkpoint_policy="selective"),
+    _add(study, ProbeResult(status="error", config=Config(batch_size=8, checkpoint_segments=1, checkpoint_policy="selective"),
                             error_type="RuntimeError", error_message="no saved tensor for op"))
     planner = Planner(_selective_space(), 8 * GiB)
     notes = fault_notes(study, planner, observations(study.get_trials()))
@@ -148,7 +148,7 @@ def test_the_planner_probes_one_micro_batch_a_step_after_an_oom_while_accumulati
     from autofit.planner import Observation, Planner
 
     space = SearchSpace.build(batch_range=(4, 64), precisions=("fp32",), global_batch=64)
-    seen = [Observation(Config(8, accumulation_steps=8), "ok", peak_bytes=int(5.4 * GiB), rate=80.0),
-            Observation(Config(16, accumulation_steps=4), "ok", peak_bytes=int(5.8 * GiB), rate=150.0),
-            Observation(Config(32, accumulation_steps=2), "oom")]
-    assert Planner(space, 6.5 * GiB).next(seen) == Config(64)
+    seen = [Observation(Config(batch_size=8, accumulation_steps=8), "ok", peak_bytes=int(5.4 * GiB), rate=80.0),
+            Observation(Config(batch_size=16, accumulation_steps=4), "ok", peak_bytes=int(5.8 * GiB), rate=150.0),
+            Observation(Config(batch_size=32, accumulation_steps=2), "oom")]
+    assert Planner(space, 6.5 * GiB).next(seen) == Config(batch_size=64)

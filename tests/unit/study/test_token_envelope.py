@@ -24,7 +24,7 @@ SPACE = SearchSpace.build(batch_range=(1, 2**20), token_range=TOKENS, precisions
 
 def _probe(max_tokens: int, rate: float, envelope: TokenEnvelope | None) -> ProbeResult:
     knobs = {"longest_sample": 80, **({"token_envelope": envelope.to_dict()} if envelope else {})}
-    return ProbeResult(status="ok", config=Config(max_tokens, max_tokens=max_tokens), samples_per_s=rate,
+    return ProbeResult(status="ok", config=Config(batch_size=max_tokens, max_tokens=max_tokens), samples_per_s=rate,
                        tokens_per_s=rate * 60,  # a search by tokens ranks by them
                        peak_bytes=GiB, step_time_median_s=1.0, step_time_iqr_s=0.02, knobs=knobs)
 
@@ -60,7 +60,7 @@ def test_a_file_by_samples_holds_none():
 
 def test_the_envelope_in_the_file_reaches_the_normal_runs_settings(tmp_path, monkeypatch):
     envelope = TokenEnvelope(64, 512, 33000)
-    config = Config(512, max_tokens=512)
+    config = Config(batch_size=512, max_tokens=512)
     path = write_best(str(tmp_path / "train.train.best.json"), {
         "config": config_entry(config), "measured": {"token_envelope": envelope.to_dict()}, "memory": {},
         "device": {"type": "cpu", "name": "cpu"}, "versions": {}, "script": {}})
