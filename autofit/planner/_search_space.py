@@ -97,6 +97,15 @@ class SearchSpace:
     """By tokens: the data's longest sample (its batch is a cap's worst; the squares rule caps the others'
     squares at its batch's)."""
 
+    @property
+    def offered(self) -> frozenset[str]:
+        """The knobs' offers (autofit.knobs) this space considers: what the function offered and the
+        search may change, with more than one value to try."""
+        return frozenset(name for name, considered in (
+            ("distribute", self.shardings != ("ddp",)), ("compile", True in self.compiles),
+            ("loader", self.loader.offered), ("selective", "selective" in self.checkpoint_policies),
+            ("tokens", self.tokens)) if considered)
+
     @classmethod
     def build(
         cls,

@@ -4,6 +4,7 @@ this module; autofit.findings (the planner's observations), the reports and the 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import optuna
@@ -22,21 +23,20 @@ MAX_SQUARES = 2**50
 
 
 def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumulation: int,
-                  sharded: bool = False, compiled: bool = False, loader: bool = False,
-                  selective: bool = False, token_range: tuple[int, int] | None = None) -> dict[str, BaseDistribution]:
-    """The trial parameters: a knob (autofit.knobs) whose `offer` the search considers, or that needs none.
+                  offered: Iterable[str] = (), token_range: tuple[int, int] | None = None) -> dict[str, BaseDistribution]:
+    """The trial parameters: each knob (autofit.knobs) that needs no offer, or whose `offer` the search
+    considers (`offered`: "distribute", "compile", "loader", "selective"; "tokens" with a `token_range`).
     Integer ranges, so a study may widen them later (Optuna allows that); the other knobs categorical over
     their values (None first where it is one: the loader as the script declares it). Knobs the search does
     not consider are no params: other studies keep their form."""
-    offered = {"distribute": sharded, "compile": compiled, "loader": loader, "selective": selective,
-               "tokens": token_range is not None}
+    offered = {*offered, *(("tokens",) if token_range is not None else ())}
     ranges = {"batch_size": (batch_range[0], max(batch_range)), "checkpoint_segments": (0, max(0, max_checkpoint)),
               "accumulation_steps": (1, max(1, max_accumulation)),
               "max_tokens": (token_range[0], max(token_range)) if token_range else (1, 1),
               "max_squares": (0, MAX_SQUARES)}
     params: dict[str, BaseDistribution] = {}
     for knob in KNOBS:
-        if knob.offer is not None and not offered.get(knob.offer):
+        if knob.offer is not None and knob.offer not in offered:
             continue
         params[knob.name] = (IntDistribution(*ranges[knob.name]) if knob.name in ranges
                              else CategoricalDistribution(knob.trial_values()))

@@ -80,8 +80,7 @@ def test_a_token_config_s_file_states_its_tokens_per_step_and_no_global_batch(tm
 def test_an_optuna_trial(config):
     params = config_params(config)
     trial = optuna.trial.create_trial(params=params, value=1.0, distributions={
-        name: dist for name, dist in distributions((1, 64), 4, 8, sharded=True, compiled=True, loader=True,
-                                                   selective=True,
+        name: dist for name, dist in distributions((1, 64), 4, 8, offered=("distribute", "compile", "loader", "selective"),
                                                    token_range=(1, 128) if config.max_tokens else None).items()})
     assert trial_config(trial) == config
 

@@ -29,7 +29,7 @@ def _stored(tmp_path, configs: list[tuple[Config, float]]):
     study.set_user_attr("autofit", {"script": "train.py", "function": "train", "device_info": {"type": "cpu",
                         "name": "cpu"}, "limit_bytes": 8 * GiB, "headroom": 0.1, "usable_bytes": 7 * GiB,
                         "space": space.to_dict()})
-    dists = distributions((8, 64), 0, 1, compiled=True, loader=True)
+    dists = distributions((8, 64), 0, 1, offered=("compile", "loader"))
     for config, rate in configs:
         result = ProbeResult(status="ok", config=config, samples_per_s=rate, peak_bytes=GiB, step_time_median_s=1.0,
                              step_time_iqr_s=0.01, wall_s=2.0)

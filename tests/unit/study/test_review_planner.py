@@ -33,7 +33,7 @@ def _study(probes: list[tuple[int, str, float, float, float | None]]) -> optuna.
 
 
 def _add(study: optuna.Study, result: ProbeResult, phase: str = "explore") -> None:
-    dists = distributions((8, 64), 4, 1, selective=True)
+    dists = distributions((8, 64), 4, 1, offered=("selective",))
     params = {k: v for k, v in config_params(result.config).items() if k in dists}
     study.add_trial(optuna.trial.create_trial(
         params=params, distributions=dists, value=result.samples_per_s,

@@ -1,0 +1,167 @@
+"""One declaration per knob (issue 38): every knob of `Config` (autofit.knobs) reaches every place that shows,
+stores or takes a config, because those places are derived from the declaration. Each test runs over the
+knobs as declared, so a knob added tomorrow is held to them too; the last one adds a knob to a copy of the
+package's declaration alone and finds it everywhere."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import optuna
+import pytest
+from click.testing import CliRunner
+
+from autofit.cli import cli
+from autofit.config import CHECKPOINT_POLICIES, KNOBS, PRECISIONS, SHARDINGS, Config
+from autofit.errors import UsageError
+from autofit.findings import load_study
+from autofit.planner import SearchSpace
+from autofit.probing import ProbeResult
+from autofit.report import describe_study, write_report
+from autofit.study import config_params, distributions, open_storage, trial_config
+
+GiB = 2**30
+PACKAGE = os.path.join(os.path.dirname(__file__), "..", "..", "autofit")
+#: Two plain configs, by samples and by tokens; each knob is varied on the first that takes another value.
+BASES = (Config(batch_size=8, checkpoint_segments=2), Config(batch_size=8, max_tokens=64, checkpoint_segments=2))
+EVERY_OFFER = ("distribute", "compile", "loader", "selective")
+
+
+def _varied(knob) -> tuple[Config, Config]:
+    """A base config and one that differs from it in `knob` alone (the first value it takes there)."""
+    candidates = (*knob.trial_values(), *(knob.choices or ()), 1, 2, 16, 4096)
+    for base in BASES:
+        for value in candidates:
+            if value == getattr(base, knob.name):
+                continue
+            try:
+                varied = dataclasses.replace(base, **{knob.name: value})
+            except UsageError:
+                continue
+            if varied.ranked_by == base.ranked_by:  # both by samples, or both by tokens: one space holds them
+                return base, varied
+    raise AssertionError(f"no value of {knob.name} differs from the bases")
+
+
+@pytest.fixture(params=KNOBS, ids=lambda knob: knob.name)
+def knob(request):
+    return request.param
+
+
+def test_every_knob_changes_the_label(knob):
+    base, varied = _varied(knob)
+    assert base.label() != varied.label()
+
+
+def test_every_knob_is_a_probe_flag():
+    shown = CliRunner().invoke(cli, ["probe", "--help"], terminal_width=200).output
+    for knob in KNOBS:
+        assert knob.cli_flag in shown and knob.help.split()[0] in shown, knob.name
+
+
+def test_every_knob_round_trips_its_json_and_its_trial(knob):
+    base, varied = _varied(knob)
+    assert Config.from_dict(json.loads(json.dumps(varied.to_dict()))) == varied
+    held = getattr(base, knob.name) != knob.default or knob.stored  # a default is left out: old files keep their form
+    assert (knob.name in base.to_dict()) == held
+    token_range = (1, 4096) if varied.max_tokens else None
+    dists = distributions((1, 64), 4, 8, offered=EVERY_OFFER, token_range=token_range)
+    assert knob.name in dists or (knob.offer == "tokens" and token_range is None)
+    trial = optuna.trial.create_trial(params=config_params(varied), distributions=dists, value=1.0)
+    assert trial_config(trial) == varied
+
+
+def _stored(tmp_path, probes: list[tuple[Config, float]]):
+    """A stored study of ok probes, as a search writes them, read back as `autofit show` reads it."""
+    url = f"sqlite:///{tmp_path}/drift.db"
+    study = optuna.create_study(study_name="drift", storage=open_storage(url), direction="maximize")
+    tokens = any(c.max_tokens for c, _ in probes)
+    space = SearchSpace.build(batch_range=(1, 64), token_range=(1, 4096) if tokens else None, precisions=PRECISIONS,
+                              checkpoint_blocks=4, accumulations=(1, 2), shardings=SHARDINGS, compiles=(False, True),
+                              checkpoint_policies=CHECKPOINT_POLICIES)
+    study.set_user_attr("autofit", {"script": "train.py", "function": "train", "device_info": {"type": "cpu",
+                        "name": "cpu"}, "limit_bytes": 8 * GiB, "headroom": 0.1, "usable_bytes": 7 * GiB,
+                        "space": space.to_dict()})
+    dists = distributions((1, 64), 4, 8, offered=EVERY_OFFER, token_range=(1, 4096) if tokens else None)
+    for config, rate in probes:
+        result = ProbeResult(status="ok", config=config, samples_per_s=rate, peak_bytes=GiB, step_time_median_s=1.0,
+                             step_time_iqr_s=0.01, wall_s=2.0, **({"tokens_per_s": rate} if tokens else {}))
+        study.add_trial(optuna.trial.create_trial(params=config_params(config), distributions=dists, value=rate,
+                                                  user_attrs={"probe": result.to_dict(), "phase": "explore",
+                                                              "status": "ok"}))
+    return load_study("drift", url)
+
+
+def test_every_knob_has_a_column_and_its_own_label_in_show_and_the_report_with_the_winner_starred_once(knob, tmp_path):
+    base, varied = _varied(knob)
+    stored = _stored(tmp_path, [(base, 90.0), (varied, 120.0), (varied, 118.0)])
+    frame = stored.trials_frame()
+    assert list(frame[knob.name].astype(object).where(frame[knob.name].notna(), None)) == [
+        getattr(base, knob.name), getattr(varied, knob.name), getattr(varied, knob.name)]
+    assert list(frame["label"]) == [base.label(), varied.label(), varied.label()]
+    shown = describe_study(stored, frame, frame).splitlines()
+    assert any(f" {base.label()} " in line for line in shown)
+    stars = [line for line in shown if line.startswith("*")]
+    assert len(stars) == 1 and f" {varied.label()} " in stars[0]
+    write_report(stored, str(tmp_path / "report.html"))
+    probes = (tmp_path / "report.html").read_text()
+    probes = probes[probes.rindex("<th>trial</th>"):]
+    assert probes.count('class="best"') == 1 and varied.label() in probes.split('class="best"')[1][:300]
+    assert base.label() in probes
+
+
+#: A knob added to the declaration (autofit/config.py) and nowhere else.
+_ADDED = '''
+    channels_last_test: bool = knob(
+        default=False, kind=bool, order="compute",
+        label=lambda value, item: "channels-last-test" if value else None,
+        help="Zzchannels: the model and its batches in channels-last memory format.")
+'''
+
+_CHECK = textwrap.dedent('''
+    import json, optuna
+    from click.testing import CliRunner
+    from autofit.cli import cli
+    from autofit.config import Config
+    from autofit.study import COLUMNS, config_params, distributions, trial_config, trials_frame
+    from autofit.probing import ProbeResult
+
+    config = Config(batch_size=8, channels_last_test=True)
+    shown = CliRunner().invoke(cli, ["probe", "--help"], terminal_width=200).output
+    dists = distributions((1, 64), 0, 1)
+    params = {k: v for k, v in config_params(config).items() if k in dists}
+    trial = optuna.trial.create_trial(params=params, distributions=dists, value=1.0,
+                                      user_attrs={"probe": ProbeResult(status="ok", config=config).to_dict()})
+    print(json.dumps({
+        "help": "--channels-last-test" in shown and "Zzchannels" in shown,
+        "param": trial.params.get("channels_last_test"),
+        "trial": trial_config(trial) == config,
+        "column": COLUMNS.get("channels_last_test"),
+        "frame": bool(trials_frame([trial], None)["channels_last_test"][0]),
+        "label": config.label(),
+        "json": config.to_dict().get("channels_last_test"),
+        "round_trip": Config.from_dict(config.to_dict()) == config,
+        "old_form": "channels_last_test" not in Config(batch_size=8).to_dict(),
+    }))
+''')
+
+
+def test_a_knob_added_to_the_declaration_alone_is_in_help_the_trial_the_frame_the_label_and_the_json(tmp_path):
+    copy = tmp_path / "autofit"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "recorded"))
+    source = (copy / "config.py").read_text()
+    anchor = '    def __post_init__(self) -> None:\n        for declared in KNOBS:'
+    assert anchor in source
+    (copy / "config.py").write_text(source.replace(anchor, _ADDED.lstrip("\n") + "\n" + anchor, 1))
+    ran = subprocess.run([sys.executable, "-c", _CHECK], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)}, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    found = json.loads(ran.stdout.splitlines()[-1])
+    assert found == {"help": True, "param": True, "trial": True, "column": "boolean", "frame": True,
+                     "label": "fp32 b=8 channels-last-test", "json": True, "round_trip": True, "old_form": True}
