@@ -7,14 +7,14 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autofit.config import MAX_BATCH, Config, check_checkpoint_policy, check_precision, check_sharding, precision_of
+from autofit.config import KNOB, MAX_BATCH, Config, precision_of
 from autofit.errors import UsageError
 
 #: A normal call's micro-batch before any search where the script names none of its own.
 _UNSEARCHED_BATCH = 32
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SearchOptions:
     """What the decorator's arguments (and the CLI flags that override them) ask of a search."""
 
@@ -63,13 +63,9 @@ class SearchOptions:
         lo, hi = self.token_range
         if lo < 1 or hi < lo:
             raise UsageError(f"The token range must satisfy 1 <= MIN <= MAX, but got {lo}:{hi}.")
-        if self.precision is not None:
-            for name in self.precision:
-                check_precision(name)
-        for name in self.sharding or ():
-            check_sharding(name)
-        for name in self.checkpoint_policy or ():
-            check_checkpoint_policy(name)
+        for name in ("precision", "sharding", "checkpoint_policy"):  # the values a knob may take (autofit.knobs)
+            for value in getattr(self, name) or ():
+                KNOB[name].check(value)
         if self.checkpoint_policy is not None and not self.checkpoint_policy:
             raise UsageError("The checkpoint policy list must not be empty.")
         if self.global_batch is not None and self.global_batch < 1:

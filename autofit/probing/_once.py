@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import optuna
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProbeSettings:
     """Everything one probe needs: what to run, where, on how many ranks and machines, how long."""
 

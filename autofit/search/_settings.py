@@ -30,7 +30,7 @@ def default_confirm_factor() -> int:
     return value
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SearchSettings:
     """Everything one search needs; the CLI and `train.search()` both fill this in."""
 
