@@ -16,8 +16,8 @@ from autofit.config import TOKENS, Config
 from autofit.devices import allocator_difference
 from autofit.export import default_best_path, device_tag, read_best, script_sha256
 from autofit.options import SearchOptions
-from autofit.probing import input_bound_text
 from autofit.redaction import redacted_args
+from autofit.units import input_bound_text
 
 if TYPE_CHECKING:
     from autofit.runtime import Run, TokenEnvelope

@@ -139,6 +139,22 @@ def test_light_processes_import_no_heavy_library(module):
     assert json.loads(ran.stdout) == []
 
 
+def test_a_normal_run_imports_nothing_of_the_search(tmp_path):
+    """`python train.py` loads the run and the best-config file, none of the probe, search or report machinery."""
+    code = ("import json, sys, autofit\n"
+            "@autofit.autofit\n"
+            "def train(run):\n"
+            "    return run.batch_size\n"
+            "train()\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[:2] in ("
+            "['autofit', 'probing'], ['autofit', 'search'], ['autofit', 'planner'], ['autofit', 'findings'], "
+            "['autofit', 'memory'], ['autofit', 'study'], ['autofit', 'report']))))\n")
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                         env={**os.environ, "PYTHONPATH": REPO})
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout.splitlines()[-1]) == []
+
+
 def test_no_class_over_250_lines_and_no_function_over_60():
     too_long = []
     for module, path in _modules().items():

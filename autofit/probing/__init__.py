@@ -21,7 +21,8 @@ from autofit.probing._multinode import (
 )
 from autofit.probing._once import ProbeSettings, follow_probe, probe_once
 from autofit.probing._progress import ProbeLimits, ProbeWatch, ProgressFile, read_progress
-from autofit.probing._record import INPUT_BOUND_SHARE, STATUSES, ProbeResult, WorkerInfo, input_bound_text
+from autofit.probing._record import STATUSES, ProbeResult, WorkerInfo
+from autofit.units import INPUT_BOUND_SHARE, input_bound_text
 from autofit.probing._runner import ProbeRunner, make_runner
 from autofit.probing._script import (
     SCRIPT_ARGS_ENV,

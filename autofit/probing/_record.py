@@ -6,22 +6,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 from autofit.config import Config
+from autofit.units import input_bound_text
 
 #: ok: ran its steps. oom: the allocator ran dry. error: the user's code raised.
 #: diverged: loss became NaN/inf. timeout: killed at the time limit. crashed: the worker died.
 STATUSES = ("ok", "oom", "error", "diverged", "timeout", "crashed")
-
-#: A probe that waited this share of its measured time for data is called input-bound: below it, a
-#: faster loader gains under 1/(1-0.10) = 1.11x, about what the choice between close configs moves;
-#: above it, the loader is worth a look before anything else.
-INPUT_BOUND_SHARE = 0.10
-
-
-def input_bound_text(share: float | None) -> str | None:
-    """'input-bound: 42% of the time waiting for data' from INPUT_BOUND_SHARE up; None below it."""
-    if share is None or share < INPUT_BOUND_SHARE:
-        return None
-    return f"input-bound: {share:.0%} of the time waiting for data"
 
 
 @dataclass
