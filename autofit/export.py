@@ -24,6 +24,39 @@ SCHEMA_VERSION = 1
 _REQUIRED = ("schema", "schema_version", "config", "measured", "memory", "device", "versions", "script")
 
 
+#: The study user attribute a search keeps its settings under (autofit.study's StudyMeta, which owns it); named
+#: here, below the probing layer, whose other nodes read the memory budget from it.
+STUDY_ATTR = "autofit"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryBudget:
+    """The memory a search probes against: the device's limit, the share kept free, and what is left to a
+    config (a probe over `usable_bytes` does not fit). The best-config file's "memory", and part of a
+    study's settings, in this form: {"limit_bytes", "headroom", "usable_bytes"}."""
+
+    limit_bytes: int | None
+    headroom: float = 0.0
+    usable_bytes: float | None = None
+    """The limit less the headroom, unrounded as the search compared peaks with it (the file rounds it)."""
+
+    @classmethod
+    def of(cls, limit_bytes: int, headroom: float) -> MemoryBudget:
+        return cls(limit_bytes=limit_bytes, headroom=headroom, usable_bytes=limit_bytes * (1 - headroom))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"limit_bytes": self.limit_bytes, "headroom": self.headroom, "usable_bytes": self.usable_bytes}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> MemoryBudget:
+        """From a file's or a study's dict (an older study may lack the headroom; a probe study the limit)."""
+        data = data or {}
+        usable = data.get("usable_bytes")
+        limit = data.get("limit_bytes")
+        return cls(limit_bytes=None if limit is None else int(limit), headroom=float(data.get("headroom") or 0.0),
+                   usable_bytes=None if usable is None else float(usable))
+
+
 def script_sha256(path: str) -> str | None:
     try:
         with open(path, "rb") as handle:

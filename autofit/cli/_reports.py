@@ -79,8 +79,8 @@ def export(study: str | None, storage: str | None, out: str | None) -> None:
 
     stored = _load(study, storage)
     document = stored.document()
-    device = stored.meta.get("device_info") or {}
-    path = out or default_best_path(stored.meta["script"], stored.meta.get("function"),
+    device = stored.meta.device_info
+    path = out or default_best_path(stored.meta.script, stored.meta.function,
                                     device=device_tag(device.get("type", "cpu"), device.get("name")))
     write_best(path, document)
     click.echo(f"best config of {stored.name} ({stored.best().label()}, "

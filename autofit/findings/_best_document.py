@@ -22,6 +22,7 @@ from autofit.findings._explain import explain, rate_note
 from autofit.findings._planning import observations, study_planner
 from autofit.planner import Candidate, Observation, Planner
 from autofit.study import (
+    StudyMeta,
     model_flops_per_sample,
     model_flops_per_token,
     recorded_end,
@@ -49,7 +50,7 @@ def best_document(
     none of the probes fits.
     """
     meta = study_meta(study)
-    usable = meta["usable_bytes"]
+    usable = meta.memory.usable_bytes
     planner = planner or study_planner(study)
     trials = trials if trials is not None else study.get_trials(deepcopy=False)
     seen = observations(trials)
@@ -61,27 +62,27 @@ def best_document(
     end = recorded_end(study)
     stopped = stopped if stopped is not None else end.get("stopped", NOT_FINISHED)
     partial = partial if partial is not None else bool(end.get("partial", True))
-    world_size = meta.get("world_size", 1)
+    world_size = meta.world_size
     global_tokens = planner.space.global_tokens
     measured = _measured(ranked, done, trials, meta, planner, partial)
     reason = measured["unconfirmed"]
-    run_versions = meta.get("versions") or {}
+    run_versions = meta.versions
     return {
         "partial": partial,
         "config": config_entry(ranked[0].config, world_size, global_tokens),
         "measured": measured,
-        "memory": {"limit_bytes": meta["limit_bytes"], "headroom": meta["headroom"], "usable_bytes": int(usable)},
-        "device": meta["device_info"],
+        "memory": {**meta.memory.to_dict(), "usable_bytes": int(usable)},
+        "device": meta.device_info,
         # Ranks each probe ran on: the micro-batch and accumulation are per rank, the global batch is
         # theirs x this (a torchrun run with another world size shares the accumulation out again).
         "world_size": world_size,
         # PYTORCH_CUDA_ALLOC_CONF and the like, as the probes ran (None: not recorded by this study)
-        "allocator": meta.get("allocator"),
+        "allocator": meta.allocator,
         "versions": versions(run_versions.get("torch"), run_versions.get("cuda")),
         # The script as the search measured it: a later run warns if it changed since (None for
         # studies recorded before the hash was kept; re-hashing now would hide a change).
-        "script": {"path": meta["script"], "function": meta["function"], "sha256": meta.get("script_sha256"),
-                   **({"args": meta["script_args"]} if meta.get("script_args") else {})},
+        "script": {"path": meta.script, "function": meta.function, "sha256": meta.script_sha256,
+                   **({"args": list(meta.script_args)} if meta.script_args else {})},
         "study": {"name": study.study_name, "storage": redacted(storage), "probes": len(done),
                   "oom": sum(o.too_big(usable) for o in done), "failed": sum(o.failed for o in done),
                   "stopped": stopped},
@@ -94,14 +95,14 @@ def best_document(
     }
 
 
-def _measured(ranked: list[Candidate], done: list[Observation], trials, meta: dict, planner: Planner,
+def _measured(ranked: list[Candidate], done: list[Observation], trials, meta: StudyMeta, planner: Planner,
               partial: bool) -> dict[str, Any]:
     """The winner's measured figures: its rates, peak and probes, where its rates come from, and the A/B
     that confirmed it (or why none did)."""
     best = ranked[0]
-    usable = meta["usable_bytes"]
+    usable = meta.memory.usable_bytes
     confirmed = any(o.phase == "confirm" and o.config == best.config and o.fits(usable) for o in done)
-    figures = rate_figures(best, trials, meta, meta.get("world_size", 1))
+    figures = rate_figures(best, trials, meta.device_info, meta.world_size)
     ranked_by = best.config.ranked_by
     rates = {r.name: figures.pop(r.name) for r in sorted(RATES, key=lambda r: r != ranked_by)}  # ranked first
     return {
@@ -134,7 +135,7 @@ def token_envelope(config: Config, trials) -> dict | None:
     return widest_envelope(drawn)
 
 
-def rate_figures(best: Candidate, trials, meta: dict, world_size: int) -> dict[str, Any]:
+def rate_figures(best: Candidate, trials, device: dict[str, Any], world_size: int) -> dict[str, Any]:
     """Every rate at the winner's ranked rate (`Candidate.rate`), and every figure behind them (the
     other rate per ranked one: tokens per sample or samples per token; joules, the share of time waiting
     for data) the median over the probes that rate comes from, so the file's figures describe one
@@ -148,7 +149,6 @@ def rate_figures(best: Candidate, trials, meta: dict, world_size: int) -> dict[s
         flops_per_s = tokens * per_token
     else:
         flops_per_s = samples * flops if flops and samples else None
-    device = meta.get("device_info") or {}
     utilisation = (mfu(flops_per_s / max(1, world_size), device.get("name", ""), best.config.precision)
                    if flops_per_s and device.get("type") == "cuda" else None)
     waited = _median([r.data_wait_share for r in probes])

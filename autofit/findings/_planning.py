@@ -44,6 +44,6 @@ def study_planner(study: optuna.Study) -> Planner:
     search ranked and explained with."""
     meta = study_meta(study)
     estimates = stored_estimates(study)
-    device = (meta.get("device_info") or {}).get("type", "cpu")
-    return Planner(SearchSpace.from_dict(meta["space"]), meta["usable_bytes"],
+    device = meta.device_info.get("type", "cpu")
+    return Planner(SearchSpace.from_dict(meta.space), meta.memory.usable_bytes,
                    prediction=estimates.prediction(device) if estimates else None)

@@ -20,6 +20,7 @@ from autofit.findings._planning import observations, study_planner
 from autofit.memory import StoredEstimates, stored_estimates
 from autofit.study import (
     Located,
+    StudyMeta,
     locate,
     locate_storage,
     open_for_reading,
@@ -51,9 +52,10 @@ class StoredStudy:
         self.storage = storage
         self.note = note
         self.name: str = study.study_name
-        self.meta: dict[str, Any] = study_meta(study)
-        self.memory_limit = int(self.meta["limit_bytes"])
-        self.usable_bytes = float(self.meta["usable_bytes"])
+        self.meta: StudyMeta = study_meta(study)
+        """The search's settings as the study keeps them (script, device, memory budget, space, ...)."""
+        self.memory_limit = int(self.meta.memory.limit_bytes)
+        self.usable_bytes = float(self.meta.memory.usable_bytes)
         self._trials: list[FrozenTrial] = study.get_trials(deepcopy=False)
         self._planner = study_planner(study)
         self.space: SearchSpace = self._planner.space
@@ -157,7 +159,7 @@ class StoredStudy:
     def summary(self) -> dict[str, Any]:
         """One line's worth: device, limit, probes, best config and its throughput (`rate`, in `rate_unit`)."""
         return {
-            "study": self.name, "device": self.meta.get("device_info", {}).get("name", self.meta.get("device")),
+            "study": self.name, "device": self.meta.device_info.get("name"),
             "limit_bytes": self.memory_limit, "probes": len(self._frame),
             "best": self._ranked[0].config.label() if self._ranked else None,
             "rate": self._ranked[0].rate if self._ranked else None, "rate_unit": self.ranked_by.unit,

@@ -22,7 +22,6 @@ from autofit.probing._multinode import (
 from autofit.probing._once import ProbeSettings, follow_probe, probe_once
 from autofit.probing._progress import ProbeLimits, ProbeWatch, ProgressFile, read_progress
 from autofit.probing._record import STATUSES, ProbeResult, WorkerInfo
-from autofit.units import INPUT_BOUND_SHARE, input_bound_text
 from autofit.probing._runner import ProbeRunner, make_runner
 from autofit.probing._script import (
     SCRIPT_ARGS_ENV,
@@ -50,6 +49,7 @@ from autofit.probing._wire import (
     start_child,
 )
 from autofit.probing._worker import Worker, WorkerStartError
+from autofit.units import INPUT_BOUND_SHARE, input_bound_text
 
 __all__ = [
     "BUDGET_CUT",

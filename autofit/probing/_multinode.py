@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 from autofit.config import Config
 from autofit.errors import UsageError
+from autofit.export import STUDY_ATTR, MemoryBudget
 from autofit.probing._progress import ProbeLimits
 from autofit.probing._record import ProbeResult
 from autofit.probing._torchrun import DistributedWorker
@@ -217,9 +218,8 @@ def follow(board: JobBoard, runner_for: Callable[[int | None, int | None], Multi
             return 1
         else:
             time.sleep(_POLL_S)
-    meta = board.storage.get_study_user_attrs(board.study_id()).get("autofit") or {}
-    usable = meta.get("usable_bytes")
-    runner = runner_for(meta.get("limit_bytes"), int(usable) if usable else None)
+    budget = MemoryBudget.from_dict(board.storage.get_study_user_attrs(board.study_id()).get(STUDY_ATTR))
+    runner = runner_for(budget.limit_bytes, int(budget.usable_bytes) if budget.usable_bytes else None)
     done: set[int] = set()
     while True:
         current = board.session() or {}
@@ -252,7 +252,8 @@ def lead_probe(runner: MultiNodeWorker, storage: optuna.storages.BaseStorage, co
 
     name = probe_study_name(runner.rdzv_endpoint)
     study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True)
-    study.set_user_attr("autofit", {"limit_bytes": runner.memory_limit, "usable_bytes": runner.usable_bytes})
+    study.set_user_attr(STUDY_ATTR, MemoryBudget(limit_bytes=runner.memory_limit,
+                                                 usable_bytes=runner.usable_bytes).to_dict())
     board = JobBoard(storage, name)
     runner.board, runner.session = board, board.open_session(runner.nnodes, runner.nproc)
     trial = study.ask()

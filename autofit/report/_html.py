@@ -118,12 +118,12 @@ def _summary(stored: StoredStudy, frame: pd.DataFrame) -> str:
     counts = frame["status"].value_counts()
     over = int(((frame["status"] == "ok") & ~frame["feasible"].fillna(False)).sum())
     failed = len(frame) - int(counts.get("ok", 0)) - int(counts.get("oom", 0))
-    versions = meta.get("versions") or {}
+    versions = meta.versions
     rows = [
-        ("script", f"{meta['script']} : {meta.get('function') or 'train'}"),
-        ("device", str(meta["device_info"].get("name", meta.get("device")))),
+        ("script", f"{meta.script} : {meta.function or 'train'}"),
+        ("device", meta.device_name),
         ("memory", f"limit {format_size(stored.memory_limit)}, usable {format_size(stored.usable_bytes)} "
-                   f"({meta['headroom']:.0%} headroom)"),
+                   f"({meta.memory.headroom:.0%} headroom)"),
         ("probes", f"{len(frame)}: {int(counts.get('ok', 0))} ran ({over} over the headroom), "
                    f"{int(counts.get('oom', 0))} out of memory, {failed} failed; "
                    f"{format_duration(float(frame['wall_s'].sum()))} of probing"),

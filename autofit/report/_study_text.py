@@ -85,11 +85,11 @@ def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame
     counts = total["status"].value_counts()
     over = int(((total["status"] == "ok") & ~total["feasible"].fillna(False)).sum())
     failed = sum(int(counts.get(s, 0)) for s in STATUSES if s not in ("ok", "oom"))
-    script = f"{os.path.basename(meta['script'])}:{meta['function']}" if meta.get("function") else meta["script"]
+    script = f"{os.path.basename(meta.script)}:{meta.function}" if meta.function else meta.script
     lines = [
         f"study {stored.name} ({redacted(stored.storage)})",
-        f"{script} on {meta['device_info'].get('name', meta.get('device'))}, limit {format_size(stored.memory_limit)}, "
-        f"usable {format_size(stored.usable_bytes)} ({meta['headroom']:.0%} headroom)",
+        f"{script} on {meta.device_name}, limit {format_size(stored.memory_limit)}, "
+        f"usable {format_size(stored.usable_bytes)} ({meta.memory.headroom:.0%} headroom)",
         f"{len(total)} probes: {int(counts.get('ok', 0))} ran ({over} over the headroom), "
         f"{int(counts.get('oom', 0))} out of memory, {failed} failed"
         + (f"; showing {len(shown)}" if len(shown) != len(total) else ""),

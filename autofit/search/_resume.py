@@ -10,6 +10,7 @@ import optuna
 
 from autofit.errors import UsageError
 from autofit.search._liveness import fail_stale
+from autofit.study import stored_meta
 
 
 @dataclass
@@ -34,23 +35,23 @@ def open_study(storage: optuna.storages.BaseStorage, name: str, *, fresh: bool, 
             pass
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
     opened = OpenedStudy(study, memory_limit, created=created)
-    meta = study.user_attrs.get("autofit")
+    meta = stored_meta(study)
     if meta is not None:
-        # The study's meta keeps the names the best-config file uses: limit_bytes (and limit_given).
-        if not memory_limit_given and not meta.get("limit_given", True):
+        if not memory_limit_given and not meta.limit_given:
             # No --memory-limit, then or now: the limit was the memory free when the study began
             # (it changes every run); resume with that one.
-            opened.memory_limit = int(meta["limit_bytes"])
-        checks = (("device", device_name), ("limit_bytes", opened.memory_limit), ("headroom", headroom),
-                  ("world_size", world_size), ("script_args", script_args or []))
-        unrecorded = {"world_size": 1, "script_args": []}  # studies recorded before these were kept
-        for key, value in checks:
-            if meta.get(key, unrecorded.get(key)) != value:
+            opened.memory_limit = int(meta.memory.limit_bytes)
+        checks = (("device", meta.device_info.get("name"), device_name),
+                  ("limit_bytes", meta.memory.limit_bytes, opened.memory_limit),
+                  ("headroom", meta.memory.headroom, headroom), ("world_size", meta.world_size, world_size),
+                  ("script_args", list(meta.script_args), script_args or []))
+        for key, kept, value in checks:
+            if kept != value:
                 raise UsageError(
                     f"The study {name} must be resumed with the same {key.replace('_', ' ')} "
-                    f"({meta.get(key)}), but got {value}: pass --fresh to start over or --study to name another."
+                    f"({kept}), but got {value}: pass --fresh to start over or --study to name another."
                 )
-        if meta.get("script_sha256") not in (None, script_sha256):
+        if meta.script_sha256 not in (None, script_sha256):
             opened.notes.append("the script changed since this study began: its earlier probes measured the old "
                                 "version (pass --fresh to start over)")
     stale = fail_stale(study)

@@ -12,7 +12,7 @@ import optuna
 
 from autofit.devices import DeviceInfo, check_device, current_allocator_settings, peak_flops_per_s
 from autofit.errors import UsageError
-from autofit.export import script_sha256
+from autofit.export import MemoryBudget, script_sha256
 from autofit.findings import observations
 from autofit.planner import Observation, SearchSpace
 from autofit.probing import ProbeResult, WorkerInfo, check_script, decorated_name, pass_script_args
@@ -23,9 +23,11 @@ from autofit.search._sampler import AutofitSampler, Proposal
 from autofit.search._settings import SearchSettings
 from autofit.study import (
     HEARTBEAT_S,
+    StudyMeta,
     default_storage_url,
     default_study_name,
     is_journal,
+    keep_meta,
     model_flops_per_sample,
     model_flops_per_token,
     open_storage,
@@ -33,6 +35,8 @@ from autofit.study import (
     record_probe,
     storage_file,
     storage_label,
+    stored_meta,
+    study_meta,
     trial_config,
 )
 
@@ -111,27 +115,23 @@ class Session:
             pass
 
     # --- the search's settings on the study ---------------------------------------------------
-    @property
-    def meta(self) -> dict:
-        return self.study.user_attrs.get("autofit") or {}
-
     def knobs(self) -> dict | None:
         """The knobs the function offers, once a probe (of any searcher of this study) reported them."""
-        return self.meta.get("knobs")
+        meta = stored_meta(self.study)
+        return meta.knobs if meta else None
 
     def stored_space(self) -> SearchSpace:
         """The space as the study keeps it (narrowed by whichever searcher learnt the knobs first)."""
-        return SearchSpace.from_dict(self.meta["space"])
+        return SearchSpace.from_dict(study_meta(self.study).space)
 
     def save_meta(self, info: WorkerInfo, space: SearchSpace, knobs: dict | None) -> None:
-        self.study.set_user_attr("autofit", {
-            "script": self.script, "function": info.function, "device": self.device_info.name,
-            "device_info": self.device_info.to_dict(), "limit_bytes": self.memory_limit,
-            "limit_given": self.s.memory_limit is not None, "script_sha256": self.script_sha256,
-            "script_args": redacted_args(self.s.script_args), "headroom": self.s.headroom, "usable_bytes": self.usable, "space": space.to_dict(),
-            "world_size": self.s.world_size, "allocator": current_allocator_settings(self.s.alloc_conf),
-            "knobs": knobs, "versions": info.versions, "probe_process": self.s.probe_process,
-        })
+        keep_meta(self.study, StudyMeta(
+            script=self.script, function=info.function, device_info=self.device_info.to_dict(),
+            memory=MemoryBudget(limit_bytes=self.memory_limit, headroom=self.s.headroom, usable_bytes=self.usable),
+            limit_given=self.s.memory_limit is not None, script_sha256=self.script_sha256,
+            script_args=tuple(redacted_args(self.s.script_args)), space=space.to_dict(), world_size=self.s.world_size,
+            allocator=current_allocator_settings(self.s.alloc_conf), knobs=knobs, versions=info.versions,
+            probe_process=self.s.probe_process))
 
     # --- trials -------------------------------------------------------------------------------
     def observations(self, exclude: int | None = None) -> list[Observation]:

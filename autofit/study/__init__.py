@@ -10,10 +10,13 @@ from __future__ import annotations
 from autofit.study._attributes import (
     END_ATTR,
     ESTIMATES_ATTR,
+    StudyMeta,
     keep_estimates,
+    keep_meta,
     kept_estimates,
     record_end,
     recorded_end,
+    stored_meta,
     study_meta,
 )
 from autofit.study._frame import COLUMNS, trials_frame
@@ -78,6 +81,9 @@ __all__ = [
     "storage_file",
     "storage_label",
     "study_meta",
+    "StudyMeta",
+    "keep_meta",
+    "stored_meta",
     "trial_config",
     "trial_result",
     "trials_frame",

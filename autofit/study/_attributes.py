@@ -1,14 +1,16 @@
-"""What a search keeps on its study beside the trials, as raw data: its settings (the "autofit" user
+"""What a search keeps on its study beside the trials, as raw data: its settings (StudyMeta, the STUDY_ATTR user
 attribute), how it ended, and the memory estimator's answers. Written by the search, read by everything
 that interprets a stored study (autofit.findings, autofit.memory's `stored_estimates`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 
 from autofit.errors import UsageError
+from autofit.export import STUDY_ATTR, MemoryBudget
 
 #: Study user attribute where the search records how it ended ({"stopped": ..., "partial": ...}).
 END_ATTR = "autofit_end"
@@ -16,13 +18,70 @@ END_ATTR = "autofit_end"
 ESTIMATES_ATTR = "autofit_estimates"
 
 
-def study_meta(study: optuna.Study) -> dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class StudyMeta:
+    """The search's settings as its study keeps them (the STUDY_ATTR user attribute): written once the search
+    knows its space (`keep_meta`), read by everything that interprets the study (`study_meta`). A study
+    recorded before a setting was kept reads with that setting's default."""
+
+    script: str
+    function: str | None = None
+    device_info: dict[str, Any] = field(default_factory=dict)
+    """The device as `autofit devices` describes it (`type`, `name`, ...)."""
+    memory: MemoryBudget
+    limit_given: bool = True
+    """Whether --memory-limit set the limit (else it was the memory free when the study began)."""
+    script_sha256: str | None = None
+    script_args: tuple[str, ...] = ()
+    space: dict[str, Any]
+    """The search space (autofit.planner's SearchSpace.to_dict)."""
+    world_size: int = 1
+    allocator: dict[str, Any] | None = None
+    knobs: dict[str, Any] | None = None
+    """The knobs the function offers, once a probe reported them."""
+    versions: dict[str, Any] = field(default_factory=dict)
+    probe_process: str | None = None
+
+    @property
+    def device_name(self) -> str:
+        return str(self.device_info.get("name") or self.device_info.get("type") or "?")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored form (flat: the memory budget's three keys beside the others, as every study keeps it)."""
+        return {"script": self.script, "function": self.function, "device": self.device_info.get("name"),
+                "device_info": self.device_info, **self.memory.to_dict(), "limit_given": self.limit_given,
+                "script_sha256": self.script_sha256, "script_args": list(self.script_args), "space": self.space,
+                "world_size": self.world_size, "allocator": self.allocator, "knobs": self.knobs,
+                "versions": self.versions, "probe_process": self.probe_process}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StudyMeta:
+        info = data.get("device_info") or ({"name": data["device"]} if data.get("device") else {})
+        return cls(script=data["script"], function=data.get("function"), device_info=info,
+                   memory=MemoryBudget.from_dict(data), limit_given=bool(data.get("limit_given", True)),
+                   script_sha256=data.get("script_sha256"), script_args=tuple(data.get("script_args") or ()),
+                   space=data["space"], world_size=int(data.get("world_size") or 1), allocator=data.get("allocator"),
+                   knobs=data.get("knobs"), versions=data.get("versions") or {}, probe_process=data.get("probe_process"))
+
+
+def study_meta(study: optuna.Study) -> StudyMeta:
     """The search's settings stored on the study; a study autofit did not write has none."""
-    meta = study.user_attrs.get("autofit")
+    meta = study.user_attrs.get(STUDY_ATTR)
     if not meta or "space" not in meta:
         raise UsageError(f"The study must have been written by `autofit search`, but {study.study_name} "
                          f"has no autofit settings (no probe was recorded).")
-    return meta
+    return StudyMeta.from_dict(meta)
+
+
+def stored_meta(study: optuna.Study) -> StudyMeta | None:
+    """The settings a study keeps, None before a search wrote them (a new study, or one another searcher
+    has just created)."""
+    meta = study.user_attrs.get(STUDY_ATTR)
+    return StudyMeta.from_dict(meta) if meta and "space" in meta else None
+
+
+def keep_meta(study: optuna.Study, meta: StudyMeta) -> None:
+    study.set_user_attr(STUDY_ATTR, meta.to_dict())
 
 
 def record_end(study: optuna.Study, stopped: str, partial: bool) -> None:

@@ -23,7 +23,7 @@ def invoke(*args: str):
 def test_each_bundled_study_ships_a_recorded_search(stem):
     best = read_best(os.path.join(RECORDED, f"{stem}.train.best.json"))
     stored = autofit.load_study(stem, storage=bundled_storage_url())
-    assert stored.name == f"{stem}.train-cpu0" and stored.meta["script"].endswith(f"{stem}.py")
+    assert stored.name == f"{stem}.train-cpu0" and stored.meta.script.endswith(f"{stem}.py")
     assert stored.best() == best.config
     assert stored.document()["config"] == best.document["config"]
     frame = stored.trials_frame()
