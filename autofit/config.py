@@ -70,7 +70,8 @@ class Config:
     most, in place of a fixed sample count; memory follows the cap, not the longest sample. None: a
     micro-batch of `batch_size` samples. With it, `batch_size` is the most samples a micro-batch holds."""
     max_squares: int | None = knob(
-        kind=int, optional=True, minimum=1, offer="tokens", order="memory", none_param=0,
+        # 2**50 at most as a trial param: Optuna keeps integers as floats, exact below 2**53.
+        kind=int, optional=True, minimum=1, maximum=2**50, offer="tokens", order="memory", none_param=0,
         label=lambda value, item: None if value is None else f"max_squares={value}",
         help="With --max-tokens: a squares cap too (a micro-batch's samples x its longest², per-length caps).")
     """Token batching only: a micro-batch's padded squares (samples x its longest², what an attention that

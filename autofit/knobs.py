@@ -36,6 +36,8 @@ class Knob:
     choices: tuple = ()
     """The values a str knob takes (checked); for an int or bool knob, the values a search tries."""
     minimum: int | None = None
+    maximum: int | None = None
+    """An int knob's largest value as a trial param (from `minimum`; the search space gives the others')."""
     label: Callable[[Any, Any], str | None] = lambda value, item: None
     """How a config names the knob in its label (`Config.label()`): (value, the config or strategy) -> words,
     or None where the value says nothing worth a word (its default, mostly)."""

@@ -18,8 +18,6 @@ from autofit.probing import ProbeResult
 DATA_BOUND_ERRORS = ("ProbeTooShort", "DataTooSmall")
 #: Probes that ran (fit or not) are COMPLETE trials: the samplers learn from OOMs too.
 _COMPLETE_STATUSES = ("ok", "oom")
-#: The largest squares cap a trial may hold (Optuna keeps integers as floats: exact below 2**53).
-MAX_SQUARES = 2**50
 
 
 def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumulation: int,
@@ -32,14 +30,18 @@ def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumul
     offered = {*offered, *(("tokens",) if token_range is not None else ())}
     ranges = {"batch_size": (batch_range[0], max(batch_range)), "checkpoint_segments": (0, max(0, max_checkpoint)),
               "accumulation_steps": (1, max(1, max_accumulation)),
-              "max_tokens": (token_range[0], max(token_range)) if token_range else (1, 1),
-              "max_squares": (0, MAX_SQUARES)}
+              "max_tokens": (token_range[0], max(token_range)) if token_range else (1, 1)}
     params: dict[str, BaseDistribution] = {}
     for knob in KNOBS:
         if knob.offer is not None and knob.offer not in offered:
             continue
-        params[knob.name] = (IntDistribution(*ranges[knob.name]) if knob.name in ranges
-                             else CategoricalDistribution(knob.trial_values()))
+        if knob.name in ranges:
+            params[knob.name] = IntDistribution(*ranges[knob.name])
+        elif knob.maximum is not None:  # a range of its own: None as its `none_param`, below its minimum
+            low = knob.minimum if knob.none_param is None else min(knob.minimum, knob.none_param)
+            params[knob.name] = IntDistribution(low, knob.maximum)
+        else:
+            params[knob.name] = CategoricalDistribution(knob.trial_values())
     return params
 
 
