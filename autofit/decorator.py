@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -167,12 +168,8 @@ def search_options(
                              "batch_range= and its deprecated name batch_size=.")
         renamed("@autofit(batch_size=...)", "@autofit(batch_range=(lo, hi))")
         batch_range = batch_size
-    if isinstance(precision, str):
-        precision = (precision,)
-    if isinstance(sharding, str):
-        sharding = (sharding,)
-    if isinstance(checkpoint_policy, str):
-        checkpoint_policy = (checkpoint_policy,)
+    precision, sharding, checkpoint_policy = (  # one value for one
+        (value,) if isinstance(value, str) else value for value in (precision, sharding, checkpoint_policy))
     return SearchOptions(
         global_batch=global_batch,
         global_tokens=global_tokens,
@@ -190,26 +187,10 @@ def search_options(
     )
 
 
-def autofit(
-    fn: Callable[..., Any] | None = None,
-    *,
-    global_batch: int | None = None,
-    global_tokens: int | None = None,
-    batch_range: tuple[int, int] | None = None,
-    token_range: tuple[int, int] | None = None,
-    precision: tuple[str, ...] | list[str] | str | None = None,
-    accumulation: tuple[int, ...] | list[int] | None = None,
-    sharding: tuple[str, ...] | list[str] | str | None = None,
-    checkpoint: bool = True,
-    checkpoint_policy: tuple[str, ...] | list[str] | str | None = None,
-    compile: bool = True,
-    default_batch_size: int | None = None,
-    default_precision: object = None,
-    recover_oom: bool = True,
-    batch_size: tuple[int, int] | None = None,
-) -> Any:
+def autofit(fn: Callable[..., Any] | None = None, **declared: Any) -> Any:
     """Mark a train function `train(run)` for search: `@autofit` or `@autofit(global_batch=256)`.
 
+    Takes the arguments of `search_options` (its signature is this one's too), declared there once:
     `global_tokens=N`: a function that batches by tokens (run.token_batches) keeps about N real tokens
     per optimizer step, whatever the micro-batch's cap.
     `batch_range=(lo, hi)`: the micro-batches to consider (default: 1 up, until memory stops the climb);
@@ -217,27 +198,19 @@ def autofit(
     `default_batch_size=`, `default_precision=`: what a normal call trains with before any search (the
     script's own micro-batch and precision; a dtype's name such as nanoGPT's `"bfloat16"` is taken).
     `batch_size=` is its old name, still taken (deprecated)."""
-    options = search_options(
-        global_batch=global_batch,
-        global_tokens=global_tokens,
-        batch_range=batch_range,
-        token_range=token_range,
-        precision=precision,
-        accumulation=accumulation,
-        sharding=sharding,
-        checkpoint=checkpoint,
-        checkpoint_policy=checkpoint_policy,
-        compile=compile,
-        default_batch_size=default_batch_size,
-        default_precision=default_precision,
-        recover_oom=recover_oom,
-        batch_size=batch_size,
-    )
+    options = search_options(**declared)
 
     def decorate(f: Callable[..., Any]) -> AutofitFunction:
         return AutofitFunction(f, options)
 
     return decorate(fn) if fn is not None else decorate
+
+
+autofit.__signature__ = inspect.signature(search_options).replace(  # type: ignore[attr-defined]
+    parameters=[inspect.Parameter("fn", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                                  annotation="Callable[..., Any] | None"),
+                *inspect.signature(search_options).parameters.values()],
+    return_annotation="Any")
 
 
 __all__ = ["autofit", "search_options", "AutofitFunction", "SearchOptions", "Config", "PRECISIONS"]
