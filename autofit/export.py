@@ -113,9 +113,10 @@ def write_best(path: str, document: dict[str, Any]) -> str:
     return path
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BestConfig:
-    """A best-config file, read and validated."""
+    """A best-config file, read and validated (`read_best`): what a run reads of it, by name. `document` is
+    the whole file, for the reports that show it."""
 
     path: str
     config: Config
@@ -123,11 +124,47 @@ class BestConfig:
 
     @property
     def device(self) -> dict[str, Any]:
+        """The device searched on, as `autofit devices` describes it (`type`, `name`)."""
         return self.document["device"]
 
     @property
     def partial(self) -> bool:
         return bool(self.document.get("partial"))
+
+    @property
+    def memory(self) -> MemoryBudget:
+        """The memory the search probed against."""
+        return MemoryBudget.from_dict(self.document.get("memory"))
+
+    @property
+    def world_size(self) -> int:
+        """Ranks each probe ran on (the config's micro-batch and accumulation are per rank)."""
+        return int(self.document.get("world_size") or 1)
+
+    @property
+    def global_batch(self) -> int | None:
+        """Samples per optimizer step, all ranks together (None by tokens)."""
+        return (self.document.get("config") or {}).get("global_batch")
+
+    @property
+    def measured(self) -> dict[str, Any]:
+        """The winner's measured figures (rates, peak, the A/B that confirmed it, its token envelope)."""
+        return self.document.get("measured") or {}
+
+    @property
+    def allocator(self) -> dict[str, Any] | None:
+        """The allocator settings the probes ran under (None: not recorded)."""
+        return self.document.get("allocator")
+
+    @property
+    def script_sha256(self) -> str | None:
+        """The script as the search measured it (None for files written before the hash was kept)."""
+        return (self.document.get("script") or {}).get("sha256")
+
+    @property
+    def script_args(self) -> list[str]:
+        """The script's own arguments the search ran it with, redacted."""
+        return list((self.document.get("script") or {}).get("args") or [])
 
 
 def read_best(path: str) -> BestConfig:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from autofit.config import TOKENS, Config
 from autofit.devices import allocator_difference
-from autofit.export import default_best_path, device_tag, read_best, script_sha256
+from autofit.export import BestConfig, default_best_path, device_tag, read_best, script_sha256
 from autofit.options import SearchOptions
 from autofit.redaction import redacted_args
 from autofit.units import input_bound_text
@@ -106,22 +106,21 @@ def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: st
             return _unsearched_plan(fn, device, f"no best config found for {_what(fn)} (looked for {candidates[0]})",
                                     lowered_path(candidates[0]))
         best = read_best(found)
-        other = _other_global_batch(fn, best.document)
+        other = _other_global_batch(fn, best)
         if other is not None:  # the file answers another question than the one this script asks
             return _unsearched_plan(fn, device, f"the best config in {found} keeps a global batch of {other}, not "
                                                 f"the {fn.options.global_batch} {_what(fn)} declares (search again)",
                                     lowered_path(found))
-    _warn_if_stale(fn, best.document, device)
-    _say_if_other_args(fn, best.document)
+    _warn_if_stale(fn, best, device)
+    _say_if_other_args(fn, best)
     partial = " (partial search)" if best.partial else ""
     message = f"running {_what(fn)} with the best config from {best.path}{partial}: {best.config.label()}"
-    measured = best.document.get("measured") or {}
+    measured = best.measured
     if measured.get("confirmed") is False:
         why = measured.get("unconfirmed") or "the search ended before a longer run could measure it; its figure is a short probe's"
         message += f" (unconfirmed: {why})"
-    searched_memory_limit = (best.document.get("memory") or {}).get("limit_bytes")
-    return RunPlan(best.config, device, message, best.path, lowered_path(best.path), searched_memory_limit,
-                   int(best.document.get("world_size") or 1), TokenEnvelope.from_dict(measured.get("token_envelope")))
+    return RunPlan(best.config, device, message, best.path, lowered_path(best.path), best.memory.limit_bytes,
+                   best.world_size, TokenEnvelope.from_dict(measured.get("token_envelope")))
 
 
 def _unsearched_plan(fn: Decorated, device: str, why_not: str, record_path: str) -> RunPlan:
@@ -134,18 +133,18 @@ def _unsearched_plan(fn: Decorated, device: str, why_not: str, record_path: str)
                                    f"to find a faster one.", None, record_path, None)
 
 
-def _other_global_batch(fn: Decorated, document: dict) -> int | None:
+def _other_global_batch(fn: Decorated, best: BestConfig) -> int | None:
     """The global batch of a best-config file found beside the script, where the script declares another (a
     search resumed with other options, or the declaration changed since); None where they agree or either
     holds none (by tokens, or nothing declared). An explicit file (`autofit_config=`, $AUTOFIT_CONFIG) is the
     user's own choice and is not second-guessed."""
     declared = fn.options.global_batch
-    written = (document.get("config") or {}).get("global_batch")
+    written = best.global_batch
     return written if declared is not None and written is not None and written != declared else None
 
 
-def _warn_if_stale(fn: Decorated, document: dict, device: str) -> None:
-    searched = document.get("device", {})
+def _warn_if_stale(fn: Decorated, best: BestConfig, device: str) -> None:
+    searched = best.device
     if searched.get("type") and searched.get("type") != device.split(":")[0]:
         warnings.warn(
             f"autofit: the best config was searched on {searched.get('type')} ({searched.get('name')}) but this "
@@ -159,12 +158,12 @@ def _warn_if_stale(fn: Decorated, document: dict, device: str) -> None:
         if name and name != searched.get("name"):
             warnings.warn(f"autofit: the best config was searched on {searched.get('name')} but this GPU is "
                           f"{name}; search again for a config that fits it.", stacklevel=4)
-    allocator = allocator_difference(document.get("allocator"))
+    allocator = allocator_difference(best.allocator)
     if allocator:
         warnings.warn(f"autofit: the allocator settings differ from the search's ({allocator}); the config's "
                       f"memory and speed may differ. Run with the search's settings, or search again.", stacklevel=4)
     script = _script_of(fn)
-    recorded = document.get("script", {}).get("sha256")
+    recorded = best.script_sha256
     if script and recorded and script_sha256(script) != recorded:
         warnings.warn(
             "autofit: the training script changed since the search; its memory and speed may differ. "
@@ -178,10 +177,10 @@ def _what(fn: Decorated) -> str:
     return fn.fn.__name__ if _name_of(fn) else os.path.basename(_script_of(fn))
 
 
-def _say_if_other_args(fn: Decorated, document: dict) -> None:
+def _say_if_other_args(fn: Decorated, best: BestConfig) -> None:
     """One line where a script runs with other arguments than those its config was searched with (a
     decorated function's script: only where the search recorded some)."""
-    searched = (document.get("script") or {}).get("args") or []
+    searched = best.script_args
     args = getattr(fn, "script_args", None)  # a script's own; a decorated function's script: sys.argv's
     if args is None and searched:
         args = sys.argv[1:]
