@@ -109,6 +109,12 @@ class Config:
         label=lambda value, item: "compiled" if value else None,
         help="torch.compile the model the function offers to run.compile().")
     """torch.compile the model the function offers through run.compile() (eager when False)."""
+    channels_last: bool = knob(
+        default=False, kind=bool, offer="channels_last", order="compute",
+        label=lambda value, item: "channels-last" if value else None,
+        help="The model offered to run.channels_last() in channels-last memory format (convolutions in NHWC).")
+    """Convolution models: the weights, and so the activations, in channels-last memory format, which the
+    fastest convolution kernels (cuDNN's, oneDNN's) take; tried on the leader, as a change of speed."""
     # The input pipeline (run.loader); None: as the script declares it (else DataLoader's default).
     loader_workers: int | None = knob(
         kind=int, optional=True, minimum=0, choices=(0, 1, 2, 4, 8), offer="loader", order="input",

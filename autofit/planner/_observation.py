@@ -4,17 +4,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autofit.config import Config
+from autofit.config import KNOBS, Config
+
+#: The knobs that change a step's speed and not what fits (`order` "compute", autofit.knobs): each is tried on
+#: the leader (rule 11, _variant_rule.py), not a strategy of its own.
+COMPUTE_KNOBS = tuple(k for k in KNOBS if k.order == "compute")
 
 #: The user's code failed: a precision (sharding, compile, policy) that only fails is unusable. A timeout is
 #: not among them: it says the config is slow to start or to step, a speed fact, not that it cannot run.
 FAILED_STATUSES = ("error", "diverged", "crashed")
 
 
+def compute_variant(config: Config) -> tuple[tuple[str, object], ...]:
+    """The knobs of COMPUTE_KNOBS `config` sets other than their default, as (name, value) pairs."""
+    return tuple((k.name, value) for k in COMPUTE_KNOBS if (value := getattr(config, k.name)) != k.default)
+
+
 def is_variant(config: Config) -> bool:
-    """A variant of the leader probed last (other loader settings, or a squares cap): not a point of its
-    strategy's curves, and not a leader the other rules start from."""
-    return bool(config.loader) or config.max_squares is not None
+    """A variant of the leader probed last (other loader settings, a squares cap, a compute knob): not a point
+    of its strategy's curves, and not a leader the other rules start from."""
+    return bool(config.loader) or config.max_squares is not None or bool(compute_variant(config))
 
 
 @dataclass(frozen=True)

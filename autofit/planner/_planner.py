@@ -37,6 +37,8 @@ benchmark's replays all run the same decisions. The rules, in order:
    so that short batches hold more tokens (per-length caps, see _squares_rule.py).
 10. A timeout is a fact about speed: it makes nothing unusable, and at a fixed global batch rules out the
    smaller micro-batches; with nothing measured, a timed-out config is probed again (_retry_timed_out).
+11. A knob that changes a step's speed and not what fits (a memory format), where the function offers it, is
+   tried on the fastest config after the loader's turn, each of its values kept where faster (_variant_rule.py).
 
 The numbers are those of docs/reference/planner.md.
 The planner decides; what the observations say is read by its parts, once per decision (`_State`):
@@ -57,12 +59,13 @@ from autofit.planner._loader_rule import leader, next_loader_config
 from autofit.planner._memory_model import MemoryModels
 from autofit.planner._models import Line
 from autofit.planner._noise import NoiseReading
-from autofit.planner._observation import Observation
+from autofit.planner._observation import Observation, compute_variant
 from autofit.planner._prediction import CalibratedPrediction, MemoryPrediction, PeakRange
 from autofit.planner._ranking import Candidate, Ranking
 from autofit.planner._search_space import SearchSpace, Strategy
 from autofit.planner._squares_rule import next_squares_config
 from autofit.planner._throughput import ThroughputModels
+from autofit.planner._variant_rule import next_variant_config
 
 #: A skipped strategy's optimistic bound must fall this far below the best so far.
 _PRUNE_SLACK = 1.03
@@ -127,6 +130,7 @@ class Planner:
             return refined
         ranked = state.ranking.ranked()
         return (next_loader_config(self.space.loader, ranked, state.observations)
+                or next_variant_config(self.space.variants, ranked, state.observations)
                 or next_squares_config(self.space, leader(ranked), ranked, state.observations, self.usable)
                 or _retry_timed_out(state))
 
@@ -348,7 +352,8 @@ class _State:
             by_config[obs.config].append(obs)
         # Loader and squares variants are compared with their own kind, not with the batches around them.
         self.noise = NoiseReading(self.observations,
-                                  lambda c: (space.strategy_of(c), tuple(c.loader.items()), c.max_squares))
+                                  lambda c: (space.strategy_of(c), tuple(c.loader.items()), c.max_squares,
+                                             compute_variant(c)))
         # What fits and the memory lines are the space's (a squares variant's peak is not its cap's).
         self.feasible = Feasibility(space, usable, [o for o in self.observations if o.config.max_squares is None])
         self.predicted: CalibratedPrediction | None = (

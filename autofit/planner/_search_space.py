@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autofit.config import CHECKPOINT_POLICIES, KNOBS, PRECISIONS, SAMPLES, SHARDINGS, TOKENS, Config, Rate
+from autofit.config import CHECKPOINT_POLICIES, KNOB, KNOBS, PRECISIONS, SAMPLES, SHARDINGS, TOKENS, Config, Rate
 from autofit.errors import UsageError
 from autofit.knobs import label
 from autofit.planner._loader_rule import LoaderChoices
@@ -96,6 +96,9 @@ class SearchSpace:
     longest_sample: int | None = None
     """By tokens: the data's longest sample (its batch is a cap's worst; the squares rule caps the others'
     squares at its batch's)."""
+    variants: tuple[str, ...] = ()
+    """The knobs that change speed and not what fits (autofit.knobs' order "compute") the function offers:
+    each tried on the leader (rule 11)."""
 
     @property
     def offered(self) -> frozenset[str]:
@@ -104,7 +107,7 @@ class SearchSpace:
         return frozenset(name for name, considered in (
             ("distribute", self.shardings != ("ddp",)), ("compile", True in self.compiles),
             ("loader", self.loader.offered), ("selective", "selective" in self.checkpoint_policies),
-            ("tokens", self.tokens)) if considered)
+            ("tokens", self.tokens)) if considered) | {KNOB[name].offer for name in self.variants}
 
     @classmethod
     def build(
@@ -124,6 +127,7 @@ class SearchSpace:
         first_precision: str | None = None,
         global_tokens: int | None = None,
         longest_sample: int | None = None,
+        variants: tuple[str, ...] = (),
     ) -> SearchSpace:
         """`token_range`: batches by tokens, the caps to climb (the batch range and global batch then
         do not apply, `global_tokens` does). `first_precision`: the precision the first strategy (the
@@ -158,6 +162,7 @@ class SearchSpace:
             tokens=token_range is not None,
             global_tokens=global_tokens if token_range is not None else None,
             longest_sample=longest_sample if token_range is not None else None,
+            variants=tuple(variants),
         )
 
     def strategies(self) -> list[Strategy]:
@@ -228,6 +233,7 @@ class SearchSpace:
             **({"tokens": True} if self.tokens else {}),
             **({"global_tokens": self.global_tokens} if self.global_tokens is not None else {}),
             **({"longest_sample": self.longest_sample} if self.longest_sample is not None else {}),
+            **({"variants": list(self.variants)} if self.variants else {}),
         }
 
     @classmethod
@@ -245,6 +251,7 @@ class SearchSpace:
             tokens=bool(data.get("tokens", False)),
             global_tokens=data.get("global_tokens"),
             longest_sample=data.get("longest_sample"),
+            variants=tuple(data.get("variants", ())),
         )
 
 

@@ -29,6 +29,7 @@ class Knobs:
     batches: bool = False
     shard_blocks: int | None = None  # blocks offered to run.distribute(blocks=...): sharding is searched
     compile: bool = False  # a model offered to run.compile(): torch.compile is searched
+    channels_last: bool = False  # a model offered to run.channels_last(): its memory format is searched
     loader: bool = False  # the data comes through run.loader(): its workers, pinning and prefetch are searched
     declared_workers: int | None = None  # declared to the training run.loader() (0: DataLoader's default)
     followed: bool = False  # the function's own loop steps its optimizer: followed through step hooks
@@ -46,6 +47,7 @@ class Knobs:
     def to_dict(self) -> dict:
         return {
             "compile": self.compile,
+            **({"channels_last": True} if self.channels_last else {}),
             **({"loader": True, "declared_workers": self.declared_workers} if self.loader else {}),
             "autocast": self.autocast,
             "backward": self.backward,
@@ -75,6 +77,8 @@ class KnobPanel:
         """Blocks checkpointed here: unwrapped when the run ends, so a model that outlives the run
         (built at import, met again by the next probe in one process or by a second call) is the
         user's own again."""
+        self._channels_last: weakref.WeakSet = weakref.WeakSet()
+        """Models put in channels-last format here: back in the contiguous format when the run ends."""
         self.training_loader: torch.utils.data.DataLoader | None = None
         """The first loader built here (the training one: an evaluation loader comes after it)."""
         self.data_parallel: torch.nn.parallel.DistributedDataParallel | None = None
@@ -93,11 +97,24 @@ class KnobPanel:
                 remove_checkpoint(block)
         return blocks
 
-    def unwrap_blocks(self) -> None:
-        """Take the checkpointing put on here off its blocks."""
+    def restore_models(self) -> None:
+        """Give the user's modules back as they came: the checkpointing put on here off its blocks, the
+        models put in channels-last format back in the contiguous one."""
         for block in list(self._wrapped_blocks):
             remove_checkpoint(block)
         self._wrapped_blocks.clear()
+        for model in list(self._channels_last):
+            model.to(memory_format=torch.contiguous_format)
+        self._channels_last.clear()
+
+    def channels_last(self, config: Config, model: torch.nn.Module) -> torch.nn.Module:
+        """`model` in channels-last memory format where the config says so, else as it came (parameters
+        converted in place: an optimizer built on them keeps them)."""
+        self.used.channels_last = True
+        if config.channels_last and model not in self._channels_last:
+            model.to(memory_format=torch.channels_last)
+            self._channels_last.add(model)
+        return model
 
     def compile(self, config: Config, model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
         """`torch.compile(model, **kwargs)` where the config says so and compiling is enabled."""

@@ -215,9 +215,10 @@ class Run(RunView, RunData):
         """
         return self._panel.checkpoint(self.config, blocks)
 
-    def unwrap_blocks(self) -> None:
-        """Take this run's activation checkpointing off the blocks it put it on."""
-        self._panel.unwrap_blocks()
+    def channels_last(self, model: torch.nn.Module) -> torch.nn.Module:
+        """`model` (a convolution model) in channels-last memory format when the config says so, else as it
+        is: offering it here lets a search try the format on its fastest config. Back as it came at the end."""
+        return self._panel.channels_last(self.config, model)
 
     # --- loops autofit does not drive (a framework's trainer: autofit.integrations) --------------
     def adopt_loop(self, *, checkpoint_blocks: int | None = None) -> None:
@@ -271,7 +272,7 @@ class Run(RunView, RunData):
                 self.flops.abandon()  # the counted step never closed (an error, or the data ended)
             if self.probing and self.knobs.followed:
                 self._follower.check_finite()  # the loop's frames, its optimizer with them, are alive still
-            self.unwrap_blocks()
+            self._panel.restore_models()
 
     def summary(self) -> dict[str, Any]:
         """What this run measured after its warm-up steps: the real run's figures, next to a probe's."""

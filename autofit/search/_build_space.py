@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from autofit.config import CHECKPOINT_POLICIES, LOADER_PREFETCH, SHARDINGS, device_shardings
+from autofit.config import CHECKPOINT_POLICIES, KNOBS, LOADER_PREFETCH, SHARDINGS, device_shardings
 from autofit.errors import UsageError
 from autofit.options import SearchOptions
 from autofit.planner import LoaderChoices, SearchSpace, loader_worker_counts, shared_cores_loader_note, token_caps
@@ -64,7 +64,8 @@ def build_space(settings: SearchSettings, options: SearchOptions, info: WorkerIn
                              compiles=compiles, loader=loader_choices(settings, knobs),
                              checkpoint_policies=options.checkpoint_policy or CHECKPOINT_POLICIES,
                              global_tokens=options.global_tokens,
-                             longest_sample=(knobs or {}).get("longest_sample"))
+                             longest_sample=(knobs or {}).get("longest_sample"),
+                             variants=tuple(k.name for k in KNOBS if k.order == "compute" and (knobs or {}).get(k.offer)))
 
 
 def first_precision(info: WorkerInfo, wanted: tuple[str, ...]) -> str | None:

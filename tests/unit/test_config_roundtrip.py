@@ -10,6 +10,7 @@ import optuna
 import pytest
 
 from autofit import Config
+from autofit.config import KNOBS
 from autofit.decorator import AutofitFunction
 from autofit.export import config_entry, read_best, write_best
 from autofit.normal_run import resolve_run_config
@@ -20,7 +21,7 @@ from autofit.study import config_params, distributions, trial_config
 #: A value other than the default for every field of Config.
 NON_DEFAULT = {"batch_size": 24, "precision": "bf16", "checkpoint_segments": 2, "accumulation_steps": 3,
                "sharding": "fsdp", "compile": True, "loader_workers": 4, "pin_memory": True, "prefetch_factor": 4,
-               "checkpoint_policy": "selective", "max_tokens": 64, "max_squares": 19200}
+               "checkpoint_policy": "selective", "max_tokens": 64, "max_squares": 19200, "channels_last": True}
 #: Fields that need another beside them: a squares cap bounds batches by tokens.
 NEEDS = {"max_squares": {"max_tokens": 64}}
 
@@ -80,7 +81,7 @@ def test_a_token_config_s_file_states_its_tokens_per_step_and_no_global_batch(tm
 def test_an_optuna_trial(config):
     params = config_params(config)
     trial = optuna.trial.create_trial(params=params, value=1.0, distributions={
-        name: dist for name, dist in distributions((1, 64), 4, 8, offered=("distribute", "compile", "loader", "selective"),
+        name: dist for name, dist in distributions((1, 64), 4, 8, offered={k.offer for k in KNOBS if k.offer and k.offer != "tokens"},
                                                    token_range=(1, 128) if config.max_tokens else None).items()})
     assert trial_config(trial) == config
 

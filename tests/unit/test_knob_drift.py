@@ -30,7 +30,7 @@ GiB = 2**30
 PACKAGE = os.path.join(os.path.dirname(__file__), "..", "..", "autofit")
 #: Two plain configs, by samples and by tokens; each knob is varied on the first that takes another value.
 BASES = (Config(batch_size=8, checkpoint_segments=2), Config(batch_size=8, max_tokens=64, checkpoint_segments=2))
-EVERY_OFFER = ("distribute", "compile", "loader", "selective")
+EVERY_OFFER = tuple(sorted({k.offer for k in KNOBS if k.offer and k.offer != "tokens"}))  # "tokens": a token_range
 
 
 def _varied(knob) -> tuple[Config, Config]:

@@ -98,6 +98,25 @@ def test_compile_is_noted_and_skipped_where_the_config_or_the_run_says_eager():
     assert Run(Config(batch_size=2)).compile(model) is model
 
 
+def test_channels_last_is_noted_trains_in_that_format_and_is_taken_off_when_the_run_ends():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    weight = model[0].weight
+    run = Run(Config(batch_size=2, channels_last=True))
+    with run.active():
+        assert run.channels_last(model) is model and run.knobs.channels_last
+        assert model[0].weight is weight and weight.is_contiguous(memory_format=torch.channels_last)
+        out = model(torch.randn(2, 3, 16, 16))
+        assert out.is_contiguous(memory_format=torch.channels_last)  # the convolutions ran NHWC
+        out.sum().backward()
+        optimizer.step()  # the optimizer built on the parameters before keeps them
+    assert weight.is_contiguous() and not weight.is_contiguous(memory_format=torch.channels_last)
+    plain = Run(Config(batch_size=2))
+    with plain.active():
+        assert plain.channels_last(model) is model and plain.knobs.channels_last
+        assert weight.is_contiguous()  # the config says no: the model as it came
+
+
 def test_the_training_loader_is_the_one_the_steps_take_their_batches_from():
     data = torch.utils.data.TensorDataset(torch.randn(16, 2))
     run = Run(Config(batch_size=4, loader_workers=0))  # no worker process starts: the declared ones are noted

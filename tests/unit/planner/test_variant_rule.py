@@ -1,0 +1,60 @@
+"""Rule 11: a knob that changes speed and not what fits (channels-last memory format, declared with the order
+"compute") is tried on the fastest config where the function offers it, kept where faster, and never probed
+where the function does not offer it. A simulated script: memory a + m x batch, samples/s rising with the
+batch and saturating, channels-last a fixed factor faster (or slower)."""
+
+from __future__ import annotations
+
+from autofit import Config
+from autofit.planner import Observation, Planner, SearchSpace
+
+MiB = 2**20
+USABLE = 1000 * MiB
+
+
+def _measure(config: Config, factor: float) -> Observation:
+    peak = 200 * MiB + 20 * MiB * config.batch_size
+    if peak > USABLE * 1.2:
+        return Observation(config, "oom")
+    rate = 1000.0 * config.batch_size / (config.batch_size + 8) * (factor if config.channels_last else 1.0)
+    return Observation(config, "ok", peak_bytes=peak, rate=rate, spread=0.01)
+
+
+def _search(space: SearchSpace, factor: float) -> tuple[list[Observation], Config]:
+    planner, seen = Planner(space, USABLE, check_noise=False), []
+    for _ in range(60):
+        config = planner.next(seen)
+        if config is None:
+            return seen, planner.best(seen)
+        seen.append(_measure(config, factor))
+    raise AssertionError("the planner never stopped")
+
+
+def _space(*variants: str) -> SearchSpace:
+    return SearchSpace.build(batch_range=(1, 64), precisions=("fp32",), variants=variants)
+
+
+def test_a_faster_channels_last_is_probed_on_the_leader_and_wins():
+    seen, best = _search(_space("channels_last"), factor=1.3)
+    tried = [o.config for o in seen if o.config.channels_last]
+    plain = max((o for o in seen if not o.config.channels_last and o.fits(USABLE)), key=lambda o: o.rate)
+    assert tried == [Config(batch_size=plain.config.batch_size, channels_last=True)]  # once, on the leader
+    assert best == tried[0] and best.label() == f"fp32 b={best.batch_size} channels-last"
+
+
+def test_a_slower_channels_last_is_probed_once_and_left():
+    seen, best = _search(_space("channels_last"), factor=0.9)
+    assert len([o for o in seen if o.config.channels_last]) == 1 and not best.channels_last
+
+
+def test_a_function_that_offers_no_channels_last_is_searched_as_before():
+    with_offer, _ = _search(_space("channels_last"), factor=1.3)
+    without, best = _search(_space(), factor=1.3)
+    assert not [o for o in without if o.config.channels_last] and not best.channels_last
+    assert [o.config for o in without] == [o.config for o in with_offer if not o.config.channels_last]
+
+
+def test_the_space_keeps_its_variants_and_offers_their_trial_param():
+    space = _space("channels_last")
+    assert SearchSpace.from_dict(space.to_dict()) == space and "channels_last" in space.offered
+    assert "variants" not in _space().to_dict()  # other studies keep their form
