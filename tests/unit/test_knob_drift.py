@@ -98,7 +98,7 @@ def _stored(tmp_path, probes: list[tuple[Config, float]]):
     return load_study("drift", url)
 
 
-def test_every_knob_has_a_column_and_its_own_label_in_show_and_the_report_with_the_winner_starred_once(knob, tmp_path):
+def test_every_knob_has_a_column_and_its_own_label_in_show_and_why_with_the_winner_starred_once(knob, tmp_path):
     base, varied = _varied(knob)
     stored = _stored(tmp_path, [(base, 90.0), (varied, 120.0), (varied, 118.0)])
     frame = stored.trials_frame()
@@ -109,11 +109,23 @@ def test_every_knob_has_a_column_and_its_own_label_in_show_and_the_report_with_t
     assert any(f" {base.label()} " in line for line in shown)
     stars = [line for line in shown if line.startswith("*")]
     assert len(stars) == 1 and f" {varied.label()} " in stars[0]
+    assert stored.document()["why"].startswith(f"{varied.label()}: ")  # the why-line names the winner so too
+
+
+@pytest.mark.parametrize("tokens", [False, True], ids=["by samples", "by tokens"])
+def test_the_report_labels_each_knobs_variant_apart_and_stars_the_winner_once(tokens, tmp_path):
+    """Every knob's variant of one kind in one study (a report is the costly part): each its own label in the
+    report's probes, the fastest starred once."""
+    pairs = [_varied(k) for k in KNOBS]
+    variants = [v for b, v in pairs if (b.max_tokens is not None) == tokens]
+    base = next(b for b, _ in pairs if (b.max_tokens is not None) == tokens)
+    stored = _stored(tmp_path, [(base, 50.0), *((v, 60.0 + i) for i, v in enumerate(variants))])
     write_report(stored, str(tmp_path / "report.html"))
     probes = (tmp_path / "report.html").read_text()
     probes = probes[probes.rindex("<th>trial</th>"):]
-    assert probes.count('class="best"') == 1 and varied.label() in probes.split('class="best"')[1][:300]
-    assert base.label() in probes
+    labels = [c.label() for c in (base, *variants)]
+    assert len(set(labels)) == len(labels) and all(f">{label}<" in probes for label in labels)
+    assert probes.count('class="best"') == 1 and variants[-1].label() in probes.split('class="best"')[1][:300]
 
 
 #: A knob added to the declaration (autofit/config.py) and nowhere else.
