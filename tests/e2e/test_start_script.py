@@ -80,8 +80,8 @@ def test_a_start_script_searched_with_its_arguments_then_run_normally(tmp_path):
     assert f"autofit: trained 20 optimizer steps with fp32 b={best}" in other.stderr
 
 
-@pytest.mark.parametrize("command", [["probe", "starts.py", "--batch-size", "4"],
-                                     pytest.param(["estimate", "starts.py"], marks=pytest.mark.slow)])
+@pytest.mark.slow  # 11 s each: the default tier keeps under 5 minutes (its start scripts probe elsewhere)
+@pytest.mark.parametrize("command", [["probe", "starts.py", "--batch-size", "4"], ["estimate", "starts.py"]])
 def test_probe_and_estimate_hand_the_script_its_arguments(tmp_path, command):
     shutil.copy(script("starts.py"), tmp_path / "starts.py")
     record = tmp_path / "record.jsonl"

@@ -47,6 +47,7 @@ def test_a_normal_run_of_a_slow_loader_says_it_is_input_bound(monkeypatch, capsy
     assert "samples/s after" in said and "of the time waiting for data)" in said, said
 
 
+@pytest.mark.slow  # 10 s alone (the module is serial): the default tier keeps under 5 minutes
 def test_the_probe_json_carries_the_data_wait(tmp_path):
     code, result = probe_result("slow_loader.py", "1GiB", 4, tmp_path)
     assert code == 0, result
