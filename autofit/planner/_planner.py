@@ -354,8 +354,10 @@ class _State:
         self.noise = NoiseReading(self.observations,
                                   lambda c: (space.strategy_of(c), tuple(c.loader.items()), c.max_squares,
                                              compute_variant(c)))
-        # What fits and the memory lines are the space's (a squares variant's peak is not its cap's).
-        self.feasible = Feasibility(space, usable, [o for o in self.observations if o.config.max_squares is None])
+        # What fits and the memory lines are the space's (a squares variant's peak is not its cap's, nor is a
+        # compute variant's an answer for its strategy: an OOM of it rules out none of the plain configs).
+        self.feasible = Feasibility(space, usable, [o for o in self.observations
+                                                    if o.config.max_squares is None and not compute_variant(o.config)])
         self.predicted: CalibratedPrediction | None = (
             prediction.calibrate(self.feasible.done) if prediction is not None else None)
         self.memory = MemoryModels(space, usable, self.feasible.done, self.predicted)

@@ -58,3 +58,10 @@ def test_the_space_keeps_its_variants_and_offers_their_trial_param():
     space = _space("channels_last")
     assert SearchSpace.from_dict(space.to_dict()) == space and "channels_last" in space.offered
     assert "variants" not in _space().to_dict()  # other studies keep their form
+
+
+def test_a_variant_that_runs_out_of_memory_rules_out_none_of_the_plain_configs():
+    """Its peak is no answer for its strategy: the plain b=16 may still climb past a channels-last b=16 OOM."""
+    planner = Planner(_space("channels_last"), USABLE, check_noise=False)
+    seen = [_measure(Config(batch_size=16), 1.0), Observation(Config(batch_size=16, channels_last=True), "oom")]
+    assert planner.leader_can_climb(seen) and planner.best(seen) == Config(batch_size=16)
