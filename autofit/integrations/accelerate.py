@@ -162,7 +162,8 @@ class AutofitAccelerator(Accelerator):
                   file=sys.stderr, flush=True)
             return loader
         if run.defaults and not run.probing:  # the user's micro-batch, precision and accumulation stand
-            run.config = Config(batch_size=loader.batch_size, precision=_FROM_ACCELERATE.get(self.mixed_precision, "fp32"),
+            run.config = Config(batch_size=loader.batch_size,
+                                precision=_FROM_ACCELERATE.get(self.mixed_precision, "fp32"),
                                 accumulation_steps=self.gradient_accumulation_steps)
             return loader
         self._autofit_check_global_batch(loader.batch_size)

@@ -39,7 +39,8 @@ def trainer_settings(run: Run, kwargs: dict[str, Any]) -> dict[str, Any]:
     if run.defaults and not run.probing:  # nothing searched yet: the user's precision and accumulation stand
         precision = _FROM_LIGHTNING.get(str(settings.get("precision", "32-true")), "fp32")
         declared = run.config.global_batch
-        run.config = Config(batch_size=run.batch_size, precision=precision, accumulation_steps=int(settings.get("accumulate_grad_batches", 1)))
+        run.config = Config(batch_size=run.batch_size, precision=precision,
+                            accumulation_steps=int(settings.get("accumulate_grad_batches", 1)))
         if run.config.global_batch != declared and run.is_main:
             # The loader was built with run.batch_size before the Trainer: only the user can keep both.
             print(f"autofit: the Trainer accumulates {run.accumulation_steps} micro-batches of {run.batch_size}, so "

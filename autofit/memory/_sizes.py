@@ -44,11 +44,12 @@ class Sizes:
     def config(self, strategy: Strategy, size: int) -> Config:
         """`strategy` at `size`: a micro-batch (its accumulation keeping the global batch), or a token cap."""
         if self.tokens:
-            return Config(batch_size=size, precision=strategy.precision, checkpoint_segments=strategy.checkpoint_segments,
+            return Config(batch_size=size, precision=strategy.precision,
+                          checkpoint_segments=strategy.checkpoint_segments,
                           checkpoint_policy=strategy.checkpoint_policy, max_tokens=size)
         accumulation = self.global_batch // size if self.global_batch else 1
-        return Config(batch_size=size, precision=strategy.precision, checkpoint_segments=strategy.checkpoint_segments, accumulation_steps=accumulation,
-                      checkpoint_policy=strategy.checkpoint_policy)
+        return Config(batch_size=size, precision=strategy.precision, checkpoint_segments=strategy.checkpoint_segments,
+                      accumulation_steps=accumulation, checkpoint_policy=strategy.checkpoint_policy)
 
     def line(self) -> list[int]:
         """The sizes each strategy's line is fitted on. Token caps four times apart from four longest

@@ -137,8 +137,8 @@ class WhatFits:
     def strategies(self) -> list[Strategy]:
         """Most preferred first: the fastest precision, then the fewest checkpointed blocks, then
         selective checkpointing before full."""
-        return [Strategy(precision=p, checkpoint_segments=k, checkpoint_policy=q) for p in self.precisions for k in self.levels
-                for q in (self.policies if k else ("full",))]
+        return [Strategy(precision=p, checkpoint_segments=k, checkpoint_policy=q)
+                for p in self.precisions for k in self.levels for q in (self.policies if k else ("full",))]
 
     def _line_batches(self) -> list[int]:
         return self.sizes.line()
@@ -278,7 +278,8 @@ def _as_estimated(config: Config) -> Config:
 def _strategy_of(config: Config) -> Strategy:
     """The strategy `config` trains (as `WhatFits.strategies` names it: no accumulation, which the
     global batch sets)."""
-    return Strategy(precision=config.precision, checkpoint_segments=config.checkpoint_segments, checkpoint_policy=config.checkpoint_policy)
+    return Strategy(precision=config.precision, checkpoint_segments=config.checkpoint_segments,
+                    checkpoint_policy=config.checkpoint_policy)
 
 
 def _native_cpu_bf16() -> bool:

@@ -48,7 +48,8 @@ def configs_to_estimate(configs: Iterable[Config]) -> list[Config]:
     them first), so an estimator stopped early has answered those."""
     curves: dict[tuple, dict[int, Config]] = {}
     for config in configs:
-        eager = Config(batch_size=config.batch_size, precision=config.precision, checkpoint_segments=config.checkpoint_segments, accumulation_steps=config.accumulation_steps,
+        eager = Config(batch_size=config.batch_size, precision=config.precision,
+                       checkpoint_segments=config.checkpoint_segments, accumulation_steps=config.accumulation_steps,
                        sharding=config.sharding, checkpoint_policy=checkpoint_policy(config), max_tokens=config.max_tokens)
         curves.setdefault(estimated_key(config), {}).setdefault(config.size, eager)
     out = []

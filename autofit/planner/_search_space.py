@@ -167,7 +167,9 @@ class SearchSpace:
 
     def strategies(self) -> list[Strategy]:
         accs = (None,) if self.global_batch else self.accumulations
-        return [Strategy(precision=p, checkpoint_segments=k, accumulation_steps=a, sharding=h, compile=c, checkpoint_policy=q) for c in self.compiles for h in self.shardings for p in self.precisions
+        return [Strategy(precision=p, checkpoint_segments=k, accumulation_steps=a, sharding=h, compile=c,
+                         checkpoint_policy=q)
+                for c in self.compiles for h in self.shardings for p in self.precisions
                 for k in self.checkpoint_segments for q in (self.checkpoint_policies if k else ("full",))
                 for a in accs]
 
@@ -210,7 +212,8 @@ class SearchSpace:
 
     def strategy_of(self, config: Config) -> Strategy:
         acc = None if self.global_batch else config.accumulation_steps
-        return Strategy(precision=config.precision, checkpoint_segments=config.checkpoint_segments, accumulation_steps=acc, sharding=config.sharding, compile=config.compile,
+        return Strategy(precision=config.precision, checkpoint_segments=config.checkpoint_segments,
+                        accumulation_steps=acc, sharding=config.sharding, compile=config.compile,
                         checkpoint_policy=checkpoint_policy(config))
 
     def contains(self, config: Config) -> bool:

@@ -65,7 +65,8 @@ def build_space(settings: SearchSettings, options: SearchOptions, info: WorkerIn
                              checkpoint_policies=options.checkpoint_policy or CHECKPOINT_POLICIES,
                              global_tokens=options.global_tokens,
                              longest_sample=(knobs or {}).get("longest_sample"),
-                             variants=tuple(k.name for k in KNOBS if k.order == "compute" and (knobs or {}).get(k.offer)))
+                             variants=tuple(k.name for k in KNOBS
+                                            if k.order == "compute" and (knobs or {}).get(k.offer)))
 
 
 def first_precision(info: WorkerInfo, wanted: tuple[str, ...]) -> str | None:

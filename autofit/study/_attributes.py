@@ -61,7 +61,8 @@ class StudyMeta:
                    memory=MemoryBudget.from_dict(data), limit_given=bool(data.get("limit_given", True)),
                    script_sha256=data.get("script_sha256"), script_args=tuple(data.get("script_args") or ()),
                    space=data["space"], world_size=int(data.get("world_size") or 1), allocator=data.get("allocator"),
-                   knobs=data.get("knobs"), versions=data.get("versions") or {}, probe_process=data.get("probe_process"))
+                   knobs=data.get("knobs"), versions=data.get("versions") or {},
+                   probe_process=data.get("probe_process"))
 
 
 def study_meta(study: optuna.Study) -> StudyMeta:

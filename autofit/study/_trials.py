@@ -21,7 +21,8 @@ _COMPLETE_STATUSES = ("ok", "oom")
 
 
 def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumulation: int,
-                  offered: Iterable[str] = (), token_range: tuple[int, int] | None = None) -> dict[str, BaseDistribution]:
+                  offered: Iterable[str] = (),
+                  token_range: tuple[int, int] | None = None) -> dict[str, BaseDistribution]:
     """The trial parameters: each knob (autofit.knobs) that needs no offer, or whose `offer` the search
     considers (`offered`: "distribute", "compile", "loader", "selective"; "tokens" with a `token_range`).
     Integer ranges, so a study may widen them later (Optuna allows that); the other knobs categorical over
