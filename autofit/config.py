@@ -184,12 +184,7 @@ class Config:
     def to_dict(self) -> dict:
         """The knobs' values; those not `stored` always only when not their default, so that single-process,
         eager, fully checkpointed configs (and every study recorded before a knob existed) keep their form."""
-        data = {}
-        for declared in KNOBS:
-            held, value = declared.to_json(getattr(self, declared.name))
-            if held:
-                data[declared.name] = value
-        return data
+        return {k.name: value for k in KNOBS if k.held(value := getattr(self, k.name))}
 
     @classmethod
     def from_dict(cls, data: dict) -> Config:

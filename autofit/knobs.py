@@ -11,7 +11,7 @@ This module imports nothing of autofit's but its errors: `autofit.config` declar
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import Field, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from autofit.errors import UsageError
@@ -88,9 +88,9 @@ class Knob:
             bound = "0 or more" if self.minimum == 0 else f"at least {self.minimum}"
             raise UsageError(f"The {self.in_words} must be {bound}, but got {value}.")
 
-    def to_json(self, value: Any) -> tuple[bool, Any]:
-        """Whether a config's JSON holds the knob, and its value there."""
-        return (self.stored or value != self.default), value
+    def held(self, value: Any) -> bool:
+        """Whether a config's JSON holds the knob at `value`."""
+        return self.stored or value != self.default
 
     def from_json(self, data: dict) -> Any:
         """The knob's value in a config's JSON (or a trial's params), its default where absent."""
@@ -121,11 +121,7 @@ def required_knob(**declaration: Any) -> Any:
 
 def knobs(record: Any) -> tuple[Knob, ...]:
     """The knobs a dataclass (Config) declares, in its fields' order (its label's order), each named."""
-    return tuple(replace(f.metadata["knob"], name=f.name) for f in fields(record) if _is_knob(f))
-
-
-def _is_knob(f: Field) -> bool:
-    return "knob" in f.metadata
+    return tuple(replace(f.metadata["knob"], name=f.name) for f in fields(record) if "knob" in f.metadata)
 
 
 def label(item: Any, declared: tuple[Knob, ...]) -> str:

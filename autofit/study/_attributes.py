@@ -67,11 +67,11 @@ class StudyMeta:
 
 def study_meta(study: optuna.Study) -> StudyMeta:
     """The search's settings stored on the study; a study autofit did not write has none."""
-    meta = study.user_attrs.get(STUDY_ATTR)
-    if not meta or "space" not in meta:
+    meta = stored_meta(study)
+    if meta is None:
         raise UsageError(f"The study must have been written by `autofit search`, but {study.study_name} "
                          f"has no autofit settings (no probe was recorded).")
-    return StudyMeta.from_dict(meta)
+    return meta
 
 
 def stored_meta(study: optuna.Study) -> StudyMeta | None:
