@@ -26,9 +26,11 @@ ms_iter() { grep -E "^iter ([3-9]|[1-9][0-9]+):" "$1" | sed -E 's/.*time ([0-9.]
     awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else print "nan"}'; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 step "python train.py before any search (must train at the script's own micro-batch, not run out of memory)"
-timeout 300 "$PY" train.py --max_iters=3 --eval_iters=2 2>&1 | grep -E "autofit|^iter|Error" | tail -8 | tee "$OUTD/nanogpt-defaults-unsearched.log"
+timeout 300 "$PY" train.py --max_iters="$ITERS" --eval_iters=2 > "$OUTD/nanogpt-defaults-unsearched.log" 2>&1
+grep -E "autofit|^iter [0-3]:|Error" "$OUTD/nanogpt-defaults-unsearched.log" | tail -8
+echo "default (bf16 b=12 acc=40, unsearched) ms/iter $(ms_iter "$OUTD/nanogpt-defaults-unsearched.log")"
 step "autofit search train.py --budget ${BUDGET:-3m} (no other flag)"
-timeout 420 "$PY" -m autofit.cli search train.py --budget "${BUDGET:-3m}" --fresh 2>&1 | tee "$OUTD/nanogpt-defaults-search.log" | tail -40
+timeout "${SEARCH_TIMEOUT:-420}" "$PY" -m autofit.cli search train.py --budget "${BUDGET:-3m}" --fresh 2>&1 | tee "$OUTD/nanogpt-defaults-search.log" | tail -40
 echo "search exit ${PIPESTATUS[0]}"
 "$PY" -m autofit.cli show 2>&1 | tee "$OUTD/nanogpt-defaults-show.log"
 for round in $(seq "$ROUNDS"); do
