@@ -91,7 +91,9 @@ class Config:
     checkpoint_policy: str = knob(
         default="full", kind=str, choices=CHECKPOINT_POLICIES, offer="selective", order="memory",
         label=lambda value, item: value if item.checkpoint_segments and value != "full" else None,
-        help="What the checkpointed blocks recompute: all of their forward, or all but matmuls and attention.")
+        help="What the checkpointed blocks recompute: all of their forward, or all but matmuls and attention.",
+        consider="Checkpoint policies to consider when the function offers run.checkpoint(), e.g. full "
+                 "(default: full,selective).")
     """What the checkpointed blocks recompute (see CHECKPOINT_POLICIES): "selective" keeps the matmul,
     convolution and attention outputs, so it saves less memory than "full" for little recompute."""
     accumulation_steps: int = knob(
@@ -102,7 +104,12 @@ class Config:
     sharding: str = knob(
         default="ddp", kind=str, choices=SHARDINGS, offer="distribute", order="memory",
         label=lambda value, item: value if value != "ddp" else None,
-        help="With --nproc-per-node: how run.distribute(model, blocks=...) holds the model.")
+        help="With --nproc-per-node: how run.distribute(model, blocks=...) holds the model.",
+        consider="With --nproc-per-node: shardings to consider, e.g. ddp,fsdp (default: all three when the "
+                 "function offers its blocks to run.distribute).",
+        ranks=True, supported=lambda device: device_shardings(device),
+        unsupported="FSDP2's offload keeps the model in pinned host memory for an accelerator; on the CPU there "
+                    "is nothing to offload to.")
     """Distributed runs only: ddp, fsdp or fsdp-offload (see SHARDINGS)."""
     compile: bool = knob(
         default=False, kind=bool, offer="compile", order="memory",
@@ -206,6 +213,8 @@ class Config:
 KNOBS: tuple[Knob, ...] = knobs(Config)
 #: The knobs by name.
 KNOB: dict[str, Knob] = {k.name: k for k in KNOBS}
+#: The knobs whose values a search may be told to consider (`--sharding ddp,fsdp`): `SearchOptions.consider`.
+CONSIDERED: tuple[Knob, ...] = tuple(k for k in KNOBS if k.consider)
 #: The Config fields of the input pipeline (run.loader), None unless a config sets them.
 LOADER_FIELDS: tuple[str, ...] = tuple(k.name for k in KNOBS if k.offer == "loader")
 #: The worker counts a search tries (those within the cores a probe may load with: autofit.planner's

@@ -9,9 +9,8 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from autofit.config import MAX_BATCH, PRECISIONS, Config
-from autofit.errors import UsageError
-from autofit.options import SearchOptions, renamed
+from autofit.config import PRECISIONS, Config
+from autofit.options import SearchOptions, search_options
 
 if TYPE_CHECKING:
     from autofit.devices import DeviceBackend
@@ -142,49 +141,6 @@ class AutofitFunction:
         from autofit.search import search_function
 
         return search_function(self, **kwargs)
-
-
-def search_options(
-    *,
-    global_batch: int | None = None,
-    global_tokens: int | None = None,
-    batch_range: tuple[int, int] | None = None,
-    token_range: tuple[int, int] | None = None,
-    precision: tuple[str, ...] | list[str] | str | None = None,
-    accumulation: tuple[int, ...] | list[int] | None = None,
-    sharding: tuple[str, ...] | list[str] | str | None = None,
-    checkpoint: bool = True,
-    checkpoint_policy: tuple[str, ...] | list[str] | str | None = None,
-    compile: bool = True,
-    default_batch_size: int | None = None,
-    default_precision: object = None,
-    recover_oom: bool = True,
-    batch_size: tuple[int, int] | None = None,
-) -> SearchOptions:
-    """The SearchOptions that `@autofit(...)` and `autofit.start(...)` declare (the same arguments)."""
-    if batch_size is not None:
-        if batch_range is not None:
-            raise UsageError("Give the micro-batch range once, as batch_range=(lo, hi), but got both "
-                             "batch_range= and its deprecated name batch_size=.")
-        renamed("@autofit(batch_size=...)", "@autofit(batch_range=(lo, hi))")
-        batch_range = batch_size
-    precision, sharding, checkpoint_policy = (  # one value for one
-        (value,) if isinstance(value, str) else value for value in (precision, sharding, checkpoint_policy))
-    return SearchOptions(
-        global_batch=global_batch,
-        global_tokens=global_tokens,
-        batch_range=tuple(batch_range) if batch_range is not None else (1, MAX_BATCH),
-        token_range=tuple(token_range) if token_range is not None else (1, MAX_BATCH),
-        precision=tuple(precision) if precision is not None else None,
-        accumulation=tuple(accumulation) if accumulation is not None else None,
-        sharding=tuple(sharding) if sharding is not None else None,
-        checkpoint=checkpoint,
-        checkpoint_policy=tuple(checkpoint_policy) if checkpoint_policy is not None else None,
-        compile=compile,
-        default_batch_size=default_batch_size,
-        default_precision=default_precision,
-        recover_oom=recover_oom,
-    )
 
 
 def autofit(fn: Callable[..., Any] | None = None, **declared: Any) -> Any:

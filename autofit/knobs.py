@@ -55,6 +55,15 @@ class Knob:
     """The knob in an error message (default: the name with spaces)."""
     none_param: Any = None
     """What None is as a trial param (Optuna's int distributions hold no None: 0 for the squares cap)."""
+    consider: str = ""
+    """The help of the search's list of this knob's values to consider (`autofit search --NAME a,b`,
+    `@autofit(NAME=...)`, `SearchSettings(consider={"NAME": ...})`); empty: a search takes no such list."""
+    ranks: bool = False
+    """Considered only where each probe spans several ranks (`--nproc-per-node`)."""
+    supported: Callable[[str], tuple] | None = None
+    """The values a device type ("cpu", "cuda") runs; None: every one of `choices`."""
+    unsupported: str = ""
+    """Why a device runs only some values: the end of the error that refuses one."""
     name: str = ""
 
     @property
@@ -102,6 +111,10 @@ class Knob:
     def param(self, value: Any) -> Any:
         """The knob's value as a trial param."""
         return self.none_param if value is None and self.none_param is not None else value
+
+    def device_values(self, device: str) -> tuple:
+        """The values a search may consider on a device type."""
+        return tuple(self.supported(device)) if self.supported else tuple(self.choices)
 
     def trial_values(self) -> tuple:
         """The values a categorical trial param holds (None first where it is a value)."""

@@ -3,11 +3,13 @@ override it, and the search reads it: it lives here so that none of them imports
 
 from __future__ import annotations
 
+import inspect
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autofit.config import KNOB, MAX_BATCH, Config, precision_of
+from autofit.config import CONSIDERED, KNOB, MAX_BATCH, Config, precision_of
 from autofit.errors import UsageError
 
 #: A normal call's micro-batch before any search where the script names none of its own.
@@ -35,13 +37,12 @@ class SearchOptions:
     """Precisions to consider; None: every one the device supports."""
     accumulation: tuple[int, ...] | None = None
     """Accumulation steps to consider when no global batch is set; None: 1 only."""
-    sharding: tuple[str, ...] | None = None
-    """Distributed searches: shardings to consider (ddp, fsdp, fsdp-offload) when the function
-    offers its blocks to run.distribute; None: all three."""
+    consider: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """The values to consider of the knobs that take such a list (autofit.config.CONSIDERED, each with its
+    `consider` help: the shardings, the checkpoint policies), by knob name; a knob absent: every value the
+    device runs."""
     checkpoint: bool = True
     """Consider activation checkpointing when the function offers blocks to run.checkpoint()."""
-    checkpoint_policy: tuple[str, ...] | None = None
-    """Checkpoint policies to consider (full, selective; see CHECKPOINT_POLICIES); None: both."""
     compile: bool = True
     """Consider torch.compile when the function offers its model to run.compile()."""
     default_batch_size: int | None = None
@@ -63,11 +64,9 @@ class SearchOptions:
         lo, hi = self.token_range
         if lo < 1 or hi < lo:
             raise UsageError(f"The token range must satisfy 1 <= MIN <= MAX, but got {lo}:{hi}.")
-        for name in ("precision", "sharding", "checkpoint_policy"):  # the values a knob may take (autofit.knobs)
-            for value in getattr(self, name) or ():
-                KNOB[name].check(value)
-        if self.checkpoint_policy is not None and not self.checkpoint_policy:
-            raise UsageError("The checkpoint policy list must not be empty.")
+        for value in self.precision or ():
+            KNOB["precision"].check(value)
+        object.__setattr__(self, "consider", considered_values(self.consider))
         if self.global_batch is not None and self.global_batch < 1:
             raise UsageError(f"The global batch must be at least 1, but got {self.global_batch}.")
         if self.global_tokens is not None and self.global_tokens < 1:
@@ -99,9 +98,102 @@ class SearchOptions:
         config = Config(batch_size=batch, precision=precision, accumulation_steps=accumulation)
         return config, (f" ({', '.join(why)})" if why else "")
 
-    def merged(self, **overrides: Any) -> SearchOptions:
-        """These options with every override that is not None applied (CLI flags win)."""
-        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+    def merged(self, *, consider: Mapping[str, tuple[str, ...]] | None = None, **overrides: Any) -> SearchOptions:
+        """These options with every override that is not None applied (CLI flags win), a knob's list of
+        values to consider too."""
+        kept = {k: v for k, v in overrides.items() if v is not None}
+        return replace(self, **kept, consider={**self.consider, **(consider or {})})
+
+    def considered(self, name: str, device: str) -> tuple:
+        """The values of knob `name` a search considers on a device type: those declared, else every one
+        the device runs."""
+        known = KNOB[name].device_values(device)
+        return tuple(v for v in self.consider.get(name) or known if v in known)
+
+
+def considered_values(consider: Mapping[str, Any], device: str | None = None, world_size: int | None = None
+                      ) -> dict[str, tuple[str, ...]]:
+    """Each knob's list of values to consider, checked (a name of CONSIDERED, a non-empty list of its values;
+    one value for one); with a device, values it runs; with the ranks of a probe, several where the knob
+    needs them. Raise UsageError, in one line, naming the flag, for the first that is not."""
+    checked = {}
+    for name, values in consider.items():
+        if values is None:
+            continue
+        known = next((k for k in CONSIDERED if k.name == name), None)
+        if known is None:
+            raise UsageError(f"A search considers lists of {', '.join(k.name for k in CONSIDERED)}, "
+                             f"but got one of {name!r}.")
+        values = (values,) if isinstance(values, str) else tuple(values)
+        if not values:
+            raise UsageError(f"The {known.in_words} list must not be empty.")
+        for value in values:
+            known.check(value)
+        if known.ranks and world_size == 1:
+            raise UsageError(f"{known.cli_flag} is for distributed probes, but got {known.cli_flag} {','.join(values)} "
+                             f"without --nproc-per-node: add --nproc-per-node N (N ranks per probe).")
+        runs = known.device_values(device) if device is not None else values
+        unsupported = [v for v in values if v not in runs]
+        if unsupported:
+            raise UsageError(f"The {known.in_words} must be one the device supports ({', '.join(runs)}), "
+                             f"but got {', '.join(unsupported)}: {known.unsupported}")
+        checked[name] = values
+    return checked
+
+
+def search_options(
+    *,
+    global_batch: int | None = None,
+    global_tokens: int | None = None,
+    batch_range: tuple[int, int] | None = None,
+    token_range: tuple[int, int] | None = None,
+    precision: tuple[str, ...] | list[str] | str | None = None,
+    accumulation: tuple[int, ...] | list[int] | None = None,
+    checkpoint: bool = True,
+    compile: bool = True,
+    default_batch_size: int | None = None,
+    default_precision: object = None,
+    recover_oom: bool = True,
+    batch_size: tuple[int, int] | None = None,
+    **consider: tuple[str, ...] | list[str] | str | None,
+) -> SearchOptions:
+    """The SearchOptions that `@autofit(...)` and `autofit.start(...)` declare (the same arguments); each knob
+    of CONSIDERED is a keyword too, its values a list or one value (`NAME=("a", "b")`, `NAME="a"`)."""
+    unknown = sorted(set(consider) - {k.name for k in CONSIDERED})
+    if unknown:
+        raise TypeError(f"search_options() got an unexpected keyword argument {unknown[0]!r}")
+    if batch_size is not None:
+        if batch_range is not None:
+            raise UsageError("Give the micro-batch range once, as batch_range=(lo, hi), but got both "
+                             "batch_range= and its deprecated name batch_size=.")
+        renamed("@autofit(batch_size=...)", "@autofit(batch_range=(lo, hi))")
+        batch_range = batch_size
+    return SearchOptions(
+        global_batch=global_batch,
+        global_tokens=global_tokens,
+        batch_range=tuple(batch_range) if batch_range is not None else (1, MAX_BATCH),
+        token_range=tuple(token_range) if token_range is not None else (1, MAX_BATCH),
+        precision=((precision,) if isinstance(precision, str) else tuple(precision)) if precision is not None else None,
+        accumulation=tuple(accumulation) if accumulation is not None else None,
+        consider=consider,
+        checkpoint=checkpoint,
+        compile=compile,
+        default_batch_size=default_batch_size,
+        default_precision=default_precision,
+        recover_oom=recover_oom,
+    )
+
+
+def _with_considered(signature: inspect.Signature) -> inspect.Signature:
+    """search_options' signature with each knob of CONSIDERED a keyword in place of `**consider` (what
+    `inspect.signature`, the decorator's and the docs show)."""
+    params = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    listed = [inspect.Parameter(k.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                annotation="tuple[str, ...] | list[str] | str | None") for k in CONSIDERED]
+    return signature.replace(parameters=params[:-1] + listed + params[-1:])
+
+
+search_options.__signature__ = _with_considered(inspect.signature(search_options))
 
 
 def renamed(old: str, new: str) -> None:

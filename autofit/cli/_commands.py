@@ -10,17 +10,16 @@ import click
 
 from autofit.cli._context import CliContext, CommandFailed, as_click_error, into_context
 from autofit.cli._types import (
-    CHECKPOINT_POLICY_LIST,
     DURATION,
     GPU_LIST,
     INT_LIST,
     INT_RANGE,
     MEMORY_SIZE,
     PRECISION_LIST,
-    SHARDING_LIST,
     SIZE_LIST,
+    ChoiceList,
 )
-from autofit.config import KNOBS
+from autofit.config import CONSIDERED, KNOBS
 from autofit.errors import AutofitError
 from autofit.probing import PROBE_PROCESSES
 
@@ -106,6 +105,24 @@ def _knob_options(f):
         f = click.option(flag, knob.name, show_default=shown, callback=_or_renamed(knob.cli_flag), help=knob.help,
                          **kind)(f)
     return f
+
+
+def _considered_options(f=None, *, ranks: bool = True):
+    """A search's list of values to consider per knob that takes one (autofit.config.CONSIDERED: `--NAME a,b`,
+    the knob's flag), each passed on by the knob's name; `ranks=False` leaves out those for several ranks."""
+    if f is None:
+        return lambda g: _considered_options(g, ranks=ranks)
+    for knob in reversed(CONSIDERED):
+        if ranks or not knob.ranks:
+            f = click.option(knob.cli_flag, knob.name, type=ChoiceList(knob.in_words, knob.choices), default=None,
+                             help=knob.consider)(f)
+    return f
+
+
+def _considered(values: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+    """The lists of values to consider that a command's flags gave (`_considered_options`), by knob name; each
+    taken out of `values`."""
+    return {k.name: v for k in CONSIDERED if (v := values.pop(k.name, None)) is not None}
 
 
 def _device_options(f=None, *, many: bool = False):
@@ -248,9 +265,7 @@ def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], memory_
               help="Precisions to consider, e.g. fp32,bf16 (default: what the device supports).")
 @click.option("--accumulation", type=INT_LIST, default=None,
               help="Accumulation steps to consider without --global-batch, e.g. 1,2,4.")
-@click.option("--sharding", type=SHARDING_LIST, default=None,
-              help="With --nproc-per-node: shardings to consider, e.g. ddp,fsdp (default: all three when the "
-                   "function offers its blocks to run.distribute).")
+@_considered_options
 @click.option("--study", default=None, help="Study name (default: SCRIPT.FUNCTION-DEVICE).")
 @_storage_option("Optuna storage URL (default: sqlite:///studies/autofit.db).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
@@ -271,9 +286,6 @@ def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], memory_
                    "(default: AUTOFIT_CONFIRM_FACTOR, else 10); smaller decides sooner, on less evidence.")
 @click.option("--compile/--no-compile", "compile_", default=None,
               help="Probe torch.compile as well as eager when the function offers run.compile() (default: yes).")
-@click.option("--checkpoint-policy", "checkpoint_policies", type=CHECKPOINT_POLICY_LIST, default=None,
-              help="Checkpoint policies to consider when the function offers run.checkpoint(), e.g. full "
-                   "(default: full,selective).")
 @click.option("--alloc-conf", default=None, metavar="SETTINGS",
               help="PYTORCH_CUDA_ALLOC_CONF for the probes, e.g. expandable_segments:True (recorded in the best config).")
 @click.option("--probe-process", type=click.Choice(PROBE_PROCESSES), default=None,
@@ -288,10 +300,10 @@ def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], memory_
 def search(ctx: click.Context, target: str, script_args: tuple[str, ...], parallel: int, nproc_per_node: int, nnodes: int, node_rank: int,
            rdzv_endpoint: str | None, memory_limit: int | None, budget: float, trials: int | None, headroom: float,
            global_batch: int | None, batch_range: tuple[int, int] | None, token_range: tuple[int, int] | None,
-           precision, accumulation, sharding, study: str | None,
+           precision, accumulation, study: str | None,
            out: str | None, fresh: bool, steps: int, warmup: int, probe_timeout: float | None,
-           confirm_factor: int | None, alloc_conf: str | None, compile_: bool | None, checkpoint_policies, probe_process: str | None,
-           estimate: bool, as_json: bool, quiet: bool, verbose: bool) -> None:
+           confirm_factor: int | None, alloc_conf: str | None, compile_: bool | None, probe_process: str | None,
+           estimate: bool, as_json: bool, quiet: bool, verbose: bool, **considered: Any) -> None:
     """Search the fastest config of TARGET that fits, within a time budget, and export it.
 
     TARGET is a script with one @autofit function, or SCRIPT:FUNCTION, or a script that calls
@@ -310,11 +322,11 @@ def search(ctx: click.Context, target: str, script_args: tuple[str, ...], parall
         script=script, function=function, device=state.device, index=state.index, memory_limit=memory_limit,
         headroom=headroom, budget_s=budget, trials=trials, global_batch=global_batch,
         batch_range=batch_range, token_range=token_range, precision=precision, accumulation=accumulation,
-        sharding=sharding, study=study,
+        consider=_considered(considered), study=study,
         storage=state.storage_url, out=out, fresh=fresh, warmup=warmup, steps=steps, probe_timeout=probe_timeout,
         gpus=state.gpus, parallel=parallel, nproc_per_node=nproc_per_node,
         nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, estimate=estimate,
-        compile=compile_, checkpoint_policy=checkpoint_policies, alloc_conf=alloc_conf,
+        compile=compile_, alloc_conf=alloc_conf,
         probe_process=probe_process, script_args=script_args,
         **({"confirm_factor": confirm_factor} if confirm_factor is not None else {}),
     )
@@ -358,13 +370,11 @@ def search(ctx: click.Context, target: str, script_args: tuple[str, ...], parall
               help="Token caps (max_tokens) to consider for a function that batches by tokens, MIN:MAX (default: "
                    "the decorator's token_range; the caps start at the longest sample).")
 @click.option("--precision", type=PRECISION_LIST, default=None, help="Precisions to consider, e.g. fp32,bf16.")
-@click.option("--checkpoint-policy", "checkpoint_policies", type=CHECKPOINT_POLICY_LIST, default=None,
-              help="Checkpoint policies to consider when the function offers run.checkpoint(), e.g. full "
-                   "(default: full,selective).")
+@_considered_options(ranks=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the predictions as JSON.")
 def estimate(target: str, script_args: tuple[str, ...], sizes: tuple[int, ...] | None, memory_limit: int | None, headroom: float,
              global_batch: int | None, batch_range: tuple[int, int] | None, token_range: tuple[int, int] | None,
-             precision, checkpoint_policies, as_json: bool) -> None:
+             precision, as_json: bool, **considered: Any) -> None:
     """Predict, before any probe, the config that fits each memory size and where its memory goes.
 
     TARGET's function runs two steps on fake tensors (SCRIPT_ARGS, after `--`: the script's own arguments) (no memory is allocated) in a process of its own.
@@ -385,7 +395,7 @@ def estimate(target: str, script_args: tuple[str, ...], sizes: tuple[int, ...] |
         info = check_device("cpu", 0)
         sizes = (memory_limit or info.free_bytes or info.total_bytes,)
     fits = WhatFits(script, function, on_gpu=on_gpu, batch_range=batch_range, global_batch=global_batch,
-                    precisions=precision, checkpoint_policies=checkpoint_policies, token_range=token_range)
+                    precisions=precision, consider=_considered(considered), token_range=token_range)
     try:
         if fits.unavailable:
             raise CommandFailed(f"No memory estimate of {target} is possible: {fits.unavailable}. "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from autofit.config import CHECKPOINT_POLICIES, PRECISIONS, SHARDINGS
+from autofit.config import PRECISIONS
 from autofit.errors import UsageError
 from autofit.units import parse_duration, parse_size
 
@@ -121,8 +121,6 @@ MEMORY_SIZE = MemorySize()
 SIZE_LIST = SizeList()
 DURATION = Duration()
 PRECISION_LIST = ChoiceList("precision", PRECISIONS)
-SHARDING_LIST = ChoiceList("sharding", SHARDINGS)
-CHECKPOINT_POLICY_LIST = ChoiceList("checkpoint policy", CHECKPOINT_POLICIES)
 INT_RANGE = IntRangeText()
 INT_LIST = IntList()
 GPU_LIST = IntList(minimum=0)

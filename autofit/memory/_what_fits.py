@@ -22,6 +22,7 @@ probes calibrate it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from autofit.config import CHECKPOINT_POLICIES, Config
@@ -54,8 +55,10 @@ class WhatFits:
     def __init__(self, script: str, function: str | None, *, on_gpu: bool, baseline_bytes: int | None = None,
                  batch_range: tuple[int, int] | None = None, global_batch: int | None = None,
                  precisions: tuple[str, ...] | None = None, checkpoint: bool = True,
-                 checkpoint_policies: tuple[str, ...] | None = None,
+                 consider: Mapping[str, tuple[str, ...]] | None = None,
                  token_range: tuple[int, int] | None = None) -> None:
+        """`consider`: the values to consider of the knobs a search takes lists of (SearchOptions.consider),
+        over the function's own declaration."""
         self.script, self.function = script, function
         self.on_gpu = on_gpu
         self.estimates: dict[Config, MemoryEstimate | None] = {}
@@ -96,7 +99,8 @@ class WhatFits:
         self.precisions = tuple(p for p in order if wanted is None or p in wanted) if knobs.get("autocast") else ("fp32",)
         blocks = knobs.get("checkpoint_blocks") if checkpoint else None
         self.levels = checkpoint_levels(blocks)
-        policies = checkpoint_policies or tuple(options.get("checkpoint_policy") or ()) or CHECKPOINT_POLICIES
+        declared = {**(options.get("consider") or {}), **(consider or {})}
+        policies = tuple(declared.get("checkpoint_policy") or ()) or CHECKPOINT_POLICIES
         # Selective first: at as many blocks it recomputes less (the planner's order among them too).
         self.policies = tuple(q for q in ("selective", "full") if q in policies)
 

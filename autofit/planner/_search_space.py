@@ -3,6 +3,7 @@ and (for distributed probes) shardings to consider."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from autofit.config import CHECKPOINT_POLICIES, KNOB, KNOBS, PRECISIONS, SAMPLES, SHARDINGS, TOKENS, Config, Rate
@@ -128,10 +129,16 @@ class SearchSpace:
         global_tokens: int | None = None,
         longest_sample: int | None = None,
         variants: tuple[str, ...] = (),
+        considered: Mapping[str, tuple[str, ...]] | None = None,
     ) -> SearchSpace:
         """`token_range`: batches by tokens, the caps to climb (the batch range and global batch then
         do not apply, `global_tokens` does). `first_precision`: the precision the first strategy (the
-        planner's pilot) runs, the device's first guess; the others follow in `PRECISIONS`' order."""
+        planner's pilot) runs, the device's first guess; the others follow in `PRECISIONS`' order.
+        `considered`: the values of the knobs a search takes lists of, by name (SearchOptions.considered),
+        over `shardings` and `checkpoint_policies`; a knob absent there: its default alone for sharding."""
+        if considered is not None:
+            shardings = considered.get("sharding", ("ddp",))
+            checkpoint_policies = considered.get("checkpoint_policy", checkpoint_policies)
         low, high = token_range or batch_range
         if token_range is not None:
             sizes, global_batch = nice_batch_sizes(low, high), None

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import optuna
 
-from autofit.config import Config
+from autofit.config import KNOBS, Config
 from autofit.planner import AB_ROUNDS, ABPlan, Planner
 from autofit.probing import MIN_MEASURE_S, ProbeLimits
 from autofit.search._settings import SearchSettings
@@ -142,6 +142,12 @@ class Budget:
         return ProbeLimits(min(start, left), min(stall, left), left)
 
 
+def _computes(config: Config) -> tuple:
+    """What a config computes, apart from its size and accumulation: its knobs that change memory or speed."""
+    return tuple(getattr(config, k.name) for k in KNOBS
+                 if k.order in ("memory", "compute") and k.name != "accumulation_steps")
+
+
 def _per_sample_s(done, config: Config) -> float | None:
     """Seconds per sample (per token cap's token, by tokens) of a probe's step, from the probe nearest to
     `config` that ran its steps and is sized as it is (a token function's pilot by samples prices no token
@@ -153,10 +159,7 @@ def _per_sample_s(done, config: Config) -> float | None:
         return None
 
     def distance(o) -> tuple:
-        c = o.config
-        return ((c.precision, c.compile, c.checkpoint_segments, c.sharding) != (
-            config.precision, config.compile, config.checkpoint_segments, config.sharding),
-            abs(math.log(c.size / config.size)))
+        return _computes(o.config) != _computes(config), abs(math.log(o.config.size / config.size))
 
     nearest = min(measured, key=distance)
     return nearest.step_s / (nearest.config.size * (nearest.ran_accumulation or nearest.config.accumulation_steps))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from autofit.config import CHECKPOINT_POLICIES, KNOBS, LOADER_PREFETCH, SHARDINGS, device_shardings
+from autofit.config import CONSIDERED, KNOBS, LOADER_PREFETCH
 from autofit.errors import UsageError
 from autofit.options import SearchOptions
 from autofit.planner import LoaderChoices, SearchSpace, loader_worker_counts, shared_cores_loader_note, token_caps
@@ -20,8 +20,7 @@ def search_options(info: WorkerInfo, settings: SearchSettings) -> SearchOptions:
         if info.options else SearchOptions()
     return options.merged(global_batch=settings.global_batch, batch_range=settings.batch_range,
                           precision=settings.precision, accumulation=settings.accumulation,
-                          sharding=settings.sharding, compile=settings.compile,
-                          checkpoint_policy=settings.checkpoint_policy, token_range=settings.token_range)
+                          consider=settings.consider, compile=settings.compile, token_range=settings.token_range)
 
 
 def build_space(settings: SearchSettings, options: SearchOptions, info: WorkerInfo, knobs: dict | None) -> SearchSpace:
@@ -51,18 +50,17 @@ def build_space(settings: SearchSettings, options: SearchOptions, info: WorkerIn
         if global_batch % world:
             raise UsageError(f"The global batch must divide among the {world} ranks, but got {global_batch}.")
         global_batch //= world
-    shardings = ("ddp",)  # one process, or a function that offers no blocks to shard
-    if world > 1 and knobs is not None and knobs.get("shard_blocks"):
-        shardings = tuple(h for h in options.sharding or SHARDINGS if h in device_shardings(settings.device))
+    # A knob for several ranks only where a probe spans them and the function offers its blocks to shard.
+    considered = {k.name: options.considered(k.name, settings.device) for k in CONSIDERED
+                  if not k.ranks or (world > 1 and knobs is not None and knobs.get("shard_blocks"))}
     compiles = (False, True) if knobs and knobs.get("compile") and options.compile else (False,)
     own = (knobs or {}).get("own_batch")  # a loop that reads no batch knob: its micro-batch is not searched
     return SearchSpace.build(batch_range=(own, own) if own else options.batch_range,
                              token_range=token_range(options, knobs),
                              precisions=tuple(wanted), first_precision=first_precision(info, wanted),
                              checkpoint_blocks=blocks, use_checkpoint=options.checkpoint,
-                             global_batch=global_batch, accumulations=accumulations, shardings=shardings,
+                             global_batch=global_batch, accumulations=accumulations, considered=considered,
                              compiles=compiles, loader=loader_choices(settings, knobs),
-                             checkpoint_policies=options.checkpoint_policy or CHECKPOINT_POLICIES,
                              global_tokens=options.global_tokens,
                              longest_sample=(knobs or {}).get("longest_sample"),
                              variants=tuple(k.name for k in KNOBS

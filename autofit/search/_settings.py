@@ -8,8 +8,9 @@ from dataclasses import InitVar, dataclass, field
 
 import optuna
 
-from autofit.config import Config, device_shardings
+from autofit.config import Config
 from autofit.errors import UsageError
+from autofit.options import considered_values
 from autofit.planner import Candidate
 from autofit.probing import probe_process_for
 from autofit.study import open_for_reading
@@ -51,8 +52,9 @@ class SearchSettings:
     """Smallest and largest token cap to consider for a function that batches by tokens (None: the decorator's say)."""
     precision: tuple[str, ...] | None = None
     accumulation: tuple[int, ...] | None = None
-    sharding: tuple[str, ...] | None = None
-    """Shardings to consider in a distributed search (None: all when the function offers blocks)."""
+    consider: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """The values to consider of the knobs that take such a list, by knob name (SearchOptions.consider; each
+    the command line's `--NAME a,b`), over the decorator's; a knob absent: the decorator's say."""
     study: str | None = None
     storage: str | None = None
     out: str | None = None
@@ -67,8 +69,6 @@ class SearchSettings:
     """Probe suspect measurements again before they win or prune (off only to measure what it buys)."""
     compile: bool | None = None
     """Probe torch.compile as well as eager when the function offers run.compile() (None: the decorator's say)."""
-    checkpoint_policy: tuple[str, ...] | None = None
-    """Checkpoint policies to consider when the function offers run.checkpoint() (None: the decorator's say)."""
     alloc_conf: str | None = None
     """PYTORCH_CUDA_ALLOC_CONF for the probes (e.g. expandable_segments:True); None: the environment's."""
     probe_process: str | None = None
@@ -114,14 +114,7 @@ class SearchSettings:
         if self.nnodes > 1 and (self.parallel > 1 or self.gpus):
             raise UsageError("--nnodes runs each probe across machines; it cannot be combined with --parallel or a "
                              "list of GPUs.")
-        if self.sharding and self.world_size == 1:
-            raise UsageError(f"--sharding is for distributed probes, but got --sharding {','.join(self.sharding)} "
-                             f"without --nproc-per-node: add --nproc-per-node N (N ranks per probe).")
-        unsupported = [h for h in self.sharding or () if h not in device_shardings(self.device)]
-        if unsupported:
-            raise UsageError(f"The sharding must be one the device supports ({', '.join(device_shardings(self.device))}), "
-                             f"but got {', '.join(unsupported)}: FSDP2's offload keeps the model in pinned "
-                             f"host memory for an accelerator; on the CPU there is nothing to offload to.")
+        self.consider = considered_values(self.consider, self.device, self.world_size)
         if len(set(self.gpus)) != len(self.gpus):
             raise UsageError(f"Each GPU must be listed once, but got --gpu {','.join(map(str, self.gpus))}.")
         if self.trials is not None and self.trials < 1:

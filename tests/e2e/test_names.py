@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from autofit import Config, SearchOptions, autofit
 from autofit.cli import cli
+from autofit.config import CONSIDERED
 from autofit.export import config_entry, read_best
 from tests.support import REPO
 
@@ -59,8 +60,9 @@ def test_each_cli_flag_is_in_the_help_of_its_commands(row):
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda row: row["quantity"][:30])
 def test_each_decorator_name_is_an_argument_of_autofit_and_a_field_of_search_options(row):
+    """A knob whose values a search takes a list of (CONSIDERED) is held in SearchOptions.consider by its name."""
     arguments = set(inspect.signature(autofit).parameters) - {"fn", "batch_size"}  # batch_size: the old name
-    fields = {f.name for f in dataclasses.fields(SearchOptions)} - {"extra"}
+    fields = {f.name for f in dataclasses.fields(SearchOptions)} - {"extra", "consider"} | {k.name for k in CONSIDERED}
     for name in _names(row["decorator / SearchOptions"]):
         assert name in arguments and name in fields, name
 

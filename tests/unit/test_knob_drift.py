@@ -134,12 +134,20 @@ _ADDED = '''
         default=False, kind=bool, order="compute",
         label=lambda value, item: "channels-last-test" if value else None,
         help="Zzchannels: the model and its batches in channels-last memory format.")
+    offload_test: str = knob(
+        default="none", kind=str, choices=("none", "cpu"), order="memory",
+        label=lambda value, item: None if value == "none" else f"offload-{value}",
+        help="Zzoffload: where the optimizer state is kept.",
+        consider="Zzconsider: the offloads a search considers.")
 '''
 
 _CHECK = textwrap.dedent('''
-    import json, optuna
+    import inspect, json, optuna
     from click.testing import CliRunner
+    from autofit import autofit
+    from autofit.options import search_options
     from autofit.cli import cli
+    from autofit.search import SearchSettings
     from autofit.config import Config
     from autofit.study import COLUMNS, config_params, distributions, trial_config, trials_frame
     from autofit.probing import ProbeResult
@@ -150,8 +158,14 @@ _CHECK = textwrap.dedent('''
     params = {k: v for k, v in config_params(config).items() if k in dists}
     trial = optuna.trial.create_trial(params=params, distributions=dists, value=1.0,
                                       user_attrs={"probe": ProbeResult(status="ok", config=config).to_dict()})
+    searched = {c: CliRunner().invoke(cli, [c, "--help"], terminal_width=200).output for c in ("search", "estimate")}
+    declared = search_options(offload_test="cpu")
     print(json.dumps({
         "help": "--channels-last-test" in shown and "Zzchannels" in shown,
+        "consider_flags": all("--offload-test" in h and "Zzconsider" in h for h in searched.values()),
+        "consider_argument": "offload_test" in inspect.signature(autofit).parameters,
+        "consider_options": [declared.consider, list(declared.considered("offload_test", "cpu"))],
+        "consider_settings": SearchSettings(script="t.py", consider={"offload_test": "none"}).consider,
         "param": trial.params.get("channels_last_test"),
         "trial": trial_config(trial) == config,
         "column": COLUMNS.get("channels_last_test"),
@@ -165,6 +179,8 @@ _CHECK = textwrap.dedent('''
 
 
 def test_a_knob_added_to_the_declaration_alone_is_in_help_the_trial_the_frame_the_label_and_the_json(tmp_path):
+    """And one whose values a search takes a list of (`consider`): a flag of `search` and `estimate`, an argument of
+    @autofit, a list in SearchOptions and SearchSettings."""
     copy = tmp_path / "autofit"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "recorded"))
     source = (copy / "config.py").read_text()
@@ -175,5 +191,7 @@ def test_a_knob_added_to_the_declaration_alone_is_in_help_the_trial_the_frame_th
                          env={**os.environ, "PYTHONPATH": str(tmp_path)}, cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr[-3000:]
     found = json.loads(ran.stdout.splitlines()[-1])
-    assert found == {"help": True, "param": True, "trial": True, "column": "boolean", "frame": True,
+    assert found == {"help": True, "consider_flags": True, "consider_argument": True,
+                     "consider_options": [{"offload_test": ["cpu"]}, ["cpu"]],
+                     "consider_settings": {"offload_test": ["none"]}, "param": True, "trial": True, "column": "boolean", "frame": True,
                      "label": "fp32 b=8 channels-last-test", "json": True, "round_trip": True, "old_form": True}

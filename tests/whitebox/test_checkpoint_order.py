@@ -120,10 +120,10 @@ def test_the_policies_a_search_considers(declared, flag, expected):
     from autofit.search import SearchSettings
     from autofit.search._build_space import build_space, search_options
 
-    info = WorkerInfo(function="train", options=SearchOptions(checkpoint_policy=declared).__dict__,
+    info = WorkerInfo(function="train", options=SearchOptions(consider={"checkpoint_policy": declared}).__dict__,
                       device={"type": "cpu"}, precisions=["fp32"], default_precisions=["fp32"], baseline_bytes=0,
                       memory_limit=None, versions={}, load_s=0.0, pid=0)
-    settings = SearchSettings(script="train.py", checkpoint_policy=flag)
+    settings = SearchSettings(script="train.py", consider={"checkpoint_policy": flag})
     options = search_options(info, settings)
     space = build_space(settings, options, info, {"checkpoint_blocks": 4, "autocast": True, "backward": True})
     assert space.checkpoint_policies == expected
