@@ -44,21 +44,21 @@ class AutofitFunction:
             return self.fn(*args, **kwargs)
         plan = self.plan_run(config_path=kwargs.pop("autofit_config", None))
         attempts = [self.make_run(plan=plan)]  # the Run of the attempt under way, last
-        redo = attempts[-1].redo  # shared by every attempt: it keeps the lowerings of all of them
+        redo = attempts[-1].control.redo  # shared by every attempt: it keeps the lowerings of all of them
         world_size = attempts[-1].world_size
 
         def train(config: Config | None) -> Any:
             if config is not None:  # started again after an OOM before the first optimizer step
                 attempts.append(self.make_run(plan=plan._replace(config=config, searched_world=world_size),
                                               redo=redo))
-            with attempts[-1].active():
+            with attempts[-1].control.active():
                 return self.fn(attempts[-1], *args, **kwargs)
 
         def failed() -> Lowering | None:
             # An OOM before the first optimizer step: nothing was trained, so the function starts
             # again with the lowered config, in a new Run; the failed one goes now, so that its
             # memory (its optimizer, the model through it) is freed with the traceback's.
-            lowering = attempts[-1].restart_lowering
+            lowering = attempts[-1].control.restart_lowering
             if lowering is not None:
                 attempts.pop()
             return lowering

@@ -204,7 +204,7 @@ def report_run(run: Run) -> None:
     write its summary as JSON to $AUTOFIT_RUN_REPORT if set (the main rank only, in a distributed run)."""
     if not run.is_main:
         return
-    summary = run.summary()
+    summary = run.control.summary()
     ranks = f" on each of {run.world_size} ranks" if run.world_size > 1 else ""
     trained = f"autofit: trained {summary['optimizer_steps']} optimizer steps with {run.config.label()}{ranks}"
     if summary["samples_per_s"]:
@@ -217,7 +217,7 @@ def report_run(run: Run) -> None:
         print(f"{trained}: {rate} after {summary['warmup_steps']} "
               f"warm-up steps" + (f" ({waited})" if waited else ""), file=sys.stderr)
     elif summary["optimizer_steps"]:  # the run ended within its warm-up: nothing was timed
-        print(f"{trained}: too few to time after {run.clock.warmup_steps} warm-up steps", file=sys.stderr)
+        print(f"{trained}: too few to time after {run.control.clock.warmup_steps} warm-up steps", file=sys.stderr)
     if run.token_loader is not None:
         print(f"autofit: token batches: {run.token_loader.stats().describe()}", file=sys.stderr)
     if split := split_text(summary["guard_split_batches"], summary["oom_split_batches"]):

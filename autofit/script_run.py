@@ -59,7 +59,7 @@ def start(**arguments: Any) -> Run:
     target = ScriptFunction(script, replace(options, recover_oom=False), sys.argv[1:])
     run = target.make_run()
     _STARTED.append(run)
-    _OPEN.enter_context(run.active())
+    _OPEN.enter_context(run.control.active())
     atexit.register(_finish, run)
     return run
 

@@ -162,9 +162,9 @@ class AutofitAccelerator(Accelerator):
                   file=sys.stderr, flush=True)
             return loader
         if run.defaults and not run.probing:  # the user's micro-batch, precision and accumulation stand
-            run.config = Config(batch_size=loader.batch_size,
-                                precision=_FROM_ACCELERATE.get(self.mixed_precision, "fp32"),
-                                accumulation_steps=self.gradient_accumulation_steps)
+            run.control.set_config(Config(batch_size=loader.batch_size,
+                                          precision=_FROM_ACCELERATE.get(self.mixed_precision, "fp32"),
+                                          accumulation_steps=self.gradient_accumulation_steps))
             return loader
         self._autofit_check_global_batch(loader.batch_size)
         if loader.batch_size == run.batch_size and not run.probing:
@@ -174,7 +174,7 @@ class AutofitAccelerator(Accelerator):
     def _autofit_check_global_batch(self, loader_batch: int) -> None:
         """A script that accumulates gradients asks for a global batch: never change it silently."""
         # a probe runs fewer micro-batches a step than it prices: the global batch is the priced config's
-        config, accumulation = self._autofit_run.priced_config, self._autofit_users_accumulation
+        config, accumulation = self._autofit_run.control.priced_config, self._autofit_users_accumulation
         wanted = loader_batch * accumulation
         if accumulation > 1 and config.global_batch != wanted:
             raise UsageError(
@@ -223,7 +223,7 @@ class AutofitAccelerator(Accelerator):
         """The loop is the script's: every knob counts, and the clock starts once the optimizer is ready."""
         if self._autofit_optimizer is not None and not self._autofit_adopted:
             self._autofit_adopted = True
-            self._autofit_run.adopt_loop(checkpoint_blocks=self._autofit_block_count)
+            self._autofit_run.control.adopt_loop(checkpoint_blocks=self._autofit_block_count)
 
     # --- the loop: steps counted, OOMs redone -----------------------------------------------------
     def accumulate(self, *models: torch.nn.Module) -> Any:
@@ -242,7 +242,7 @@ class AutofitAccelerator(Accelerator):
         tokens, self._autofit_samples, self._autofit_tokens = self._autofit_tokens, 0, 0
         if self._autofit_replay is not None:
             self._autofit_replay.step_done()
-        run.step_taken(samples, tokens)
+        run.control.step_taken(samples, tokens)
 
     def _autofit_wrap_forward(self, model: torch.nn.Module) -> None:
         """Count the training forwards' samples; in a real run, run them in pieces after an OOM."""

@@ -43,12 +43,12 @@ def arguments_for(run: Run, args: TrainingArguments) -> TrainingArguments:
     (`run.defaults`) the arguments stand and the run's config is set from them, so its report is true."""
     if run.defaults and not run.probing:  # nothing searched yet: the user's own settings stand
         precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
-        run.config = Config(batch_size=args.per_device_train_batch_size, precision=precision,
-                            accumulation_steps=args.gradient_accumulation_steps)
+        run.control.set_config(Config(batch_size=args.per_device_train_batch_size, precision=precision,
+                                      accumulation_steps=args.gradient_accumulation_steps))
         return args
     if run.config.max_tokens is not None:  # no global batch by tokens: the Trainer's accumulation stands
-        run.config = dataclasses.replace(run.config, accumulation_steps=args.gradient_accumulation_steps)
-    _check_global_batch(run.priced_config, args)  # a probe runs fewer micro-batches a step than it prices
+        run.control.set_config(dataclasses.replace(run.config, accumulation_steps=args.gradient_accumulation_steps))
+    _check_global_batch(run.control.priced_config, args)  # a probe runs fewer micro-batches a step than it prices
     config = run.config
     changes: dict[str, Any] = {
         "per_device_train_batch_size": config.batch_size,
@@ -92,14 +92,14 @@ class _StepCounter(TrainerCallback):
         self._counted = counted  # the step's (samples, tokens) where the trainer counts them (token batches)
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self._run.adopt_loop(checkpoint_blocks=self._blocks)
+        self._run.control.adopt_loop(checkpoint_blocks=self._blocks)
 
     def on_step_end(self, args, state, control, **kwargs):
         per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * max(1, args.world_size)
         samples, tokens = self._counted() or (per_step, 0)
         if self._replay is not None:
             self._replay.step_done()
-        self._run.step_taken(samples, tokens)
+        self._run.control.step_taken(samples, tokens)
 
 
 class AutofitTrainer(Trainer):
@@ -137,7 +137,7 @@ class AutofitTrainer(Trainer):
         run = self._autofit_run
         if not groups_by_length(self.args) or (run.defaults and not run.probing) or self.train_dataset is None:
             return super().get_train_dataloader()
-        if run.settings.global_tokens is not None:
+        if run.control.settings.global_tokens is not None:
             raise UsageError("The Trainer's gradient_accumulation_steps set its optimizer step: batching by tokens "
                              "under the Trainer, search without global_tokens.")
         lengths = self._autofit_lengths()

@@ -39,8 +39,8 @@ def trainer_settings(run: Run, kwargs: dict[str, Any]) -> dict[str, Any]:
     if run.defaults and not run.probing:  # nothing searched yet: the user's precision and accumulation stand
         precision = _FROM_LIGHTNING.get(str(settings.get("precision", "32-true")), "fp32")
         declared = run.config.global_batch
-        run.config = Config(batch_size=run.batch_size, precision=precision,
-                            accumulation_steps=int(settings.get("accumulate_grad_batches", 1)))
+        run.control.set_config(Config(batch_size=run.batch_size, precision=precision,
+                                      accumulation_steps=int(settings.get("accumulate_grad_batches", 1))))
         if run.config.global_batch != declared and run.is_main:
             # The loader was built with run.batch_size before the Trainer: only the user can keep both.
             print(f"autofit: the Trainer accumulates {run.accumulation_steps} micro-batches of {run.batch_size}, so "
@@ -71,7 +71,7 @@ class _StepCounter(pl.Callback):
 
     def on_train_start(self, trainer, pl_module):
         self._steps_seen = trainer.global_step
-        self._run.adopt_loop(checkpoint_blocks=self.blocks)
+        self._run.control.adopt_loop(checkpoint_blocks=self.blocks)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self._samples += count_samples(batch)
@@ -80,7 +80,7 @@ class _StepCounter(pl.Callback):
             samples, self._samples = self._samples, 0
             if self.replay is not None:
                 self.replay.step_done()
-            self._run.step_taken(samples)
+            self._run.control.step_taken(samples)
 
 
 class AutofitLightningTrainer(pl.Trainer):

@@ -7,7 +7,7 @@ sorts every tensor it sees into parameters, gradients, optimizer state, activati
         requests of configs; each config's estimate is sent as soon as it is known)
 
 Two steps, because the optimizer's state appears in the first step and the peak of a steady step
-holds it. The data is read for real (outside the fake mode, through Run.data_context); the model,
+holds it. The data is read for real (outside the fake mode, through RunControl.data_context); the model,
 the step and the optimizer never allocate. The fake mode answers what a loop reads from its tensors
 (`loss.item()`, GradScaler's checks) and guesses data-dependent sizes (autofit.memory._fake_values);
 conversions and copies of fake parameters (tied weights, `.to()`, an EMA's deepcopy) are done without
@@ -44,7 +44,7 @@ def estimate_one(fn: Any, config: Any, device: Any) -> dict:
     mode = ValueFreeFakeMode(allow_non_fake_inputs=True)
     failure = known = None
     try:
-        with mode, _conversions_in_place(), _fake_deep_copies(), _optimizers_created() as optimizers, run.active():
+        with mode, _conversions_in_place(), _fake_deep_copies(), _optimizers_created() as optimizers, run.control.active():
             try:
                 with tracker:  # from the start: a framework's trainer reads its data itself
                     fn(run)
@@ -63,12 +63,12 @@ def estimate_one(fn: Any, config: Any, device: Any) -> dict:
             return {"ok": False, "error": why, "traceback": traceback.format_exc()[-3000:]}
         breakdown, missing = known
         return {"ok": True, "breakdown": breakdown, "missing": missing, "notes": list(mode.notes.values()),
-                "error": why, "knobs": run.knobs.to_dict(), "traceback": traceback.format_exc()[-3000:]}
-    if run.clock.steps_done < 2:
-        return {"ok": False, "error": f"the function returned after {run.clock.steps_done} optimizer steps "
+                "error": why, "knobs": run.control.knobs.to_dict(), "traceback": traceback.format_exc()[-3000:]}
+    if run.control.clock.steps_done < 2:
+        return {"ok": False, "error": f"the function returned after {run.control.clock.steps_done} optimizer steps "
                                       f"of the two an estimate runs"}
     return {"ok": True, "breakdown": _breakdown(tracker), "missing": [], "notes": list(mode.notes.values()),
-            "knobs": run.knobs.to_dict()}
+            "knobs": run.control.knobs.to_dict()}
 
 
 def _estimating_run(config: Any, device: Any, tracker: Any) -> Any:
@@ -83,15 +83,15 @@ def _estimating_run(config: Any, device: Any, tracker: Any) -> Any:
 
     run = Run(config, device, probing=True, warmup_steps=1, measured_steps=1, min_measure_s=0.0,
               max_measured_steps=1, worst_token_batches=True)  # both steps at the cap's worst batch
-    run.compile_enabled = False  # fake tensors through inductor: estimated as the eager model
+    run.control.compile_enabled = False  # fake tensors through inductor: estimated as the eager model
 
     @contextmanager
     def read_data():
         with unset_fake_temporarily():
             yield
 
-    run.data_context = read_data
-    step_taken, backward = run.step_taken, run.backward
+    run.control.data_context = read_data
+    step_taken, backward = run.control.step_taken, run.backward
     seen_optimizers: set[int] = set()
 
     def step_taken_then_reset(samples: int, tokens: int = 0) -> None:
@@ -105,7 +105,7 @@ def _estimating_run(config: Any, device: Any, tracker: Any) -> Any:
             tracker.track_external(torch.nn.ParameterList(params), optimizer)
         return backward(loss, optimizer, **kwargs)
 
-    run.step_taken = step_taken_then_reset
+    run.control.step_taken = step_taken_then_reset
     run.backward = backward_tracking_parameters
     return run
 

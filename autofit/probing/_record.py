@@ -66,7 +66,7 @@ class ProbeResult:
     the device's idle time, since on a GPU the wait can overlap kernels queued before it."""
     data_wait_share: float | None = None
     """data_wait_s over the measured time; None where autofit does not drive the loop (a framework's
-    trainer, run.adopt_loop)."""
+    trainer, run.control.adopt_loop)."""
     restart_worker: bool = False
     """The probe left the worker unusable (a sticky CUDA error): replace it before the next probe."""
     flops_per_sample: float | None = None

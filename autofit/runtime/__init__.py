@@ -13,6 +13,7 @@ from autofit.runtime._batch import batch_len, batch_tensors, count_samples, map_
 from autofit.runtime._checkpoint import checkpoint_policy_of
 from autofit.runtime._clock import ProbeFinished, StepClock
 from autofit.runtime._compile_timer import CompileTimer
+from autofit.runtime._control import RunControl
 from autofit.runtime._distributed import Ranks, leave_process_group, per_rank_config, ranks_from_env
 from autofit.runtime._envelope import TokenEnvelope, TokenGuard
 from autofit.runtime._feed import DataTooSmall
@@ -57,6 +58,7 @@ __all__ = [
     "ProbeFinished",
     "Ranks",
     "Run",
+    "RunControl",
     "RunSettings",
     "StepClock",
     "StartReached",

@@ -96,11 +96,11 @@ class StepFeed:
         self._token_cap = loader.batch_sampler.max_tokens if loader is not None else None
         tokens, self.weight_by_tokens = _token_count(loader, tokens, weight_by_tokens)
         run = self._run
-        if not run.knobs.batches:
+        if not run.control.knobs.batches:
             self._panel.training_data(iterable)
             self._drain_prefetch(iterable)
-        run.knobs.batches = True
-        with run.data_context():
+        run.control.knobs.batches = True
+        with run.control.data_context():
             source = iter(iterable)
         pending: deque[MicroBatch] = deque()  # micro-batches taken from the data and not yet handed out
         this_step: list[MicroBatch] = []  # micro-batches of the step being fed (kept only to redo it after an OOM)
@@ -135,13 +135,13 @@ class StepFeed:
             self._panel.gradient_sync(True)
         self.finish()  # the data ran out: the last step's work is done
         if run.probing:
-            with run.data_context():  # the sampler's draws (TokenLoader.stats) are real data, not fake tensors
+            with run.control.data_context():  # the sampler's draws (TokenLoader.stats) are real data, not fake tensors
                 _check_the_pass(run, iterable, yielded, largest)
 
     def _fetch(self, source: Iterator[Any]) -> Any:
         """The next batch from the user's data (`_END` at its end), its wait on the clock."""
         try:
-            with self._run.data_context():
+            with self._run.control.data_context():
                 fetch_started = time.perf_counter()
                 try:
                     return next(source)
@@ -168,7 +168,7 @@ class StepFeed:
         self._step_tokens += self._micro_tokens
         self._last_piece, self._piece_share = last, piece.share_of(whole)
         if piece.real_tokens is not None and piece.width:  # what ran: a probe's envelope
-            self._run.knobs.ran_tokens(piece.samples, piece.width)
+            self._run.control.knobs.ran_tokens(piece.samples, piece.width)
         return closed
 
     def _cut(self, fed: MicroBatch) -> list[MicroBatch]:
@@ -180,7 +180,7 @@ class StepFeed:
 
     def _drain_prefetch(self, iterable: Iterable[Any]) -> None:
         """Count the optimizer steps that empty the loader's prefetch queue as warm-up too."""
-        count_prefetch_as_warmup(iterable, self._run.config.accumulation_steps, self._clock, self._run.notes)
+        count_prefetch_as_warmup(iterable, self._run.config.accumulation_steps, self._clock, self._run.control.notes)
 
     def finish(self) -> None:
         """Close the step being fed if all its micro-batches were handed out."""
@@ -191,13 +191,13 @@ class StepFeed:
         samples, tokens = self._step_samples, self._step_tokens
         self._step_samples = self._step_tokens = 0
         self.micro_in_step = self.handed_in_step = 0
-        self._run.step_taken(samples, tokens)
+        self._run.control.step_taken(samples, tokens)
 
     # --- the losses -----------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, clip_grad_norm: float | None) -> None:
         """Backward of one micro-batch's share of the step's loss; the optimizer steps at the step's end."""
         run = self._run
-        run.knobs.backward = True
+        run.control.knobs.backward = True
         if self._redo.redoing:
             return  # the loss of a micro-batch whose step ran out of memory: the step is redone
         self._optimizer = optimizer
@@ -282,13 +282,13 @@ class StepFeed:
         will be fed again at the lowered config), False to let it propagate."""
         run = self._run
         config = self._redo.caught(run.config, exc, where, steps_done=self._clock.steps_done,
-                                   can_feed_again=run.knobs.batches)
+                                   can_feed_again=run.control.knobs.batches)
         if config is None:
             return False
         self.saved.release()  # the failed step's activations, whatever of the loop still holds its graph
         if loss is not None:
             drop_graph(loss)  # now: the user's `loss` would hold the failed graph to the redo
-        run.config = config
+        run.control.set_config(config)
         if self.scaler is not None:  # a step may have stopped after unscaling: start its state afresh
             self.scaler = torch.amp.GradScaler(run.device.type, init_scale=self.scaler.get_scale())
         return True

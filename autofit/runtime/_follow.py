@@ -83,7 +83,7 @@ class StepFollower:
     def _driven(self) -> bool:
         """Something else counts the steps: `run.batches` or `run.backward` (or a framework's trainer,
         which sets both) was used before the loop's first step."""
-        knobs = self._run.knobs
+        knobs = self._run.control.knobs
         return (knobs.batches or knobs.backward) and not knobs.followed
 
     def _before(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -97,14 +97,14 @@ class StepFollower:
         if self._leader is None or self._leader() is not optimizer or self._driven():
             return
         config = self._run.config
-        held = self._run.clock.micro_batches_done - self._backwards_at_step
+        held = self._run.control.clock.micro_batches_done - self._backwards_at_step
         steps = self._steps_in_this_one()
         samples = config.batch_size * config.accumulation_steps * steps
-        if not self._run.knobs.backward and self._run.priced_config.accumulation_steps > 1 and held > 0:
+        if not self._run.control.knobs.backward and self._run.control.priced_config.accumulation_steps > 1 and held > 0:
             samples = config.batch_size * held  # its own accumulation: what it ran, not what was asked
             self._say_own_accumulation(held)
         # May end a probe: ProbeFinished, out of the user's optimizer.step(), past any `except Exception`.
-        self._run.step_taken(samples)
+        self._run.control.step_taken(samples)
 
     def _say_own_accumulation(self, held: int) -> None:
         """Once: the loop keeps an accumulation of its own where the config asks for another (a global batch
@@ -112,8 +112,8 @@ class StepFollower:
         if self._told_own_accumulation:
             return
         self._told_own_accumulation = True
-        asked = self._run.priced_config
-        self._run.notes.append(
+        asked = self._run.control.priced_config
+        self._run.control.notes.append(
             f"the loop keeps its own accumulation ({held} micro-batches a step) and reads neither "
             f"run.accumulation_steps nor run.global_batch: its samples are counted as it ran them, and its global "
             f"batch is {asked.batch_size * held}, not the {asked.global_batch} asked for (read "
@@ -124,7 +124,7 @@ class StepFollower:
         the optimizer for steps before it (fp16 overflow: no `optimizer.step()`, no hook), whose micro-batches
         and time it holds. Told apart by the backward passes (a probe watches them): the fewest a step held
         is one step's."""
-        done = self._run.clock.micro_batches_done
+        done = self._run.control.clock.micro_batches_done
         held, self._backwards_at_step = done - self._backwards_at_step, done
         if held <= 0:
             return 1  # no backward passes seen (a normal run does not watch them)
@@ -150,19 +150,19 @@ class StepFollower:
     def _starts(self) -> None:
         """The first step of the function's own loop begins: the clock starts, the knobs it used are
         the settings it read, and a normal run says what an OOM does to such a loop."""
-        run, knobs = self._run, self._run.knobs
+        run, knobs = self._run, self._run.control.knobs
         knobs.followed = True
-        knobs.batches = knobs.batches or bool(run.reads & {"batch_size", "global_batch"})
-        knobs.backward = bool(run.reads & {"accumulation_steps", "global_batch"})
-        knobs.autocast = knobs.autocast or "precision" in run.reads
-        run.clock.start()
+        knobs.batches = knobs.batches or bool(run.control.reads & {"batch_size", "global_batch"})
+        knobs.backward = bool(run.control.reads & {"accumulation_steps", "global_batch"})
+        knobs.autocast = knobs.autocast or "precision" in run.control.reads
+        run.control.clock.start()
         training = self._panel.training_loader
         if training is not None:
             training.waited = self._waited
-            count_prefetch_as_warmup(training, run.config.accumulation_steps, run.clock, run.notes)
+            count_prefetch_as_warmup(training, run.config.accumulation_steps, run.control.clock, run.control.notes)
         if run.recovers_oom and run.is_main:
             print(f"autofit: following your loop's optimizer steps; {OOM_LINE}", file=sys.stderr, flush=True)
 
     def _waited(self, seconds: float) -> None:
-        if self._run.knobs.followed:
-            self._run.clock.data_waited(seconds)
+        if self._run.control.knobs.followed:
+            self._run.control.clock.data_waited(seconds)

@@ -75,13 +75,13 @@ class PieceReplay:
         parts = split_batch(batch, self._run.batch_size)
         if len(parts) == 1:
             return [(batch, 1.0)]
-        self._run.redo.split_batches += 1
+        self._run.control.redo.split_batches += 1
         total = count_samples(batch)
         return [(part, count_samples(part) / total) for part in parts]
 
     def lowered(self, exc: BaseException) -> bool:
         """Whether `exc` is an OOM the run recovers from (its config is then lowered)."""
-        return self._run.lower_after_oom(exc, self.where)
+        return self._run.control.lower_after_oom(exc, self.where)
 
     def feed(self, batch: Any, context: Any, work: PieceWork) -> list:
         """Add `batch` to the step and run `work` on each of its pieces, recovering from OOMs."""
@@ -151,7 +151,7 @@ class PieceReplay:
             redoing_step = True
             return lambda: self._whole_step(work)
 
-        return self._run.redo.until_it_fits(attempt, after_oom)
+        return self._run.control.redo.until_it_fits(attempt, after_oom)
 
     def _work_on(self, batch: Any, context: Any, work: PieceWork) -> list:
         return [work(piece, weight, context) for piece, weight in self.pieces(batch)]

@@ -246,7 +246,7 @@ class StepRedo:
 
 class LoopRedo:
     """A Run's side of the redo, for the loop it drives itself (`run.batches`, `run.backward`) and for
-    a framework's step (`run.lower_after_oom`): when an exception there is an OOM the run recovers
+    a framework's step (`run.control.lower_after_oom`): when an exception there is an OOM the run recovers
     from, the config it goes on with. `redoing` tells `run.batches` to feed the step again."""
 
     def __init__(self, redo: StepRedo, *, probing: bool) -> None:

@@ -97,27 +97,27 @@ def test_the_config_reaches_the_accelerator_and_the_training_loader():
     assert settings["cpu"] is True
     assert accelerator_settings(Run(Config(batch_size=8, precision="tf32")), {})["mixed_precision"] == "no"  # TF32: the run's scope
     run = Run(Config(batch_size=2, accumulation_steps=4))
-    with run.active():
+    with run.control.active():
         done = _loop(run)
     assert done["batches"] == [2] * 16 and done["steps"] == 4
     assert done["accelerator"].gradient_accumulation_steps == 4
-    assert run.optimizer_steps == 4 and run.knobs.checkpoint_blocks == 2
+    assert run.optimizer_steps == 4 and run.control.knobs.checkpoint_blocks == 2
 
 
 def test_a_probe_counts_the_loops_optimizer_steps_and_never_runs_out_of_data():
     """32 samples at 4 x 2 give 4 optimizer steps an epoch; a probe of 2 + 5 steps ends by itself
     within the script's one pass over its loader (ProbeFinished), its loader starting again."""
     run = Run(Config(batch_size=4, accumulation_steps=2), probing=True, warmup_steps=2, measured_steps=5)
-    with run.active(), pytest.raises(ProbeFinished):
+    with run.control.active(), pytest.raises(ProbeFinished):
         _loop(run)
-    assert run.optimizer_steps == 7 and run.clock.measured_samples == 5 * 8
-    assert run.knobs.to_dict() | {"compile": False} == {"compile": False, "autocast": True, "backward": True,
+    assert run.optimizer_steps == 7 and run.control.clock.measured_samples == 5 * 8
+    assert run.control.knobs.to_dict() | {"compile": False} == {"compile": False, "autocast": True, "backward": True,
                                                        "checkpoint_blocks": 2, "batches": True, "shard_blocks": None}
 
 
 def test_without_a_search_the_users_own_settings_stand():
     run = Run(Config(batch_size=1), defaults=True)
-    with run.active():
+    with run.control.active():
         done = _loop(run)
     assert done["batches"] == [4] * 8 and done["steps"] == 4
     assert run.config == Config(batch_size=4, precision="fp32", accumulation_steps=2)
@@ -133,15 +133,15 @@ def test_a_probe_that_prices_a_long_accumulation_keeps_the_scripts_global_batch(
     global batch (its loader's 4 x its own 4 accumulation steps) is the priced config's, not the one that ran
     (a held-out Accelerate script's every probe was refused as "global batch 4, not 16")."""
     run = Run(Config(batch_size=1, accumulation_steps=16), probing=True, warmup_steps=1, measured_steps=4, probe_accumulation=4)
-    with run.active(), pytest.raises(ProbeFinished):
+    with run.control.active(), pytest.raises(ProbeFinished):
         _loop(run, accumulation=4)
-    assert run.config.accumulation_steps == 4 and run.priced_config.accumulation_steps == 16
+    assert run.config.accumulation_steps == 4 and run.control.priced_config.accumulation_steps == 16
 
 
 @pytest.mark.parametrize("phase", ["forward", "backward"])
 def test_an_oom_in_the_loop_is_redone_in_pieces_and_trains_as_the_lower_micro_batch(phase, capsys):
     grown = Run(Config(batch_size=4, accumulation_steps=2), recover_oom=True)
-    with grown.active():
+    with grown.control.active():
         done = _loop(grown, grows=phase)
     assert [item.where for item in grown.lowerings] == [phase]
     assert grown.lowerings[0].step == 2 and grown.config == Config(batch_size=2, accumulation_steps=4)
@@ -150,7 +150,7 @@ def test_an_oom_in_the_loop_is_redone_in_pieces_and_trains_as_the_lower_micro_ba
     assert done["batches"] == [4] * 8  # the script's loader keeps its batches; autofit cuts them
 
     lower = Run(Config(batch_size=2, accumulation_steps=4))
-    with lower.active():
+    with lower.control.active():
         reference = _loop(lower)
     for key, value in reference["weights"].items():
         torch.testing.assert_close(done["weights"][key], value, rtol=1e-6, atol=1e-6)
@@ -158,13 +158,13 @@ def test_an_oom_in_the_loop_is_redone_in_pieces_and_trains_as_the_lower_micro_ba
 
 def test_a_loop_that_computes_its_own_loss_is_told_why_its_oom_cannot_be_redone():
     run = Run(Config(batch_size=4, accumulation_steps=2), recover_oom=True)
-    with run.active(), pytest.raises(UsageError, match="this loop computes its own"):
+    with run.control.active(), pytest.raises(UsageError, match="this loop computes its own"):
         _loop(run, grows="forward", own_loss=True)
 
 
 def test_without_recovery_the_oom_reaches_the_script():
     run = Run(Config(batch_size=4, accumulation_steps=2), recover_oom=False)
-    with run.active(), pytest.raises(torch.OutOfMemoryError):
+    with run.control.active(), pytest.raises(torch.OutOfMemoryError):
         _loop(run, grows="forward")
 
 
@@ -282,20 +282,20 @@ def test_token_batches_handed_to_prepare_are_probed_by_tokens():
     the longest sample comes first, and its steps count their real tokens."""
     run = Run(Config(batch_size=64, max_tokens=64), probing=True, warmup_steps=2, measured_steps=30)
     shapes: list = []
-    with run.active(), pytest.raises(ProbeFinished):
+    with run.control.active(), pytest.raises(ProbeFinished):
         _token_loop(run, shapes)
-    assert run.knobs.longest_sample == 30 and "max_tokens" in run.reads
+    assert run.control.knobs.longest_sample == 30 and "max_tokens" in run.control.reads
     assert shapes[0][:2] == (2, 30)  # the longest sample's batch first: the probe's peak is the data's worst
     assert all(samples * longest <= 64 for samples, longest, _ in shapes)
     assert len(shapes) == 32 > len(run.token_loader)  # the probe's loader started again at its end
-    assert run.clock.measured_tokens == sum(real for _, _, real in shapes[2:])  # the measured steps' real tokens
+    assert run.control.clock.measured_tokens == sum(real for _, _, real in shapes[2:])  # the measured steps' real tokens
 
 
 @pytest.mark.frameworks
 def test_a_normal_run_with_token_batches_trains_each_sample_once_within_the_cap():
     run = Run(Config(batch_size=64, max_tokens=64))
     shapes: list = []
-    with run.active():
+    with run.control.active():
         _token_loop(run, shapes)
     assert all(samples * longest <= 64 for samples, longest, _ in shapes)
     assert sum(samples for samples, _, _ in shapes) == len(LENGTHS) and run.optimizer_steps == len(shapes)

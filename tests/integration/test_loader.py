@@ -67,17 +67,17 @@ def test_only_the_measured_steps_wait_counts():
 
 def test_a_loop_autofit_does_not_drive_has_no_data_wait():
     run = Run(Config(batch_size=4))
-    run.adopt_loop()
+    run.control.adopt_loop()
     for _ in range(3):
-        run.step_taken(4)
-    assert run.clock.data_wait_s is None and run.clock.data_wait_share is None
+        run.control.step_taken(4)
+    assert run.control.clock.data_wait_s is None and run.control.clock.data_wait_share is None
 
 
 def test_run_batches_times_the_fetches():
     run = Run(Config(batch_size=2), warmup_steps=1)
     for _ in run.batches([torch.zeros(2, 3)] * 4):
         pass
-    assert run.clock.data_wait_s is not None and run.summary()["data_wait_share"] is not None
+    assert run.control.clock.data_wait_s is not None and run.control.summary()["data_wait_share"] is not None
 
 
 # --- run.loader --------------------------------------------------------------------------------
@@ -100,14 +100,14 @@ def test_the_config_overrides_what_the_script_declares():
     assert (loader.num_workers, loader.pin_memory, loader.prefetch_factor) == (2, False, 4)
     assert loader.batch_size == 8 and loader.drop_last
     assert isinstance(loader.sampler, torch.utils.data.DistributedSampler)
-    assert run.knobs.loader and run.knobs.declared_workers == 0
+    assert run.control.knobs.loader and run.control.knobs.declared_workers == 0
 
 
 def test_what_the_script_declares_holds_where_the_config_says_nothing():
     run = Run(Config(batch_size=8))
     loader = run.loader(_Squares(), num_workers=1, prefetch_factor=3, drop_last=False, shuffle=False)
     assert (loader.num_workers, loader.prefetch_factor, loader.drop_last) == (1, 3, False)
-    assert run.knobs.declared_workers == 1
+    assert run.control.knobs.declared_workers == 1
     default = Run(Config(batch_size=8)).loader(_Squares())
     assert (default.num_workers, default.pin_memory, default.prefetch_factor) == (0, False, None)
 
@@ -118,9 +118,9 @@ def test_the_training_loader_declares_the_workers_not_a_later_evaluation_one():
     run = Run(Config(batch_size=8))
     train = run.loader(_Squares(), num_workers=2)
     run.loader(_Squares(), shuffle=False, num_workers=0)  # evaluation
-    assert run.knobs.declared_workers == 2
+    assert run.control.knobs.declared_workers == 2
     next(run.batches(train))
-    assert run.knobs.declared_workers == 2
+    assert run.control.knobs.declared_workers == 2
 
 
 def test_the_loader_run_batches_consumes_declares_the_workers_whichever_was_built_first():
@@ -128,7 +128,7 @@ def test_the_loader_run_batches_consumes_declares_the_workers_whichever_was_buil
     run.loader(_Squares(), shuffle=False, num_workers=0)  # evaluation, built first
     train = run.loader(_Squares(), num_workers=1)
     next(run.batches(train))
-    assert run.knobs.declared_workers == 1
+    assert run.control.knobs.declared_workers == 1
 
 
 def test_a_config_without_workers_drops_what_needs_them():

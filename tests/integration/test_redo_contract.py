@@ -55,7 +55,7 @@ def _weights(model: torch.nn.Module) -> dict:
 # --- the five entry points: each trains the scenario and returns (weights, the run) -------------------
 def _plain(config: Config, grows: bool, tmp_path) -> tuple[dict, Run]:
     run = Run(config, recover_oom=True)
-    with run.active():
+    with run.control.active():
         _loop(run, grows)
     return run.last_weights, run
 
@@ -97,7 +97,7 @@ def _accelerate(config: Config, grows: bool, tmp_path) -> tuple[dict, Run]:
     from autofit.integrations.accelerate import AutofitAccelerator
 
     run = Run(config, recover_oom=True)
-    with run.active():
+    with run.control.active():
         accelerator = AutofitAccelerator(run, gradient_accumulation_steps=GROWN.accumulation_steps)
         model = Tiny(run, grows)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -131,7 +131,7 @@ def _hf(config: Config, grows: bool, tmp_path) -> tuple[dict, Run]:
                              lr_scheduler_type="constant", max_steps=SAMPLES // GLOBAL, weight_decay=0.0,
                              save_strategy="no", logging_strategy="no", report_to="none", disable_tqdm=True,
                              dataloader_num_workers=0, seed=0)
-    with run.active():
+    with run.control.active():
         AutofitTrainer(run, model=model, args=args, train_dataset=_Samples(), checkpoint_blocks=[]).train()
     return _weights(model), run
 
@@ -155,7 +155,7 @@ def _lightning(config: Config, grows: bool, tmp_path) -> tuple[dict, Run]:
 
     run = Run(config, recover_oom=True)
     module = Module()
-    with run.active():
+    with run.control.active():
         trainer = AutofitLightningTrainer(run, max_epochs=1, logger=False, enable_checkpointing=False,
                                           enable_progress_bar=False, enable_model_summary=False,
                                           default_root_dir=str(tmp_path), checkpoint_blocks=[])
@@ -178,9 +178,9 @@ def test_an_oom_mid_run_is_redone_at_a_lower_micro_batch_and_trains_as_it_would(
     if module:
         pytest.importorskip(module)
     grown_weights, grown = entry(GROWN, True, tmp_path)
-    assert [(item.step, item.where, item.before, item.after) for item in grown.redo.lowerings] == [
+    assert [(item.step, item.where, item.before, item.after) for item in grown.control.redo.lowerings] == [
         (2, "forward", GROWN, LOWER)]
-    assert grown.lowerings is grown.redo.lowerings and grown.config == LOWER
+    assert grown.lowerings is grown.control.redo.lowerings and grown.config == LOWER
     assert grown.optimizer_steps == SAMPLES // GLOBAL
     assert f"global batch {GLOBAL} unchanged" in capsys.readouterr().err
 

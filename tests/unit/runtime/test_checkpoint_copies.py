@@ -94,7 +94,7 @@ def test_state_dict_keys_and_module_tree_are_unchanged():
 def test_a_run_takes_its_checkpointing_off_when_it_ends():
     model = Net()
     run = Run(Config(batch_size=4, checkpoint_segments=3))
-    with run.active():
+    with run.control.active():
         run.checkpoint(model.blocks)
         assert [checkpoint_policy_of(b) for b in model.blocks] == ["full"] * 3
     assert [checkpoint_policy_of(b) for b in model.blocks] == [None] * 3
@@ -106,7 +106,7 @@ def test_a_block_with_its_own_forward_gets_it_back():
     own = block.forward  # an instance attribute set by someone else (another wrapper)
     block.forward = own
     run = Run(Config(batch_size=4, checkpoint_segments=1))
-    with run.active():
+    with run.control.active():
         run.checkpoint([block])
         assert checkpoint_policy_of(block) == "full"
     assert block.forward is own

@@ -13,9 +13,9 @@ from autofit.runtime import Run, StepClock
 
 
 def test_compiled_configs_count_nothing_and_fsdp_ranks_neither():
-    assert Run(Config(batch_size=2, compile=True), probing=True, count_flops=True).flops is None
-    assert Run(Config(batch_size=2), probing=True, count_flops=True).flops is not None
-    assert Run(Config(batch_size=2), probing=True).flops is None  # a normal run never pays for counting
+    assert Run(Config(batch_size=2, compile=True), probing=True, count_flops=True).control.flops is None
+    assert Run(Config(batch_size=2), probing=True, count_flops=True).control.flops is not None
+    assert Run(Config(batch_size=2), probing=True).control.flops is None  # a normal run never pays for counting
 
 
 def test_mfu_is_flops_over_the_dense_peak_of_each_rank():

@@ -41,59 +41,59 @@ def _own_loop(run: Run, steps: int | None = None, swallow: bool = False) -> int:
 
 def test_a_probe_of_a_kept_loop_measures_its_steps_and_ends_it_past_except_exception():
     run = Run(Config(batch_size=4, accumulation_steps=2), "cpu", probing=True, warmup_steps=2, measured_steps=3)
-    with pytest.raises(ProbeFinished), run.active():
+    with pytest.raises(ProbeFinished), run.control.active():
         _own_loop(run, swallow=True)
-    assert run.clock.steps_done == 5 and run.clock.steps_measured == 3
-    assert run.clock.measured_samples == 3 * 4 * 2  # the config's micro-batch x accumulation, per step
-    knobs = run.knobs.to_dict()
+    assert run.control.clock.steps_done == 5 and run.control.clock.steps_measured == 3
+    assert run.control.clock.measured_samples == 3 * 4 * 2  # the config's micro-batch x accumulation, per step
+    knobs = run.control.knobs.to_dict()
     assert knobs["followed"] and knobs["batches"] and knobs["backward"] and not knobs["autocast"]
 
 
 def test_the_hooks_go_with_the_run_and_a_second_run_in_the_process_counts_only_its_own_steps():
     first = Run(Config(batch_size=2), "cpu", probing=False)
-    with first.active():
+    with first.control.active():
         _own_loop(first, steps=3)
-    assert first.clock.steps_done == 3
+    assert first.control.clock.steps_done == 3
     _own_loop(Run(Config(batch_size=2), "cpu"), steps=4)  # outside any run: nothing counts these
     second = Run(Config(batch_size=2), "cpu", probing=False)
-    with second.active():
+    with second.control.active():
         _own_loop(second, steps=2)
-    assert (first.clock.steps_done, second.clock.steps_done) == (3, 2)
+    assert (first.control.clock.steps_done, second.control.clock.steps_done) == (3, 2)
 
 
 def test_two_optimizers_step_once_per_iteration_as_the_first_one_steps():
     run = Run(Config(batch_size=4), "cpu", probing=False)
     generator, g_opt = _model_and_optimizer(1)
     critic, c_opt = _model_and_optimizer(2)
-    with run.active():
+    with run.control.active():
         for _ in range(5):
             for model, optimizer in ((critic, c_opt), (generator, g_opt)):
                 model(torch.randn(run.batch_size, 8)).mean().backward()
                 optimizer.step()
                 optimizer.zero_grad()
-    assert run.clock.steps_done == 5
+    assert run.control.clock.steps_done == 5
 
 
 def test_a_loop_that_hands_its_steps_to_run_backward_is_not_followed():
     run = Run(Config(batch_size=4, accumulation_steps=2), "cpu", probing=False)
     model, optimizer = _model_and_optimizer()
-    with run.active():
+    with run.control.active():
         for x in run.batches([torch.randn(4, 8) for _ in range(6)]):
             run.backward(model(x).pow(2).mean(), optimizer)
     run.finish()
-    assert run.clock.steps_done == 3 and not run.knobs.followed
+    assert run.control.clock.steps_done == 3 and not run.control.knobs.followed
 
 
 def test_a_loop_that_reads_the_precision_is_searched_in_every_precision():
     run = Run(Config(batch_size=4, precision="bf16"), "cpu", probing=False)
     model, optimizer = _model_and_optimizer()
-    with run.active():
+    with run.control.active():
         assert run.dtype == torch.bfloat16
         with torch.autocast("cpu", dtype=run.dtype):
             loss = model(torch.randn(run.batch_size, 8)).float().pow(2).mean()
         loss.backward()
         optimizer.step()
-    assert run.knobs.autocast and run.knobs.followed and not run.knobs.backward
+    assert run.control.knobs.autocast and run.control.knobs.followed and not run.control.knobs.backward
 
 
 def test_an_oom_in_a_kept_loop_starts_the_function_again_smaller_with_the_global_batch_kept(tmp_path, monkeypatch,
@@ -124,7 +124,7 @@ def test_a_kept_loop_over_run_loader_times_its_wait_for_data():
     data = torch.utils.data.TensorDataset(torch.randn(64, 8))
     run = Run(Config(batch_size=4), "cpu", probing=True, warmup_steps=1, measured_steps=3)
     model, optimizer = _model_and_optimizer()
-    with pytest.raises(ProbeFinished), run.active():
+    with pytest.raises(ProbeFinished), run.control.active():
         loader = run.loader(data)
         assert isinstance(loader, torch.utils.data.DataLoader)
         while True:
@@ -132,27 +132,27 @@ def test_a_kept_loop_over_run_loader_times_its_wait_for_data():
                 model(x).pow(2).mean().backward()
                 optimizer.step()
                 optimizer.zero_grad()
-    assert run.knobs.followed and run.knobs.loader
-    assert run.clock.data_wait_s is not None and run.clock.data_wait_s > 0
+    assert run.control.knobs.followed and run.control.knobs.loader
+    assert run.control.clock.data_wait_s is not None and run.control.clock.data_wait_s > 0
 
 
 def test_a_loop_over_run_batches_with_its_own_optimizer_step_counts_each_step_once():
     run = Run(Config(batch_size=4), "cpu", probing=False)
     model, optimizer = _model_and_optimizer()
-    with run.active():
+    with run.control.active():
         for x in run.batches([torch.randn(4, 8) for _ in range(5)]):
             model(x).pow(2).mean().backward()
             optimizer.step()
             optimizer.zero_grad()
     run.finish()
-    assert run.clock.steps_done == 5 and not run.knobs.followed
+    assert run.control.clock.steps_done == 5 and not run.control.knobs.followed
 
 
 def test_an_oom_in_an_evaluation_under_run_autocast_reaches_the_script_and_trains_nothing_twice():
     run = Run(Config(batch_size=4), "cpu", probing=False)
     model, optimizer = _model_and_optimizer()
     fed = []
-    with run.active():
+    with run.control.active():
         with pytest.raises(torch.OutOfMemoryError):
             for x in run.batches([torch.full((4, 8), float(i)) for i in range(3)]):
                 fed.append(float(x[0, 0]))
@@ -167,7 +167,7 @@ def test_an_oom_in_an_evaluation_under_run_autocast_reaches_the_script_and_train
 
 def test_a_loop_that_builds_a_new_optimizer_each_epoch_is_still_followed():
     run = Run(Config(batch_size=4), "cpu", probing=False)
-    with run.active():
+    with run.control.active():
         for _ in range(3):
             model, optimizer = _model_and_optimizer()
             for _ in range(2):
@@ -175,7 +175,7 @@ def test_a_loop_that_builds_a_new_optimizer_each_epoch_is_still_followed():
                 optimizer.step()
                 optimizer.zero_grad()
             del model, optimizer  # the epoch's optimizer goes with it
-    assert run.clock.steps_done == 6
+    assert run.control.clock.steps_done == 6
 
 
 def _kept_loop(run: Run, *, lr: float = 0.01, skip_every: int | None = None) -> None:
@@ -202,12 +202,12 @@ def test_steps_a_kept_loops_gradscaler_skips_are_counted_with_the_step_after_the
     """A step the GradScaler skips never calls optimizer.step(): its micro-batches and time went into the
     next counted step as if they were one step's, and the rate read half of what ran."""
     run = Run(Config(batch_size=4, accumulation_steps=2), "cpu", probing=True, warmup_steps=1, measured_steps=6)
-    with pytest.raises(ProbeFinished), run.active():
+    with pytest.raises(ProbeFinished), run.control.active():
         _kept_loop(run, skip_every=3)
-    assert run.skipped_steps >= 2
+    assert run.control.skipped_steps >= 2
     # every step the loop ran is counted: measured samples are the steps it ran (skipped or not) x 4 x 2
-    assert run.clock.measured_samples % (4 * 2) == 0
-    assert run.clock.measured_samples // 8 > run.clock.steps_measured
+    assert run.control.clock.measured_samples % (4 * 2) == 0
+    assert run.control.clock.measured_samples // 8 > run.control.clock.steps_measured
 
 
 def test_a_kept_loop_with_its_own_accumulation_is_counted_as_it_ran():
@@ -217,12 +217,12 @@ def test_a_kept_loop_with_its_own_accumulation_is_counted_as_it_ran():
     run = Run(Config(batch_size=4, accumulation_steps=8), "cpu", probing=True, warmup_steps=1, measured_steps=3,
               probe_accumulation=4)
     model, optimizer = _model_and_optimizer()
-    with pytest.raises(ProbeFinished), run.active():
+    with pytest.raises(ProbeFinished), run.control.active():
         while True:
             for _ in range(2):  # its own accumulation
                 model(torch.randn(run.batch_size, 8)).pow(2).mean().backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-    assert run.clock.measured_samples == run.clock.steps_measured * 4 * 2
+    assert run.control.clock.measured_samples == run.control.clock.steps_measured * 4 * 2
     assert any("keeps its own accumulation (2 micro-batches a step)" in note and "not the 32 asked" in note
-               for note in run.notes)
+               for note in run.control.notes)

@@ -141,8 +141,8 @@ def test_an_oom_before_the_first_step_asks_the_launcher_to_start_again():
     run = Run(Config(batch_size=8), recover_oom=True)
     with pytest.raises(RuntimeError, match="can't allocate"):
         _Recorder().loop(run, fail_forward_at=1)
-    assert run.restart_config == Config(batch_size=4, accumulation_steps=2)
-    assert run.restart_lowering.where == "forward" and run.restart_lowering.step == 1
+    assert run.control.restart_config == Config(batch_size=4, accumulation_steps=2)
+    assert run.control.restart_lowering.where == "forward" and run.control.restart_lowering.step == 1
 
 
 def test_an_oom_at_micro_batch_one_is_a_clear_error():
@@ -220,7 +220,7 @@ def test_a_framework_step_redone_after_an_oom_has_the_whole_steps_gradient(where
     micro_batches = [torch.randn(8, 4) for _ in range(2)]  # one optimizer step, accumulation 2
     reference(torch.cat(micro_batches)).pow(2).mean().backward()
     run = Run(Config(batch_size=8, accumulation_steps=2), recover_oom=True)
-    run.clock.steps_done = 3  # mid-run: the step is redone in place
+    run.control.clock.steps_done = 3  # mid-run: the step is redone in place
     recovery = PieceReplay(run, lambda: model.zero_grad(set_to_none=True))
     pieces_run = []
     failed = []
@@ -268,7 +268,7 @@ def test_the_decorator_starts_again_through_the_same_redo(tmp_path, monkeypatch,
         attempts.append(weakref.ref(run))
         # the first attempt fails in its first step; the second in the first micro-batch of step 3
         _Recorder().loop(run, fail_forward_at=1 if len(attempts) == 1 else 5)
-        return run.redo, run.lowerings
+        return run.control.redo, run.lowerings
 
     redo, lowerings = train()
     assert len(attempts) == 2

@@ -23,12 +23,12 @@ def test_probe_stops_after_warmup_plus_measured_steps():
     with pytest.raises(ProbeFinished):
         _loop(run)
     assert run.optimizer_steps == 6
-    times, samples, tokens = run.clock.measured()
+    times, samples, tokens = run.control.clock.measured()
     assert len(times) == 4
     assert samples == 4 * 3 * 4  # measured steps x accumulation x micro-batch
     assert tokens == samples * 10
-    assert run.checked_losses == 6  # the optimizer stepped once per 3 micro-batches
-    assert run.losses_finite()
+    assert run.control.checked_losses == 6  # the optimizer stepped once per 3 micro-batches
+    assert run.control.losses_finite()
 
 
 def test_not_probing_runs_to_the_end_of_the_data():
@@ -63,7 +63,7 @@ def test_checkpoint_wraps_only_the_requested_blocks_and_keeps_state_dict():
     run.checkpoint(blocks)
     assert [(checkpoint_policy_of(b) is not None) for b in blocks] == [True] * 3 + [False] * 2
     assert list(blocks.state_dict()) == keys
-    assert run.knobs.checkpoint_blocks == 5
+    assert run.control.knobs.checkpoint_blocks == 5
 
 
 class Counting(torch.nn.Module):
@@ -122,7 +122,7 @@ def test_autocast_uses_the_precision():
         run = Run(Config(batch_size=1, precision=precision))
         with run.autocast():
             assert lin(torch.randn(2, 4)).dtype == dtype
-    assert run.knobs.autocast
+    assert run.control.knobs.autocast
 
 
 def test_fp16_scales_the_loss_and_others_do_not():
@@ -140,7 +140,7 @@ def test_samples_counted_from_dicts():
     with pytest.raises(ProbeFinished):
         for _ in run.batches([{"ids": torch.zeros(3, 7)}] * 5, tokens=lambda b: b["ids"].numel()):
             pass
-    _, samples, tokens = run.clock.measured()
+    _, samples, tokens = run.control.clock.measured()
     assert (samples, tokens) == (3, 21)
 
 
@@ -150,9 +150,9 @@ def test_a_probe_measures_at_least_its_minimum_time():
               min_measure_s=0.05, max_measured_steps=10_000)
     with pytest.raises(ProbeFinished):
         _loop(run, n_batches=100_000)
-    assert run.clock.steps_measured > 5
-    assert run.clock.measured_time_s >= 0.05
-    assert run.clock.measured_samples == 4 * run.clock.steps_measured
+    assert run.control.clock.steps_measured > 5
+    assert run.control.clock.measured_time_s >= 0.05
+    assert run.control.clock.measured_samples == 4 * run.control.clock.steps_measured
 
 
 def test_a_probe_stops_extending_at_its_step_cap():
@@ -160,7 +160,7 @@ def test_a_probe_stops_extending_at_its_step_cap():
               min_measure_s=3600.0, max_measured_steps=7)
     with pytest.raises(ProbeFinished):
         _loop(run, n_batches=1000)
-    assert run.clock.steps_measured == 7
+    assert run.control.clock.steps_measured == 7
 
 
 def test_a_long_normal_run_holds_constant_memory():
@@ -184,10 +184,10 @@ def test_a_long_normal_run_holds_constant_memory():
     grown = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     assert run.optimizer_steps == 9000
-    assert run.checked_losses == 0  # a normal run keeps nothing per step
-    assert len(run.clock.step_times) <= 256
+    assert run.control.checked_losses == 0  # a normal run keeps nothing per step
+    assert len(run.control.clock.step_times) <= 256
     assert grown < 64 * 1024, f"Run grew by {grown} bytes over 6000 steps"
-    summary = run.summary()
+    summary = run.control.summary()
     assert summary["measured_steps"] == 9000 - 2 and summary["samples_per_s"] > 0
 
 

@@ -36,7 +36,7 @@ def test_a_run_is_built_from_one_frozen_settings_record_or_its_shorthand():
     for run in (Run(settings), Run(Config(batch_size=4, accumulation_steps=2), "cpu", probing=True, warmup_steps=1,
                                    measured_steps=2)):
         assert (run.batch_size, run.accumulation_steps, run.probing, run.device) == (4, 2, True, torch.device("cpu"))
-        assert run.clock.total_steps == 3 and not run.recovers_oom
+        assert run.control.clock.total_steps == 3 and not run.recovers_oom
     with pytest.raises(TypeError, match="takes no other arguments"):
         Run(settings, "cpu")
 
@@ -44,7 +44,7 @@ def test_a_run_is_built_from_one_frozen_settings_record_or_its_shorthand():
 def test_a_shared_redo_keeps_the_lowerings_of_every_run_built_with_it():
     redo = StepRedo(enabled=True)
     first = Run(RunSettings(Config(batch_size=8), redo=redo))
-    assert first.redo is redo and first.recovers_oom
+    assert first.control.redo is redo and first.recovers_oom
     redo.take(redo.lower(Config(batch_size=8), MemoryError(), "forward", 1))
     assert Run(RunSettings(Config(batch_size=4, accumulation_steps=2), redo=redo)).lowerings == redo.lowerings != []
 
@@ -83,9 +83,9 @@ def test_the_data_wait_counts_only_for_measured_steps():
 def test_checkpointing_is_noted_and_taken_off_when_the_run_ends():
     blocks = torch.nn.ModuleList(torch.nn.Linear(2, 2) for _ in range(3))
     run = Run(Config(batch_size=2, checkpoint_segments=2, checkpoint_policy="selective"))
-    with run.active():
+    with run.control.active():
         run.checkpoint(blocks)
-        assert run.knobs.checkpoint_blocks == 3
+        assert run.control.knobs.checkpoint_blocks == 3
         assert [checkpoint_policy_of(block) for block in blocks] == ["selective", "selective", None]
     assert [checkpoint_policy_of(block) for block in blocks] == [None, None, None]
 
@@ -93,8 +93,8 @@ def test_checkpointing_is_noted_and_taken_off_when_the_run_ends():
 def test_compile_is_noted_and_skipped_where_the_config_or_the_run_says_eager():
     model = torch.nn.Linear(2, 2)
     run = Run(Config(batch_size=2, compile=True))
-    run.compile_enabled = False
-    assert run.compile(model) is model and run.knobs.compile
+    run.control.compile_enabled = False
+    assert run.compile(model) is model and run.control.knobs.compile
     assert Run(Config(batch_size=2)).compile(model) is model
 
 
@@ -103,8 +103,8 @@ def test_channels_last_is_noted_trains_in_that_format_and_is_taken_off_when_the_
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     weight = model[0].weight
     run = Run(Config(batch_size=2, channels_last=True))
-    with run.active():
-        assert run.channels_last(model) is model and run.knobs.channels_last
+    with run.control.active():
+        assert run.channels_last(model) is model and run.control.knobs.channels_last
         assert model[0].weight is weight and weight.is_contiguous(memory_format=torch.channels_last)
         out = model(torch.randn(2, 3, 16, 16))
         assert out.is_contiguous(memory_format=torch.channels_last)  # the convolutions ran NHWC
@@ -112,8 +112,8 @@ def test_channels_last_is_noted_trains_in_that_format_and_is_taken_off_when_the_
         optimizer.step()  # the optimizer built on the parameters before keeps them
     assert weight.is_contiguous() and not weight.is_contiguous(memory_format=torch.channels_last)
     plain = Run(Config(batch_size=2))
-    with plain.active():
-        assert plain.channels_last(model) is model and plain.knobs.channels_last
+    with plain.control.active():
+        assert plain.channels_last(model) is model and plain.control.knobs.channels_last
         assert weight.is_contiguous()  # the config says no: the model as it came
 
 
@@ -122,17 +122,17 @@ def test_the_training_loader_is_the_one_the_steps_take_their_batches_from():
     run = Run(Config(batch_size=4, loader_workers=0))  # no worker process starts: the declared ones are noted
     evaluation = run.loader(data, num_workers=0)
     training = run.loader(data, num_workers=1)
-    assert run.knobs.loader and run.knobs.declared_workers == 0  # the first loader, until the steps say
+    assert run.control.knobs.loader and run.control.knobs.declared_workers == 0  # the first loader, until the steps say
     for _ in run.batches(training):
         break
-    assert run.knobs.declared_workers == 1 and evaluation.batch_size == training.batch_size == 4
+    assert run.control.knobs.declared_workers == 1 and evaluation.batch_size == training.batch_size == 4
 
 
 def test_distribute_in_one_process_moves_the_model_and_notes_the_blocks():
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
     run = Run(Config(batch_size=2, sharding="fsdp"))
     assert run.distribute(model, blocks=list(model)) is model
-    assert run.knobs.shard_blocks == 2
+    assert run.control.knobs.shard_blocks == 2
 
 
 # --- the redo: the run's own loop ---------------------------------------------------------------------
@@ -226,7 +226,7 @@ def test_a_framework_step_fed_in_pieces_after_an_oom_has_the_whole_steps_gradien
     micro_batches = [torch.randn(8, 4) for _ in range(2)]
     reference(torch.cat(micro_batches)).pow(2).mean().backward()
     run = Run(Config(batch_size=8, accumulation_steps=2), recover_oom=True)
-    run.clock.steps_done = 3  # mid-run: the step is redone in place
+    run.control.clock.steps_done = 3  # mid-run: the step is redone in place
     replay = PieceReplay(run, lambda: model.zero_grad(set_to_none=True))
     failures = {"forward": 0, "backward": 0}
 
@@ -277,17 +277,17 @@ def test_the_summary_counts_every_rank_and_leaves_the_warm_up_out():
 def test_only_the_main_rank_reports(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("AUTOFIT_RUN_REPORT", str(tmp_path / "run.json"))
     run = Run(Config(batch_size=2), ranks=Ranks(rank=1, world_size=2))
-    run.clock.start()
-    run.step_taken(2)
+    run.control.clock.start()
+    run.control.step_taken(2)
     report_run(run)
     assert capsys.readouterr().err == "" and not (tmp_path / "run.json").exists()
 
 
 def test_an_input_bound_run_says_so_in_its_report(capsys):
     run = Run(Config(batch_size=2), warmup_steps=0)
-    run.clock.start()
-    run.clock.data_waited(10.0)  # more than the step itself can have taken
-    run.step_taken(2)
+    run.control.clock.start()
+    run.control.clock.data_waited(10.0)  # more than the step itself can have taken
+    run.control.step_taken(2)
     report_run(run)
     said = capsys.readouterr().err
     assert "trained 1 optimizer steps with fp32 b=2" in said and "input-bound: 100% of the time waiting" in said
@@ -297,8 +297,8 @@ def test_a_run_by_tokens_reports_its_real_tokens_per_second_first(capsys):
     """As the search ranked it and the best-config file heads with it; a run by samples keeps samples/s first."""
     for config, first in ((Config(batch_size=64, max_tokens=64), "real tokens/s ("), (Config(batch_size=8), "samples/s (")):
         run = Run(config, warmup_steps=0)
-        run.clock.start()
-        run.step_taken(4, 200)
+        run.control.clock.start()
+        run.control.step_taken(4, 200)
         report_run(run)
         said = capsys.readouterr().err
         assert f"trained 1 optimizer steps with {config.label()}: " in said and first in said, said

@@ -17,15 +17,15 @@ def test_padded_size_stays_within_max_tokens_and_tokens_are_the_real_ones():
     run = Run(Config(batch_size=64, max_tokens=64), "cpu")
     loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate)
     counted = 0
-    with run.active():
+    with run.control.active():
         for x, y in run.batches(loader):
             assert x.numel() <= 64
             counted += int((y != PAD).sum())
     run.finish()
     assert counted == sum(LENGTHS)
-    assert run.clock.steps_done == len(loader)
-    assert "max_tokens" in run.reads and run.knobs.longest_sample == 40
-    assert 0 < run.summary()["padding_share"] < 0.5
+    assert run.control.clock.steps_done == len(loader)
+    assert "max_tokens" in run.control.reads and run.control.knobs.longest_sample == 40
+    assert 0 < run.control.summary()["padding_share"] < 0.5
 
 
 def test_without_max_tokens_the_cap_is_the_micro_batch_at_the_longest_length():
@@ -62,7 +62,7 @@ def _trained(config: Config, global_tokens: int | None) -> tuple[Run, torch.Tens
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     run = Run(config, "cpu", global_tokens=global_tokens)
     loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate, shuffle=False)
-    with run.active():
+    with run.control.active():
         for x, y in run.batches(loader):
             loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 7), y.reshape(-1), ignore_index=PAD)
             run.backward(loss, optimizer)
@@ -74,7 +74,7 @@ def test_global_tokens_accumulates_about_that_many_and_equals_one_big_batch():
     run, stepped = _trained(Config(batch_size=64, max_tokens=64), global_tokens=sum(LENGTHS))
     batches = run.token_loader.stats().batches
     assert run.config.accumulation_steps == batches  # the whole epoch's tokens: one step
-    assert run.clock.steps_done == 1
+    assert run.control.clock.steps_done == 1
     _, big = _trained(Config(batch_size=1024, max_tokens=1024), global_tokens=None)  # one micro-batch holds all
     assert torch.allclose(stepped, big, atol=1e-5)
 
@@ -140,7 +140,7 @@ def test_an_oom_in_a_normal_run_halves_max_tokens_and_cuts_the_batches_by_sample
     run = Run(Config(batch_size=64, max_tokens=64), "cpu", recover_oom=True)
     loader = run.token_batches(Sequences(even), even, collate_fn=collate)
     sizes, failed = [], False
-    with run.active():
+    with run.control.active():
         for x, y in run.batches(loader):
             with run.autocast():
                 if run.optimizer_steps == 1 and not failed:
@@ -211,6 +211,6 @@ def test_a_probe_counts_the_real_tokens_of_its_measured_steps_not_the_padding():
         real.append(int((y != PAD).sum()))
         padded.append(x.numel())
         run.backward(model(x[:, :1].float()).mean(), optimizer)
-    measured = slice(run.clock.warmup_steps, None)
-    assert len(real[measured]) >= 3 and run.clock.steps_measured == len(real[measured])
-    assert run.clock.measured_tokens == sum(real[measured]) < sum(padded[measured])
+    measured = slice(run.control.clock.warmup_steps, None)
+    assert len(real[measured]) >= 3 and run.control.clock.steps_measured == len(real[measured])
+    assert run.control.clock.measured_tokens == sum(real[measured]) < sum(padded[measured])

@@ -69,7 +69,7 @@ def _trained(config: Config, envelope: TokenEnvelope | None, *, global_tokens: i
     run = Run(RunSettings(config, "cpu", global_tokens=global_tokens, token_envelope=envelope))
     loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate, seed=1)
     widths, steps = [], []
-    with run.active():
+    with run.control.active():
         for epoch in range(epochs):
             loader.set_epoch(epoch)
             for x, y in run.batches(loader):
@@ -94,9 +94,9 @@ def test_a_split_batch_trains_as_the_whole_one():
                                                                     epochs=2)
         assert sorted(whole_widths) == [9, 9, 25, 25, 40, 40]
         assert sorted(split_widths) == [9, 9, 25, 25, *[40] * 6]  # [40, 33, 30] in three pieces, each epoch
-        summary = split.summary()
+        summary = split.control.summary()
         assert (summary["guard_split_batches"], summary["oom_split_batches"]) == (2, 0)
-        assert whole.summary()["guard_split_batches"] == 0
+        assert whole.control.summary()["guard_split_batches"] == 0
         assert split.optimizer_steps == whole.optimizer_steps and split.config == whole.config
         assert torch.allclose(split_weights, whole_weights, atol=1e-5, rtol=0), config
         assert len(split_losses) == len(whole_losses)  # micro_step is 0 once per step, pieces or not
@@ -105,12 +105,12 @@ def test_a_split_batch_trains_as_the_whole_one():
 
 def test_what_ran_is_recorded_as_the_runs_envelope():
     run, _, _, _ = _trained(Config(batch_size=128, max_tokens=128), None)
-    envelope = run.knobs.token_envelope
+    envelope = run.control.knobs.token_envelope
     assert (envelope.longest_sample, envelope.padded_tokens, envelope.padded_squares) == (40, 125, 4800)
-    assert run.knobs.to_dict()["token_envelope"] == {"longest_sample": 40, "padded_tokens": 125,
+    assert run.control.knobs.to_dict()["token_envelope"] == {"longest_sample": 40, "padded_tokens": 125,
                                                      "padded_squares": 4800, "front": [[120, 4800], [125, 3125]]}
     guarded, _, _, _ = _trained(Config(batch_size=128, max_tokens=128), ENVELOPE)
-    pieces = guarded.knobs.token_envelope  # its pieces, one sample each
+    pieces = guarded.control.knobs.token_envelope  # its pieces, one sample each
     assert (pieces.longest_sample, pieces.padded_tokens, pieces.padded_squares) == (40, 125, 3125)
 
 
@@ -123,7 +123,7 @@ def test_an_oom_in_a_piece_redoes_the_step_from_the_whole_batch_and_both_are_cou
     run = Run(RunSettings(Config(batch_size=128, max_tokens=128), "cpu", recover_oom=True, token_envelope=ENVELOPE))
     loader = run.token_batches(Sequences(LENGTHS), LENGTHS, collate_fn=collate, seed=1)
     widths, failed = [], False
-    with run.active():
+    with run.control.active():
         for epoch in range(2):
             loader.set_epoch(epoch)
             for x, y in run.batches(loader):
@@ -139,7 +139,7 @@ def test_an_oom_in_a_piece_redoes_the_step_from_the_whole_batch_and_both_are_cou
     assert failed and run.config == Config(batch_size=64, max_tokens=64, accumulation_steps=2)
     # epoch 2: two pieces (the second failed), then the whole batch again, cut to one sample per micro-batch
     assert widths.count(40) == 3 + 5
-    summary = run.summary()
+    summary = run.control.summary()
     # the OOM fallback cut the failed step's batch and the one after it ([25, 19, 17, 12, 11] in twos)
     assert (summary["guard_split_batches"], summary["oom_split_batches"]) == (2, 2)
     assert split_text(2, 1) == ("micro-batches run in pieces: 2 beyond what the probes ran (token guard), "

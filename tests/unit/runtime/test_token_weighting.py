@@ -47,7 +47,7 @@ def _one_step(weight_by_tokens: bool) -> torch.Tensor:
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     run = Run(Config(batch_size=4, accumulation_steps=3), "cpu", probing=False)
-    with run.active():
+    with run.control.active():
         for x, y in run.batches(_batches(), tokens=_real_tokens, weight_by_tokens=weight_by_tokens):
             run.backward(_loss(model, x, y), optimizer)
     run.finish()

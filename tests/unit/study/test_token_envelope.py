@@ -69,7 +69,7 @@ def test_the_envelope_in_the_file_reaches_the_normal_runs_settings(tmp_path, mon
     fn = AutofitFunction(lambda run: None, SearchOptions())
     plan = resolve_run_config(fn, None, "cpu")
     assert plan.config == config and plan.token_envelope == envelope
-    assert fn.make_run(plan=plan).settings.token_envelope == envelope
+    assert fn.make_run(plan=plan).control.settings.token_envelope == envelope
     without = write_best(str(tmp_path / "old.best.json"), {
         "config": config_entry(config), "measured": {}, "memory": {}, "device": {"type": "cpu", "name": "cpu"},
         "versions": {}, "script": {}})
