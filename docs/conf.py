@@ -4,6 +4,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.abspath(".."))  # the autofit of this checkout, installed or not
+sys.path.insert(0, os.path.abspath("_ext"))  # knob_table: the config fields' table, from their declaration
 
 from autofit import __version__  # noqa: E402
 
@@ -15,9 +16,10 @@ extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
     "sphinx_click",
+    "knob_table",
 ]
 source_suffix = {".md": "markdown"}
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "_ext"]
 myst_heading_anchors = 3  # `page.md#a-section` links, as GitHub makes them
 myst_enable_extensions = ["colon_fence"]
 
@@ -28,5 +30,7 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 # The docstrings name code with single backticks, as Markdown does: show it as code.
 default_role = "code"
+# "--flag" stays two hyphens in text (the knob table's help, prose), never an en dash.
+smartquotes = False
 # Lexers for the shown-only blocks (```py: not run by the tests; ```python blocks are).
 highlight_language = "python"
