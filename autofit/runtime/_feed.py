@@ -25,13 +25,28 @@ from autofit.runtime._saved import SavedTensors
 from autofit.runtime._tokens import TokenLoader
 
 
-class FedRun(Protocol):
-    """What a feed reads and writes of the run it feeds (`Run` is one): named here so that the feed
-    does not import the face it sits under."""
+class FedControl(Protocol):
+    """What a feed uses of its run's control (`RunControl` is one)."""
 
-    config: Config
     notes: list[str]
     data_context: Callable[[], Any]
+
+    @property
+    def knobs(self) -> Knobs: ...
+
+    def set_config(self, config: Config) -> None: ...
+
+    def step_taken(self, samples: int, tokens: int = 0) -> None: ...
+
+
+class FedRun(Protocol):
+    """What a feed reads of the run it feeds (`Run` is one): named here so that the feed does not import
+    the face it sits under, nor the control that builds it."""
+
+    control: FedControl
+
+    @property
+    def config(self) -> Config: ...
 
     @property
     def device(self) -> torch.device: ...
@@ -40,12 +55,7 @@ class FedRun(Protocol):
     def probing(self) -> bool: ...
 
     @property
-    def knobs(self) -> Knobs: ...
-
-    @property
     def lowerings(self) -> list[Lowering]: ...
-
-    def step_taken(self, samples: int, tokens: int = 0) -> None: ...
 
 
 class DataTooSmall(RuntimeError):

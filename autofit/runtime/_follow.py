@@ -27,10 +27,9 @@ OOM_LINE = ("an out-of-memory in your own loop starts the function again at a sm
             "the same global batch (what it trained so far is kept only if it saves and resumes)")
 
 
-class FollowedRun(Protocol):
-    """What the follower reads and writes of the run whose loop it follows (`Run` is one)."""
+class FollowedControl(Protocol):
+    """What the follower uses of its run's control (`RunControl` is one)."""
 
-    config: Config
     notes: list[str]
     reads: set[str]
     clock: StepClock
@@ -41,13 +40,28 @@ class FollowedRun(Protocol):
     @property
     def knobs(self) -> Knobs: ...
 
+    def step_taken(self, samples: int, tokens: int = 0) -> None: ...
+
+
+class FollowedRun(Protocol):
+    """What the follower reads of the run whose loop it follows (`Run` is one)."""
+
+    control: FollowedControl
+
+    @property
+    def config(self) -> Config: ...
+
     @property
     def recovers_oom(self) -> bool: ...
 
     @property
     def is_main(self) -> bool: ...
 
-    def step_taken(self, samples: int, tokens: int = 0) -> None: ...
+    @property
+    def accumulation_steps(self) -> int: ...
+
+    @property
+    def global_batch(self) -> int: ...
 
 
 class StepFollower:
