@@ -69,7 +69,8 @@ def test_a_search_exports_max_tokens_and_a_normal_epoch_runs_under_the_limit(ent
     assert document["config"]["max_tokens"] == config.max_tokens
     assert document["measured"]["peak_bytes"] <= document["memory"]["usable_bytes"]
     envelope = document["measured"]["token_envelope"]  # what the winner's probes ran: the longest batch first
-    assert envelope["longest_sample"] == entry.longest and envelope["padded_tokens"] <= config.max_tokens
+    assert envelope["longest_sample"] == entry.longest and envelope["padded_tokens"] <= config.max_tokens, \
+        (config.label(), envelope, document["measured"].get("probes"), searched.stderr[-2000:])
     squares = config.max_squares or config.max_tokens * entry.longest  # a squares cap holds the long batches
     assert envelope["padded_squares"] >= min(config.max_tokens // entry.longest,
                                              squares // entry.longest**2) * entry.longest**2
