@@ -86,8 +86,13 @@ class ProgressFile:
         if self._written_at is None or now - self._written_at >= _WRITE_EVERY_S:
             self._write()
         if self._flusher is None and not self._stop.is_set():
-            self._flusher = threading.Thread(target=self._flush, name="autofit-progress", daemon=True)
-            self._flusher.start()
+            flusher = threading.Thread(target=self._flush, name="autofit-progress", daemon=True)
+            try:
+                flusher.start()
+            except RuntimeError:  # no memory left for a thread (the probe ran out of it): the writes above go on
+                self._stop.set()
+                return
+            self._flusher = flusher
 
     def _flush(self) -> None:
         while not self._stop.wait(_WRITE_EVERY_S):
