@@ -37,6 +37,7 @@ def search_function(fn: Any, **kwargs: Any) -> SearchResult:
     """`train.search(budget="20m", memory_limit="2GiB", ...)` from Python."""
     import inspect
 
+    from autofit.config import CONSIDERED
     from autofit.errors import UsageError
     from autofit.options import renamed
     from autofit.units import parse_duration, parse_size
@@ -51,6 +52,10 @@ def search_function(fn: Any, **kwargs: Any) -> SearchResult:
         kwargs["budget_s"] = parse_duration(kwargs.pop("budget"))
     if isinstance(kwargs.get("memory_limit"), str):
         kwargs["memory_limit"] = parse_size(kwargs["memory_limit"])
+    # A knob's list of values to consider by the knob's own name (`NAME=("a", "b")`), as @autofit takes it.
+    listed = {k.name: kwargs.pop(k.name) for k in CONSIDERED if k.name in kwargs}
+    if listed:
+        kwargs["consider"] = {**kwargs.get("consider", {}), **listed}
     reporter = kwargs.pop("reporter", None)
     script = inspect.getsourcefile(fn.fn)
     return run_search(SearchSettings(script=script, function=fn.fn.__name__, **kwargs), reporter)
