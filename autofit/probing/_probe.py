@@ -90,14 +90,15 @@ def run_probe(
 def _fill_result(result: ProbeResult, run: Run, backend: DeviceBackend, started: float,
                  compiling: CompileTimer) -> None:
     """What the run measured, into its result: its times, start and compilation, knobs, peak, work."""
+    control = run.control
     result.wall_s = time.perf_counter() - started
-    if run.control.clock.first_micro_at is not None:
-        result.start_s = run.control.clock.first_micro_at - started
+    if control.clock.first_micro_at is not None:
+        result.start_s = control.clock.first_micro_at - started
     if compiling.timed and compiling.compiles:
         result.compile_s, result.compile_cache_hits = compiling.total_s, compiling.cache_hits
-    result.knobs = run.control.knobs.to_dict()
-    result.warmup_steps = run.control.clock.warmup_steps
-    result.notes.extend(run.control.notes)
+    result.knobs = control.knobs.to_dict()
+    result.warmup_steps = control.clock.warmup_steps
+    result.notes.extend(control.notes)
     if result.restart_worker:
         return  # the device answers nothing more in this process: no peak
     if result.status == "ok":
@@ -114,18 +115,19 @@ def _fill_result(result: ProbeResult, run: Run, backend: DeviceBackend, started:
 def _check_length(result: ProbeResult, run: Run, measured_steps: int) -> None:
     """A function that returned before its probe's steps: too short to measure, or (a long run whose
     own loop ended first) measured as far as it ran."""
-    warmup_steps = run.control.clock.warmup_steps  # longer where a loader's prefetch queue had to drain
+    control = run.control
+    warmup_steps = control.clock.warmup_steps  # longer where a loader's prefetch queue had to drain
     needed = warmup_steps + min(measured_steps, ENOUGH_MEASURED_STEPS)
-    if needed <= run.control.clock.steps_done < warmup_steps + measured_steps:
+    if needed <= control.clock.steps_done < warmup_steps + measured_steps:
         # A long run (the confirmation) of a function whose own loop ended first (its data, its
         # max_train_steps): what ran is measured; the function's length is a fact, not a fault.
-        result.notes.append(f"the function returned after {run.control.clock.steps_done} optimizer steps of the "
+        result.notes.append(f"the function returned after {control.clock.steps_done} optimizer steps of the "
                             f"{warmup_steps + measured_steps} asked: measured what ran")
-    elif run.control.clock.steps_done < needed:
+    elif control.clock.steps_done < needed:
         result.status = "error"
         result.error_type = "ProbeTooShort"
         result.error_message = (
-            f"The function returned after {run.control.clock.steps_done} optimizer steps, but a probe needs "
+            f"The function returned after {control.clock.steps_done} optimizer steps, but a probe needs "
             f"{warmup_steps + measured_steps}: loop over the data while run.probing, "
             f"and iterate run.batches()."
         )
@@ -143,10 +145,11 @@ def _record_failure(result: ProbeResult, exc: BaseException) -> None:
 
 
 def _check_finite(result: ProbeResult, run: Run) -> None:
-    if run.control.skipped_steps:
-        result.notes.append(f"{run.control.skipped_steps} optimizer steps skipped by the loop's GradScaler (inf/NaN "
+    control = run.control
+    if control.skipped_steps:
+        result.notes.append(f"{control.skipped_steps} optimizer steps skipped by the loop's GradScaler (inf/NaN "
                             f"gradients, fp16): counted with the step after them")
-    if not run.control.losses_finite():
+    if not control.losses_finite():
         result.status = "diverged"
         result.error_type = "NonFiniteLoss"
         result.error_message = (
@@ -158,18 +161,19 @@ def _check_finite(result: ProbeResult, run: Run) -> None:
 def _fill_timing(result: ProbeResult, run: Run) -> None:
     """The measured steps' figures, for a step of the config's own accumulation: a probe that ran fewer
     micro-batches a step prices its steps (autofit.runtime._accumulation)."""
-    times, samples, tokens = run.control.clock.measured()
-    result.measured_steps = run.control.clock.steps_measured
+    control = run.control
+    times, samples, tokens = control.clock.measured()
+    result.measured_steps = control.clock.steps_measured
     if not times:
         return
-    total = run.control.clock.measured_time_s
-    ran, priced = run.config.accumulation_steps, run.control.priced_config.accumulation_steps
-    if run.control.knobs.followed and not run.control.knobs.backward:
+    total = control.clock.measured_time_s
+    ran, priced = run.config.accumulation_steps, control.priced_config.accumulation_steps
+    if control.knobs.followed and not control.knobs.backward:
         priced = ran  # a loop that keeps its own accumulation ran its own steps: nothing to price
-    pricing = price_steps(ran, priced, run.control.clock.inner)
+    pricing = price_steps(ran, priced, control.clock.inner)
     if priced > ran:
         result.probe_accumulation = ran
-        result.inner_micro_s = run.control.clock.inner.inner_micro_s if run.control.clock.inner is not None else None
+        result.inner_micro_s = control.clock.inner.inner_micro_s if control.clock.inner is not None else None
         if pricing.note:
             result.notes.append(pricing.note)
     probe_step = total / max(1, result.measured_steps)
@@ -179,8 +183,8 @@ def _fill_timing(result: ProbeResult, run: Run) -> None:
     median = statistics.median(times)
     result.probe_step_s = median
     result.step_time_median_s = pricing.step_s(median)
-    result.warmup_s = run.control.clock.warmup_time_s
-    result.data_wait_s, result.data_wait_share = run.control.clock.data_wait_s, run.control.clock.data_wait_share
+    result.warmup_s = control.clock.warmup_time_s
+    result.data_wait_s, result.data_wait_share = control.clock.data_wait_s, control.clock.data_wait_share
     if result.compile_s is None and result.config.compile and result.warmup_s is not None:
         # compilation could not be watched: the warm-up beyond its steps at the measured pace
         result.compile_s = max(0.0, result.warmup_s - result.warmup_steps * median)
@@ -194,12 +198,13 @@ def _fill_timing(result: ProbeResult, run: Run) -> None:
 
 def _fill_work(result: ProbeResult, run: Run, backend: DeviceBackend) -> None:
     """FLOPs per sample, FLOP/s and MFU, and joules per sample, where they can be known."""
-    if run.control.flops is not None and run.control.flops.failure:
-        result.notes.append(run.control.flops.failure)
-    if run.control.flops is not None and run.control.flops.per_sample is not None:
+    control = run.control
+    if control.flops is not None and control.flops.failure:
+        result.notes.append(control.flops.failure)
+    if control.flops is not None and control.flops.per_sample is not None:
         # the peak of the math that ran: a script that turned TF32 on itself ran its fp32 matmuls in TF32
-        math = "tf32" if result.config.precision == "fp32" and run.control.knobs.forces_tf32 else result.config.precision
-        result.set_flops(run.control.flops.per_sample, backend.peak_flops_per_s(math), run.control.flops.per_token)
-    energy, samples = run.control.clock.measured_energy_j, run.control.clock.measured_samples
+        math = "tf32" if result.config.precision == "fp32" and control.knobs.forces_tf32 else result.config.precision
+        result.set_flops(control.flops.per_sample, backend.peak_flops_per_s(math), control.flops.per_token)
+    energy, samples = control.clock.measured_energy_j, control.clock.measured_samples
     if energy is not None and energy >= 0 and samples:
         result.joules_per_sample = energy / samples
