@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from contextlib import contextmanager, nullcontext
 
 import pytest
 
@@ -95,8 +97,35 @@ def pytest_runtest_protocol(item, nextitem):
         if not alone:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
         try:
-            yield
+            with nullcontext() if alone else _a_share_of_the_cores():
+                yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
             if alone:
                 fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+@contextmanager
+def _a_share_of_the_cores():
+    """A test that shares the machine with the other workers' gets its share of the cores as its
+    intra-op threads (OMP_NUM_THREADS for the probes and runs it starts, torch's own in this process):
+    two tests of two OpenMP threads each on two cores spin against each other, which made the heavy
+    tiers' searches 2-4x slower (the kept loop's search and run: 227 s, alone on its core 53 s). A test
+    that needs a thread count pins its own; one marked `serial` runs alone with the machine's default."""
+    cores = len(os.sched_getaffinity(0))
+    share = str(max(1, cores // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+    before = os.environ.get("OMP_NUM_THREADS")
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
+    os.environ["OMP_NUM_THREADS"] = share
+    if torch is not None:
+        torch.set_num_threads(int(share))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = before
+        if torch is not None and threads is not None:
+            torch.set_num_threads(threads)

@@ -139,4 +139,6 @@ def test_a_search_keeps_a_partial_estimate_s_known_parts_and_still_explores(tmp_
     assert stored.estimates.known_bytes > 80 * 2**20  # Adam's model: ~20 MiB of weights, x4
     assert "activations not predicted (`bincount` has a data-dependent size)" in stored.estimates.summary()
     probed = [t.user_attrs["probe"]["config"]["batch_size"] for t in stored.trials() if "probe" in t.user_attrs]
-    assert max(probed) >= 4 * probed[0], (probed, result)  # two climbs past the pilot (a memory-scaled guess)
+    # A climb past the pilot (a memory-scaled guess): a second climb depends on the step up measuring faster,
+    # which two tests sharing the CPU can deny (CI once measured b=16 no faster than b=8 and stopped there).
+    assert max(probed) >= 2 * probed[0], (probed, result)

@@ -182,20 +182,22 @@ def test_a_segfault_is_crashed_with_the_stack_in_the_log_and_the_next_probe_runs
     assert probing.probe(2).status == "ok"
 
 
-def test_a_hang_is_killed_at_the_timeout_and_the_next_probe_is_killed_too(runner_for):
+def test_a_hang_is_killed_at_the_timeout_and_the_next_probe_is_killed_too(runner_for, monkeypatch):
     """Killed with every process it started: torchrun's ranks (each in a session of its own) used to live on,
     hung, after torchrun was SIGKILLed at the timeout. hangs.py hangs in its first micro-batch: its start
     never ends."""
+    mark = f"{os.getpid()}-{time.monotonic_ns()}"
+    monkeypatch.setenv("AUTOFIT_TEST_RANKS_OF", mark)  # the ranks of this test's probes, not another test's
     probing = runner_for("hangs.py")
     probing.runner.start()
-    before = _rank_processes()
+    before = _rank_processes(mark)
     for _ in range(2):  # the runner is usable after a probe it had to kill
         result = probing.probe(1, timeout=2)
         assert result.status == "timeout" and result.error_type == "StartTimeout"
         assert "first micro-batch after 2s" in result.error_message and "--probe-timeout" in result.error_message
         assert result.memory_limit == LIMIT
     deadline = time.monotonic() + 10
-    while (left := _rank_processes() - before) and time.monotonic() < deadline:
+    while (left := _rank_processes(mark) - before) and time.monotonic() < deadline:
         time.sleep(0.2)  # SIGKILL from the kernel as torchrun dies; gone within moments
     assert not left, f"rank processes outlived their probe: {sorted(left)}"
 
@@ -222,8 +224,9 @@ def test_a_probe_cut_by_the_budget_is_not_measured_whatever_its_progress(runner_
     assert "not measured" in result.error_message
 
 
-def _rank_processes() -> set[int]:
-    """The live processes running a distributed probe's rank (autofit.probing._rank_process)."""
+def _rank_processes(mark: str) -> set[int]:
+    """The live processes running a distributed probe's rank (autofit.probing._rank_process) whose
+    environment carries AUTOFIT_TEST_RANKS_OF=mark: under pytest-xdist, the other worker's test starts ranks too."""
     found = set()
     for entry in os.listdir("/proc"):
         try:
@@ -231,9 +234,11 @@ def _rank_processes() -> set[int]:
                 command = handle.read()
             with open(f"/proc/{entry}/stat") as handle:
                 zombie = handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                ours = f"AUTOFIT_TEST_RANKS_OF={mark}".encode() in handle.read().split(b"\0")
         except (OSError, IndexError):
             continue
-        if b"autofit.probing._rank_process" in command and not zombie:
+        if b"autofit.probing._rank_process" in command and not zombie and ours:
             found.add(int(entry))
     return found
 
