@@ -188,9 +188,9 @@ def test_search_bad_input_is_one_line_and_exit_2_or_1(tmp_path, monkeypatch, arg
 
 @pytest.mark.slow
 def test_search_spends_no_probes_on_knobs_the_function_ignores(tmp_path):
-    result = run_search(SearchSettings(script=script("plain_loop.py"), memory_limit=LIMIT, budget_s=60,
+    result = run_search(SearchSettings(script=script("plain_loop.py"), memory_limit=LIMIT, budget_s=600, trials=3,
                                        storage=f"sqlite:///{tmp_path}/k.db", out=str(tmp_path / "k.json"),
-                                       confirm_factor=2))
+                                       confirm_factor=2))  # bounded by its probe count, not a 60 s budget
     study = optuna.load_study(study_name=result.study_name, storage=f"sqlite:///{tmp_path}/k.db")
     configs = {o.config for o in observations(study.trials)}
     assert len(configs) >= 3
