@@ -157,6 +157,11 @@ class BestConfig:
         return self.document.get("allocator")
 
     @property
+    def threads(self) -> int | None:
+        """The intra-op threads the winner's probes ran on (None: not recorded)."""
+        return (self.document.get("measured") or {}).get("threads")
+
+    @property
     def script_sha256(self) -> str | None:
         """The script as the search measured it (None for files written before the hash was kept)."""
         return (self.document.get("script") or {}).get("sha256")

@@ -121,10 +121,20 @@ def _measured(ranked: list[Candidate], done: list[Observation], trials, meta: St
         "rate_from": best.measurement.rule,
         "rate_note": rate_note(ranked, done),
         **figures,
+        # the intra-op threads its probes ran on (absent: not recorded): a CPU run on other threads is warned
+        **({"threads": threads} if (threads := probe_threads(best.config, trials)) else {}),
         # the micro-batches by tokens its probes ran (absent: it does not batch by tokens): a normal run
         # splits one beyond them before it runs
         **({"token_envelope": envelope} if (envelope := token_envelope(best.config, trials)) else {}),
     }
+
+
+def probe_threads(config: Config, trials) -> int | None:
+    """The intra-op threads the probes of `config` that ran their steps had (the most of them, should
+    they differ); None where no probe recorded them (a study from before they were kept)."""
+    counts = [result.threads for trial in trials if (result := trial_result(trial)) and result.ok
+              and result.config == config and result.threads]
+    return max(counts, default=None)
 
 
 def token_envelope(config: Config, trials) -> dict | None:

@@ -8,6 +8,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from autofit.config import PROBE_ACCUMULATION, Config
 from autofit.devices import DeviceBackend
 from autofit.probing._bootstrap import user_traceback
@@ -106,6 +108,7 @@ def _fill_result(result: ProbeResult, run: Run, backend: DeviceBackend, started:
         result.wall_s = time.perf_counter() - started
     result.peak_bytes = backend.peak_bytes()
     result.allocator = backend.allocator_stats()
+    result.threads = torch.get_num_threads()  # the user's own, or what the script set at import
     if result.status == "ok":
         _fill_timing(result, run)
         _fill_work(result, run, backend)

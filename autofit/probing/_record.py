@@ -36,6 +36,9 @@ class ProbeResult:
     memory_after_bytes: int | None = None
     baseline_bytes: int | None = None
     allocator: dict = field(default_factory=dict)
+    threads: int | None = None
+    """Intra-op threads the probe's steps ran on (torch.get_num_threads()): on the CPU each thread keeps its own
+    buffers, so the count changes a config's peak as well as its speed; None: a record from before it was kept."""
     log_path: str | None = None
     notes: list[str] = field(default_factory=list)
     world_size: int = 1
