@@ -109,9 +109,9 @@ def pytest_runtest_protocol(item, nextitem):
 def _a_share_of_the_cores():
     """A test that shares the machine with the other workers' gets its share of the cores as its
     intra-op threads (OMP_NUM_THREADS for the probes and runs it starts, torch's own in this process):
-    two tests of two OpenMP threads each on two cores spin against each other, which made the heavy
-    tiers' searches 2-4x slower (the kept loop's search and run: 227 s, alone on its core 53 s). A test
-    that needs a thread count pins its own; one marked `serial` runs alone with the machine's default."""
+    two tests of two OpenMP threads each on two cores spin against each other (the heavy tiers' pool took
+    47 min on the 2-core EPYC, 37 min with the share). A test that needs a thread count pins its own; one
+    marked `serial` runs alone with the machine's default."""
     cores = len(os.sched_getaffinity(0))
     share = str(max(1, cores // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
     before = os.environ.get("OMP_NUM_THREADS")
