@@ -23,7 +23,7 @@ LIMIT = 768 * 2**20
 
 def settings(tmp_path, name: str, **kwargs) -> SearchSettings:
     base = dict(script=script(name), memory_limit=LIMIT, budget_s=90, storage=f"sqlite:///{tmp_path}/s.db",
-                out=str(tmp_path / "best.json"), confirm_factor=2)
+                out=str(tmp_path / "best.json"))  # the A/B: one round (AUTOFIT_CONFIRM_FACTOR=1, tests/conftest.py)
     base.update(kwargs)
     return SearchSettings(**base)
 
@@ -389,7 +389,7 @@ def test_a_cpu_study_without_a_memory_limit_resumes(tmp_path):
     """The default CPU limit is the memory free at the start, different every run: a resumed study
     keeps the limit it began with instead of refusing to resume."""
     base = dict(script=script("fits_small.py"), budget_s=60, trials=2, storage=f"sqlite:///{tmp_path}/m.db",
-                study="nolimit", out=str(tmp_path / "best.json"), confirm_factor=2, batch_range=(1, 64))
+                study="nolimit", out=str(tmp_path / "best.json"), batch_range=(1, 64))
     first = run_search(SearchSettings(**base))
     second = run_search(SearchSettings(**base))
     assert second.probes > first.probes
