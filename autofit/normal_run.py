@@ -161,9 +161,10 @@ def _warn_if_stale(fn: Decorated, best: BestConfig, device: str) -> None:
     if searched.get("type") == "cpu" and best.threads:
         import torch
 
-        if torch.get_num_threads() != best.threads:
+        threads = torch.get_num_threads()
+        if threads != best.threads:
             warnings.warn(f"autofit: the search's probes ran on {best.threads} intra-op threads and this run has "
-                          f"{torch.get_num_threads()}; on the CPU each thread keeps its own buffers, so the config's "
+                          f"{threads}; on the CPU each thread keeps its own buffers, so the config's "
                           f"memory and speed may differ. Run with OMP_NUM_THREADS={best.threads}, or search again.",
                           stacklevel=4)
     allocator = allocator_difference(best.allocator)

@@ -18,6 +18,7 @@ from autofit.findings import observations
 from autofit.search import SearchSettings, run_search
 from autofit.study import open_storage
 from tests.support import autofit_cli, script
+from tests.support.studies import records_config_with_best
 
 pytestmark = pytest.mark.serial  # tight budgets or speeds measured (pyproject.toml)
 
@@ -215,19 +216,8 @@ def test_search_from_python_on_the_decorated_function(tmp_path, monkeypatch):
     assert frame["samples_per_s"].dtype == "float64"
 
 
-def _records_config_with_best(tmp_path, **fields) -> None:
-    """records_config.py as train.py, beside a best-config file of batch 5 with `fields` added."""
-    shutil.copy(script("records_config.py"), tmp_path / "train.py")
-    document = {
-        "schema": "autofit.best-config", "schema_version": 1,
-        "config": {"batch_size": 5, "accumulation_steps": 1, "precision": "fp32", "checkpoint_segments": 0},
-        "measured": {}, "memory": {}, "device": {"type": "cpu", "name": "x"}, "versions": {}, **fields,
-    }
-    (tmp_path / "best.json").write_text(json.dumps(document))
-
-
 def test_changed_script_warns_when_the_config_is_loaded(tmp_path):
-    _records_config_with_best(tmp_path, script={"path": str(tmp_path / "train.py"), "sha256": "0" * 64})
+    records_config_with_best(tmp_path, script={"path": str(tmp_path / "train.py"), "sha256": "0" * 64})
     env = {**os.environ, "RECORD_TO": str(tmp_path / "r.json"), "AUTOFIT_CONFIG": str(tmp_path / "best.json")}
     proc = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -238,7 +228,7 @@ def test_changed_script_warns_when_the_config_is_loaded(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_under_other_allocator_settings_than_the_search_is_warned(tmp_path):
-    _records_config_with_best(tmp_path, script={"path": str(tmp_path / "train.py")},
+    records_config_with_best(tmp_path, script={"path": str(tmp_path / "train.py")},
                               allocator={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
                                          "PYTORCH_ALLOC_CONF": None})
     env = {**os.environ, "RECORD_TO": str(tmp_path / "r.json"), "AUTOFIT_CONFIG": str(tmp_path / "best.json")}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -16,29 +15,16 @@ import pytest
 
 from autofit import Config
 from autofit.findings import best_document
+from autofit.planner import SearchSpace
 from autofit.probing import ProbeResult
 from tests.support import autofit_cli, script
+from tests.support.studies import records_config_with_best, study_of
 
 GiB = 2**30
 
 
 def _study(results: list[ProbeResult]) -> optuna.Study:
-    from autofit.planner import SearchSpace
-    from autofit.study import config_params, distributions
-
-    space = SearchSpace.build(batch_range=(1, 64), precisions=("fp32",))
-    study = optuna.create_study(direction="maximize")
-    study.set_user_attr("autofit", {
-        "script": "train.py", "function": "train", "device_info": {"type": "cpu", "name": "cpu"},
-        "limit_bytes": 8 * GiB, "headroom": 0.1, "usable_bytes": 7 * GiB, "space": space.to_dict()})
-    dists = distributions((1, 64), 0, 1)
-    for result in results:
-        stored = ProbeResult.from_dict(result.to_dict())  # as the probe's record crosses to the study
-        study.add_trial(optuna.trial.create_trial(
-            params={k: v for k, v in config_params(stored.config).items() if k in dists}, distributions=dists,
-            value=stored.samples_per_s, state=optuna.trial.TrialState.COMPLETE,
-            user_attrs={"probe": stored.to_dict(), "phase": "explore", "status": stored.status}))
-    return study
+    return study_of(results, SearchSpace.build(batch_range=(1, 64), precisions=("fp32",)), (1, 64))
 
 
 def _ok(batch: int, rate: float, threads: int | None) -> ProbeResult:
@@ -64,14 +50,7 @@ def test_a_probe_records_the_threads_it_ran_on(tmp_path):
 
 
 def test_a_cpu_run_on_other_threads_than_the_search_is_warned(tmp_path):
-    shutil.copy(script("records_config.py"), tmp_path / "train.py")
-    document = {
-        "schema": "autofit.best-config", "schema_version": 1,
-        "config": {"batch_size": 5, "accumulation_steps": 1, "precision": "fp32", "checkpoint_segments": 0},
-        "measured": {"threads": 2}, "memory": {}, "device": {"type": "cpu", "name": "x"}, "versions": {},
-        "script": {"path": str(tmp_path / "train.py")},
-    }
-    (tmp_path / "best.json").write_text(json.dumps(document))
+    records_config_with_best(tmp_path, measured={"threads": 2}, script={"path": str(tmp_path / "train.py")})
     env = {**os.environ, "RECORD_TO": str(tmp_path / "r.json"), "AUTOFIT_CONFIG": str(tmp_path / "best.json")}
 
     def run(threads: str) -> subprocess.CompletedProcess:

@@ -15,7 +15,7 @@ from autofit.options import SearchOptions
 from autofit.planner import SearchSpace
 from autofit.probing import ProbeResult
 from autofit.runtime import TokenEnvelope
-from autofit.study import config_params, distributions
+from tests.support.studies import study_of
 
 GiB = 2**30
 TOKENS = (64, 1024)
@@ -30,19 +30,7 @@ def _probe(max_tokens: int, rate: float, envelope: TokenEnvelope | None) -> Prob
 
 
 def _study(results: list[ProbeResult]) -> optuna.Study:
-    study = optuna.create_study(direction="maximize")
-    study.set_user_attr("autofit", {
-        "script": "train.py", "function": "train", "device_info": {"type": "cpu", "name": "cpu"},
-        "limit_bytes": 8 * GiB, "headroom": 0.1, "usable_bytes": 7 * GiB, "space": SPACE.to_dict()})
-    dists = distributions((1, 2**20), 0, 1, token_range=TOKENS)
-    for result in results:
-        stored = ProbeResult.from_dict(result.to_dict())  # as the probe's record crosses to the study
-        study.add_trial(optuna.trial.create_trial(
-            params={k: v for k, v in config_params(stored.config).items() if k in dists}, distributions=dists,
-            value=stored.samples_per_s,
-            state=optuna.trial.TrialState.COMPLETE,
-            user_attrs={"probe": stored.to_dict(), "phase": "explore", "status": stored.status}))
-    return study
+    return study_of(results, SPACE, (1, 2**20), token_range=TOKENS)
 
 
 def test_the_file_holds_what_the_winners_probes_ran_each_measures_largest():
