@@ -49,6 +49,7 @@ def test_a_probe_records_the_threads_it_ran_on(tmp_path):
     assert json.loads(probed.stdout)["result"]["threads"] == 1
 
 
+@pytest.mark.slow  # two real normal runs (13 s), as the allocator's warning test is
 def test_a_cpu_run_on_other_threads_than_the_search_is_warned(tmp_path):
     records_config_with_best(tmp_path, measured={"threads": 2}, script={"path": str(tmp_path / "train.py")})
     env = {**os.environ, "RECORD_TO": str(tmp_path / "r.json"), "AUTOFIT_CONFIG": str(tmp_path / "best.json")}
