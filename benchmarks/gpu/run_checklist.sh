@@ -2,6 +2,11 @@
 # The GPU checklist in one command per part, for a machine with a GPU and a CUDA build of torch.
 #   benchmarks/gpu/run_checklist.sh nanogpt-defaults   FIRST: nanoGPT's train.py at its defaults searched in 3m with
 #                                             no flag, then the pick against hand-set batches (benchmarks/gpu/nanogpt_defaults.sh)
+#   benchmarks/gpu/run_checklist.sh features  SECOND: every feature beyond nanoGPT in one call (about 9 min): batches
+#                                             by tokens over a whole epoch against the safe fixed batch, checkpointing
+#                                             where memory binds (GPT-2 medium), the estimator against measured peaks,
+#                                             the HF Trainer adapter, each probe against its normal run; a dated table
+#                                             in $OUT/features.md (benchmarks/gpu/features.py; PARTS=tokens,hf picks)
 #   benchmarks/gpu/run_checklist.sh check     scripts/check_cuda.sh, then a search of each bundled study
 #   benchmarks/gpu/run_checklist.sh finders   Lightning's and HF's batch-size finders on GPT-2 small (124M)
 #   benchmarks/gpu/run_checklist.sh search    autofit on GPT-2 small
@@ -26,6 +31,12 @@ case "${1:-check}" in
 nanogpt-defaults)
     step "nanoGPT's train.py at its defaults, compile on (benchmarks/gpu/nanogpt_defaults.sh)"
     OUT="$OUT" PYTHON="$PYTHON" BUDGET="${BUDGET_NANOGPT:-3m}" benchmarks/gpu/nanogpt_defaults.sh
+    ;;
+features)
+    step "every feature on one GPU (benchmarks/gpu/features.py --parts ${PARTS:-tokens,memory,estimator,hf})"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    "$PYTHON" -m benchmarks.gpu.features --parts "${PARTS:-tokens,memory,estimator,hf}" --out "$OUT"
+    echo "exit status $?"
     ;;
 check)
     step nvidia-smi; nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv
