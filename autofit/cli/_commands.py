@@ -141,7 +141,7 @@ def _device_options(f=None, *, many: bool = False):
                          callback=into_context("gpu"), help="GPU index; implies --device cuda.")(f)
     f = click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None, expose_value=False,
                      callback=into_context("device_type"),
-                     help="Where probes run (default: cuda if --gpu is given, else cpu).")(f)
+                     help="Where probes run (default: $AUTOFIT_DEVICE where set, else the first visible GPU (cuda with --gpu), else cpu: where a normal run trains).")(f)
     return f
 
 

@@ -55,7 +55,7 @@ class CliContext:
     resolve to, worked out (and checked) when a command first asks."""
 
     device_type: str | None = None
-    """--device as given (None: cuda if --gpu is given, else cpu)."""
+    """--device as given (None: cuda with --gpu; else `default_device`: $AUTOFIT_DEVICE, a visible GPU, the CPU)."""
     gpu: int | tuple[int, ...] | None = None
     """--gpu as given: one index, or several to probe on at once."""
     storage_url: str | None = None

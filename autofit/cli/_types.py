@@ -63,7 +63,7 @@ class ChoiceList(click.ParamType):
     """'fp32,bf16' -> ('fp32', 'bf16'), each one of `choices`."""
 
     def __init__(self, what: str, choices: tuple[str, ...]) -> None:
-        self.name = what + "s"
+        self.name = what[:-1] + "ies" if what.endswith("y") else what + "s"  # policies, precisions
         self.what = what
         self.choices = choices
 

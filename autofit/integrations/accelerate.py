@@ -16,7 +16,7 @@ Token batches: build the training loader with `run.token_batches(dataset, length
 hand it to `prepare()` as any DataLoader; its batch sampler is kept (across processes too: every rank
 already gets as many micro-batches), a search climbs `max_tokens`, and steps count their real tokens.
 
-Needs `pip install autofit[hf]` (accelerate).
+Needs `pip install 'torch-autofit[hf]'` (in a checkout: `pip install -e '.[hf]'`) (accelerate).
 """
 
 from __future__ import annotations

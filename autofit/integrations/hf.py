@@ -15,7 +15,7 @@ before transformers 5) batch by tokens under a searched config: the training Dat
 `run.token_batches`' over the same lengths (`length_column_name`, else each sample's `input_ids`), and a
 search climbs `max_tokens`. Other samplers batch by samples (`per_device_train_batch_size`), as before.
 
-Needs `pip install autofit[hf]` (transformers, accelerate).
+Needs `pip install 'torch-autofit[hf]'` (in a checkout: `pip install -e '.[hf]'`) (transformers, accelerate).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ accumulate_grad_batches), the LightningModule's real training step probed in aut
         trainer = AutofitLightningTrainer(run, max_epochs=3)        # was: L.Trainer(max_epochs=3)
         trainer.fit(model, loader)
 
-Needs `pip install autofit[lightning]`.
+Needs `pip install 'torch-autofit[lightning]'` (in a checkout: `pip install -e '.[lightning]'`).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def _figure() -> Figure:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise UsageError("The report needs matplotlib, but it is not installed: pip install 'autofit[report]'.") from None
+        raise UsageError("The report needs matplotlib, but it is not installed: pip install 'torch-autofit[report]' (or -e '.[report]' in a checkout).") from None
     fig = Figure(figsize=SIZE, dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig

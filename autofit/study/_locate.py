@@ -16,7 +16,7 @@ from autofit.errors import UsageError
 from autofit.study._storage import default_storage_url, open_for_reading, redacted, storage_exists, storage_file
 
 #: The recorded searches of the bundled studies ship inside the package (package data), so they are
-#: there after `pip install autofit` from a wheel, not only in a source checkout.
+#: there after `pip install torch-autofit` from a wheel, not only in a source checkout.
 BUNDLED_DB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recorded", "autofit.db")
 
 

@@ -162,7 +162,7 @@ def engine_url(url: str) -> str:
     if importlib.util.find_spec("psycopg2") is not None:
         return f"postgresql+psycopg2://{rest}"
     raise StorageError(f"The storage {redacted(url)} needs a PostgreSQL driver, but none is installed: "
-                       f"pip install 'autofit[postgres]'.")
+                       f"pip install 'torch-autofit[postgres]'.")
 
 
 @contextlib.contextmanager

@@ -59,7 +59,7 @@ def installed_wheel(tmp_path_factory):
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(root / "dist"), REPO],
                            capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
-    wheel = next((root / "dist").glob("autofit-*.whl"))
+    wheel = next((root / "dist").glob("torch_autofit-*.whl"))
     site = root / "site"
     installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
                                 str(wheel)], capture_output=True, text=True, timeout=300)
