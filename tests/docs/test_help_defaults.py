@@ -36,7 +36,7 @@ def _stated_defaults(command: click.Command) -> dict[str, str]:
         if not isinstance(param, click.Option) or param.hidden or param.is_flag:
             continue
         flag = next(o for o in param.opts if o.startswith("--"))
-        worded = re.search(r"\(default: ([^\s),;]+)\)", param.help or "")
+        worded = re.search(r"\(default: ([^\s);]+)\)", param.help or "")
         if param.show_default and param.default is not None and not isinstance(param.default, (tuple, list)):
             stated[flag] = str(param.default)
         elif worded:
