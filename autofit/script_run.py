@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import sys
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +39,12 @@ def _script_body(run: Run) -> None:
 _STARTED: list[Run] = []  # the normal run's one Run, once started
 _OPEN = contextlib.ExitStack()  # its active() scope, open until the process ends
 
+RESTART_ENV = "AUTOFIT_SCRIPT_RESTART"
+"""Set by autofit when it runs a script again after an out-of-memory: the config it starts with (JSON)."""
+RESTART_BEFORE_STEP = 100
+"""A script is run again after an OOM only before this optimizer step: a run from its top repeats the steps
+done, which is cheap early in training (the micro-batch too large from the start) and not later."""
+
 
 def start(**arguments: Any) -> Run:
     """The `Run` this script trains with; call it once, at module level: `run = autofit.start(global_batch=64)`.
@@ -55,13 +63,96 @@ def start(**arguments: Any) -> Run:
         raise UsageError(ONE_START)
     caller = sys._getframe(1).f_code.co_filename
     script = getattr(sys.modules.get("__main__"), "__file__", None) or caller
-    # No restart after an OOM: the script's top has run and cannot be started again from in here.
+    # No redo of a step inside the run: the script owns its loop. An OOM that reaches the top runs the
+    # whole script again at a lower micro-batch instead (_restart_after_oom).
     target = ScriptFunction(script, replace(options, recover_oom=False), sys.argv[1:])
-    run = target.make_run()
+    plan = _restarted(target.plan_run())
+    run = target.make_run(plan=plan)
     _STARTED.append(run)
     _OPEN.enter_context(run.control.active())
     atexit.register(_finish, run)
+    _restart_after_oom(run, plan, options)
     return run
+
+
+def _restarted(plan: Any) -> Any:
+    """The plan with the lowered config an earlier execution of this script handed on after an OOM."""
+    from autofit.config import Config
+
+    handed = _handed()
+    if handed is None:
+        return plan
+    config = Config.from_dict(handed["config"])
+    print(f"autofit: started again after an out-of-memory, with {config.label()}", file=sys.stderr)
+    return plan._replace(config=config)
+
+
+def _handed() -> dict[str, Any] | None:
+    """What the execution before this one handed on (RESTART_ENV): the config, the one the run started with
+    and every lowering so far; read once, so that a process this script starts does not take it."""
+    handed = os.environ.pop(RESTART_ENV, None)
+    _HANDED[:] = [json.loads(handed)] if handed else []
+    return _HANDED[0] if _HANDED else None
+
+
+_HANDED: list[dict[str, Any]] = []
+
+
+def _restart_after_oom(run: Run, plan: Any, options: SearchOptions) -> None:
+    """An out-of-memory that ends the script early in training runs it again from its top, in a new
+    process image, at the next lower micro-batch with the global batch kept (the decorated function's
+    fallback, for a script whose steps autofit cannot redo), said in one line and recorded beside the
+    config file. Not under torchrun (every rank would have to), not at micro-batch 1, not after
+    RESTART_BEFORE_STEP optimizer steps, not with the fallback turned off."""
+    from autofit.config import Config
+    from autofit.runtime import Lowering, is_oom, lowered, record_lowerings, recovery_enabled
+
+    if not recovery_enabled(options.recover_oom) or run.world_size > 1:
+        return
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, traceback: Any) -> None:
+        smaller = lowered(run.config) if is_oom(exc) else None
+        steps = run.optimizer_steps
+        if smaller is None or steps >= RESTART_BEFORE_STEP:
+            previous(kind, exc, traceback)
+            return
+        print(f"autofit: out of memory with {run.config.label()} after {steps} optimizer steps ({type(exc).__name__}); "
+              f"a script's own loop cannot redo its step, so {os.path.basename(sys.argv[0])} runs again from its top "
+              f"with {smaller.label()} (global batch {smaller.global_batch} unchanged). Search again to find the "
+              f"fastest config that fits.", file=sys.stderr, flush=True)
+        earlier = _HANDED[0] if _HANDED else {"started_with": plan.config.to_dict(), "lowerings": []}
+        lowering = Lowering(steps + 1, "script", run.config, smaller, None, time.time(), restart=True)
+        record_lowerings(plan.record_path, Config.from_dict(earlier["started_with"]),
+                         [*map(_lowering_of, earlier["lowerings"]), lowering], plan.path)
+        _run_again({"config": smaller.to_dict(), "started_with": earlier["started_with"],
+                    "lowerings": [*earlier["lowerings"], lowering.to_dict()]})
+
+    sys.excepthook = hook
+
+
+def _lowering_of(recorded: dict[str, Any]) -> Any:
+    """A Lowering from its record (Lowering.to_dict), handed on from an earlier execution."""
+    import calendar
+
+    from autofit.config import Config
+    from autofit.runtime import Lowering
+
+    at = calendar.timegm(time.strptime(recorded["at"], "%Y-%m-%dT%H:%M:%SZ"))
+    return Lowering(recorded["step"], recorded["where"], Config.from_dict(recorded["before"]),
+                    Config.from_dict(recorded["after"]), recorded["memory_bytes"], at, restart=recorded["restart"])
+
+
+def _run_again(handed: dict[str, Any]) -> None:
+    """This process image replaced by the same command, handed what it starts with; the CPU cap is lifted for
+    the new interpreter's imports (its run applies it again)."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]],
+              {**os.environ, RESTART_ENV: json.dumps(handed)})
 
 
 def _finish(run: Run) -> None:

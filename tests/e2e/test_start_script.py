@@ -133,3 +133,55 @@ def test_a_loop_that_reads_no_batch_knob_is_not_climbed_and_says_so(tmp_path):
     sizes = {trial_result(t).config.batch_size for t in study.trials if trial_result(t)}
     assert len(sizes) == 1, sizes
     assert any("reads neither run.batch_size nor run.global_batch" in note for note in result.notes)
+
+
+def _starts_with_best_batch(tmp_path, batch_size: int) -> None:
+    """starts.py beside a best-config file of `batch_size` (each sample holds 2 MiB of activations)."""
+    shutil.copy(script("starts.py"), tmp_path / "starts.py")
+    best = {"schema": "autofit.best-config", "schema_version": 1,
+            "config": {"batch_size": batch_size, "accumulation_steps": 1, "precision": "fp32", "checkpoint_segments": 0},
+            "measured": {}, "memory": {}, "device": {"type": "cpu", "name": "x"}, "versions": {}, "script": {}}
+    (tmp_path / "starts.best.json").write_text(json.dumps(best))
+
+
+@pytest.mark.slow  # two or three real executions of the script, a few seconds each
+def test_a_start_script_that_runs_out_of_memory_early_runs_again_at_a_lower_micro_batch(tmp_path):
+    """Issue 45, item 6: a module-level script has no step autofit can redo, so an OOM that reaches the top
+    early in training runs the whole script again, halving the micro-batch with the global batch kept, in one
+    line each time, until it fits; the change is recorded beside the config file it started from."""
+    _starts_with_best_batch(tmp_path, 1024)
+    record = tmp_path / "seen.jsonl"
+    done = subprocess.run([sys.executable, "starts.py", "--iters=3", f"--record={record}"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": REPO, "AUTOFIT_CONFIG": "starts.best.json",
+                               "AUTOFIT_MEMORY_LIMIT": "1GiB"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = [json.loads(line)["batch_size"] for line in record.read_text().splitlines()]
+    assert seen[0] == 1024 and len(seen) >= 2, seen  # ran from its top again, each time smaller
+    assert all(b == a // 2 for a, b in zip(seen, seen[1:])), seen
+    assert done.stderr.count("runs again from its top") == len(seen) - 1, done.stderr[-3000:]
+    assert f"with fp32 b={seen[1]} acc=2 (global batch 1024 unchanged)" in done.stderr
+    assert f"autofit: trained 3 optimizer steps with fp32 b={seen[-1]} acc={1024 // seen[-1]}" in done.stderr
+    lowered = json.loads((tmp_path / "starts.lowered.json").read_text())
+    assert lowered["started_with"]["batch_size"] == 1024 and lowered["ended_with"]["batch_size"] == seen[-1]
+    assert [change["after"]["batch_size"] for change in lowered["lowerings"]] == seen[1:]  # every restart kept
+
+
+@pytest.mark.slow
+def test_a_start_script_with_the_fallback_turned_off_stops_at_its_oom(tmp_path):
+    _starts_with_best_batch(tmp_path, 1024)
+    done = subprocess.run([sys.executable, "starts.py", "--iters=3"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": REPO, "AUTOFIT_CONFIG": "starts.best.json",
+                                            "AUTOFIT_MEMORY_LIMIT": "1GiB", "AUTOFIT_OOM_RECOVERY": "0"})
+    assert done.returncode != 0 and "runs again from its top" not in done.stderr
+    assert not (tmp_path / "starts.lowered.json").exists()
+
+
+@pytest.mark.slow  # one real probe, a few seconds
+def test_a_start_script_offers_its_blocks_to_checkpointing(tmp_path):
+    """docs/guide/script.md's example: a module-level script that calls run.checkpoint(blocks) after
+    autofit.start offers the knob, and a probe checkpoints as many blocks as its config says."""
+    done = autofit_cli("probe", script("starts_blocks.py"), "--device", "cpu", "--batch-size", "8",
+                       "--checkpoint-segments", "8", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "checkpoint (8 blocks)" in done.stdout
