@@ -56,7 +56,7 @@ def _messages() -> dict[str, str]:
                     if (called.id if isinstance(called, ast.Name) else getattr(called, "attr", None)) in RAISED:
                         texts.append(node.exc.args[0])
                 if isinstance(node, ast.FunctionDef) and (where, node.name) in EXPLANATIONS:
-                    texts += [n.value for n in ast.walk(node) if isinstance(n, ast.Return) and n.value is not None]
+                    texts += [n for n in ast.walk(node) if isinstance(n, ast.JoinedStr)]  # every f-string it says
                 for text in texts:
                     words = _words(text)
                     if len(words) >= MIN_WORDS_CHARS:
