@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -109,15 +110,17 @@ def price_steps(ran: int, priced: int, spans: InnerSpans | None) -> PricedSteps:
 
 
 @contextmanager
-def watch_backward(done: Callable[[], None]) -> Iterator[None]:
+def watch_backward(done: Callable[[], None], before: Callable[[Any], None] | None = None) -> Iterator[None]:
     """Call `done` each time a backward pass returns (`loss.backward()`, a GradScaler's, a trainer's:
-    `Tensor.backward` goes through `torch.autograd.backward`), while the block runs; a backward inside
-    another's hooks counts once."""
+    `Tensor.backward` goes through `torch.autograd.backward`), while the block runs, and `before` with its
+    tensors as it begins; a backward inside another's hooks counts once."""
     original = torch.autograd.backward
     depth = 0
 
     def backward(*args, **kwargs):
         nonlocal depth
+        if depth == 0 and before is not None:
+            before(args[0] if args else kwargs.get("tensors"))
         depth += 1
         try:
             result = original(*args, **kwargs)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autofit import Config, autofit
-from autofit.runtime import ProbeFinished, Run
+from autofit.runtime import NoStepClosed, ProbeFinished, Run
 
 
 def _model_and_optimizer(seed: int = 0):
@@ -226,3 +226,37 @@ def test_a_kept_loop_with_its_own_accumulation_is_counted_as_it_ran():
     assert run.control.clock.measured_samples == run.control.clock.steps_measured * 4 * 2
     assert any("keeps its own accumulation (2 micro-batches a step)" in note and "not the 32 asked" in note
                for note in run.control.notes)
+
+
+def _steps_only_when(run: Run, stepped, micro_batches: int = 400) -> None:
+    """A kept loop of `micro_batches` micro-batches of 1 that steps its optimizer only where `stepped(i, loss)`
+    (after the i-th backward pass)."""
+    model, optimizer = _model_and_optimizer()
+    for i in range(micro_batches):
+        loss = model(torch.randn(run.batch_size, 8)).pow(2).mean()
+        loss = loss * float("inf") if stepped is None else loss
+        loss.backward()
+        if stepped is not None and stepped(i, loss):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize(("stepped", "finite"), [(None, False), (lambda i, loss: False, True)])
+def test_a_probe_whose_loop_never_steps_its_optimizer_ends_at_once_saying_whether_its_loss_was_finite(stepped,
+                                                                                                    finite):
+    """Issue 44, item 2: a kept loop that skips optimizer.step() (for a non-finite loss, or always) ran its
+    micro-batches until the search's budget was gone: no step, no end."""
+    run = Run(Config(batch_size=4), "cpu", probing=True, warmup_steps=1, measured_steps=3)
+    with pytest.raises(NoStepClosed) as ended, run.control.active():
+        _steps_only_when(run, stepped)
+    assert ended.value.finite is finite and ended.value.micro_batches == run.control.open_step.limit + 1
+    assert run.control.clock.steps_done == 0
+
+
+def test_a_probe_of_a_loop_that_accumulates_many_micro_batches_itself_or_skips_a_run_of_steps_is_not_ended():
+    """Its own accumulation of 64 micro-batches under acc=1, and a GradScaler's run of 20 skipped steps at its
+    start (here: no step for 20 x 64 micro-batches once): both far from a loop that never steps."""
+    run = Run(Config(batch_size=1), "cpu", probing=True, warmup_steps=1, measured_steps=200)
+    with run.control.active():
+        _steps_only_when(run, lambda i, loss: (i + 1) % 64 == 0 and not 64 <= i < 20 * 64, micro_batches=24 * 64)
+    assert run.control.clock.steps_done == 5 and run.control.clock.fewest_per_step == 64
