@@ -77,6 +77,9 @@ class StepFollower:
         self._leader: weakref.ReferenceType | None = None
         self._handles: list[Any] = []
         self._backwards_at_step = 0  # the run's backward passes when the last followed step closed
+        self._backwards_at_pre: int | None = None  # ... when the optimizer step running now began
+        self._inside = 0  # backward passes inside optimizer steps (a closure's) since the last followed step
+        self._others = 0  # steps of other optimizers (a GAN's) since the last followed step
         self._fewest_backwards: int | None = None  # the fewest backward passes a followed step held
         self._finite = True
         self._told_own_accumulation = False
@@ -101,6 +104,7 @@ class StepFollower:
         return (knobs.batches or knobs.backward) and not knobs.followed
 
     def _before(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._backwards_at_pre = self._run.control.clock.micro_batches_done
         if self._leader is None and not self._driven():
             self._leader = weakref.ref(optimizer)
             self._starts()
@@ -108,30 +112,51 @@ class StepFollower:
             self._leader = weakref.ref(optimizer)  # the loop built a new optimizer (a new epoch, a restart)
 
     def _after(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if self._leader is None or self._leader() is not optimizer or self._driven():
+        if self._backwards_at_pre is not None:  # a closure's backward passes (LBFGS, SAM) are no micro-batches
+            self._inside += self._run.control.clock.micro_batches_done - self._backwards_at_pre
+            self._backwards_at_pre = None
+        if self._leader is None or self._driven():
+            return
+        if self._leader() is not optimizer:
+            self._others += 1
             return
         config = self._run.config
-        held = self._run.control.clock.micro_batches_done - self._backwards_at_step
+        held, outside, others = self._backwards_since_step()
         steps = self._steps_in_this_one()
         samples = config.batch_size * config.accumulation_steps * steps
-        if not self._run.control.knobs.backward and self._run.control.priced_config.accumulation_steps > 1 and held > 0:
-            samples = config.batch_size * held  # its own accumulation: what it ran, not what was asked
-            self._say_own_accumulation(held)
+        if not self._run.control.knobs.backward and held > 0:  # it reads no accumulation: what it ran counts
+            ran = outside if outside > 0 and not others else steps
+            samples = config.batch_size * ran
+            if ran != config.accumulation_steps * steps:
+                self._say_own_accumulation(max(1, ran // steps))
         # May end a probe: ProbeFinished, out of the user's optimizer.step(), past any `except Exception`.
         self._run.control.step_taken(samples)
 
-    def _say_own_accumulation(self, held: int) -> None:
-        """Once: the loop keeps an accumulation of its own where the config asks for another (a global batch
-        declared), so its samples are counted as it ran them and its global batch is not the one declared."""
+    def _backwards_since_step(self) -> tuple[int, int, int]:
+        """Since the last followed step closed: its backward passes (0 where none is watched: a normal run),
+        those outside any optimizer step (a closure's, LBFGS's or SAM's, are no micro-batches), and the steps
+        of other optimizers (a GAN's: its passes are over one batch, one micro-batch a step)."""
+        held = self._run.control.clock.micro_batches_done - self._backwards_at_step
+        counts = (held, held - self._inside, self._others)
+        self._inside = self._others = 0
+        return counts
+
+    def _say_own_accumulation(self, per_step: int) -> None:
+        """Once: the loop keeps an accumulation of its own that is not the config's, so its samples are counted
+        as it ran them; where a global batch was declared, its global batch is not that one."""
         if self._told_own_accumulation:
             return
         self._told_own_accumulation = True
         asked = self._run.control.priced_config
-        self._run.control.notes.append(
-            f"the loop keeps its own accumulation ({held} micro-batches a step) and reads neither "
-            f"run.accumulation_steps nor run.global_batch: its samples are counted as it ran them, and its global "
-            f"batch is {asked.batch_size * held}, not the {asked.global_batch} asked for (read "
-            f"run.accumulation_steps to keep it)")
+        said = (f"the loop keeps its own accumulation ({per_step} micro-batches a step) and reads neither "
+                f"run.accumulation_steps nor run.global_batch: its samples are counted as it ran them")
+        if asked.accumulation_steps > 1:
+            said += (f", and its global batch is {asked.batch_size * per_step}, not the {asked.global_batch} asked "
+                     f"for (read run.accumulation_steps to keep it)")
+        else:
+            said += (f" ({asked.batch_size} x {per_step} samples a step; declare a global_batch and read "
+                     f"run.accumulation_steps to have the accumulation searched)")
+        self._run.control.notes.append(said)
 
     def _steps_in_this_one(self) -> int:
         """How many of the loop's steps this optimizer step closes: one, or more where a GradScaler skipped
