@@ -194,6 +194,8 @@ class StepFollower:
         knobs.batches = knobs.batches or bool(run.control.reads & {"batch_size", "global_batch"})
         knobs.backward = bool(run.control.reads & {"accumulation_steps", "global_batch"})
         knobs.autocast = knobs.autocast or "precision" in run.control.reads
+        if run.control.clock.inner is not None and not knobs.backward:
+            run.control.clock.inner.pricing = False  # its own accumulation is not priced: nothing to time in it
         run.control.clock.start()
         training = self._panel.training_loader
         if training is not None:
