@@ -285,9 +285,10 @@ def test_a_kept_loop_with_its_own_accumulation_under_acc_1_is_counted_as_it_ran(
     assert any(f"keeps its own accumulation ({64 // batch} micro-batches a step)" in note for note in run.control.notes)
 
 
-def test_a_kept_gan_loop_and_a_closure_count_one_micro_batch_a_step():
-    """Several backward passes a step are one micro-batch where another optimizer steps too (a GAN: real, fake,
-    generator) or where they run inside the optimizer's step (a closure)."""
+def test_a_kept_gan_loop_and_a_closure_count_one_micro_batch_a_step_and_two_optimizers_side_by_side_all():
+    """Several backward passes a step are one micro-batch where two optimizers step each after passes of its own
+    (a GAN: real, fake, then generator) or where they run inside the optimizer's step (a closure); two optimizers
+    that step back to back (Muon beside AdamW) after a loop's own accumulation of 4 ran 4 micro-batches."""
     run = Run(Config(batch_size=4), "cpu", probing=True, warmup_steps=1, measured_steps=3)
     (critic, c_opt), (generator, g_opt) = _model_and_optimizer(1), _model_and_optimizer(2)
     with pytest.raises(ProbeFinished), run.control.active():
@@ -298,7 +299,17 @@ def test_a_kept_gan_loop_and_a_closure_count_one_micro_batch_a_step():
             c_opt.step()
             generator(x).mean().backward()
             g_opt.step()
-    assert run.control.clock.measured_samples == run.control.clock.steps_measured * 4
+    assert run.control.clock.measured_samples == run.control.clock.steps_measured * 4 and not run.control.notes
+    run = Run(Config(batch_size=4), "cpu", probing=True, warmup_steps=1, measured_steps=3)
+    (first, first_opt), (second, second_opt) = _model_and_optimizer(1), _model_and_optimizer(2)
+    with pytest.raises(ProbeFinished), run.control.active():
+        while True:
+            for _ in range(4):
+                x = torch.randn(run.batch_size, 8)
+                (first(x) + second(x)).mean().backward()
+            second_opt.step()
+            first_opt.step()
+    assert run.control.clock.measured_samples == run.control.clock.steps_measured * 4 * 4
     run = Run(Config(batch_size=4), "cpu", probing=True, warmup_steps=1, measured_steps=3)
     model, optimizer = _model_and_optimizer()
     with pytest.raises(ProbeFinished), run.control.active():
