@@ -37,7 +37,7 @@ def estimate_one(fn: Any, config: Any, device: Any) -> dict:
 
     from autofit.errors import AutofitError
     from autofit.memory._fake_values import ValueFreeFakeMode
-    from autofit.runtime import DataTooSmall, ProbeFinished
+    from autofit.runtime import DataTooSmall, NoStepClosed, ProbeFinished
 
     tracker = _tracker()
     run = _estimating_run(config, device, tracker)
@@ -50,6 +50,8 @@ def estimate_one(fn: Any, config: Any, device: Any) -> dict:
                     fn(run)
             except ProbeFinished:
                 pass
+            except NoStepClosed as exc:  # a loop that never steps its optimizer: no step to estimate
+                return {"ok": False, "error": f"{exc}: the function never steps its optimizer"}
             except (DataTooSmall, AutofitError):
                 raise  # the config, not the fake tensors: no estimate of it at all
             except Exception as exc:  # noqa: BLE001 - what the optimizers hold is still known

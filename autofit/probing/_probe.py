@@ -17,6 +17,7 @@ from autofit.probing._record import ProbeResult
 from autofit.probing._wire import MIN_MEASURE_S
 from autofit.runtime import (
     CompileTimer,
+    NoStepClosed,
     ProbeFinished,
     Ranks,
     Run,
@@ -73,6 +74,8 @@ def run_probe(
         _check_length(result, run, measured_steps)
     except ProbeFinished:
         pass
+    except NoStepClosed as exc:
+        _record_no_step(result, exc)
     except BaseException as exc:  # noqa: BLE001 - every failure of user code becomes a status
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -145,6 +148,25 @@ def _record_failure(result: ProbeResult, exc: BaseException) -> None:
     result.error_type = type(exc).__name__
     result.error_message = str(exc).strip()[:2000]
     result.traceback = user_traceback(exc)
+
+
+def _record_no_step(result: ProbeResult, exc: NoStepClosed) -> None:
+    """A loop whose micro-batches kept coming while no optimizer step closed: diverged where its loss or its
+    gradients were NaN or inf (it skipped the step for them), an error otherwise; never a wait for the budget."""
+    label = result.config.label()
+    if exc.finite is False:
+        result.status, result.error_type = "diverged", "NonFiniteLoss"
+        result.error_message = (
+            f"The loss (or its gradients) was NaN or inf under {label}, and no optimizer step closed in "
+            f"{exc.micro_batches} micro-batches (the loop skips its step for a non-finite loss, or its GradScaler "
+            f"skips every step): this config is unusable (fp16 overflow or too large a step).")
+        return
+    result.status, result.error_type = "error", "NoOptimizerStep"
+    finite = " (its loss and gradients were finite)" if exc.finite else ""
+    result.error_message = (
+        f"A probe needs optimizer steps, but no optimizer step closed in {exc.micro_batches} micro-batches under "
+        f"{label}{finite}: call optimizer.step() every run.accumulation_steps "
+        f"micro-batches (a probe ends after its measured steps), or run.backward(loss, optimizer).")
 
 
 def _check_finite(result: ProbeResult, run: Run) -> None:

@@ -20,6 +20,7 @@ from autofit.runtime._feed import DataTooSmall
 from autofit.runtime._knobs import Knobs
 from autofit.runtime._memory_cap import MEMORY_LIMIT_ENV, describe_memory_limit, memory_limit_from_env
 from autofit.runtime._oom import breaks_the_device, is_oom
+from autofit.runtime._open_step import NoStepClosed
 from autofit.runtime._pieces import PieceReplay, loss_of, weighted
 from autofit.runtime._precision import precision_context, precision_scope
 from autofit.runtime._redo import (
@@ -53,6 +54,7 @@ __all__ = [
     "Knobs",
     "LoopRedo",
     "Lowering",
+    "NoStepClosed",
     "OutOfMemoryAtBatchOne",
     "PieceReplay",
     "ProbeFinished",

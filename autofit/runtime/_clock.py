@@ -75,6 +75,9 @@ class StepClock:
     """Backward passes returned so far (each micro-batch's), in warm-up or not."""
     first_micro_at: float | None = None
     """When the first backward pass returned (`time.perf_counter`): the run's set-up ended there."""
+    fewest_per_step: int | None = None
+    """The fewest backward passes a closed step held (None before one held any)."""
+    _micro_at_step: int = 0  # micro_batches_done when the last step closed
 
     @property
     def total_steps(self) -> int | None:
@@ -127,7 +130,15 @@ class StepClock:
         if self.progress is not None:
             self.progress(self.micro_batches_done, self.steps_done)
 
+    @property
+    def open_micro_batches(self) -> int:
+        """Backward passes returned since the last optimizer step closed."""
+        return self.micro_batches_done - self._micro_at_step
+
     def step_done(self, samples: int, tokens: int) -> None:
+        held, self._micro_at_step = self.open_micro_batches, self.micro_batches_done
+        if held > 0:
+            self.fewest_per_step = held if self.fewest_per_step is None else min(self.fewest_per_step, held)
         if self.inner is not None:
             self.inner.step_done()
         self._step_done(samples, tokens)

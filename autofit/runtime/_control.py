@@ -23,6 +23,7 @@ from autofit.runtime._feed import StepFeed
 from autofit.runtime._flops import StepFlops
 from autofit.runtime._follow import StepFollower
 from autofit.runtime._knobs import KnobPanel, Knobs
+from autofit.runtime._open_step import OpenStep
 from autofit.runtime._precision import forces_tf32, precision_scope
 from autofit.runtime._redo import LoopRedo, Lowering, StepRedo
 from autofit.runtime._report import run_summary
@@ -42,6 +43,8 @@ class RunControl:
         """Where this process stands in a distributed (torchrun) run; rank 0 of 1 otherwise."""
         self.device = torch.device(settings.device)
         self.clock = _make_clock(settings, self.ranks)
+        self.open_step = OpenStep(self.clock)
+        """A probe's backward passes with no optimizer step closed: past its limit, the probe ends (NoStepClosed)."""
         self.config: Config = settings.config
         self._priced_accumulation = settings.config.accumulation_steps
         self.set_config(settings.config)
@@ -79,6 +82,7 @@ class RunControl:
         if cap is not None and config.accumulation_steps > cap:
             config = replace(config, accumulation_steps=cap)
         self.config = config
+        self.open_step.accumulation = config.accumulation_steps
         if self.clock.inner is not None:
             self.clock.inner.per_step = config.accumulation_steps
             self.clock.inner.pricing = self._priced_accumulation > config.accumulation_steps
@@ -181,7 +185,8 @@ class RunControl:
         """The run's lifetime: its precision holds for all of it (forward, backward, optimizer step),
         and the steps of a loop the function drives itself are followed (`StepFollower`). Yields the Run."""
         probing = self.settings.probing
-        watching = watch_backward(self.clock.backward_done) if probing else contextlib.nullcontext()
+        watching = (watch_backward(self.open_step.after, before=self.open_step.before) if probing
+                    else contextlib.nullcontext())
         try:
             with precision_scope(self.config.precision, self.device), self.follower, watching:
                 try:

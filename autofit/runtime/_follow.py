@@ -76,7 +76,7 @@ class StepFollower:
         self._run, self._panel = run, panel
         self._leader: weakref.ReferenceType | None = None
         self._handles: list[Any] = []
-        self._backwards_at_step = 0  # the run's backward passes when the last followed step closed
+        self._passes = _Passes()
         self._fewest_backwards: int | None = None  # the fewest backward passes a followed step held
         self._finite = True
         self._told_own_accumulation = False
@@ -101,6 +101,7 @@ class StepFollower:
         return (knobs.batches or knobs.backward) and not knobs.followed
 
     def _before(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._passes.step_begins(self._run.control.clock.micro_batches_done)
         if self._leader is None and not self._driven():
             self._leader = weakref.ref(optimizer)
             self._starts()
@@ -108,38 +109,44 @@ class StepFollower:
             self._leader = weakref.ref(optimizer)  # the loop built a new optimizer (a new epoch, a restart)
 
     def _after(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        clock = self._run.control.clock
+        self._passes.step_ends(clock.micro_batches_done)
         if self._leader is None or self._leader() is not optimizer or self._driven():
             return
         config = self._run.config
-        held = self._run.control.clock.micro_batches_done - self._backwards_at_step
-        steps = self._steps_in_this_one()
+        held, outside, shared = self._passes.close(clock.micro_batches_done)
+        steps = self._steps_in_this_one(held)
         samples = config.batch_size * config.accumulation_steps * steps
-        if not self._run.control.knobs.backward and self._run.control.priced_config.accumulation_steps > 1 and held > 0:
-            samples = config.batch_size * held  # its own accumulation: what it ran, not what was asked
-            self._say_own_accumulation(held)
+        if not self._run.control.knobs.backward and held > 0:  # it reads no accumulation: what it ran counts
+            ran = steps if shared or outside <= 0 else outside
+            samples = config.batch_size * ran
+            if ran != config.accumulation_steps * steps and clock.measuring:
+                self._say_own_accumulation(max(1, ran // steps))
         # May end a probe: ProbeFinished, out of the user's optimizer.step(), past any `except Exception`.
         self._run.control.step_taken(samples)
 
-    def _say_own_accumulation(self, held: int) -> None:
-        """Once: the loop keeps an accumulation of its own where the config asks for another (a global batch
-        declared), so its samples are counted as it ran them and its global batch is not the one declared."""
+    def _say_own_accumulation(self, per_step: int) -> None:
+        """Once: the loop keeps an accumulation of its own that is not the config's, so its samples are counted
+        as it ran them; where a global batch was declared, its global batch is not that one."""
         if self._told_own_accumulation:
             return
         self._told_own_accumulation = True
         asked = self._run.control.priced_config
-        self._run.control.notes.append(
-            f"the loop keeps its own accumulation ({held} micro-batches a step) and reads neither "
-            f"run.accumulation_steps nor run.global_batch: its samples are counted as it ran them, and its global "
-            f"batch is {asked.batch_size * held}, not the {asked.global_batch} asked for (read "
-            f"run.accumulation_steps to keep it)")
+        said = (f"the loop keeps its own accumulation ({per_step} micro-batches a step) and reads neither "
+                f"run.accumulation_steps nor run.global_batch: its samples are counted as it ran them")
+        if asked.accumulation_steps > 1:
+            said += (f", and its global batch is {asked.batch_size * per_step}, not the {asked.global_batch} asked "
+                     f"for (read run.accumulation_steps to keep it)")
+        else:
+            said += (f" ({asked.batch_size} x {per_step} samples a step; declare a global_batch and read "
+                     f"run.accumulation_steps to have the accumulation searched)")
+        self._run.control.notes.append(said)
 
-    def _steps_in_this_one(self) -> int:
+    def _steps_in_this_one(self, held: int) -> int:
         """How many of the loop's steps this optimizer step closes: one, or more where a GradScaler skipped
         the optimizer for steps before it (fp16 overflow: no `optimizer.step()`, no hook), whose micro-batches
         and time it holds. Told apart by the backward passes (a probe watches them): the fewest a step held
         is one step's."""
-        done = self._run.control.clock.micro_batches_done
-        held, self._backwards_at_step = done - self._backwards_at_step, done
         if held <= 0:
             return 1  # no backward passes seen (a normal run does not watch them)
         self._fewest_backwards = held if self._fewest_backwards is None else min(self._fewest_backwards, held)
@@ -169,6 +176,8 @@ class StepFollower:
         knobs.batches = knobs.batches or bool(run.control.reads & {"batch_size", "global_batch"})
         knobs.backward = bool(run.control.reads & {"accumulation_steps", "global_batch"})
         knobs.autocast = knobs.autocast or "precision" in run.control.reads
+        if run.control.clock.inner is not None and not knobs.backward:
+            run.control.clock.inner.pricing = False  # its own accumulation is not priced: nothing to time in it
         run.control.clock.start()
         training = self._panel.training_loader
         if training is not None:
@@ -180,3 +189,36 @@ class StepFollower:
     def _waited(self, seconds: float) -> None:
         if self._run.control.knobs.followed:
             self._run.control.clock.data_waited(seconds)
+
+
+class _Passes:
+    """The backward passes (micro-batches, or several a micro-batch) since the last followed step closed, as
+    the optimizer steps split them: those inside a step (a closure's, LBFGS's or SAM's) are no micro-batches,
+    and passes of their own before two optimizers' steps (a GAN's critic, then its generator) are over one
+    batch; two optimizers stepped back to back (Muon beside AdamW) share theirs."""
+
+    def __init__(self) -> None:
+        self._at_close = 0  # the run's backward passes when the last followed step closed
+        self._at_step_end = 0  # ... when the last step of any optimizer ended
+        self._at_step_begin: int | None = None  # ... when the step running now began
+        self._inside = 0
+        self._own_runs = 0  # steps since the last followed one with passes of their own before them
+
+    def step_begins(self, done: int) -> None:
+        if done > self._at_step_end:
+            self._own_runs += 1
+        self._at_step_begin = done
+
+    def step_ends(self, done: int) -> None:
+        if self._at_step_begin is not None:
+            self._inside += done - self._at_step_begin
+            self._at_step_begin = None
+        self._at_step_end = done
+
+    def close(self, done: int) -> tuple[int, int, bool]:
+        """The followed step closed: (passes since the last one, those outside any optimizer step, whether
+        they are split between optimizers, a GAN's); 0 passes where none is watched (a normal run)."""
+        held = done - self._at_close
+        counts = (held, held - self._inside, self._own_runs >= 2)
+        self._at_close, self._inside, self._own_runs = done, 0, 0
+        return counts

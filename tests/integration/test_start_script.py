@@ -4,11 +4,12 @@ out-of-memory classified as a function's; forked and persistent probes alike."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from autofit.config import Config
-from autofit.probing import SCRIPT_ARGS_ENV, Worker
+from autofit.probing import SCRIPT_ARGS_ENV, ProbeLimits, Worker
 from autofit.runtime import ONE_START
 from tests.support import refused_by_the_allocator, script
 
@@ -58,3 +59,18 @@ def test_a_second_autofit_start_is_a_clear_error(monkeypatch):
 def test_a_script_that_ends_short_of_the_probe_is_too_short(monkeypatch):
     result = _probe_with_args(monkeypatch, ["--iters=3"])
     assert result.status == "error" and result.error_type == "ProbeTooShort"
+
+
+@pytest.mark.slow  # a worker's start and 257 micro-batches: seconds on 2 shared cores
+@pytest.mark.parametrize(("args", "status", "error_type"), [([], "diverged", "NonFiniteLoss"),
+                                                           (["--finite"], "error", "NoOptimizerStep")])
+def test_a_script_whose_optimizer_never_steps_ends_at_once_not_at_the_budget(monkeypatch, args, status, error_type):
+    """Issue 44, item 2: a loop that skips optimizer.step() for a non-finite loss (always inf here) made micro-batches
+    (progress) and no step, ran until the probe's budget was gone and came back a BudgetCut, which no budget mends."""
+    monkeypatch.setenv(SCRIPT_ARGS_ENV, json.dumps(args))
+    with Worker(script("never_steps.py")) as worker:
+        worker.start()
+        result = worker.probe(Config(batch_size=4), timeout=ProbeLimits(120.0, 120.0, total_s=120.0))
+    assert (result.status, result.error_type) == (status, error_type), result.error_message
+    assert re.search(r"no optimizer step closed in \d+ micro-batches", result.error_message), result.error_message
+    assert "budget" not in result.error_message

@@ -105,3 +105,28 @@ def test_a_kept_loop_that_diverges_is_diverged_though_it_hands_autofit_no_loss()
     assert result.status == "diverged", result.error_message
     calm = run_probe(lambda run: _kept_loop(run), Config(batch_size=4), make_backend("cpu"), measured_steps=4)
     assert calm.status == "ok"
+
+
+def _accumulates_to_64(run: Run) -> None:
+    """A kept loop that reads only run.batch_size and accumulates 64 // batch_size micro-batches itself."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    accumulation = 64 // run.batch_size
+    while True:
+        for _ in range(accumulation):
+            (model(torch.randn(run.batch_size, 32)).pow(2).mean() / accumulation).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def test_a_kept_loop_with_its_own_accumulation_has_the_same_flops_per_sample_at_every_micro_batch():
+    """Issue 44, item 3: under acc=1, its samples were one micro-batch a step, so its FLOPs per sample (and its
+    samples/s) read 16x at b=4 and 4x at b=16 of the truth."""
+    small, large = (run_probe(_accumulates_to_64, Config(batch_size=batch), make_backend("cpu"), warmup_steps=1,
+                              measured_steps=2, min_measure_s=0) for batch in (4, 16))
+    assert small.status == large.status == "ok", (small.error_message, large.error_message)
+    assert small.flops_per_sample == pytest.approx(large.flops_per_sample, rel=0.03)
+    # a sample: the two matmuls forward, their weights' gradients, the second one's input gradient
+    model_flops = 2 * (32 * 64 + 64) * 2 + 2 * 64
+    assert small.flops_per_sample == pytest.approx(model_flops, rel=0.05)

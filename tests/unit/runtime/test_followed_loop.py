@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autofit import Config, autofit
-from autofit.runtime import ProbeFinished, Run
+from autofit.runtime import NoStepClosed, ProbeFinished, Run
 
 
 def _model_and_optimizer(seed: int = 0):
@@ -226,3 +226,94 @@ def test_a_kept_loop_with_its_own_accumulation_is_counted_as_it_ran():
     assert run.control.clock.measured_samples == run.control.clock.steps_measured * 4 * 2
     assert any("keeps its own accumulation (2 micro-batches a step)" in note and "not the 32 asked" in note
                for note in run.control.notes)
+
+
+def _steps_only_when(run: Run, stepped, micro_batches: int = 400) -> None:
+    """A kept loop of `micro_batches` micro-batches of 1 that steps its optimizer only where `stepped(i, loss)`
+    (after the i-th backward pass)."""
+    model, optimizer = _model_and_optimizer()
+    for i in range(micro_batches):
+        loss = model(torch.randn(run.batch_size, 8)).pow(2).mean()
+        loss = loss * float("inf") if stepped is None else loss
+        loss.backward()
+        if stepped is not None and stepped(i, loss):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize(("stepped", "finite"), [(None, False), (lambda i, loss: False, True)])
+def test_a_probe_whose_loop_never_steps_its_optimizer_ends_at_once_saying_whether_its_loss_was_finite(stepped,
+                                                                                                    finite):
+    """Issue 44, item 2: a kept loop that skips optimizer.step() (for a non-finite loss, or always) ran its
+    micro-batches until the search's budget was gone: no step, no end."""
+    run = Run(Config(batch_size=4), "cpu", probing=True, warmup_steps=1, measured_steps=3)
+    with pytest.raises(NoStepClosed) as ended, run.control.active():
+        _steps_only_when(run, stepped)
+    assert ended.value.finite is finite and ended.value.micro_batches == run.control.open_step.limit + 1
+    assert run.control.clock.steps_done == 0
+
+
+def test_a_probe_of_a_loop_that_accumulates_many_micro_batches_itself_or_skips_a_run_of_steps_is_not_ended():
+    """Its own accumulation of 64 micro-batches under acc=1, and a GradScaler's run of 20 skipped steps at its
+    start (here: no step for 20 x 64 micro-batches once): both far from a loop that never steps."""
+    run = Run(Config(batch_size=1), "cpu", probing=True, warmup_steps=1, measured_steps=200)
+    with run.control.active():
+        _steps_only_when(run, lambda i, loss: (i + 1) % 64 == 0 and not 64 <= i < 20 * 64, micro_batches=24 * 64)
+    assert run.control.clock.steps_done == 5 and run.control.clock.fewest_per_step == 64
+
+
+def _accumulates_to_64(run: Run) -> None:
+    """A kept loop that reads only run.batch_size and accumulates 64 // batch_size micro-batches itself."""
+    model, optimizer = _model_and_optimizer()
+    accumulation = 64 // run.batch_size
+    while True:
+        for _ in range(accumulation):
+            (model(torch.randn(run.batch_size, 8)).pow(2).mean() / accumulation).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("batch", [4, 16])
+def test_a_kept_loop_with_its_own_accumulation_under_acc_1_is_counted_as_it_ran(batch):
+    """Issue 44, item 3: under the config's acc=1, a loop accumulating 64 // b micro-batches itself was counted one
+    micro-batch a step: b=4 read 16x too few samples, b=16 4x, and the ranking favoured large micro-batches 4x."""
+    run = Run(Config(batch_size=batch), "cpu", probing=True, warmup_steps=1, measured_steps=3)
+    with pytest.raises(ProbeFinished), run.control.active():
+        _accumulates_to_64(run)
+    clock = run.control.clock
+    assert clock.measured_samples == clock.steps_measured * 64  # micro-batches ran x micro-batch
+    assert any(f"keeps its own accumulation ({64 // batch} micro-batches a step)" in note for note in run.control.notes)
+
+
+def test_a_kept_gan_loop_and_a_closure_count_one_micro_batch_a_step_and_two_optimizers_side_by_side_all():
+    """Several backward passes a step are one micro-batch where two optimizers step each after passes of its own
+    (a GAN: real, fake, then generator) or where they run inside the optimizer's step (a closure); two optimizers
+    that step back to back (Muon beside AdamW) after a loop's own accumulation of 4 ran 4 micro-batches."""
+    run = Run(Config(batch_size=4), "cpu", probing=True, warmup_steps=1, measured_steps=3)
+    (critic, c_opt), (generator, g_opt) = _model_and_optimizer(1), _model_and_optimizer(2)
+    with pytest.raises(ProbeFinished), run.control.active():
+        while True:
+            x = torch.randn(run.batch_size, 8)
+            critic(x).mean().backward()
+            critic(generator(x).detach().expand(-1, 8)).mean().backward()
+            c_opt.step()
+            generator(x).mean().backward()
+            g_opt.step()
+    assert run.control.clock.measured_samples == run.control.clock.steps_measured * 4 and not run.control.notes
+    run = Run(Config(batch_size=4), "cpu", probing=True, warmup_steps=1, measured_steps=3)
+    (first, first_opt), (second, second_opt) = _model_and_optimizer(1), _model_and_optimizer(2)
+    with pytest.raises(ProbeFinished), run.control.active():
+        while True:
+            for _ in range(4):
+                x = torch.randn(run.batch_size, 8)
+                (first(x) + second(x)).mean().backward()
+            second_opt.step()
+            first_opt.step()
+    assert run.control.clock.measured_samples == run.control.clock.steps_measured * 4 * 4
+    run = Run(Config(batch_size=4), "cpu", probing=True, warmup_steps=1, measured_steps=3)
+    model, optimizer = _model_and_optimizer()
+    with pytest.raises(ProbeFinished), run.control.active():
+        while True:
+            x = torch.randn(run.batch_size, 8)
+            optimizer.step(lambda: model(x).pow(2).mean().backward())
+    assert run.control.clock.measured_samples == run.control.clock.steps_measured * 4 and not run.control.notes
