@@ -25,8 +25,10 @@ from autofit.study import (
     StudyMeta,
     model_flops_per_sample,
     model_flops_per_token,
+    other_script_probes,
     recorded_end,
     redacted,
+    script_trials,
     study_meta,
     trial_result,
 )
@@ -47,18 +49,18 @@ def best_document(
     """The best-config document (schema "autofit.best-config", less the fields write_best adds).
 
     `stopped` and `partial` default to what the search recorded on the study; NoFeasibleConfig when
-    none of the probes fits.
+    none of the probes fits. Only the probes of the script the study names count (`script_trials`), so the
+    file's figures are measured under the sha256 it gives.
     """
     meta = study_meta(study)
     usable = meta.memory.usable_bytes
     planner = planner or study_planner(study)
-    trials = trials if trials is not None else study.get_trials(deepcopy=False)
+    trials = trials if trials is not None else script_trials(study)
     seen = observations(trials)
     done = [o for o in seen if o.status != "running"]
     ranked = planner.ranked(seen)
     if not ranked:
-        raise NoFeasibleConfig(f"The study {study.study_name} must have a config that fits to export, "
-                               f"but none of its {len(done)} probes does.")
+        raise NoFeasibleConfig(_none_fits(study, len(done)))
     end = recorded_end(study)
     stopped = stopped if stopped is not None else end.get("stopped", NOT_FINISHED)
     partial = partial if partial is not None else bool(end.get("partial", True))
@@ -93,6 +95,14 @@ def best_document(
             for c in ranked[1:5]
         ],
     }
+
+
+def _none_fits(study: optuna.Study, probes: int) -> str:
+    """Why there is nothing to export; the probes of another version of the script are counted apart."""
+    others = other_script_probes(study)
+    return (f"The study {study.study_name} must have a config that fits to export, but none of its {probes} "
+            f"probes of the script does" + (f" ({others} of another version of it are not ranked: search again "
+                                             f"to probe this one)." if others else "."))
 
 
 def _measured(ranked: list[Candidate], done: list[Observation], trials, meta: StudyMeta, planner: Planner,

@@ -12,7 +12,7 @@ from autofit.config import Config
 from autofit.findings._confirmation import ab_words
 from autofit.planner import TIE_TOLERANCE, Candidate, Planner, dominates, loader_reason, squares_reason
 from autofit.probing import BUDGET_CUT
-from autofit.study import DATA_BOUND_ERRORS, trial_result
+from autofit.study import DATA_BOUND_ERRORS, script_trials, trial_result
 from autofit.units import format_size
 
 
@@ -153,7 +153,7 @@ def fault_notes(study: optuna.Study, planner: Planner, seen) -> list[str]:
     notes = []
     unusable = planner.unusable_precisions(seen)
     policies = planner.unusable_policies(seen)
-    for trial in study.get_trials(deepcopy=False):
+    for trial in script_trials(study):
         result = trial_result(trial)
         if result is None:
             continue

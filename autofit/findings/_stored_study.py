@@ -25,6 +25,7 @@ from autofit.study import (
     locate_storage,
     open_for_reading,
     redacted,
+    script_trials,
     storage_file,
     study_meta,
     trial_result,
@@ -56,7 +57,8 @@ class StoredStudy:
         """The search's settings as the study keeps them (script, device, memory budget, space, ...)."""
         self.memory_limit = int(self.meta.memory.limit_bytes)
         self.usable_bytes = float(self.meta.memory.usable_bytes)
-        self._trials: list[FrozenTrial] = study.get_trials(deepcopy=False)
+        self._trials: list[FrozenTrial] = script_trials(study)
+        """The trials of the script the study names (a probe of another version measured another model)."""
         self._planner = study_planner(study)
         self.space: SearchSpace = self._planner.space
         self.ranked_by: Rate = self.space.ranked_by

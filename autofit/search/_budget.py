@@ -13,7 +13,7 @@ from autofit.config import KNOBS, Config
 from autofit.planner import AB_ROUNDS, ABPlan, Planner
 from autofit.probing import MIN_MEASURE_S, ProbeLimits
 from autofit.search._settings import SearchSettings
-from autofit.study import trial_config, trial_result
+from autofit.study import script_trials, trial_config, trial_result
 
 #: The share of the budget kept back at most for the decision (the close contenders' second probes, the
 #: A/B): the search plans its last minutes for choosing well, not for exploring more.
@@ -55,7 +55,7 @@ class Budget:
 
     def confirm_estimate(self, study: optuna.Study, config: Config, steps: int) -> float:
         """Seconds a probe of `config` with `steps` measured steps should take, from its last probe."""
-        results = [r for t in study.get_trials(deepcopy=False)
+        results = [r for t in script_trials(study)
                    if trial_config(t) == config and (r := trial_result(t)) and r.ok]
         if not results:
             return 0.0

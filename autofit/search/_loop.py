@@ -81,9 +81,9 @@ class Search:
         space = build_space(state.s, state.options, state.info, knobs)
         state.session.save_meta(state.info, space, knobs)
         state.sampler = AutofitSampler(Planner(space, state.session.usable, check_noise=state.s.recheck),
-                                       seed=state.s.seed)
+                                       seed=state.s.seed, script_sha256=state.session.script_sha256)
         study.sampler = state.sampler
-        state.reporter.started(state, space, len(study.trials))
+        state.reporter.started(state, space, len(state.session.trials()))
         if knobs is not None:  # resumed: the space is known, and so may the estimates be
             state.planner.learn(prediction=state.prediction(space))
 

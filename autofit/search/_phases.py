@@ -22,7 +22,7 @@ from autofit.search._build_space import loader_note
 from autofit.search._sampler import Proposal
 from autofit.search._settings import SearchResult
 from autofit.search._state import RunningProbe, SearchState
-from autofit.study import record_end
+from autofit.study import other_script_probes, record_end
 
 if TYPE_CHECKING:
     from autofit.search._pool import Runner
@@ -211,7 +211,7 @@ def export(state: SearchState, stopped: str, partial: bool) -> SearchResult:
     if not ranked:
         if partial:
             return result
-        raise NoFeasibleConfig(nothing_fits(done, session.usable, session.memory_limit, state.s.headroom))
+        raise NoFeasibleConfig(_nothing_to_export(state, done, stopped))
     document = best_document(study, session.storage_label, planner=planner, stopped=stopped, partial=partial)
     result.why = document["why"]
     device = session.device_info
@@ -223,6 +223,18 @@ def export(state: SearchState, stopped: str, partial: bool) -> SearchResult:
     result.json_path = write_best(path, document)
     result.document = document
     return result
+
+
+def _nothing_to_export(state: SearchState, done: list[Observation], stopped: str) -> str:
+    """Why a finished search exports nothing: nothing fits, or nothing was probed; the probes of another
+    version of the script are not ranked (they measured another model), and are counted apart."""
+    session = state.session
+    said = (nothing_fits(done, session.usable, session.memory_limit, state.s.headroom) if done else
+            f"A search must probe a config to export one, but this one stopped ({stopped}) before its first "
+            f"probe: give it a longer --budget.")
+    others = other_script_probes(session.study, session.script_sha256)
+    return said + (f" ({others} of the study's probes ran another version of the script: they are kept but not "
+                   f"ranked.)" if others else "")
 
 
 def _lowered_run_note(best_path: str) -> str | None:

@@ -1,6 +1,7 @@
 """Opening a study for a search: a new one, or one to resume. Resuming is allowed only on the same
 device, limit and headroom (the probes would not compare otherwise); the trials of a searcher that
-died are failed so their configs are probed again; a changed script is pointed out."""
+died are failed so their configs are probed again; a changed script is pointed out (its earlier probes
+are kept, but only those of the script searched now are ranked: autofit.study's `script_trials`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import optuna
 
 from autofit.errors import UsageError
 from autofit.search._liveness import fail_stale
-from autofit.study import stored_meta
+from autofit.study import forget_script, other_script_probes, stored_meta
 
 
 @dataclass
@@ -52,8 +53,11 @@ def open_study(storage: optuna.storages.BaseStorage, name: str, *, fresh: bool, 
                     f"({kept}), but got {value}: pass --fresh to start over or --study to name another."
                 )
         if meta.script_sha256 not in (None, script_sha256):
-            opened.notes.append("the script changed since this study began: its earlier probes measured the old "
-                                "version (pass --fresh to start over)")
+            forget_script(study)  # the knobs and memory estimates were the other version's
+        others = other_script_probes(study, script_sha256)
+        if others:
+            opened.notes.append(f"the script changed: {others} of this study's probes ran another version of it; they "
+                                f"are kept but not ranked, and their configs are probed again (--fresh drops them)")
     stale = fail_stale(study)
     if stale:
         opened.notes.append(f"trials {', '.join(map(str, stale))} were left running by a searcher that died "

@@ -23,6 +23,7 @@ from autofit.search._sampler import AutofitSampler, Proposal
 from autofit.search._settings import SearchSettings
 from autofit.study import (
     HEARTBEAT_S,
+    SCRIPT_ATTR,
     StudyMeta,
     default_storage_url,
     default_study_name,
@@ -33,6 +34,7 @@ from autofit.study import (
     open_storage,
     quiet_heartbeat_warnings,
     record_probe,
+    script_trials,
     storage_file,
     storage_label,
     stored_meta,
@@ -134,8 +136,12 @@ class Session:
             probe_process=self.s.probe_process))
 
     # --- trials -------------------------------------------------------------------------------
+    def trials(self) -> list[optuna.trial.FrozenTrial]:
+        """The study's trials of this search's script: a probe of another version measured another model."""
+        return script_trials(self.study, self.script_sha256)
+
     def observations(self, exclude: int | None = None) -> list[Observation]:
-        return observations(self.study.get_trials(deepcopy=False), exclude=exclude)
+        return observations(self.trials(), exclude=exclude)
 
     def ask(self, sampler: AutofitSampler, device: str) -> tuple[optuna.Trial, Proposal] | None:
         """A trial for the sampler's proposal, claimed for this searcher and `device`; None when another
@@ -143,6 +149,7 @@ class Session:
         with quiet_heartbeat_warnings():
             trial = self.study.ask(sampler.search_space)
         self._asked.append(trial.number)
+        trial.set_user_attr(SCRIPT_ATTR, self.script_sha256)  # first: another searcher's claim check reads it
         proposal = sampler.given(trial)
         if proposal is None:
             raise RuntimeError(f"trial {trial.number} was asked with nothing to probe (propose first)")
@@ -162,8 +169,7 @@ class Session:
         that died, and its liveness check fails it)."""
         deadline = time.monotonic() + CLAIM_WAIT_S
         while True:
-            earlier = [t for t in self.study.get_trials(deepcopy=False)
-                       if t.number < number and not t.user_attrs.get("duplicate")]
+            earlier = [t for t in self.trials() if t.number < number and not t.user_attrs.get("duplicate")]
             if any(_being_asked(t) for t in earlier) and time.monotonic() < deadline:
                 time.sleep(0.05)
                 continue
@@ -177,7 +183,7 @@ class Session:
 
     def record(self, trial: optuna.Trial, result: ProbeResult, phase: str) -> None:
         if result.ok and result.flops_per_sample is None:  # compiled or sharded: the eager probes' count
-            trials = self.study.get_trials(deepcopy=False)
+            trials = self.trials()
             counted = model_flops_per_sample(trials)
             if counted is not None:
                 result.set_flops(counted, peak_flops_per_s(self.device_info.name, result.config.precision),

@@ -158,7 +158,7 @@ class SearchResult:
 
     def trials_frame(self):
         """The study's probes as a pandas DataFrame (see autofit.study._frame.COLUMNS)."""
-        from autofit.study import trials_frame
+        from autofit.study import script_trials, trials_frame
 
         study = optuna.load_study(study_name=self.study_name, storage=open_for_reading(self._url or self.storage))
-        return trials_frame(study.get_trials(deepcopy=False), self.usable_bytes)
+        return trials_frame(script_trials(study), self.usable_bytes)

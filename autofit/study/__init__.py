@@ -1,9 +1,9 @@
 """A search's record, stored and read back as raw data: Optuna storages opened for writing
 (`open_storage`) and reading (`open_for_reading`, `locate`), their URLs as they may be shown
-(`redacted`), probes stored on trials and read back (`record_probe`, `trial_result`), the probes as a
-DataFrame (`trials_frame`), and what the search keeps beside its trials (`study_meta`, `record_end`,
-`kept_estimates`). What the probes say (the ranking, the best-config document, why the winner won) is
-autofit.findings'."""
+(`redacted`), probes stored on trials and read back (`record_probe`, `trial_result`; `script_trials`,
+those of one version of the script), the probes as a DataFrame (`trials_frame`), and what the search
+keeps beside its trials (`study_meta`, `record_end`, `kept_estimates`). What the probes say (the
+ranking, the best-config document, why the winner won) is autofit.findings'."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from autofit.study._attributes import (
     END_ATTR,
     ESTIMATES_ATTR,
     StudyMeta,
+    forget_script,
     keep_estimates,
     keep_meta,
     kept_estimates,
@@ -39,11 +40,14 @@ from autofit.study._storage import (
 )
 from autofit.study._trials import (
     DATA_BOUND_ERRORS,
+    SCRIPT_ATTR,
     config_params,
     distributions,
     model_flops_per_sample,
     model_flops_per_token,
+    other_script_probes,
     record_probe,
+    script_trials,
     trial_config,
     trial_result,
 )
@@ -54,6 +58,7 @@ __all__ = [
     "END_ATTR",
     "ESTIMATES_ATTR",
     "HEARTBEAT_S",
+    "SCRIPT_ATTR",
     "STALE_AFTER_S",
     "Located",
     "bundled_storage_url",
@@ -62,6 +67,7 @@ __all__ = [
     "default_study_name",
     "distributions",
     "engine_url",
+    "forget_script",
     "is_journal",
     "keep_estimates",
     "kept_estimates",
@@ -71,11 +77,13 @@ __all__ = [
     "model_flops_per_token",
     "open_for_reading",
     "open_storage",
+    "other_script_probes",
     "quiet_heartbeat_warnings",
     "record_end",
     "record_probe",
     "recorded_end",
     "redacted",
+    "script_trials",
     "scrubbed",
     "storage_exists",
     "storage_file",

@@ -4,7 +4,7 @@ that interprets a stored study (autofit.findings, autofit.memory's `stored_estim
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
@@ -32,6 +32,10 @@ class StudyMeta:
     limit_given: bool = True
     """Whether --memory-limit set the limit (else it was the memory free when the study began)."""
     script_sha256: str | None = None
+    """The script its latest search ran: the one its probes are ranked and exported for (see `script_trials`)."""
+    unstamped_sha256: str | None = None
+    """The script of the probes that carry none (recorded before each probe kept its own): the study's script
+    when a search first rewrote these settings (`keep_meta` keeps it from then on; None: as `script_sha256`)."""
     script_args: tuple[str, ...] = ()
     space: dict[str, Any]
     """The search space (autofit.planner's SearchSpace.to_dict)."""
@@ -43,6 +47,11 @@ class StudyMeta:
     probe_process: str | None = None
 
     @property
+    def unstamped_script(self) -> str | None:
+        """The sha256 a probe that carries none ran under."""
+        return self.unstamped_sha256 or self.script_sha256
+
+    @property
     def device_name(self) -> str:
         return str(self.device_info.get("name") or self.device_info.get("type") or "?")
 
@@ -50,7 +59,8 @@ class StudyMeta:
         """The stored form (flat: the memory budget's three keys beside the others, as every study keeps it)."""
         return {"script": self.script, "function": self.function, "device": self.device_info.get("name"),
                 "device_info": self.device_info, **self.memory.to_dict(), "limit_given": self.limit_given,
-                "script_sha256": self.script_sha256, "script_args": list(self.script_args), "space": self.space,
+                "script_sha256": self.script_sha256, "unstamped_sha256": self.unstamped_sha256,
+                "script_args": list(self.script_args), "space": self.space,
                 "world_size": self.world_size, "allocator": self.allocator, "knobs": self.knobs,
                 "versions": self.versions, "probe_process": self.probe_process}
 
@@ -59,7 +69,8 @@ class StudyMeta:
         info = data.get("device_info") or ({"name": data["device"]} if data.get("device") else {})
         return cls(script=data["script"], function=data.get("function"), device_info=info,
                    memory=MemoryBudget.from_dict(data), limit_given=bool(data.get("limit_given", True)),
-                   script_sha256=data.get("script_sha256"), script_args=tuple(data.get("script_args") or ()),
+                   script_sha256=data.get("script_sha256"), unstamped_sha256=data.get("unstamped_sha256"),
+                   script_args=tuple(data.get("script_args") or ()),
                    space=data["space"], world_size=int(data.get("world_size") or 1), allocator=data.get("allocator"),
                    knobs=data.get("knobs"), versions=data.get("versions") or {},
                    probe_process=data.get("probe_process"))
@@ -82,7 +93,23 @@ def stored_meta(study: optuna.Study) -> StudyMeta | None:
 
 
 def keep_meta(study: optuna.Study, meta: StudyMeta) -> None:
+    """Write the settings; the probes that carry no script hash keep the one they were recorded under,
+    whatever script the new settings name."""
+    kept = stored_meta(study)
+    if kept is not None and meta.unstamped_sha256 is None:
+        meta = replace(meta, unstamped_sha256=kept.unstamped_script)
     study.set_user_attr(STUDY_ATTR, meta.to_dict())
+
+
+def forget_script(study: optuna.Study) -> None:
+    """Drop what the study learnt of its script beside the probes (the knobs its function offers, the memory
+    estimator's answers): a search of another version of the script learns them again, from its own first
+    probe and its own estimator."""
+    meta = stored_meta(study)
+    if meta is not None and meta.knobs is not None:
+        keep_meta(study, replace(meta, knobs=None))
+    if kept_estimates(study) is not None:
+        study.set_user_attr(ESTIMATES_ATTR, None)
 
 
 def record_end(study: optuna.Study, stopped: str, partial: bool) -> None:

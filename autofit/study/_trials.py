@@ -13,9 +13,13 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autofit.config import KNOBS, Config
 from autofit.probing import ProbeResult
+from autofit.study._attributes import stored_meta
 
 #: Errors that say the data cannot feed a batch this large (a ceiling, not a fault of the code).
 DATA_BOUND_ERRORS = ("ProbeTooShort", "DataTooSmall")
+#: Trial user attribute: the sha256 of the script its probe ran. A probe of another version of the script
+#: measured another model: it is kept, but nothing is ranked, implied or exported from it (`script_trials`).
+SCRIPT_ATTR = "script_sha256"
 #: Probes that ran (fit or not) are COMPLETE trials: the samplers learn from OOMs too.
 _COMPLETE_STATUSES = ("ok", "oom")
 
@@ -60,6 +64,32 @@ def trial_config(trial: FrozenTrial) -> Config | None:
 def trial_result(trial: FrozenTrial) -> ProbeResult | None:
     data = trial.user_attrs.get("probe")
     return ProbeResult.from_dict(data) if data else None
+
+
+def script_trials(study: optuna.Study, sha256: str | None = None) -> list[FrozenTrial]:
+    """The study's trials of one version of its script: `sha256`, or the one its latest search ran. A trial
+    recorded before trials carried their script counts as the study's script then (`StudyMeta.unstamped_script`),
+    one running without it as `sha256` (its searcher stamps it just after asking for it), and one whose script is
+    unknown (a study from before the hash was kept) as any."""
+    return _by_script(study, sha256)[0]
+
+
+def other_script_probes(study: optuna.Study, sha256: str | None = None) -> int:
+    """How many of the study's probes ran another version of the script than `script_trials`'."""
+    return sum(trial_result(t) is not None for t in _by_script(study, sha256)[1])
+
+
+def _by_script(study: optuna.Study, sha256: str | None) -> tuple[list[FrozenTrial], list[FrozenTrial]]:
+    """The study's trials of the script `sha256` (default: the study's), and the others."""
+    trials = study.get_trials(deepcopy=False)
+    meta = stored_meta(study)
+    sha256 = sha256 or (meta.script_sha256 if meta else None)
+    unstamped = meta.unstamped_script if meta else None
+    if sha256 is None:
+        return trials, []
+    ran = [t.user_attrs.get(SCRIPT_ATTR, sha256 if t.state == TrialState.RUNNING else unstamped) for t in trials]
+    return ([t for t, h in zip(trials, ran) if h in (None, sha256)],
+            [t for t, h in zip(trials, ran) if h not in (None, sha256)])
 
 
 def model_flops_per_sample(trials: list[FrozenTrial]) -> float | None:
