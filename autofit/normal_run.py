@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from autofit.config import TOKENS, Config
-from autofit.devices import allocator_difference
+from autofit.devices import allocator_difference, default_device
 from autofit.export import BestConfig, default_best_path, device_tag, read_best, script_sha256
 from autofit.options import SearchOptions
 from autofit.redaction import redacted_args
@@ -35,9 +35,10 @@ class Decorated(Protocol):
 
 
 def _default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """Where a normal run trains when the call names no device: where a search probes when none is named
+    (autofit.devices.default_device), as torch names it."""
+    kind, index, _ = default_device()
+    return kind if kind == "cpu" else f"{kind}:{index}"
 
 
 def _device_tag(device: str) -> str:
@@ -96,7 +97,7 @@ def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: st
     from autofit.runtime import TokenEnvelope, lowered_path
 
     explicit = path or os.environ.get("AUTOFIT_CONFIG")
-    device = device or os.environ.get("AUTOFIT_DEVICE") or _default_device()
+    device = device or _default_device()
     if explicit:
         best = read_best(str(explicit))  # ConfigFileError if missing or corrupt: never a silent default
     else:
