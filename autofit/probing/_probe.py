@@ -25,8 +25,11 @@ from autofit.runtime import (
     is_oom,
     price_steps,
 )
+from autofit.units import format_size
 
 _MAX_EXTENSION = 50
+#: The error of a probe whose function allocated nothing on its device (`_check_on_device`).
+NOTHING_ON_DEVICE = "NothingOnDevice"
 #: A probe that measured this many steps is a measurement even when the function returned before
 #: the longer run it was asked for (a confirmation of a script whose loop ends sooner).
 ENOUGH_MEASURED_STEPS = 5
@@ -109,10 +112,27 @@ def _fill_result(result: ProbeResult, run: Run, backend: DeviceBackend, started:
     result.peak_bytes = backend.peak_bytes()
     result.allocator = backend.allocator_stats()
     result.threads = torch.get_num_threads()  # the user's own, or what the script set at import
+    _check_on_device(result, backend)
     if result.status == "ok":
         _fill_timing(result, run)
         _fill_work(result, run, backend)
         _check_finite(result, run)
+
+
+def _check_on_device(result: ProbeResult, backend: DeviceBackend) -> None:
+    """A probe that allocated nothing on its device measured another device's work (a script that ignores
+    run.device, as nanoGPT's `--device=cpu` on a GPU machine): its peak is the process's baseline whatever
+    the config, so it is not a fit, and a search must not climb on it."""
+    if result.status != "ok" or backend.allocations() != 0:
+        return
+    result.status = "error"
+    result.error_type = NOTHING_ON_DEVICE
+    result.error_message = (
+        f"The function must train on run.device, but it allocated nothing on {backend.torch_device()} in its probe "
+        f"(its peak, {format_size(result.peak_bytes or 0)}, is what the process held before it): does it train on "
+        f"run.device? Move its model and batches there (`.to(run.device)`), or drop its own device setting "
+        f"(a script's --device=cpu)."
+    )
 
 
 def _check_length(result: ProbeResult, run: Run, measured_steps: int) -> None:
