@@ -14,6 +14,7 @@ from autofit.config import PROBE_ACCUMULATION, Config
 from autofit.devices import DeviceBackend
 from autofit.probing._bootstrap import user_traceback
 from autofit.probing._record import ProbeResult
+from autofit.probing._script import ScriptEntry
 from autofit.probing._wire import MIN_MEASURE_S
 from autofit.runtime import (
     CompileTimer,
@@ -73,7 +74,7 @@ def run_probe(
         with compiling, run.control.active():
             fn(run)
         run.finish()
-        _check_length(result, run, measured_steps)
+        _check_length(result, run, measured_steps, isinstance(fn, ScriptEntry))
     except ProbeFinished:
         pass
     except BaseException as exc:  # noqa: BLE001 - every failure of user code becomes a status
@@ -135,7 +136,7 @@ def _check_on_device(result: ProbeResult, backend: DeviceBackend) -> None:
     )
 
 
-def _check_length(result: ProbeResult, run: Run, measured_steps: int) -> None:
+def _check_length(result: ProbeResult, run: Run, measured_steps: int, script: bool = False) -> None:
     """A function that returned before its probe's steps: too short to measure, or (a long run whose
     own loop ended first) measured as far as it ran."""
     control = run.control
@@ -149,11 +150,25 @@ def _check_length(result: ProbeResult, run: Run, measured_steps: int) -> None:
     elif control.clock.steps_done < needed:
         result.status = "error"
         result.error_type = "ProbeTooShort"
-        result.error_message = (
-            f"The function returned after {control.clock.steps_done} optimizer steps, but a probe needs "
-            f"{warmup_steps + measured_steps}: loop over the data while run.probing, "
-            f"and iterate run.batches()."
-        )
+        what = "script ended" if script else "function returned"
+        result.error_message = (f"The {what} after {control.clock.steps_done} optimizer steps, but a probe needs "
+                                f"{warmup_steps + measured_steps}: {_too_short_hint(control, script)}.")
+
+
+def _too_short_hint(control: Any, script: bool) -> str:
+    """What to change in a loop that ended before its probe's steps, by the loop it is: its own (followed
+    through its optimizer's steps, a script's as a rule), one over run.batches(), or none seen."""
+    own = ("its own loop ended first: let it run on while run.probing (more epochs, or `max_iters = 10**9 if "
+           "run.probing else max_iters`); autofit counts its optimizer.step() and ends the probe after its steps")
+    if control.knobs.followed:
+        return own
+    if control.knobs.batches:
+        return ("its loop over run.batches() ran out first: loop over the data while run.probing (more epochs); "
+                "autofit ends the probe after its steps")
+    if script and control.clock.steps_done:
+        return own
+    return ("no training loop was seen: iterate run.batches(), or step an optimizer in a loop of its own "
+            "(autofit counts optimizer.step())")
 
 
 def _record_failure(result: ProbeResult, exc: BaseException) -> None:
