@@ -89,6 +89,8 @@ class RunPlan(NamedTuple):
     token_envelope: TokenEnvelope | None = None
     """The micro-batches by tokens the search's probes ran (`measured.token_envelope`): the run splits
     one beyond them (TokenGuard)."""
+    searched_threads: int | None = None
+    """The intra-op threads a CPU search's probes ran on (`measured.threads`): `report_run` compares the run's."""
 
 
 def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: str | None) -> RunPlan:
@@ -121,7 +123,8 @@ def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: st
         why = measured.get("unconfirmed") or "the search ended before a longer run could measure it; its figure is a short probe's"
         message += f" (unconfirmed: {why})"
     return RunPlan(best.config, device, message, best.path, lowered_path(best.path), best.memory.limit_bytes,
-                   best.world_size, TokenEnvelope.from_dict(measured.get("token_envelope")))
+                   best.world_size, TokenEnvelope.from_dict(measured.get("token_envelope")),
+                   best.threads if best.device.get("type") == "cpu" else None)
 
 
 def _unsearched_plan(fn: Decorated, device: str, why_not: str, record_path: str) -> RunPlan:
@@ -159,15 +162,6 @@ def _warn_if_stale(fn: Decorated, best: BestConfig, device: str) -> None:
         if name and name != searched.get("name"):
             warnings.warn(f"autofit: the best config was searched on {searched.get('name')} but this GPU is "
                           f"{name}; search again for a config that fits it.", stacklevel=4)
-    if searched.get("type") == "cpu" and best.threads:
-        import torch
-
-        threads = torch.get_num_threads()
-        if threads != best.threads:
-            warnings.warn(f"autofit: the search's probes ran on {best.threads} intra-op threads and this run has "
-                          f"{threads}; on the CPU each thread keeps its own buffers, so the config's "
-                          f"memory and speed may differ. Run with OMP_NUM_THREADS={best.threads}, or search again.",
-                          stacklevel=4)
     allocator = allocator_difference(best.allocator)
     if allocator:
         warnings.warn(f"autofit: the allocator settings differ from the search's ({allocator}); the config's "
@@ -201,6 +195,20 @@ def _say_if_other_args(fn: Decorated, best: BestConfig) -> None:
               f"({' '.join(searched) or 'none'}); the config's memory and speed may differ.", file=sys.stderr)
 
 
+def _say_if_other_threads(run: Run, searched: int | None) -> None:
+    """One line where a CPU run trained on other intra-op threads than its search's probes: read at its end,
+    so that a script's own `torch.set_num_threads` (at import, in the function, after `autofit.start`) counts,
+    as it did in the probes."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if searched and run.device.type == "cpu" and threads != searched:
+        print(f"autofit: the search's probes ran on {searched} intra-op threads and this run on {threads}; on "
+              f"the CPU each thread keeps its own buffers, so the config's memory and speed may differ. Run on "
+              f"{searched} (OMP_NUM_THREADS={searched}, or the script's own torch.set_num_threads), or search "
+              f"again.", file=sys.stderr)
+
+
 def split_text(guard: int, oom: int) -> str | None:
     """'micro-batches run in pieces: 3 beyond what the probes ran (token guard), 1 after an out-of-memory
     (OOM fallback)'; None when neither split any."""
@@ -209,11 +217,13 @@ def split_text(guard: int, oom: int) -> str | None:
     return f"micro-batches run in pieces: {', '.join(parts)}" if parts else None
 
 
-def report_run(run: Run) -> None:
+def report_run(run: Run, searched_threads: int | None = None) -> None:
     """Say on stderr what a normal run measured, with the verdict a probe gives on its data wait;
-    write its summary as JSON to $AUTOFIT_RUN_REPORT if set (the main rank only, in a distributed run)."""
+    write its summary as JSON to $AUTOFIT_RUN_REPORT if set (the main rank only, in a distributed run).
+    `searched_threads`: the intra-op threads a CPU search's probes ran on, said where the run's differ."""
     if not run.is_main:
         return
+    _say_if_other_threads(run, searched_threads)
     summary = run.control.summary()
     ranks = f" on each of {run.world_size} ranks" if run.world_size > 1 else ""
     trained = f"autofit: trained {summary['optimizer_steps']} optimizer steps with {run.config.label()}{ranks}"

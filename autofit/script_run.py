@@ -57,20 +57,22 @@ def start(**arguments: Any) -> Run:
     script = getattr(sys.modules.get("__main__"), "__file__", None) or caller
     # No restart after an OOM: the script's top has run and cannot be started again from in here.
     target = ScriptFunction(script, replace(options, recover_oom=False), sys.argv[1:])
-    run = target.make_run()
+    plan = target.plan_run()
+    run = target.make_run(plan=plan)
     _STARTED.append(run)
     _OPEN.enter_context(run.control.active())
-    atexit.register(_finish, run)
+    atexit.register(_finish, run, plan.searched_threads)
     return run
 
 
-def _finish(run: Run) -> None:
-    """At the script's end: close its last step, leave the run's scope, say what it measured."""
+def _finish(run: Run, searched_threads: int | None) -> None:
+    """At the script's end: close its last step, leave the run's scope, say what it measured (the threads
+    it ran on among it: a script sets its own after `autofit.start` as often as before)."""
     from autofit.normal_run import report_run
 
     run.finish()
     _OPEN.close()
-    report_run(run)
+    report_run(run, searched_threads)
 
 
 __all__ = ["start", "ScriptFunction"]

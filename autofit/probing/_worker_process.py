@@ -23,7 +23,8 @@ import os
 import random
 import sys
 import time
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from autofit.probing._bootstrap import Loaded, bootstrap, die_with_parent, prepare_process, redirect_output, serve
@@ -44,13 +45,14 @@ class _Session:
 
         request = LoadRequest.from_wire(message["request"])
         self.fork_probes = request.device == "cpu" and request.probe_process == "fork"
+        whole_script = request.function is None and calls_start(request.script)
         if self.fork_probes:
             self.threads = torch.get_num_threads()  # what the user's own run would get
             torch.set_num_threads(1)  # no OpenMP team in the process that forks (see the docstring)
-        whole_script = request.function is None and calls_start(request.script)
-        self.loaded = loaded = bootstrap(request, before_script=self._capture if whole_script else None)
-        if self.fork_probes and torch.get_num_threads() != 1:
-            self.threads = torch.get_num_threads()  # the script chose its own thread count at import
+        with threads_the_script_sets(torch) if self.fork_probes else nullcontext(lambda: None) as chosen:
+            self.loaded = loaded = bootstrap(request, before_script=self._capture if whole_script else None)
+        if self.fork_probes:
+            self.threads = chosen() or self.threads  # the script chose its own thread count at import
             torch.set_num_threads(1)
         backend = loaded.backend
         if not self.fork_probes and not whole_script:
@@ -151,6 +153,32 @@ class _Session:
         return result_reply(crash_result(
             request.config, f"The probe's process died ({how}); the next probe starts in a fresh one.",
             memory_limit=backend.memory_limit, memory_after_bytes=backend.used_bytes()))
+
+
+@contextmanager
+def threads_the_script_sets(torch: Any) -> Iterator[Callable[[], int | None]]:
+    """While the script is imported in a process forced to one thread: the count it sets itself, as its own
+    run would have it (None: it set none). Its `torch.set_num_threads(n)` is recorded (whatever n: a script's
+    1 is its choice, not the fork's), and $OMP_NUM_THREADS it sets before its `import torch` is read, as
+    that import reads it in its own run. The calls still reach torch."""
+    original, calls = torch.set_num_threads, []
+    environ = os.environ.get("OMP_NUM_THREADS")
+
+    def recording(count: int) -> None:
+        calls.append(int(count))
+        original(count)
+
+    def chosen() -> int | None:
+        if calls:
+            return calls[-1]
+        named = os.environ.get("OMP_NUM_THREADS")
+        return int(named) if named != environ and named and named.isdigit() and int(named) > 0 else None
+
+    torch.set_num_threads = recording
+    try:
+        yield chosen
+    finally:
+        torch.set_num_threads = original
 
 
 def main(argv: list[str]) -> int:
