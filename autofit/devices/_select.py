@@ -81,4 +81,5 @@ def default_device_line(kind: str, index: int, why: str, given: str, cpu: str) -
     name; `cpu`: how to ask for the CPU instead); None where the CPU was chosen for want of a GPU."""
     if kind == "cpu" and not why.startswith("$"):
         return None
-    return f"autofit: no {given} given: probing {kind}:{index} ({why}); {cpu} probes the CPU"
+    return f"autofit: no {given} given: probing {kind}:{index} ({why})" + (f"; {cpu} probes the CPU" if kind != "cpu"
+                                                                           else "")
