@@ -31,6 +31,7 @@ def _probe(batch: int):
 
 
 def test_a_cuda_probe_that_allocated_nothing_on_its_device_is_no_fit_and_the_search_does_not_climb(fake_cuda, nvml):
+    fake_cuda.stats = {"allocation.all.allocated": 0}  # the caching allocator's count since the probe's start
     planner = Planner(SearchSpace.build(batch_range=(1, 64), precisions=("fp32",)), 70 * GiB)
     done, results = [], []
     while (config := planner.next(done)) is not None and len(done) < 4:
@@ -41,4 +42,6 @@ def test_a_cuda_probe_that_allocated_nothing_on_its_device_is_no_fit_and_the_sea
     assert "allocated nothing on cuda:0" in results[0].error_message and "run.device" in results[0].error_message
     assert planner.next(done) is None and max(o.config.batch_size for o in done) < 64  # no climb: the search ends
     fake_cuda.stats = {"allocation.all.allocated": 12}  # the same loop, had it put its tensors on the GPU
+    assert _probe(8).ok
+    fake_cuda.stats, fake_cuda.allocator_backend = {}, "cudaMallocAsync"  # keeps no count: nothing is concluded
     assert _probe(8).ok
