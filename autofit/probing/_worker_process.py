@@ -10,7 +10,8 @@ allocator untuned and fresh, so its speed and its peak are the real run's, and a
 goes back when it exits. A long-lived process cannot promise either: glibc's heap keeps the history
 of earlier probes (a fixed mmap threshold made memory return but cost ~30% on allocation-heavy
 steps). The warm process runs with one intra-op thread until it forks, because GNU OpenMP hangs in a
-child forked from a process whose thread team exists; the child sets the thread count back.
+child forked from a process whose thread team exists; the child sets the thread count back (the user's,
+or the count the script set itself at import, watched there: `threads_the_script_sets`).
 On CUDA the probe runs in this process (a CUDA context cannot be forked) and the caching allocator
 is emptied between probes; `--probe-process persistent` walks that path on the CPU. There, before
 every probe, the process is put back as it was once the script loaded (`_isolation.Pristine`), so a
@@ -157,26 +158,18 @@ class _Session:
 
 @contextmanager
 def threads_the_script_sets(torch: Any) -> Iterator[Callable[[], int | None]]:
-    """While the script is imported in a process forced to one thread: the count it sets itself, as its own
-    run would have it (None: it set none). Its `torch.set_num_threads(n)` is recorded (whatever n: a script's
-    1 is its choice, not the fork's), and $OMP_NUM_THREADS it sets before its `import torch` is read, as
-    that import reads it in its own run. The calls still reach torch."""
+    """While the script is imported in a process forced to one thread: the count it sets itself with
+    `torch.set_num_threads(n)`, as its own run would have it (None: it set none), whatever n (a script's 1 is
+    its choice, not the fork's). The calls still reach torch."""
     original, calls = torch.set_num_threads, []
-    environ = os.environ.get("OMP_NUM_THREADS")
 
     def recording(count: int) -> None:
         calls.append(int(count))
         original(count)
 
-    def chosen() -> int | None:
-        if calls:
-            return calls[-1]
-        named = os.environ.get("OMP_NUM_THREADS")
-        return int(named) if named != environ and named and named.isdigit() and int(named) > 0 else None
-
     torch.set_num_threads = recording
     try:
-        yield chosen
+        yield lambda: calls[-1] if calls else None
     finally:
         torch.set_num_threads = original
 
