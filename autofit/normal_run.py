@@ -150,30 +150,37 @@ def _other_global_batch(fn: Decorated, best: BestConfig) -> int | None:
 def _warn_if_stale(fn: Decorated, best: BestConfig, device: str) -> None:
     searched = best.device
     if searched.get("type") and searched.get("type") != device.split(":")[0]:
-        warnings.warn(
-            f"autofit: the best config was searched on {searched.get('type')} ({searched.get('name')}) but this "
-            f"run uses {device}; search again on this device for a config that fits it.",
-            stacklevel=4,
-        )
+        _warn(f"autofit: the best config was searched on {searched.get('type')} ({searched.get('name')}) but this "
+              f"run uses {device}; search again on this device for a config that fits it.")
     elif searched.get("type") == "cuda":
         import torch
 
         name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
         if name and name != searched.get("name"):
-            warnings.warn(f"autofit: the best config was searched on {searched.get('name')} but this GPU is "
-                          f"{name}; search again for a config that fits it.", stacklevel=4)
+            _warn(f"autofit: the best config was searched on {searched.get('name')} but this GPU is "
+                  f"{name}; search again for a config that fits it.")
     allocator = allocator_difference(best.allocator)
     if allocator:
-        warnings.warn(f"autofit: the allocator settings differ from the search's ({allocator}); the config's "
-                      f"memory and speed may differ. Run with the search's settings, or search again.", stacklevel=4)
+        _warn(f"autofit: the allocator settings differ from the search's ({allocator}); the config's "
+              f"memory and speed may differ. Run with the search's settings, or search again.")
     script = _script_of(fn)
     recorded = best.script_sha256
     if script and recorded and script_sha256(script) != recorded:
-        warnings.warn(
-            "autofit: the training script changed since the search; its memory and speed may differ. "
-            "Run `autofit search` again to be sure the config still fits.",
-            stacklevel=4,
-        )
+        _warn("autofit: the training script changed since the search; its memory and speed may differ. "
+              "Run `autofit search` again to be sure the config still fits.")
+
+
+#: Frames under this directory are autofit's own: a warning names the user's line that started the run.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _warn(message: str) -> None:
+    """Warn from the user's line that started the run (the first frame outside autofit: a call of the
+    decorated function, `make_run`, or a script's `autofit.start`), however deep inside autofit this is."""
+    frame, level = sys._getframe(1), 2
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, stacklevel=level)
 
 
 def _what(fn: Decorated) -> str:
