@@ -66,7 +66,7 @@ class AutofitFunction:
         try:
             result = redo.until_it_starts(train, failed)
             attempts[-1].finish()
-            report_run(attempts[-1])
+            report_run(attempts[-1], plan.searched_threads)
             return result
         finally:
             if redo.lowerings:

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from autofit.config import TOKENS, Config
-from autofit.devices import allocator_difference
+from autofit.devices import allocator_difference, default_device
 from autofit.export import BestConfig, default_best_path, device_tag, read_best, script_sha256
 from autofit.options import SearchOptions
 from autofit.redaction import redacted_args
@@ -35,9 +35,10 @@ class Decorated(Protocol):
 
 
 def _default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """Where a normal run trains when the call names no device: where a search probes when none is named
+    (autofit.devices.default_device), as torch names it."""
+    kind, index, _ = default_device()
+    return kind if kind == "cpu" else f"{kind}:{index}"
 
 
 def _device_tag(device: str) -> str:
@@ -88,6 +89,8 @@ class RunPlan(NamedTuple):
     token_envelope: TokenEnvelope | None = None
     """The micro-batches by tokens the search's probes ran (`measured.token_envelope`): the run splits
     one beyond them (TokenGuard)."""
+    searched_threads: int | None = None
+    """The intra-op threads a CPU search's probes ran on (`measured.threads`): `report_run` compares the run's."""
 
 
 def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: str | None) -> RunPlan:
@@ -96,7 +99,7 @@ def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: st
     from autofit.runtime import TokenEnvelope, lowered_path
 
     explicit = path or os.environ.get("AUTOFIT_CONFIG")
-    device = device or os.environ.get("AUTOFIT_DEVICE") or _default_device()
+    device = device or _default_device()
     if explicit:
         best = read_best(str(explicit))  # ConfigFileError if missing or corrupt: never a silent default
     else:
@@ -120,7 +123,8 @@ def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: st
         why = measured.get("unconfirmed") or "the search ended before a longer run could measure it; its figure is a short probe's"
         message += f" (unconfirmed: {why})"
     return RunPlan(best.config, device, message, best.path, lowered_path(best.path), best.memory.limit_bytes,
-                   best.world_size, TokenEnvelope.from_dict(measured.get("token_envelope")))
+                   best.world_size, TokenEnvelope.from_dict(measured.get("token_envelope")),
+                   best.threads if best.device.get("type") == "cpu" else None)
 
 
 def _unsearched_plan(fn: Decorated, device: str, why_not: str, record_path: str) -> RunPlan:
@@ -146,39 +150,37 @@ def _other_global_batch(fn: Decorated, best: BestConfig) -> int | None:
 def _warn_if_stale(fn: Decorated, best: BestConfig, device: str) -> None:
     searched = best.device
     if searched.get("type") and searched.get("type") != device.split(":")[0]:
-        warnings.warn(
-            f"autofit: the best config was searched on {searched.get('type')} ({searched.get('name')}) but this "
-            f"run uses {device}; search again on this device for a config that fits it.",
-            stacklevel=4,
-        )
+        _warn(f"autofit: the best config was searched on {searched.get('type')} ({searched.get('name')}) but this "
+              f"run uses {device}; search again on this device for a config that fits it.")
     elif searched.get("type") == "cuda":
         import torch
 
         name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
         if name and name != searched.get("name"):
-            warnings.warn(f"autofit: the best config was searched on {searched.get('name')} but this GPU is "
-                          f"{name}; search again for a config that fits it.", stacklevel=4)
-    if searched.get("type") == "cpu" and best.threads:
-        import torch
-
-        threads = torch.get_num_threads()
-        if threads != best.threads:
-            warnings.warn(f"autofit: the search's probes ran on {best.threads} intra-op threads and this run has "
-                          f"{threads}; on the CPU each thread keeps its own buffers, so the config's "
-                          f"memory and speed may differ. Run with OMP_NUM_THREADS={best.threads}, or search again.",
-                          stacklevel=4)
+            _warn(f"autofit: the best config was searched on {searched.get('name')} but this GPU is "
+                  f"{name}; search again for a config that fits it.")
     allocator = allocator_difference(best.allocator)
     if allocator:
-        warnings.warn(f"autofit: the allocator settings differ from the search's ({allocator}); the config's "
-                      f"memory and speed may differ. Run with the search's settings, or search again.", stacklevel=4)
+        _warn(f"autofit: the allocator settings differ from the search's ({allocator}); the config's "
+              f"memory and speed may differ. Run with the search's settings, or search again.")
     script = _script_of(fn)
     recorded = best.script_sha256
     if script and recorded and script_sha256(script) != recorded:
-        warnings.warn(
-            "autofit: the training script changed since the search; its memory and speed may differ. "
-            "Run `autofit search` again to be sure the config still fits.",
-            stacklevel=4,
-        )
+        _warn("autofit: the training script changed since the search; its memory and speed may differ. "
+              "Run `autofit search` again to be sure the config still fits.")
+
+
+#: Frames under this directory are autofit's own: a warning names the user's line that started the run.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _warn(message: str) -> None:
+    """Warn from the user's line that started the run (the first frame outside autofit: a call of the
+    decorated function, `make_run`, or a script's `autofit.start`), however deep inside autofit this is."""
+    frame, level = sys._getframe(1), 2
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, stacklevel=level)
 
 
 def _what(fn: Decorated) -> str:
@@ -200,6 +202,20 @@ def _say_if_other_args(fn: Decorated, best: BestConfig) -> None:
               f"({' '.join(searched) or 'none'}); the config's memory and speed may differ.", file=sys.stderr)
 
 
+def _say_if_other_threads(run: Run, searched: int | None) -> None:
+    """One line where a CPU run trained on other intra-op threads than its search's probes: read at its end,
+    so that a script's own `torch.set_num_threads` (at import, in the function, after `autofit.start`) counts,
+    as it did in the probes."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if searched and run.device.type == "cpu" and threads != searched:
+        print(f"autofit: the search's probes ran on {searched} intra-op threads and this run on {threads}; on "
+              f"the CPU each thread keeps its own buffers, so the config's memory and speed may differ. Run on "
+              f"{searched} (OMP_NUM_THREADS={searched}, or the script's own torch.set_num_threads), or search "
+              f"again.", file=sys.stderr)
+
+
 def split_text(guard: int, oom: int) -> str | None:
     """'micro-batches run in pieces: 3 beyond what the probes ran (token guard), 1 after an out-of-memory
     (OOM fallback)'; None when neither split any."""
@@ -208,11 +224,13 @@ def split_text(guard: int, oom: int) -> str | None:
     return f"micro-batches run in pieces: {', '.join(parts)}" if parts else None
 
 
-def report_run(run: Run) -> None:
+def report_run(run: Run, searched_threads: int | None = None) -> None:
     """Say on stderr what a normal run measured, with the verdict a probe gives on its data wait;
-    write its summary as JSON to $AUTOFIT_RUN_REPORT if set (the main rank only, in a distributed run)."""
+    write its summary as JSON to $AUTOFIT_RUN_REPORT if set (the main rank only, in a distributed run).
+    `searched_threads`: the intra-op threads a CPU search's probes ran on, said where the run's differ."""
     if not run.is_main:
         return
+    _say_if_other_threads(run, searched_threads)
     summary = run.control.summary()
     ranks = f" on each of {run.world_size} ranks" if run.world_size > 1 else ""
     trained = f"autofit: trained {summary['optimizer_steps']} optimizer steps with {run.config.label()}{ranks}"

@@ -70,7 +70,7 @@ def start(**arguments: Any) -> Run:
     run = target.make_run(plan=plan)
     _STARTED.append(run)
     _OPEN.enter_context(run.control.active())
-    atexit.register(_finish, run)
+    atexit.register(_finish, run, plan.searched_threads)
     _restart_after_oom(run, plan, options)
     return run
 
@@ -155,13 +155,14 @@ def _run_again(handed: dict[str, Any]) -> None:
               {**os.environ, RESTART_ENV: json.dumps(handed)})
 
 
-def _finish(run: Run) -> None:
-    """At the script's end: close its last step, leave the run's scope, say what it measured."""
+def _finish(run: Run, searched_threads: int | None) -> None:
+    """At the script's end: close its last step, leave the run's scope, say what it measured (the threads
+    it ran on among it: a script sets its own after `autofit.start` as often as before)."""
     from autofit.normal_run import report_run
 
     run.finish()
     _OPEN.close()
-    report_run(run)
+    report_run(run, searched_threads)
 
 
 __all__ = ["start", "ScriptFunction"]

@@ -57,7 +57,7 @@ class Competitor:
 
 
 def search(args, tmp: str, name: str, competitor: Competitor | None, recheck: bool) -> dict:
-    settings = SearchSettings(script=args.study, memory_limit=args.memory_limit, budget_s=args.budget,
+    settings = SearchSettings(script=args.study, device="cpu", memory_limit=args.memory_limit, budget_s=args.budget,
                               storage=f"sqlite:///{tmp}/{name}.db", out=os.path.join(tmp, f"{name}.json"),
                               recheck=recheck, fresh=True)
     if competitor:

@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def search(args, tmp: str, workers: int) -> dict:
-    settings = SearchSettings(script=args.study, memory_limit=args.memory_limit, budget_s=args.budget,
+    settings = SearchSettings(script=args.study, device="cpu", memory_limit=args.memory_limit, budget_s=args.budget,
                               storage=f"sqlite:///{tmp}/w{workers}.db", out=os.path.join(tmp, f"w{workers}.json"),
                               parallel=workers, fresh=True)
     started = time.time()

@@ -85,13 +85,12 @@ class CliContext:
 
     def _defaulted(self) -> tuple[str, int, str]:
         if self._default is None:
-            from autofit.devices import default_device
+            from autofit.devices import default_device, default_device_line
 
             self._default = default_device()
-            kind, index, why = self._default
-            if kind != "cpu" or why.startswith("$"):
-                click.echo(f"autofit: no --device given: probing {kind}:{index} ({why}); --device cpu probes the CPU",
-                           err=True)
+            line = default_device_line(*self._default, given="--device", cpu="--device cpu")
+            if line:
+                click.echo(line, err=True)
         return self._default
 
     @property

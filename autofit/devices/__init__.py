@@ -7,12 +7,13 @@ from autofit.devices._allocator import allocator_difference, current_allocator_s
 from autofit.devices._base import DeviceBackend, DeviceInfo
 from autofit.devices._cpu import cpu_has_native_bf16
 from autofit.devices._peak_flops import PEAK_FLOPS, PeakFlops, mfu, peak_flops_for, peak_flops_per_s
-from autofit.devices._select import DEVICE_ENV, DEVICE_TYPES, check_device, default_device, list_devices, make_backend
+from autofit.devices._select import DEVICE_ENV, DEVICE_TYPES, check_device, default_device, default_device_line, list_devices, make_backend
 
 __all__ = [
     "DEVICE_ENV",
     "DEVICE_TYPES",
     "default_device",
+    "default_device_line",
     "PEAK_FLOPS",
     "PeakFlops",
     "DeviceBackend",

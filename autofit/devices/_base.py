@@ -86,6 +86,11 @@ class DeviceBackend(ABC):
         """Extra allocator counters worth keeping with a probe (e.g. CUDA alloc retries)."""
         return {}
 
+    def allocations(self) -> int | None:
+        """Tensors allocated on the device since `reset_peak`, where its allocator counts them (None: not
+        counted, as on the CPU, where every tensor a script makes is on the device anyway)."""
+        return None
+
     def energy_joules(self) -> float | None:
         """The device's cumulative energy counter in joules, or None where it has none (a CPU):
         probes read it where measuring starts and ends for joules per sample."""

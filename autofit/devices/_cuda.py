@@ -410,6 +410,16 @@ class CudaBackend(DeviceBackend):
         multiprocessors = self._cuda().get_device_properties(self.index).multi_processor_count
         return peak_flops_per_s(self._device_name, precision, multiprocessors)
 
+    def allocations(self) -> int | None:
+        """The caching allocator's count since `reset_peak` (reset_accumulated_memory_stats): 0 for a probe
+        whose function trained elsewhere (on the CPU, or another GPU), whatever its peak. None where it is not
+        counted: cudaMallocAsync (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync) keeps no such count."""
+        cuda = self._cuda()
+        if cuda.get_allocator_backend() != "native":
+            return None
+        count = cuda.memory_stats(self.index).get("allocation.all.allocated")
+        return None if count is None else int(count)
+
     def allocator_stats(self) -> dict:
         stats = self._cuda().memory_stats(self.index)
         return {

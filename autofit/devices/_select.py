@@ -52,19 +52,34 @@ DEVICE_ENV = "AUTOFIT_DEVICE"
 
 
 def default_device() -> tuple[str, int, str]:
-    """The device a command probes when none is named, its index, and why, in words: $AUTOFIT_DEVICE where
-    set (a normal run trains there), else the first GPU NVML sees (a normal run trains on CUDA wherever
-    PyTorch sees one), else the CPU. Never imports torch."""
+    """The device a search probes and a normal run trains on when none is named, its index, and why, in
+    words: $AUTOFIT_DEVICE where set (any case: `CUDA:1` is `cuda:1`), else the first GPU NVML sees, else the
+    CPU. The one answer for every entry point (the command line, `train.search()`, a normal call, a script's
+    `autofit.start`), so that a search writes the file a normal run reads. Never imports torch; where torch is
+    imported already (a normal run) and cannot use the GPU NVML sees, the CPU, where that run trains."""
     import os
+    import sys
 
-    named = os.environ.get(DEVICE_ENV)
+    named = os.environ.get(DEVICE_ENV, "").strip()
     if named:
-        kind, _, index = named.partition(":")
+        kind, _, index = named.lower().partition(":")
         if kind not in DEVICE_TYPES or (index and not index.isdigit()):
             raise UsageError(f"{DEVICE_ENV} must name a device (cpu, cuda or cuda:N), but got {named!r}.")
         return kind, int(index or 0), f"${DEVICE_ENV}={named}"
     from autofit.devices._cuda import cuda_devices
 
     if cuda_devices():
+        torch = sys.modules.get("torch")
+        if torch is not None and not torch.cuda.is_available():
+            return "cpu", 0, "NVML sees a GPU that this PyTorch cannot use"
         return "cuda", 0, "a GPU is visible, where `python train.py` trains"
     return "cpu", 0, "no GPU is visible"
+
+
+def default_device_line(kind: str, index: int, why: str, given: str, cpu: str) -> str | None:
+    """The one line that says where a command probes when no device was `given` (a flag's or a keyword's
+    name; `cpu`: how to ask for the CPU instead); None where the CPU was chosen for want of a GPU."""
+    if kind == "cpu" and not why.startswith("$"):
+        return None
+    return f"autofit: no {given} given: probing {kind}:{index} ({why})" + (f"; {cpu} probes the CPU" if kind != "cpu"
+                                                                           else "")

@@ -195,11 +195,12 @@ def nothing_fits(done, usable: float, limit: float, headroom: float) -> str:
                 f"before its first step) or a longer --probe-timeout; `autofit show --trial {longest.trial}` says "
                 f"where it stopped, and its log what it was doing.")
     if failed and not peaks and not any(o.status == "oom" for o in done):
-        kinds = sorted({o.status for o in failed})
-        smallest = min(failed, key=lambda o: o.config.size).config.label()
+        gone = failed + [o for o in slow if o.timed_out]  # a timeout beside failures: said, with its remedy
+        kinds = sorted({o.status for o in gone})
+        smallest = min(gone, key=lambda o: o.config.size).config.label()
         what = {"timeout": "timed out", "crashed": "crashed", "error": "raised an error",
                 "diverged": "diverged (non-finite loss)"}
-        return (f"No config could be measured: {len(failed)} probes failed ("
+        return (f"No config could be measured: {len(gone)} probes failed ("
                 f"{', '.join(what[k] for k in kinds)}), none ran out of memory; the smallest tried was "
                 f"{smallest}. See `autofit show` for each probe's error"
                 + ("; a slow machine may need a longer --probe-timeout" if "timeout" in kinds else "") + ".")
@@ -208,11 +209,32 @@ def nothing_fits(done, usable: float, limit: float, headroom: float) -> str:
     if crossed is not None:
         return (f"{head}: {crossed}, and no other config measured fits. Give the search more --trials or "
                 f"--budget (it tries more checkpointing or a smaller size next), or keep less --headroom.")
-    smallest = min(done, key=lambda o: o.config.size).config.label() if done else "none"
-    needed = (f"the smallest config tried ({smallest}) needed {format_size(min(peaks))}" if peaks
-              else f"even the smallest config tried ({smallest}) ran out of memory")
-    extra = f"; {len(failed)} probes failed (see autofit show)" if failed else ""
-    return f"{head}: {needed}{extra}."
+    return f"{head}: {_smallest_need(done)}{_what_else(failed, [o for o in slow if o.timed_out])}."
+
+
+def _smallest_need(done) -> str:
+    """What the smallest config that ran (or ran out of memory) needed; `tried` where it is the smallest of
+    all, else said as the smallest that got that far (smaller ones timed out or failed)."""
+    smallest = min(o.config.size for o in done) if done else None
+    measured = [o for o in done if o.status == "ok" and o.peak_bytes]
+    if measured:
+        least = min(measured, key=lambda o: (o.config.size, o.peak_bytes))
+        which = "tried" if least.config.size == smallest else "measured"
+        return f"the smallest config {which} ({least.config.label()}) needed {format_size(least.peak_bytes)}"
+    ooms = [o for o in done if o.status == "oom"]
+    if not ooms:
+        return "no config was measured"
+    least = min(ooms, key=lambda o: o.config.size)
+    if least.config.size == smallest:
+        return f"even the smallest config tried ({least.config.label()}) ran out of memory"
+    return f"the smallest config that ran out of memory was {least.config.label()}; none smaller ran to its end"
+
+
+def _what_else(failed, timed_out) -> str:
+    """The probes that neither fit nor ran out of memory, counted, with what to do about them."""
+    parts = ([f"{len(failed)} probes failed (see autofit show)"] if failed else []) + (
+        [f"{len(timed_out)} timed out (a slow machine may need a longer --probe-timeout)"] if timed_out else [])
+    return f"; {', '.join(parts)}" if parts else ""
 
 
 def _crossed_when_measured_again(done, usable: float) -> str | None:

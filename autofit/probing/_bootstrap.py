@@ -24,7 +24,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from autofit.errors import UsageError
-from autofit.probing._script import ScriptEntry, calls_start, find_function, load_script, script_args_from_env
+from autofit.probing._script import (
+    ScriptEntry,
+    calls_start,
+    find_function,
+    load_script,
+    may_define_autofit,
+    no_function_message,
+    script_args_from_env,
+)
 from autofit.probing._wire import Channel, LoadRequest, failure_reply, internal_failure
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
@@ -115,6 +123,8 @@ def _load(request: LoadRequest) -> tuple[Any, Any]:
         entry = ScriptEntry(request.script, script_args_from_env())
         entry.load()
         return None, entry
+    if request.function is None and not may_define_autofit(request.script):
+        raise UsageError(no_function_message(request.script, unread=True))  # before its training runs at import
     module = load_script(request.script)
     return module, find_function(module, request.function, request.script)
 

@@ -14,6 +14,7 @@ from autofit.config import PROBE_ACCUMULATION, Config
 from autofit.devices import DeviceBackend
 from autofit.probing._bootstrap import user_traceback
 from autofit.probing._record import ProbeResult
+from autofit.probing._script import ScriptEntry
 from autofit.probing._wire import MIN_MEASURE_S
 from autofit.runtime import (
     CompileTimer,
@@ -26,8 +27,11 @@ from autofit.runtime import (
     is_oom,
     price_steps,
 )
+from autofit.units import format_size
 
 _MAX_EXTENSION = 50
+#: The error of a probe whose function allocated nothing on its device (`_check_on_device`).
+NOTHING_ON_DEVICE = "NothingOnDevice"
 #: A probe that measured this many steps is a measurement even when the function returned before
 #: the longer run it was asked for (a confirmation of a script whose loop ends sooner).
 ENOUGH_MEASURED_STEPS = 5
@@ -71,7 +75,7 @@ def run_probe(
         with compiling, run.control.active():
             fn(run)
         run.finish()
-        _check_length(result, run, measured_steps)
+        _check_length(result, run, measured_steps, isinstance(fn, ScriptEntry))
     except ProbeFinished:
         pass
     except NoStepClosed as exc:
@@ -112,13 +116,30 @@ def _fill_result(result: ProbeResult, run: Run, backend: DeviceBackend, started:
     result.peak_bytes = backend.peak_bytes()
     result.allocator = backend.allocator_stats()
     result.threads = torch.get_num_threads()  # the user's own, or what the script set at import
+    _check_on_device(result, backend)
     if result.status == "ok":
         _fill_timing(result, run)
         _fill_work(result, run, backend)
         _check_finite(result, run)
 
 
-def _check_length(result: ProbeResult, run: Run, measured_steps: int) -> None:
+def _check_on_device(result: ProbeResult, backend: DeviceBackend) -> None:
+    """A probe that allocated nothing on its device measured another device's work (a script that ignores
+    run.device, as nanoGPT's `--device=cpu` on a GPU machine): its peak is the process's baseline whatever
+    the config, so it is not a fit, and a search must not climb on it."""
+    if result.status != "ok" or backend.allocations() != 0:
+        return
+    result.status = "error"
+    result.error_type = NOTHING_ON_DEVICE
+    result.error_message = (
+        f"The function must train on run.device, but it allocated nothing on {backend.torch_device()} in its probe "
+        f"(its peak, {format_size(result.peak_bytes or 0)}, is what the process held before it): does it train on "
+        f"run.device? Move its model and batches there (`.to(run.device)`), or drop its own device setting "
+        f"(a script's --device=cpu)."
+    )
+
+
+def _check_length(result: ProbeResult, run: Run, measured_steps: int, script: bool = False) -> None:
     """A function that returned before its probe's steps: too short to measure, or (a long run whose
     own loop ended first) measured as far as it ran."""
     control = run.control
@@ -132,11 +153,25 @@ def _check_length(result: ProbeResult, run: Run, measured_steps: int) -> None:
     elif control.clock.steps_done < needed:
         result.status = "error"
         result.error_type = "ProbeTooShort"
-        result.error_message = (
-            f"The function returned after {control.clock.steps_done} optimizer steps, but a probe needs "
-            f"{warmup_steps + measured_steps}: loop over the data while run.probing, "
-            f"and iterate run.batches()."
-        )
+        what = "script ended" if script else "function returned"
+        result.error_message = (f"The {what} after {control.clock.steps_done} optimizer steps, but a probe needs "
+                                f"{warmup_steps + measured_steps}: {_too_short_hint(control, script)}.")
+
+
+def _too_short_hint(control: Any, script: bool) -> str:
+    """What to change in a loop that ended before its probe's steps, by the loop it is: its own (followed
+    through its optimizer's steps, a script's as a rule), one over run.batches(), or none seen."""
+    own = ("its own loop ended first: let it run on while run.probing (more epochs, or `max_iters = 10**9 if "
+           "run.probing else max_iters`); autofit counts its optimizer.step() and ends the probe after its steps")
+    if control.knobs.followed:
+        return own
+    if control.knobs.batches:
+        return ("its loop over run.batches() ran out first: loop over the data while run.probing (more epochs); "
+                "autofit ends the probe after its steps")
+    if script and control.clock.steps_done:
+        return own
+    return ("no training loop was seen: iterate run.batches(), or step an optimizer in a loop of its own "
+            "(autofit counts optimizer.step())")
 
 
 def _record_failure(result: ProbeResult, exc: BaseException) -> None:

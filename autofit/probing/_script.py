@@ -105,15 +105,38 @@ def find_function(module: ModuleType, name: str | None, script: str) -> Any:
             raise UsageError(f"The function {name!r} must be defined in {script}, but it is not.")
         return obj
     if not found:
-        raise UsageError(
-            f"The script must define a function decorated with @autofit, but {script} has none."
-        )
+        raise UsageError(no_function_message(script))
     if len(found) > 1:
         names = ", ".join(sorted(found))
         raise UsageError(
             f"The script defines several @autofit functions ({names}): name one, as {script}:{sorted(found)[0]}."
         )
     return next(iter(found.values()))
+
+
+def no_function_message(script: str, unread: bool = False) -> str:
+    """The one line for a script with neither an @autofit function nor an `autofit.start` call; `unread`:
+    known from its source, before any of it ran (a module-level training script is not imported to learn it)."""
+    return (f"The script must define a function decorated with @autofit, or call autofit.start(...) at module "
+            f"level, but {script} does neither" + (" (read from its source: none of it ran)" if unread else "")
+            + ". See docs/guide/script.md to convert a module-level script with one line.")
+
+
+def may_define_autofit(path: str) -> bool:
+    """Whether the script's source could define an @autofit function: it names the decorator anywhere (as
+    `autofit`, an alias imported from autofit, or `<module>.autofit`). False for a module-level training
+    script that never does, which importing would run whole before the worker could say so; True where
+    the source cannot be read (the import then names the problem)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read(), filename=path)
+    except (OSError, SyntaxError, ValueError):
+        return True
+    names = {"autofit"} | {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                           and (node.module or "").split(".")[0] == "autofit" for alias in node.names
+                           if alias.name == "autofit"}
+    return any((isinstance(node, ast.Name) and node.id in names)
+               or (isinstance(node, ast.Attribute) and node.attr == "autofit") for node in ast.walk(tree))
 
 
 def calls_start(path: str) -> bool:

@@ -10,7 +10,8 @@ allocator untuned and fresh, so its speed and its peak are the real run's, and a
 goes back when it exits. A long-lived process cannot promise either: glibc's heap keeps the history
 of earlier probes (a fixed mmap threshold made memory return but cost ~30% on allocation-heavy
 steps). The warm process runs with one intra-op thread until it forks, because GNU OpenMP hangs in a
-child forked from a process whose thread team exists; the child sets the thread count back.
+child forked from a process whose thread team exists; the child sets the thread count back (the user's,
+or the count the script set itself at import, watched there: `threads_the_script_sets`).
 On CUDA the probe runs in this process (a CUDA context cannot be forked) and the caching allocator
 is emptied between probes; `--probe-process persistent` walks that path on the CPU. There, before
 every probe, the process is put back as it was once the script loaded (`_isolation.Pristine`), so a
@@ -23,7 +24,8 @@ import os
 import random
 import sys
 import time
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from autofit.probing._bootstrap import Loaded, bootstrap, die_with_parent, prepare_process, redirect_output, serve
@@ -44,13 +46,14 @@ class _Session:
 
         request = LoadRequest.from_wire(message["request"])
         self.fork_probes = request.device == "cpu" and request.probe_process == "fork"
+        whole_script = request.function is None and calls_start(request.script)
         if self.fork_probes:
             self.threads = torch.get_num_threads()  # what the user's own run would get
             torch.set_num_threads(1)  # no OpenMP team in the process that forks (see the docstring)
-        whole_script = request.function is None and calls_start(request.script)
-        self.loaded = loaded = bootstrap(request, before_script=self._capture if whole_script else None)
-        if self.fork_probes and torch.get_num_threads() != 1:
-            self.threads = torch.get_num_threads()  # the script chose its own thread count at import
+        with threads_the_script_sets(torch) if self.fork_probes else nullcontext(lambda: None) as chosen:
+            self.loaded = loaded = bootstrap(request, before_script=self._capture if whole_script else None)
+        if self.fork_probes:
+            self.threads = chosen() or self.threads  # the script chose its own thread count at import
             torch.set_num_threads(1)
         backend = loaded.backend
         if not self.fork_probes and not whole_script:
@@ -151,6 +154,24 @@ class _Session:
         return result_reply(crash_result(
             request.config, f"The probe's process died ({how}); the next probe starts in a fresh one.",
             memory_limit=backend.memory_limit, memory_after_bytes=backend.used_bytes()))
+
+
+@contextmanager
+def threads_the_script_sets(torch: Any) -> Iterator[Callable[[], int | None]]:
+    """While the script is imported in a process forced to one thread: the count it sets itself with
+    `torch.set_num_threads(n)`, as its own run would have it (None: it set none), whatever n (a script's 1 is
+    its choice, not the fork's). The calls still reach torch."""
+    original, calls = torch.set_num_threads, []
+
+    def recording(count: int) -> None:
+        calls.append(int(count))
+        original(count)
+
+    torch.set_num_threads = recording
+    try:
+        yield lambda: calls[-1] if calls else None
+    finally:
+        torch.set_num_threads = original
 
 
 def main(argv: list[str]) -> int:

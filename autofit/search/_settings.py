@@ -4,11 +4,13 @@ CLI, the decorator's `train.search()` and the benchmarks fill in and read."""
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import InitVar, dataclass, field
 
 import optuna
 
 from autofit.config import Config
+from autofit.devices import default_device, default_device_line
 from autofit.errors import UsageError
 from autofit.options import considered_values
 from autofit.planner import Candidate
@@ -39,8 +41,11 @@ class SearchSettings:
     function: str | None = None
     script_args: tuple[str, ...] = ()
     """The script's own arguments (its sys.argv[1:]) in every probe, the confirmation and the estimator."""
-    device: str = "cpu"
-    index: int = 0
+    device: str | None = None
+    """cpu or cuda; None: where a normal run trains (autofit.devices.default_device: $AUTOFIT_DEVICE, else
+    the first visible GPU, else the CPU), said in one line where that is not the CPU for want of a GPU."""
+    index: int | None = None
+    """The device's index (None: the default device's, else 0)."""
     memory_limit: int | None = None
     headroom: float = 0.1
     budget_s: float = 1200.0
@@ -90,6 +95,13 @@ class SearchSettings:
     """HOST:PORT of torchrun's c10d rendezvous for probes across nodes (a port free on HOST)."""
 
     def __post_init__(self) -> None:
+        if self.device is None:
+            self.device, index, why = default_device()
+            self.index = index if self.index is None else self.index
+            line = default_device_line(self.device, self.index, why, given="device=", cpu='device="cpu"')
+            if line:
+                print(line, file=sys.stderr)
+        self.index = self.index or 0
         if self.confirm_factor < 1:
             raise UsageError(f"The confirmation factor must be at least 1, but got {self.confirm_factor}.")
         self.probe_process = probe_process_for(self.device, self.probe_process)

@@ -59,6 +59,8 @@ def test_a_second_autofit_start_is_a_clear_error(monkeypatch):
 def test_a_script_that_ends_short_of_the_probe_is_too_short(monkeypatch):
     result = _probe_with_args(monkeypatch, ["--iters=3"])
     assert result.status == "error" and result.error_type == "ProbeTooShort"
+    assert result.error_message.startswith("The script ended after 3 optimizer steps")  # a script, not a function
+    assert "its own loop ended first" in result.error_message and "run.batches" not in result.error_message
 
 
 @pytest.mark.slow  # a worker's start and 257 micro-batches: seconds on 2 shared cores

@@ -52,6 +52,7 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(c, "synchronize", record("synchronize"))
     monkeypatch.setattr(c, "empty_cache", record("empty_cache"))
     monkeypatch.setattr(c, "memory_stats", lambda device=None: state.stats)
+    monkeypatch.setattr(c, "get_allocator_backend", lambda: state.allocator_backend)
     monkeypatch.setattr(c, "get_device_properties", lambda device=None: SimpleNamespace(
         uuid=state.uuids.get(device), multi_processor_count=state.multiprocessors.get(device, 108)))
     return state

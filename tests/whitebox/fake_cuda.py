@@ -78,6 +78,7 @@ class FakeCuda:
         self.fractions: list[tuple[float, object]] = []
         self.calls: list[str] = []
         self.stats: dict = {}
+        self.allocator_backend = "native"
         #: What get_device_properties says of each CUDA index: its UUID (as torch prints it, no
         #: prefix; None: not matched through NVML) and its SMs.
         self.uuids: dict[int, str] = {}

@@ -35,6 +35,7 @@ def test_with_no_device_flag_a_command_probes_where_a_normal_run_trains(monkeypa
     monkeypatch.delenv("AUTOFIT_DEVICE", raising=False)
     gpu = DeviceInfo(type="cuda", index=0, name="NVIDIA H100 80GB HBM3", total_bytes=80 * 2**30)
     monkeypatch.setattr("autofit.devices._cuda.cuda_devices", lambda: [gpu])
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # this process imported a CPU-only torch
     state = CliContext()
     assert (state.device, state.index) == ("cuda", 0)
     assert capsys.readouterr().err.count("no --device given: probing cuda:0") == 1

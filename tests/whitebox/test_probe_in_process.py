@@ -31,6 +31,24 @@ def test_a_loop_that_ends_after_enough_steps_is_measured_as_it_ran():
     assert long.ok and long.measured_steps == 14 and "returned after 16 optimizer steps" in long.notes[-1]
     short = run_probe(sixteen_steps, Config(batch_size=2), backend, warmup_steps=12, measured_steps=5, min_measure_s=0)
     assert short.status == "error" and short.error_type == "ProbeTooShort"
+    assert "its loop over run.batches() ran out first" in short.error_message
+
+
+def test_a_kept_loop_that_ends_short_is_told_about_its_own_loop():
+    """ProbeTooShort once told every function to "iterate run.batches()", a loop it may keep as its own."""
+
+    def three_steps_of_its_own(run: Run) -> None:
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            model(torch.randn(run.batch_size, 4)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+
+    short = run_probe(three_steps_of_its_own, Config(batch_size=2), make_backend("cpu", 0), warmup_steps=2,
+                      measured_steps=5, min_measure_s=0)
+    assert short.error_type == "ProbeTooShort" and "returned after 3 optimizer steps" in short.error_message
+    assert "its own loop ended first" in short.error_message and "run.batches" not in short.error_message
 
 D_IN, D_HIDDEN, D_OUT = 32, 64, 16
 

@@ -87,3 +87,15 @@ def test_devices_lists_the_cpu_with_its_memory():
     assert result.exit_code == 0
     found = json.loads(result.output)
     assert found[0]["type"] == "cpu" and found[0]["total_bytes"] > 2**30
+
+
+@pytest.mark.slow  # a real worker through the command line (5 s); tests/whitebox/test_unconverted_script.py is fast
+def test_an_unconverted_module_level_script_is_refused_before_any_of_it_runs(tmp_path, monkeypatch):
+    """The worker once imported such a script, so its whole training ran before the line that it has no
+    @autofit function, a line that did not mention autofit.start."""
+    marker = tmp_path / "ran"
+    monkeypatch.setenv("MODULE_LEVEL_RAN", str(marker))
+    result = invoke("probe", script("module_level.py"), "--batch-size", "4")
+    assert result.exit_code == 2, result.output
+    assert "or call autofit.start(...) at module level" in result.output and "none of it ran" in result.output
+    assert not marker.exists()

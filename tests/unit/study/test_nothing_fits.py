@@ -29,3 +29,23 @@ def test_without_such_a_config_the_line_names_the_smallest_config_and_its_need()
     line = nothing_fits(done, USABLE, LIMIT, 0.1)
     assert line == ("Nothing fits under 720.00 MiB usable (800.00 MiB limit, 10% headroom): the smallest config "
                     "tried (fp32 b=64) needed 730.00 MiB.")
+
+
+def test_timeouts_below_one_oom_are_not_said_to_have_run_out_of_memory():
+    """Two small configs timed out and one larger ran out of memory: the line once said that the smallest
+    config tried (b=1, which timed out) ran out of memory."""
+    done = [Observation(Config(batch_size=1), "timeout", wall_s=60.0), Observation(Config(batch_size=2), "timeout",
+                                                                                      wall_s=60.0),
+            Observation(Config(batch_size=4), "oom")]
+    line = nothing_fits(done, USABLE, LIMIT, 0.1)
+    assert "b=1) ran out of memory" not in line
+    assert "the smallest config that ran out of memory was fp32 b=4; none smaller ran to its end" in line
+    assert "2 timed out (a slow machine may need a longer --probe-timeout)" in line
+
+
+def test_timeouts_beside_failures_are_counted_and_get_their_remedy():
+    """The "longer --probe-timeout" hint once could never print: the failures it looked among exclude timeouts."""
+    done = [Observation(Config(batch_size=1), "timeout", wall_s=60.0), Observation(Config(batch_size=2), "error")]
+    line = nothing_fits(done, USABLE, LIMIT, 0.1)
+    assert line.startswith("No config could be measured: 2 probes failed (raised an error, timed out)")
+    assert "the smallest tried was fp32 b=1" in line and "longer --probe-timeout" in line
