@@ -17,8 +17,11 @@ def test_the_device_help_states_the_default_the_code_resolves(name, monkeypatch)
 
     device = next(p for p in cli.commands[name].params if "--device" in getattr(p, "opts", ()))
     assert "$AUTOFIT_DEVICE" in device.help and "visible GPU" in device.help and "else cpu" in device.help
+    import torch
+
     monkeypatch.delenv("AUTOFIT_DEVICE", raising=False)
     monkeypatch.setattr(_cuda, "cuda_devices", lambda: [object()])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a CUDA build of torch, as on a GPU machine
     assert CliContext().device == "cuda"  # a visible GPU, no flag: the GPU, as the help says
     monkeypatch.setattr(_cuda, "cuda_devices", lambda: [])
     assert CliContext().device == "cpu"
