@@ -33,10 +33,10 @@ def within_noise(ranked: Sequence[Candidate], margin: float) -> list[Candidate]:
     dominates is among them when it read faster: the A/B's rounds, not the rule, say whether it is."""
     if not ranked:
         return []
-    floor = ranked[0].rate * (1 - margin)
+    floor = ranked[0].standing * (1 - margin)
     return [c for i, c in enumerate(ranked)
-            if i == 0 or (c.rate >= floor and not any(dominates(a.config, c.config) and c.rate <= a.rate
-                                                      for a in ranked[:i]))]
+            if i == 0 or (c.standing >= floor and not any(dominates(a.config, c.config) and c.standing <= a.standing
+                                                          for a in ranked[:i]))]
 
 
 def contenders(close: Sequence[Candidate], remeasured: set[Config]) -> list[Config]:
@@ -50,8 +50,8 @@ def contenders(close: Sequence[Candidate], remeasured: set[Config]) -> list[Conf
 def entrants(ranked: Sequence[Candidate], margin: float, observations: Sequence[Observation]) -> list[Config]:
     """The A/B's entrants: the ranking's first and the next within the noise of it (`within_noise`),
     AB_ENTRANTS at most, best first; none once the first has a confirmation round (the search has its
-    winner)."""
-    if not ranked or any(o.phase == "confirm" and o.config == ranked[0].config for o in observations):
+    winner). A round the budget cut short measured nothing (`Observation.cut`): a resumed search runs it."""
+    if not ranked or any(o.phase == "confirm" and not o.cut and o.config == ranked[0].config for o in observations):
         return []
     return [c.config for c in within_noise(ranked, margin)[:AB_ENTRANTS]]
 
@@ -68,11 +68,12 @@ class ABPlan:
 
     def next(self, observations: Sequence[Observation]) -> Config | None:
         """The entrant whose round comes next: the one with the fewest rounds so far, the first of them on
-        ties (so A, B, C, A, B, C, ...); an entrant whose round failed runs no more. None: done."""
+        ties (so A, B, C, A, B, C, ...); an entrant whose round failed runs no more. A round the budget cut
+        short counts for nothing: it measured nothing, and failed nothing. None: done."""
         counts = dict.fromkeys(self.entrants, 0)
         out: set[Config] = set()
         for o in observations:
-            if o.phase == "confirm" and o.config in counts and (o.trial is None or o.trial > self.since):
+            if o.phase == "confirm" and not o.cut and o.config in counts and (o.trial is None or o.trial > self.since):
                 counts[o.config] += 1
                 if o.status not in ("ok", "running"):
                     out.add(o.config)
