@@ -1,8 +1,7 @@
 """Whole searches over a fake runner whose probes time out or are cut by the budget where the test says
 (tests/support/fake_runner.py): a timeout is a speed fact, never the end of a search, and a round of the A/B
 that the budget cuts short is "not measured", never "failed", never drops the leader, and never stops a resumed
-search confirming it. White-box: the fake
-replaces the runner the search builds (autofit.search._pool.make_runner)."""
+search confirming it. White-box: the fake replaces the runner the search builds (autofit.search._pool.make_runner)."""
 
 from __future__ import annotations
 
