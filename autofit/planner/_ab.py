@@ -49,11 +49,21 @@ def contenders(close: Sequence[Candidate], remeasured: set[Config]) -> list[Conf
 
 def entrants(ranked: Sequence[Candidate], margin: float, observations: Sequence[Observation]) -> list[Config]:
     """The A/B's entrants: the ranking's first and the next within the noise of it (`within_noise`),
-    AB_ENTRANTS at most, best first; none once the first has a confirmation round (the search has its
-    winner). A round the budget cut short measured nothing (`Observation.cut`): a resumed search runs it."""
-    if not ranked or any(o.phase == "confirm" and not o.cut and o.config == ranked[0].config for o in observations):
+    AB_ENTRANTS at most, best first. Once the first has a confirmation round, the search has its winner
+    unless a config no A/B measured reads faster on its short probes than the first on its rounds by more
+    than `margin`: its figure ranks at the A/Bs' scale (`Candidate.standing`), which assumes the first's
+    rounds fell as every config's would, so it is measured as long in turn, alone (a config that slows
+    only in long runs is caught so: a first measured again in short rounds beside it would hide it); none
+    when there is none. A round the budget cut short measured nothing (`Observation.cut`): a resumed
+    search runs it."""
+    if not ranked:
         return []
-    return [c.config for c in within_noise(ranked, margin)[:AB_ENTRANTS]]
+    first = ranked[0]
+    if not any(o.phase == "confirm" and not o.cut and o.config == first.config for o in observations):
+        return [c.config for c in within_noise(ranked, margin)[:AB_ENTRANTS]]
+    challenger = next((c for c in ranked[1:] if c.measurement.rule != "confirmation"
+                       and c.rate > first.rate * (1 + margin)), None)
+    return [challenger.config] if challenger is not None else []
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,11 @@ def test_a_config_measured_once_ranks_at_the_a_b_s_scale_not_above_its_entrants(
     assert [c.config.batch_size for c in ranked] == [64, 48, 32]
     b32 = ranked[2]
     assert b32.rate == 100.0 and b32.standing == pytest.approx(95.5)  # its measured figure stays its figure
-    assert planner.to_confirm(seen) is None  # the confirmed first stays first: no further A/B
+    # 100 reads faster than b=64's rounds beyond the noise (2%): b=32 is measured as long in turn, where the
+    # budget allows
+    assert planner.ab_entrants(seen) == [Config(batch_size=32)]
+    seen += [_ok(32, 95.5, "confirm") for _ in range(3)]  # its rounds fall as theirs did
+    assert planner.best(seen) == Config(batch_size=64) and planner.ab_entrants(seen) == []
 
 
 def test_the_a_b_still_orders_its_own_entrants_by_their_rounds():
