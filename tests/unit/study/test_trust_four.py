@@ -1,5 +1,6 @@
 """Trust, round four (issue 44), as a stored study reads: an A/B round the budget cut short is no A/B in the
-best-config file's reason (item 7), and a stored timeout says whether it stalled or never started (item 8)."""
+best-config file's reason (item 7), a stored timeout says whether it stalled or never started (item 8), and the
+file names a confirmed config over a short figure of another length (item 10)."""
 
 from __future__ import annotations
 
@@ -66,3 +67,17 @@ def test_a_stored_timeout_says_whether_its_steps_stalled_or_its_start_timed_out(
     assert read[64].stalled and read[64].timed_out
     assert not read[32].stalled and read[32].timed_out
     assert not read[16].stalled and not read[16].timed_out
+
+
+def test_the_file_names_the_confirmed_config_over_a_short_figure_of_another_length_and_says_why():
+    """Item 10, as the bundled recorded searches showed it: b=64's confirmation read 15% under its short probes,
+    and b=32, measured once at 95, took the win unconfirmed. Like with like, b=64 keeps it, and the note says at
+    what figure b=32 compared (95 x 0.85)."""
+    study = _study()
+    for result, phase in ((_ok(64, 100.0), "explore"), (_ok(64, 100.0), "remeasure"), (_ok(32, 95.0), "explore"),
+                          (_ok(64, 85.0), "confirm")):
+        _record(study, result, phase)
+    document = best_document(study, "sqlite:///x.db", stopped="budget", partial=False)
+    assert document["config"]["batch_size"] == 64 and document["measured"]["confirmed"]
+    assert document["runner_ups"][0]["samples_per_s"] == 95.0  # its own figure, as measured
+    assert "fp32 b=32's 95.0 samples/s counts as 80.8" in document["measured"]["rate_note"]
