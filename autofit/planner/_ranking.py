@@ -7,8 +7,8 @@ read lower (4.5% lower on one machine, for every entrant alike), so a config mea
 ranks at its short figure times the ratio the A/Bs measured between their entrants' rounds and the same
 entrants' short probes (`Ranking.scale`), not at its short figure against the entrants' A/B figures. The A/B
 still orders its entrants (their rounds against each other), and a short figure never outranks a long one
-for being short. A lone config measured longer (no A/B) sets the ratio alone: it corrects its own figure
-and orders nothing (it was measured against no one).
+for being short. A lone config measured longer (no A/B) sets the ratio alone: it corrects its own figure,
+and the others compare at its ratio (one faster beyond the noise is measured in turn: `_ab.entrants`).
 
 Two rules an expert applies come on top of the figures:
 
