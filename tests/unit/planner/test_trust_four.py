@@ -26,7 +26,7 @@ def _cut(batch: int, trial: int | None = None) -> Observation:
 
 # --- item 7: a cut round is not measured --------------------------------------------------------------------
 def test_a_leader_whose_a_b_round_the_budget_cut_is_still_an_entrant_on_resume():
-    """b=64's only confirmation round was cut: it has no confirmation, so a resumed search runs its A/B (today's
+    """b=64's only confirmation round was cut: it has no confirmation, so a resumed search runs its A/B (the old
     code read the cut round as the winner's confirmation: no entrants, the leader never confirmed)."""
     planner = Planner(SPACE, GiB)
     seen = [_ok(16, 60.0), _ok(16, 54.0, "recheck"), _ok(48, 95.0), _ok(64, 100.0), _cut(64)]
@@ -35,7 +35,7 @@ def test_a_leader_whose_a_b_round_the_budget_cut_is_still_an_entrant_on_resume()
 
 
 def test_a_cut_round_neither_counts_as_a_round_nor_drops_its_entrant():
-    """The cut round measured nothing and failed nothing: b=64 runs its round again and stays in the A/B."""
+    """The cut round measured nothing and failed nothing: b=48 runs its round again and stays in the A/B."""
     plan = ABPlan((Config(batch_size=64), Config(batch_size=48)), rounds=2, steps=20)
     seen = [_ok(64, 90.0, "confirm", trial=1), _cut(48, trial=2)]
     assert plan.next(seen) == Config(batch_size=48)
