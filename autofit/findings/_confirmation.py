@@ -61,12 +61,13 @@ def ab_words(ranked: list[Candidate], done, planner: Planner) -> str | None:
 
 
 def unconfirmed_reason(confirmed: bool, done, partial: bool) -> str | None:
-    """Why the winner was not measured in an A/B; None when it was."""
+    """Why the winner was not measured in an A/B; None when it was. A round the budget cut short measured
+    nothing (`Observation.cut`): an A/B of cut rounds alone is no A/B, and the budget is the reason."""
     if confirmed:
         return None
     if partial:
         return "the search ended (interrupted, or unfinished) before the A/B that confirms a winner"
-    if any(o.phase == "confirm" for o in done):
+    if any(o.phase == "confirm" and not o.cut for o in done):
         return ("the A/B measured its entrants below this config's short probes, and the search ended "
                 "before it could be measured in turn: its figure is a short probe's")
     return UNCONFIRMED_BUDGET

@@ -36,7 +36,7 @@ def explain(ranked: list[Candidate], done, planner: Planner, usable: float) -> s
         if key != best.config.precision and key not in others:
             others[key] = c
     for precision, c in others.items():
-        parts.append(f"{best.rate / c.rate:.2f}x the best {precision} config ({c.config.label()})")
+        parts.append(f"{best.standing / c.standing:.2f}x the best {precision} config ({c.config.label()})")
     strategy = planner.space.strategy_of(best.config)
     larger = sorted((o for o in done if planner.space.strategy_of(o.config) == strategy
                      and planner.space.holds_kind(o.config) and o.config.max_squares == best.config.max_squares
@@ -52,15 +52,15 @@ def explain(ranked: list[Candidate], done, planner: Planner, usable: float) -> s
         elif o.status == "ok" and o.peak_bytes and o.peak_bytes > usable:
             parts.append(f"{size} needs {format_size(o.peak_bytes)} > {format_size(usable)} usable")
         elif o.status == "ok" and o.rate:
-            measured = next((c.rate for c in ranked if c.config == o.config), None)
+            measured = next((c.standing for c in ranked if c.config == o.config), None)
             if measured is None:
                 parts.append(f"{size} read {o.rate / best.rate:.2f}x on a suspect measurement that no second "
                              f"probe settled (a longer --budget or more --trials measures it again)")
-            elif measured <= best.rate:
-                parts.append(f"{size} was no faster ({measured / best.rate:.2f}x)")
+            elif measured <= best.standing:
+                parts.append(f"{size} was no faster ({measured / best.standing:.2f}x)")
             else:
                 parts.append(f"{size} was within {TIE_TOLERANCE:.0%} "
-                             f"({measured / best.rate:.2f}x) and needs more memory")
+                             f"({measured / best.standing:.2f}x) and needs more memory")
     else:
         memory = planner.space and _predicted_next(planner, best.config, done, usable)
         if memory:
@@ -73,9 +73,9 @@ def _as_an_expert(ranked: list[Candidate], margin: float) -> list[str]:
     were not faster beyond the noise, and near-ties settled for less recompute or accumulation."""
     best, words = ranked[0], []
     for c in ranked[1:]:
-        if c.rate <= best.rate:
+        if c.standing <= best.standing:
             continue
-        gain = c.rate / best.rate
+        gain = c.standing / best.standing
         if dominates(best.config, c.config):
             words.append(f"{c.config.label()} read {gain:.2f}x but adds "
                          f"{'accumulation' if c.config.accumulation_steps > best.config.accumulation_steps else 'recompute'}"
@@ -113,6 +113,11 @@ def rate_note(ranked: list[Candidate], done) -> str:
         if c.measurement.rule == "confirmation" and led and led > best.rate:
             parts.append(f"{c.config.label()} led with {led:,.1f} {unit} on its short probes but measured "
                          f"{c.rate:,.1f} in its confirmation (the A/B)")
+    faster = next((c for c in ranked[1:] if c.scale != 1.0 and c.rate > best.rate), None)
+    if faster is not None:  # a short figure above the winner's long one: say why it ranks below
+        parts.append(f"a config the A/B did not measure compares at its short probes' figure x{faster.scale:.2f}, "
+                     f"the A/B's long rounds against its entrants' short probes (like with like): "
+                     f"{faster.config.label()}'s {faster.rate:,.1f} {unit} counts as {faster.standing:,.1f}")
     return "; ".join(parts)
 
 

@@ -9,7 +9,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autofit.memory import stored_estimates
 from autofit.planner import Observation, Planner, SearchSpace
-from autofit.probing import BUDGET_CUT
+from autofit.probing import BUDGET_CUT, TIMEOUT_TYPES
 from autofit.study import DATA_BOUND_ERRORS, study_meta, trial_config, trial_result
 
 
@@ -35,7 +35,8 @@ def observations(trials: list[FrozenTrial], exclude: int | None = None) -> list[
                                result.only_just_fits, result.error_type in DATA_BOUND_ERRORS,
                                result.data_wait_share, trial.number, start_s=result.start_s,
                                step_s=result.probe_step_s or result.step_time_median_s,
-                               ran_accumulation=result.probe_accumulation, cut=result.error_type == BUDGET_CUT))
+                               ran_accumulation=result.probe_accumulation, cut=result.error_type == BUDGET_CUT,
+                               stalled=result.error_type == TIMEOUT_TYPES["stall"]))
     return out
 
 

@@ -33,10 +33,10 @@ def within_noise(ranked: Sequence[Candidate], margin: float) -> list[Candidate]:
     dominates is among them when it read faster: the A/B's rounds, not the rule, say whether it is."""
     if not ranked:
         return []
-    floor = ranked[0].rate * (1 - margin)
+    floor = ranked[0].standing * (1 - margin)
     return [c for i, c in enumerate(ranked)
-            if i == 0 or (c.rate >= floor and not any(dominates(a.config, c.config) and c.rate <= a.rate
-                                                      for a in ranked[:i]))]
+            if i == 0 or (c.standing >= floor and not any(dominates(a.config, c.config) and c.standing <= a.standing
+                                                          for a in ranked[:i]))]
 
 
 def contenders(close: Sequence[Candidate], remeasured: set[Config]) -> list[Config]:
@@ -49,11 +49,21 @@ def contenders(close: Sequence[Candidate], remeasured: set[Config]) -> list[Conf
 
 def entrants(ranked: Sequence[Candidate], margin: float, observations: Sequence[Observation]) -> list[Config]:
     """The A/B's entrants: the ranking's first and the next within the noise of it (`within_noise`),
-    AB_ENTRANTS at most, best first; none once the first has a confirmation round (the search has its
-    winner)."""
-    if not ranked or any(o.phase == "confirm" and o.config == ranked[0].config for o in observations):
+    AB_ENTRANTS at most, best first. Once the first has a confirmation round, the search has its winner
+    unless a config no A/B measured reads faster on its short probes than the first on its rounds by more
+    than `margin`: its figure ranks at the A/Bs' scale (`Candidate.standing`), which assumes the first's
+    rounds fell as every config's would, so it is measured as long in turn, alone (a config that slows
+    only in long runs is caught so: a first measured again in short rounds beside it would hide it); none
+    when there is none. A round the budget cut short measured nothing (`Observation.cut`): a resumed
+    search runs it."""
+    if not ranked:
         return []
-    return [c.config for c in within_noise(ranked, margin)[:AB_ENTRANTS]]
+    first = ranked[0]
+    if not any(o.phase == "confirm" and not o.cut and o.config == first.config for o in observations):
+        return [c.config for c in within_noise(ranked, margin)[:AB_ENTRANTS]]
+    challenger = next((c for c in ranked[1:] if c.measurement.rule != "confirmation"
+                       and c.rate > first.rate * (1 + margin)), None)
+    return [challenger.config] if challenger is not None else []
 
 
 @dataclass(frozen=True)
@@ -68,11 +78,12 @@ class ABPlan:
 
     def next(self, observations: Sequence[Observation]) -> Config | None:
         """The entrant whose round comes next: the one with the fewest rounds so far, the first of them on
-        ties (so A, B, C, A, B, C, ...); an entrant whose round failed runs no more. None: done."""
+        ties (so A, B, C, A, B, C, ...); an entrant whose round failed runs no more. A round the budget cut
+        short counts for nothing: it measured nothing, and failed nothing. None: done."""
         counts = dict.fromkeys(self.entrants, 0)
         out: set[Config] = set()
         for o in observations:
-            if o.phase == "confirm" and o.config in counts and (o.trial is None or o.trial > self.since):
+            if o.phase == "confirm" and not o.cut and o.config in counts and (o.trial is None or o.trial > self.since):
                 counts[o.config] += 1
                 if o.status not in ("ok", "running"):
                     out.add(o.config)

@@ -62,10 +62,18 @@ class Feasibility:
                 and not self.implied_too_big(c) and not self.implied_too_slow(c)]
 
     def implied_too_slow(self, config: Config) -> bool:
-        """At a fixed global batch, a probe that timed out at micro-batch b (its start or a step took too
-        long) says no smaller micro-batch is worth a probe: its step holds more micro-batches, each no
-        faster per sample. A timeout says nothing of memory, and nothing against a larger micro-batch."""
-        return bool(self.space.global_batch) and any(o.timed_out and config.size < o.config.size for o in self.done)
+        """At a fixed global batch, a probe that stalled at micro-batch b (a micro-batch made no progress for
+        the stall limit) says no smaller micro-batch of its strategy is worth a probe: its step holds more
+        micro-batches, each no faster per sample. Only a stall, and only within its strategy: a start that
+        timed out is compilation or the script's own evaluation, which grow with b, if anything (a probe
+        runs 4 micro-batches at most, so a smaller b is no longer a longer probe); and another precision,
+        compile or checkpointing runs at speeds of its own. A timeout says nothing of memory, and nothing
+        against a larger micro-batch."""
+        if not self.space.global_batch:
+            return False
+        strategy = self.space.strategy_of(config)
+        return any(o.timed_out and o.stalled and config.size < o.config.size
+                   and self.space.strategy_of(o.config) == strategy for o in self.done)
 
     def strategy_unusable(self, strategy: Strategy) -> bool:
         """A precision (sharding, compilation, selective checkpointing) that failed without ever running

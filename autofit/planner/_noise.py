@@ -17,10 +17,12 @@ A suspect config is measured again (a "recheck" probe) before it may win or boun
 is resolved (two agreeing probes, or three probes: then the fastest steady one counts, since
 interference slows probes and never speeds them up) the planner leaves it out of
 its ranking and its throughput models. The winner's confirmation (an A/B of the configs within the
-noise of it, see `Measurement` and _ab.py) settles it: its figure counts, and may lower the winner below the next config. A probe slowed evenly looks normal on its own, so before a
-search ends, the leader of each precision within reach of the best is probed a second time too: if
-that reveals a slowdown, the strategies it pruned are open again. When suspects keep appearing (more than a third of the
-configs, at least three), the machine is too noisy to rank configs, and the search says so.
+noise of it, see `Measurement` and _ab.py) settles it: its figure counts, and may lower the winner below
+another entrant (the configs it did not measure compare at its ratio to their short probes: _ranking.py).
+A probe slowed evenly looks normal on its own, so before a search ends, the leader of each precision within
+reach of the best is probed a second time too: if that reveals a slowdown, the strategies it pruned are open
+again. When suspects keep appearing (more than a third of the configs, at least three), the machine is too
+noisy to rank configs, and the search says so.
 """
 
 from __future__ import annotations
@@ -185,7 +187,7 @@ class NoiseReading:
                 best[config.precision] = config
         return list(best.values())
 
-    def _short_rate(self, config: Config) -> float:
+    def short_rate(self, config: Config) -> float:
         """What `config`'s short probes say (a long run's figure compares with no short one)."""
         return self._measure([o for o in self.ok[config] if o.phase != "confirm"] or self.ok[config]).rate
 
@@ -195,7 +197,7 @@ class NoiseReading:
         i = same.index(config)
         if i == 0:
             return None
-        rate, short, unit = self.rate(config), self._short_rate, config.ranked_by.unit
+        rate, short, unit = self.rate(config), self.short_rate, config.ranked_by.unit
         if i == len(same) - 1:  # the largest size so far: throughput rarely falls steeply with size
             low = same[i - 1]
             if rate < short(low) * (1 - _NEIGHBOUR_GAP):

@@ -45,6 +45,7 @@ class Observation:
     step_s: float | None = None  # one of the probe's own optimizer steps (of `ran_accumulation` micro-batches)
     ran_accumulation: int | None = None  # micro-batches a step the probe ran (None: the config's own)
     cut: bool = False  # the search's budget ended it: nothing measured, no verdict on the config
+    stalled: bool = False  # timed out in its steps (no progress for the stall limit), not in its start
 
     def fits(self, usable_bytes: float) -> bool:
         """Ran its steps with its peak inside the usable memory."""

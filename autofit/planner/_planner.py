@@ -35,8 +35,8 @@ benchmark's replays all run the same decisions. The rules, in order:
    with the loader as the script declares it.
 9. By tokens, the leader is then probed with larger token caps under a squares cap at its worst batch's,
    so that short batches hold more tokens (per-length caps, see _squares_rule.py).
-10. A timeout is a fact about speed: it makes nothing unusable, and at a fixed global batch rules out the
-   smaller micro-batches; with nothing measured, a timed-out config is probed again (_retry_timed_out).
+10. A timeout is a fact about speed: it makes nothing unusable, and at a fixed global batch a stall rules out the
+   smaller micro-batches of its strategy; with nothing measured, a timed-out config is probed again (_retry_timed_out).
 11. A knob that changes a step's speed and not what fits (a memory format), where the function offers it, is
    tried on the fastest config after the loader's turn, each of its values kept where faster (_variant_rule.py).
 

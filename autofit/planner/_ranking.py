@@ -2,6 +2,14 @@
 by tokens; its confirmation run's once it has one; when rechecking noise, the rate the noise reading
 trusts: `NoiseReading.measurement`), feasible ones only.
 
+Configs compare like with like (`Candidate.standing`): an A/B's rounds run longer than a short probe and
+read lower (4.5% lower on one machine, for every entrant alike), so a config measured in short probes alone
+ranks at its short figure times the ratio the A/Bs measured between their entrants' rounds and the same
+entrants' short probes (`Ranking.scale`), not at its short figure against the entrants' A/B figures. The A/B
+still orders its entrants (their rounds against each other), and a short figure never outranks a long one
+for being short. A lone config measured longer (no A/B) sets the ratio alone: it corrects its own figure,
+and the others compare at its ratio (one faster beyond the noise is measured in turn: `_ab.entrants`).
+
 Two rules an expert applies come on top of the figures:
 
 - **dominance**: a config that adds recompute (checkpointing, or a heavier policy) or accumulation
@@ -15,8 +23,9 @@ Two rules an expert applies come on top of the figures:
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autofit.config import Config
 from autofit.planner._noise import Measurement, NoiseReading
@@ -44,6 +53,15 @@ class Candidate:
     tight: bool = False  # some probe of it needed allocator retries: it only just fits
     measurement: Measurement | None = None
     """The probes its throughput (and every rate of the best-config file) comes from."""
+    scale: float = 1.0
+    """What puts `rate` beside the A/Bs' figures: 1 when an A/B measured it (or none ran), else the A/Bs'
+    ratio of long rounds to short probes (`Ranking.scale`)."""
+
+    @property
+    def standing(self) -> float:
+        """The figure it ranks by: its rate at the A/Bs' scale (like with like; `rate` stays the measured
+        figure every report and file gives)."""
+        return self.rate * self.scale
 
 
 class Ranking:
@@ -79,8 +97,24 @@ class Ranking:
                 measurement = self.noise.measurement(config) if self.check_noise else Measurement.of(ok)
                 out.append(Candidate(config, measurement.rate, max(peaks) if peaks else None, len(ok),
                                      any(o.tight for o in ok), measurement))
-        self._measured = out
-        return out
+        scale = self.scale(out)
+        self._measured = [c if c.measurement.rule == "confirmation" else replace(c, scale=scale) for c in out]
+        return self._measured
+
+    def scale(self, measured: Sequence[Candidate]) -> float:
+        """The A/Bs' ratio of long rounds to short probes: the median, over the configs with A/B rounds, of
+        their rounds' figure over their own short probes' (both as `measurement` takes them); 1 before any
+        A/B. A short figure times it compares with an A/B's figure (see the module's docstring)."""
+        ratios = [c.rate / short for c in measured
+                  if c.measurement.rule == "confirmation" and (short := self._short_rate(c.config))]
+        return statistics.median(ratios) if ratios else 1.0
+
+    def _short_rate(self, config: Config) -> float | None:
+        """What `config`'s short probes say (all but its A/B rounds); None without any."""
+        short = [o for o in self.by_config[config] if o.status == "ok" and o.rate and o.phase != "confirm"]
+        if not short:
+            return None
+        return self.noise.short_rate(config) if self.check_noise else Measurement.of(short).rate
 
     def fits(self, config: Config) -> bool:
         """It ran its steps, and no probe of it crossed the headroom or failed."""
@@ -89,16 +123,16 @@ class Ranking:
                                                                         for o in obs)
 
     def ranked(self) -> list[Candidate]:
-        """Feasible configs, best first: throughput, with near-ties broken toward configs that did
-        not need allocator retries, then toward lower peak."""
+        """Feasible configs, best first: throughput like with like (`Candidate.standing`), with near-ties
+        broken toward configs that did not need allocator retries, then toward lower peak."""
         if self._ranked is None:
             feasible = [c for c in self.measured() if self.fits(c.config)]
-            feasible.sort(key=lambda c: -c.rate)
+            feasible.sort(key=lambda c: -c.standing)
             if feasible:
-                top = feasible[0].rate
-                ties = [c for c in feasible if c.rate >= top * (1 - TIE_TOLERANCE)]
+                top = feasible[0].standing
+                ties = [c for c in feasible if c.standing >= top * (1 - TIE_TOLERANCE)]
                 rest = [c for c in feasible if c not in ties]
-                ties.sort(key=lambda c: (c.tight, _expert_order(c.config), c.peak_bytes or 0, -c.rate))
+                ties.sort(key=lambda c: (c.tight, _expert_order(c.config), c.peak_bytes or 0, -c.standing))
                 feasible = _dominated_last(ties + rest, self.margin)
             self._ranked = feasible
         return self._ranked
@@ -151,7 +185,8 @@ def _dominated_last(ranked: list[Candidate], margin: float) -> list[Candidate]:
         moved = False
         for i, candidate in enumerate(out):
             below = [j for j, other in enumerate(out) if j > i and not other.tight
-                     and dominates(other.config, candidate.config) and candidate.rate <= other.rate * (1 + margin)]
+                     and dominates(other.config, candidate.config)
+                     and candidate.standing <= other.standing * (1 + margin)]
             if below:
                 out.insert(below[-1], out.pop(i))  # just below the last config it yields to
                 moved = True

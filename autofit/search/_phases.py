@@ -126,9 +126,9 @@ def remeasure(state: SearchState, runner: Runner) -> None:
 def confirm(state: SearchState, runner: Runner) -> None:
     """The confirmation, an A/B: the configs within the noise of the leader (`Planner.ab_entrants`) run
     in turn (A, B, C, A, B, C, ...) over rounds longer than a probe, and the median of each one's rounds
-    is its figure (see `Measurement`), so the winner is the one the A/B favours. A config the A/B left
-    first on its short probes alone is confirmed in turn (three A/Bs at most); a winner the budget left
-    no room for stays unconfirmed, and says why."""
+    is its figure (see `Measurement`), so the winner is the one the A/B favours. A config no A/B measured
+    whose short probes read faster than the winner's rounds beyond the noise is confirmed in turn (three A/Bs
+    at most: `Planner.ab_entrants`); a winner the budget left no room for stays unconfirmed, and says why."""
     led = state.planner.best(state.session.observations())  # the leader before any A/B
     _confirm_rounds(state, runner)
     # one note, on the winner the A/Bs leave: a later A/B may hand the win back (a note per A/B contradicted it)

@@ -1,5 +1,6 @@
-"""What one probe implies for others: accumulation (gradients held beside the next forward) and a
-selective checkpoint policy that never runs."""
+"""What one probe implies for others: accumulation (gradients held beside the next forward), a selective
+checkpoint policy that never runs, and a timeout (a stall rules out the smaller micro-batches of its strategy
+alone; a start that timed out rules out none)."""
 
 from __future__ import annotations
 
@@ -121,3 +122,38 @@ def test_accumulation_orders_memory_one_way_at_one_micro_batch():
 def _selective_space() -> SearchSpace:
     return SearchSpace.build(batch_range=(8, 64), precisions=("fp32",), checkpoint_blocks=4,
                              checkpoint_policies=("full", "selective"))
+
+
+GLOBAL = 480
+TIMEOUT_SPACE = SearchSpace.build(batch_range=(1, GLOBAL), precisions=("fp32", "bf16"), global_batch=GLOBAL,
+                                  compiles=(False, True), first_precision="bf16")
+
+
+def _at(batch: int, precision: str, compile: bool) -> Config:
+    return Config(batch_size=batch, precision=precision, compile=compile, accumulation_steps=GLOBAL // batch)
+
+
+def _timed_out(config: Config, *, stalled: bool) -> Feasibility:
+    return Feasibility(TIMEOUT_SPACE, 72 * GiB, [Observation(config, "timeout", wall_s=60.0, stalled=stalled)])
+
+
+def test_a_start_timeout_rules_out_no_smaller_micro_batch():
+    """Issue 44, item 8: one compiled bf16 b=32 start timeout removed fp32 eager b<=16. A start that timed out is
+    compilation or the script's own evaluation, which grow with b if anything, and a probe runs 4 micro-batches at
+    most: a smaller b is no longer a longer probe."""
+    feasible = _timed_out(_at(32, "bf16", True), stalled=False)
+    for batch in (16, 8):
+        assert not feasible.implied_too_slow(_at(batch, "fp32", False))
+        assert not feasible.implied_too_slow(_at(batch, "bf16", True))
+
+
+def test_a_stall_rules_out_the_smaller_micro_batches_of_its_own_strategy_only():
+    """A micro-batch of b made no progress for the stall limit: a smaller one of its strategy (more micro-batches
+    a step, none faster per sample) is not worth a probe; another precision, compile or a larger b still is."""
+    feasible = _timed_out(_at(32, "bf16", True), stalled=True)
+    assert feasible.implied_too_slow(_at(16, "bf16", True))
+    assert 16 not in feasible.open_batches(TIMEOUT_SPACE.strategy_of(_at(16, "bf16", True)))
+    assert not feasible.implied_too_slow(_at(48, "bf16", True))
+    assert not feasible.implied_too_slow(_at(16, "fp32", False))
+    assert not feasible.implied_too_slow(_at(16, "bf16", False))
+    assert 16 in feasible.open_batches(TIMEOUT_SPACE.strategy_of(_at(16, "fp32", False)))

@@ -1,7 +1,7 @@
 """Whole searches over a fake runner whose probes time out or are cut by the budget where the test says
 (tests/support/fake_runner.py): a timeout is a speed fact, never the end of a search, and a round of the A/B
-that the budget cuts short is "not measured", never "failed", and never drops the leader. White-box: the fake
-replaces the runner the search builds (autofit.search._pool.make_runner)."""
+that the budget cuts short is "not measured", never "failed", never drops the leader, and never stops a resumed
+search confirming it. White-box: the fake replaces the runner the search builds (autofit.search._pool.make_runner)."""
 
 from __future__ import annotations
 
@@ -65,3 +65,15 @@ def test_an_a_b_round_the_budget_cuts_is_not_measured_and_keeps_the_leader(tmp_p
     assert result.best == Config(batch_size=64)
     assert not any("failed its A/B round" in note for note in result.notes)
     assert any("not measured" in note for note in result.notes)
+
+
+def test_a_resumed_search_confirms_the_leader_whose_a_b_round_the_budget_cut(tmp_path, monkeypatch):
+    """Issue 44, item 7: the cut round was read as the leader's confirmation, so a resumed search never ran its
+    A/B and the file said "the A/B measured its entrants below this config's short probes". Resumed with the
+    budget to run it, the A/B runs and confirms b=64."""
+    _search(tmp_path, monkeypatch, lambda config, steps, n: BUDGET_CUT if steps > 10 else None)
+    result, study = _search(tmp_path, monkeypatch, lambda config, steps, n: None)
+    measured = [trial_config(t).batch_size for t in study.trials
+                if t.user_attrs.get("phase") == "confirm" and t.user_attrs["status"] == "ok"]
+    assert 64 in measured
+    assert result.best == Config(batch_size=64) and result.document["measured"]["confirmed"]

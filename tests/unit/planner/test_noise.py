@@ -117,10 +117,15 @@ def test_a_slower_confirmation_lowers_the_winner_s_rate():
     assert [o.phase for o in best.measurement.probes] == ["confirm"]
 
 
-def test_a_confirmation_below_the_runner_up_hands_it_the_win_and_the_runner_up_is_confirmed_next():
+def test_a_confirmation_below_the_runner_up_keeps_the_lead_and_the_runner_up_is_confirmed_next():
+    """b=32's long run read 10% below its short probes, below b=16's short ones (280.5). Short against short b=32
+    still leads (issue 44, item 10: b=16 ranks at its short figure x 270/301); but b=16 reads faster than b=32's
+    rounds beyond the noise, so it is confirmed next (a config that slows only in long runs is caught so)."""
     planner = Planner(SPACE, 10 * GiB)
-    seen = _contenders() + [ok(32, 270, phase="confirm")]  # 10% below its short probes, below b=16
-    assert planner.best(seen) == Config(batch_size=16)
+    seen = _contenders() + [ok(32, 270, phase="confirm")]
+    ranked = planner.ranked(seen)
+    assert [c.config for c in ranked][:2] == [Config(batch_size=32), Config(batch_size=16)]
+    assert ranked[1].rate == 280.5 and ranked[1].standing == pytest.approx(280.5 * 270 / 301)
     assert planner.to_confirm(seen) == Config(batch_size=16)
     seen.append(ok(16, 279, phase="confirm"))
     assert planner.best(seen) == Config(batch_size=16) and planner.to_confirm(seen) is None
@@ -153,4 +158,5 @@ def test_a_confirmed_neighbour_s_long_run_does_not_make_a_config_suspect():
     probes."""
     seen = [ok(8, 370), ok(16, 750), ok(16, 752, phase="recheck"), ok(24, 540), ok(32, 420), ok(16, 330, phase="confirm")]
     assert reading(seen).unresolved() == {}
-    assert Planner(SPACE, 10 * GiB).best(seen) == Config(batch_size=24)
+    ranked = Planner(SPACE, 10 * GiB).ranked(seen)  # b=24 ranks (trusted), at the long run's ratio to the short
+    assert Config(batch_size=24) in [c.config for c in ranked]

@@ -1,8 +1,8 @@
 """A timeout is a speed fact, not a verdict (issue "Priced for the GPU"): on an H100, nanoGPT's pilot and the
 next probe timed out while compiling, two failures made every strategy unusable, and the search ended with
 nothing measured. Here, at the planner: two timeouts never end a search, a timeout never makes a precision
-unusable, at a fixed global batch it never leads to a smaller micro-batch, and with nothing measured the
-timed-out config is probed again rather than the search ending."""
+unusable, at a fixed global batch a stall never leads to a smaller micro-batch of its strategy, and with nothing
+measured the timed-out config is probed again rather than the search ending."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ def _space() -> SearchSpace:
                              first_precision="bf16")
 
 
-def _timeout(config: Config) -> Observation:
-    return Observation(config, "timeout", wall_s=60.0)
+def _timeout(config: Config, stalled: bool = False) -> Observation:
+    return Observation(config, "timeout", wall_s=60.0, stalled=stalled)
 
 
 def test_two_timeouts_never_end_a_search():
@@ -42,18 +42,21 @@ def test_a_timeout_never_makes_a_precision_unusable_where_an_error_would():
     assert planner.unusable_precisions([Observation(c, "error") for c in bf16]) == {"bf16"}
 
 
-def test_at_a_fixed_global_batch_a_timeout_never_leads_to_a_smaller_micro_batch():
-    """The H100 run: after the pilot (b=4 acc=120) timed out, the search tried fp32 b=1 acc=480, the slowest
-    optimizer step of the whole space. No probe after a timeout at b goes below b, in any precision."""
-    planner = Planner(_space(), 72 * GiB, check_noise=False)
+def test_at_a_fixed_global_batch_a_stall_never_leads_to_a_smaller_micro_batch_of_its_strategy():
+    """A micro-batch of the pilot (b=4 acc=120) made no progress for the stall limit: no later probe of its
+    strategy goes below b (its step holds more micro-batches, none faster per sample). A start that timed out
+    rules out nothing (issue 44: tests/whitebox/test_feasibility_rules.py)."""
+    space = _space()
+    planner = Planner(space, 72 * GiB, check_noise=False)
     pilot = planner.next([])
-    seen = [_timeout(pilot)]
+    seen = [_timeout(pilot, stalled=True)]
     for _ in range(6):
         config = planner.next(seen)
         if config is None:
             break
-        assert config.batch_size >= pilot.batch_size, f"{config.label()} after {pilot.label()} timed out"
-        seen.append(_timeout(config) if config.batch_size == pilot.batch_size else
+        assert space.strategy_of(config) != space.strategy_of(pilot) or config.batch_size >= pilot.batch_size, \
+            f"{config.label()} after {pilot.label()} stalled"
+        seen.append(_timeout(config, stalled=True) if config.batch_size == pilot.batch_size else
                     Observation(config, "ok", peak_bytes=GiB * config.batch_size // 4, rate=float(config.batch_size),
                                 wall_s=5.0))
 
