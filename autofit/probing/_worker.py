@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import replace
 from typing import Any
 
 from autofit.config import Config
@@ -128,7 +129,7 @@ class Worker:
                 reply.get("traceback"),
             )
         self.info = WorkerInfo(**{k: reply[k] for k in WorkerInfo.__dataclass_fields__})
-        self._memory = WarmMemory(self.leak_tolerance)
+        self._memory.fresh()
         self.start_s = time.perf_counter() - began
         return self.info
 
@@ -176,6 +177,7 @@ class Worker:
         """Run one probe, killed by its `timeout` limits (`ProbeLimits`; seconds: the start and each
         stretch without progress alike). Every outcome of the user's code is a status; only bad input
         raises. `trial_id` is for runners across nodes; one process has no use for it."""
+        began = time.perf_counter()
         if not self.alive:
             self.start()
         assert self._channel is not None
@@ -197,8 +199,11 @@ class Worker:
             result.traceback = log_tail(log_path)  # faulthandler's stack of the probe's process
         if result.restart_worker:
             self.close()  # a broken CUDA context is never reused: the next probe starts a fresh worker
-        else:
-            self._replace_if_leaking(result)
+        elif self._replace_if_leaking(result):
+            again = self.probe(config, warmup=warmup, steps=steps, log_path=log_path, min_measure_s=min_measure_s,
+                               timeout=_less(ProbeLimits.of(timeout), time.perf_counter() - began))
+            again.notes[:0] = result.notes
+            return again
         return result
 
     def _await(self, request: ProbeRequest, log_path: str | None,
@@ -233,12 +238,19 @@ class Worker:
                                     f"a fresh worker runs the next probe.",
                             wall_s=wall, memory_limit=self.memory_limit, log_path=log_path, traceback=tail)
 
-    def _replace_if_leaking(self, result: ProbeResult) -> None:
-        """Replace the worker when a probe left memory behind in it (`WarmMemory`), saying why in a note."""
-        why = self._memory.left_behind(result)
-        if why is not None:
-            result.notes.append(f"{why}; the worker was replaced, so the next probe starts where the first did")
-            self.close()
+    def _replace_if_leaking(self, result: ProbeResult) -> bool:
+        """Replace the worker when a probe left memory behind in it (`WarmMemory`), saying why in a note.
+        True when `result` itself started on what an earlier probe left (its peak carries it): the caller
+        measures it again in the fresh worker."""
+        verdict = self._memory.left_behind(result)
+        if verdict is None:
+            return False
+        why, carried = verdict
+        self.close()
+        result.notes.append(f"{why}; the worker was replaced and the probe ran again in a fresh one (these are its "
+                            f"figures)" if carried else
+                            f"{why}; the worker was replaced, so the next probe starts where the first did")
+        return carried
 
     # --- plumbing -----------------------------------------------------------------------------
     def _kill(self) -> None:
@@ -272,49 +284,74 @@ class Worker:
         return os.path.join(self.log_dir, name)
 
 
-
 class WarmMemory:
     """What a worker that runs its probes in itself held after its first probe, and the verdict on each
-    probe after it: the next probe must start where the first did, or its peak (what is compared with
-    the limit) carries what earlier probes left.
+    probe: the next probe must start where the first did, or its peak (what is compared with the limit)
+    carries what earlier probes left.
 
     A process that runs its probes in itself grows once, in its first probe: CUDA loads kernels at first
     use and creates its libraries' handles, Triton loads its modules (on an H200 a kept worker held 806,
     808, 808 MiB after successive probes, and its probes' peaks matched fresh workers'). So its baseline
-    is its memory after its first probe, and a later probe that ends more than the allowance above it left
-    memory behind: memory that grows probe after probe. The allowance is absolute (a share of the limit
-    let 16 GB stand on an 80 GB GPU). Where the device tells tensors apart (CUDA: allocated once gc ran,
-    cuBLAS's workspaces went and the cache was emptied), tensors the first probe left alive are no growth
-    of CUDA's: they are what it left behind."""
+    is its memory after its first probe, and a later probe that ends more than the allowance above it
+    started on what earlier probes left: memory that grows probe after probe. That probe is measured
+    again in a fresh worker, and from then on every worker of the script is judged from its first probe's
+    start, as a script that leaks. The allowance is absolute (a share of the limit let 16 GB stand on an
+    80 GB GPU). Where the device tells tensors apart (CUDA: allocated once gc ran, cuBLAS's workspaces
+    went and the cache was emptied), tensors the first probe left alive are no growth of CUDA's: they are
+    what it left behind. On a CPU (`--probe-process persistent`) the heap glibc keeps counts as well."""
 
     def __init__(self, tolerance: int | None = None) -> None:
         self.tolerance = LEAK_ALLOWANCE if tolerance is None else tolerance
+        self.grows = False
+        """A worker of this script grew probe after probe: each worker is replaced after a first probe
+        that grows it."""
+        self.fresh()
+
+    def fresh(self) -> None:
+        """A new worker: nothing measured of it yet."""
         self.baseline: int | None = None
         self.tensors: int | None = None
 
-    def left_behind(self, result: ProbeResult) -> str | None:
-        """Why the worker must be replaced after `result`, or None to keep it."""
+    def left_behind(self, result: ProbeResult) -> tuple[str, bool] | None:
+        """Why the worker must be replaced after `result`, and whether `result` started on what earlier
+        probes left; None to keep it."""
         if result.memory_after_bytes is None:
             return None
         tensors = result.allocator.get("tensors_after_bytes")
         if self.baseline is None:
             self.baseline, self.tensors = result.memory_after_bytes, tensors
-            left = _difference(tensors, result.allocator.get("tensors_at_start_bytes"))
-            if left is not None and left > self.tolerance:
-                return (f"{format_size(left)} of tensors were still alive after the worker's first probe that "
-                        f"were not at its start (what the probe left behind: CUDA's own one-time growth is "
-                        f"outside them)")
-            return None
+            why = self._first_left(result, tensors)
+            return None if why is None else (why, False)
         growth = result.memory_after_bytes - self.baseline
         if growth <= self.tolerance:
             return None
+        self.grows = True
         grown = _difference(tensors, self.tensors)
         where = f", {format_size(grown)} of it in tensors still alive" if grown is not None else ""
         return (f"worker memory stayed {format_size(growth)} above what it held after its first probe{where} "
-                f"(memory that grows probe after probe: a leak, or state built at import and changed in place)")
+                f"(memory that grows probe after probe: a leak, or state built at import and changed in "
+                f"place)", True)
+
+    def _first_left(self, result: ProbeResult, tensors: int | None) -> str | None:
+        """What a worker's first probe left that is no growth of the process's own, or None."""
+        left = _difference(tensors, result.allocator.get("tensors_at_start_bytes"))
+        if left is not None and left > self.tolerance:
+            return (f"{format_size(left)} of tensors were still alive after the worker's first probe that were "
+                    f"not at its start (what the probe left behind: CUDA's own one-time growth is outside them)")
+        grown = _difference(result.memory_after_bytes, result.baseline_bytes)
+        if self.grows and grown is not None and grown > self.tolerance:
+            return (f"worker memory stayed {format_size(grown)} above where the probe started (this script's "
+                    f"memory grew probe after probe in an earlier worker)")
+        return None
 
 
 def _difference(after: int | None, before: int | None) -> int | None:
-    """Bytes of tensors alive at one reading beyond another; None where the device cannot tell tensors
-    from the rest of its memory (a CPU's heap)."""
+    """One reading less another; None where either is unknown (a CPU cannot tell tensors from its heap)."""
     return None if after is None or before is None else after - before
+
+
+def _less(limits: ProbeLimits, spent_s: float) -> ProbeLimits:
+    """`limits` for a probe run again after `spent_s`: the whole of both within the first's `total_s`."""
+    if limits.total_s is None:
+        return limits
+    return replace(limits, total_s=max(1.0, limits.total_s - spent_s))

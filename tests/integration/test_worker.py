@@ -178,13 +178,17 @@ def test_a_persistent_worker_that_grows_once_and_then_holds_is_kept_for_every_pr
 @pytest.mark.slow
 def test_a_persistent_worker_whose_memory_grows_probe_after_probe_is_replaced():
     """grows_in_place.py's `every_probe` keeps 96 MiB more in every probe: the second ends above what the
-    first left, so the worker is replaced, and the next probe's wait for its start is known."""
+    first left, so it started on the first's memory. The worker is replaced and the second probe measured
+    again in a fresh one (its peak is the first's); from then on each worker goes after its first probe,
+    and the next probe's wait for its start is known."""
     with Worker(script("grows_in_place.py"), "every_probe", probe_process="persistent") as w:
         w.start()
         first, second = (w.probe(Config(batch_size=2), timeout=60) for _ in range(2))
         assert first.status == second.status == "ok" and not first.notes
-        assert any("above what it held after its first probe" in n and "replaced" in n for n in second.notes)
-        assert not w.alive and w.next_start_s == w.start_s > 0
+        assert any("above what it held after its first probe" in n and "ran again in a fresh one" in n
+                   for n in second.notes)
+        assert abs(second.peak_bytes - first.peak_bytes) < 32 * 2**20  # not the first's 96 MiB on top
+        assert w.starts == 2 and not w.alive and w.next_start_s == w.start_s > 0
 
 
 @pytest.mark.slow
