@@ -202,7 +202,7 @@ class Worker:
         elif self._replace_if_leaking(result):
             again = self.probe(config, warmup=warmup, steps=steps, log_path=log_path, min_measure_s=min_measure_s,
                                timeout=_less(ProbeLimits.of(timeout), time.perf_counter() - began))
-            again.notes[:0] = result.notes
+            again.notes.insert(0, result.notes[-1])  # why it ran again; the first run's own notes were of its figures
             return again
         return result
 
