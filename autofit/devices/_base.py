@@ -66,6 +66,11 @@ class DeviceBackend(ABC):
     def used_bytes(self) -> int:
         """Memory this process holds now, counted the way the limit counts it."""
 
+    def tensor_bytes(self) -> int | None:
+        """Of `used_bytes`, what live tensors hold (a probe that left tensors behind shows here), or None
+        where the reading cannot tell them from the rest (a CPU's heap)."""
+        return None
+
     @abstractmethod
     def reset_peak(self) -> None:
         """Start a new peak measurement."""

@@ -387,9 +387,21 @@ class CudaBackend(DeviceBackend):
     def synchronize(self) -> None:
         self._cuda().synchronize(self.index)
 
+    def tensor_bytes(self) -> int:
+        return int(self._cuda().memory_allocated(self.index))
+
     def release(self) -> None:
-        gc.collect()  # drop tensors held only by reference cycles before emptying the cache
-        self._cuda().empty_cache()
+        """Back to the device all PyTorch can give: tensors held only by reference cycles, cuBLAS's
+        workspaces (one per handle and stream, allocated again at the next matmul: torch's own leak
+        check clears them too), then the allocator's cached blocks."""
+        import torch
+
+        cuda = self._cuda()
+        gc.collect()
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear_workspaces is not None:
+            clear_workspaces()
+        cuda.empty_cache()
 
     def energy_joules(self) -> float | None:
         """NVML's total energy since the driver loaded (millijoules, Volta and later); None where the

@@ -59,7 +59,7 @@ def run_probe(
     """
     measured_steps = config.probe_steps(measured_steps)
     backend.release()
-    baseline = backend.used_bytes()
+    baseline, tensors = backend.used_bytes(), backend.tensor_bytes()
     backend.reset_peak()
     started = time.perf_counter()
     run = Run(RunSettings(
@@ -88,12 +88,23 @@ def run_probe(
         del exc
     _fill_result(result, run, backend, started, compiling)
     result.baseline_bytes = baseline
+    if tensors is not None:
+        result.allocator["tensors_at_start_bytes"] = tensors
     if result.restart_worker:
         return result  # the device answers nothing more in this process: no clean-up
     del run  # the user's model and tensors go before the memory left behind is read
+    read_memory_after(result, backend)
+    return result
+
+
+def read_memory_after(result: ProbeResult, backend: DeviceBackend) -> None:
+    """What the probe's process holds once all it can give back went (`DeviceBackend.release`): its
+    memory, and of it the tensors still alive where the device tells them apart."""
     backend.release()
     result.memory_after_bytes = backend.used_bytes()
-    return result
+    tensors = backend.tensor_bytes()
+    if tensors is not None:
+        result.allocator["tensors_after_bytes"] = tensors
 
 
 def _fill_result(result: ProbeResult, run: Run, backend: DeviceBackend, started: float,

@@ -40,6 +40,9 @@ class ProbeRunner(Protocol):
     memory_limit: int | None
     info: WorkerInfo | None
     """What `start()` found; None before it."""
+    next_start_s: float
+    """Seconds the next probe will wait for its process to start, outside its own wall (a replaced
+    worker's start: the search's clock counts it); 0.0 where none."""
 
     def start(self) -> WorkerInfo: ...
 

@@ -45,6 +45,8 @@ class DistributedWorker:
     nnodes = 1
     session: str | None = None
     """The search session a job across machines belongs to (none on one machine)."""
+    next_start_s = 0.0
+    """Nothing waits for a start before a probe: each probe starts its ranks within its own wall."""
 
     def __init__(self, script: str, function: str | None = None, *, nproc: int, device: str = "cpu",
                  index: int = 0, memory_limit: int | None = None, usable_bytes: int | None = None,

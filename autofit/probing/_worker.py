@@ -2,8 +2,10 @@
 
 Model memory never enters the searching process: every probe runs in a child that keeps torch and
 the user's module loaded. A probe past its timeout is killed (`timeout`); a child that dies is
-reported (`crashed`) and replaced on the next probe; a child whose memory does not return to its
-baseline after a probe is replaced before the next one.
+reported (`crashed`) and replaced on the next probe. A worker that runs its probes in itself (CUDA, and
+`--probe-process persistent`) stays from probe to probe: it grows once, in its first probe (CUDA's
+kernels loaded at first use, its libraries' handles, compiled modules), and is replaced only for memory
+that grows probe after probe, or for tensors a probe left alive.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import replace
 from typing import Any
 
 from autofit.config import Config
@@ -27,7 +30,8 @@ from autofit.units import format_size
 #: On CPU each probe runs in a process forked for it, so its memory goes when it exits.
 _WORKER_ENV = {"PYTHONUNBUFFERED": "1"}
 #: Memory a persistent worker may hold after a probe beyond what it held after its first, before it is
-#: replaced (a CPU's heap keeps some of what a probe freed; more is what a probe left behind).
+#: replaced (a CPU's heap keeps some of what a probe freed; more is what a probe left behind); on CUDA
+#: also the tensors its first probe may leave alive.
 LEAK_ALLOWANCE = 64 * 2**20
 
 
@@ -72,9 +76,11 @@ class Worker:
         self.leak_tolerance = leak_tolerance
         self.info: WorkerInfo | None = None
         self.starts = 0
+        self.start_s: float | None = None
+        """Seconds its last start took (the process, torch, the script, the device's set-up)."""
         self._proc: subprocess.Popen | None = None
         self._channel: Channel | None = None
-        self._warm_baseline: int | None = None
+        self._memory = WarmMemory(leak_tolerance)
         self._progress = ProgressFolder()
         """Where its probes write their progress, removed by `close`."""
 
@@ -96,6 +102,7 @@ class Worker:
     def start(self) -> WorkerInfo:
         """Start the process and load the script; raises UsageError/WorkerStartError on bad input."""
         self.close()
+        began = time.perf_counter()
         log = self._log_path("worker.log")
         self._proc, self._channel = start_child(
             "autofit.probing._worker_process", env={**os.environ, **_WORKER_ENV, **self.extra_env},
@@ -122,8 +129,15 @@ class Worker:
                 reply.get("traceback"),
             )
         self.info = WorkerInfo(**{k: reply[k] for k in WorkerInfo.__dataclass_fields__})
-        self._warm_baseline = None
+        self._memory.fresh()
+        self.start_s = time.perf_counter() - began
         return self.info
+
+    @property
+    def next_start_s(self) -> float:
+        """Seconds the next probe waits for a fresh worker before it begins, outside its own wall: a
+        replaced or crashed worker's start takes what its last one took; 0.0 while it is warm."""
+        return 0.0 if self.alive else (self.start_s or 0.0)
 
     def close(self) -> None:
         """Stop the process (politely, then by force)."""
@@ -163,6 +177,7 @@ class Worker:
         """Run one probe, killed by its `timeout` limits (`ProbeLimits`; seconds: the start and each
         stretch without progress alike). Every outcome of the user's code is a status; only bad input
         raises. `trial_id` is for runners across nodes; one process has no use for it."""
+        began = time.perf_counter()
         if not self.alive:
             self.start()
         assert self._channel is not None
@@ -184,8 +199,11 @@ class Worker:
             result.traceback = log_tail(log_path)  # faulthandler's stack of the probe's process
         if result.restart_worker:
             self.close()  # a broken CUDA context is never reused: the next probe starts a fresh worker
-        else:
-            self._replace_if_leaking(result)
+        elif self._replace_if_leaking(result):
+            again = self.probe(config, warmup=warmup, steps=steps, log_path=log_path, min_measure_s=min_measure_s,
+                               timeout=_less(ProbeLimits.of(timeout), time.perf_counter() - began))
+            again.notes.insert(0, result.notes[-1])  # why it ran again; the first run's own notes were of its figures
+            return again
         return result
 
     def _await(self, request: ProbeRequest, log_path: str | None,
@@ -220,31 +238,19 @@ class Worker:
                                     f"a fresh worker runs the next probe.",
                             wall_s=wall, memory_limit=self.memory_limit, log_path=log_path, traceback=tail)
 
-    def _replace_if_leaking(self, result: ProbeResult) -> None:
-        """Replace the worker when its memory after a probe grew past its warm baseline by more than
-        LEAK_ALLOWANCE: the next probe must start where the first one did, or its peak (what is compared
-        with the limit) carries what earlier probes left.
-
-        The worker's baseline is the memory its first probe started from: a later probe must start within
-        the allowance of it. The allowance is absolute: a share of the limit (20% once, measured from after
-        the first probe, leftovers and all) let 16 GB stand on an 80 GB GPU, and on a 1 GiB CPU limit made
-        four probes of a model built at import read 1,023 MiB where the first read 466. On a CPU the heap
-        glibc keeps after a probe counts against the limit too: a worker whose heap does not come back is
-        replaced as well (a probe of the small GPT keeps about 90 MiB)."""
-        if result.memory_after_bytes is None:
-            return
-        if self._warm_baseline is None:
-            self._warm_baseline = result.baseline_bytes if result.baseline_bytes is not None \
-                else result.memory_after_bytes
-        tolerance = LEAK_ALLOWANCE if self.leak_tolerance is None else self.leak_tolerance
-        growth = result.memory_after_bytes - self._warm_baseline
-        if growth > tolerance:
-            result.notes.append(
-                f"worker memory stayed {format_size(growth)} above its baseline after the probe "
-                f"(memory a probe left behind: a leak, or state built at import and changed in place); the "
-                f"worker was replaced, so the next probe starts where the first did"
-            )
-            self.close()
+    def _replace_if_leaking(self, result: ProbeResult) -> bool:
+        """Replace the worker when a probe left memory behind in it (`WarmMemory`), saying why in a note.
+        True when `result` itself started on what an earlier probe left (its peak carries it): the caller
+        measures it again in the fresh worker."""
+        verdict = self._memory.left_behind(result)
+        if verdict is None:
+            return False
+        why, carried = verdict
+        self.close()
+        result.notes.append(f"{why}; the worker was replaced and the probe ran again in a fresh one (these are its "
+                            f"figures)" if carried else
+                            f"{why}; the worker was replaced, so the next probe starts where the first did")
+        return carried
 
     # --- plumbing -----------------------------------------------------------------------------
     def _kill(self) -> None:
@@ -276,3 +282,76 @@ class Worker:
             return None
         os.makedirs(self.log_dir, exist_ok=True)
         return os.path.join(self.log_dir, name)
+
+
+class WarmMemory:
+    """What a worker that runs its probes in itself held after its first probe, and the verdict on each
+    probe: the next probe must start where the first did, or its peak (what is compared with the limit)
+    carries what earlier probes left.
+
+    A process that runs its probes in itself grows once, in its first probe: CUDA loads kernels at first
+    use and creates its libraries' handles, Triton loads its modules (on an H200 a kept worker held 806,
+    808, 808 MiB after successive probes, and its probes' peaks matched fresh workers'). So its baseline
+    is its memory after its first probe, and a later probe that ends more than the allowance above it
+    started on what earlier probes left: memory that grows probe after probe. That probe is measured
+    again in a fresh worker, and from then on every worker of the script is judged from its first probe's
+    start, as a script that leaks. The allowance is absolute (a share of the limit let 16 GB stand on an
+    80 GB GPU). Where the device tells tensors apart (CUDA: allocated once gc ran, cuBLAS's workspaces
+    went and the cache was emptied), tensors the first probe left alive are no growth of CUDA's: they are
+    what it left behind. On a CPU (`--probe-process persistent`) the heap glibc keeps counts as well."""
+
+    def __init__(self, tolerance: int | None = None) -> None:
+        self.tolerance = LEAK_ALLOWANCE if tolerance is None else tolerance
+        self.grows = False
+        """A worker of this script grew probe after probe: each worker is replaced after a first probe
+        that grows it."""
+        self.fresh()
+
+    def fresh(self) -> None:
+        """A new worker: nothing measured of it yet."""
+        self.baseline: int | None = None
+        self.tensors: int | None = None
+
+    def left_behind(self, result: ProbeResult) -> tuple[str, bool] | None:
+        """Why the worker must be replaced after `result`, and whether `result` started on what earlier
+        probes left; None to keep it."""
+        if result.memory_after_bytes is None:
+            return None
+        tensors = result.allocator.get("tensors_after_bytes")
+        if self.baseline is None:
+            self.baseline, self.tensors = result.memory_after_bytes, tensors
+            why = self._first_left(result, tensors)
+            return None if why is None else (why, False)
+        growth = result.memory_after_bytes - self.baseline
+        if growth <= self.tolerance:
+            return None
+        self.grows = True
+        grown = _difference(tensors, self.tensors)
+        where = f", {format_size(grown)} of it in tensors still alive" if grown is not None else ""
+        return (f"worker memory stayed {format_size(growth)} above what it held after its first probe{where} "
+                f"(memory that grows probe after probe: a leak, or state built at import and changed in "
+                f"place)", True)
+
+    def _first_left(self, result: ProbeResult, tensors: int | None) -> str | None:
+        """What a worker's first probe left that is no growth of the process's own, or None."""
+        left = _difference(tensors, result.allocator.get("tensors_at_start_bytes"))
+        if left is not None and left > self.tolerance:
+            return (f"{format_size(left)} of tensors were still alive after the worker's first probe that were "
+                    f"not at its start (what the probe left behind: CUDA's own one-time growth is outside them)")
+        grown = _difference(result.memory_after_bytes, result.baseline_bytes)
+        if self.grows and grown is not None and grown > self.tolerance:
+            return (f"worker memory stayed {format_size(grown)} above where the probe started (this script's "
+                    f"memory grew probe after probe in an earlier worker)")
+        return None
+
+
+def _difference(after: int | None, before: int | None) -> int | None:
+    """One reading less another; None where either is unknown (a CPU cannot tell tensors from its heap)."""
+    return None if after is None or before is None else after - before
+
+
+def _less(limits: ProbeLimits, spent_s: float) -> ProbeLimits:
+    """`limits` for a probe run again after `spent_s`: the whole of both within the first's `total_s`."""
+    if limits.total_s is None:
+        return limits
+    return replace(limits, total_s=max(1.0, limits.total_s - spent_s))

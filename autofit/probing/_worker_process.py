@@ -85,6 +85,8 @@ class _Session:
         request = ProbeRequest.from_wire(message["request"])
         if self.fork_probes:
             return self._probe_in_child(request)
+        from autofit.probing._probe import read_memory_after
+
         self.pristine.restore()
         carried = self.pristine.carried_over()  # what earlier probes changed and could not be put back
         result = self._run_probe(request)
@@ -94,8 +96,7 @@ class _Session:
             # Put back now what the probe left (its module-level lists emptied, its hooks gone), so that the
             # memory it held comes back before the worker is measured: what stays is what cannot come back.
             self.pristine.restore()
-            self.loaded.backend.release()
-            result.memory_after_bytes = self.loaded.backend.used_bytes()
+            read_memory_after(result, self.loaded.backend)
         return result_reply(result)
 
     def _run_probe(self, request: ProbeRequest) -> Any:

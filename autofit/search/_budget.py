@@ -32,12 +32,17 @@ class Budget:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def next_probe_estimate(self, seen, config: Config | None = None) -> float:
+    def next_probe_estimate(self, seen, config: Config | None = None, worker_start_s: float = 0.0) -> float:
         """What a probe of `config` should take, priced by what it costs: its start (the longest start
         seen among probes that compile as it does: its set-up, its own evaluation, compilation) and its
         steps (warm-up, the measured window of at least MIN_MEASURE_S, the counted step), each step of the
         micro-batches it runs at the time per sample seen nearest to it. Without a config, or before any
-        probe ran a step, the longest of the last three probes' walls."""
+        probe ran a step, the longest of the last three probes' walls. `worker_start_s`: the wait for a
+        fresh worker before it begins (its runner's `next_start_s`: a replaced worker's start, which no
+        probe's wall holds; on an H100 two probes of 49.1 s and 51.7 s took 129.8 s of the budget)."""
+        return worker_start_s + self._probe_estimate(seen, config)
+
+    def _probe_estimate(self, seen, config: Config | None) -> float:
         done = [o for o in seen if o.status != "running"]
         walls = [o.wall_s for o in done][-3:]
         fallback = max(walls) if walls else 0.0

@@ -40,7 +40,7 @@ def explore(state: SearchState) -> str:
         while True:
             knobs_known = knobs_known or state.session.knobs() is not None
             while free and stopped is None and (knobs_known or not running):
-                launch = _next_explore(state, len(running))
+                launch = _next_explore(state, len(running), free[-1])
                 if isinstance(launch, str):
                     stopped = launch
                 elif launch is None:
@@ -72,8 +72,8 @@ def explore(state: SearchState) -> str:
             probe.runner.kill()
 
 
-def _next_explore(state: SearchState, running: int) -> Proposal | str | None:
-    """What a free runner probes next; a reason (str) to stop launching; or None when nothing is
+def _next_explore(state: SearchState, running: int, runner: Runner) -> Proposal | str | None:
+    """What the free `runner` probes next; a reason (str) to stop launching; or None when nothing is
     worth probing until the probes running now report."""
     if state.s.trials is not None and state.probes_this_run + running >= state.s.trials:
         return f"reached --trials {state.s.trials}"
@@ -88,7 +88,7 @@ def _next_explore(state: SearchState, running: int) -> Proposal | str | None:
     # while any budget is left (it is killed at the budget's end at worst).
     measured = state.planner.best(seen) is not None
     reserve = budget.decision_reserve(state.planner, seen, study) if measured else 0.0
-    if budget.left() < budget.next_probe_estimate(seen, proposal.config) + reserve:
+    if budget.left() < budget.next_probe_estimate(seen, proposal.config, runner.next_start_s) + reserve:
         if measured or budget.left() < _LAST_TRY_S:
             return ("the time budget (a compiled probe compiles first)" if proposal.config.compile
                     else "the time budget")

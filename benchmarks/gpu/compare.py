@@ -7,7 +7,9 @@ A config is PRECISION:BATCH[:CHECKPOINTED_BLOCKS[:ACCUMULATION]], or @FILE: the 
 best-config file exactly as exported (every field, so what runs is what the search picked), or a
 config as JSON (`{"batch_size": 8, "precision": "bf16", ...}`). Every config runs the same training
 program in the same process, round after round, so a drift of the machine hits them all alike. The
-median samples/s over the rounds is reported, with the peak memory and the status of each round.
+median samples/s over the rounds is reported, with the peak memory and the status of each round; each
+probe's line also says what the worker held before and after it (of it, tensors) and which worker ran
+it, so a worker kept or replaced, and what it carried, can be read off.
 """
 
 from __future__ import annotations
@@ -34,6 +36,19 @@ def parse_config(text: str) -> tuple[str, Config]:
     accumulation = int(parts[3]) if len(parts) > 3 else 1
     return name, Config(batch_size=batch, precision=precision, checkpoint_segments=checkpoint,
                         accumulation_steps=accumulation)
+
+
+def _memory_after(result) -> str:
+    """The worker's memory before and after the probe, and its tensors (where the device tells them
+    apart): what a kept worker carries into the next probe."""
+    gib = 2**30
+    if result.memory_after_bytes is None or result.baseline_bytes is None:
+        return "memory after: not read"
+    text = f"memory {result.baseline_bytes / gib:.2f} -> {result.memory_after_bytes / gib:.2f} GiB"
+    before, after = (result.allocator.get(k) for k in ("tensors_at_start_bytes", "tensors_after_bytes"))
+    if before is not None and after is not None:
+        text += f" (tensors {before / gib:.2f} -> {after / gib:.2f} GiB)"
+    return text
 
 
 def main() -> None:
@@ -67,8 +82,10 @@ def main() -> None:
                     rows[name]["flops_per_s"].append(result.flops_per_s)
                     rows[name]["mfu"].append(result.mfu)
                 print(f"{name:>12} {config.label():<28} {result.status:<8} "
-                      f"{result.samples_per_s or 0:9.1f} samples/s  peak {(result.peak_bytes or 0) / 2**30:6.2f} GiB",
-                      flush=True)
+                      f"{result.samples_per_s or 0:9.1f} samples/s  peak {(result.peak_bytes or 0) / 2**30:6.2f} GiB"
+                      f"  {_memory_after(result)}  worker {worker.pid}", flush=True)
+                for note in result.notes:
+                    print(f"{'':>12} note: {note}", flush=True)
     for row in rows.values():
         row["median_samples_per_s"] = statistics.median(row["samples_per_s"]) if row["samples_per_s"] else None
     document = {"device": info.device, "versions": info.versions, "rows": rows}

@@ -133,6 +133,64 @@ def test_a_persistent_worker_whose_memory_grows_is_replaced():
     assert any("leak" in note and "replaced" in note for note in results[2].notes)
 
 
+def _cuda_result(before: int, after: int, tensors_before: int = 0, tensors_after: int = 0) -> ProbeResult:
+    """A CUDA probe's readings in MiB: the worker's memory and, of it, its live tensors."""
+    return ProbeResult(status="ok", config=Config(batch_size=8), baseline_bytes=before * 2**20,
+                       memory_after_bytes=after * 2**20, allocator={"tensors_at_start_bytes": tensors_before * 2**20,
+                                                                    "tensors_after_bytes": tensors_after * 2**20})
+
+
+def test_cudas_one_time_growth_keeps_the_worker():
+    """Measured on an H200: a worker's first probe grew it from about 500 MiB to 806 MiB outside its
+    tensors (kernels, handles), then it held (808, 808): kept for every probe, no note."""
+    w = Worker(script("fits_small.py"))
+    results = [_cuda_result(500, 806, 100, 100), _cuda_result(806, 808, 100, 100), _cuda_result(808, 808, 100, 100)]
+    for result in results:
+        w._replace_if_leaking(result)
+    assert not any(r.notes for r in results)
+
+
+def test_tensors_a_first_probe_left_alive_replace_the_worker():
+    """6 GiB of tensors still alive after the first probe (gc ran, the cache was emptied) are what the
+    probe left behind, not CUDA's growth: the note says so, and the worker is replaced."""
+    w = Worker(script("fits_small.py"))
+    result = _cuda_result(500, 500 + 6195, 100, 100 + 6144)
+    w._replace_if_leaking(result)
+    assert any("6.00 GiB of tensors were still alive" in n and "replaced" in n and "leak" not in n for n in result.notes)
+
+
+@pytest.mark.slow  # a worker's start and three probes: ~10 s on a shared CPU
+def test_a_persistent_worker_that_grows_once_and_then_holds_is_kept_for_every_probe():
+    """The stand-in for CUDA's one-time growth (kernels loaded at first use, library handles): the first
+    probe of grows_in_place.py's `once` keeps 96 MiB in a module the worker cannot put back, and no probe
+    after it adds any. The worker's baseline is its memory after that first probe: one process runs them
+    all, and its later probes start where the first ended."""
+    with Worker(script("grows_in_place.py"), "once", probe_process="persistent") as w:
+        w.start()
+        pid = w.pid
+        results = [w.probe(Config(batch_size=2), timeout=60) for _ in range(3)]
+        assert [r.status for r in results] == ["ok"] * 3
+        assert results[0].memory_after_bytes - results[0].baseline_bytes > 64 * 2**20  # it grew past the allowance
+        assert not any(r.notes for r in results)
+        assert w.alive and w.pid == pid and w.starts == 1 and w.next_start_s == 0.0
+
+
+@pytest.mark.slow
+def test_a_persistent_worker_whose_memory_grows_probe_after_probe_is_replaced():
+    """grows_in_place.py's `every_probe` keeps 96 MiB more in every probe: the second ends above what the
+    first left, so it started on the first's memory. The worker is replaced and the second probe measured
+    again in a fresh one (its peak is the first's); from then on each worker goes after its first probe,
+    and the next probe's wait for its start is known."""
+    with Worker(script("grows_in_place.py"), "every_probe", probe_process="persistent") as w:
+        w.start()
+        first, second = (w.probe(Config(batch_size=2), timeout=60) for _ in range(2))
+        assert first.status == second.status == "ok" and not first.notes
+        assert any("above what it held after its first probe" in n and "ran again in a fresh one" in n
+                   for n in second.notes)
+        assert abs(second.peak_bytes - first.peak_bytes) < 32 * 2**20  # not the first's 96 MiB on top
+        assert w.starts == 2 and not w.alive and w.next_start_s == w.start_s > 0
+
+
 @pytest.mark.slow
 def test_one_time_growth_is_not_a_leak(worker):
     pid = worker.pid

@@ -20,6 +20,8 @@ class FakeRunner:
     wall of `wall_s` seconds and steps that spread by `spread` (IQR over the median: the machine's noise);
     `calls` keeps (config, steps) of each probe, in order."""
 
+    next_start_s = 0.0  # never replaced
+
     def __init__(self, script: str, function: str | None, rate: Rate, *, wall_s: float = 1.0,
                  knobs: dict | None = None, device: str = "cpu", index: int = 0, memory_limit: int | None = None,
                  spread: float = 0.01, **_: object) -> None:

@@ -51,6 +51,8 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(c, "reset_accumulated_memory_stats", record("reset_accumulated_memory_stats"))
     monkeypatch.setattr(c, "synchronize", record("synchronize"))
     monkeypatch.setattr(c, "empty_cache", record("empty_cache"))
+    monkeypatch.setattr(c, "memory_allocated", lambda device=None: state.allocated)
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", record("clear_cublas_workspaces"), raising=False)
     monkeypatch.setattr(c, "memory_stats", lambda device=None: state.stats)
     monkeypatch.setattr(c, "get_allocator_backend", lambda: state.allocator_backend)
     monkeypatch.setattr(c, "get_device_properties", lambda device=None: SimpleNamespace(

@@ -72,6 +72,7 @@ class FakeCuda:
         self.total = 80 * GiB
         self.free = 79 * GiB
         self.reserved = 0
+        self.allocated = 0
         self.max_reserved = 0
         self.capability = (8, 0)
         self.bf16 = True

@@ -11,7 +11,9 @@ import torch
 
 import autofit.devices._cuda as cuda_mod
 from autofit.devices._cuda import CudaBackend, cuda_available, cuda_devices, visible_physical_indices
+from autofit.config import Config
 from autofit.errors import UsageError
+from autofit.probing import ProbeResult
 from tests.whitebox.fake_cuda import FakeNVML, FakeNVMLError, GiB, MiB, gpu
 
 
@@ -339,7 +341,20 @@ def test_synchronize_and_release(fake_cuda):
     backend = CudaBackend(0)
     backend.synchronize()
     backend.release()
-    assert fake_cuda.calls[-2:] == ["synchronize", "empty_cache"]
+    assert fake_cuda.calls[-3:] == ["synchronize", "clear_cublas_workspaces", "empty_cache"]
+
+
+def test_the_memory_after_a_probe_counts_the_tensors_still_alive_apart(nvml, fake_cuda):
+    """Tensors still allocated once cuBLAS's workspaces went and the cache was emptied are what a probe
+    left behind; the rest of the worker's growth (kernels, handles) is CUDA's own."""
+    from autofit.probing._probe import read_memory_after
+
+    with_process(nvml, used=1200 * MiB)
+    fake_cuda.reserved, fake_cuda.allocated = 200 * MiB, 150 * MiB
+    result = ProbeResult(status="ok", config=Config(batch_size=8))
+    read_memory_after(result, CudaBackend(0))
+    assert fake_cuda.calls[-2:] == ["clear_cublas_workspaces", "empty_cache"]
+    assert result.memory_after_bytes == 1200 * MiB and result.allocator["tensors_after_bytes"] == 150 * MiB
 
 
 def test_allocator_stats_mapping(fake_cuda):
