@@ -3,6 +3,7 @@ figures of a study; the self-contained HTML report. Nothing here decides anythin
 
 from __future__ import annotations
 
+from autofit.report._forecast_text import describe_forecast
 from autofit.report._estimate_text import describe_fits, describe_known_parts, fits_json, known_parts_json
 from autofit.report._probe_text import describe_probe, rate_text
 from autofit.report._search_text import describe_search
@@ -10,6 +11,7 @@ from autofit.report._study_text import describe_study, describe_trial, select_pr
 
 __all__ = [
     "describe_fits",
+    "describe_forecast",
     "describe_known_parts",
     "describe_probe",
     "describe_search",
