@@ -12,6 +12,7 @@ from autofit.forecast._model import Rate, scale_rate
 from autofit.forecast._prices import PRICES_DATE, Price, price_for
 from autofit.forecast._source import Strategy, strategies_of
 
+UNCHECKED = "no measured peak: the measured micro-batch, not checked against the target's memory"
 #: A precision a target lacks, and what it runs instead (autocast's fp16 takes a GradScaler; tf32 is fp32's
 #: tensor-core rate, fp32 runs without it).
 FALLBACK = {"bf16": "fp16", "tf32": "fp32"}
@@ -143,15 +144,16 @@ def _triple(values: tuple[float, float, float] | None) -> dict[str, float] | Non
 def _fit(strategy: Strategy, source: GpuSpec | None, target: GpuSpec, usable: float, global_batch: int | None,
          measured: dict[str, Any]) -> StrategyFit:
     precision = target_precision(strategy.precision, target)
-    if not strategy.peaks:
-        return StrategyFit(strategy.label(), precision, 0, None, None, None, "no measured peak")
-    line = MemoryLine.through(strategy.peaks)
-    batch = largest_fit(line, usable, global_batch)
+    if strategy.peaks:
+        line = MemoryLine.through(strategy.peaks)
+        batch, basis = largest_fit(line, usable, global_batch), line.basis
+    else:  # a rate without a peak (a published figure): its micro-batch as it was, memory unchecked
+        line, batch, basis = None, max(strategy.rates), UNCHECKED
     near = strategy.rate_near(batch) if batch else None
     rate = None if near is None else scale_rate(near[1], measured.get("flops_per_sample"), strategy.precision,
                                                 source, target, precision, measured.get("profile"))
-    return StrategyFit(strategy.label(), precision, batch, line.peak(batch) if batch else None, rate,
-                       near[0] if near else None, line.basis)
+    return StrategyFit(strategy.label(), precision, batch, line.peak(batch) if batch and line else None, rate,
+                       near[0] if near else None, basis)
 
 
 def _target(strategies: list[Strategy], source: GpuSpec | None, target: GpuSpec, document: dict[str, Any],
@@ -173,6 +175,8 @@ def _target(strategies: list[Strategy], source: GpuSpec | None, target: GpuSpec,
         if chosen.precision != strategy.precision:
             notes.append(f"{target.name} has no {strategy.precision}: {chosen.precision} instead"
                          + (" (autocast with a GradScaler)" if chosen.precision == "fp16" else ""))
+        if chosen.memory_basis == UNCHECKED:
+            notes.append(UNCHECKED)
         if chosen.rate_from_batch is not None and chosen.rate_from_batch > chosen.batch_size:
             notes.append(f"the rate is scaled from b={chosen.rate_from_batch}, larger than b={chosen.batch_size}: "
                          "a smaller micro-batch is often slower")
