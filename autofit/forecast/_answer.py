@@ -177,6 +177,9 @@ def _target(strategies: list[Strategy], source: GpuSpec | None, target: GpuSpec,
                          + (" (autocast with a GradScaler)" if chosen.precision == "fp16" else ""))
         if chosen.memory_basis == UNCHECKED:
             notes.append(UNCHECKED)
+        if strategy.peaks and chosen.batch_size < min(strategy.peaks):
+            notes.append(f"b={chosen.batch_size} is below the smallest micro-batch measured (b={min(strategy.peaks)}): "
+                         "its peak is extrapolated, and may be a few percent higher (the headroom covers it)")
         if chosen.rate_from_batch is not None and chosen.rate_from_batch > chosen.batch_size:
             notes.append(f"the rate is scaled from b={chosen.rate_from_batch}, larger than b={chosen.batch_size}: "
                          "a smaller micro-batch is often slower")
