@@ -20,7 +20,7 @@ from autofit.forecast._gpus import (
 from autofit.forecast._memory import CONTEXT_BYTES, MemoryLine, largest_fit, usable_bytes
 from autofit.forecast._model import MARGIN, Rate, naive_ratios, scale_rate
 from autofit.forecast._prices import PRICES, PRICES_DATE, Price, price_for
-from autofit.forecast._read import forecast_input
+from autofit.forecast._read import forecast_input, study_input
 
 __all__ = [
     "ASSUMED_MATMUL_EFFICIENCY",
@@ -46,6 +46,7 @@ __all__ = [
     "price_for",
     "scale_rate",
     "spec_of_device",
+    "study_input",
     "target_precision",
     "usable_bytes",
 ]

@@ -25,6 +25,13 @@ def forecast_input(file_or_study: str, storage: str | None = None) -> tuple[dict
     from autofit.findings import load_study
 
     stored = load_study(file_or_study, storage)
+    document, rows = study_input(stored)
+    return document, rows, f"study {stored.name}"
+
+
+def study_input(stored: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A stored study's best-config document and its probes that ran, as plain rows (NoFeasibleConfig
+    when nothing fits)."""
     frame = stored.trials_frame()
     rows = [{k: _plain(v) for k, v in row.items()} for row in frame[frame["status"] == "ok"].to_dict("records")]
-    return stored.document(), rows, f"study {stored.name}"
+    return stored.document(), rows

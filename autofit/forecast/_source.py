@@ -20,7 +20,8 @@ _MEASURED = ("samples_per_s", "tokens_per_s", "peak_bytes", "flops_per_s", "mfu"
 
 @dataclass
 class Strategy:
-    """One strategy's measured micro-batches: peak bytes and samples/s at each."""
+    """One strategy's measured micro-batches: the largest peak at each, and its samples/s (the file's
+    figure where it has one, else the first probe's)."""
 
     fields: dict[str, Any]
     peaks: dict[int, float] = field(default_factory=dict)
@@ -60,8 +61,8 @@ def _add(strategies: dict[tuple, Strategy], entry: dict[str, Any]) -> None:
     peak, rate = entry.get("peak_bytes"), entry.get("samples_per_s")
     if peak is not None and peak == peak:  # NaN: a probe without a peak
         strategy.peaks[int(batch)] = max(float(peak), strategy.peaks.get(int(batch), 0.0))
-    if rate is not None and rate == rate:
-        strategy.rates[int(batch)] = max(float(rate), strategy.rates.get(int(batch), 0.0))
+    if rate is not None and rate == rate:  # the first kept: the file's (confirmed) figure before a study's probes
+        strategy.rates.setdefault(int(batch), float(rate))
 
 
 def strategies_of(document: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> list[Strategy]:

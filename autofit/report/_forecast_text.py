@@ -15,7 +15,9 @@ def _config(target: TargetForecast) -> str:
 
 
 def _count(value: float) -> str:
-    return f"{value / 1e3:,.0f}k" if value >= 1e4 else f"{value:,.1f}"
+    if value >= 1e4:
+        return f"{value / 1e3:,.0f}k"
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
 
 
 def _amount(value: float) -> str:
@@ -38,17 +40,33 @@ def _row(answer: Forecast, target: TargetForecast) -> str:
             f"{rate:<24} {price:<12} {dollars:<22}{time}")
 
 
-def describe_forecast(answer: Forecast) -> str:
-    """The forecast table: per GPU its usable memory, the config to run, the rate (interval), the price
-    range used ($/GPU-hour, low and typical), the cost per billion tokens (or million samples) and, with a
-    budget, the hours it takes."""
+def forecast_table(answer: Forecast) -> list[str]:
+    """The forecast's header and one row per GPU: its usable memory, the config to run, the rate
+    (interval), the price range used ($/GPU-hour, low and typical), the cost per billion tokens (or
+    million samples) and, with a budget, the hours it takes."""
     unit, _ = answer.unit
     per = "tokens/s" if answer.tokens_per_sample else "samples/s"
     budget = f"  hours for {_amount(answer.budget)} {unit.split()[1]}" if answer.budget else ""
-    lines = [f"forecast from {answer.source} (measured on {answer.device})",
-             f"  {'gpu':<10} {'usable':>10}  {'config':<22} {per + ' (interval)':<24} {'$/h':<12} "
-             f"{'$ per ' + unit:<22}{budget}"]
-    lines += [_row(answer, t) for t in answer.targets]
+    return [f"  {'gpu':<10} {'usable':>10}  {'config':<22} {per + ' (interval)':<24} {'$/h':<12} "
+            f"{'$ per ' + unit:<22}{budget}"] + [_row(answer, t) for t in answer.targets]
+
+
+def study_forecast(stored) -> Forecast | None:
+    """The default targets' forecast of a study measured on a GPU the table lists (None elsewhere: a CPU
+    study has no rate to scale; `autofit forecast` still gives its memory)."""
+    from autofit.forecast import DEFAULT_TARGETS, forecast, gpu_spec, spec_of_device, study_input
+
+    document, rows = study_input(stored)
+    device = document.get("device") or {}
+    if device.get("type") != "cuda" or spec_of_device(device.get("name"), device.get("total_bytes")) is None:
+        return None
+    return forecast(document, [gpu_spec(name) for name in DEFAULT_TARGETS], rows=rows, source=f"study {stored.name}")
+
+
+def describe_forecast(answer: Forecast) -> str:
+    """The forecast table, the recommendation, the notes and the prices' date."""
+    unit, _ = answer.unit
+    lines = [f"forecast from {answer.source} (measured on {answer.device})", *forecast_table(answer)]
     pick = answer.recommendation()
     lines.append(f"recommendation: cheapest per {unit.split()[1].rstrip('s')}: {pick['cheapest'] or '-'}; "
                  f"fastest: {pick['fastest'] or '-'}; smallest GPU that fits: {pick['smallest'] or '-'}")
