@@ -8,7 +8,7 @@ No GPU is needed: it forecasts from files and published figures, and times nothi
 Throughput pairs (a measured rate on one GPU forecast for another, against what that other measured):
 every pair whose two GPUs measured the same program. The repository's own GPU logs are all from one H100,
 so its pairs are public: llm.c's GPT-2 124M, about 231k tokens/s on an A100 and 468k on an H100
-(autofit's sixth survey, /docs/forecast.md), each way. Its FLOPs per token are autofit's count of the same
+(autofit's sixth survey of public figures, docs/guide/forecast.md), each way. Its FLOPs per token are autofit's count of the same
 GPT-2 small at 1024 tokens (benchmarks/gpu/results/2026-11-25-gpt124m.best.json). Beside each forecast,
 the errors of scaling by one ratio: the dense bf16 peak, the achievable matmul (MAMF), the HBM bandwidth.
 
@@ -177,7 +177,8 @@ def held_out(path: str, target: str = "H100", measured_tokens: float = NANOGPT_H
               "tokens_per_s": point, "interval": [low, high], "measured_tokens_per_s": measured_tokens,
               "error": None if point is None else point / measured_tokens - 1,
               "cost_per_billion_tokens": answer.cost(t, 1e9)}
-    result["passes"] = bool(t.chosen and t.chosen.peak_bytes <= t.gpu.memory_bytes and point
+    result["passes"] = bool(t.chosen and t.chosen.peak_bytes is not None and t.chosen.peak_bytes <= t.usable_bytes
+                            and point
                             and abs(result["error"]) <= 0.10 and result["cost_per_billion_tokens"])
     return result
 

@@ -6,12 +6,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autofit.errors import UsageError
-from autofit.forecast._gpus import GpuSpec, spec_of_device
+from autofit.forecast._gpus import GpuSpec, gpu_spec, spec_of_device
 from autofit.forecast._memory import MemoryLine, largest_fit, usable_bytes
 from autofit.forecast._model import Rate, scale_rate
 from autofit.forecast._prices import PRICES_DATE, Price, price_for
 from autofit.forecast._source import Strategy, strategies_of
 
+#: The headroom of a file that does not say (a search's default).
+DEFAULT_HEADROOM = 0.1
 UNCHECKED = "no measured peak: the measured micro-batch, not checked against the target's memory"
 #: A precision a target lacks, and what it runs instead (autocast's fp16 takes a GradScaler; tf32 is fp32's
 #: tensor-core rate, fp32 runs without it).
@@ -158,7 +160,8 @@ def _fit(strategy: Strategy, source: GpuSpec | None, target: GpuSpec, usable: fl
 
 def _target(strategies: list[Strategy], source: GpuSpec | None, target: GpuSpec, document: dict[str, Any],
             prices: dict[str, float] | None) -> TargetForecast:
-    headroom = float((document.get("memory") or {}).get("headroom") or 0.0)
+    headroom = (document.get("memory") or {}).get("headroom")
+    headroom = DEFAULT_HEADROOM if headroom is None else float(headroom)
     config = dict(document.get("config") or {})
     global_batch = config.get("global_batch")
     usable = usable_bytes(target.memory_bytes, headroom)
@@ -221,7 +224,8 @@ def forecast(document: dict[str, Any], targets: list[GpuSpec], *, rows: list[dic
     """Forecast the measured config of `document` (a best-config file's, or a study's) for each of `targets`;
     `rows`: a study's probes (more peaks per strategy); `prices`: $/GPU-hour by GPU name, over the table's;
     `tokens` or `samples`: what to train, for hours and the cost of it all."""
-    unknown = sorted(set(prices or {}) - {t.name for t in targets})
+    prices = {gpu_spec(name).name: value for name, value in (prices or {}).items()}
+    unknown = sorted(set(prices) - {t.name for t in targets})
     if unknown:
         raise UsageError(f"A --price must name a target GPU ({', '.join(t.name for t in targets)}), "
                          f"but got {', '.join(unknown)}.")

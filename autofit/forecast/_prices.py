@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PRICES_DATE = "2026-11-28"
-PRICES_SOURCE = "autofit's survey of on-demand prices, 2026-11-28 (docs/forecast.md)"
+PRICES_SOURCE = "autofit's survey of on-demand prices, 2026-11-28 (docs/guide/forecast.md)"
 
 
 @dataclass(frozen=True)

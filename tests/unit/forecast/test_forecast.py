@@ -101,7 +101,7 @@ def test_a_cpu_study_forecasts_memory_and_only_a_labelled_wide_rate():
 
 
 def test_a_budget_and_prices_give_hours_and_dollars_and_bad_ones_are_refused():
-    answer = forecast(_document(), [gpu_spec("H100"), gpu_spec("T4")], prices={"H100": 2.0}, tokens=10e9)
+    answer = forecast(_document(), [gpu_spec("H100"), gpu_spec("T4")], prices={"h100": 2.0}, tokens=10e9)
     h100 = answer.targets[0]
     tokens_per_s = h100.chosen.rate.samples_per_s * 1024
     assert answer.hours(h100)[0] == pytest.approx(10e9 / tokens_per_s / 3600)
