@@ -7,7 +7,7 @@ achievable matmul ratio; the rest is memory-bound kernels (which scale with the 
 latency (launches, small kernels, synchronisation, which do not scale) in a mix no file records. The
 rest's two bounds (bandwidth ratio, no change) bound the forecast; the point is their geometric middle.
 Nothing is fitted to a pair: the only free choice, the middle, was made with the llm.c A100/H100 pair
-in view, so that pair does not validate it (docs/forecast.md, "How good is it").
+in view, so that pair does not validate it (docs/guide/forecast.md, "How good is it").
 
 With a kernel-class profile (`measured["profile"]`, the share of a step's time per class: matmul,
 attention, elementwise, optimizer, communication; no probe writes one yet) each class scales by its
