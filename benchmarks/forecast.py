@@ -31,7 +31,7 @@ import os
 import re
 import statistics
 
-from autofit.forecast import CONTEXT_BYTES, forecast, gpu_spec, naive_ratios
+from autofit.forecast import CONTEXT_BYTES, forecast, forecast_input, gpu_spec, naive_ratios
 from autofit.units import format_size
 
 RESULTS = os.path.join(os.path.dirname(__file__), "gpu", "results")
@@ -167,9 +167,7 @@ def markdown(throughput: list[dict], memory: list[dict]) -> str:
 
 def held_out(path: str, target: str = "H100", measured_tokens: float = NANOGPT_H100["tokens_per_s"]) -> dict:
     """The held-out check: FILE (measured on another GPU) forecast for `target`, against the H100 figures."""
-    from autofit.export import read_best
-
-    answer = forecast(read_best(path).document, [gpu_spec(target)], tokens=1e9)
+    answer = forecast(forecast_input(path), [gpu_spec(target)], tokens=1e9)
     t = answer.targets[0]
     point, low, high = answer.units_per_s(t) or (None, None, None)
     result = {"file": path, "device": answer.device, "target": target, "config": t.config,

@@ -133,7 +133,6 @@ def forecast(file_or_study: str, gpus: tuple[str, ...] | None, prices: dict[str,
     from autofit.forecast import forecast as forecast_of
     from autofit.report import describe_forecast
 
-    document, rows, source = forecast_input(file_or_study, storage)
-    answer = forecast_of(document, [gpu_spec(name) for name in gpus or DEFAULT_TARGETS], rows=rows,
-                         prices=prices, tokens=tokens, samples=samples, source=source)
+    answer = forecast_of(forecast_input(file_or_study, storage), [gpu_spec(name) for name in gpus or DEFAULT_TARGETS],
+                         prices=prices, tokens=tokens, samples=samples)
     click.echo(json.dumps(answer.to_dict(), indent=2) if as_json else describe_forecast(answer))

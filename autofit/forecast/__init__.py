@@ -21,6 +21,7 @@ from autofit.forecast._memory import CONTEXT_BYTES, MemoryLine, largest_fit, usa
 from autofit.forecast._model import MARGIN, Rate, naive_ratios, scale_rate
 from autofit.forecast._prices import PRICES, PRICES_DATE, Price, price_for
 from autofit.forecast._read import forecast_input, study_input
+from autofit.forecast._source import Measured, per_sample_bytes
 
 __all__ = [
     "ASSUMED_MATMUL_EFFICIENCY",
@@ -33,6 +34,7 @@ __all__ = [
     "SPECS_DATE",
     "Forecast",
     "GpuSpec",
+    "Measured",
     "MemoryLine",
     "Price",
     "Rate",
@@ -43,6 +45,7 @@ __all__ = [
     "gpu_spec",
     "largest_fit",
     "naive_ratios",
+    "per_sample_bytes",
     "price_for",
     "scale_rate",
     "spec_of_device",

@@ -10,7 +10,7 @@ from autofit.forecast._gpus import GpuSpec, gpu_spec, spec_of_device
 from autofit.forecast._memory import MemoryLine, largest_fit, usable_bytes
 from autofit.forecast._model import Rate, scale_rate
 from autofit.forecast._prices import PRICES_DATE, Price, price_for
-from autofit.forecast._source import Strategy, strategies_of
+from autofit.forecast._source import Measured, Strategy, strategies_of
 
 #: The headroom of a file that does not say (a search's default).
 DEFAULT_HEADROOM = 0.1
@@ -147,7 +147,7 @@ def _fit(strategy: Strategy, source: GpuSpec | None, target: GpuSpec, usable: fl
          measured: dict[str, Any]) -> StrategyFit:
     precision = target_precision(strategy.precision, target)
     if strategy.peaks:
-        line = MemoryLine.through(strategy.peaks)
+        line = MemoryLine.through(strategy.peaks, strategy.per_sample)
         batch, basis = largest_fit(line, usable, global_batch), line.basis
     else:  # a rate without a peak (a published figure): its micro-batch as it was, memory unchecked
         line, batch, basis = None, max(strategy.rates), UNCHECKED
@@ -218,12 +218,14 @@ def _budget(tokens_per_sample: float | None, tokens: float | None, samples: floa
     return tokens if tokens is not None else samples
 
 
-def forecast(document: dict[str, Any], targets: list[GpuSpec], *, rows: list[dict[str, Any]] | None = None,
-             prices: dict[str, float] | None = None, tokens: float | None = None, samples: float | None = None,
-             source: str = "") -> Forecast:
-    """Forecast the measured config of `document` (a best-config file's, or a study's) for each of `targets`;
-    `rows`: a study's probes (more peaks per strategy); `prices`: $/GPU-hour by GPU name, over the table's;
-    `tokens` or `samples`: what to train, for hours and the cost of it all."""
+def forecast(measured: Measured | dict[str, Any], targets: list[GpuSpec], *, prices: dict[str, float] | None = None,
+             tokens: float | None = None, samples: float | None = None) -> Forecast:
+    """Forecast the measured config (`forecast_input`'s answer, or a best-config document alone) for each of
+    `targets`; `prices`: $/GPU-hour by GPU name, over the table's; `tokens` or `samples`: what to train,
+    for hours and the cost of it all."""
+    if not isinstance(measured, Measured):
+        measured = Measured(measured)
+    document = measured.document
     prices = {gpu_spec(name).name: value for name, value in (prices or {}).items()}
     unknown = sorted(set(prices) - {t.name for t in targets})
     if unknown:
@@ -231,16 +233,16 @@ def forecast(document: dict[str, Any], targets: list[GpuSpec], *, rows: list[dic
                          f"but got {', '.join(unknown)}.")
     device = document.get("device") or {}
     spec = spec_of_device(device.get("name"), device.get("total_bytes")) if device.get("type") == "cuda" else None
-    measured = document.get("measured") or {}
-    per_s = measured.get("samples_per_s"), measured.get("tokens_per_s")
+    rates = document.get("measured") or {}
+    per_s = rates.get("samples_per_s"), rates.get("tokens_per_s")
     tokens_per_sample = per_s[1] / per_s[0] if all(per_s) else None
     world = int(document.get("world_size") or 1)
     notes = _source_notes(document, spec)
     if world > 1:
         notes.append(f"measured on {world} ranks: rates are all ranks together, costs count {world} GPUs, "
                      "communication is not rescaled")
-    strategies = strategies_of(document, rows)
-    return Forecast(source=source, device=str(device.get("name") or device.get("type")),
+    strategies = strategies_of(measured)
+    return Forecast(source=measured.source, device=str(device.get("name") or device.get("type")),
                     tokens_per_sample=tokens_per_sample, world_size=world,
                     targets=[_target(strategies, spec, t, document, prices) for t in targets],
                     budget=_budget(tokens_per_sample, tokens, samples), notes=notes)

@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from autofit.export import read_best
+from autofit.forecast._source import Measured, per_sample_bytes
 
 
 def _plain(value: Any) -> Any:
@@ -17,21 +18,23 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-def forecast_input(file_or_study: str, storage: str | None = None) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
-    """The best-config document, a study's probes that ran (none for a file), and what was read: a path
-    that exists is a file; anything else a study's name in `storage` (autofit show's default storage)."""
+def forecast_input(file_or_study: str, storage: str | None = None) -> Measured:
+    """What a forecast starts from: a path that exists is a best-config file; anything else a study's name
+    in `storage` (autofit show's default storage)."""
     if os.path.exists(file_or_study) or file_or_study.endswith(".json"):
-        return read_best(file_or_study).document, [], file_or_study
+        return Measured(read_best(file_or_study).document, source=file_or_study)
     from autofit.findings import load_study
 
-    stored = load_study(file_or_study, storage)
-    document, rows = study_input(stored)
-    return document, rows, f"study {stored.name}"
+    return study_input(load_study(file_or_study, storage))
 
 
-def study_input(stored: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """A stored study's best-config document and its probes that ran, as plain rows (NoFeasibleConfig
-    when nothing fits)."""
+def study_input(stored: Any) -> Measured:
+    """A stored study's best-config document, its probes that ran, as plain rows, and the memory
+    estimator's bytes per sample at a GPU's peak factors (NoFeasibleConfig when nothing fits)."""
+    from autofit.memory import peak_factors
+
     frame = stored.trials_frame()
     rows = [{k: _plain(v) for k, v in row.items()} for row in frame[frame["status"] == "ok"].to_dict("records")]
-    return stored.document(), rows
+    estimates = stored.estimates
+    slopes = per_sample_bytes(estimates.breakdowns, peak_factors("cuda")["factors"]) if estimates else {}
+    return Measured(stored.document(), rows, slopes, f"study {stored.name}")

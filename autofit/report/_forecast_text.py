@@ -56,11 +56,11 @@ def study_forecast(stored) -> Forecast | None:
     study has no rate to scale; `autofit forecast` still gives its memory)."""
     from autofit.forecast import DEFAULT_TARGETS, forecast, gpu_spec, spec_of_device, study_input
 
-    document, rows = study_input(stored)
-    device = document.get("device") or {}
+    measured = study_input(stored)
+    device = measured.document.get("device") or {}
     if device.get("type") != "cuda" or spec_of_device(device.get("name"), device.get("total_bytes")) is None:
         return None
-    return forecast(document, [gpu_spec(name) for name in DEFAULT_TARGETS], rows=rows, source=f"study {stored.name}")
+    return forecast(measured, [gpu_spec(name) for name in DEFAULT_TARGETS])
 
 
 def describe_forecast(answer: Forecast) -> str:

@@ -368,9 +368,10 @@ def test_show_and_the_report_forecast_a_gpu_study_for_other_gpus_and_not_a_cpu_o
 def test_forecast_reads_a_study_by_name_with_all_its_probes():
     from autofit.forecast import forecast, forecast_input, gpu_spec
 
-    document, rows, source = forecast_input(STEM, RECORDED)
-    assert source == f"study {STUDY}" and len(rows) > len(document["runner_ups"]) + 1
-    answer = forecast(document, [gpu_spec("L4")], rows=rows)
+    measured = forecast_input(STEM, RECORDED)
+    document, rows = measured.document, measured.rows
+    assert measured.source == f"study {STUDY}" and len(rows) > len(document["runner_ups"]) + 1
+    answer = forecast(measured, [gpu_spec("L4")])
     fits = {f.label: f for f in answer.targets[0].fits}
     bf16 = {r["batch_size"] for r in rows if r["precision"] == "bf16" and not r["checkpoint_segments"]}
     in_file = {e["batch_size"] for e in [document["config"], *document["runner_ups"]] if e["precision"] == "bf16"}

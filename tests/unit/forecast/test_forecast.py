@@ -12,14 +12,17 @@ from autofit.errors import UsageError
 from autofit.forecast import (
     CONTEXT_BYTES,
     GPUS,
+    Measured,
     MemoryLine,
     forecast,
+    forecast_input,
     gpu_spec,
     largest_fit,
     scale_rate,
     spec_of_device,
     usable_bytes,
 )
+from autofit.study import bundled_storage_url
 from benchmarks.forecast import held_out, memory_rows, throughput_rows
 from tests.support import REPO
 
@@ -42,10 +45,35 @@ def test_the_largest_fit_stays_inside_the_usable_memory_and_divides_the_global_b
     assert largest_fit(line, 1 * GIB, 48) == 0  # not even one sample: 0, never a rounded-up fit
 
 
-def test_one_peak_is_taken_as_all_growing_with_the_micro_batch():
+def test_one_peak_grows_wholly_above_its_micro_batch_and_does_not_shrink_below_it():
     line = MemoryLine.through({48: 48 * GIB})
-    assert (line.slope, line.intercept, line.points) == (GIB, 0.0, 1)
-    assert "upper bound" in line.basis
+    assert line.peak(96) == 96 * GIB and line.peak(12) == 48 * GIB
+    assert "none to shrink below" in line.basis
+
+
+def test_one_peak_of_a_model_with_a_large_fixed_part_never_fits_a_gpu_the_fixed_part_does_not():
+    """40 GiB of weights and optimizer state, 0.5 GiB a sample, measured once at b=64 (72 GiB): on a 24 GB
+    GPU nothing fits; scaling the peak down in proportion (1.125 GiB a sample) would say b=16."""
+    line = MemoryLine.through({64: (40 + 0.5 * 64) * GIB})
+    assert largest_fit(line, usable_bytes(GPUS["L4"].memory_bytes, 0.1), 480) == 0
+    answer = forecast(_document() | {"runner_ups": [], "config": {**_document()["config"], "global_batch": 48}},
+                      [gpu_spec("L4")])
+    assert answer.targets[0].config is None  # GPT-2 small's one peak, 71 GiB at b=48: not scaled down to fit 24 GB
+    assert any("no measured strategy fits" in note for note in answer.targets[0].notes)
+
+
+def test_one_peak_with_the_estimators_slopes_bounds_the_study_s_other_peaks():
+    measured = forecast_input("gpt", bundled_storage_url())
+    bf16 = {r["batch_size"]: r["peak_bytes"] for r in measured.rows if r["precision"] == "bf16"}
+    winner = measured.document["config"]["batch_size"]
+    low, high = measured.per_sample[next(k for k in measured.per_sample if dict(k)["precision"] == "bf16")]
+    assert 0 < low < high
+    line = MemoryLine.through({winner: measured.document["measured"]["peak_bytes"]}, (low, high))
+    assert "estimator" in line.basis
+    assert all(line.peak(b) >= peak for b, peak in bf16.items())  # above and below the one point
+    alone = Measured({**measured.document, "runner_ups": []}, per_sample=measured.per_sample)
+    fits = {f.label: f for f in forecast(alone, [gpu_spec("L4")]).targets[0].fits}
+    assert "estimator" in fits["bf16"].memory_basis
 
 
 def test_the_usable_memory_keeps_the_headroom_and_the_cuda_context():
