@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from autofit.config import Config
 from autofit.errors import UsageError
 from autofit.forecast._gpus import GpuSpec, gpu_spec, spec_of_device
 from autofit.forecast._memory import MemoryLine, largest_fit, usable_bytes
@@ -166,15 +167,16 @@ def _target(strategies: list[Strategy], source: GpuSpec | None, target: GpuSpec,
     global_batch = config.get("global_batch")
     usable = usable_bytes(target.memory_bytes, headroom)
     fits = [_fit(s, source, target, usable, global_batch, document.get("measured") or {}) for s in strategies]
-    fitting = [f for f in fits if f.batch_size > 0]
-    chosen = max(fitting, key=lambda f: f.rate.samples_per_s if f.rate else 0.0) if fitting else None
+    fitting = [i for i, f in enumerate(fits) if f.batch_size > 0]  # the fastest, the winner's first on a tie
+    best = max(fitting, key=lambda i: fits[i].rate.samples_per_s if fits[i].rate else 0.0) if fitting else None
+    chosen = None if best is None else fits[best]
     notes = []
     run = None
     if chosen is not None:
-        strategy = strategies[fits.index(chosen)]
-        run = {**config, **strategy.fields, "precision": chosen.precision, "batch_size": chosen.batch_size,
-               "accumulation_steps": global_batch // chosen.batch_size if global_batch else
-               config.get("accumulation_steps", 1)}
+        strategy = strategies[best]
+        accumulation = global_batch // chosen.batch_size if global_batch else config.get("accumulation_steps", 1)
+        run = {**Config.from_dict({**strategy.fields, "precision": chosen.precision, "batch_size": chosen.batch_size,
+                                   "accumulation_steps": accumulation}).to_dict(), "global_batch": global_batch}
         if chosen.precision != strategy.precision:
             notes.append(f"{target.name} has no {strategy.precision}: {chosen.precision} instead"
                          + (" (autocast with a GradScaler)" if chosen.precision == "fp16" else ""))

@@ -46,9 +46,9 @@ class Strategy:
         return str(self.fields.get("precision"))
 
     def label(self) -> str:
-        ckpt = self.fields.get("checkpoint_segments") or 0
-        extra = f" ckpt={ckpt}" if ckpt else ""
-        return f"{self.precision}{extra}"
+        """The strategy's configs' label without their micro-batch: 'bf16 ckpt=2 selective'."""
+        words = Config.from_dict({**self.fields, "batch_size": 1}).label().split()
+        return " ".join(w for w in words if not w.startswith("b="))
 
     def rate_near(self, batch_size: int) -> tuple[int, float] | None:
         """The measured rate at the largest micro-batch up to `batch_size`, else at the smallest measured."""

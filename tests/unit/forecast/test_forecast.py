@@ -160,3 +160,16 @@ def test_the_held_out_check_reads_a_file_and_states_its_error(tmp_path):
     path.write_text(open(FILE).read())
     result = held_out(str(path), "H100", measured_tokens=139974.85)
     assert result["config"]["batch_size"] == 48 and abs(result["error"]) < 1e-6 and result["passes"]
+
+
+def test_the_config_to_run_is_the_chosen_strategys_own_not_the_winners_knobs():
+    """The winner compiled and does not fit an L4; the eager fp32 runner-up does: the L4 config is eager."""
+    document = _document()
+    winner = {**document["config"], "compile": True}
+    runner = {"batch_size": 4, "accumulation_steps": 12, "global_batch": 48, "precision": "fp32",
+              "checkpoint_segments": 0, "samples_per_s": 40.0, "peak_bytes": 9.19 * GIB}
+    answer = forecast(document | {"config": winner, "runner_ups": [runner]}, [gpu_spec("L4")])
+    target = answer.targets[0]
+    assert target.chosen.label == "fp32" and target.config["precision"] == "fp32"
+    assert "compile" not in target.config and target.config["batch_size"] * target.config["accumulation_steps"] == 48
+    assert {f.label for f in target.fits} == {"bf16 compiled", "fp32"}
