@@ -199,8 +199,12 @@ def _source_notes(document: dict[str, Any], source: GpuSpec | None) -> list[str]
     measured = document.get("measured") or {}
     if source is None:
         kind = "a CPU" if device.get("type") == "cpu" else f"a GPU autofit has no figures of ({device.get('name')})"
-        return [f"measured on {kind}: memory from its peaks, throughput only as a wide estimate from the FLOPs "
-                "per sample (20-50% of the target's achievable matmul), not a measurement"]
+        memory = ("memory from its peaks (a CPU's count the whole process: on a GPU the same tensors usually "
+                  "take less)" if device.get("type") == "cpu" else "memory from its peaks")
+        rate = ("throughput only as a wide estimate from the FLOPs per sample (20-50% of the target's achievable "
+                "matmul), not a measurement" if measured.get("flops_per_sample") else
+                "no throughput: the file has no FLOPs per sample to estimate one from")
+        return [f"measured on {kind}: {memory}; {rate}"]
     if measured.get("profile"):
         return ["throughput: each kernel class of the recorded profile scaled by its bound"]
     if measured.get("flops_per_sample"):
@@ -212,6 +216,9 @@ def _source_notes(document: dict[str, Any], source: GpuSpec | None) -> list[str]
 
 def _budget(tokens_per_sample: float | None, tokens: float | None, samples: float | None) -> float | None:
     """What to train, in the forecast's unit: tokens where the file counts them, else samples."""
+    if tokens is not None and samples is not None:
+        raise UsageError(f"A budget is given in tokens or in samples, but got both: --tokens {tokens:,.0f} "
+                         f"and --samples {samples:,.0f}; give one.")
     if tokens is not None and not tokens_per_sample:
         raise UsageError(f"A budget in tokens needs a file that counts tokens, but this one counts samples only: "
                          f"give --samples instead of --tokens {tokens:,.0f}.")

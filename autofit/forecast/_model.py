@@ -24,7 +24,7 @@ from autofit.forecast._gpus import GpuSpec
 
 #: The interval's widening beyond the model's bounds: for what the bounds do not see (clocks, power caps,
 #: kernels that reach another share of MAMF at the model's shapes); wider without a profile.
-MARGIN = {"profile": 1.05, "mfu": 1.10, "no-flops": 1.15, "flops-only": 1.0}
+MARGIN = {"profile": 1.05, "mfu": 1.10, "no-flops": 1.15}
 #: A forecast from no GPU measurement: the model's FLOPs at this share of the target's achievable matmul.
 UNMEASURED_UTILISATION = (0.20, 0.35, 0.50)
 COMPUTE_CLASSES = ("matmul", "attention")

@@ -378,4 +378,4 @@ def test_forecast_reads_a_study_by_name_with_all_its_probes():
     assert len(bf16 | in_file) > len(in_file)  # the study measured more than its file keeps
     assert fits["bf16"].memory_basis == f"the slope of {len(bf16 | in_file)} measured peaks"
     assert answer.targets[0].chosen.rate is None  # a CPU study without FLOPs: memory only, no rate to scale
-    assert any("not a measurement" in note for note in answer.notes)
+    assert any("no throughput: the file has no FLOPs per sample" in note for note in answer.notes)

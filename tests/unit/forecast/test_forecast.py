@@ -137,6 +137,8 @@ def test_a_budget_and_prices_give_hours_and_dollars_and_bad_ones_are_refused():
     assert answer.cost(answer.targets[1], 1e9) is None  # no T4 price in the table
     with pytest.raises(UsageError, match="must name a target GPU"):
         forecast(_document(), [gpu_spec("H100")], prices={"L4": 0.5})
+    with pytest.raises(UsageError, match="give one"):
+        forecast(_document(), [gpu_spec("H100")], tokens=1e9, samples=1e6)
     samples_only = _document(tokens_per_s=None)
     with pytest.raises(UsageError, match="give --samples"):
         forecast(samples_only, [gpu_spec("H100")], tokens=1e9)
