@@ -15,6 +15,7 @@ from autofit.forecast._source import Measured, Strategy, strategies_of
 
 #: The headroom of a file that does not say (a search's default).
 DEFAULT_HEADROOM = 0.1
+BY_TOKENS = "by tokens: the measured token cap kept, where its measured peak fits"
 UNCHECKED = "no measured peak: the measured micro-batch, not checked against the target's memory"
 #: A precision a target lacks, and what it runs instead (autocast's fp16 takes a GradScaler; tf32 is fp32's
 #: tensor-core rate, fp32 runs without it).
@@ -144,19 +145,27 @@ def _triple(values: tuple[float, float, float] | None) -> dict[str, float] | Non
     return None if values is None else dict(zip(("point", "low", "high"), values, strict=True))
 
 
+def _memory_fit(strategy: Strategy, usable: float, global_batch: int | None) -> tuple[int, float | None, str]:
+    """A strategy's micro-batch on the target, its predicted peak, and what they rest on."""
+    if not strategy.peaks:  # a rate without a peak (a published figure): its micro-batch as it was, unchecked
+        return max(strategy.rates), None, UNCHECKED
+    if strategy.fields.get("max_tokens") is not None:  # by tokens memory follows the token cap, not the samples
+        batch = max(strategy.peaks)
+        fits = strategy.peaks[batch] <= usable
+        return (batch if fits else 0), (strategy.peaks[batch] if fits else None), BY_TOKENS
+    line = MemoryLine.through(strategy.peaks, strategy.per_sample)
+    batch = largest_fit(line, usable, global_batch)
+    return batch, (line.peak(batch) if batch else None), line.basis
+
+
 def _fit(strategy: Strategy, source: GpuSpec | None, target: GpuSpec, usable: float, global_batch: int | None,
          measured: dict[str, Any]) -> StrategyFit:
     precision = target_precision(strategy.precision, target)
-    if strategy.peaks:
-        line = MemoryLine.through(strategy.peaks, strategy.per_sample)
-        batch, basis = largest_fit(line, usable, global_batch), line.basis
-    else:  # a rate without a peak (a published figure): its micro-batch as it was, memory unchecked
-        line, batch, basis = None, max(strategy.rates), UNCHECKED
+    batch, peak, basis = _memory_fit(strategy, usable, global_batch)
     near = strategy.rate_near(batch) if batch else None
     rate = None if near is None else scale_rate(near[1], measured.get("flops_per_sample"), strategy.precision,
                                                 source, target, precision, measured.get("profile"))
-    return StrategyFit(strategy.label(), precision, batch, line.peak(batch) if batch and line else None, rate,
-                       near[0] if near else None, basis)
+    return StrategyFit(strategy.label(), precision, batch, peak, rate, near[0] if near else None, basis)
 
 
 def _target(strategies: list[Strategy], source: GpuSpec | None, target: GpuSpec, document: dict[str, Any],

@@ -175,3 +175,14 @@ def test_the_config_to_run_is_the_chosen_strategys_own_not_the_winners_knobs():
     assert target.chosen.label == "fp32" and target.config["precision"] == "fp32"
     assert "compile" not in target.config and target.config["batch_size"] * target.config["accumulation_steps"] == 48
     assert {f.label for f in target.fits} == {"bf16 compiled", "fp32"}
+
+
+def test_by_tokens_the_measured_token_cap_is_kept_where_its_peak_fits():
+    document = _document()
+    by_tokens = {**document, "config": {**document["config"], "max_tokens": 8192, "global_batch": None},
+                 "runner_ups": []}
+    answer = forecast(by_tokens, [gpu_spec("H200"), gpu_spec("L4")])
+    h200, l4 = answer.targets
+    assert h200.config["batch_size"] == 48 and h200.config["max_tokens"] == 8192  # not scaled up by samples
+    assert "by tokens" in h200.chosen.memory_basis
+    assert l4.config is None  # 71 GiB measured: not on a 24 GB GPU
