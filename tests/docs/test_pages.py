@@ -1,6 +1,7 @@
 """What the pages say that a test can hold them to: the four lines docs/guide/script.md shows for nanoGPT's
 train.py are the ones the tests search and run (a newcomer copies the page, not the corpus), and the
-planner's rules are numbered in order (code and pages cite them by number)."""
+planner's rules are numbered in order (code and pages cite them by number), and the forecast page shows what
+`autofit forecast` prints."""
 
 from __future__ import annotations
 
