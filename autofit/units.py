@@ -32,6 +32,23 @@ def parse_size(text: str | int) -> int:
     return value
 
 
+_COUNT_UNITS = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def parse_count(text: str | int | float) -> float:
+    """A count of tokens or samples from '10B', '500M', '1.5T', '2e9' or a plain number (B: billions)."""
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]?)\s*", str(text))
+        if not match or match.group(2).lower() not in _COUNT_UNITS:
+            raise UsageError(f"A count must look like 10B, 500M or 2e9, but got {text!r}.")
+        value = float(match.group(1)) * _COUNT_UNITS[match.group(2).lower()]
+    if value <= 0:
+        raise UsageError(f"A count must be positive, but got {text!r}.")
+    return value
+
+
 def parse_duration(text: str | float | int) -> float:
     """Seconds from '20m', '1h30m', '90s', '45' (seconds)."""
     if isinstance(text, (int, float)):

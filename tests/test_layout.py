@@ -97,6 +97,7 @@ FLOORS = (
     ("study",),
     ("memory",),
     ("findings",),
+    ("forecast",),
     ("search",),
     ("report",),
     ("cli",),

@@ -1,10 +1,11 @@
-"""CLI commands that read stored studies: show, studies, export, report (wiring only)."""
+"""CLI commands that read stored studies and files: show, studies, export, report, forecast (wiring only)."""
 
 from __future__ import annotations
 
 import click
 
 from autofit.cli._commands import cli
+from autofit.cli._types import COUNT, NAME_LIST, PRICE_LIST
 from autofit.probing import STATUSES
 
 _STUDY_HELP = "Study name, or its script's stem (default: the only study in the storage)."
@@ -106,3 +107,32 @@ def report(study: str | None, storage: str | None, out: str | None, png_dir: str
     click.echo(f"report of {stored.name} written to {path}")
     for png in written:
         click.echo(f"plot written to {png}")
+
+
+@cli.command()
+@click.argument("file_or_study")
+@click.option("--gpu", "gpus", type=NAME_LIST, default=None,
+              help="Target GPUs, e.g. H100,H200,A100-80GB,L4,B200 (default: those five).")
+@click.option("--price", "prices", type=PRICE_LIST, default=None,
+              help="Dollars per GPU-hour over the shipped table's, e.g. H100=2.69,L4=0.6.")
+@click.option("--tokens", type=COUNT, default=None, help="Tokens to train, e.g. 10B: hours and cost of them all.")
+@click.option("--samples", type=COUNT, default=None, help="Samples to train, e.g. 5M (a file without tokens).")
+@click.option("--storage", default=None, help=_STORAGE_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print the forecast as JSON.")
+def forecast(file_or_study: str, gpus: tuple[str, ...] | None, prices: dict[str, float] | None,
+             tokens: float | None, samples: float | None, storage: str | None, as_json: bool) -> None:
+    """Forecast a measured config on GPUs you don't have: the config to run, throughput, cost.
+
+    FILE_OR_STUDY is a best-config file (any autofit wrote) or a study's name. For each target GPU: the
+    largest micro-batch that fits under the same headroom (same global batch), samples/s and tokens/s with
+    an interval, dollars per billion tokens (million samples) and, with --tokens or --samples, the hours.
+    """
+    import json
+
+    from autofit.forecast import DEFAULT_TARGETS, forecast_input, gpu_spec
+    from autofit.forecast import forecast as forecast_of
+    from autofit.report import describe_forecast
+
+    answer = forecast_of(forecast_input(file_or_study, storage), [gpu_spec(name) for name in gpus or DEFAULT_TARGETS],
+                         prices=prices, tokens=tokens, samples=samples)
+    click.echo(json.dumps(answer.to_dict(), indent=2) if as_json else describe_forecast(answer))

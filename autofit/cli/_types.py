@@ -6,7 +6,7 @@ import click
 
 from autofit.config import PRECISIONS
 from autofit.errors import UsageError
-from autofit.units import parse_duration, parse_size
+from autofit.units import parse_count, parse_duration, parse_size
 
 
 class _ParsedType(click.ParamType):
@@ -117,7 +117,54 @@ class IntList(click.ParamType):
         return values
 
 
+class Count(_ParsedType):
+    """'10B' -> 1e10 (tokens or samples)."""
+
+    name = "count"
+    passthrough = (float,)
+
+    def parse(self, value):
+        return parse_count(value)
+
+
+class NameList(click.ParamType):
+    """'H100,L4' -> ('H100', 'L4'): names a library function checks (GPU models)."""
+
+    name = "names"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        names = tuple(p.strip() for p in str(value).split(",") if p.strip())
+        if not names:
+            self.fail(f"A list must look like H100,L4, but got {value!r}.", param, ctx)
+        return names
+
+
+class PriceList(click.ParamType):
+    """'H100=2.69,L4=0.6' -> {'H100': 2.69, 'L4': 0.6}: dollars per GPU-hour by GPU name."""
+
+    name = "prices"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, dict):
+            return value
+        prices = {}
+        for part in (p.strip() for p in str(value).split(",") if p.strip()):
+            name, _, price = part.partition("=")
+            try:
+                prices[name.strip()] = float(price)
+            except ValueError:
+                self.fail(f"A price must look like H100=2.69 (dollars per GPU-hour), but got {part!r}.", param, ctx)
+            if prices[name.strip()] <= 0 or not name.strip():
+                self.fail(f"A price must name a GPU and be positive, but got {part!r}.", param, ctx)
+        return prices
+
+
 MEMORY_SIZE = MemorySize()
+COUNT = Count()
+NAME_LIST = NameList()
+PRICE_LIST = PriceList()
 SIZE_LIST = SizeList()
 DURATION = Duration()
 PRECISION_LIST = ChoiceList("precision", PRECISIONS)

@@ -4,12 +4,14 @@ figures of a study; the self-contained HTML report. Nothing here decides anythin
 from __future__ import annotations
 
 from autofit.report._estimate_text import describe_fits, describe_known_parts, fits_json, known_parts_json
+from autofit.report._forecast_text import describe_forecast
 from autofit.report._probe_text import describe_probe, rate_text
 from autofit.report._search_text import describe_search
 from autofit.report._study_text import describe_study, describe_trial, select_probes, studies_table
 
 __all__ = [
     "describe_fits",
+    "describe_forecast",
     "describe_known_parts",
     "describe_probe",
     "describe_search",
@@ -21,6 +23,7 @@ __all__ = [
     "select_probes",
     "studies_table",
     "write_report",
+    "render_report",
     "study_figures",
 ]
 
@@ -30,6 +33,13 @@ def write_report(*args, **kwargs):
     from autofit.report._html import write_report as _write_report
 
     return _write_report(*args, **kwargs)
+
+
+def render_report(*args, **kwargs):
+    """The HTML page from the study and its figures as PNG bytes (see _html.render_report)."""
+    from autofit.report._html import render_report as _render_report
+
+    return _render_report(*args, **kwargs)
 
 
 def study_figures(*args, **kwargs):

@@ -13,7 +13,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from autofit.errors import NoFeasibleConfig
+from autofit.forecast import PRICES_DATE, Forecast
 from autofit.probing import input_bound_text
+from autofit.report._forecast_text import study_forecast
 from autofit.report._probe_text import confirmation_words, rate_text, work_text
 from autofit.study import redacted
 from autofit.units import format_duration, format_size
@@ -102,6 +104,8 @@ def render_report(stored: StoredStudy, pngs: dict[str, bytes]) -> str:
             parts.append(_ranking_table(stored))
         parts.append(f"<img alt=\"{e(title)}\" src=\"{data_uri(pngs[stem])}\">")
         parts.append(f"<p class=\"muted\">{e(how)}</p>")
+    if document and (forecast := study_forecast(stored)) is not None:
+        parts.append(_forecast_table(forecast))
     parts.append("<h2 id=\"probes\">All probes</h2>")
     parts.append(_probes_table(frame, document, stored.ranked_by))
     from autofit._version import __version__
@@ -110,6 +114,27 @@ def render_report(stored: StoredStudy, pngs: dict[str, bytes]) -> str:
                  f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC. Rerun `autofit report` to refresh; "
                  f"`autofit show --trial N` prints one probe's output.</p></body></html>\n")
     return "\n".join(parts)
+
+
+def _forecast_table(answer: Forecast) -> str:
+    """The study's winner forecast for the default GPUs: config, rate and interval, cost per unit."""
+    e = html.escape
+    unit, amount = answer.unit
+    per = "tokens/s" if answer.tokens_per_sample else "samples/s"
+    rows = []
+    for target in answer.targets:
+        c = target.config
+        config = f"{c['precision']} b={c['batch_size']} acc={c['accumulation_steps']}" if c else "does not fit"
+        rate, cost = answer.units_per_s(target), answer.cost(target, amount)
+        rows.append(f"<tr><td class=\"l\">{e(target.gpu.name)}</td><td class=\"l\">{e(config)}</td>"
+                    f"<td>{'-' if rate is None else f'{rate[0]:,.0f} ({rate[1]:,.0f}-{rate[2]:,.0f})'}</td>"
+                    f"<td>{'-' if cost is None else f'{cost[0]:,.2f} ({cost[1]:,.2f}-{cost[2]:,.2f})'}</td></tr>")
+    return (f"<h2 id=\"forecast\">Forecast for other GPUs</h2><table><tr><th class=\"l\">GPU</th>"
+            f"<th class=\"l\">config to run</th><th>{e(per)} (interval)</th><th>$ per {e(unit)}</th></tr>"
+            + "".join(rows) + f"</table><p class=\"muted\">Scaled from this GPU's measurement by what bounds "
+            f"each part (compute by achievable matmul, the rest by bandwidth or not at all); prices on demand, "
+            f"{e(PRICES_DATE)}, at the typical price. <code>autofit forecast {e(answer.source.split()[-1])}</code> "
+            "says what each figure rests on, and takes --gpu, --price and --tokens.</p>")
 
 
 def _summary(stored: StoredStudy, frame: pd.DataFrame) -> str:

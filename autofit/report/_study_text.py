@@ -9,7 +9,9 @@ import pandas as pd
 
 from autofit.config import RATES, SAMPLES, Rate
 from autofit.errors import NoFeasibleConfig, UsageError
+from autofit.forecast import PRICES_DATE
 from autofit.probing import STATUSES, input_bound_text
+from autofit.report._forecast_text import forecast_table, study_forecast
 from autofit.report._memory_text import describe_memory
 from autofit.report._probe_text import confirmation_words, describe_probe, rate_text, work_text
 from autofit.study import COLUMNS, redacted
@@ -119,6 +121,9 @@ def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame
     lines.append(f"why: {document['why']}")
     lines.append(f"stopped: {document['study']['stopped']}")
     lines.append("legend: * the best config   ! ran, but its peak crossed the headroom (infeasible)")
+    if (forecast := study_forecast(stored)) is not None:
+        lines += [f"forecast for other GPUs (prices of {PRICES_DATE}; `autofit forecast {stored.name}` for the "
+                  "notes, --gpu, --price and --tokens):", *forecast_table(forecast)]
     return "\n".join(lines)
 
 

@@ -7,6 +7,10 @@
 #                                             where memory binds (GPT-2 medium), the estimator against measured peaks,
 #                                             the HF Trainer adapter, each probe against its normal run; a dated table
 #                                             in $OUT/features.md (benchmarks/gpu/features.py; PARTS=tokens,hf picks)
+#   benchmarks/gpu/run_checklist.sh forecast  on a GPU other than the H100 (an H200): nanoGPT's defaults searched in 3m,
+#                                             its file forecast for an H100 against the 2026-11-27 H100 log (the issue's
+#                                             held-out check: benchmarks/forecast.py --held-out; TARGET=H100), the pair
+#                                             kept as $OUT/nanogpt-defaults.best.json for benchmarks/gpu/results/
 #   benchmarks/gpu/run_checklist.sh check     scripts/check_cuda.sh, then a search of each bundled study
 #   benchmarks/gpu/run_checklist.sh finders   Lightning's and HF's batch-size finders on GPT-2 small (124M)
 #   benchmarks/gpu/run_checklist.sh search    autofit on GPT-2 small
@@ -31,6 +35,15 @@ case "${1:-check}" in
 nanogpt-defaults)
     step "nanoGPT's train.py at its defaults, compile on (benchmarks/gpu/nanogpt_defaults.sh)"
     OUT="$OUT" PYTHON="$PYTHON" BUDGET="${BUDGET_NANOGPT:-3m}" benchmarks/gpu/nanogpt_defaults.sh
+    ;;
+forecast)
+    step "nanoGPT's defaults searched here, then forecast for ${TARGET:-H100} (benchmarks/forecast.py --held-out)"
+    ROUNDS=0 OUT="$OUT" PYTHON="$PYTHON" BUDGET="${BUDGET_NANOGPT:-3m}" benchmarks/gpu/nanogpt_defaults.sh
+    best=$(sed -n 's/^best config written to //p' "$OUT/nanogpt-defaults-search.log" | tail -1)
+    cp "$best" "$OUT/nanogpt-defaults.best.json" || exit 1
+    "$PYTHON" -m benchmarks.forecast --held-out "$OUT/nanogpt-defaults.best.json" --target "${TARGET:-H100}" \
+        | tee "$OUT/forecast-held-out.json"
+    "$PYTHON" -m autofit.cli forecast "$OUT/nanogpt-defaults.best.json" --tokens 10B | tee "$OUT/forecast.log"
     ;;
 features)
     step "every feature on one GPU (benchmarks/gpu/features.py --parts ${PARTS:-tokens,memory,estimator,hf})"

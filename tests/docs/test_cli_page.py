@@ -13,7 +13,7 @@ from autofit.cli import cli
 from tests.support import REPO
 
 PAGE = os.path.join(REPO, "docs", "reference", "cli.md")
-SYNOPSIS_COMMANDS = ("search", "probe", "estimate", "devices")
+SYNOPSIS_COMMANDS = ("search", "probe", "estimate", "devices", "forecast")
 
 
 def _synopsis() -> dict[str, str]:

@@ -340,3 +340,42 @@ def test_missing_storage_is_one_line(tmp_path):
     message = assert_one_line_error(invoke("studies", "--storage", f"sqlite:///{tmp_path}/missing.db"), 1)
     assert "must exist" in message
     assert not (tmp_path / "missing.db").exists()  # reading never creates a storage
+
+
+def _as_if_on_an_h100(monkeypatch) -> autofit.StoredStudy:
+    """The recorded study, its document saying it was measured on an H100 (its probes' peaks as they are)."""
+    stored = autofit.load_study(STEM, RECORDED)
+    document = stored.document()
+    on_gpu = {**document, "device": {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "total_bytes": 85520809984},
+              "measured": {**document["measured"], "flops_per_sample": 57671680.0}}
+    monkeypatch.setattr(stored, "document", lambda: on_gpu)
+    return stored
+
+
+def test_show_and_the_report_forecast_a_gpu_study_for_other_gpus_and_not_a_cpu_one(monkeypatch, recorded):
+    from autofit.report import describe_study, render_report
+
+    frame = recorded[0].trials_frame()
+    assert "forecast for other GPUs" not in describe_study(recorded[0], frame, frame)
+    stored = _as_if_on_an_h100(monkeypatch)
+    shown = describe_study(stored, frame, frame)
+    assert "forecast for other GPUs" in shown and "autofit forecast gpt.train-cpu0" in shown
+    assert all(gpu in shown for gpu in ("H100", "H200", "A100-80GB", "L4", "B200"))
+    page = render_report(stored, {stem: b"png" for stem, _ in REPORT_SECTIONS})
+    assert "<h2 id=\"forecast\">Forecast for other GPUs</h2>" in page and "B200" in page
+
+
+def test_forecast_reads_a_study_by_name_with_all_its_probes():
+    from autofit.forecast import forecast, forecast_input, gpu_spec
+
+    measured = forecast_input(STEM, RECORDED)
+    document, rows = measured.document, measured.rows
+    assert measured.source == f"study {STUDY}" and len(rows) > len(document["runner_ups"]) + 1
+    answer = forecast(measured, [gpu_spec("L4")])
+    fits = {f.label: f for f in answer.targets[0].fits}
+    bf16 = {r["batch_size"] for r in rows if r["precision"] == "bf16" and not r["checkpoint_segments"]}
+    in_file = {e["batch_size"] for e in [document["config"], *document["runner_ups"]] if e["precision"] == "bf16"}
+    assert len(bf16 | in_file) > len(in_file)  # the study measured more than its file keeps
+    assert fits["bf16"].memory_basis == f"the slope of {len(bf16 | in_file)} measured peaks"
+    assert answer.targets[0].chosen.rate is None  # a CPU study without FLOPs: memory only, no rate to scale
+    assert any("no throughput: the file has no FLOPs per sample" in note for note in answer.notes)

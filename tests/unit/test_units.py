@@ -1,7 +1,7 @@
 import pytest
 
 from autofit.errors import UsageError
-from autofit.units import format_duration, format_size, parse_duration, parse_size
+from autofit.units import format_duration, format_size, parse_count, parse_duration, parse_size
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -33,3 +33,15 @@ def test_format():
     assert format_size(None) == "-"
     assert format_duration(3725) == "1h02m"
     assert format_duration(75) == "1m15s"
+
+
+@pytest.mark.parametrize("text,expected", [("10B", 10e9), ("500M", 5e8), ("1.5T", 1.5e12), ("2e9", 2e9),
+                                           ("64k", 64e3), ("1000", 1000.0)])
+def test_parse_count(text, expected):
+    assert parse_count(text) == expected
+
+
+@pytest.mark.parametrize("text", ["10 GB", "ten", "0", "-5B", ""])
+def test_parse_count_rejects(text):
+    with pytest.raises(UsageError, match="A count must"):
+        parse_count(text)
