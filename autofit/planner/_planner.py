@@ -17,7 +17,10 @@ benchmark's replays all run the same decisions. The rules, in order:
    first strategy, the expected best precision, at a memory-scaled guess of its batch) climbs so (or by
    rule 7) to its memory edge; only then is each other precision probed once, at the largest batch the
    pilot's fits: at a small batch a GPU's step is launch-bound and every precision reads alike, while
-   batch moves throughput 10-100x and precision 1.1-1.5x.
+   batch moves throughput 10-100x and precision 1.1-1.5x. While the top of a climb measured at most half
+   the usable memory and throughput still rises, the step at least doubles, whatever the prediction's
+   high end (`_climb_floor`); nearer the edge that least step is what the measured peak certainly fits. A token
+   function's pilot by samples is its cap's memory point (`_pilot_caps`): the first cap is sized from it.
 3. A throughput model per strategy (time per micro-batch = c0 + c1*batch) bounds what a strategy can
    reach: strategies (and the rest of a bracket) that cannot beat the best so far are skipped;
    checkpointing, which only adds compute, is bounded by its precision's model without it (and, once
@@ -350,9 +353,20 @@ class _State:
 
 
 def _step(state: _State, strategy: Strategy, candidates: list[int]) -> Config | None:
-    """The next batch by the prediction (rule 7), or else by the measured memory (rule 2)."""
-    if state.predicted is not None and any(state.predicted.peak(state.space.config(strategy, b)) for b in candidates):
-        return _predicted_next(state, strategy, candidates)
+    """The next batch by the prediction (rule 7), or else by the measured memory (rule 2); a token function's
+    first cap by the larger of the two, where its pilot by samples measured a cap that fits."""
+    if state.predicted is None or not any(state.predicted.peak(state.space.config(strategy, b)) for b in candidates):
+        return _measured_step(state, strategy, candidates)
+    predicted = _predicted_next(state, strategy, candidates)
+    pilot_cap = any(p <= state.usable for _, p in state.memory.peaks(strategy))  # and nothing of its own fits yet
+    if state.feasible.fit_max(strategy) is not None or not pilot_cap:
+        return predicted
+    measured = _measured_step(state, strategy, candidates)
+    return measured if predicted is None or (measured is not None and measured.size > predicted.size) else predicted
+
+
+def _measured_step(state: _State, strategy: Strategy, candidates: list[int]) -> Config | None:
+    """The next batch by the measured memory (rule 2): the line, one peak's certain fit, or a bisection."""
     own = state.memory.peaks(strategy)
     if not own:
         return state.space.config(strategy, _first_batch(state, strategy, candidates))

@@ -26,9 +26,10 @@ def _launch_bound(config: Config, intercept: float, per_sample: float, usable: f
                        wall_s=1.0, spread=0.02)
 
 
-def _overestimated(intercept: float, per_sample: float, times: float) -> MemoryPrediction:
-    """The estimator's answer, `times` the real memory per sample (fake tensors on the CPU run math attention
-    where the GPU runs a fused kernel): until two probes calibrate it, its high end blocks the climb."""
+def _estimated(intercept: float, per_sample: float, times: float) -> MemoryPrediction:
+    """The estimator's answer at a GPU's factor range, `times` the real memory per sample (over 1: fake tensors
+    on the CPU run math attention where the GPU runs a fused kernel, and until two probes calibrate it, its
+    high end blocks the climb)."""
     factors = peak_factors("cuda")
     estimates = {Config(batch_size=b): (intercept + times * per_sample * b) / factors["typical_factor"]
                  for b in (8, 64, 512)}
@@ -39,7 +40,7 @@ def test_far_below_the_memory_edge_a_rising_climb_doubles_whatever_the_predictio
     """Each step from a fit whose peak is at most half the usable memory at least doubles (its high end, at
     100x the real memory a sample, allowed 12 after the pilot's 8), and no probe runs out of memory."""
     usable, intercept, per_sample = 16 * GiB, 3 * GiB, 16 * MiB
-    planner = Planner(SPACE, usable, check_noise=False, prediction=_overestimated(intercept, per_sample, 100))
+    planner = Planner(SPACE, usable, check_noise=False, prediction=_estimated(intercept, per_sample, 100))
     seen: list[Observation] = []
     while (config := planner.next(seen)) is not None and len(seen) < 20:
         seen.append(_launch_bound(config, intercept, per_sample, usable))
@@ -55,7 +56,7 @@ def test_near_the_memory_edge_the_step_follows_the_measured_peak():
     """At 70% of the usable memory the step is what the measured peak allows (2048: usable x 1536 / peak, a
     certain fit), not a doubling; the prediction's high end (its prior range) would have stopped the climb."""
     usable, per_sample = 16 * GiB, 0.7 * 16 * GiB / 1536
-    prediction = _overestimated(0, per_sample, 1)
+    prediction = _estimated(0, per_sample, 1)
     planner = Planner(SPACE, usable, check_noise=False, prediction=prediction)
     seen = [_launch_bound(Config(batch_size=1536), 0, per_sample, usable)]
     step = planner.next(seen)
@@ -82,18 +83,30 @@ def _token_probe(config: Config, tokens: int) -> Observation:
                        spread=0.02)
 
 
+def _token_prediction(space: SearchSpace) -> MemoryPrediction:
+    """The estimator's answer over the caps (their tensors: a padded token's), at a CPU's factor range."""
+    factors = peak_factors("cpu")
+    estimates = {space.config(s, cap): PER_TOKEN * cap / factors["typical_factor"]
+                 for s in space.strategies() for cap in (1024, 8192, 65536)}
+    return MemoryPrediction.from_estimates(estimates, device_bytes=FIXED, **factors)
+
+
 @pytest.mark.parametrize("precisions", [("fp32",), ("bf16", "fp32")], ids=["one-precision", "precisions"])
-def test_a_token_functions_first_cap_is_sized_from_its_pilots_memory(precisions):
+@pytest.mark.parametrize("predicted", [False, True], ids=["memory-line", "estimator"])
+def test_a_token_functions_first_cap_is_sized_from_its_pilots_memory(precisions, predicted):
     """The pilot by samples (b=4: 4 of the longest samples, a cap of 4096 tokens' worst batch) fit at 1.13 GiB:
-    the first cap probed is the largest that memory allows from it (usable x 4096 / peak: 6144), not the
-    smallest (1024); the climb then follows the line through both peaks: two caps probed after the pilot, both
-    fit, and the second is within 1.5x of the edge (before: 1024, then 1536)."""
+    the first cap probed is the largest that memory allows from it (usable x 4096 / peak: 6144; the estimator,
+    calibrated on it, allows 8192), not the smallest (1024); the climb then follows the line through both
+    peaks: two caps probed after the pilot, both fit, and the second is within 1.5x of the edge (before: 1024,
+    then 1536)."""
     space = _token_space(precisions)
-    planner = Planner(space, USABLE_TOKENS, check_noise=False)
+    prediction = _token_prediction(space) if predicted else None
+    planner = Planner(space, USABLE_TOKENS, check_noise=False, prediction=prediction)
     pilot = Config(batch_size=4, precision=precisions[0])
     seen = [_token_probe(pilot, 4 * LONGEST)]
     first = planner.next(seen)
-    assert first is not None and first.max_tokens == 6144 and first.precision == precisions[0]
+    assert first is not None and first.max_tokens == (8192 if predicted else 6144)
+    assert first.precision == precisions[0]
     while len(seen) < 3 and (config := planner.next(seen)) is not None:
         seen.append(_token_probe(config, config.max_tokens))
     edge = (USABLE_TOKENS - FIXED) / PER_TOKEN  # 15,568 tokens
