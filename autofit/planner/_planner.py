@@ -266,14 +266,15 @@ class Planner:
         space, the data's ceiling, the memory models) or while a step up is being probed (several runners:
         the others compare the precisions where it fits now)."""
         top = state.feasible.fit_max(strategy)
-        if top is None:  # the pilot did not fit: the precisions are compared at once; a token function's fit
-            sized = any(p <= state.usable for _, p in state.memory.peaks(strategy))  # its cap: the climb first
-            return self._next_in_strategy(state, strategy) if sized else None
-        if any(o.status == "running" and self.space.strategy_of(o.config) == strategy and o.config.size > top
+        # A token function's pilot by samples that fit (its cap's peak) starts the climb too, from below it.
+        sized = top is None and any(p <= state.usable for _, p in state.memory.peaks(strategy))
+        if top is None and not sized:
+            return None  # the pilot did not fit: the precisions are compared at once
+        if any(o.status == "running" and self.space.strategy_of(o.config) == strategy and o.config.size > (top or 0)
                for o in state.observations):
             return None
         step = self._next_in_strategy(state, strategy)
-        return step if step is not None and step.size > top else None
+        return step if step is not None and step.size > (top or 0) else None
 
     def _order(self, state: _State) -> list[Strategy]:
         """Each precision without checkpointing, the one measured fastest so far first (the pilot's

@@ -120,3 +120,12 @@ def test_a_pilot_out_of_memory_rules_out_its_cap_and_those_above():
     seen = [Observation(Config(batch_size=4), "oom")]
     first = planner.next(seen)
     assert first is not None and first.max_tokens < 4 * LONGEST
+
+
+def test_while_the_first_cap_runs_another_worker_compares_a_precision_instead_of_climbing_twice():
+    space = _token_space(("bf16", "fp32"))
+    planner = Planner(space, USABLE_TOKENS, check_noise=False)
+    seen = [_token_probe(Config(batch_size=4, precision="bf16"), 4 * LONGEST)]
+    first = planner.next(seen)
+    seen.append(Observation(first, "running"))
+    assert planner.next(seen).precision == "fp32"
