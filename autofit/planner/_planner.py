@@ -17,7 +17,10 @@ benchmark's replays all run the same decisions. The rules, in order:
    first strategy, the expected best precision, at a memory-scaled guess of its batch) climbs so (or by
    rule 7) to its memory edge; only then is each other precision probed once, at the largest batch the
    pilot's fits: at a small batch a GPU's step is launch-bound and every precision reads alike, while
-   batch moves throughput 10-100x and precision 1.1-1.5x.
+   batch moves throughput 10-100x and precision 1.1-1.5x. While the top of a climb measured at most half
+   the usable memory and throughput still rises, the step at least doubles, whatever the prediction's
+   high end (`_climb_floor`); nearer the edge that least step is what the measured peak certainly fits. A token
+   function's pilot by samples is its cap's memory point (`_pilot_caps`): the first cap is sized from it.
 3. A throughput model per strategy (time per micro-batch = c0 + c1*batch) bounds what a strategy can
    reach: strategies (and the rest of a bracket) that cannot beat the best so far are skipped;
    checkpointing, which only adds compute, is bounded by its precision's model without it (and, once
@@ -51,6 +54,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 
 from autofit.config import SHARDINGS, Config
 from autofit.planner._ab import ABPlan, contenders, entrants, within_noise
@@ -262,13 +266,15 @@ class Planner:
         space, the data's ceiling, the memory models) or while a step up is being probed (several runners:
         the others compare the precisions where it fits now)."""
         top = state.feasible.fit_max(strategy)
-        if top is None:
+        # A token function's pilot by samples that fit (its cap's peak) starts the climb too, from below it.
+        sized = top is None and any(p <= state.usable for _, p in state.memory.peaks(strategy))
+        if top is None and not sized:
             return None  # the pilot did not fit: the precisions are compared at once
-        if any(o.status == "running" and self.space.strategy_of(o.config) == strategy and o.config.size > top
+        if any(o.status == "running" and self.space.strategy_of(o.config) == strategy and o.config.size > (top or 0)
                for o in state.observations):
             return None
         step = self._next_in_strategy(state, strategy)
-        return step if step is not None and step.size > top else None
+        return step if step is not None and step.size > (top or 0) else None
 
     def _order(self, state: _State) -> list[Strategy]:
         """Each precision without checkpointing, the one measured fastest so far first (the pilot's
@@ -302,37 +308,9 @@ class Planner:
             return None
         if _cannot_beat_best(self.space, state, strategy, candidates):
             return None
-        if state.predicted is not None and any(state.predicted.peak(self.space.config(strategy, b)) for b in candidates):
-            return _predicted_next(state, strategy, candidates)
-        own = state.memory.peaks(strategy)
-        if not own:
-            return self.space.config(strategy, _first_batch(state, strategy, candidates))
-        memory = state.memory.line(strategy)
-        if memory is None:
-            # One point and nothing to borrow an intercept from: step up, or bisect (geometrically)
-            # between the largest fit and the smallest OOM.
-            low = state.feasible.fit_max(strategy) or self.space.batch_sizes[0]
-            high = state.feasible.oom_min(strategy)
-            target = (low * high) ** 0.5 if high else low * _PILOT_JUMP
-            peak = max((p for b, p in own if b == low), default=None)
-            if not high and peak:
-                # peak = a + m x batch with a >= 0: up to usable x low / peak fits for sure; a step that far
-                # (at least the next batch up) rather than a blind x4 into an OOM
-                above = min((b for b in candidates if b > low), default=target)
-                target = min(target, max(self.usable * low / peak, above))
-            below = [b for b in candidates if b <= target]
-            return self.space.config(strategy, max(below) if below else min(candidates))
-        # Extrapolate at most _MAX_LEAP x beyond the largest batch measured: a model fitted on small
-        # batches is least sure far away, and an OOM costs more than one more step up.
-        measured = max(b for b, _ in own)
-        predicted_max = min(memory.solve(self.usable), measured * _MAX_LEAP)
-        below = [b for b in candidates if b <= predicted_max]
-        if below:
-            return self.space.config(strategy, max(below))
-        smallest = min(candidates)
-        if state.memory.says_too_big(self.space.config(strategy, smallest)):
-            return None  # the model, beyond its margin of error, says nothing open fits
-        return self.space.config(strategy, smallest)
+        step = _step(state, strategy, candidates)
+        floor = _climb_floor(state, strategy, candidates)
+        return self.space.config(strategy, floor) if floor is not None and (step is None or step.size < floor) else step
 
 class _State:
     """One reading of the observations, indexed for the planner's questions: what fits (feasible),
@@ -356,17 +334,71 @@ class _State:
                                              compute_variant(c)))
         # What fits and the memory lines are the space's (a squares variant's peak is not its cap's, nor is a
         # compute variant's an answer for its strategy: an OOM of it rules out none of the plain configs).
+        # A token function's pilot by samples ran its cap's worst batch: an answer about memory, never a ranked
+        # measurement (the peak of a fit, for the memory line; a cap too big, for what fits).
+        self.pilot_caps = _pilot_caps(space, observations)
         self.feasible = Feasibility(space, usable, [o for o in self.observations
-                                                    if o.config.max_squares is None and not compute_variant(o.config)])
+                                                    if o.config.max_squares is None and not compute_variant(o.config)]
+                                    + [o for o in self.pilot_caps if o.too_big(usable)])
+        measured = self.feasible.done + [o for o in self.pilot_caps if o.fits(usable)]
         self.predicted: CalibratedPrediction | None = (
-            prediction.calibrate(self.feasible.done) if prediction is not None else None)
-        self.memory = MemoryModels(space, usable, self.feasible.done, self.predicted)
+            prediction.calibrate(measured) if prediction is not None else None)
+        self.memory = MemoryModels(space, usable, measured, self.predicted)
         self.ranking = Ranking(usable, by_config, self.noise, check_noise)
         self.throughput = ThroughputModels(space, self.ranking)
 
     @property
     def any_observed(self) -> bool:
-        return bool(self.observations)
+        """Anything probed that this space asks for, or a token function's pilot by samples (its cap's memory)."""
+        return bool(self.observations or self.pilot_caps)
+
+
+def _step(state: _State, strategy: Strategy, candidates: list[int]) -> Config | None:
+    """The next batch by the prediction (rule 7), or else by the measured memory (rule 2); a token function's
+    first cap by the larger of the two, where its pilot by samples measured a cap that fits."""
+    if state.predicted is None or not any(state.predicted.peak(state.space.config(strategy, b)) for b in candidates):
+        return _measured_step(state, strategy, candidates)
+    predicted = _predicted_next(state, strategy, candidates)
+    pilot_cap = any(p <= state.usable for _, p in state.memory.peaks(strategy))  # and nothing of its own fits yet
+    if state.feasible.fit_max(strategy) is not None or not pilot_cap:
+        return predicted
+    measured = _measured_step(state, strategy, candidates)
+    return measured if predicted is None or (measured is not None and measured.size > predicted.size) else predicted
+
+
+def _measured_step(state: _State, strategy: Strategy, candidates: list[int]) -> Config | None:
+    """The next batch by the measured memory (rule 2): the line, one peak's certain fit, or a bisection."""
+    own = state.memory.peaks(strategy)
+    if not own:
+        return state.space.config(strategy, _first_batch(state, strategy, candidates))
+    memory = state.memory.line(strategy)
+    if memory is None:
+        # One point and nothing to borrow an intercept from: step up, or bisect (geometrically)
+        # between the largest fit and the smallest OOM. The point may be a token function's pilot by
+        # samples (its cap), which no token probe has measured yet.
+        low = (state.feasible.fit_max(strategy) or max((b for b, p in own if p <= state.usable), default=None)
+               or state.space.batch_sizes[0])
+        high = state.feasible.oom_min(strategy)
+        target = (low * high) ** 0.5 if high else low * _PILOT_JUMP
+        peak = max((p for b, p in own if b == low), default=None)
+        if not high and peak:
+            # peak = a + m x batch with a >= 0: up to usable x low / peak fits for sure; a step that far
+            # (at least the next batch up) rather than a blind x4 into an OOM
+            above = min((b for b in candidates if b > low), default=target)
+            target = min(target, max(state.usable * low / peak, above))
+        below = [b for b in candidates if b <= target]
+        return state.space.config(strategy, max(below) if below else min(candidates))
+    # Extrapolate at most _MAX_LEAP x beyond the largest batch measured: a model fitted on small
+    # batches is least sure far away, and an OOM costs more than one more step up.
+    measured = max(b for b, _ in own)
+    predicted_max = min(memory.solve(state.usable), measured * _MAX_LEAP)
+    below = [b for b in candidates if b <= predicted_max]
+    if below:
+        return state.space.config(strategy, max(below))
+    smallest = min(candidates)
+    if state.memory.says_too_big(state.space.config(strategy, smallest)):
+        return None  # the model, beyond its margin of error, says nothing open fits
+    return state.space.config(strategy, smallest)
 
 
 def _cannot_beat_best(space: SearchSpace, state: _State, strategy: Strategy, open_batches: list[int]) -> bool:
@@ -412,6 +444,53 @@ def _predicted_next(state: _State, strategy: Strategy, candidates: list[int]) ->
     if ranked and (estimate is None or estimate < ranked[0].rate * _GAMBLE_GAIN):
         return None
     return gamble
+
+
+def _climb_floor(state: _State, strategy: Strategy, candidates: list[int]) -> int | None:
+    """The least step up from the top of a climb (the strategy's largest fit, its peak measured) while its
+    throughput still rises: the largest open batch up to twice it that the measured peak says fits for sure
+    (peak = a + m x batch with a ≥ 0: up to usable x top / peak(top); nor beyond the strategy's own line).
+    Far below the memory edge the climb doubles, whatever the prediction's high end says (a launch-bound
+    device: a micro-batch costs about the same whatever its size); near it, it slows by the measured slope.
+    None when nothing open is that safe or the throughput has stopped rising."""
+    top = state.feasible.fit_max(strategy)
+    peak = max((p for b, p in state.memory.peaks(strategy) if b == top), default=None)
+    if peak is None or not _rising(state, strategy, top):
+        return None
+    bound = top * min(2.0, state.usable / peak)
+    line = state.memory.line(strategy)
+    if line is not None and line.points >= 2:
+        bound = min(bound, line.solve(state.usable))
+    steps = [b for b in candidates if top < b <= bound
+             and not state.memory.says_too_big(state.space.config(strategy, b))]
+    return max(steps) if steps else None
+
+
+def _rising(state: _State, strategy: Strategy, top: int) -> bool:
+    """Whether the throughput at `top` is above the next smaller measured batch's (True where either is not
+    measured: nothing says it stopped rising)."""
+    points = state.throughput.points(strategy)
+    at_top = [r for b, r in points if b == top]
+    below = [b for b, _ in points if b < top]
+    if not at_top or not below:
+        return True
+    return max(at_top) > max(r for b, r in points if b == max(below))
+
+
+def _pilot_caps(space: SearchSpace, observations: Sequence[Observation]) -> list[Observation]:
+    """A token function's pilot (sized by samples: its knobs were not known) as the token cap it ran: b of
+    the data's longest samples (autofit.runtime's `token_sampler`), the same worst batch first as a probe of
+    that cap. Its peak is that cap's (it ran or ran out of memory); its rate counts samples, never ranked."""
+    if not space.tokens or not space.longest_sample:
+        return []
+    caps = []
+    for o in observations:
+        if o.config.max_tokens is None and o.status in ("ok", "oom") and not o.cut:
+            cap = o.config.batch_size * space.longest_sample
+            config = replace(o.config, batch_size=cap, max_tokens=cap)
+            if space.admits(config):
+                caps.append(replace(o, config=space.config(space.strategy_of(config), cap), rate=None))
+    return caps
 
 
 def _pilot_size(space: SearchSpace, usable: float) -> int:

@@ -1,19 +1,26 @@
-"""A GPU's costs on the CPU (tests/scripts/gpu_standin.py: a long start before the first step in every probe,
-a global batch of 480 kept by large accumulation, a saturating device, memory that rises with the
-micro-batch), searched as a GPU user would, with a short budget and no other flag: the search the H100 run
-of nanoGPT's defaults could not finish (../shared/gpu/2026-11-26-nanogpt-h100.md)."""
+"""A GPU's costs on the CPU, searched as a GPU user would, with a short budget and no other flag:
+tests/scripts/gpu_standin.py (a long start before the first step in every probe, a global batch of 480 kept by
+large accumulation, a saturating device, memory that rises with the micro-batch: the search the H100 run of
+nanoGPT's defaults could not finish, ../shared/gpu/2026-11-26-nanogpt-h100.md), and
+tests/scripts/tokens_standin.py (a launch-bound device batched by tokens: a fixed cost per micro-batch that
+dominates, memory per token small beside the limit: the H200 search of issue 43, whose cap ran at a quarter
+of a fixed batch's speed)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import runpy
 import subprocess
 import sys
 
 import optuna
 import pytest
+import torch
 
 from autofit.findings import observations
+from autofit.runtime import lowered_path
 from autofit.study import open_storage, trial_result
 from tests.support import script
 
@@ -60,3 +67,41 @@ def test_a_normal_run_with_no_file_trains_at_the_scripts_own_batch(tmp_path):
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert "running with defaults: fp32 b=12 acc=40" in ran.stderr
     assert "trained 2 optimizer steps with fp32 b=12 acc=40" in ran.stderr
+
+
+TOKENS_LIMIT = "1600MiB"
+
+
+@pytest.mark.slow
+@pytest.mark.serial  # a 2m budget that holds a handful of its probes
+def test_a_two_minute_token_search_of_a_launch_bound_device_exports_a_cap_near_its_memory_edge(tmp_path):
+    """The exported cap is within 1.5x of the largest that fits (a probe at 1.5x it does not fit), and a whole
+    epoch at it, a normal run under the same limit, trains with no OOM at least 2x the real tokens per device
+    second of the safe fixed batch (the largest whose batch of the longest samples fits) at the same costs."""
+    path = script("tokens_standin.py")
+    searched = subprocess.run([sys.executable, "-m", "autofit.cli", "search", path, "--device", "cpu",
+                               "--memory-limit", TOKENS_LIMIT, "--budget", "2m"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120 + 180)
+    assert searched.returncode == 0, searched.stderr[-3000:]
+    best = tmp_path / "studies" / "tokens_standin.train.cpu.best.json"
+    document = json.loads(best.read_text())
+    cap = document["config"]["max_tokens"]
+    quick = {**os.environ, "STANDIN_START_S": "0"}
+    above = subprocess.run([sys.executable, "-m", "autofit.cli", "probe", path, "--max-tokens", str(cap * 3 // 2),
+                            "--memory-limit", TOKENS_LIMIT, "--json"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300, env=quick)
+    result = json.loads(above.stdout)["result"]
+    assert result["status"] == "oom" or result["peak_bytes"] > document["memory"]["usable_bytes"], \
+        (cap, result["status"], result["peak_bytes"], searched.stderr[-3000:])
+    ran = subprocess.run([sys.executable, path], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**quick, "AUTOFIT_CONFIG": str(best), "AUTOFIT_MEMORY_LIMIT": TOKENS_LIMIT})
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert not os.path.exists(lowered_path(str(best)))  # no OOM: the run never lowered its config
+    tokens_rate = float(re.search(r"(\d+) tokens/device-s", ran.stdout).group(1))
+    standin = runpy.run_path(path, run_name="standin")
+    lengths = standin["LENGTHS"]
+    safe = cap * 3 // 2 // max(lengths)  # at least the safe fixed batch: its longest batch fits below 1.5x the cap
+    order = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(0)).tolist()
+    batches = [order[i:i + safe] for i in range(0, len(order), safe)]
+    fixed_s = sum(standin["step_seconds"](len(b) * max(lengths[i] for i in b)) for b in batches)
+    assert tokens_rate >= 2 * sum(lengths) / fixed_s, (cap, safe, tokens_rate, sum(lengths) / fixed_s)
