@@ -204,8 +204,9 @@ class Session:
 
 
 def _being_asked(trial: optuna.trial.FrozenTrial) -> bool:
-    """Created a moment ago by a searcher that has not written its params yet."""
-    if trial.state != optuna.trial.TrialState.RUNNING or trial.params or trial.datetime_start is None:
+    """Created a moment ago by a searcher that has not written all its params yet (Optuna writes them one by
+    one, batch_size last: `study.distributions`), so its config cannot be read."""
+    if trial.state != optuna.trial.TrialState.RUNNING or trial_config(trial) is not None or trial.datetime_start is None:
         return False
     return (datetime.now() - trial.datetime_start).total_seconds() < CLAIM_WAIT_S
 

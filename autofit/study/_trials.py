@@ -47,7 +47,9 @@ def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumul
             params[knob.name] = IntDistribution(low, knob.maximum)
         else:
             params[knob.name] = CategoricalDistribution(knob.trial_values())
-    return params
+    # Optuna writes a new trial's params one by one in this order: batch_size last, so that a trial with it
+    # holds its whole config (another searcher's claim check waits until then: search._session).
+    return {**{k: v for k, v in params.items() if k != "batch_size"}, "batch_size": params["batch_size"]}
 
 
 def config_params(config: Config) -> dict[str, Any]:

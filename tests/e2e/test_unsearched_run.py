@@ -60,9 +60,10 @@ def test_the_first_line_says_when_the_winner_was_never_confirmed(tmp_path, monke
     def train(run):
         return run.config
 
-    assert train(autofit_config=str(path)) == Config(batch_size=48, precision="bf16")
+    exported = Config.from_dict(document["config"])  # the bundled study's winner (bf16 b=64 since issue 44)
+    assert train(autofit_config=str(path)) == exported
     first = capsys.readouterr().err.splitlines()[0]
-    assert first.startswith("autofit: running train with the best config from") and "bf16 b=48" in first
+    assert first.startswith("autofit: running train with the best config from") and exported.label() in first
     reason = document["measured"].get("unconfirmed") or "the search ended before a longer run could measure it"
     assert (f"(unconfirmed: {reason}" in first) is not confirmed  # the file's own reason
 
