@@ -256,6 +256,38 @@ def pareto_front(points) -> list[tuple[int, int]]:
     return front
 
 
+def front_corners(front) -> list[tuple[int, int]]:
+    """The points of a (padded tokens, padded squares) front that some memory of the form a x tokens + b x
+    squares (a, b >= 0) is worst at: the corners of its hull toward more of both, fewest tokens first. Every
+    other point of the front lies under the segment between two corners, so a batch there needs no more than
+    the worse of those two, whatever the model's mix."""
+    corners: list[tuple[int, int]] = []
+    for point in sorted({(int(t), int(s)) for t, s in front}):
+        while len(corners) >= 2 and _turn(corners[-2], corners[-1], point) >= 0:
+            corners.pop()  # under (or on) the segment from the corner before it to this point
+        corners.append(point)
+    return corners
+
+
+def under_front(front, tokens: int, squares: int) -> bool:
+    """Whether a batch of `tokens` padded tokens and `squares` padded squares is under the front's hull (no
+    larger in both than a mix of two of its corners): its memory is then at most the worse corner's."""
+    corners = front_corners(front)
+    if not corners or tokens > corners[-1][0] or squares > corners[0][1]:
+        return False
+    if tokens <= corners[0][0]:
+        return True
+    for (x1, y1), (x2, y2) in zip(corners, corners[1:]):
+        if x1 <= tokens <= x2:
+            return (squares - y1) * (x2 - x1) <= (y2 - y1) * (tokens - x1)
+    return False
+
+
+def _turn(o: tuple[int, int], a: tuple[int, int], b: tuple[int, int]) -> int:
+    """Positive when o -> a -> b turns left (b above the line through o and a, for x rising)."""
+    return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
+
+
 def widest_envelope(envelopes) -> dict | None:
     """Token envelopes (their records' dicts: a probe's knobs, the best-config file's) as one: each measure's
     largest, and the Pareto front of the micro-batches they ran (`front`, where they hold one). Kept here, on

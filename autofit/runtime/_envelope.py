@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from autofit.config import widest_envelope
+from autofit.config import under_front, widest_envelope
 from autofit.runtime._micro import MicroBatch
 
 
@@ -46,12 +46,13 @@ class TokenEnvelope:
         return TokenEnvelope.from_dict(widest_envelope([self.to_dict(), other.to_dict()]))
 
     def holds(self, samples: int, longest: int) -> bool:
-        """A micro-batch is inside when a batch the probes ran was at least as large in padded tokens and in
-        padded squares (its memory then bounds this one's). Without a front (an older file): unless its
-        longest sample is longer than the probes' and its padded squares more than theirs."""
+        """A micro-batch is inside when it is under the hull of the batches the probes ran in padded tokens and
+        padded squares (`under_front`): no larger in both than one of them, or than a mix of two (its memory,
+        a x tokens + b x squares, is then at most the worse one's). Without a front (an older file): unless
+        its longest sample is longer than the probes' and its padded squares more than theirs."""
         tokens, squares = samples * longest, samples * longest**2
         if self.front:
-            return any(tokens <= t and squares <= s for t, s in self.front)
+            return under_front(self.front, tokens, squares)
         return longest <= self.longest_sample or squares <= self.padded_squares
 
     def piece_samples(self, samples: int, longest: int) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from autofit.config import Config, pareto_front
+from autofit.config import Config, front_corners, pareto_front
 from autofit.errors import UsageError
 from autofit.runtime._dataloader import TimedDataLoader, loader_arguments
 from autofit.runtime._probe_order import stratified
@@ -118,7 +118,9 @@ class TokenBatchSampler(Sampler[list[int]]):
         if not batches:
             return []
         measures = {id(b): (len(b) * self.lengths[b[0]], len(b) * self.lengths[b[0]] ** 2) for b in batches}
-        front = pareto_front(measures.values())
+        # The front's corners, most squares first: every other batch of the front is under the hull of these,
+        # so the envelope of the probed ones holds it too (a normal run splits none of them).
+        front = front_corners(pareto_front(measures.values()))
         if len(front) > WORST_BATCHES:  # its ends, and evenly between
             front = [front[round(i * (len(front) - 1) / (WORST_BATCHES - 1))] for i in range(WORST_BATCHES)]
         worst = []

@@ -156,3 +156,29 @@ def test_the_guard_splits_a_batch_no_longer_than_the_probes_longest_but_larger_t
     assert seen.holds(1, 1536) and seen.holds(2, 1000)  # 2000 tokens, 2M squares: within the 2048 batch
     old = TokenEnvelope(2048, 2048, 2048**2)  # a file written before the front: the measures alone, as then
     assert old.holds(2, 1536)
+
+
+def test_a_batch_under_the_hull_of_two_probed_batches_is_inside_and_one_above_it_is_not():
+    """Issue 43: a cap whose worst batches form a front of more than a probe runs (speech: six of them, a probe
+    runs four) had its unprobed ones split in the normal run. A batch under the segment between two probed
+    batches needs no more than the worse of them for any memory a x tokens + b x squares (a, b >= 0)."""
+    seen = TokenEnvelope(3000, 3000, 2_000_000, ((1000, 2_000_000), (1500, 1_900_000), (2500, 1_450_000),
+                                                 (3000, 600_000)))
+    # 2100 tokens, 1.47M squares: no probed batch is as large in both (2500 tokens hold 1.45M squares), but the
+    # segment from (1500, 1.9M) to (2500, 1.45M) passes above it (1.63M squares at 2100 tokens)
+    assert seen.holds(3, 700) and seen.piece_samples(3, 700) >= 1
+    assert not seen.holds(2, 1000)  # 2000 tokens, 2M squares: above that segment (1.675M at 2000 tokens)
+    assert not seen.holds(1, 3001) and not seen.holds(1, 2001)  # past every probed batch's tokens or squares
+    assert seen.holds(4, 500) and seen.holds(1, 1000)  # under one probed batch, as before
+
+
+def test_a_probe_of_a_long_front_runs_its_corners_so_the_envelope_holds_the_rest():
+    """The corners of the worst batches' front (those some linear memory is worst at) are what a probe runs
+    first; every other batch of the front is under their hull, so the run's guard splits none of them."""
+    from autofit.config import front_corners, pareto_front, under_front
+
+    front = pareto_front([(1000, 2_000_000), (1500, 1_900_000), (2000, 1_500_000), (2500, 1_450_000),
+                          (2800, 900_000), (3000, 600_000)])
+    corners = front_corners(front)
+    assert corners == [(1000, 2_000_000), (1500, 1_900_000), (2500, 1_450_000), (3000, 600_000)]
+    assert all(under_front(corners, t, s) for t, s in front)  # the two left out are under the hull
