@@ -323,10 +323,13 @@ class WarmMemory:
             why = self._first_left(result, tensors)
             return None if why is None else (why, False)
         growth = result.memory_after_bytes - self.baseline
-        if growth <= self.tolerance:
+        grown = _difference(tensors, self.tensors)
+        # Where the device tells tensors apart (CUDA), the growth that is a leak is in tensors still alive: what
+        # grows outside them is CUDA's own (kernels and modules loaded for a new shape, libraries' handles), which
+        # a fresh worker would load again, and its probes' peaks are the allocator's.
+        if (grown if grown is not None else growth) <= self.tolerance:
             return None
         self.grows = True
-        grown = _difference(tensors, self.tensors)
         where = f", {format_size(grown)} of it in tensors still alive" if grown is not None else ""
         return (f"worker memory stayed {format_size(growth)} above what it held after its first probe{where} "
                 f"(memory that grows probe after probe: a leak, or state built at import and changed in "

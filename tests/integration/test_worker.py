@@ -150,6 +150,19 @@ def test_cudas_one_time_growth_keeps_the_worker():
     assert not any(r.notes for r in results)
 
 
+def test_cudas_growth_outside_tensors_at_each_new_shape_keeps_the_worker_and_tensors_that_grow_do_not():
+    """A compiled script loads kernels for each new micro-batch (Triton modules, cubins): the worker grows a
+    little at every probe outside its tensors, which a fresh worker would load again, so it is kept; tensors
+    still alive that grow from probe to probe are a leak, and the worker is replaced for them."""
+    w = Worker(script("fits_small.py"))
+    results = [_cuda_result(500, 806, 100, 100), _cuda_result(806, 906, 100, 100), _cuda_result(906, 1006, 100, 100)]
+    assert not any(w._replace_if_leaking(r) for r in results) and not any(r.notes for r in results)
+    leaking = Worker(script("fits_small.py"))
+    results = [_cuda_result(500, 806, 100, 100), _cuda_result(806, 1006, 100, 300)]
+    assert [leaking._replace_if_leaking(r) for r in results] == [False, True]  # measured again in a fresh one
+    assert "200.00 MiB of it in tensors still alive" in results[1].notes[0]
+
+
 def test_tensors_a_first_probe_left_alive_replace_the_worker():
     """6 GiB of tensors still alive after the first probe (gc ran, the cache was emptied) are what the
     probe left behind, not CUDA's growth: the note says so, and the worker is replaced."""
