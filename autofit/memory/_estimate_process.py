@@ -29,14 +29,16 @@ _CATEGORIES = {"PARAM": "parameters", "BUFFER": "parameters", "GRAD": "gradients
                "ACT": "activations", "TEMP": "temporaries", "OTH": "other"}
 
 
-def estimate_one(fn: Any, config: Any, device: Any) -> dict:
-    """Peak tensor bytes of two steps of `fn` under `config`, by category; or why there is none.
+def estimate_one(fn: Any, config: Any, device: Any, target: str = "cpu") -> dict:
+    """Peak tensor bytes of two steps of `fn` under `config`, by category, with the memory `target`'s
+    kernels keep (autofit.memory._target_kernels); or why there is none.
 
     Where the fake tensors cannot follow a step, what the optimizers hold is still known: the
     parameters, their gradients and the optimizer's state (`_known_parts`), with the rest missing."""
 
     from autofit.errors import AutofitError
     from autofit.memory._fake_values import ValueFreeFakeMode
+    from autofit.memory._target_kernels import target_kernels
     from autofit.runtime import DataTooSmall, ProbeFinished
 
     tracker = _tracker()
@@ -44,7 +46,8 @@ def estimate_one(fn: Any, config: Any, device: Any) -> dict:
     mode = ValueFreeFakeMode(allow_non_fake_inputs=True)
     failure = known = None
     try:
-        with mode, _conversions_in_place(), _fake_deep_copies(), _optimizers_created() as optimizers, run.control.active():
+        with (mode, target_kernels(target), _conversions_in_place(), _fake_deep_copies(),
+              _optimizers_created() as optimizers, run.control.active()):
             try:
                 with tracker:  # from the start: a framework's trainer reads its data itself
                     fn(run)
@@ -344,6 +347,7 @@ def main(argv: list[str]) -> int:
     if message is None or message["op"] != "load":
         return 0
     request = LoadRequest.from_wire(message["request"])
+    target = message.get("target", "cpu")
     del sys.argv[1:]  # a script that parses its command line finds no arguments, not this process's FD
     try:
         loaded = bootstrap(request, cap_memory=False)
@@ -355,11 +359,14 @@ def main(argv: list[str]) -> int:
     import torch.distributed._tools.mem_tracker  # noqa: F401
 
     channel.send(ok_reply(**described))
-    device = loaded.backend.torch_device()
+    from autofit.memory._target_kernels import CLAIMED_CUDA
+
+    device = torch.device(CLAIMED_CUDA) if target == "cuda" else loaded.backend.torch_device()
 
     def estimate(request: dict) -> dict:
         for config in request["configs"]:
-            channel.send(ok_reply(estimate=estimate_one(loaded.fn, Config.from_dict(config), device)))
+            channel.send(ok_reply(estimate=estimate_one(loaded.fn, Config.from_dict(config), device,
+                                                                  target)))
         return ok_reply(done=True)
 
     return serve(channel, {"estimate": estimate})

@@ -75,7 +75,7 @@ class EstimatorLifecycle:
 
     def start(self, study: optuna.Study) -> None:
         if self.wanted and _kept(study) is None:
-            self._estimator = Estimator(self.script, self.s.function)
+            self._estimator = Estimator(self.script, self.s.function, target=_target(self.s.device))
 
     def ask(self, study: optuna.Study, space: SearchSpace, memory_limit: float, device_type: str,
             budget_s: float) -> MemoryPrediction | None:
@@ -90,7 +90,7 @@ class EstimatorLifecycle:
         if self._estimation is not None:
             return self.update(study)
         if self._estimator is None:  # resumed from a study written without estimates
-            self._estimator = Estimator(self.script, self.s.function)
+            self._estimator = Estimator(self.script, self.s.function, target=_target(self.s.device))
         self.beside = runs_beside_probes(device_type, available_cores())
         where = "beside the probes, at idle priority" if self.beside else "between the probes"
         self.reporter.note(f"memory estimator: estimating {where} (fake tensors, no memory spent)")
@@ -166,6 +166,11 @@ class EstimatorLifecycle:
         if stored.error or stored.note:
             self.notes.append(stored.summary())
         self.close()  # its work is done: its memory goes back
+
+
+def _target(device: str) -> str:
+    """The device type whose kernels the estimates count: CUDA's on a GPU (estimated on the CPU)."""
+    return "cuda" if device == "cuda" else "cpu"
 
 
 def _kept(study: optuna.Study) -> StoredEstimates | None:
