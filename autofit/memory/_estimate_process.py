@@ -330,6 +330,17 @@ def _run_beside_probes() -> None:
             pass
 
 
+def _run_in_slices() -> None:
+    """Normal priority again once loaded, where the search gives it slices of time between its probes
+    and stops it while they run: at idle priority a slice was spent waiting for the CPU whenever anything
+    else was runnable (a 2-minute search of nanoGPT's loop answered 1 of 6 configs in its 7 s of slices,
+    each estimate 0.3-0.8 s alone). Unprivileged, where Linux refuses the change, it stays idle."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
+
+
 def main(argv: list[str]) -> int:
     """Load the script once (as every child does: autofit.probing's bootstrap, without a memory cap,
     since no tensor here has storage), say so, then answer each request of configs with one message
@@ -358,6 +369,8 @@ def main(argv: list[str]) -> int:
     import torch._subclasses.fake_tensor  # noqa: F401 - after the baseline: a worker never loads them
     import torch.distributed._tools.mem_tracker  # noqa: F401
 
+    if not message.get("beside_probes", True):
+        _run_in_slices()
     channel.send(ok_reply(**described))
     from autofit.memory._target_kernels import CLAIMED_CUDA
 

@@ -102,16 +102,18 @@ class Estimator:
     for what the user's code or the fake tensors do."""
 
     def __init__(self, script: str, function: str | None = None, *, device: str = "cpu", index: int = 0,
-                 target: str = "cpu") -> None:
+                 target: str = "cpu", beside_probes: bool = True) -> None:
         """`target`: the device type whose kernels' memory the estimates count ("cuda" on a machine
-        without a GPU too: autofit.memory._target_kernels); the fake tensors are the CPU's either way."""
+        without a GPU too: autofit.memory._target_kernels); the fake tensors are the CPU's either way.
+        The process loads the script at idle priority, and stays there with `beside_probes`; without,
+        it answers at normal priority (it runs only in the time the caller gives it)."""
         self._log = tempfile.TemporaryFile("w+", prefix="autofit-estimate-")  # noqa: SIM115 - closed in close()
         self._process: subprocess.Popen | None
         self._process, self._channel = start_child("autofit.memory._estimate_process", output=self._log)
         # Loading starts now, while the caller does other work (the search starts its workers).
         self._channel.send({"op": "load", "request": LoadRequest(os.path.abspath(script), function, device=device,
                                                                   index=index).to_wire(),
-                            "target": target})
+                            "target": target, "beside_probes": beside_probes})
         self._loaded: dict | None = None
         self.gone: str | None = None
         """Why the process can answer no more (it died, or was stopped at a time limit)."""
