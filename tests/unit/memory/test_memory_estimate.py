@@ -53,12 +53,12 @@ def test_estimate_answers_each_card_size_and_more_memory_never_answers_worse(tmp
 
     from tests.support import autofit_cli
 
-    done = autofit_cli("estimate", f"{STUDIES}/mlp.py", "--memory", "512MiB,1GiB,2GiB,8GiB", "--json", cwd=tmp_path)
+    done = autofit_cli("estimate", f"{STUDIES}/mlp.py", "--memory", "512MiB,1280MiB,2GiB,8GiB", "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     answer = json.loads(done.stdout)
     assert answer["predicted"] is True and answer["device"] == "gpu"
     fits = answer["fits"]
-    assert [f["memory_bytes"] for f in fits] == [512 * 2**20, 2**30, 2 * 2**30, 8 * 2**30]
+    assert [f["memory_bytes"] for f in fits] == [512 * 2**20, 1280 * 2**20, 2 * 2**30, 8 * 2**30]
     assert fits[0]["config"] is None  # 512 MiB: the CUDA context's prior alone exceeds it
     fits = fits[1:]
     configs = [Config.from_dict(f["config"]) for f in fits]
