@@ -74,6 +74,28 @@ def estimate_one(fn: Any, config: Any, device: Any, target: str = "cpu") -> dict
             "knobs": run.control.knobs.to_dict()}
 
 
+def estimate_for(fn: Any, config: Any, cpu: Any, target: str) -> dict:
+    """`estimate_one` for `target`: for CUDA, with `run.device` on CUDA (autofit.memory._target_kernels);
+    where the function cannot run so on this machine (it calls the torch.cuda API, which a CPU-only
+    PyTorch refuses), on its CPU branch with CUDA's kernels, and a note says so."""
+    import torch
+
+    from autofit.memory._target_kernels import CLAIMED_CUDA
+
+    if target != "cuda":
+        return estimate_one(fn, config, cpu, target)
+    found = estimate_one(fn, config, torch.device(CLAIMED_CUDA), target)
+    if found["ok"] and not found.get("missing"):
+        return found
+    on_cpu = estimate_one(fn, config, cpu, target)
+    if not on_cpu["ok"] or on_cpu.get("missing"):
+        return found
+    why = found.get("error") or "partial"
+    on_cpu["notes"] = [*on_cpu["notes"], f"estimated on the function's CPU branch (run.device cuda:0 failed "
+                                         f"here: {why}), with CUDA's kernels"]
+    return on_cpu
+
+
 def _estimating_run(config: Any, device: Any, tracker: Any) -> Any:
     """A probing Run of two steps whose data is read for real (outside the fake mode), whose
     optimizers' parameters the tracker follows by name, and whose tracker restarts at each step. Batches
@@ -372,14 +394,11 @@ def main(argv: list[str]) -> int:
     if not message.get("beside_probes", True):
         _run_in_slices()
     channel.send(ok_reply(**described))
-    from autofit.memory._target_kernels import CLAIMED_CUDA
-
-    device = torch.device(CLAIMED_CUDA) if target == "cuda" else loaded.backend.torch_device()
 
     def estimate(request: dict) -> dict:
         for config in request["configs"]:
-            channel.send(ok_reply(estimate=estimate_one(loaded.fn, Config.from_dict(config), device,
-                                                                  target)))
+            channel.send(ok_reply(estimate=estimate_for(loaded.fn, Config.from_dict(config),
+                                                        loaded.backend.torch_device(), target)))
         return ok_reply(done=True)
 
     return serve(channel, {"estimate": estimate})

@@ -15,7 +15,7 @@ CPU_TYPICAL_FACTOR = 1.8
 CUDA_TYPICAL_FACTOR = 1.1
 #: On a GPU the estimate (fake tensors on the CPU with CUDA's attention and optimizer kernels, but no
 #: cuDNN algorithms' workspaces and the CPU autocast's op list) can run high or low: GPT-2 small's H100
-#: peaks were 0.90-1.06x the raw prediction (tests/unit/memory/test_cuda_target.py).
+#: peaks were 0.95-1.11x the raw prediction (tests/unit/memory/test_cuda_target.py).
 CUDA_FACTORS = (0.6, 1.6)
 
 

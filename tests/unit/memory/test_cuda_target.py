@@ -88,3 +88,22 @@ def _as_estimated(config: Config) -> Config:
 
     return dataclasses.replace(config, precision={"fp16": "bf16", "tf32": "fp32"}.get(config.precision,
                                                                                        config.precision))
+
+
+@pytest.mark.slow  # an estimator process of a few seconds
+def test_a_script_that_calls_the_cuda_api_is_estimated_on_its_cpu_branch_where_there_is_no_gpu(tmp_path):
+    import torch
+
+    script = tmp_path / "synchronizes.py"
+    script.write_text(
+        "import torch\nfrom autofit import autofit\n\n\n@autofit(batch_range=(1, 64))\ndef train(run):\n"
+        "    model = torch.nn.Linear(256, 256).to(run.device)\n    opt = torch.optim.AdamW(model.parameters())\n"
+        "    while True:\n        for x in run.batches([torch.randn(run.batch_size, 256)] * 4):\n"
+        "            if run.device.type == 'cuda':\n                torch.cuda.synchronize()  # timing, as scripts do\n"
+        "            run.backward(model(x).square().mean(), opt)\n")
+    config = Config(batch_size=64)
+    found = estimate_memory(str(script), [config], target="cuda")
+    estimate = found.estimates[config]
+    assert estimate.complete and estimate.breakdown["parameters"] == (256 * 256 + 256) * 4, found.unavailable
+    if not torch.cuda.is_available():
+        assert any("estimated on the function's CPU branch" in note for note in estimate.notes), estimate.notes
