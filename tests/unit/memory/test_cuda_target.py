@@ -11,7 +11,7 @@ import re
 import pytest
 
 from autofit.config import Config
-from autofit.memory import WhatFits, estimate_memory
+from autofit.memory import ALLOCATOR_OVERHEAD, CUDA_CONTEXT_BYTES, WhatFits, estimate_memory
 from tests.support import CORPUS, REPO
 
 RESULTS = os.path.join(REPO, "benchmarks", "gpu", "results")
@@ -107,3 +107,40 @@ def test_a_script_that_calls_the_cuda_api_is_estimated_on_its_cpu_branch_where_t
     assert estimate.complete and estimate.breakdown["parameters"] == (256 * 256 + 256) * 4, found.unavailable
     if not torch.cuda.is_available():
         assert any("estimated on the function's CPU branch" in note for note in estimate.notes), estimate.notes
+
+
+def _nanogpt_defaults_peaks() -> list[tuple[Config, int]]:
+    """nanoGPT's own train.py at its defaults (GPT-2 124M, bf16, fused AdamW, flash SDPA): each probe's
+    micro-batch and peak on the H100 (2026-11-27's search)."""
+    with open(os.path.join(RESULTS, "2026-11-27-nanogpt-defaults.log"), encoding="utf-8") as handle:
+        found = re.findall(r"trial \d+: ok\s+(\w+) b=(\d+) acc=\d+\s.*?peak ([\d.]+) GiB", handle.read())
+    return [(Config(batch_size=int(batch), precision=precision), int(float(peak) * 2**30))
+            for precision, batch, peak in dict.fromkeys(found)]
+
+
+@pytest.mark.slow  # GPT-2 small's estimates through nanoGPT's train.py: about 20 s each on one core
+def test_nanogpt_train_py_estimated_for_cuda_meets_its_peaks_on_an_h100(tmp_path, monkeypatch):
+    """Its CUDA branch (`device_type == 'cuda'`: bf16 autocast, fused AdamW) is what ran there; estimated
+    eager at 2 micro-batches a step (the gradients held from the second on, as at its 15), where the H100
+    ran it compiled."""
+    import shutil
+
+    import numpy as np
+
+    peaks = _nanogpt_defaults_peaks()
+    assert len(peaks) >= 2
+    shutil.copytree(os.path.join(CORPUS, "nanogpt_repo"), tmp_path, dirs_exist_ok=True)
+    os.makedirs(tmp_path / "data" / "openwebtext")
+    for split in ("train", "val"):  # random GPT-2 token ids, as the H100's run had
+        np.random.default_rng(0).integers(0, 50257, 200_000, dtype=np.uint16).tofile(
+            tmp_path / "data" / "openwebtext" / f"{split}.bin")
+    monkeypatch.chdir(tmp_path)
+    for measured, peak in peaks:
+        config = Config(batch_size=measured.batch_size, accumulation_steps=2, precision=measured.precision)
+        monkeypatch.setenv("AUTOFIT_SCRIPT_ARGS", json.dumps(
+            ["--eval_iters=1", "--compile=False", f"--batch_size={config.batch_size}", "--gradient_accumulation_steps=2"]))
+        found = estimate_memory(str(tmp_path / "train.py"), [config], target="cuda", timeout=600)
+        estimate = found.estimates[config]
+        assert estimate.complete, found.unavailable
+        predicted = CUDA_CONTEXT_BYTES + estimate.total_bytes * (1 + ALLOCATOR_OVERHEAD)  # as WhatFits.peak
+        assert abs(predicted / peak - 1) <= 0.15, (config, predicted, peak)
