@@ -48,7 +48,7 @@ _NOT_FINITE = {aten.isnan.default, aten.isinf.default, aten.isposinf.default, at
 _DYNAMIC = {aten.nonzero.default, aten.masked_select.default, aten._unique2.default, aten.unique_dim.default,
             aten.unique_consecutive.default, aten.argwhere.default}
 _HINT = "_autofit_hint"
-#: A value read plus or minus a number holds the value read, shifted (a window's end from its start).
+#: A scalar read plus or minus a number holds the value read, shifted (a window's end from its start).
 _SHIFT = {aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar}
 #: In-place ops after which a tensor still holds what it was built to: GradScaler's unscaling writes
 #: `found_inf` only where a gradient is not finite, which a fake step's never is.
@@ -172,9 +172,11 @@ def _hint_output(func, args, kwargs, out) -> None:
         dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
         _set(out[1], ("uniform", source.shape[dim]))
         return
-    elif func in _SHIFT and source is not None and (offset := _number(args[1] if len(args) > 1 else None)) is not None \
-            and getattr(source, _HINT, ("value", 1))[0] == "value" and kwargs.get("alpha", 1) == 1:
+    elif func in _SHIFT and source is not None and source.dim() == 0 and kwargs.get("alpha", 1) == 1 \
+            and (offset := _number(args[1] if len(args) > 1 else None)) is not None \
+            and getattr(source, _HINT, ("value", 1))[0] == "value":
         # `data[i:i + block_size]` over a read index `i`: the end is the start plus the block, both read
+        # (scalars only: a mask's `x - 1` read as 0 would guess its nonzero count at 0, under the truth)
         value = getattr(source, _HINT, ("value", 1))[1]
         hint = ("value", value + offset if func in (aten.add.Tensor, aten.add.Scalar) else value - offset)
     elif func in (aten.argmax.default, aten.argmin.default):
