@@ -29,14 +29,16 @@ _CATEGORIES = {"PARAM": "parameters", "BUFFER": "parameters", "GRAD": "gradients
                "ACT": "activations", "TEMP": "temporaries", "OTH": "other"}
 
 
-def estimate_one(fn: Any, config: Any, device: Any) -> dict:
-    """Peak tensor bytes of two steps of `fn` under `config`, by category; or why there is none.
+def estimate_one(fn: Any, config: Any, device: Any, target: str = "cpu") -> dict:
+    """Peak tensor bytes of two steps of `fn` under `config`, by category, with the memory `target`'s
+    kernels keep (autofit.memory._target_kernels); or why there is none.
 
     Where the fake tensors cannot follow a step, what the optimizers hold is still known: the
     parameters, their gradients and the optimizer's state (`_known_parts`), with the rest missing."""
 
     from autofit.errors import AutofitError
     from autofit.memory._fake_values import ValueFreeFakeMode
+    from autofit.memory._target_kernels import target_kernels
     from autofit.runtime import DataTooSmall, NoStepClosed, ProbeFinished
 
     tracker = _tracker()
@@ -44,7 +46,8 @@ def estimate_one(fn: Any, config: Any, device: Any) -> dict:
     mode = ValueFreeFakeMode(allow_non_fake_inputs=True)
     failure = known = None
     try:
-        with mode, _conversions_in_place(), _fake_deep_copies(), _optimizers_created() as optimizers, run.control.active():
+        with (mode, target_kernels(target), _conversions_in_place(), _fake_deep_copies(),
+              _optimizers_created() as optimizers, run.control.active()):
             try:
                 with tracker:  # from the start: a framework's trainer reads its data itself
                     fn(run)
@@ -71,6 +74,28 @@ def estimate_one(fn: Any, config: Any, device: Any) -> dict:
                                       f"of the two an estimate runs"}
     return {"ok": True, "breakdown": _breakdown(tracker), "missing": [], "notes": list(mode.notes.values()),
             "knobs": run.control.knobs.to_dict()}
+
+
+def estimate_for(fn: Any, config: Any, cpu: Any, target: str) -> dict:
+    """`estimate_one` for `target`: for CUDA, with `run.device` on CUDA (autofit.memory._target_kernels);
+    where the function cannot run so on this machine (it calls the torch.cuda API, which a CPU-only
+    PyTorch refuses), on its CPU branch with CUDA's kernels, and a note says so."""
+    import torch
+
+    from autofit.memory._target_kernels import CLAIMED_CUDA
+
+    if target != "cuda":
+        return estimate_one(fn, config, cpu, target)
+    found = estimate_one(fn, config, torch.device(CLAIMED_CUDA), target)
+    if found["ok"] and not found.get("missing"):
+        return found
+    on_cpu = estimate_one(fn, config, cpu, target)
+    if not on_cpu["ok"] or on_cpu.get("missing"):
+        return found
+    why = found.get("error") or "partial"
+    on_cpu["notes"] = [*on_cpu["notes"], f"estimated on the function's CPU branch (run.device cuda:0 failed "
+                                         f"here: {why}), with CUDA's kernels"]
+    return on_cpu
 
 
 def _estimating_run(config: Any, device: Any, tracker: Any) -> Any:
@@ -329,6 +354,17 @@ def _run_beside_probes() -> None:
             pass
 
 
+def _run_in_slices() -> None:
+    """Normal priority again once loaded, where the search gives it slices of time between its probes
+    and stops it while they run: at idle priority a slice was spent waiting for the CPU whenever anything
+    else was runnable (a 2-minute search of nanoGPT's loop answered 1 of 6 configs in its 7 s of slices,
+    each estimate 0.3-0.8 s alone). Unprivileged, where Linux refuses the change, it stays idle."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
+
+
 def main(argv: list[str]) -> int:
     """Load the script once (as every child does: autofit.probing's bootstrap, without a memory cap,
     since no tensor here has storage), say so, then answer each request of configs with one message
@@ -346,6 +382,7 @@ def main(argv: list[str]) -> int:
     if message is None or message["op"] != "load":
         return 0
     request = LoadRequest.from_wire(message["request"])
+    target = message.get("target", "cpu")
     del sys.argv[1:]  # a script that parses its command line finds no arguments, not this process's FD
     try:
         loaded = bootstrap(request, cap_memory=False)
@@ -356,12 +393,14 @@ def main(argv: list[str]) -> int:
     import torch._subclasses.fake_tensor  # noqa: F401 - after the baseline: a worker never loads them
     import torch.distributed._tools.mem_tracker  # noqa: F401
 
+    if not message.get("beside_probes", True):
+        _run_in_slices()
     channel.send(ok_reply(**described))
-    device = loaded.backend.torch_device()
 
     def estimate(request: dict) -> dict:
         for config in request["configs"]:
-            channel.send(ok_reply(estimate=estimate_one(loaded.fn, Config.from_dict(config), device)))
+            channel.send(ok_reply(estimate=estimate_for(loaded.fn, Config.from_dict(config),
+                                                        loaded.backend.torch_device(), target)))
         return ok_reply(done=True)
 
     return serve(channel, {"estimate": estimate})

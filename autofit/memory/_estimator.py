@@ -19,8 +19,10 @@ from autofit.config import Config
 from autofit.probing import LoadRequest, start_child
 
 PARTS = ("parameters", "gradients", "optimizer", "activations", "temporaries", "other")
-#: Prior for what a CUDA device holds before any tensor: the context, cuBLAS/cuDNN workspaces.
-CUDA_CONTEXT_BYTES = 512 * 2**20
+#: Prior for what a CUDA device holds before any tensor: the context, cuBLAS/cuDNN workspaces (an
+#: H100 worker held 708 MiB at its start, benchmarks/gpu.md 2026-11-22; nanoGPT's small corpus script
+#: peaked at 854 MiB there with 20 MiB of tensors, 2026-11-25).
+CUDA_CONTEXT_BYTES = 768 * 2**20
 
 
 @dataclass(frozen=True)
@@ -99,13 +101,19 @@ class Estimator:
     it), sends each estimate as soon as it is known, and exits when the channel closes. Never raises
     for what the user's code or the fake tensors do."""
 
-    def __init__(self, script: str, function: str | None = None, *, device: str = "cpu", index: int = 0) -> None:
+    def __init__(self, script: str, function: str | None = None, *, device: str = "cpu", index: int = 0,
+                 target: str = "cpu", beside_probes: bool = True) -> None:
+        """`target`: the device type whose kernels' memory the estimates count ("cuda" on a machine
+        without a GPU too: autofit.memory._target_kernels); the fake tensors are the CPU's either way.
+        The process loads the script at idle priority, and stays there with `beside_probes`; without,
+        it answers at normal priority (it runs only in the time the caller gives it)."""
         self._log = tempfile.TemporaryFile("w+", prefix="autofit-estimate-")  # noqa: SIM115 - closed in close()
         self._process: subprocess.Popen | None
         self._process, self._channel = start_child("autofit.memory._estimate_process", output=self._log)
         # Loading starts now, while the caller does other work (the search starts its workers).
         self._channel.send({"op": "load", "request": LoadRequest(os.path.abspath(script), function, device=device,
-                                                                  index=index).to_wire()})
+                                                                  index=index).to_wire(),
+                            "target": target, "beside_probes": beside_probes})
         self._loaded: dict | None = None
         self.gone: str | None = None
         """Why the process can answer no more (it died, or was stopped at a time limit)."""
@@ -218,9 +226,10 @@ class Estimator:
 
 
 def estimate_memory(script: str, configs: list[Config], *, function: str | None = None, device: str = "cpu",
-                    index: int = 0, timeout: float = 300.0) -> Estimates:
-    """Estimates of `configs` for the @autofit function in `script`, from a process of their own."""
-    with Estimator(script, function, device=device, index=index) as estimator:
+                    index: int = 0, timeout: float = 300.0, target: str = "cpu") -> Estimates:
+    """Estimates of `configs` for the @autofit function in `script`, from a process of their own,
+    counting `target`'s kernels."""
+    with Estimator(script, function, device=device, index=index, target=target) as estimator:
         started = time.monotonic()
         estimator.wait_ready(timeout)
         return estimator.estimate(configs, max(1.0, timeout - (time.monotonic() - started)))

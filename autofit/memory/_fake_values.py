@@ -9,7 +9,9 @@ guess, and keeps notes of what it guessed:
 - a value: FakeTensorMode's own constant where it kept one; what a tensor was built to hold where
   known (`torch.full(0.0)`: GradScaler's `found_inf`, the isnan/isinf/isfinite family: a finite
   loss, followed through casts, views, any/all and logical not); otherwise 1 (1.0, True): a finite,
-  positive loss or norm.
+  positive loss or norm. A value plus or minus a number holds that much more or less, so a window's
+  ends read apart are as far apart as the script asked (nanoGPT's `data[i:i + block_size]`: each end
+  read alone as 1 made every batch empty).
 - a size (`nonzero`, `torch.where(mask)`, boolean indexing, `masked_select`): from how dense the
   mask is where that is known (`chosen == e` over top-k or argmax indices of n choices: 1/n, a
   balanced router), otherwise every element (an upper bound). `unique`: every element.
@@ -46,6 +48,8 @@ _NOT_FINITE = {aten.isnan.default, aten.isinf.default, aten.isposinf.default, at
 _DYNAMIC = {aten.nonzero.default, aten.masked_select.default, aten._unique2.default, aten.unique_dim.default,
             aten.unique_consecutive.default, aten.argwhere.default}
 _HINT = "_autofit_hint"
+#: A scalar read plus or minus a number holds the value read, shifted (a window's end from its start).
+_SHIFT = {aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar}
 #: In-place ops after which a tensor still holds what it was built to: GradScaler's unscaling writes
 #: `found_inf` only where a gradient is not finite, which a fake step's never is.
 _KEEPS_VALUE = {aten._amp_foreach_non_finite_check_and_unscale_.default, aten.fill_.Scalar, aten.zero_.default}
@@ -168,6 +172,13 @@ def _hint_output(func, args, kwargs, out) -> None:
         dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
         _set(out[1], ("uniform", source.shape[dim]))
         return
+    elif func in _SHIFT and source is not None and source.dim() == 0 and kwargs.get("alpha", 1) == 1 \
+            and (offset := _number(args[1] if len(args) > 1 else None)) is not None \
+            and getattr(source, _HINT, ("value", 1))[0] == "value":
+        # `data[i:i + block_size]` over a read index `i`: the end is the start plus the block, both read
+        # (scalars only: a mask's `x - 1` read as 0 would guess its nonzero count at 0, under the truth)
+        value = getattr(source, _HINT, ("value", 1))[1]
+        hint = ("value", value + offset if func in (aten.add.Tensor, aten.add.Scalar) else value - offset)
     elif func in (aten.argmax.default, aten.argmin.default):
         dim = args[1] if len(args) > 1 else kwargs.get("dim")
         hint = ("uniform", source.shape[dim] if dim is not None else source.numel())
@@ -191,6 +202,14 @@ def _hint_output(func, args, kwargs, out) -> None:
                 hint = ("value", (value or other[1]) if func in _EITHER else (value and other[1]))
     if hint is not None:
         _set(out, hint)
+
+
+def _number(value) -> float | int | None:
+    """A Python number, or the value of a tensor that holds a known constant (a wrapped scalar); else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    constant = getattr(value, "constant", None) if isinstance(value, torch.Tensor) else None
+    return constant.item() if constant is not None and constant.numel() == 1 else None
 
 
 def _set(out, hint: tuple) -> None:

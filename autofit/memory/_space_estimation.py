@@ -24,14 +24,20 @@ class SpaceEstimation(threading.Thread):
     curve stops where its tensors alone, extrapolated from its last two estimates, would pass the memory
     limit: estimating what cannot fit costs the most (the largest batches) and tells the planner nothing."""
 
-    def __init__(self, estimator: Estimator, space: SearchSpace, memory_limit: float) -> None:
+    def __init__(self, estimator: Estimator, space: SearchSpace, memory_limit: float,
+                 first: Config | None = None) -> None:
+        """`first`: a config of the strategy to estimate first (the pilot's): its curve's two smallest
+        batches, the line through them, come before any other strategy."""
         super().__init__(name="autofit-estimation", daemon=True)
         self.estimator = estimator
         self.memory_limit = memory_limit
         self.curves: dict[tuple, list[Config]] = {}
         for config in configs_to_estimate(space.configs()):
             self.curves.setdefault(estimated_key(config), []).append(config)
+        self.first_line = list(self.curves.get(estimated_key(first), [])[:2]) if first is not None else []
         self.finished = threading.Event()
+        self.line = threading.Event()
+        """Set once the first strategy's line is estimated (or the estimation ended)."""
         self.answered = threading.Event()
         """Set at each answer (the search gives the estimator time until its next one)."""
         self._lock = threading.Lock()
@@ -46,20 +52,27 @@ class SpaceEstimation(threading.Thread):
         self._context: int | None = None
 
     def run(self) -> None:
-        """The curves without checkpointing first, each to its end, smallest batches of each first (two
-        estimates predict a whole curve, and the planner explores those curves first); then the
+        """The first strategy's line (its two smallest batches: the pilot's, which the planner climbs
+        first); then the curves without checkpointing, each to its end, smallest batches of each first
+        (two estimates predict a whole curve, and the planner explores those curves first); then the
         checkpointed ones likewise."""
         eager = [c for key, c in self.curves.items() if not key[2]]
         checkpointed = [c for key, c in self.curves.items() if key[2]]
         try:
+            for config in self.first_line:
+                self._estimate(config)
+                if self._error is not None or self._stopped:
+                    return
+            self.line.set()
             for curves in (eager, checkpointed):
                 for i in range(max((len(c) for c in curves), default=0)):
                     for curve in curves:
-                        if i < len(curve) and self._may_fit(curve[i], curve[:i]):
+                        if i < len(curve) and curve[i] not in self.first_line and self._may_fit(curve[i], curve[:i]):
                             self._estimate(curve[i])
                         if self._error is not None or self._stopped:
                             return
         finally:
+            self.line.set()
             self.finished.set()
             self.answered.set()
 

@@ -63,7 +63,8 @@ class WhatFits:
         self.on_gpu = on_gpu
         self.estimates: dict[Config, MemoryEstimate | None] = {}
         self.why_not: dict[Config, str] = {}
-        self.estimator = Estimator(script, function)  # one process for every question: loaded once
+        # One process for every question, loaded once; for a GPU it counts CUDA's kernels (on the CPU).
+        self.estimator = Estimator(script, function, target="cuda" if on_gpu else "cpu", beside_probes=False)
         self.estimator.wait_ready()
         # A function that keeps a global batch (@autofit(global_batch=...)): a framework integration
         # refuses a config that changes it, so the pilot must keep it too.

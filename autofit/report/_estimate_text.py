@@ -57,7 +57,8 @@ def describe_fits(fits: WhatFits, predicted: list[Fit], target: str) -> str:
     if fits.on_gpu:
         lines.append(f"peak = tensors x {1 + ALLOCATOR_OVERHEAD:.2f} (caching allocator) + "
                      f"{format_size(CUDA_CONTEXT_BYTES)} (CUDA context, workspaces): priors, not yet calibrated "
-                     f"by probes; tensors estimated on CPU fake tensors (CPU autocast's op list).")
+                     f"by probes; tensors estimated on CPU fake tensors with CUDA's kernels' memory (fused "
+                     f"attention, foreach optimizer steps; CPU autocast's op list).")
     else:
         lines.append(f"peak = tensors x {CPU_TYPICAL_FACTOR:.1f} (the heap's holes, typical) + {format_size(fits.baseline)} "
                      f"(this process before any step, Python, torch and the script, and its runtime's context, "

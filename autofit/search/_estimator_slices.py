@@ -3,14 +3,15 @@ answers join the planner as they arrive. They are kept on the study (a resumed s
 show` and the report read them from there) and turned into the planner's predictions (autofit.memory's
 StoredEstimates).
 
-Its process runs at idle priority (autofit.memory._estimate_process) and loads the script while the
-workers load theirs. While a probe runs it is stopped (SIGSTOP): even at idle priority, a process
-beside a probe on two cores slowed the probe 3-9x (gpt fp32 b=48: 15-49 samples/s beside it, 115-141
-alone), and a probe must time the program the user will run. It gets the CPU in slices instead: once
-the space is known (3% of the budget at most) and before each proposal until it is done (one answer,
-a few seconds at most), never more than 6% of the budget in all. Whatever it estimated before the
-search ended, or it crashed, is used and kept; a search without estimates goes on as before, learning
-memory from its probes. `EstimatorLifecycle` is that life, start to end, in one place.
+Its process loads the script at idle priority (autofit.memory._estimate_process) while the workers
+load theirs. While a probe runs it is stopped (SIGSTOP): even at idle priority, a process beside a probe
+on two cores slowed the probe 3-9x (gpt fp32 b=48: 15-49 samples/s beside it, 115-141 alone), and a
+probe must time the program the user will run. It gets the CPU in slices instead, at normal priority (at
+idle priority a slice went to whatever else was runnable): once the space is known, until the first
+probe's strategy has its line (two micro-batches; 3% of the budget at most), then before each proposal
+until its next answer (a few seconds at most), never more than 6% of the budget in all. Whatever it
+estimated before the search ended, or it crashed, is used and kept; a search without estimates goes on
+as before, learning memory from its probes. `EstimatorLifecycle` is that life, start to end, in one place.
 
 On an accelerator with cores to spare it runs beside the probes instead, at idle priority, from the
 moment the space is known: a GPU probe keeps one or two cores busy, and slices between probes left the
@@ -24,6 +25,7 @@ import time
 
 import optuna
 
+from autofit.config import Config
 from autofit.memory import ENDED_FIRST, Estimator, SpaceEstimation, StoredEstimates, stored_estimates
 from autofit.planner import MemoryPrediction, SearchSpace
 from autofit.search._build_space import available_cores
@@ -75,12 +77,19 @@ class EstimatorLifecycle:
 
     def start(self, study: optuna.Study) -> None:
         if self.wanted and _kept(study) is None:
-            self._estimator = Estimator(self.script, self.s.function)
+            self._estimator = self._start_estimator()
+
+    def _start_estimator(self) -> Estimator:
+        """Its process, counting the kernels of the search's device; at normal priority once loaded where
+        it gets slices between the probes (at idle priority a slice went to whatever else was runnable)."""
+        return Estimator(self.script, self.s.function, target=_target(self.s.device),
+                         beside_probes=runs_beside_probes(self.s.device, available_cores()))
 
     def ask(self, study: optuna.Study, space: SearchSpace, memory_limit: float, device_type: str,
-            budget_s: float) -> MemoryPrediction | None:
-        """Start estimating `space` between the probes, or read the estimates the study kept; the
-        prediction from what is known after a short wait (a few percent of the budget)."""
+            budget_s: float, first: Config | None = None) -> MemoryPrediction | None:
+        """Start estimating `space` between the probes, `first`'s strategy (the pilot's) first, or read
+        the estimates the study kept; the prediction from what is known after a short wait (until that
+        strategy's line, a few percent of the budget at most)."""
         if not self.wanted:
             return None
         self._device_type = device_type
@@ -90,17 +99,17 @@ class EstimatorLifecycle:
         if self._estimation is not None:
             return self.update(study)
         if self._estimator is None:  # resumed from a study written without estimates
-            self._estimator = Estimator(self.script, self.s.function)
+            self._estimator = self._start_estimator()
         self.beside = runs_beside_probes(device_type, available_cores())
         where = "beside the probes, at idle priority" if self.beside else "between the probes"
         self.reporter.note(f"memory estimator: estimating {where} (fake tensors, no memory spent)")
         self._allowance = _TOTAL_SHARE * budget_s
-        self._estimation = SpaceEstimation(self._estimator, space, memory_limit)
+        self._estimation = SpaceEstimation(self._estimator, space, memory_limit, first)
         self._estimation.start()
         if self.beside:
             self._estimator.resume()  # and never stopped again: the probes leave it cores
             return self._read(study)
-        self._give_time(min(_MAX_FIRST_S, _FIRST_SHARE * budget_s), first_answers=True)
+        self._give_time(min(_MAX_FIRST_S, _FIRST_SHARE * budget_s), first_line=True)
         return self._read(study)
 
     def update(self, study: optuna.Study) -> MemoryPrediction | None:
@@ -119,9 +128,9 @@ class EstimatorLifecycle:
         if self._estimator is not None and not self.beside:
             self._estimator.pause()
 
-    def _give_time(self, limit_s: float, *, first_answers: bool = False) -> None:
-        """Let the estimator run until its next answer (`first_answers`: until it is done) or `limit_s`,
-        within what is left of its share of the budget; stopped again after."""
+    def _give_time(self, limit_s: float, *, first_line: bool = False) -> None:
+        """Let the estimator run until its next answer (`first_line`: until the first strategy's line) or
+        `limit_s`, within what is left of its share of the budget; stopped again after."""
         estimation = self._estimation
         wait = min(limit_s, self._allowance)
         if estimation is None or estimation.finished.is_set() or wait <= 0 or self.probes_running:
@@ -129,8 +138,8 @@ class EstimatorLifecycle:
         started = time.monotonic()
         self._estimator.resume()
         try:
-            if first_answers:
-                estimation.finished.wait(wait)
+            if first_line:
+                estimation.line.wait(wait)
             else:
                 estimation.answered.clear()
                 estimation.answered.wait(wait)
@@ -166,6 +175,11 @@ class EstimatorLifecycle:
         if stored.error or stored.note:
             self.notes.append(stored.summary())
         self.close()  # its work is done: its memory goes back
+
+
+def _target(device: str) -> str:
+    """The device type whose kernels the estimates count: CUDA's on a GPU (estimated on the CPU)."""
+    return "cuda" if device == "cuda" else "cpu"
 
 
 def _kept(study: optuna.Study) -> StoredEstimates | None:

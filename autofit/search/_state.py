@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import optuna
 
+from autofit.config import Config
 from autofit.options import SearchOptions
 from autofit.planner import MemoryPrediction, Planner, SearchSpace
 from autofit.probing import ProbeResult, WorkerInfo
@@ -81,12 +82,13 @@ class SearchState:
                               f"{result.config.batch_size} a micro-batch (compare its figures with each other only)")
         space = build_space(self.s, self.options, self.info, knobs)
         self.session.save_meta(self.info, space, knobs)
-        self.planner.learn(space=space, prediction=self.prediction(space))
+        self.planner.learn(space=space, prediction=self.prediction(space, first=result.config))
 
-    def prediction(self, space: SearchSpace) -> MemoryPrediction | None:
-        """The memory estimator's prediction over `space` (it starts estimating, or the study kept it)."""
+    def prediction(self, space: SearchSpace, first: Config | None = None) -> MemoryPrediction | None:
+        """The memory estimator's prediction over `space` (it starts estimating, `first`'s strategy
+        first, or the study kept it)."""
         return self.estimator.ask(self.session.study, space, self.session.memory_limit,
-                                  self.session.device_info.type, self.s.budget_s)
+                                  self.session.device_info.type, self.s.budget_s, first=first)
 
     def start_probe(self, runner: Runner, steps: int) -> RunningProbe | None:
         """Ask the study for a trial (in this thread), which the sampler gives its proposal, and probe

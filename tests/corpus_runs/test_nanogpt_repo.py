@@ -46,3 +46,21 @@ def test_nanogpt_train_py_searched_then_run_with_the_config_found(tmp_path):
     # nanoGPT's loop steps from iteration 0 to max_iters inclusive: 21 optimizer steps, each followed
     assert f"autofit: trained 21 optimizer steps with fp32 {label}" in run.stderr
     assert "iter 20: loss" in run.stdout  # nanoGPT's own log, to its last iteration
+
+
+@pytest.mark.slow  # an estimator process of a few seconds
+def test_nanogpt_train_py_is_estimated_with_its_batches_windows(tmp_path, monkeypatch):
+    """Its get_batch slices `data[i:i + block_size]` at random starts read from fake tensors: with each
+    read alone as 1, every window was empty, and the estimate had no activations at any batch."""
+    from autofit.config import Config
+    from autofit.memory import estimate_memory
+
+    script = nanogpt_folder(tmp_path)
+    monkeypatch.setenv("AUTOFIT_SCRIPT_ARGS", json.dumps(ARGS))
+    monkeypatch.chdir(tmp_path)
+    small, large = Config(batch_size=4, accumulation_steps=3), Config(batch_size=12)
+    found = estimate_memory(script, [small, large])
+    assert not found.unavailable, found.unavailable
+    tokens = [found.estimates[c].breakdown["activations"] / c.batch_size for c in (small, large)]
+    # nanoGPT's own logits alone: 64 tokens x its 65-character vocabulary x 4 bytes a sample
+    assert all(per_sample > 64 * 65 * 4 for per_sample in tokens), tokens

@@ -50,3 +50,19 @@ def test_a_fake_loss_formats_with_a_spec_as_a_number_and_tensor_formatting_is_le
         assert f"{loss:.4f}" == "1.0000"  # the harmless value a fake loss reads as
     assert "__format__" not in FakeTensor.__dict__
     assert f"{torch.tensor(2.5):.1f}" == "2.5"
+
+
+def test_a_window_over_a_read_index_is_as_long_as_the_script_asked():
+    """nanoGPT's get_batch: `data[i:i + block_size]` for each random start `i`. Both ends are read values:
+    each read alone as 1 made every window empty (a batch of 0 tokens, no activations estimated)."""
+    import numpy as np
+
+    from autofit.memory._fake_values import ValueFreeFakeMode
+
+    data = np.arange(1000)
+    with ValueFreeFakeMode(allow_non_fake_inputs=True):
+        starts = torch.randint(1000 - 64, (4,))
+        windows = [data[i:i + 64] for i in starts]
+        start, end, before = int(starts[0]), int(starts[0] + 64), int(starts[0] - 3)
+    assert [len(w) for w in windows] == [64] * 4
+    assert (end - start, start - before) == (64, 3)

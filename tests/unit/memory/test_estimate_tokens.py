@@ -43,7 +43,7 @@ def test_estimate_of_a_token_function_answers_caps_each_at_its_worst_batch(tmp_p
     each cap's estimated batch is one batch padded to the longest sample, as many as the cap holds. At a
     cap of 32 that is the long sample alone (24 padded tokens), where every other batch holds 30: the
     estimate ran only the worst one (a second, random batch would have widened its envelope to 30)."""
-    done = autofit_cli("estimate", script("tokens_one_long.py"), "--memory", "600MiB,640MiB,700MiB,1GiB", "--json",
+    done = autofit_cli("estimate", script("tokens_one_long.py"), "--memory", "884MiB,924MiB,984MiB,1308MiB", "--json",
                        cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     answer = json.loads(done.stdout)

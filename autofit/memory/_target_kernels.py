@@ -1,0 +1,136 @@
+"""The memory of the kernels a target device runs, counted on fake CPU tensors: the estimator always
+runs the function on the CPU (no GPU needed, none spent), but a CUDA run keeps what CUDA's kernels
+keep, not the CPU's, and takes the branches a script takes on CUDA.
+
+- The device: the function's `run.device` is `cuda:0`, so a script that picks its autocast, its fused
+  optimizer or its pinned copies by the device's type (nanoGPT's `device_type`) takes its CUDA branch.
+  Its tensors stay fake CPU tensors: a tensor or module sent to CUDA (`.to`, `.cuda()`, a `device=`
+  of a factory) goes to the CPU, `torch.autocast("cuda")` is the CPU's autocast at the same dtype, and
+  pinning is skipped (a CPU-only PyTorch has no CUDA device to pin for). The torch.cuda API itself
+  (`torch.cuda.is_available()` and the like) is left as it is.
+
+- Attention (`F.scaled_dot_product_attention`): on CUDA the flash or memory-efficient kernel runs with
+  dropout inside it, keeping the output and a logsumexp of batch x heads x length, never the length x
+  length scores. The CPU's fused kernel keeps exactly that but refuses dropout, so with dropout the CPU
+  runs the math path, whose scores, softmax and dropout mask are a few bytes x batch x heads x length²
+  (GPT-2 small at bf16 b=16: 40.3 GiB of activations so, 12.8 GiB without). For a CUDA target the
+  attention runs without its dropout, on the CPU's fused kernel: dropout changes values, not the bytes
+  a fused kernel keeps. Where the CPU's fused kernel refuses the inputs for another reason, the math
+  path's memory is counted: an estimate over, never under.
+- Optimizers: without `foreach=` or `fused=`, PyTorch's optimizers step CUDA tensors with the foreach
+  kernels (temporaries the size of every parameter of a group at once) and CPU tensors one parameter
+  at a time. For a CUDA target the CPU is treated as a foreach device, so the step's temporaries are
+  CUDA's. A `fused=True` optimizer keeps no temporaries on either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+#: The targets whose kernels the estimate can count: the CPU it runs on, and CUDA.
+TARGETS = ("cpu", "cuda")
+
+
+@contextmanager
+def target_kernels(target: str) -> Iterator[None]:
+    """Within it, the function's steps keep the memory `target`'s kernels keep (nothing changes for
+    the CPU)."""
+    if target not in TARGETS:
+        raise ValueError(f"the estimator counts the kernels of {' or '.join(TARGETS)}, but got {target!r}")
+    if target == "cpu":
+        yield
+        return
+    with _fused_attention(), _foreach_steps(), _cuda_on_the_cpu():
+        yield
+
+
+#: The device a CUDA target's function is given (its tensors are the CPU's: `target_kernels`).
+CLAIMED_CUDA = "cuda:0"
+
+
+def _on_cpu(value: Any) -> Any:
+    """`value` with a CUDA device (a torch.device, "cuda", "cuda:1") replaced by the CPU."""
+    if isinstance(value, torch.device) and value.type == "cuda":
+        return _CPU
+    if isinstance(value, str) and value.split(":")[0] == "cuda":
+        return _CPU
+    return value
+
+
+_CPU = torch.device("cpu")
+
+
+class _CudaOnTheCpu(TorchDispatchMode):
+    """Factories and copies asked for a CUDA device make CPU tensors (below it, the fake mode's), and
+    pinning one is a no-op."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._pin_memory.default:  # nothing to pin for: the tensor as it is
+            return args[0]
+        kwargs = kwargs or {}
+        if "device" in kwargs:
+            kwargs = {**kwargs, "device": _on_cpu(kwargs["device"])}
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def _cuda_on_the_cpu() -> Iterator[None]:
+    """CUDA's Python entry points that would need a CUDA build, on the CPU (the module's docstring)."""
+    autocast = torch.amp.autocast_mode.autocast
+    patched = {(torch.Tensor, "to"): lambda original: lambda self, *args, **kwargs: original(
+                   self, *map(_on_cpu, args), **{k: _on_cpu(v) for k, v in kwargs.items()}),
+               (torch.Tensor, "cuda"): lambda original: lambda self, *args, **kwargs: self.to(
+                   _CPU, non_blocking=kwargs.get("non_blocking", False)),
+               (torch.nn.Module, "cuda"): lambda original: lambda self, *args, **kwargs: self.to(_CPU),
+               (autocast, "__init__"): lambda original: lambda self, device_type, *args, **kwargs: original(
+                   self, "cpu" if device_type == "cuda" else device_type, *args, **kwargs)}
+    originals = {key: getattr(*key) for key in patched}
+    for (owner, name), wrap in patched.items():
+        setattr(owner, name, wrap(originals[owner, name]))
+    try:
+        with _CudaOnTheCpu():
+            yield
+    finally:
+        for (owner, name), original in originals.items():
+            setattr(owner, name, original)
+
+
+@contextmanager
+def _fused_attention() -> Iterator[None]:
+    """`F.scaled_dot_product_attention` with CUDA's fused kernels' memory: without dropout, which sends
+    the CPU to its math path (a module that called it through `torch.nn.functional` is followed, as are
+    `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`, which call it from there)."""
+    import torch.nn.functional as F
+
+    original = F.scaled_dot_product_attention
+
+    def fused(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *args, **kwargs):
+        return original(query, key, value, attn_mask, 0.0, is_causal, *args, **kwargs)
+
+    F.scaled_dot_product_attention = fused
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+@contextmanager
+def _foreach_steps() -> Iterator[None]:
+    """The CPU counted among the foreach devices, as CUDA is, when an optimizer picks its default."""
+    from torch.optim import optimizer
+
+    original = optimizer._get_foreach_kernels_supported_devices
+
+    def with_cpu() -> list[str]:
+        return [*original(), "cpu"]
+
+    optimizer._get_foreach_kernels_supported_devices = with_cpu
+    try:
+        yield
+    finally:
+        optimizer._get_foreach_kernels_supported_devices = original
