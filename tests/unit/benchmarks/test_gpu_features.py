@@ -2,17 +2,30 @@
 benchmark's table and the dated table it writes. Its figures come from running it on a GPU."""
 from __future__ import annotations
 
-import os
-
 from benchmarks.gpu.features import PARTS, Row, _table_rows, table
-from tests.support import REPO
 
 
-def test_the_token_row_is_read_from_the_benchmarks_table_as_it_writes_it():
-    rows = _table_rows(os.path.join(REPO, "benchmarks", "tokens-cpu.md"))
+def test_the_token_row_is_read_from_the_benchmarks_table_as_it_writes_it(tmp_path):
+    from argparse import Namespace
+
+    from autofit.config import Config
+    from benchmarks.tokens import STRATEGIES, write_table
+
+    def rounds(*rates: float) -> list[dict]:
+        return [{"tokens_per_s": r, "finished": True, "padding": 0.1, "lowerings": 0, "guard": 0, "oom_split": 0}
+                for r in rates]
+
+    configs = dict(zip(STRATEGIES, (Config(batch_size=73), Config(batch_size=64), Config(batch_size=8192,
+                                    max_tokens=8192), Config(batch_size=3072, max_tokens=3072))))
+    runs = dict(zip(STRATEGIES, (rounds(7000, 7200), rounds(7000, 7000), rounds(30000, 31000),
+                                 rounds(35000, 36000))))
+    out = tmp_path / "tokens-cuda.md"
+    args = Namespace(memory_limit="2GiB", budget="3m", rounds=2, samples=64, device="cuda", out=str(out))
+    write_table(args, configs, runs, dict.fromkeys(STRATEGIES, 60.0), {"device": {"name": "GPU"}}, 600.0)
+    rows = _table_rows(str(out))
     safe, found = rows["(a) fixed, safe"], rows["(d) autofit"]
-    assert safe[1] == "fp32 b=73" and safe[3] == "7,186"
-    assert found[1] == "fp32 max_tokens=3072" and found[4] == "4.63x"  # the bold and the range taken off
+    assert safe[1] == "fp32 b=73" and safe[3] == "7,100"
+    assert found[1] == "fp32 max_tokens=3072" and found[4] == "5.00x"  # the bold and the range taken off
     assert found[5] == "0"  # OOMs caught
 
 
