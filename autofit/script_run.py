@@ -124,23 +124,11 @@ def _restart_after_oom(run: Run, plan: Any, options: SearchOptions) -> None:
         earlier = _HANDED[0] if _HANDED else {"started_with": plan.config.to_dict(), "lowerings": []}
         lowering = Lowering(steps + 1, "script", run.config, smaller, None, time.time(), restart=True)
         record_lowerings(plan.record_path, Config.from_dict(earlier["started_with"]),
-                         [*map(_lowering_of, earlier["lowerings"]), lowering], plan.path)
+                         [*map(Lowering.from_dict, earlier["lowerings"]), lowering], plan.path)
         _run_again({"config": smaller.to_dict(), "started_with": earlier["started_with"],
                     "lowerings": [*earlier["lowerings"], lowering.to_dict()]})
 
     sys.excepthook = hook
-
-
-def _lowering_of(recorded: dict[str, Any]) -> Any:
-    """A Lowering from its record (Lowering.to_dict), handed on from an earlier execution."""
-    import calendar
-
-    from autofit.config import Config
-    from autofit.runtime import Lowering
-
-    at = calendar.timegm(time.strptime(recorded["at"], "%Y-%m-%dT%H:%M:%SZ"))
-    return Lowering(recorded["step"], recorded["where"], Config.from_dict(recorded["before"]),
-                    Config.from_dict(recorded["after"]), recorded["memory_bytes"], at, restart=recorded["restart"])
 
 
 def _run_again(handed: dict[str, Any]) -> None:

@@ -103,7 +103,18 @@ class Lowering:
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "where": self.where, "before": self.before.to_dict(),
                 "after": self.after.to_dict(), "memory_bytes": self.memory_bytes,
-                "restart": self.restart, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.at))}
+                "restart": self.restart, "at": time.strftime(_AT, time.gmtime(self.at))}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Lowering:
+        """The record `to_dict` wrote (an `autofit.start` script hands its lowerings to its next execution)."""
+        import calendar
+
+        return cls(data["step"], data["where"], Config.from_dict(data["before"]), Config.from_dict(data["after"]),
+                   data["memory_bytes"], calendar.timegm(time.strptime(data["at"], _AT)), restart=data["restart"])
+
+
+_AT = "%Y-%m-%dT%H:%M:%SZ"
 
 
 def announce(lowering: Lowering) -> None:

@@ -12,9 +12,11 @@ import sys
 import optuna
 import pytest
 
+from autofit.config import Config
 from autofit.probing import calls_start
 from autofit.study import trial_result
 from tests.support import REPO, autofit_cli, free_port, script
+from tests.support.runs import config_file
 
 
 def _python(path, *args, cwd) -> subprocess.CompletedProcess:
@@ -138,10 +140,7 @@ def test_a_loop_that_reads_no_batch_knob_is_not_climbed_and_says_so(tmp_path):
 def _starts_with_best_batch(tmp_path, batch_size: int) -> None:
     """starts.py beside a best-config file of `batch_size` (each sample holds 2 MiB of activations)."""
     shutil.copy(script("starts.py"), tmp_path / "starts.py")
-    best = {"schema": "autofit.best-config", "schema_version": 1,
-            "config": {"batch_size": batch_size, "accumulation_steps": 1, "precision": "fp32", "checkpoint_segments": 0},
-            "measured": {}, "memory": {}, "device": {"type": "cpu", "name": "x"}, "versions": {}, "script": {}}
-    (tmp_path / "starts.best.json").write_text(json.dumps(best))
+    config_file(tmp_path / "starts.best.json", Config(batch_size=batch_size))
 
 
 @pytest.mark.slow  # two or three real executions of the script, a few seconds each

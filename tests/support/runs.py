@@ -43,3 +43,16 @@ def run_ddp_train(tmp_path, name: str, nproc: int | None, *, via: str | None = N
     scripts = [script(via), script("ddp_train.py")] if via else [script("ddp_train.py")]
     return subprocess.run([*launcher, *scripts], env=environment, capture_output=True, text=True,
                           timeout=300, cwd=tmp_path)
+
+
+def accumulates_to_64(run, model, optimizer, width: int) -> None:
+    """A kept loop that reads only run.batch_size and accumulates 64 // batch_size micro-batches itself
+    (issue 44, item 3), on `model` of `width` inputs."""
+    import torch
+
+    accumulation = 64 // run.batch_size
+    while True:
+        for _ in range(accumulation):
+            (model(torch.randn(run.batch_size, width)).pow(2).mean() / accumulation).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)

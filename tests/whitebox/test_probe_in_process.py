@@ -13,6 +13,7 @@ from autofit.devices import make_backend
 from autofit.probing import ProbeResult
 from autofit.probing._probe import run_probe
 from autofit.runtime import Run
+from tests.support.runs import accumulates_to_64
 
 
 def test_a_loop_that_ends_after_enough_steps_is_measured_as_it_ran():
@@ -126,16 +127,9 @@ def test_a_kept_loop_that_diverges_is_diverged_though_it_hands_autofit_no_loss()
 
 
 def _accumulates_to_64(run: Run) -> None:
-    """A kept loop that reads only run.batch_size and accumulates 64 // batch_size micro-batches itself."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    accumulation = 64 // run.batch_size
-    while True:
-        for _ in range(accumulation):
-            (model(torch.randn(run.batch_size, 32)).pow(2).mean() / accumulation).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    accumulates_to_64(run, model, torch.optim.SGD(model.parameters(), lr=0.01), width=32)
 
 
 def test_a_kept_loop_with_its_own_accumulation_has_the_same_flops_per_sample_at_every_micro_batch():

@@ -10,6 +10,7 @@ import torch
 
 from autofit import Config, autofit
 from autofit.runtime import NoStepClosed, ProbeFinished, Run
+from tests.support.runs import accumulates_to_64
 
 
 def _model_and_optimizer(seed: int = 0):
@@ -263,14 +264,7 @@ def test_a_probe_of_a_loop_that_accumulates_many_micro_batches_itself_or_skips_a
 
 
 def _accumulates_to_64(run: Run) -> None:
-    """A kept loop that reads only run.batch_size and accumulates 64 // batch_size micro-batches itself."""
-    model, optimizer = _model_and_optimizer()
-    accumulation = 64 // run.batch_size
-    while True:
-        for _ in range(accumulation):
-            (model(torch.randn(run.batch_size, 8)).pow(2).mean() / accumulation).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    accumulates_to_64(run, *_model_and_optimizer(), width=8)
 
 
 @pytest.mark.parametrize("batch", [4, 16])
