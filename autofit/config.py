@@ -96,6 +96,17 @@ class Config:
                  "(default: full,selective).")
     """What the checkpointed blocks recompute (see CHECKPOINT_POLICIES): "selective" keeps the matmul,
     convolution and attention outputs, so it saves less memory than "full" for little recompute."""
+    offload_activations: bool = knob(
+        default=False, kind=bool, offer="checkpoint_blocks", order="memory", words="activation offload",
+        label=lambda value, item: "act-offload" if value else None,
+        help="The blocks offered to run.checkpoint() keep what backward needs in pinned host memory (not on the GPU).",
+        supported=lambda device: (False,) if device == "cpu" else (False, True),
+        unsupported="it moves what the blocks save for backward off an accelerator into the host's memory, "
+                    "where a CPU's is already.")
+    """Every block offered to run.checkpoint() saves the tensors its backward needs in pinned host memory
+    (PyTorch's `save_on_cpu`), copied back in backward: device memory for host transfers, which can let a
+    larger micro-batch fit or cost more time than it saves, so the search measures it (climbed by memory,
+    as checkpointing is). A checkpointed block saves only its inputs, which go to the host too."""
     accumulation_steps: int = knob(
         default=1, kind=int, minimum=1, stored=True, order="memory", flag="--accumulation",
         label=lambda value, item: f"acc={value}" if value and value > 1 else None,

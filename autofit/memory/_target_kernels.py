@@ -17,6 +17,10 @@ keep, not the CPU's, and takes the branches a script takes on CUDA.
   attention runs without its dropout, on the CPU's fused kernel: dropout changes values, not the bytes
   a fused kernel keeps. Where the CPU's fused kernel refuses the inputs for another reason, the math
   path's memory is counted: an estimate over, never under.
+- Saved tensors sent to the host (`torch.autograd.graph.save_on_cpu`, what a run's activation offload
+  puts over its blocks): on CUDA each copy leaves the device until backward copies it back, where on the
+  CPU it is a second CPU tensor. For a CUDA target a saved tensor is kept as its shape alone (its host
+  copy, not the device's memory), and backward makes a new tensor of it on the device.
 - Optimizers: without `foreach=` or `fused=`, PyTorch's optimizers step CUDA tensors with the foreach
   kernels (temporaries the size of every parameter of a group at once) and CPU tensors one parameter
   at a time. For a CUDA target the CPU is treated as a foreach device, so the step's temporaries are
@@ -45,7 +49,7 @@ def target_kernels(target: str) -> Iterator[None]:
     if target == "cpu":
         yield
         return
-    with _fused_attention(), _foreach_steps(), _cuda_on_the_cpu():
+    with _fused_attention(), _foreach_steps(), _saved_on_the_host(), _cuda_on_the_cpu():
         yield
 
 
@@ -134,3 +138,30 @@ def _foreach_steps() -> Iterator[None]:
         yield
     finally:
         optimizer._get_foreach_kernels_supported_devices = original
+
+
+class _SavedOnTheHost(torch.autograd.graph.saved_tensors_hooks):
+    """`save_on_cpu` as a CUDA target runs it, in device memory: what a saved tensor leaves on the device is
+    nothing (its copy is the host's: its shape alone is kept) until backward copies it back, a new tensor."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # pinning and the device type: the same memory
+        def leave(tensor: torch.Tensor) -> tuple:
+            return tensor.size(), tensor.dtype, tensor.layout, tensor.device
+
+        def come_back(kept: tuple) -> torch.Tensor:
+            size, dtype, layout, device = kept
+            return torch.empty(size, dtype=dtype, layout=layout, device=device)
+
+        super().__init__(leave, come_back)
+
+
+@contextmanager
+def _saved_on_the_host() -> Iterator[None]:
+    """`torch.autograd.graph.save_on_cpu` keeping what a CUDA run keeps on the device (the module's docstring)."""
+    graph = torch.autograd.graph
+    original = graph.save_on_cpu
+    graph.save_on_cpu = _SavedOnTheHost
+    try:
+        yield
+    finally:
+        graph.save_on_cpu = original

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 from autofit.config import Config
-from autofit.runtime._checkpoint import apply_checkpoint, remove_checkpoint
+from autofit.errors import UsageError
+from autofit.runtime._checkpoint import apply_checkpoint, offload_block, remove_checkpoint
 from autofit.runtime._dataloader import build_loader
 from autofit.runtime._distributed import Ranks
 from autofit.runtime._envelope import TokenEnvelope
@@ -86,22 +87,31 @@ class KnobPanel:
 
     def checkpoint(self, config: Config, blocks: Sequence[torch.nn.Module]) -> Sequence[torch.nn.Module]:
         """Checkpointing on the first `config.checkpoint_segments` of `blocks` under its policy, and on
-        none of the others (a model built once meets several configs in one process)."""
+        none of the others (a model built once meets several configs in one process); what every one of
+        them saves for backward in host memory where the config offloads activations. All of them, not the
+        others alone: a checkpointed block saves only its inputs, and they leave the device too."""
+        if config.offload_activations and self._device.type == "cpu":
+            raise UsageError("Activation offload moves what the blocks save for backward off an accelerator, "
+                             "but the device is the CPU, whose memory is the host's: set offload_activations to "
+                             "false (a search on the CPU never tries it).")
         blocks = list(blocks) if not isinstance(blocks, torch.nn.ModuleList) else blocks
         self.used.checkpoint_blocks = len(blocks)
+        offload_to = self._device.type if config.offload_activations else None
         for index, block in enumerate(blocks):
             if index < config.checkpoint_segments:
                 apply_checkpoint(block, policy=config.checkpoint_policy)
-                self._wrapped_blocks.add(block)
             else:
                 remove_checkpoint(block)
+            offload_block(block, offload_to)
+            if index < config.checkpoint_segments or offload_to is not None:
+                self._wrapped_blocks.add(block)
         return blocks
 
     def restore_models(self) -> None:
-        """Give the user's modules back as they came: the checkpointing put on here off its blocks, the
-        models put in channels-last format back in the contiguous one."""
+        """Give the user's modules back as they came: the checkpointing and offload put on here off its
+        blocks, the models put in channels-last format back in the contiguous one."""
         for block in list(self._wrapped_blocks):
-            remove_checkpoint(block)
+            offload_block(remove_checkpoint(block), None)
         self._wrapped_blocks.clear()
         for model in list(self._channels_last):
             model.to(memory_format=torch.contiguous_format)
