@@ -56,3 +56,37 @@ def test_tensors_sent_to_cuda_stay_fake_cpu_tensors_and_cuda_autocast_is_the_cpu
             out = model(x + moved)
     assert {model.weight.device.type, x.device.type, moved.device.type} == {"cpu"}
     assert out.dtype == torch.bfloat16
+
+
+def _saved_bytes(target: str, offload: bool) -> tuple[int, list]:
+    """The peak of a forward and backward of four small layers at a large batch (the activations are most of
+    it), its saved tensors sent to the host by `save_on_cpu` when `offload`, and the gradients' shapes."""
+    from contextlib import nullcontext
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from autofit.memory._target_kernels import target_kernels
+
+    with FakeTensorMode(), target_kernels(target):
+        model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU())
+                                      for _ in range(4)])
+        tracker = MemTracker()
+        tracker.track_external(model)
+        with tracker:
+            with torch.autograd.graph.save_on_cpu(pin_memory=True) if offload else nullcontext():
+                loss = model(torch.randn(4096, 64)).square().sum()
+            loss.backward()
+        peak = sum(per_device["Total"] for per_device in tracker.get_tracker_snapshot("peak").values())
+        return peak, [tuple(p.grad.shape) for p in model.parameters()]
+
+
+def test_a_cuda_target_keeps_the_tensors_save_on_cpu_sends_to_the_host_off_the_device():
+    activation = 4096 * 64 * 4  # one layer's output, in fp32
+    kept, shapes = _saved_bytes("cuda", False)
+    offloaded, offloaded_shapes = _saved_bytes("cuda", True)
+    assert offloaded_shapes == shapes  # backward still runs, on tensors of the saved ones' shapes
+    assert kept >= 8 * activation  # the 8 saved activations (each layer's input and its GELU's)
+    assert offloaded <= kept - 6 * activation  # a layer's two at most on the device at once: in its backward
+    assert _saved_bytes("cpu", True)[0] >= kept  # on the CPU the copies are the device's (the host's) too
