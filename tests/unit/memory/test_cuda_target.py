@@ -42,6 +42,31 @@ def test_a_script_that_picks_autocast_by_the_device_type_is_estimated_on_its_cud
     assert 0 < on_cuda["activations"] < 0.85 * on_cpu["activations"]  # 0.77 with torch 2.13
 
 
+@pytest.mark.slow  # three estimator processes of a few seconds each
+def test_activation_offload_takes_the_blocks_saved_tensors_off_a_cuda_targets_peak(tmp_path):
+    script = tmp_path / "blocks.py"
+    script.write_text(
+        "import torch\nfrom autofit import autofit\n\n\n"
+        "@autofit(batch_range=(1, 4096))\ndef train(run):\n"
+        "    blocks = torch.nn.ModuleList([torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU())\n"
+        "                                  for _ in range(8)])\n"
+        "    run.checkpoint(blocks)\n"
+        "    model = blocks.to(run.device)\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "    data = [torch.randn(run.batch_size, 64) for _ in range(2)]\n"
+        "    while True:\n"
+        "        for x in run.batches(data):\n"
+        "            for block in blocks:\n                x = block(x)\n"
+        "            run.backward(x.square().mean(), opt)\n")
+    kept, offloaded = Config(batch_size=4096), Config(batch_size=4096, offload_activations=True)
+    on_cuda = estimate_memory(str(script), [kept, offloaded], target="cuda").estimates
+    saved = 16 * 4096 * 64 * 4  # each block's input and its GELU's, fp32
+    assert on_cuda[kept].breakdown["activations"] >= saved
+    assert on_cuda[offloaded].breakdown["activations"] <= on_cuda[kept].breakdown["activations"] - 0.75 * saved
+    on_cpu = estimate_memory(str(script), [offloaded])
+    assert "set offload_activations to false" in on_cpu.unavailable[offloaded]  # the CPU refuses it
+
+
 def _gpt2_small_peaks() -> list[tuple[Config, int]]:
     """GPT-2 small's configs and their peaks as measured on the H100 (2026-11-25's search)."""
     with open(os.path.join(RESULTS, "2026-11-25-gpt124m.best.json"), encoding="utf-8") as handle:
