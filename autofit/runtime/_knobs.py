@@ -91,9 +91,9 @@ class KnobPanel:
         them saves for backward in host memory where the config offloads activations. All of them, not the
         others alone: a checkpointed block saves only its inputs, and they leave the device too."""
         if config.offload_activations and self._device.type == "cpu":
-            raise UsageError("Activation offload moves what the blocks save for backward off an accelerator, "
-                             "but the device is the CPU, whose memory is the host's: set offload_activations to "
-                             "false (a search on the CPU never tries it).")
+            raise UsageError(f"Activation offload moves what the blocks save for backward off an accelerator into "
+                             f"host memory, but the device is {self._device}, whose memory is the host's: set "
+                             f"offload_activations to false (a search there never tries it).")
         blocks = list(blocks) if not isinstance(blocks, torch.nn.ModuleList) else blocks
         self.used.checkpoint_blocks = len(blocks)
         offload_to = self._device.type if config.offload_activations else None

@@ -102,7 +102,7 @@ def test_the_users_model_comes_back_as_it_was_and_a_later_call_offloads_nothing(
 
 
 def test_the_cpu_device_refuses_it_in_one_line_and_a_search_there_never_considers_it():
-    with pytest.raises(UsageError, match=r"^Activation offload .* the device is the CPU.*: set offload_activations "
+    with pytest.raises(UsageError, match=r"^Activation offload .* the device is cpu, .*: set offload_activations "
                                          r"to false [^\n]*$"):
         _step(_blocks(), Config(batch_size=4, offload_activations=True), torch.device("cpu"))
     assert KNOB["offload_activations"].device_values("cpu") == (False,)
