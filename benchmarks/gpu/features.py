@@ -1,11 +1,11 @@
 """Every feature beyond nanoGPT measured on one GPU in one command: the dated table of docs/benchmarks.md.
 
-    python -m benchmarks.gpu.features [--parts tokens,memory,estimator,hf] [--out out/gpu]
+    python -m benchmarks.gpu.features [--parts tokens,memory,estimator,offload,hf] [--out out/gpu]
     benchmarks/gpu/run_checklist.sh features          (the same, as the GPU checklist's step)
 
 Each part runs autofit as a user would (`autofit search`, then the exported file's normal run, or
 `autofit estimate` then a probe of its answer), each command under its own time limit, its log in
---out, and gives one row: feature, GPU, figure, date, command. Together about 9 minutes on an H100:
+--out, and gives one row: feature, GPU, figure, date, command. Together about 10 minutes on an H100:
 
 - tokens: benchmarks/tokens.py on the GPU (a variable-length LM under a 2 GiB cap): autofit's search,
   the safe fixed batch found the same way, each trained over a whole epoch (issue "Beyond nanoGPT": the
@@ -15,6 +15,8 @@ Each part runs autofit as a user would (`autofit search`, then the exported file
   against its normal run;
 - estimator: `autofit estimate --memory` for GPT-2 small on the GPU's memory, then a probe of the config it
   says fits: predicted against measured peak (and never a predicted fit that runs out of memory);
+- offload: GPT-2 small probed at one micro-batch ($OFFLOAD_BATCH, 32), bf16, without and with activation
+  offload (`--offload-activations`: the blocks' saved tensors in pinned host memory): its peak and its speed;
 - hf: the Hugging Face Trainer adapter on GPT-2 small (benchmarks/gpu/hf_gpt2.py): searched, then its
   export's normal run against the probe.
 
@@ -192,11 +194,7 @@ def part_estimator(out: str) -> list[Row]:
     probe = [PY, "-m", "autofit.cli", "probe", script, "--gpu", "0", "--precision", config["precision"],
              "--batch-size", str(config["batch_size"]),
              "--checkpoint-segments", str(config.get("checkpoint_segments", 0)), "--json"]
-    _, probed = _run(probe, os.path.join(out, "estimate-probe.log"), 300)
-    try:
-        result = json.loads(probed[probed.index("{"):probed.rindex("}") + 1])["result"]
-    except (ValueError, KeyError):
-        result = {"status": "no record"}
+    result = _probed(probe, os.path.join(out, "estimate-probe.log"))
     predicted = fit["predicted_peak_bytes"]
     if result.get("status") != "ok" or not result.get("peak_bytes"):
         figure = f"predicted fit {config} ({predicted / 2**30:.1f} GiB) probed: {result.get('status')}"
@@ -209,6 +207,35 @@ def part_estimator(out: str) -> list[Row]:
                 _shown(args) + " ; then " + _shown(probe))]
 
 
+def _probed(args: list[str], log: str) -> dict:
+    """The record of an `autofit probe ... --json` (its status "no record" where it printed none)."""
+    _, output = _run(args, log, 300)
+    try:
+        return json.loads(output[output.index("{"):output.rindex("}") + 1])["result"]
+    except (ValueError, KeyError):
+        return {"status": "no record"}
+
+
+def part_offload(out: str) -> list[Row]:
+    """Activation offload (`offload_activations`) on GPT-2 small at one micro-batch, bf16: the probe's peak and
+    speed without it and with it (what it saves in memory, what its host transfers cost)."""
+    script, batch = "benchmarks/gpu/gpt124m.py", _env("OFFLOAD_BATCH", "32")
+    runs = {}
+    for offload in (False, True):
+        args = [PY, "-m", "autofit.cli", "probe", script, "--gpu", "0", "--precision", "bf16", "--batch-size", batch,
+                *(["--offload-activations"] if offload else []), "--json"]
+        runs[offload] = (args, _probed(args, os.path.join(out, f"offload-{'on' if offload else 'off'}.log")))
+    (plain_args, plain), (args, offloaded) = runs[False], runs[True]
+    command = _shown(plain_args) + " ; then with --offload-activations"
+    if not all(r.get("status") == "ok" and r.get("peak_bytes") and r.get("samples_per_s") for r in (plain, offloaded)):
+        return [Row("activation offload (GPT-2 small)", f"no figure: probes {plain.get('status')}, "
+                    f"{offloaded.get('status')} (offload-off.log, offload-on.log)", command)]
+    figure = (f"bf16 b={batch}: peak {plain['peak_bytes'] / 2**30:.1f} -> {offloaded['peak_bytes'] / 2**30:.1f} GiB "
+              f"({offloaded['peak_bytes'] / plain['peak_bytes'] - 1:+.0%}), {plain['samples_per_s']:,.1f} -> "
+              f"{offloaded['samples_per_s']:,.1f} samples/s ({offloaded['samples_per_s'] / plain['samples_per_s'] - 1:+.0%})")
+    return [Row("activation offload (GPT-2 small)", figure, command)]
+
+
 def part_hf(out: str) -> list[Row]:
     script = "benchmarks/gpu/hf_gpt2.py"
     args, best = _search(script, "hf", out, _env("BUDGET_HF", "90s"), None, {}, ("--precision", "bf16"))
@@ -219,7 +246,7 @@ def part_hf(out: str) -> list[Row]:
 
 
 PARTS: dict[str, Callable[[str], list[Row]]] = {
-    "tokens": part_tokens, "memory": part_memory, "estimator": part_estimator, "hf": part_hf,
+    "tokens": part_tokens, "memory": part_memory, "estimator": part_estimator, "offload": part_offload, "hf": part_hf,
 }
 
 

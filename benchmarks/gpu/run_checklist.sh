@@ -2,11 +2,12 @@
 # The GPU checklist in one command per part, for a machine with a GPU and a CUDA build of torch.
 #   benchmarks/gpu/run_checklist.sh nanogpt-defaults   FIRST: nanoGPT's train.py at its defaults searched in 3m with
 #                                             no flag, then the pick against hand-set batches (benchmarks/gpu/nanogpt_defaults.sh)
-#   benchmarks/gpu/run_checklist.sh features  SECOND: every feature beyond nanoGPT in one call (about 9 min): batches
+#   benchmarks/gpu/run_checklist.sh features  SECOND: every feature beyond nanoGPT in one call (about 10 min): batches
 #                                             by tokens over a whole epoch against the safe fixed batch, checkpointing
 #                                             where memory binds (GPT-2 medium), the estimator against measured peaks,
-#                                             the HF Trainer adapter, each probe against its normal run; a dated table
-#                                             in $OUT/features.md (benchmarks/gpu/features.py; PARTS=tokens,hf picks)
+#                                             activation offload's peak and speed (GPT-2 small), the HF Trainer
+#                                             adapter, each probe against its normal run; a dated table in
+#                                             $OUT/features.md (benchmarks/gpu/features.py; PARTS=tokens,hf picks)
 #   benchmarks/gpu/run_checklist.sh forecast  on a GPU other than the H100 (an H200): nanoGPT's defaults searched in 3m,
 #                                             its file forecast for an H100 against the 2026-11-27 H100 log (the issue's
 #                                             held-out check: benchmarks/forecast.py --held-out; TARGET=H100), the pair
@@ -46,9 +47,9 @@ forecast)
     "$PYTHON" -m autofit.cli forecast "$OUT/nanogpt-defaults.best.json" --tokens 10B | tee "$OUT/forecast.log"
     ;;
 features)
-    step "every feature on one GPU (benchmarks/gpu/features.py --parts ${PARTS:-tokens,memory,estimator,hf})"
+    step "every feature on one GPU (benchmarks/gpu/features.py --parts ${PARTS:-tokens,memory,estimator,offload,hf})"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-    "$PYTHON" -m benchmarks.gpu.features --parts "${PARTS:-tokens,memory,estimator,hf}" --out "$OUT"
+    "$PYTHON" -m benchmarks.gpu.features --parts "${PARTS:-tokens,memory,estimator,offload,hf}" --out "$OUT"
     echo "exit status $?"
     ;;
 check)

@@ -35,4 +35,17 @@ def test_the_table_has_one_dated_row_per_figure_with_its_command():
     assert text.splitlines()[0] == "| feature | GPU | figure | date | command |"
     assert text.splitlines()[2] == ("| batches by tokens | NVIDIA H200 | 2.1x the safe fixed batch | 2026-11-28 | "
                                     "`python -m benchmarks.tokens` |")
-    assert set(PARTS) == {"tokens", "memory", "estimator", "hf"}
+    assert set(PARTS) == {"tokens", "memory", "estimator", "offload", "hf"}
+
+
+def test_the_offload_row_reads_both_probes_records(tmp_path, monkeypatch):
+    from benchmarks.gpu import features
+
+    records = {False: {"status": "ok", "peak_bytes": 40 * 2**30, "samples_per_s": 100.0},
+               True: {"status": "ok", "peak_bytes": 10 * 2**30, "samples_per_s": 55.0}}
+    monkeypatch.setattr(features, "_probed", lambda args, log: records["--offload-activations" in args])
+    row = PARTS["offload"](str(tmp_path))[0]
+    assert row.figure == "bf16 b=32: peak 40.0 -> 10.0 GiB (-75%), 100.0 -> 55.0 samples/s (-45%)"
+    assert row.command.startswith("python -m autofit.cli probe benchmarks/gpu/gpt124m.py --gpu 0 --precision bf16")
+    records[True] = {"status": "oom"}
+    assert "no figure: probes ok, oom" in PARTS["offload"](str(tmp_path))[0].figure
