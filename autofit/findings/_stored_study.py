@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from autofit.errors import NoFeasibleConfig, UsageError
+from autofit.export import BestConfig
 from autofit.findings._best_document import best_document
 from autofit.findings._planning import observations, study_planner
 from autofit.memory import StoredEstimates, stored_estimates
@@ -71,7 +72,7 @@ class StoredStudy:
         """The memory estimator's answers for the search (None: it ran without, or had none)."""
         self._progress = self._read_progress()
         try:
-            self._document: dict[str, Any] | None = best_document(study, storage, planner=self._planner,
+            self._document: BestConfig | None = best_document(study, storage, planner=self._planner,
                                                                    trials=self._trials)
             self._no_document: NoFeasibleConfig | None = None
         except NoFeasibleConfig as error:
@@ -97,8 +98,9 @@ class StoredStudy:
     def best(self) -> Config | None:
         return self._ranked[0].config if self._ranked else None
 
-    def document(self) -> dict[str, Any]:
-        """The best-config document the search wrote (NoFeasibleConfig when nothing fits)."""
+    def document(self) -> BestConfig:
+        """The best-config file the search wrote, as its record (`.to_dict()`: the JSON; NoFeasibleConfig when
+        nothing fits)."""
         if self._document is None:
             raise self._no_document
         return self._document

@@ -101,36 +101,30 @@ def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame
         document = stored.document()
     except NoFeasibleConfig:
         document = None
-    winner = _doc_label(document) if document else None
+    winner = document.config.label() if document else None
     lines.append(probes_table(shown, winner, stored.ranked_by) if len(shown) else "(no probe matches the filters)")
     lines.append("")
     if document is None:
         lines.append("best: none yet: no probe fits under the usable memory")
         return "\n".join(lines)
-    measured = document["measured"]
+    measured = document.measured
     confirmed = confirmation_words(measured)
-    if measured.get("rate_from") == "confirmation":
+    if measured.rate_from == "confirmation":
         confirmed += ", whose figure this is"
     lines.append(f"best: {winner}  {rate_text(measured)}, peak "
-                 f"{format_size(measured['peak_bytes'])} of {format_size(stored.usable_bytes)} usable "
-                 f"({measured['probes']} probe{'s' if measured['probes'] != 1 else ''}, {confirmed})")
-    if measured.get("flops_per_s"):
-        lines.append(f"work: {work_text(measured['flops_per_s'], measured.get('mfu'), measured.get('joules_per_sample'))}")
-    if waited := input_bound_text(measured.get("data_wait_share")):
+                 f"{format_size(measured.peak_bytes)} of {format_size(stored.usable_bytes)} usable "
+                 f"({measured.probes} probe{'s' if measured.probes != 1 else ''}, {confirmed})")
+    if measured.flops_per_s:
+        lines.append(f"work: {work_text(measured.flops_per_s, measured.mfu, measured.joules_per_sample)}")
+    if waited := input_bound_text(measured.data_wait_share):
         lines.append(waited)
-    lines.append(f"why: {document['why']}")
-    lines.append(f"stopped: {document['study']['stopped']}")
+    lines.append(f"why: {document.why}")
+    lines.append(f"stopped: {document.study.stopped if document.study else None}")
     lines.append("legend: * the best config   ! ran, but its peak crossed the headroom (infeasible)")
     if (forecast := study_forecast(stored)) is not None:
         lines += [f"forecast for other GPUs (prices of {PRICES_DATE}; `autofit forecast {stored.name}` for the "
                   "notes, --gpu, --price and --tokens):", *forecast_table(forecast)]
     return "\n".join(lines)
-
-
-def _doc_label(document: dict) -> str:
-    from autofit.config import Config
-
-    return Config.from_dict(document["config"]).label()
 
 
 def describe_trial(stored: StoredStudy, number: int, full: bool = False, tail: int = TAIL_LINES) -> str:

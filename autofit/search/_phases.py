@@ -213,7 +213,7 @@ def export(state: SearchState, stopped: str, partial: bool) -> SearchResult:
             return result
         raise NoFeasibleConfig(_nothing_to_export(state, done, stopped))
     document = best_document(study, session.storage_label, planner=planner, stopped=stopped, partial=partial)
-    result.why = document["why"]
+    result.why = document.why
     device = session.device_info
     path = state.s.out or default_best_path(session.script, state.info.function, session.output_dir,
                                              device_tag(device.type, device.name))
