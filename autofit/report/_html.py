@@ -87,7 +87,7 @@ def render_report(stored: StoredStudy, pngs: dict[str, bytes]) -> str:
         measured = document.measured
         lines = [f"<b>Winner: {e(document.config.label())}</b>, "
                  f"{e(rate_text(measured))}, peak {e(format_size(measured.peak_bytes))} of "
-                 f"{e(format_size(stored.usable_bytes))} usable"
+                 f"{e(format_size(stored.memory.usable_bytes))} usable"
                  f" ({e(confirmation_words(measured))})."]
         if measured.flops_per_s:
             lines.append(f"Model FLOPs: {e(work_text(measured.flops_per_s, measured.mfu, measured.joules_per_sample))}.")
@@ -146,7 +146,7 @@ def _summary(stored: StoredStudy, frame: pd.DataFrame) -> str:
     rows = [
         ("script", f"{meta.script} : {meta.function or 'train'}"),
         ("device", meta.device_name),
-        ("memory", f"limit {format_size(stored.memory_limit)}, usable {format_size(stored.usable_bytes)} "
+        ("memory", f"limit {format_size(stored.memory.limit_bytes)}, usable {format_size(stored.memory.usable_bytes)} "
                    f"({meta.memory.headroom:.0%} headroom)"),
         ("probes", f"{len(frame)}: {int(counts.get('ok', 0))} ran ({over} over the headroom), "
                    f"{int(counts.get('oom', 0))} out of memory, {failed} failed; "
@@ -169,7 +169,7 @@ def _ranking_table(stored: StoredStudy) -> str:
         rows.append(f"<tr{css}><td>{i + 1}</td>"
                     f"<td class=\"l\">{html.escape(c.config.label())}</td><td>{c.rate:,.1f}</td>"
                     f"<td>{c.rate / ranked[0].rate:.0%}</td><td>{format_size(c.peak_bytes)}</td>"
-                    f"<td>{100 * peak / stored.usable_bytes:.0f}%</td><td>{c.probes}</td></tr>")
+                    f"<td>{100 * peak / stored.memory.usable_bytes:.0f}%</td><td>{c.probes}</td></tr>")
     return head + "".join(rows) + "</table>"
 
 

@@ -90,8 +90,8 @@ def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame
     script = f"{os.path.basename(meta.script)}:{meta.function}" if meta.function else meta.script
     lines = [
         f"study {stored.name} ({redacted(stored.storage)})",
-        f"{script} on {meta.device_name}, limit {format_size(stored.memory_limit)}, "
-        f"usable {format_size(stored.usable_bytes)} ({meta.memory.headroom:.0%} headroom)",
+        f"{script} on {meta.device_name}, limit {format_size(stored.memory.limit_bytes)}, "
+        f"usable {format_size(stored.memory.usable_bytes)} ({stored.memory.headroom:.0%} headroom)",
         f"{len(total)} probes: {int(counts.get('ok', 0))} ran ({over} over the headroom), "
         f"{int(counts.get('oom', 0))} out of memory, {failed} failed"
         + (f"; showing {len(shown)}" if len(shown) != len(total) else ""),
@@ -112,7 +112,7 @@ def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame
     if measured.rate_from == "confirmation":
         confirmed += ", whose figure this is"
     lines.append(f"best: {winner}  {rate_text(measured)}, peak "
-                 f"{format_size(measured.peak_bytes)} of {format_size(stored.usable_bytes)} usable "
+                 f"{format_size(measured.peak_bytes)} of {format_size(stored.memory.usable_bytes)} usable "
                  f"({measured.probes} probe{'s' if measured.probes != 1 else ''}, {confirmed})")
     if measured.flops_per_s:
         lines.append(f"work: {work_text(measured.flops_per_s, measured.mfu, measured.joules_per_sample)}")
@@ -136,11 +136,11 @@ def describe_trial(stored: StoredStudy, number: int, full: bool = False, tail: i
     stored_path = result.log_path
     result.log_path = path or stored_path
     lines = [describe_probe(result, header=f"trial {trial.number} of study {stored.name} ({phase}{started})")]
-    if result.status == "ok" and result.peak_bytes and result.peak_bytes > stored.usable_bytes:
-        lines.append(f"{'feasible':<12} no: the peak crosses {format_size(stored.usable_bytes)} usable")
+    if result.status == "ok" and result.peak_bytes and result.peak_bytes > stored.memory.usable_bytes:
+        lines.append(f"{'feasible':<12} no: the peak crosses {format_size(stored.memory.usable_bytes)} usable")
     parts = stored.where_memory_goes(result.config, result.peak_bytes if result.status == "ok" else None)
     if parts is not None:
-        lines += ["", *describe_memory(parts, stored.memory_limit, stored.usable_bytes,
+        lines += ["", *describe_memory(parts, stored.memory,
                                        result.peak_bytes if result.status == "ok" else None)]
     lines.append("")
     if path is None:

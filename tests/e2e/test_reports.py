@@ -287,7 +287,7 @@ def test_plots_draw_the_studys_data(recorded):
     memory = figures["memory"].axes[0]
     flat = {round(float(line.get_ydata()[0]), 1) for line in memory.get_lines()
             if len(line.get_ydata()) == 2 and line.get_ydata()[0] == line.get_ydata()[1]}
-    assert {round(stored.meta.memory.limit_bytes / 2**20, 1), round(stored.usable_bytes / 2**20, 1)} <= flat
+    assert {round(stored.meta.memory.limit_bytes / 2**20, 1), round(stored.memory.usable_bytes / 2**20, 1)} <= flat
     assert sum(line.get_linestyle() == "--" and len(line.get_xdata()) > 2 for line in memory.get_lines()) \
         == len(stored.memory_models()) >= 1
     # progress ends at least at the winner's throughput (near-ties go to the lower peak, so the winner
