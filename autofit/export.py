@@ -140,7 +140,7 @@ _LEFT_OUT_WHEN_NONE = ("flops_per_token", "data_wait_share", "threads", "token_e
 @dataclass(frozen=True, kw_only=True)
 class MeasuredFigures:
     """The winner's measured figures (the file's `measured`; docs/reference/best-config.md says what each is).
-    Every field but the ranked rate may be missing from an older file: None there."""
+    A field an older (or hand-made) file lacks reads as None; its ranked rate, as samples/s."""
 
     ranked_by: Rate = SAMPLES
     """The rate the search ranked by (files written before it: samples/s)."""
@@ -308,8 +308,9 @@ class BestConfig:
                 "partial": self.partial, "config": config_entry(self.config, self.world_size, self.global_tokens),
                 "measured": self.measured.to_dict(),
                 "memory": {**self.memory.to_dict(), "usable_bytes": None if usable is None else int(usable)},
-                "device": self.device, "world_size": self.world_size, "allocator": self.allocator,
-                "versions": self.versions, "script": self.script.to_dict(),
+                "device": dict(self.device), "world_size": self.world_size,
+                "allocator": None if self.allocator is None else dict(self.allocator),
+                "versions": dict(self.versions), "script": self.script.to_dict(),
                 **({"study": self.study.to_dict()} if self.study else {}), "why": self.why,
                 "runner_ups": [r.to_dict(self.world_size, self.global_tokens) for r in self.runner_ups]}
 

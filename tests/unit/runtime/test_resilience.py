@@ -277,8 +277,8 @@ def test_the_decorator_starts_again_through_the_same_redo(tmp_path, monkeypatch,
     err = capsys.readouterr().err
     assert err.index("starting again") < err.index("redoing the step")
     record = read_lowerings(lowered_path(str(tmp_path / "t.best.json")))
-    assert [item["restart"] for item in record["lowerings"]] == [True, False]
-    assert Config.from_dict(record["ended_with"]) == Config(batch_size=2, accumulation_steps=4)
+    assert [item.restart for item in record.lowerings] == [True, False]
+    assert record.ended_with == Config(batch_size=2, accumulation_steps=4)
 
 
 def test_a_failed_steps_activations_go_back_though_the_loop_still_holds_its_outputs():
