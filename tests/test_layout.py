@@ -243,7 +243,7 @@ _BEST_CONFIG_KEYS = frozenset({
     "unconfirmed", "ab", "rate_from", "rate_note", "flops_per_sample", "flops_per_token", "flops_per_s", "mfu",
     "joules_per_sample", "data_wait_share", "threads", "token_envelope", "profile"})
 #: What holds the file, or its `measured`, by name (`document`, `stored.document()`, `best.measured`).
-_BEST_CONFIG_HOLDERS = frozenset({"document", "measured", "best_config"})
+_BEST_CONFIG_HOLDERS = frozenset({"document", "measured"})
 
 
 def _best_config_read(node: ast.AST) -> bool:

@@ -16,10 +16,9 @@ UNCONFIRMED_BUDGET = ("the budget left no room for the A/B that confirms a winne
 
 
 def ab_record(ranked: list[Candidate], done, planner: Planner) -> ABRecord | None:
-    """The A/B (the confirmation) as the file keeps it: each entrant's config label, its rounds' rates
-    (at `Config.ranked_by`) in the order they ran, their median and
-    spread ((max - min) / median), best first; the A/B's spread (the widest of its entrants'); the config
-    that led before it. None when no round ran."""
+    """The A/B (the confirmation) as the file keeps it: each entrant's config label, its rounds' rates (at
+    `Config.ranked_by`) in the order they ran, their median and spread ((max - min) / median), best first; the
+    A/B's spread (the widest of its entrants'); the config that led before it. None when no round ran."""
     rounds: dict[Config, list[float]] = defaultdict(list)
     for o in sorted(done, key=lambda o: o.trial if o.trial is not None else -1):
         if o.phase == "confirm" and o.status == "ok" and o.rate:

@@ -73,7 +73,7 @@ class StoredStudy:
         self._progress = self._read_progress()
         try:
             self._document: BestConfig | None = best_document(study, storage, planner=self._planner,
-                                                                   trials=self._trials)
+                                                              trials=self._trials)
             self._no_document: NoFeasibleConfig | None = None
         except NoFeasibleConfig as error:
             self._document, self._no_document = None, error
