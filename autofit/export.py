@@ -365,9 +365,14 @@ def read_best(path: str) -> BestConfig:
     if missing:
         raise ConfigFileError(f"The best-config file {path} must have {', '.join(missing)}, but they are missing.")
     try:
-        return BestConfig.from_dict(document, path=path)
+        Config.from_dict(document["config"])
     except Exception as exc:  # noqa: BLE001
         raise ConfigFileError(f"The config in {path} must be valid, but: {exc}") from None
+    try:
+        return BestConfig.from_dict(document, path=path)
+    except Exception as exc:  # noqa: BLE001  (a hand-edited runner-up, a figure of the wrong type, ...)
+        raise ConfigFileError(f"The best-config file {path} must hold what its schema says, but: {exc!r}; export "
+                              f"it again (autofit export).") from None
 
 
 def default_best_path(script: str, function: str | None, directory: str = "studies",

@@ -7,8 +7,11 @@ import glob
 import json
 import os
 
+import pytest
+
 from autofit.config import SAMPLES, TOKENS, Config
 from autofit.decorator import AutofitFunction
+from autofit.errors import ConfigFileError
 from autofit.export import (
     ABEntrant,
     ABRecord,
@@ -117,3 +120,13 @@ def test_every_field_of_the_record_survives_the_file(tmp_path):
     assert read == BestConfig(**{**vars(best), "memory": read.memory})
     entry = read.to_dict()["config"]
     assert entry["global_batch"] is None and entry["global_tokens"] == 4096 and entry["ranks"] == 2
+
+
+def test_a_file_with_a_part_that_is_not_what_the_schema_says_is_refused_with_where(tmp_path):
+    path = tmp_path / "bad.best.json"
+    path.write_text(json.dumps({**FIRST_FORM, "runner_ups": [{"precision": "fp8"}]}))
+    with pytest.raises(ConfigFileError, match=r"must hold what its schema says, but: .*fp8"):
+        read_best(str(path))
+    path.write_text(json.dumps({**FIRST_FORM, "config": {"batch_size": 0}}))
+    with pytest.raises(ConfigFileError, match="The config in .* must be valid"):
+        read_best(str(path))
