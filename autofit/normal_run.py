@@ -119,12 +119,12 @@ def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: st
     partial = " (partial search)" if best.partial else ""
     message = f"running {_what(fn)} with the best config from {best.path}{partial}: {best.config.label()}"
     measured = best.measured
-    if measured.get("confirmed") is False:
-        why = measured.get("unconfirmed") or "the search ended before a longer run could measure it; its figure is a short probe's"
+    if measured.confirmed is False:
+        why = measured.unconfirmed or "the search ended before a longer run could measure it; its figure is a short probe's"
         message += f" (unconfirmed: {why})"
     return RunPlan(best.config, device, message, best.path, lowered_path(best.path), best.memory.limit_bytes,
-                   best.world_size, TokenEnvelope.from_dict(measured.get("token_envelope")),
-                   best.threads if best.device.get("type") == "cpu" else None)
+                   best.world_size, TokenEnvelope.from_dict(measured.token_envelope),
+                   measured.threads if best.device_type == "cpu" else None)
 
 
 def _unsearched_plan(fn: Decorated, device: str, why_not: str, record_path: str) -> RunPlan:
@@ -148,23 +148,23 @@ def _other_global_batch(fn: Decorated, best: BestConfig) -> int | None:
 
 
 def _warn_if_stale(fn: Decorated, best: BestConfig, device: str) -> None:
-    searched = best.device
-    if searched.get("type") and searched.get("type") != device.split(":")[0]:
-        _warn(f"autofit: the best config was searched on {searched.get('type')} ({searched.get('name')}) but this "
+    searched = best.device_type
+    if searched and searched != device.split(":")[0]:
+        _warn(f"autofit: the best config was searched on {searched} ({best.device_name}) but this "
               f"run uses {device}; search again on this device for a config that fits it.")
-    elif searched.get("type") == "cuda":
+    elif searched == "cuda":
         import torch
 
         name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-        if name and name != searched.get("name"):
-            _warn(f"autofit: the best config was searched on {searched.get('name')} but this GPU is "
+        if name and name != best.device_name:
+            _warn(f"autofit: the best config was searched on {best.device_name} but this GPU is "
                   f"{name}; search again for a config that fits it.")
     allocator = allocator_difference(best.allocator)
     if allocator:
         _warn(f"autofit: the allocator settings differ from the search's ({allocator}); the config's "
               f"memory and speed may differ. Run with the search's settings, or search again.")
     script = _script_of(fn)
-    recorded = best.script_sha256
+    recorded = best.script.sha256
     if script and recorded and script_sha256(script) != recorded:
         _warn("autofit: the training script changed since the search; its memory and speed may differ. "
               "Run `autofit search` again to be sure the config still fits.")
@@ -191,7 +191,7 @@ def _what(fn: Decorated) -> str:
 def _say_if_other_args(fn: Decorated, best: BestConfig) -> None:
     """One line where a script runs with other arguments than those its config was searched with (a
     decorated function's script: only where the search recorded some)."""
-    searched = best.script_args
+    searched = best.script.args
     args = getattr(fn, "script_args", None)  # a script's own; a decorated function's script: sys.argv's
     if args is None and searched:
         args = sys.argv[1:]

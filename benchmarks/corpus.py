@@ -92,7 +92,7 @@ def search(script: Script, trials: int, tmp: str, device: str = "cpu", probe_pro
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"search of {script.name} failed ({done.returncode}): {done.stderr[-2000:]}")
-    return {"document": read_best(best).document, "path": best, "study": load_study(storage=storage), "wall_s": wall}
+    return {"document": read_best(best), "path": best, "study": load_study(storage=storage), "wall_s": wall}
 
 
 def predicted_peak(study, config, device: str = "cpu") -> tuple[float | None, tuple[float, float] | None]:
@@ -196,9 +196,9 @@ def measure(script: Script, trials: int, rounds: int, device: str = "cpu", probe
     probe = statistics.median(probes) if probes else None
     normal = statistics.median([n for n in normals if n]) if any(normals) else None
     return {"name": script.name, "config": config.label(), "world": script.nproc,
-            "search_samples_per_s": document["measured"]["samples_per_s"],
+            "search_samples_per_s": document.measured.samples_per_s,
             "probes": len(frame), "oom": int((frame["status"] == "oom").sum()), "search_s": found["wall_s"],
-            "estimate_raw": raw, "estimate_range": calibrated, "measured_peak": document["measured"]["peak_bytes"],
+            "estimate_raw": raw, "estimate_range": calibrated, "measured_peak": document.measured.peak_bytes,
             "run_peak": max(run_peaks) if run_peaks else None, "probe": probe, "normal": normal,
             "ratio": probe / normal if probe and normal else None,
             "estimator": study.estimates.summary() if study.estimates else "not run"}

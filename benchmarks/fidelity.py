@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 
 from autofit.config import Config
-from autofit.export import config_entry, write_best
+from autofit.export import BestConfig, write_best
 from autofit.probing import make_runner
 from benchmarks import pythonpath
 
@@ -85,11 +85,7 @@ CUDA_CASES = (
 
 def _config_file(path: str, config: Config, device: str, world_size: int) -> None:
     """A best-config file holding `config`, as `autofit search` would write it."""
-    write_best(path, {
-        "partial": False, "config": config_entry(config), "measured": {}, "memory": {},
-        "device": {"type": device}, "versions": {}, "script": {},
-        **({"world_size": world_size} if world_size > 1 else {}),
-    })
+    write_best(path, BestConfig(config=config, device={"type": device}, world_size=world_size))
 
 
 def normal_run(case: Case, config: Config, device: str, tmp: str) -> dict:

@@ -233,3 +233,47 @@ def test_only_the_white_box_tests_import_private_modules():
                     if private or another_test:
                         offending.append(f"{os.path.relpath(path, REPO)} imports {module}")
     assert offending == []
+
+
+#: The best-config file's keys, at the top and in `measured` (less the schema's own, which every format has):
+#: autofit.export alone reads them; everyone else reads `BestConfig`'s attributes.
+_BEST_CONFIG_KEYS = frozenset({
+    "partial", "config", "measured", "memory", "device", "world_size", "allocator", "versions", "script", "study",
+    "why", "runner_ups", "ranked_by", "samples_per_s", "tokens_per_s", "peak_bytes", "probes", "confirmed",
+    "unconfirmed", "ab", "rate_from", "rate_note", "flops_per_sample", "flops_per_token", "flops_per_s", "mfu",
+    "joules_per_sample", "data_wait_share", "threads", "token_envelope", "profile"})
+#: What holds the file, or its `measured`, by name (`document`, `stored.document()`, `best.measured`).
+_BEST_CONFIG_HOLDERS = frozenset({"document", "measured"})
+
+
+def _best_config_read(node: ast.AST) -> bool:
+    """`holder[KEY]` or `holder.get(KEY)`, the holder a name above, `(holder or {})`, or such a read itself."""
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        holder, key = node.value, node.slice.value
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and node.args
+          and isinstance(node.args[0], ast.Constant)):
+        holder, key = node.func.value, node.args[0].value
+    else:
+        return False
+    if key not in _BEST_CONFIG_KEYS:
+        return False
+    while True:
+        if isinstance(holder, ast.BoolOp):
+            holder = holder.values[0]
+        elif isinstance(holder, ast.Call) and not (isinstance(holder.func, ast.Attribute) and holder.func.attr == "get"):
+            holder = holder.func
+        else:
+            break
+    name = holder.id if isinstance(holder, ast.Name) else holder.attr if isinstance(holder, ast.Attribute) else None
+    return name in _BEST_CONFIG_HOLDERS or _best_config_read(holder)
+
+
+def test_only_the_export_module_reads_the_best_config_files_keys():
+    """One owner per format: the best-config file is read into `autofit.export.BestConfig` (and written from it)
+    there; a report, the forecast, the search or the normal run that read its keys would be a second reader
+    that an added or renamed field could pass by."""
+    owner = os.path.join(PACKAGE, "export.py")
+    reads = [f"{os.path.relpath(path, REPO)}:{node.lineno}: {ast.unparse(node)}"
+             for path in _modules().values() if path != owner
+             for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())) if _best_config_read(node)]
+    assert reads == []

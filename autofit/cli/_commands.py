@@ -344,7 +344,8 @@ def search(ctx: click.Context, target: str, script_args: tuple[str, ...], parall
     finally:
         reporter.close()
     if as_json:
-        click.echo(json.dumps({"best": result.document, "path": result.json_path, "probes": result.probes,
+        best = result.document.to_dict() if result.document else None
+        click.echo(json.dumps({"best": best, "path": result.json_path, "probes": result.probes,
                                "oom": result.ooms, "failed": result.failed, "stopped": result.stopped,
                                "partial": result.partial}, indent=2))
     else:

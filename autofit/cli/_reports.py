@@ -85,7 +85,7 @@ def export(study: str | None, storage: str | None, out: str | None) -> None:
                                     device=device_tag(device.get("type", "cpu"), device.get("name")))
     write_best(path, document)
     click.echo(f"best config of {stored.name} ({stored.best().label()}, "
-               f"{rate_text(document['measured'])}) written to {path}")
+               f"{rate_text(document.measured)}) written to {path}")
 
 
 @cli.command()

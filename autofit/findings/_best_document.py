@@ -16,7 +16,7 @@ import optuna
 from autofit.config import RATES, Config, widest_envelope
 from autofit.devices import mfu
 from autofit.errors import NoFeasibleConfig
-from autofit.export import config_entry, versions
+from autofit.export import BestConfig, MeasuredFigures, RunnerUp, ScriptEntry, StudyEntry, versions
 from autofit.findings._confirmation import ab_record, unconfirmed_reason
 from autofit.findings._explain import explain, rate_note
 from autofit.findings._planning import observations, study_planner
@@ -45,8 +45,8 @@ def best_document(
     stopped: str | None = None,
     partial: bool | None = None,
     trials: list | None = None,
-) -> dict[str, Any]:
-    """The best-config document (schema "autofit.best-config", less the fields write_best adds).
+) -> BestConfig:
+    """The best-config file's record (`write_best` stamps the time it writes it).
 
     `stopped` and `partial` default to what the search recorded on the study; NoFeasibleConfig when
     none of the probes fits. Only the probes of the script the study names count (`script_trials`), so the
@@ -64,37 +64,28 @@ def best_document(
     end = recorded_end(study)
     stopped = stopped if stopped is not None else end.get("stopped", NOT_FINISHED)
     partial = partial if partial is not None else bool(end.get("partial", True))
-    world_size = meta.world_size
-    global_tokens = planner.space.global_tokens
     measured = _measured(ranked, done, trials, meta, planner, partial)
-    reason = measured["unconfirmed"]
+    reason = measured.unconfirmed
     run_versions = meta.versions
-    return {
-        "partial": partial,
-        "config": config_entry(ranked[0].config, world_size, global_tokens),
-        "measured": measured,
-        "memory": {**meta.memory.to_dict(), "usable_bytes": int(usable)},
-        "device": meta.device_info,
+    return BestConfig(
+        partial=partial, config=ranked[0].config, global_tokens=planner.space.global_tokens,
+        measured=measured, memory=meta.memory, device=meta.device_info,
         # Ranks each probe ran on: the micro-batch and accumulation are per rank, the global batch is
         # theirs x this (a torchrun run with another world size shares the accumulation out again).
-        "world_size": world_size,
+        world_size=meta.world_size,
         # PYTORCH_CUDA_ALLOC_CONF and the like, as the probes ran (None: not recorded by this study)
-        "allocator": meta.allocator,
-        "versions": versions(run_versions.get("torch"), run_versions.get("cuda")),
+        allocator=meta.allocator,
+        versions=versions(run_versions.get("torch"), run_versions.get("cuda")),
         # The script as the search measured it: a later run warns if it changed since (None for
         # studies recorded before the hash was kept; re-hashing now would hide a change).
-        "script": {"path": meta.script, "function": meta.function, "sha256": meta.script_sha256,
-                   **({"args": list(meta.script_args)} if meta.script_args else {})},
-        "study": {"name": study.study_name, "storage": redacted(storage), "probes": len(done),
-                  "oom": sum(o.too_big(usable) for o in done), "failed": sum(o.failed for o in done),
-                  "stopped": stopped},
-        "why": explain(ranked, done, planner, usable) + (f"; unconfirmed: {reason}" if reason else ""),
-        "runner_ups": [
-            {**config_entry(c.config, world_size, global_tokens), c.config.ranked_by.name: c.rate,
-             "peak_bytes": c.peak_bytes}
-            for c in ranked[1:5]
-        ],
-    }
+        script=ScriptEntry(path=meta.script, function=meta.function, sha256=meta.script_sha256,
+                           args=tuple(meta.script_args or ())),
+        study=StudyEntry(name=study.study_name, storage=redacted(storage), probes=len(done),
+                         oom=sum(o.too_big(usable) for o in done), failed=sum(o.failed for o in done),
+                         stopped=stopped),
+        why=explain(ranked, done, planner, usable) + (f"; unconfirmed: {reason}" if reason else ""),
+        runner_ups=tuple(RunnerUp(config=c.config, rate=c.rate, peak_bytes=c.peak_bytes) for c in ranked[1:5]),
+    )
 
 
 def _none_fits(study: optuna.Study, probes: int) -> str:
@@ -106,37 +97,34 @@ def _none_fits(study: optuna.Study, probes: int) -> str:
 
 
 def _measured(ranked: list[Candidate], done: list[Observation], trials, meta: StudyMeta, planner: Planner,
-              partial: bool) -> dict[str, Any]:
+              partial: bool) -> MeasuredFigures:
     """The winner's measured figures: its rates, peak and probes, where its rates come from, and the A/B
     that confirmed it (or why none did)."""
     best = ranked[0]
     usable = meta.memory.usable_bytes
     confirmed = any(o.phase == "confirm" and o.config == best.config and o.fits(usable) for o in done)
-    figures = rate_figures(best, trials, meta.device_info, meta.world_size)
-    ranked_by = best.config.ranked_by
-    rates = {r.name: figures.pop(r.name) for r in sorted(RATES, key=lambda r: r != ranked_by)}  # ranked first
-    return {
+    return MeasuredFigures(
         # the rate the search ranked by: samples_per_s, or tokens_per_s (real tokens) by tokens
-        "ranked_by": ranked_by.name,
-        **rates,
+        ranked_by=best.config.ranked_by,
         # the highest peak any of its probes reached: a run must fit them all
-        "peak_bytes": best.peak_bytes,
-        "probes": best.probes,
-        "confirmed": confirmed,
-        # why not, when it is not (null when it is)
-        "unconfirmed": unconfirmed_reason(confirmed, done, partial),
-        # the A/B that confirmed it: each entrant's rounds (at the ranked rate), median and spread (null: none ran)
-        "ab": ab_record(ranked, done, planner),
+        peak_bytes=best.peak_bytes,
+        probes=best.probes,
+        confirmed=confirmed,
+        # why not, when it is not (None when it is)
+        unconfirmed=unconfirmed_reason(confirmed, done, partial),
+        # the A/B that confirmed it: each entrant's rounds (at the ranked rate), median and spread (None: none ran)
+        ab=ab_record(ranked, done, planner),
         # which probes the rates come from ("confirmation", "median", "fastest"), and why
-        "rate_from": best.measurement.rule,
-        "rate_note": rate_note(ranked, done),
-        **figures,
-        # the intra-op threads its probes ran on (absent: not recorded): a CPU run on other threads is warned
-        **({"threads": threads} if (threads := probe_threads(best.config, trials)) else {}),
-        # the micro-batches by tokens its probes ran (absent: it does not batch by tokens): a normal run
+        rate_from=best.measurement.rule,
+        rate_note=rate_note(ranked, done),
+        # its rates and the figures behind them, from the probes its ranked rate comes from
+        **rate_figures(best, trials, meta.device_info, meta.world_size),
+        # the intra-op threads its probes ran on (None: not recorded): a CPU run on other threads is warned
+        threads=probe_threads(best.config, trials),
+        # the micro-batches by tokens its probes ran (None: it does not batch by tokens): a normal run
         # splits one beyond them before it runs
-        **({"token_envelope": envelope} if (envelope := token_envelope(best.config, trials)) else {}),
-    }
+        token_envelope=token_envelope(best.config, trials),
+    )
 
 
 def probe_threads(config: Config, trials) -> int | None:
@@ -172,12 +160,10 @@ def rate_figures(best: Candidate, trials, device: dict[str, Any], world_size: in
     utilisation = (mfu(flops_per_s / max(1, world_size), device.get("name", ""), best.config.precision)
                    if flops_per_s and device.get("type") == "cuda" else None)
     waited = _median([r.data_wait_share for r in probes])
-    return {**rates,
-            "flops_per_sample": flops, **({"flops_per_token": per_token} if per_token else {}),
-            "flops_per_s": flops_per_s, "mfu": utilisation,
-            "joules_per_sample": _median([r.joules_per_sample for r in probes]),
-            # share of the measured time its probes waited for data (when autofit saw the data)
-            **({"data_wait_share": waited} if waited is not None else {})}
+    return {**rates, "flops_per_sample": flops, "flops_per_token": per_token or None, "flops_per_s": flops_per_s,
+            "mfu": utilisation, "joules_per_sample": _median([r.joules_per_sample for r in probes]),
+            # share of the measured time its probes waited for data (None: autofit did not see the data)
+            "data_wait_share": waited}
 
 
 def _at_rate(best: Candidate, probes: list, name: str) -> float | None:

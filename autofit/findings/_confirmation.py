@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from typing import Any
 
 from autofit.config import Config
+from autofit.export import ABEntrant, ABRecord
 from autofit.planner import Candidate, Planner
 
 #: Why a winner is unconfirmed when the search ended without measuring it in an A/B.
@@ -15,11 +15,10 @@ UNCONFIRMED_BUDGET = ("the budget left no room for the A/B that confirms a winne
                       "probe's (give the search a longer --budget)")
 
 
-def ab_record(ranked: list[Candidate], done, planner: Planner) -> dict[str, Any] | None:
-    """The A/B (the confirmation) as the file keeps it: each entrant's config label, its rounds' rates
-    (samples_per_s, or tokens_per_s by tokens: `Config.ranked_by`) in the order they ran, their median and
-    spread ((max - min) / median), best first; the A/B's spread (the widest of its entrants'); the config
-    that led before it. None when no round ran."""
+def ab_record(ranked: list[Candidate], done, planner: Planner) -> ABRecord | None:
+    """The A/B (the confirmation) as the file keeps it: each entrant's config label, its rounds' rates (at
+    `Config.ranked_by`) in the order they ran, their median and spread ((max - min) / median), best first; the
+    A/B's spread (the widest of its entrants'); the config that led before it. None when no round ran."""
     rounds: dict[Config, list[float]] = defaultdict(list)
     for o in sorted(done, key=lambda o: o.trial if o.trial is not None else -1):
         if o.phase == "confirm" and o.status == "ok" and o.rate:
@@ -28,11 +27,11 @@ def ab_record(ranked: list[Candidate], done, planner: Planner) -> dict[str, Any]
         return None
     feasible = [c.config for c in ranked if c.config in rounds]
     order = feasible + [c for c in rounds if c not in feasible]
-    entrants = [{"label": c.label(), c.ranked_by.name: rounds[c], "median": statistics.median(rounds[c]),
-                 "spread": _spread(rounds[c])} for c in order]
+    entrants = tuple(ABEntrant(label=c.label(), rounds=tuple(rounds[c]), median=statistics.median(rounds[c]),
+                               spread=_spread(rounds[c])) for c in order)
     led = led_before(done, planner)
-    return {"entrants": entrants, "spread": max(e["spread"] for e in entrants),
-            "led_before": led.label() if led is not None else None}
+    return ABRecord(entrants=entrants, spread=max(e.spread for e in entrants),
+                    led_before=led.label() if led is not None else None)
 
 
 def _spread(rates: list[float]) -> float:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from autofit.errors import NoFeasibleConfig, UsageError
+from autofit.export import BestConfig, MemoryBudget
 from autofit.findings._best_document import best_document
 from autofit.findings._planning import observations, study_planner
 from autofit.memory import StoredEstimates, stored_estimates
@@ -55,8 +56,8 @@ class StoredStudy:
         self.name: str = study.study_name
         self.meta: StudyMeta = study_meta(study)
         """The search's settings as the study keeps them (script, device, memory budget, space, ...)."""
-        self.memory_limit = int(self.meta.memory.limit_bytes)
-        self.usable_bytes = float(self.meta.memory.usable_bytes)
+        self.memory: MemoryBudget = self.meta.memory
+        """The memory the search probed against: the limit, the headroom and what was left to a config."""
         self._trials: list[FrozenTrial] = script_trials(study)
         """The trials of the script the study names (a probe of another version measured another model)."""
         self._planner = study_planner(study)
@@ -65,14 +66,14 @@ class StoredStudy:
         """The throughput the study ranks by: samples/s, or real tokens/s for a search by tokens."""
         self._observations = observations(self._trials)
         self._ranked = self._planner.ranked(self._observations)
-        self._frame = trials_frame(self._trials, self.usable_bytes)
+        self._frame = trials_frame(self._trials, self.memory.usable_bytes)
         self._memory_models = self._planner.memory_models(self._observations)
         self.estimates: StoredEstimates | None = stored_estimates(study)
         """The memory estimator's answers for the search (None: it ran without, or had none)."""
         self._progress = self._read_progress()
         try:
-            self._document: dict[str, Any] | None = best_document(study, storage, planner=self._planner,
-                                                                   trials=self._trials)
+            self._document: BestConfig | None = best_document(study, storage, planner=self._planner,
+                                                              trials=self._trials)
             self._no_document: NoFeasibleConfig | None = None
         except NoFeasibleConfig as error:
             self._document, self._no_document = None, error
@@ -97,8 +98,9 @@ class StoredStudy:
     def best(self) -> Config | None:
         return self._ranked[0].config if self._ranked else None
 
-    def document(self) -> dict[str, Any]:
-        """The best-config document the search wrote (NoFeasibleConfig when nothing fits)."""
+    def document(self) -> BestConfig:
+        """The best-config file the search wrote, as its record (`.to_dict()`: the JSON; NoFeasibleConfig when
+        nothing fits)."""
         if self._document is None:
             raise self._no_document
         return self._document
@@ -162,7 +164,7 @@ class StoredStudy:
         """One line's worth: device, limit, probes, best config and its throughput (`rate`, in `rate_unit`)."""
         return {
             "study": self.name, "device": self.meta.device_info.get("name"),
-            "limit_bytes": self.memory_limit, "probes": len(self._frame),
+            "limit_bytes": self.memory.limit_bytes, "probes": len(self._frame),
             "best": self._ranked[0].config.label() if self._ranked else None,
             "rate": self._ranked[0].rate if self._ranked else None, "rate_unit": self.ranked_by.unit,
         }

@@ -7,6 +7,7 @@ from typing import Any
 
 from autofit.config import Config
 from autofit.errors import UsageError
+from autofit.export import BestConfig, MeasuredFigures
 from autofit.forecast._gpus import GpuSpec, gpu_spec, spec_of_device
 from autofit.forecast._memory import MemoryLine, largest_fit, usable_bytes
 from autofit.forecast._model import Rate, scale_rate
@@ -159,23 +160,22 @@ def _memory_fit(strategy: Strategy, usable: float, global_batch: int | None) -> 
 
 
 def _fit(strategy: Strategy, source: GpuSpec | None, target: GpuSpec, usable: float, global_batch: int | None,
-         measured: dict[str, Any]) -> StrategyFit:
+         measured: MeasuredFigures) -> StrategyFit:
     precision = target_precision(strategy.precision, target)
     batch, peak, basis = _memory_fit(strategy, usable, global_batch)
     near = strategy.rate_near(batch) if batch else None
-    rate = None if near is None else scale_rate(near[1], measured.get("flops_per_sample"), strategy.precision,
-                                                source, target, precision, measured.get("profile"))
+    rate = None if near is None else scale_rate(near[1], measured.flops_per_sample, strategy.precision,
+                                                source, target, precision, measured.profile)
     return StrategyFit(strategy.label(), precision, batch, peak, rate, near[0] if near else None, basis)
 
 
-def _target(strategies: list[Strategy], source: GpuSpec | None, target: GpuSpec, document: dict[str, Any],
+def _target(strategies: list[Strategy], source: GpuSpec | None, target: GpuSpec, searched: BestConfig,
             prices: dict[str, float] | None) -> TargetForecast:
-    headroom = (document.get("memory") or {}).get("headroom")
-    headroom = DEFAULT_HEADROOM if headroom is None else float(headroom)
-    config = dict(document.get("config") or {})
-    global_batch = config.get("global_batch")
+    # a file that names no memory (a document made from published figures) keeps the default headroom
+    headroom = searched.memory.headroom if searched.memory.limit_bytes is not None else DEFAULT_HEADROOM
+    global_batch = searched.global_batch
     usable = usable_bytes(target.memory_bytes, headroom)
-    fits = [_fit(s, source, target, usable, global_batch, document.get("measured") or {}) for s in strategies]
+    fits = [_fit(s, source, target, usable, global_batch, searched.measured) for s in strategies]
     fitting = [i for i, f in enumerate(fits) if f.batch_size > 0]  # the fastest, the winner's first on a tie
     best = max(fitting, key=lambda i: fits[i].rate.samples_per_s if fits[i].rate else 0.0) if fitting else None
     chosen = None if best is None else fits[best]
@@ -183,7 +183,7 @@ def _target(strategies: list[Strategy], source: GpuSpec | None, target: GpuSpec,
     run = None
     if chosen is not None:
         strategy = strategies[best]
-        accumulation = global_batch // chosen.batch_size if global_batch else config.get("accumulation_steps", 1)
+        accumulation = global_batch // chosen.batch_size if global_batch else searched.config.accumulation_steps
         run = {**Config.from_dict({**strategy.fields, "precision": chosen.precision, "batch_size": chosen.batch_size,
                                    "accumulation_steps": accumulation}).to_dict(), "global_batch": global_batch}
         if chosen.precision != strategy.precision:
@@ -203,20 +203,19 @@ def _target(strategies: list[Strategy], source: GpuSpec | None, target: GpuSpec,
     return TargetForecast(target, usable, fits, chosen, run, price_for(target.name, prices), notes)
 
 
-def _source_notes(document: dict[str, Any], source: GpuSpec | None) -> list[str]:
-    device = document.get("device") or {}
-    measured = document.get("measured") or {}
+def _source_notes(best: BestConfig, source: GpuSpec | None) -> list[str]:
+    measured = best.measured
     if source is None:
-        kind = "a CPU" if device.get("type") == "cpu" else f"a GPU autofit has no figures of ({device.get('name')})"
+        kind = "a CPU" if best.device_type == "cpu" else f"a GPU autofit has no figures of ({best.device_name})"
         memory = ("memory from its peaks (a CPU's count the whole process: on a GPU the same tensors usually "
-                  "take less)" if device.get("type") == "cpu" else "memory from its peaks")
+                  "take less)" if best.device_type == "cpu" else "memory from its peaks")
         rate = ("throughput only as a wide estimate from the FLOPs per sample (20-50% of the target's achievable "
-                "matmul), not a measurement" if measured.get("flops_per_sample") else
+                "matmul), not a measurement" if measured.flops_per_sample else
                 "no throughput: the file has no FLOPs per sample to estimate one from")
         return [f"measured on {kind}: {memory}; {rate}"]
-    if measured.get("profile"):
+    if measured.profile:
         return ["throughput: each kernel class of the recorded profile scaled by its bound"]
-    if measured.get("flops_per_sample"):
+    if measured.flops_per_sample:
         return ["throughput: no kernel-class profile in the file: the split between compute and the rest comes "
                 "from the measured MFU, and the interval is wider"]
     return ["throughput: the file has no FLOPs per sample (written before they were recorded): the rate lies "
@@ -236,31 +235,32 @@ def _budget(tokens_per_sample: float | None, tokens: float | None, samples: floa
     return tokens if tokens is not None else samples
 
 
-def forecast(measured: Measured | dict[str, Any], targets: list[GpuSpec], *, prices: dict[str, float] | None = None,
-             tokens: float | None = None, samples: float | None = None) -> Forecast:
-    """Forecast the measured config (`forecast_input`'s answer, or a best-config document alone) for each of
-    `targets`; `prices`: $/GPU-hour by GPU name, over the table's; `tokens` or `samples`: what to train,
-    for hours and the cost of it all."""
-    if not isinstance(measured, Measured):
+def forecast(measured: Measured | BestConfig | dict[str, Any], targets: list[GpuSpec], *,
+             prices: dict[str, float] | None = None, tokens: float | None = None,
+             samples: float | None = None) -> Forecast:
+    """Forecast the measured config (`forecast_input`'s answer, or a best-config file alone, as its record or
+    its JSON's dict) for each of `targets`; `prices`: $/GPU-hour by GPU name, over the table's; `tokens` or
+    `samples`: what to train, for hours and the cost of it all."""
+    if isinstance(measured, dict):
+        measured = BestConfig.from_dict(measured)
+    if isinstance(measured, BestConfig):
         measured = Measured(measured)
-    document = measured.document
+    best = measured.best
     prices = {gpu_spec(name).name: value for name, value in (prices or {}).items()}
     unknown = sorted(set(prices) - {t.name for t in targets})
     if unknown:
         raise UsageError(f"A --price must name a target GPU ({', '.join(t.name for t in targets)}), "
                          f"but got {', '.join(unknown)}.")
-    device = document.get("device") or {}
-    spec = spec_of_device(device.get("name"), device.get("total_bytes")) if device.get("type") == "cuda" else None
-    rates = document.get("measured") or {}
-    per_s = rates.get("samples_per_s"), rates.get("tokens_per_s")
+    spec = spec_of_device(best.device_name, best.device_memory) if best.device_type == "cuda" else None
+    per_s = best.measured.samples_per_s, best.measured.tokens_per_s
     tokens_per_sample = per_s[1] / per_s[0] if all(per_s) else None
-    world = int(document.get("world_size") or 1)
-    notes = _source_notes(document, spec)
+    world = best.world_size
+    notes = _source_notes(best, spec)
     if world > 1:
         notes.append(f"measured on {world} ranks: rates are all ranks together, costs count {world} GPUs, "
                      "communication is not rescaled")
     strategies = strategies_of(measured)
-    return Forecast(source=measured.source, device=str(device.get("name") or device.get("type")),
+    return Forecast(source=measured.source, device=str(best.device_name or best.device_type),
                     tokens_per_sample=tokens_per_sample, world_size=world,
-                    targets=[_target(strategies, spec, t, document, prices) for t in targets],
+                    targets=[_target(strategies, spec, t, best, prices) for t in targets],
                     budget=_budget(tokens_per_sample, tokens, samples), notes=notes)

@@ -22,14 +22,14 @@ def forecast_input(file_or_study: str, storage: str | None = None) -> Measured:
     """What a forecast starts from: a path that exists is a best-config file; anything else a study's name
     in `storage` (autofit show's default storage)."""
     if os.path.exists(file_or_study) or file_or_study.endswith(".json"):
-        return Measured(read_best(file_or_study).document, source=file_or_study)
+        return Measured(read_best(file_or_study), source=file_or_study)
     from autofit.findings import load_study
 
     return study_input(load_study(file_or_study, storage))
 
 
 def study_input(stored: Any) -> Measured:
-    """A stored study's best-config document, its probes that ran, as plain rows, and the memory
+    """A stored study's best-config record, its probes that ran, as plain rows, and the memory
     estimator's bytes per sample at a GPU's peak factors (NoFeasibleConfig when nothing fits)."""
     from autofit.memory import peak_factors
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autofit.config import Config
+from autofit.export import BestConfig
 
 #: Config fields that are not the strategy: the micro-batch and how a step is made of it.
 _NOT_STRATEGY = ("batch_size", "accumulation_steps", "global_batch", "global_tokens", "ranks", "label")
@@ -20,11 +21,11 @@ _MEASURED = ("samples_per_s", "tokens_per_s", "peak_bytes", "flops_per_s", "mfu"
 
 @dataclass(frozen=True)
 class Measured:
-    """What a forecast starts from: the best-config `document`, a study's probes that ran (`rows`), the
+    """What a forecast starts from: the best-config file (`best`), a study's probes that ran (`rows`), the
     memory estimator's (low, high) peak bytes per sample of each strategy it estimated (`per_sample`, by
     strategy key), and what was read (`source`, for the output)."""
 
-    document: dict[str, Any]
+    best: BestConfig
     rows: list[dict[str, Any]] = field(default_factory=list)
     per_sample: dict[tuple, tuple[float, float]] = field(default_factory=dict)
     source: str = ""
@@ -81,12 +82,15 @@ def _add(strategies: dict[tuple, Strategy], entry: dict[str, Any]) -> None:
 
 def strategies_of(measured: Measured) -> list[Strategy]:
     """The strategies a file or a study measured, the winner's first."""
-    document = measured.document
-    winner = dict(document.get("config") or {})
+    best = measured.best
     strategies: dict[tuple, Strategy] = {}
-    _add(strategies, {**winner, **{k: document.get("measured", {}).get(k) for k in _MEASURED}})
-    for entry in [*(document.get("runner_ups") or []), *measured.rows]:
-        _add(strategies, entry)
+    _add(strategies, {**best.config.to_dict(), "samples_per_s": best.measured.samples_per_s,
+                      "peak_bytes": best.measured.peak_bytes})
+    for runner in best.runner_ups:
+        _add(strategies, {**runner.config.to_dict(), runner.config.ranked_by.name: runner.rate,
+                          "peak_bytes": runner.peak_bytes})
+    for row in measured.rows:
+        _add(strategies, row)
     for key, strategy in strategies.items():
         strategy.per_sample = measured.per_sample.get(key)
     return list(strategies.values())

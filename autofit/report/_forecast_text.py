@@ -57,8 +57,8 @@ def study_forecast(stored) -> Forecast | None:
     from autofit.forecast import DEFAULT_TARGETS, forecast, gpu_spec, spec_of_device, study_input
 
     measured = study_input(stored)
-    device = measured.document.get("device") or {}
-    if device.get("type") != "cuda" or spec_of_device(device.get("name"), device.get("total_bytes")) is None:
+    best = measured.best
+    if best.device_type != "cuda" or spec_of_device(best.device_name, best.device_memory) is None:
         return None
     return forecast(measured, [gpu_spec(name) for name in DEFAULT_TARGETS])
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from autofit.config import Rate
+    from autofit.export import BestConfig
     from autofit.findings import StoredStudy
 
 #: (PNG stem, section title, how to read it); the stems are those of autofit.report._plots.study_figures.
@@ -83,18 +84,16 @@ def render_report(stored: StoredStudy, pngs: dict[str, bytes]) -> str:
              f"<h1>autofit report: {e(stored.name)}</h1>",
              f"<p class=\"muted\">{e(redacted(stored.storage))}</p>", _summary(stored, frame)]
     if document:
-        from autofit.config import Config
-
-        measured = document["measured"]
-        lines = [f"<b>Winner: {e(Config.from_dict(document['config']).label())}</b>, "
-                 f"{e(rate_text(measured))}, peak {e(format_size(measured['peak_bytes']))} of "
-                 f"{e(format_size(stored.usable_bytes))} usable"
+        measured = document.measured
+        lines = [f"<b>Winner: {e(document.config.label())}</b>, "
+                 f"{e(rate_text(measured))}, peak {e(format_size(measured.peak_bytes))} of "
+                 f"{e(format_size(stored.memory.usable_bytes))} usable"
                  f" ({e(confirmation_words(measured))})."]
-        if measured.get("flops_per_s"):
-            lines.append(f"Model FLOPs: {e(work_text(measured['flops_per_s'], measured.get('mfu'), measured.get('joules_per_sample')))}.")
-        if waited := input_bound_text(measured.get("data_wait_share")):
+        if measured.flops_per_s:
+            lines.append(f"Model FLOPs: {e(work_text(measured.flops_per_s, measured.mfu, measured.joules_per_sample))}.")
+        if waited := input_bound_text(measured.data_wait_share):
             lines.append(f"{e(waited.capitalize())}.")
-        lines.append(f"Why: {e(document['why'])}.")
+        lines.append(f"Why: {e(document.why)}.")
         parts.append(f"<div class=\"winner\">{'<br>'.join(lines)}</div>")
     else:
         parts.append("<div class=\"winner\"><b>No winner</b>: no probe fits under the usable memory.</div>")
@@ -147,7 +146,7 @@ def _summary(stored: StoredStudy, frame: pd.DataFrame) -> str:
     rows = [
         ("script", f"{meta.script} : {meta.function or 'train'}"),
         ("device", meta.device_name),
-        ("memory", f"limit {format_size(stored.memory_limit)}, usable {format_size(stored.usable_bytes)} "
+        ("memory", f"limit {format_size(stored.memory.limit_bytes)}, usable {format_size(stored.memory.usable_bytes)} "
                    f"({meta.memory.headroom:.0%} headroom)"),
         ("probes", f"{len(frame)}: {int(counts.get('ok', 0))} ran ({over} over the headroom), "
                    f"{int(counts.get('oom', 0))} out of memory, {failed} failed; "
@@ -170,19 +169,15 @@ def _ranking_table(stored: StoredStudy) -> str:
         rows.append(f"<tr{css}><td>{i + 1}</td>"
                     f"<td class=\"l\">{html.escape(c.config.label())}</td><td>{c.rate:,.1f}</td>"
                     f"<td>{c.rate / ranked[0].rate:.0%}</td><td>{format_size(c.peak_bytes)}</td>"
-                    f"<td>{100 * peak / stored.usable_bytes:.0f}%</td><td>{c.probes}</td></tr>")
+                    f"<td>{100 * peak / stored.memory.usable_bytes:.0f}%</td><td>{c.probes}</td></tr>")
     return head + "".join(rows) + "</table>"
 
 
-def _probes_table(frame: pd.DataFrame, document: dict | None, ranked_by: Rate) -> str:
+def _probes_table(frame: pd.DataFrame, document: BestConfig | None, ranked_by: Rate) -> str:
     from autofit.report._plots import config_labels
 
     e = html.escape
-    winner = None
-    if document:
-        from autofit.config import Config
-
-        winner = Config.from_dict(document["config"]).label()
+    winner = document.config.label() if document else None
     frame = frame.assign(config=config_labels(frame)).sort_values("trial")
     head = ("<table><tr><th>trial</th><th class=\"l\">phase</th><th class=\"l\">config</th><th class=\"l\">status</th>"
             f"<th>{ranked_by.unit}</th><th>peak</th><th>% of limit</th><th>wall</th><th class=\"l\">error</th></tr>")

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from autofit.config import Rate
+    from autofit.export import MemoryBudget
     from autofit.findings import StoredStudy
     from autofit.planner import Candidate, Line
 
@@ -165,11 +166,11 @@ def _legend_markers(ax: Axes, frame: pd.DataFrame) -> None:
         ax.plot([], [], "o", mfc="white", mec="black", label="ran, over the headroom")
 
 
-def memory_figure(frame: pd.DataFrame, memory_limit: float, usable_bytes: float,
-                  models: dict[str, Line] | None = None, global_batch: int | None = None,
-                  ranked_by: Rate = SAMPLES) -> Figure:
+def memory_figure(frame: pd.DataFrame, budget: MemoryBudget, models: dict[str, Line] | None = None,
+                  global_batch: int | None = None, ranked_by: Rate = SAMPLES) -> Figure:
     """Peak memory against batch size per strategy, with the limit, the usable line (limit less the
     headroom) and the planner's memory model; OOM probes as crosses on the limit line."""
+    memory_limit, usable_bytes = budget.limit_bytes, budget.usable_bytes
     fig = _figure()
     ax = fig.add_subplot()
     unit, name = _memory_unit(memory_limit)
@@ -281,7 +282,8 @@ def memory_parts_figure(stored: StoredStudy, count: int = 6) -> Figure:
     part, then the rest of the measured peak), against the usable memory and the limit."""
     fig = _figure()
     ax = fig.add_subplot()
-    unit, name = _memory_unit(stored.memory_limit)
+    limit, usable = stored.memory.limit_bytes, stored.memory.usable_bytes
+    unit, name = _memory_unit(limit)
     shown = [(c, stored.where_memory_goes(c.config, c.peak_bytes)) for c in stored.ranked()[:count]][::-1]
     shown = [(c, parts) for c, parts in shown if parts is not None]
     for i, (candidate, parts) in enumerate(shown):
@@ -292,13 +294,13 @@ def memory_parts_figure(stored: StoredStudy, count: int = 6) -> Figure:
                 ax.barh(i, value, left=left, color=color, label=part if i == 0 else None)
                 left += value
     ax.set_yticks(range(len(shown)), [c.config.label() for c, _ in shown])
-    ax.axvline(stored.usable_bytes / unit, color=USABLE_COLOR, linestyle="--", label="usable")
-    ax.axvline(stored.memory_limit / unit, color=LIMIT_COLOR, label="limit")
+    ax.axvline(usable / unit, color=USABLE_COLOR, linestyle="--", label="usable")
+    ax.axvline(limit / unit, color=LIMIT_COLOR, label="limit")
     if not shown:
         why = "no memory estimates (searched with --no-estimate, or the estimator had none)" \
             if stored.estimates is None or not stored.estimates.breakdowns else "no feasible config"
         ax.text(0.5, 0.5, why, transform=ax.transAxes, ha="center", color="0.5")
-    ax.set_xlim(0, stored.memory_limit / unit * 1.05)
+    ax.set_xlim(0, limit / unit * 1.05)
     ax.set_xlabel(f"memory ({name}): tensors predicted by the estimator, the rest of the measured peak in grey")
     ax.set_title("Where the memory goes (winner at the top)")
     ax.legend(fontsize=8, loc="lower right")
@@ -314,10 +316,9 @@ def study_figures(stored: StoredStudy) -> dict[str, Figure]:
     return {
         "throughput": throughput_figure(frame, global_batch, winner=best.label() if best else None,
                                         ranked_by=stored.ranked_by),
-        "memory": memory_figure(frame, stored.memory_limit, stored.usable_bytes, models, global_batch,
-                                stored.ranked_by),
+        "memory": memory_figure(frame, stored.memory, models, global_batch, stored.ranked_by),
         "progress": progress_figure(frame, stored.progress(), stored.ranked_by),
-        "ranking": ranking_figure(stored.ranked(), stored.usable_bytes),
+        "ranking": ranking_figure(stored.ranked(), stored.memory.usable_bytes),
         "memory_parts": memory_parts_figure(stored),
     }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from autofit.config import TOKENS
+from autofit.export import MeasuredFigures
 from autofit.probing import ProbeResult, input_bound_text
 from autofit.units import format_flops, format_size
 
@@ -78,22 +79,21 @@ def work_text(flops_per_s: float | None, mfu: float | None, joules_per_sample: f
     return ", ".join(parts)
 
 
-def rate_text(measured: dict) -> str:
+def rate_text(measured: MeasuredFigures) -> str:
     """The headline rate of a best-config file's `measured`, the one the search ranked by first:
     '265.6 samples/s', or by tokens '51,234 real (non-padding) tokens/s (201.3 samples/s)'."""
-    if measured.get("ranked_by") != TOKENS.name:  # files written before `ranked_by`: by samples
-        return f"{measured['samples_per_s']:,.1f} samples/s"
-    samples = f" ({measured['samples_per_s']:,.1f} samples/s)" if measured.get("samples_per_s") else ""
-    return f"{measured['tokens_per_s']:,.0f} real (non-padding) tokens/s{samples}"
+    if measured.ranked_by != TOKENS:
+        return f"{measured.samples_per_s:,.1f} samples/s"
+    samples = f" ({measured.samples_per_s:,.1f} samples/s)" if measured.samples_per_s else ""
+    return f"{measured.tokens_per_s:,.0f} real (non-padding) tokens/s{samples}"
 
 
-def confirmation_words(measured: dict) -> str:
+def confirmation_words(measured: MeasuredFigures) -> str:
     """How the file's winner was confirmed, in a few words: by its A/B (with how many entrants and their
     widest spread), by one longer run, or not, and why not."""
-    if not measured.get("confirmed"):
-        return f"unconfirmed: {measured.get('unconfirmed') or 'no longer run measured it'}"
-    ab = measured.get("ab") or {}
-    entrants = ab.get("entrants") or []
+    if not measured.confirmed:
+        return f"unconfirmed: {measured.unconfirmed or 'no longer run measured it'}"
+    entrants = measured.ab.entrants if measured.ab else ()
     if len(entrants) > 1:
-        return f"confirmed by an A/B of {len(entrants)} configs, spread {100 * ab.get('spread', 0):.1f}%"
+        return f"confirmed by an A/B of {len(entrants)} configs, spread {100 * (measured.ab.spread or 0):.1f}%"
     return "confirmed by a longer run"

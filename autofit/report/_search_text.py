@@ -21,11 +21,11 @@ def describe_search(result) -> str:
     for i, c in enumerate(result.ranked[:5]):
         mark = "* " if i == 0 else "  "
         lines.append(f"{mark}{c.config.label():<28}{c.rate:>12,.1f}{format_size(c.peak_bytes):>12}{c.probes:>8}")
-    measured = (result.document or {}).get("measured")
+    measured = result.document.measured if result.document else None
     if result.best.ranked_by == TOKENS and measured:  # ranked by real tokens/s: say so, and the samples/s
         lines.append(f"{'':2}batches by tokens, ranked by real tokens/s: {result.best.label()} trains {rate_text(measured)}")
     lines.append("")
-    waited = input_bound_text((result.document or {}).get("measured", {}).get("data_wait_share"))
+    waited = input_bound_text(measured.data_wait_share if measured else None)
     if waited:
         lines.append(waited)
     lines.append(f"why: {result.why}")

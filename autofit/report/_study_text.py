@@ -90,8 +90,8 @@ def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame
     script = f"{os.path.basename(meta.script)}:{meta.function}" if meta.function else meta.script
     lines = [
         f"study {stored.name} ({redacted(stored.storage)})",
-        f"{script} on {meta.device_name}, limit {format_size(stored.memory_limit)}, "
-        f"usable {format_size(stored.usable_bytes)} ({meta.memory.headroom:.0%} headroom)",
+        f"{script} on {meta.device_name}, limit {format_size(stored.memory.limit_bytes)}, "
+        f"usable {format_size(stored.memory.usable_bytes)} ({stored.memory.headroom:.0%} headroom)",
         f"{len(total)} probes: {int(counts.get('ok', 0))} ran ({over} over the headroom), "
         f"{int(counts.get('oom', 0))} out of memory, {failed} failed"
         + (f"; showing {len(shown)}" if len(shown) != len(total) else ""),
@@ -101,36 +101,30 @@ def describe_study(stored: StoredStudy, shown: pd.DataFrame, total: pd.DataFrame
         document = stored.document()
     except NoFeasibleConfig:
         document = None
-    winner = _doc_label(document) if document else None
+    winner = document.config.label() if document else None
     lines.append(probes_table(shown, winner, stored.ranked_by) if len(shown) else "(no probe matches the filters)")
     lines.append("")
     if document is None:
         lines.append("best: none yet: no probe fits under the usable memory")
         return "\n".join(lines)
-    measured = document["measured"]
+    measured = document.measured
     confirmed = confirmation_words(measured)
-    if measured.get("rate_from") == "confirmation":
+    if measured.rate_from == "confirmation":
         confirmed += ", whose figure this is"
     lines.append(f"best: {winner}  {rate_text(measured)}, peak "
-                 f"{format_size(measured['peak_bytes'])} of {format_size(stored.usable_bytes)} usable "
-                 f"({measured['probes']} probe{'s' if measured['probes'] != 1 else ''}, {confirmed})")
-    if measured.get("flops_per_s"):
-        lines.append(f"work: {work_text(measured['flops_per_s'], measured.get('mfu'), measured.get('joules_per_sample'))}")
-    if waited := input_bound_text(measured.get("data_wait_share")):
+                 f"{format_size(measured.peak_bytes)} of {format_size(stored.memory.usable_bytes)} usable "
+                 f"({measured.probes} probe{'s' if measured.probes != 1 else ''}, {confirmed})")
+    if measured.flops_per_s:
+        lines.append(f"work: {work_text(measured.flops_per_s, measured.mfu, measured.joules_per_sample)}")
+    if waited := input_bound_text(measured.data_wait_share):
         lines.append(waited)
-    lines.append(f"why: {document['why']}")
-    lines.append(f"stopped: {document['study']['stopped']}")
+    lines.append(f"why: {document.why}")
+    lines.append(f"stopped: {document.study.stopped if document.study else None}")
     lines.append("legend: * the best config   ! ran, but its peak crossed the headroom (infeasible)")
     if (forecast := study_forecast(stored)) is not None:
         lines += [f"forecast for other GPUs (prices of {PRICES_DATE}; `autofit forecast {stored.name}` for the "
                   "notes, --gpu, --price and --tokens):", *forecast_table(forecast)]
     return "\n".join(lines)
-
-
-def _doc_label(document: dict) -> str:
-    from autofit.config import Config
-
-    return Config.from_dict(document["config"]).label()
 
 
 def describe_trial(stored: StoredStudy, number: int, full: bool = False, tail: int = TAIL_LINES) -> str:
@@ -142,11 +136,11 @@ def describe_trial(stored: StoredStudy, number: int, full: bool = False, tail: i
     stored_path = result.log_path
     result.log_path = path or stored_path
     lines = [describe_probe(result, header=f"trial {trial.number} of study {stored.name} ({phase}{started})")]
-    if result.status == "ok" and result.peak_bytes and result.peak_bytes > stored.usable_bytes:
-        lines.append(f"{'feasible':<12} no: the peak crosses {format_size(stored.usable_bytes)} usable")
+    if result.status == "ok" and result.peak_bytes and result.peak_bytes > stored.memory.usable_bytes:
+        lines.append(f"{'feasible':<12} no: the peak crosses {format_size(stored.memory.usable_bytes)} usable")
     parts = stored.where_memory_goes(result.config, result.peak_bytes if result.status == "ok" else None)
     if parts is not None:
-        lines += ["", *describe_memory(parts, stored.memory_limit, stored.usable_bytes,
+        lines += ["", *describe_memory(parts, stored.memory,
                                        result.peak_bytes if result.status == "ok" else None)]
     lines.append("")
     if path is None:

@@ -26,6 +26,7 @@ from autofit.runtime._precision import precision_context, precision_scope
 from autofit.runtime._redo import (
     RECOVERY_ENV,
     LoopRedo,
+    LoweredRun,
     Lowering,
     OutOfMemoryAtBatchOne,
     StepRedo,
@@ -53,6 +54,7 @@ __all__ = [
     "DataTooSmall",
     "Knobs",
     "LoopRedo",
+    "LoweredRun",
     "Lowering",
     "NoStepClosed",
     "OutOfMemoryAtBatchOne",

@@ -323,15 +323,35 @@ def lowered_path(config_path: str) -> str:
     return base + ".lowered.json"
 
 
+@dataclass(frozen=True, kw_only=True)
+class LoweredRun:
+    """What a real run lowered to (the "autofit.lowered/1" file beside its best-config file), both ways: the
+    config it started with, each lowering in order, and the script it ran."""
+
+    started_with: Config
+    lowerings: tuple[Lowering, ...]
+    script: str | None = None
+
+    @property
+    def ended_with(self) -> Config:
+        return self.lowerings[-1].after if self.lowerings else self.started_with
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": _LOWERED_SCHEMA, "script": self.script, "started_with": self.started_with.to_dict(),
+                "ended_with": self.ended_with.to_dict(), "lowerings": [item.to_dict() for item in self.lowerings]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LoweredRun:
+        return cls(started_with=Config.from_dict(data["started_with"]), script=data.get("script"),
+                   lowerings=tuple(Lowering.from_dict(item) for item in data.get("lowerings") or ()))
+
+
+_LOWERED_SCHEMA = "autofit.lowered/1"
+
+
 def record_lowerings(path: str, started_with: Config, lowerings: list[Lowering], script: str | None) -> None:
     """Write what the run lowered to, so the next search (and the user) can read it."""
-    document = {
-        "schema": "autofit.lowered/1",
-        "script": script,
-        "started_with": started_with.to_dict(),
-        "ended_with": lowerings[-1].after.to_dict(),
-        "lowerings": [item.to_dict() for item in lowerings],
-    }
+    document = LoweredRun(started_with=started_with, lowerings=tuple(lowerings), script=script).to_dict()
     directory = os.path.dirname(path)
     if directory:
         os.makedirs(directory, exist_ok=True)
@@ -342,11 +362,16 @@ def record_lowerings(path: str, started_with: Config, lowerings: list[Lowering],
     os.replace(temporary, path)
 
 
-def read_lowerings(path: str) -> dict[str, Any] | None:
-    """What a real run recorded beside a best-config file, or None."""
+def read_lowerings(path: str) -> LoweredRun | None:
+    """What a real run recorded beside a best-config file, or None (no file, or not one of these)."""
     try:
         with open(path) as handle:
             document = json.load(handle)
     except (OSError, ValueError):
         return None
-    return document if isinstance(document, dict) and document.get("schema") == "autofit.lowered/1" else None
+    if not isinstance(document, dict) or document.get("schema") != _LOWERED_SCHEMA:
+        return None
+    try:
+        return LoweredRun.from_dict(document)
+    except (KeyError, TypeError, ValueError):  # a hand-edited record: nothing to say about it
+        return None

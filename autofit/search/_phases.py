@@ -12,7 +12,6 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from autofit.config import Config
 from autofit.errors import NoFeasibleConfig, UserCodeError
 from autofit.export import default_best_path, device_tag, write_best
 from autofit.findings import UNCONFIRMED_BUDGET, best_document, fault_notes, nothing_fits
@@ -213,7 +212,7 @@ def export(state: SearchState, stopped: str, partial: bool) -> SearchResult:
             return result
         raise NoFeasibleConfig(_nothing_to_export(state, done, stopped))
     document = best_document(study, session.storage_label, planner=planner, stopped=stopped, partial=partial)
-    result.why = document["why"]
+    result.why = document.why
     device = session.device_info
     path = state.s.out or default_best_path(session.script, state.info.function, session.output_dir,
                                              device_tag(device.type, device.name))
@@ -242,10 +241,10 @@ def _lowered_run_note(best_path: str) -> str | None:
     from autofit.runtime import lowered_path, read_lowerings
 
     recorded = read_lowerings(lowered_path(best_path))
-    if not recorded or not recorded.get("lowerings"):
+    if not recorded or not recorded.lowerings:
         return None
-    first = recorded["lowerings"][0]
-    before, after = Config.from_dict(first["before"]), Config.from_dict(recorded["ended_with"])
-    return (f"a real run of {before.label()} ran out of memory at step {first['step']} ({first['where']}) and went "
+    first = recorded.lowerings[0]
+    before, after = first.before, recorded.ended_with
+    return (f"a real run of {before.label()} ran out of memory at step {first.step} ({first.where}) and went "
             f"on with {after.label()} ({lowered_path(best_path)}): if its inputs grow beyond what the probes "
             f"saw, keep more --headroom or probe with the largest inputs")

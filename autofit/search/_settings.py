@@ -12,6 +12,7 @@ import optuna
 from autofit.config import Config
 from autofit.devices import default_device, default_device_line
 from autofit.errors import UsageError
+from autofit.export import BestConfig
 from autofit.options import considered_values
 from autofit.planner import Candidate
 from autofit.probing import probe_process_for
@@ -147,7 +148,8 @@ class SearchSettings:
 @dataclass
 class SearchResult:
     best: Config | None
-    document: dict | None
+    document: BestConfig | None
+    """The best-config file's record, as written to `json_path` (None: nothing fits yet)."""
     json_path: str | None
     ranked: list[Candidate]
     study_name: str

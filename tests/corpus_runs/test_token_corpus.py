@@ -114,7 +114,7 @@ def test_a_squares_cap_is_probed_and_a_normal_run_batches_as_its_file_says(tmp_p
     """Per-length caps (`max_squares`): the probe's long batches stay within the squares cap while its short
     ones hold more tokens than the squares cap's own token cap would, and a normal run with a file that holds
     both caps cuts the epoch into exactly the batches the sampler cuts for them."""
-    from autofit.export import config_entry, write_best
+    from autofit.export import BestConfig, write_best
     from autofit.runtime import TokenBatchSampler
 
     entry, cap = ENTRIES[0], 1024
@@ -130,9 +130,7 @@ def test_a_squares_cap_is_probed_and_a_normal_run_batches_as_its_file_says(tmp_p
     assert envelope["padded_tokens"] > cap  # a short batch (run first, beside the longest) held more than T
 
     config = Config(batch_size=4 * cap, max_tokens=4 * cap, max_squares=squares)
-    best = write_best(str(tmp_path / "sq.best.json"), {
-        "config": config_entry(config, 1), "measured": {}, "memory": {}, "device": {"type": "cpu", "name": "cpu"},
-        "versions": {}, "script": {}})
+    best = write_best(str(tmp_path / "sq.best.json"), BestConfig(config=config, device={"type": "cpu", "name": "cpu"}))
     ran = subprocess.run([sys.executable, entry.path], cwd=tmp_path, capture_output=True, text=True, timeout=900,
                          env={**os.environ, "PYTHONPATH": REPO, "AUTOFIT_DEVICE": "cpu", "AUTOFIT_CONFIG": best,
                               "AUTOFIT_RUN_REPORT": str(tmp_path / "run.json")})

@@ -25,7 +25,7 @@ def test_each_bundled_study_ships_a_recorded_search(stem):
     stored = autofit.load_study(stem, storage=bundled_storage_url())
     assert stored.name == f"{stem}.train-cpu0" and stored.meta.script.endswith(f"{stem}.py")
     assert stored.best() == best.config
-    assert stored.document()["config"] == best.document["config"]
+    assert stored.document().config == best.config
     frame = stored.trials_frame()
     assert len(frame) >= 3 and frame["feasible"].any()
     assert all(stored.log_path(int(n)) is not None for n in frame["trial"])  # the probes' output ships too

@@ -42,7 +42,7 @@ def test_a_search_resumed_after_its_script_widened_probes_it_again_and_exports_o
     train = tmp_path / "train.py"
     train.write_text(source)
     first = _search(tmp_path, 600)
-    assert first.probes >= 1 and read_best(first.json_path).script_sha256 == script_sha256(str(train))
+    assert first.probes >= 1 and read_best(first.json_path).script.sha256 == script_sha256(str(train))
     train.write_text(source.replace(NARROW, WIDE))  # the model 16x wider
     wide = script_sha256(str(train))
 
@@ -50,7 +50,7 @@ def test_a_search_resumed_after_its_script_widened_probes_it_again_and_exports_o
     # stays the old script's, and the normal run of the new one says the script changed.
     with pytest.raises(NoFeasibleConfig, match=r"\(\d+ of the study's probes ran another version of the script"):
         _search(tmp_path, 1)
-    assert read_best(str(tmp_path / "best.json")).script_sha256 != wide
+    assert read_best(str(tmp_path / "best.json")).script.sha256 != wide
     assert "script changed since the search" in _normal_run(tmp_path)
 
     again = _search(tmp_path, 600)
@@ -59,8 +59,8 @@ def test_a_search_resumed_after_its_script_widened_probes_it_again_and_exports_o
     probed = {t.number: trial_result(t) for t in trials if t.user_attrs.get(SCRIPT_ATTR) == wide and trial_result(t)}
     assert again.probes == len(probed) >= 1  # probed again, and counted alone
     best = read_best(again.json_path)
-    assert best.script_sha256 == wide
+    assert best.script.sha256 == wide
     winner = load_study("changed", f"sqlite:///{tmp_path}/s.db").ranked()[0]
     assert {o.trial for o in winner.measurement.probes} <= set(probed)  # its figures are the new script's probes
-    assert best.document["measured"]["peak_bytes"] in {r.peak_bytes for r in probed.values()}
+    assert best.measured.peak_bytes in {r.peak_bytes for r in probed.values()}
     assert "script changed since the search" not in _normal_run(tmp_path)

@@ -76,7 +76,7 @@ def test_each_config_name_is_on_config(row):
 def _exported_fields() -> set[str]:
     """Every dotted field of the exported files bundled with autofit, and of a config entry with every
     field set (distributed, so the fields only such files hold are written)."""
-    documents = [read_best(path).document for path in glob.glob(os.path.join(REPO, "autofit", "recorded", "*.best.json"))]
+    documents = [read_best(path).to_dict() for path in glob.glob(os.path.join(REPO, "autofit", "recorded", "*.best.json"))]
     assert documents
     everything = Config(batch_size=24, precision="bf16", checkpoint_segments=2, accumulation_steps=3, sharding="fsdp", compile=True, loader_workers=4, pin_memory=True, prefetch_factor=4, checkpoint_policy="selective", max_tokens=64)
     documents.append({"config": config_entry(everything, world_size=2)})

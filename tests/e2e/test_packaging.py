@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from autofit.export import read_best, write_best
+from autofit.config import Config
+from autofit.export import BestConfig, read_best, write_best
 from autofit.search import SearchSettings, run_search
 from tests.support import REPO, script
 
@@ -17,7 +18,7 @@ from tests.support import REPO, script
 def test_best_config_files_have_ordinary_permissions(tmp_path):
     old = os.umask(0o022)
     try:
-        path = write_best(str(tmp_path / "best.json"), {"config": {"batch_size": 4}})
+        path = write_best(str(tmp_path / "best.json"), BestConfig(config=Config(batch_size=4)))
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
@@ -42,8 +43,8 @@ def test_export_keeps_the_searchs_script_hash_so_a_changed_script_warns(tmp_path
                                "--out", str(work / "exported.json")], cwd=work, env=env, capture_output=True,
                               text=True, timeout=120)
     assert exported.returncode == 0, exported.stderr
-    document = read_best(str(work / "exported.json")).document
-    assert document["script"]["sha256"] == searched.document["script"]["sha256"] is not None
+    exported_best = read_best(str(work / "exported.json"))
+    assert exported_best.script.sha256 == searched.document.script.sha256 is not None
     run = subprocess.run([sys.executable, "-c", "import train, autofit.runtime as r; "
                           "r.ProbeFinished; train.train.make_run(config_path='exported.json')"],
                          cwd=work, env=env, capture_output=True, text=True, timeout=120)

@@ -10,6 +10,7 @@ import re
 import struct
 import subprocess
 import sys
+from dataclasses import replace
 
 import optuna
 import pytest
@@ -86,12 +87,12 @@ def test_frame_has_one_row_per_probe_with_its_status(recorded):
     stored, trials = recorded
     frame = stored.trials_frame()
     assert dict(zip(frame["trial"], frame["status"])) == probes(trials)
-    assert len(frame) == len(probes(trials)) == stored.document()["study"]["probes"]
+    assert len(frame) == len(probes(trials)) == stored.document().study.probes
 
 
 def test_show_lists_every_probe_sorted_by_throughput_then_the_winner(recorded):
     stored, trials = recorded
-    best, why = stored.best(), stored.document()["why"]
+    best, why = stored.best(), stored.document().why
     shown = invoke("show", "--storage", RECORDED, "--study", STEM)
     assert shown.exit_code == 0, shown.stderr
     rows = table_rows(shown.stdout)
@@ -204,7 +205,7 @@ def test_studies_lists_the_study_with_its_device_limit_and_best(recorded):
     line = next(line for line in listed.stdout.splitlines() if line.startswith(STUDY + " "))
     assert "1.00 GiB" in line and stored.best().label() in line
     assert f" {len(probes(trials))} " in line
-    assert f"{stored.document()['measured']['samples_per_s']:,.1f}" in line
+    assert f"{stored.document().measured.samples_per_s:,.1f}" in line
 
 
 def test_export_writes_the_searchs_own_document(tmp_path):
@@ -223,8 +224,8 @@ def test_load_study_api():
     written = read_best(BEST_FILE)
     stored = autofit.load_study(STEM, storage=RECORDED)
     assert stored.best() == written.config
-    assert stored.document()["config"] == written.document["config"]
-    assert stored.meta.memory.limit_bytes == written.document["memory"]["limit_bytes"] == 2**30 and stored.name == STUDY
+    assert stored.document().config == written.config
+    assert stored.meta.memory.limit_bytes == written.memory.limit_bytes == 2**30 and stored.name == STUDY
 
 
 def test_import_autofit_stays_light():
@@ -286,12 +287,12 @@ def test_plots_draw_the_studys_data(recorded):
     memory = figures["memory"].axes[0]
     flat = {round(float(line.get_ydata()[0]), 1) for line in memory.get_lines()
             if len(line.get_ydata()) == 2 and line.get_ydata()[0] == line.get_ydata()[1]}
-    assert {round(stored.meta.memory.limit_bytes / 2**20, 1), round(stored.usable_bytes / 2**20, 1)} <= flat
+    assert {round(stored.meta.memory.limit_bytes / 2**20, 1), round(stored.memory.usable_bytes / 2**20, 1)} <= flat
     assert sum(line.get_linestyle() == "--" and len(line.get_xdata()) > 2 for line in memory.get_lines()) \
         == len(stored.memory_models()) >= 1
     # progress ends at least at the winner's throughput (near-ties go to the lower peak, so the winner
     # need not be the fastest single probe); the ranking's top bar (drawn last) is the winner
-    winner = stored.document()["measured"]["samples_per_s"]
+    winner = stored.document().measured.samples_per_s
     assert stored.progress()["best_rate"].iloc[-1] >= winner * (1 - 1e-9)
     bars = figures["ranking"].axes[0].patches
     assert bars[-1].get_width() == pytest.approx(winner)
@@ -346,8 +347,8 @@ def _as_if_on_an_h100(monkeypatch) -> autofit.StoredStudy:
     """The recorded study, its document saying it was measured on an H100 (its probes' peaks as they are)."""
     stored = autofit.load_study(STEM, RECORDED)
     document = stored.document()
-    on_gpu = {**document, "device": {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "total_bytes": 85520809984},
-              "measured": {**document["measured"], "flops_per_sample": 57671680.0}}
+    on_gpu = replace(document, device={"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "total_bytes": 85520809984},
+                     measured=replace(document.measured, flops_per_sample=57671680.0))
     monkeypatch.setattr(stored, "document", lambda: on_gpu)
     return stored
 
@@ -369,12 +370,12 @@ def test_forecast_reads_a_study_by_name_with_all_its_probes():
     from autofit.forecast import forecast, forecast_input, gpu_spec
 
     measured = forecast_input(STEM, RECORDED)
-    document, rows = measured.document, measured.rows
-    assert measured.source == f"study {STUDY}" and len(rows) > len(document["runner_ups"]) + 1
+    best, rows = measured.best, measured.rows
+    assert measured.source == f"study {STUDY}" and len(rows) > len(best.runner_ups) + 1
     answer = forecast(measured, [gpu_spec("L4")])
     fits = {f.label: f for f in answer.targets[0].fits}
     bf16 = {r["batch_size"] for r in rows if r["precision"] == "bf16" and not r["checkpoint_segments"]}
-    in_file = {e["batch_size"] for e in [document["config"], *document["runner_ups"]] if e["precision"] == "bf16"}
+    in_file = {c.batch_size for c in [best.config, *(r.config for r in best.runner_ups)] if c.precision == "bf16"}
     assert len(bf16 | in_file) > len(in_file)  # the study measured more than its file keeps
     assert fits["bf16"].memory_basis == f"the slope of {len(bf16 | in_file)} measured peaks"
     assert answer.targets[0].chosen.rate is None  # a CPU study without FLOPs: memory only, no rate to scale

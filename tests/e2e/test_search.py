@@ -65,12 +65,12 @@ def test_search_exports_valid_json_with_a_feasible_config(searched):
     result, study, _, home = searched
     best = read_best(result.json_path)
     assert os.path.dirname(result.json_path) == str(home / "studies")
-    usable = best.document["memory"]["usable_bytes"]
-    assert best.document["memory"]["limit_bytes"] == LIMIT
-    assert 0 < best.document["measured"]["peak_bytes"] <= usable
+    usable = best.memory.usable_bytes
+    assert best.memory.limit_bytes == LIMIT
+    assert 0 < best.measured.peak_bytes <= usable
     assert best.config.batch_size == result.best.batch_size
-    assert best.document["script"]["sha256"] and best.document["versions"]["torch"]
-    assert best.document["why"].startswith(best.config.label())
+    assert best.script.sha256 and best.versions["torch"]
+    assert best.why.startswith(best.config.label())
     ok = [t for t in study.trials if t.user_attrs.get("status") == "ok"]
     assert ok and all(t.value > 0 for t in ok)
 
@@ -126,7 +126,7 @@ def test_global_batch_is_respected(tmp_path):
     study = optuna.load_study(study_name=result.study_name, storage=f"sqlite:///{tmp_path}/g.db")
     configs = [o.config for o in observations(study.trials)]
     assert configs and all(c.batch_size * c.accumulation_steps == 96 for c in configs)
-    assert read_best(result.json_path).document["config"]["global_batch"] == 96
+    assert read_best(result.json_path).global_batch == 96
 
 
 def test_decorated_function_called_normally_uses_the_exported_config(tmp_path):
@@ -325,7 +325,7 @@ def test_contenders_are_remeasured_as_ranked_before_and_the_first_is_confirmed_o
 
 def test_the_best_config_carries_model_flops_and_a_null_mfu_on_cpu(searched):
     result, study, _, _ = searched
-    measured = read_best(result.json_path).document["measured"]
+    measured = read_best(result.json_path).to_dict()["measured"]
     counted = [t.user_attrs["probe"]["flops_per_sample"] for t in study.trials if t.user_attrs.get("status") == "ok"]
     assert counted and all(c and c == counted[0] for c in counted)  # the model's, whatever the config
     assert measured["flops_per_sample"] == counted[0]

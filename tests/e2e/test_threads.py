@@ -34,10 +34,10 @@ def _ok(batch: int, rate: float, threads: int | None) -> ProbeResult:
 
 def test_the_best_config_carries_the_threads_its_winners_probes_ran_on():
     document = best_document(_study([_ok(8, 100.0, 1), _ok(16, 200.0, 2), _ok(16, 190.0, 2)]), "sqlite:///x.db",
-                             stopped="done", partial=False)
+                             stopped="done", partial=False).to_dict()
     assert document["config"]["batch_size"] == 16 and document["measured"]["threads"] == 2
     recorded_before = best_document(_study([_ok(8, 100.0, None), _ok(16, 200.0, None)]), "sqlite:///x.db",
-                                    stopped="done", partial=False)
+                                    stopped="done", partial=False).to_dict()
     assert "threads" not in recorded_before["measured"]  # nothing to compare a run with
 
 

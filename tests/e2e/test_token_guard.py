@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from autofit import Config
-from autofit.export import config_entry, write_best
+from autofit.export import BestConfig, MeasuredFigures, write_best
 from autofit.runtime import TokenEnvelope
 from tests.support import REPO, script
 
@@ -26,10 +26,9 @@ ENVELOPE = TokenEnvelope(longest_sample=16, padded_tokens=64, padded_squares=102
 
 
 def _run(tmp_path, name: str, envelope: TokenEnvelope | None) -> tuple[subprocess.CompletedProcess, dict]:
-    measured = {"token_envelope": envelope.to_dict()} if envelope else {}
-    path = write_best(str(tmp_path / f"{name}.best.json"), {
-        "config": config_entry(CONFIG), "measured": measured, "memory": {}, "device": {"type": "cpu", "name": "cpu"},
-        "versions": {}, "script": {}})
+    measured = MeasuredFigures(token_envelope=envelope.to_dict() if envelope else None)
+    path = write_best(str(tmp_path / f"{name}.best.json"), BestConfig(config=CONFIG, measured=measured,
+                                                                      device={"type": "cpu", "name": "cpu"}))
     environment = {key: value for key, value in os.environ.items() if key != "AUTOFIT_OOM_RECOVERY"}
     environment.update(PYTHONPATH=REPO, AUTOFIT_DEVICE="cpu", AUTOFIT_CONFIG=path, OMP_NUM_THREADS="1",
                        AUTOFIT_RUN_REPORT=str(tmp_path / f"{name}.json"), WEIGHTS_OUT=str(tmp_path / f"{name}.pt"))

@@ -8,7 +8,7 @@ import pytest
 
 import autofit
 from autofit.config import Config
-from autofit.export import config_entry, read_best, write_best
+from autofit.export import BestConfig, config_entry, read_best, write_best
 from autofit.study import trial_result
 from tests.support import autofit_cli, script
 
@@ -52,24 +52,23 @@ def test_a_compilation_that_fails_drops_compiled_strategies_and_the_search_goes_
     assert "compile" not in document["config"]  # eager won, and its config keeps its form
 
 
-def _written_and_read_back(tmp_path, entry: dict) -> Config:
-    path = write_best(str(tmp_path / "best.json"), {"config": entry, "measured": {}, "memory": {},
-                                                    "device": {"type": "cpu"}, "versions": {}, "script": {}})
+def _written_and_read_back(tmp_path, config: Config) -> Config:
+    path = write_best(str(tmp_path / "best.json"), BestConfig(config=config, device={"type": "cpu"}))
     return read_best(path).config
 
 
 def test_a_compiled_config_is_written_to_the_best_config_file_and_read_back_compiled(tmp_path):
     compiled = Config(batch_size=16, precision="bf16", accumulation_steps=2, compile=True)
     assert config_entry(compiled)["compile"] is True
-    assert _written_and_read_back(tmp_path, config_entry(compiled)) == compiled
-    assert _written_and_read_back(tmp_path, config_entry(Config(batch_size=16))) == Config(batch_size=16)
+    assert _written_and_read_back(tmp_path, compiled) == compiled
+    assert _written_and_read_back(tmp_path, Config(batch_size=16)) == Config(batch_size=16)
 
 
 def test_a_best_config_file_without_compile_reads_as_eager(tmp_path):
     """Files written before compile was a knob, and every eager one, hold no `compile` field."""
-    entry = config_entry(Config(batch_size=8, precision="bf16"))
-    assert "compile" not in entry
-    assert _written_and_read_back(tmp_path, entry).compile is False
+    eager = Config(batch_size=8, precision="bf16")
+    assert "compile" not in config_entry(eager)
+    assert _written_and_read_back(tmp_path, eager).compile is False
 
 
 

@@ -55,9 +55,8 @@ def test_without_a_search_the_trainer_keeps_the_users_own_arguments(tmp_path):
 
 def test_a_config_that_would_change_the_global_batch_is_refused(tmp_path):
     config = tmp_path / "wrong.best.json"
-    from autofit.export import config_entry, write_best
-    write_best(str(config), {"partial": False, "config": config_entry(Config(batch_size=8)), "measured": {},
-                             "memory": {"limit_bytes": None}, "device": {"type": "cpu"}, "versions": {}, "script": {}})
+    from autofit.export import BestConfig, write_best
+    write_best(str(config), BestConfig(config=Config(batch_size=8), device={"type": "cpu"}))
     ran = subprocess.run([sys.executable, script("hf_trainer.py")],
                          env={**os.environ, "PYTHONPATH": REPO, "AUTOFIT_CONFIG": str(config),
                               "HF_OUT": str(tmp_path / "out")},
@@ -107,11 +106,10 @@ def test_a_trainer_that_groups_by_length_is_probed_by_tokens(tmp_path):
 
 
 def test_a_normal_run_with_an_exported_token_cap_batches_by_tokens(tmp_path):
-    from autofit.export import config_entry, write_best
+    from autofit.export import BestConfig, write_best
 
     best, out = tmp_path / "tokens.best.json", tmp_path / "batches.txt"
-    write_best(str(best), {"partial": False, "config": config_entry(Config(batch_size=64, max_tokens=64)), "measured": {},
-                           "memory": {"limit_bytes": None}, "device": {"type": "cpu"}, "versions": {}, "script": {}})
+    write_best(str(best), BestConfig(config=Config(batch_size=64, max_tokens=64), device={"type": "cpu"}))
     ran = subprocess.run([sys.executable, GROUPED], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                          env={**os.environ, "PYTHONPATH": REPO, "AUTOFIT_CONFIG": str(best),
                               "BATCHES_OUT": str(out), "HF_OUT": str(tmp_path / "out")})

@@ -181,8 +181,8 @@ def test_a_search_of_an_input_bound_function_exports_loader_workers_and_a_run_tr
     assert "input-bound:" in done.stderr
     chosen = read_best(str(best))
     assert chosen.config.loader_workers and chosen.config.loader_workers > 0, done.stderr[-3000:]
-    assert "input-bound:" in chosen.document["why"] and "workers" in chosen.document["why"]
-    assert chosen.document["measured"]["data_wait_share"] > 0
+    assert "input-bound:" in chosen.why and "workers" in chosen.why
+    assert chosen.measured.data_wait_share > 0
     storage = f"sqlite:///{tmp_path}/s.db"
     shown = autofit_cli("show", "--storage", storage, cwd=tmp_path)
     assert "input-bound:" in shown.stdout.split("best:")[1], shown.stdout  # the winner's line

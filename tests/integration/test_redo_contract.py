@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from autofit import autofit
 from autofit.config import Config
-from autofit.export import config_entry, write_best
+from autofit.export import BestConfig, write_best
 from autofit.runtime import Run
 
 SAMPLES, GLOBAL, FITS = 32, 8, 2
@@ -72,8 +72,7 @@ def _loop(run: Run, grows: bool) -> None:
 
 def _decorator(config: Config, grows: bool, tmp_path) -> tuple[dict, Run]:
     best = tmp_path / f"{config.batch_size}.best.json"
-    write_best(str(best), {"partial": False, "config": config_entry(config), "measured": {},
-                           "memory": {"limit_bytes": None}, "device": {"type": "cpu"}, "versions": {}, "script": {}})
+    write_best(str(best), BestConfig(config=config, device={"type": "cpu"}))
     environment = {"AUTOFIT_CONFIG": str(best), "AUTOFIT_DEVICE": "cpu"}
     saved = {key: os.environ.get(key) for key in (*environment, "AUTOFIT_MEMORY_LIMIT", "AUTOFIT_OOM_RECOVERY")}
     os.environ.update(environment)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from autofit import Config
-from autofit.export import config_entry, write_best
+from autofit.export import BestConfig, MeasuredFigures, write_best
 from autofit.runtime import TokenEnvelope
 from tests.support import REPO, free_port, script
 
@@ -50,10 +50,10 @@ def test_two_ranks_take_as_many_micro_batches_and_share_the_tokens_per_step(tmp_
 
 
 def _file(tmp_path, name: str, envelope: TokenEnvelope | None) -> str:
-    return write_best(str(tmp_path / f"{name}.best.json"), {
-        "config": config_entry(Config(batch_size=64, max_tokens=64), 2), "world_size": 2,
-        "measured": {"token_envelope": envelope.to_dict()} if envelope else {}, "memory": {},
-        "device": {"type": "cpu", "name": "cpu"}, "versions": {}, "script": {}})
+    return write_best(str(tmp_path / f"{name}.best.json"), BestConfig(
+        config=Config(batch_size=64, max_tokens=64), world_size=2,
+        measured=MeasuredFigures(token_envelope=envelope.to_dict() if envelope else None),
+        device={"type": "cpu", "name": "cpu"}))
 
 
 @pytest.mark.distributed

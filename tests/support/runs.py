@@ -11,10 +11,9 @@ from tests.support import REPO, free_port, script
 
 def config_file(path, config) -> str:
     """A best-config file at `path` holding `config` (as a search would export it), its path."""
-    from autofit.export import config_entry, write_best
+    from autofit.export import BestConfig, write_best
 
-    write_best(str(path), {"partial": False, "config": config_entry(config), "measured": {},
-                           "memory": {"limit_bytes": None}, "device": {"type": "cpu"}, "versions": {}, "script": {}})
+    write_best(str(path), BestConfig(config=config, device={"type": "cpu"}))
     return str(path)
 
 

@@ -5,6 +5,7 @@ that one of these drops fails here: the test's non-default values must name ever
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import optuna
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from autofit import Config
 from autofit.config import KNOBS
 from autofit.decorator import AutofitFunction
-from autofit.export import config_entry, read_best, write_best
+from autofit.export import BestConfig, config_entry, read_best, write_best
 from autofit.normal_run import resolve_run_config
 from autofit.options import SearchOptions
 from autofit.probing import ProbeResult
@@ -45,10 +46,15 @@ def config(request) -> Config:
     return request.param
 
 
-def _write(tmp_path, config: Config, world_size: int = 1) -> str:
-    return write_best(str(tmp_path / "train.train.best.json"), {
-        "config": config_entry(config, world_size), "measured": {}, "memory": {},
-        "device": {"type": "cpu", "name": "cpu"}, "versions": {}, "script": {}})
+def _write(tmp_path, config: Config, world_size: int = 1, global_tokens: int | None = None) -> str:
+    return write_best(str(tmp_path / "train.train.best.json"), BestConfig(
+        config=config, world_size=world_size, global_tokens=global_tokens, device={"type": "cpu", "name": "cpu"}))
+
+
+def _entry(path: str) -> dict:
+    """The file's config entry, as it is on disk."""
+    with open(path) as handle:
+        return json.load(handle)["config"]
 
 
 def test_the_best_config_file(tmp_path, config):
@@ -57,11 +63,12 @@ def test_the_best_config_file(tmp_path, config):
 
 def test_a_distributed_file_states_the_true_global_batch_and_the_per_rank_micro_batch(tmp_path):
     config = Config(batch_size=16, accumulation_steps=2)
-    best = read_best(_write(tmp_path, config, world_size=4))
-    entry = best.document["config"]
+    path = _write(tmp_path, config, world_size=4)
+    best, entry = read_best(path), _entry(path)
     assert entry["global_batch"] == 16 * 2 * 4 and entry["ranks"] == 4 and entry["batch_size"] == 16
     assert entry["sharding"] == "ddp" and best.config == config  # the micro-batch read back is each rank's
-    one = read_best(_write(tmp_path, config)).document["config"]
+    assert best.global_batch == 16 * 2 * 4 and best.world_size == 4
+    one = _entry(_write(tmp_path, config))
     assert one["global_batch"] == 32 and "ranks" not in one and "sharding" not in one
 
 
@@ -69,13 +76,11 @@ def test_a_token_config_s_file_states_its_tokens_per_step_and_no_global_batch(tm
     """By tokens `batch_size` only caps a micro-batch's samples: a global batch from it would count nothing
     a step holds. The file says the real tokens per step the run keeps instead (None: not held)."""
     config = Config(batch_size=2048, accumulation_steps=2, max_tokens=2048)
-    held = read_best(write_best(str(tmp_path / "held.best.json"), {
-        "config": config_entry(config, 4, global_tokens=65536), "measured": {}, "memory": {},
-        "device": {"type": "cpu", "name": "cpu"}, "versions": {}, "script": {}}))
-    entry = held.document["config"]
+    path = _write(tmp_path, config, world_size=4, global_tokens=65536)
+    held, entry = read_best(path), _entry(path)
     assert entry["global_batch"] is None and entry["global_tokens"] == 65536 and entry["ranks"] == 4
-    assert held.config == config
-    assert read_best(_write(tmp_path, config)).document["config"]["global_tokens"] is None
+    assert held.config == config and held.global_tokens == 65536 and held.global_batch is None
+    assert _entry(_write(tmp_path, config))["global_tokens"] is None
     assert "global_tokens" not in config_entry(Config(batch_size=16), 4, global_tokens=65536)
 
 

@@ -109,7 +109,7 @@ def test_every_knob_has_a_column_and_its_own_label_in_show_and_why_with_the_winn
     assert any(f" {base.label()} " in line for line in shown)
     stars = [line for line in shown if line.startswith("*")]
     assert len(stars) == 1 and f" {varied.label()} " in stars[0]
-    assert stored.document()["why"].startswith(f"{varied.label()}: ")  # the why-line names the winner so too
+    assert stored.document().why.startswith(f"{varied.label()}: ")  # the why-line names the winner so too
 
 
 @pytest.mark.parametrize("tokens", [False, True], ids=["by samples", "by tokens"])

@@ -78,7 +78,7 @@ def test_the_a_b_alternates_and_can_change_the_winner_and_lower_its_figure(tmp_p
     result, study = _search(tmp_path, monkeypatch, _rounds({64: [79.0, 80.0, 82.0], 32: [88.0, 90.0, 93.0]}))
     assert [b for b, phase in _phases(study) if phase == "confirm"] == [64, 32] * 3  # A, B, A, B, A, B
     assert result.best == Config(batch_size=32)
-    measured = result.document["measured"]
+    measured = result.document.to_dict()["measured"]
     assert measured["samples_per_s"] == 90.0 and measured["confirmed"] and measured["unconfirmed"] is None
     assert "the A/B changed the winner: fp32 b=64 led on its short probes (100.0 samples/s) but ran 0.89x" \
         in result.why
@@ -87,24 +87,24 @@ def test_the_a_b_alternates_and_can_change_the_winner_and_lower_its_figure(tmp_p
 
 def test_the_file_records_the_a_b_figures_and_spread_and_reads_them_back(tmp_path, monkeypatch):
     result, _ = _search(tmp_path, monkeypatch, _rounds({64: [79.0, 80.0, 82.0], 32: [88.0, 90.0, 93.0]}))
-    ab = read_best(result.json_path).document["measured"]["ab"]
-    assert ab == result.document["measured"]["ab"]
+    ab = read_best(result.json_path).to_dict()["measured"]["ab"]
+    assert ab == result.document.to_dict()["measured"]["ab"]
     assert ab["entrants"] == [
         {"label": "fp32 b=32", "samples_per_s": [88.0, 90.0, 93.0], "median": 90.0, "spread": pytest.approx(5 / 90)},
         {"label": "fp32 b=64", "samples_per_s": [79.0, 80.0, 82.0], "median": 80.0, "spread": pytest.approx(3 / 80)},
     ]
     assert ab["spread"] == pytest.approx(5 / 90) and ab["led_before"] == "fp32 b=64"
     stored = load_study("ab", storage=f"sqlite:///{tmp_path}/ab.db").document()  # `autofit export` reads the same
-    assert stored["measured"]["ab"] == ab
+    assert stored.to_dict()["measured"]["ab"] == ab
 
 
 def test_a_budget_too_short_for_the_a_b_leaves_the_winner_unconfirmed_and_says_so(tmp_path, monkeypatch):
     """Every probe took (by its record) longer than the whole budget: the winner is a short probe's."""
     result, study = _search(tmp_path, monkeypatch, _rounds({}), wall_s=2000.0, budget_s=600.0)
     assert not any(phase == "confirm" for _, phase in _phases(study))
-    measured = read_best(result.json_path).document["measured"]
-    assert measured["confirmed"] is False and measured["unconfirmed"] == UNCONFIRMED_BUDGET
-    assert f"unconfirmed: {UNCONFIRMED_BUDGET}" in read_best(result.json_path).document["why"]
+    best = read_best(result.json_path)
+    assert best.measured.confirmed is False and best.measured.unconfirmed == UNCONFIRMED_BUDGET
+    assert f"unconfirmed: {UNCONFIRMED_BUDGET}" in best.why
     output = describe_search(result)
     assert f"{result.best.label()} is unconfirmed: {UNCONFIRMED_BUDGET}" in output
     assert f"unconfirmed: {UNCONFIRMED_BUDGET}" in output.split("why: ", 1)[1]
@@ -115,7 +115,7 @@ def test_a_config_the_a_b_did_not_measure_never_wins_on_a_figure_of_another_leng
     (issue 44, item 10). Short against short it is behind both: at the A/B's ratio (0.79) it reads 67, and 85 is
     within the noise (10%) of b=32's rounds, so no second A/B: b=32 wins, confirmed, with one note."""
     result, study = _search(tmp_path, monkeypatch, _rounds({64: [70.0], 32: [80.0], 48: [75.0]}))
-    assert result.best == Config(batch_size=32) and result.document["measured"]["confirmed"]
+    assert result.best == Config(batch_size=32) and result.document.measured.confirmed
     assert [b for b, phase in _phases(study) if phase == "confirm"] == [64, 32] * 3  # no second A/B
     changed = [note for note in result.notes if "the A/B changed the winner" in note]
     assert changed == ["the A/B changed the winner: fp32 b=32 ranks first now, above fp32 b=64, which led before it"]

@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from autofit.config import SAMPLES, TOKENS
+from autofit.export import MemoryBudget
 from autofit.report._plots import memory_figure, throughput_figure
 
 pytest.importorskip("matplotlib")
@@ -23,7 +24,7 @@ def _frame() -> pd.DataFrame:
 @pytest.mark.parametrize("rate, name", [(SAMPLES, "micro-batch size"), (TOKENS, "token cap (max_tokens)")])
 def test_the_x_axis_and_titles_name_the_size_the_search_climbs(rate, name):
     throughput = throughput_figure(_frame(), ranked_by=rate).axes[0]
-    memory = memory_figure(_frame(), 2**30, 0.9 * 2**30, ranked_by=rate).axes[0]
+    memory = memory_figure(_frame(), MemoryBudget.of(2**30, 0.1), ranked_by=rate).axes[0]
     for ax in (throughput, memory):
         assert ax.get_xlabel() == f"{name} (log scale)"
         assert f"against {name}" in ax.get_title()

@@ -76,7 +76,7 @@ def test_a_resumed_search_confirms_the_leader_whose_a_b_round_the_budget_cut(tmp
     measured = [trial_config(t).batch_size for t in study.trials
                 if t.user_attrs.get("phase") == "confirm" and t.user_attrs["status"] == "ok"]
     assert 64 in measured
-    assert result.best == Config(batch_size=64) and result.document["measured"]["confirmed"]
+    assert result.best == Config(batch_size=64) and result.document.measured.confirmed
 
 
 def test_a_replaced_workers_start_is_in_the_budgets_estimate_of_the_next_probe(tmp_path, monkeypatch):

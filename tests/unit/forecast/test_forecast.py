@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -65,13 +66,13 @@ def test_one_peak_of_a_model_with_a_large_fixed_part_never_fits_a_gpu_the_fixed_
 def test_one_peak_with_the_estimators_slopes_bounds_the_study_s_other_peaks():
     measured = forecast_input("gpt", bundled_storage_url())
     bf16 = {r["batch_size"]: r["peak_bytes"] for r in measured.rows if r["precision"] == "bf16"}
-    winner = measured.document["config"]["batch_size"]
+    winner = measured.best.config.batch_size
     low, high = measured.per_sample[next(k for k in measured.per_sample if dict(k)["precision"] == "bf16")]
     assert 0 < low < high
-    line = MemoryLine.through({winner: measured.document["measured"]["peak_bytes"]}, (low, high))
+    line = MemoryLine.through({winner: measured.best.measured.peak_bytes}, (low, high))
     assert "estimator" in line.basis
     assert all(line.peak(b) >= peak for b, peak in bf16.items())  # above and below the one point
-    alone = Measured({**measured.document, "runner_ups": []}, per_sample=measured.per_sample)
+    alone = Measured(replace(measured.best, runner_ups=()), per_sample=measured.per_sample)
     fits = {f.label: f for f in forecast(alone, [gpu_spec("L4")]).targets[0].fits}
     assert "estimator" in fits["bf16"].memory_basis
 

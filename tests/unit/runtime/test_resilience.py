@@ -13,7 +13,7 @@ import torch
 
 from autofit import autofit
 from autofit.config import Config
-from autofit.export import config_entry, write_best
+from autofit.export import BestConfig, write_best
 from autofit.runtime import (
     OutOfMemoryAtBatchOne,
     PieceReplay,
@@ -253,9 +253,7 @@ def test_a_framework_step_redone_after_an_oom_has_the_whole_steps_gradient(where
 def test_the_decorator_starts_again_through_the_same_redo(tmp_path, monkeypatch, capsys):
     """An OOM before the first optimizer step starts the function again with a new Run that shares
     the first one's StepRedo; the failed Run is gone before the new attempt begins."""
-    write_best(str(tmp_path / "t.best.json"), {
-        "partial": False, "config": config_entry(Config(batch_size=8)), "measured": {}, "memory": {"limit_bytes": None},
-        "device": {"type": "cpu"}, "versions": {}, "script": {}})
+    write_best(str(tmp_path / "t.best.json"), BestConfig(config=Config(batch_size=8), device={"type": "cpu"}))
     monkeypatch.setenv("AUTOFIT_CONFIG", str(tmp_path / "t.best.json"))
     monkeypatch.setenv("AUTOFIT_DEVICE", "cpu")
     monkeypatch.delenv("AUTOFIT_MEMORY_LIMIT", raising=False)
@@ -279,8 +277,8 @@ def test_the_decorator_starts_again_through_the_same_redo(tmp_path, monkeypatch,
     err = capsys.readouterr().err
     assert err.index("starting again") < err.index("redoing the step")
     record = read_lowerings(lowered_path(str(tmp_path / "t.best.json")))
-    assert [item["restart"] for item in record["lowerings"]] == [True, False]
-    assert Config.from_dict(record["ended_with"]) == Config(batch_size=2, accumulation_steps=4)
+    assert [item.restart for item in record.lowerings] == [True, False]
+    assert record.ended_with == Config(batch_size=2, accumulation_steps=4)
 
 
 def test_a_failed_steps_activations_go_back_though_the_loop_still_holds_its_outputs():

@@ -42,7 +42,7 @@ def _add(study: optuna.Study, result: ProbeResult, phase: str = "explore") -> No
 
 
 def _measured(study: optuna.Study) -> dict:
-    return best_document(study, "sqlite:///x.db", stopped="done", partial=False)["measured"]
+    return best_document(study, "sqlite:///x.db", stopped="done", partial=False).to_dict()["measured"]
 
 
 def test_every_rate_comes_from_the_probes_the_winner_s_rate_comes_from():
@@ -63,7 +63,7 @@ def test_a_confirmation_below_the_runner_up_moves_the_win_and_the_file_says_why(
                     (32, "remeasure", 302.0, 128, None), (16, "explore", 280.0, 128, None),
                     (16, "remeasure", 282.0, 128, None),
                     (32, "confirm", 270.0, 128, None), (16, "confirm", 276.0, 100, None)])
-    document = best_document(study, "sqlite:///x.db", stopped="done", partial=False)
+    document = best_document(study, "sqlite:///x.db", stopped="done", partial=False).to_dict()
     measured = document["measured"]
     assert document["config"]["batch_size"] == 16 and measured["confirmed"] is True
     assert measured["samples_per_s"] == 276.0 and measured["rate_from"] == "confirmation"
@@ -78,11 +78,12 @@ def test_a_lowered_winner_keeps_the_confirmation_s_figure(tmp_path):
     study = _study([(8, "explore", 100.0, 128, None), (32, "explore", 300.0, 128, None),
                     (32, "remeasure", 302.0, 128, None), (16, "explore", 250.0, 128, None),
                     (32, "confirm", 272.0, 128, None)])
-    document = best_document(study, "sqlite:///x.db", stopped="done", partial=False)
+    best = best_document(study, "sqlite:///x.db", stopped="done", partial=False)
+    document = best.to_dict()
     measured = document["measured"]
     assert document["config"]["batch_size"] == 32 and measured["samples_per_s"] == 272.0
     assert measured["confirmed"] is True and "10% below" in measured["rate_note"]
-    read = read_best(write_best(str(tmp_path / "best.json"), document)).document["measured"]
+    read = read_best(write_best(str(tmp_path / "best.json"), best)).to_dict()["measured"]
     assert read == measured  # the new fields survive the file
 
 
@@ -95,7 +96,7 @@ def test_a_real_confirmation_slower_than_the_probes_hands_the_win_to_the_next(tm
                                        budget_s=300, estimate=False, out=str(tmp_path / "best.json"),
                                        storage=f"sqlite:///{tmp_path}/s.db", study="s",
                                        confirm_factor=10))  # rounds past the 30 steps after which b=16 slows
-    measured = read_best(result.json_path).document["measured"]
+    measured = read_best(result.json_path).to_dict()["measured"]
     assert result.best == Config(batch_size=12)
     assert measured["confirmed"] is True and measured["rate_from"] == "confirmation"
     assert "b=16 led with" in measured["rate_note"]

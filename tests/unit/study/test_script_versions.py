@@ -40,7 +40,7 @@ def test_the_best_file_ranks_only_the_probes_of_the_script_it_names():
     """The old script's b=32 ran twice as fast as the new one's b=8: the file is the new script's b=8, with
     the new sha256, and its figures are that probe's."""
     study = _study([_ok(32, 200.0), _ok(8, 100.0)], [OLD, NEW], NEW)
-    document = best_document(study, "sqlite:///x.db", stopped="done", partial=False)
+    document = best_document(study, "sqlite:///x.db", stopped="done", partial=False).to_dict()
     assert document["config"]["batch_size"] == 8 and document["measured"]["samples_per_s"] == 100.0
     assert document["script"]["sha256"] == NEW and document["study"]["probes"] == 1
     assert [t.number for t in script_trials(study, OLD)] == [0] and other_script_probes(study) == 1

@@ -8,7 +8,7 @@ import optuna
 
 from autofit import Config
 from autofit.decorator import AutofitFunction
-from autofit.export import config_entry, read_best, write_best
+from autofit.export import BestConfig, MeasuredFigures, read_best, write_best
 from autofit.findings import best_document
 from autofit.normal_run import resolve_run_config
 from autofit.options import SearchOptions
@@ -37,28 +37,25 @@ def test_the_file_holds_what_the_winners_probes_ran_each_measures_largest():
     study = _study([_probe(256, 100.0, TokenEnvelope(80, 240, 19200)),  # another config's probe: not the winner's
                     _probe(512, 300.0, TokenEnvelope(64, 512, 32768)),
                     _probe(512, 306.0, TokenEnvelope(60, 480, 34560))])  # another draw of the winning cap
-    measured = best_document(study, "sqlite:///x.db", stopped="done", partial=False)["measured"]
+    measured = best_document(study, "sqlite:///x.db", stopped="done", partial=False).to_dict()["measured"]
     assert measured["token_envelope"] == {"longest_sample": 64, "padded_tokens": 512, "padded_squares": 34560}
 
 
 def test_a_file_by_samples_holds_none():
     study = _study([_probe(256, 100.0, None)])
-    assert "token_envelope" not in best_document(study, "sqlite:///x.db", stopped="done", partial=False)["measured"]
+    assert "token_envelope" not in best_document(study, "sqlite:///x.db", stopped="done", partial=False).to_dict()["measured"]
 
 
 def test_the_envelope_in_the_file_reaches_the_normal_runs_settings(tmp_path, monkeypatch):
     envelope = TokenEnvelope(64, 512, 33000)
     config = Config(batch_size=512, max_tokens=512)
-    path = write_best(str(tmp_path / "train.train.best.json"), {
-        "config": config_entry(config), "measured": {"token_envelope": envelope.to_dict()}, "memory": {},
-        "device": {"type": "cpu", "name": "cpu"}, "versions": {}, "script": {}})
-    assert read_best(path).document["measured"]["token_envelope"] == envelope.to_dict()
+    path = write_best(str(tmp_path / "train.train.best.json"), BestConfig(
+        config=config, measured=MeasuredFigures(token_envelope=envelope.to_dict()), device={"type": "cpu", "name": "cpu"}))
+    assert read_best(path).measured.token_envelope == envelope.to_dict()
     monkeypatch.setenv("AUTOFIT_CONFIG", path)
     fn = AutofitFunction(lambda run: None, SearchOptions())
     plan = resolve_run_config(fn, None, "cpu")
     assert plan.config == config and plan.token_envelope == envelope
     assert fn.make_run(plan=plan).control.settings.token_envelope == envelope
-    without = write_best(str(tmp_path / "old.best.json"), {
-        "config": config_entry(config), "measured": {}, "memory": {}, "device": {"type": "cpu", "name": "cpu"},
-        "versions": {}, "script": {}})
+    without = write_best(str(tmp_path / "old.best.json"), BestConfig(config=config, device={"type": "cpu", "name": "cpu"}))
     assert resolve_run_config(fn, without, "cpu").token_envelope is None  # a file written before it: no guard

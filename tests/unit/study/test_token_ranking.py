@@ -91,7 +91,7 @@ def test_the_a_b_takes_the_caps_within_the_noise_in_tokens_per_second():
 def test_the_a_b_decides_by_tokens_per_second_and_the_file_keeps_its_rounds_in_them():
     rounds = [(1024, "confirm", 32.0, 10000.0), (768, "confirm", 36.0, 11000.0)] * 3
     study = _study(TOKENS, _explored() + rounds)
-    document = best_document(study, "sqlite:///x.db", stopped="done", partial=False)
+    document = best_document(study, "sqlite:///x.db", stopped="done", partial=False).to_dict()
     assert document["config"]["max_tokens"] == 768  # more tokens/s in the A/B, fewer samples/s than 512
     entrants = document["measured"]["ab"]["entrants"]
     assert [(e["label"], e["tokens_per_s"], e["median"]) for e in entrants] == [
@@ -101,14 +101,15 @@ def test_the_a_b_decides_by_tokens_per_second_and_the_file_keeps_its_rounds_in_t
 
 def test_the_why_line_says_max_tokens_and_tokens_per_second():
     study = _study(TOKENS, _explored(), oom=1536)
-    why = best_document(study, "sqlite:///x.db", stopped="done", partial=False)["why"]
+    why = best_document(study, "sqlite:///x.db", stopped="done", partial=False).why
     assert why.startswith("fp32 max_tokens=1024: 12,000.0 tokens/s")
     assert "max_tokens=1536 ran out of memory" in why and "batch" not in why
 
 
 def test_the_file_of_a_token_search_heads_with_tokens_per_second_and_states_tokens_per_step(tmp_path):
     study = _study(TOKENS, _explored())
-    document = best_document(study, "sqlite:///x.db", stopped="done", partial=False)
+    best = best_document(study, "sqlite:///x.db", stopped="done", partial=False)
+    document = best.to_dict()
     config, measured = document["config"], document["measured"]
     assert config["max_tokens"] == 1024 and config["global_tokens"] == 65536 and config["global_batch"] is None
     assert list(measured)[:3] == ["ranked_by", "tokens_per_s", "samples_per_s"]
@@ -116,12 +117,12 @@ def test_the_file_of_a_token_search_heads_with_tokens_per_second_and_states_toke
     assert measured["samples_per_s"] == pytest.approx(30.0)  # at the ranked rate, its probes' samples per token
     assert [r["tokens_per_s"] for r in document["runner_ups"]] == [11000.0, 8000.0]
     assert all(r["global_batch"] is None and "samples_per_s" not in r for r in document["runner_ups"])
-    read = read_best(write_best(str(tmp_path / "best.json"), document))
-    assert read.config == _config(TOKENS, 1024) and read.document["measured"] == measured
+    read = read_best(write_best(str(tmp_path / "best.json"), best))
+    assert read.config == _config(TOKENS, 1024) and read.to_dict()["measured"] == measured and read == best
 
 
 def test_the_file_of_a_search_by_samples_keeps_its_global_batch_and_samples_first():
-    document = best_document(_study(SAMPLES, _explored()), "sqlite:///x.db", stopped="done", partial=False)
+    document = best_document(_study(SAMPLES, _explored()), "sqlite:///x.db", stopped="done", partial=False).to_dict()
     assert document["config"]["global_batch"] == 512 and "global_tokens" not in document["config"]
     assert list(document["measured"])[:3] == ["ranked_by", "samples_per_s", "tokens_per_s"]
     assert document["measured"]["samples_per_s"] == 40.0

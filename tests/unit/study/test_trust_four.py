@@ -51,7 +51,7 @@ def test_a_winner_whose_only_a_b_round_was_cut_is_unconfirmed_for_the_budget():
     _record(study, _ok(64, 100.0))
     _record(study, _ok(32, 80.0))
     _record(study, _timeout(64, BUDGET_CUT), phase="confirm")
-    measured = best_document(study, "sqlite:///x.db", stopped="budget", partial=False)["measured"]
+    measured = best_document(study, "sqlite:///x.db", stopped="budget", partial=False).to_dict()["measured"]
     assert measured["confirmed"] is False and measured["ab"] is None
     assert measured["unconfirmed"] == UNCONFIRMED_BUDGET
 
@@ -77,7 +77,7 @@ def test_the_file_names_the_confirmed_config_over_a_short_figure_of_another_leng
     for result, phase in ((_ok(64, 100.0), "explore"), (_ok(64, 100.0), "remeasure"), (_ok(32, 95.0), "explore"),
                           (_ok(64, 85.0), "confirm")):
         _record(study, result, phase)
-    document = best_document(study, "sqlite:///x.db", stopped="budget", partial=False)
+    document = best_document(study, "sqlite:///x.db", stopped="budget", partial=False).to_dict()
     assert document["config"]["batch_size"] == 64 and document["measured"]["confirmed"]
     assert document["runner_ups"][0]["samples_per_s"] == 95.0  # its own figure, as measured
     assert "fp32 b=32's 95.0 samples/s counts as 80.8" in document["measured"]["rate_note"]
