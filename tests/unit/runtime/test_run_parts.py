@@ -227,7 +227,7 @@ def test_a_framework_step_fed_in_pieces_after_an_oom_has_the_whole_steps_gradien
     reference(torch.cat(micro_batches)).pow(2).mean().backward()
     run = Run(Config(batch_size=8, accumulation_steps=2), recover_oom=True)
     run.control.clock.steps_done = 3  # mid-run: the step is redone in place
-    replay = PieceReplay(run, lambda: model.zero_grad(set_to_none=True))
+    replay = PieceReplay(run.control, lambda: model.zero_grad(set_to_none=True))
     failures = {"forward": 0, "backward": 0}
 
     def forward(piece):
