@@ -136,7 +136,7 @@ class AutofitAccelerator(Accelerator):
         self._autofit_samples = 0  # of the optimizer step being fed
         self._autofit_tokens = 0  # real tokens of the optimizer step being fed (token batches)
         self._autofit_batches: CountedTokenBatches | None = None  # the training loader's token batches
-        self._autofit_replay = PieceReplay(run, self._autofit_zero_grad) if run.recovers_oom else None
+        self._autofit_replay = PieceReplay(run.control, self._autofit_zero_grad) if run.recovers_oom else None
         self._autofit_models: list[torch.nn.Module] = []
         self._autofit_batch: Any = None  # the last training forward's (args, kwargs), until its backward
         self._autofit_loss: Any = None  # the loss that forward returned

@@ -122,7 +122,7 @@ class AutofitTrainer(Trainer):
             run.checkpoint(blocks)  # at 0 segments too: no block keeps another run's checkpointing
             if run.checkpoint_segments and getattr(getattr(model, "config", None), "use_cache", False):
                 model.config.use_cache = False  # a cache filled twice by recomputation (as HF does it)
-        self._autofit_replay = PieceReplay(run, self._zero_grad) if run.recovers_oom else None
+        self._autofit_replay = PieceReplay(run.control, self._zero_grad) if run.recovers_oom else None
         self._autofit_weight = 1.0  # a piece's share of its micro-batch's loss (after an OOM)
         self._autofit_run = run
         self._autofit_batches: CountedTokenBatches | None = None  # the token batches being trained on

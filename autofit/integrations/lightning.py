@@ -118,7 +118,7 @@ def _recover_in(trainer: pl.Trainer, run: Run, module: pl.LightningModule) -> Pi
 
     Once lowered, `training_step` runs the first piece of the micro-batch and hands its weighted loss
     to Lightning, whose backward then runs the other pieces, forward and backward, one at a time."""
-    replay = PieceReplay(run, lambda: module.zero_grad(set_to_none=True))
+    replay = PieceReplay(run.control, lambda: module.zero_grad(set_to_none=True))
     strategy = trainer.strategy
     training_step, backward = strategy.training_step, strategy.backward
     current: dict[str, Any] = {}

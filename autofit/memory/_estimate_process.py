@@ -7,7 +7,7 @@ sorts every tensor it sees into parameters, gradients, optimizer state, activati
         requests of configs; each config's estimate is sent as soon as it is known)
 
 Two steps, because the optimizer's state appears in the first step and the peak of a steady step
-holds it. The data is read for real (outside the fake mode, through RunControl.data_context); the model,
+holds it. The data is read for real (outside the fake mode, through the run's `RunHooks.data_context`); the model,
 the step and the optimizer never allocate. The fake mode answers what a loop reads from its tensors
 (`loss.item()`, GradScaler's checks) and guesses data-dependent sizes (autofit.memory._fake_values);
 conversions and copies of fake parameters (tied weights, `.to()`, an EMA's deepcopy) are done without
@@ -100,40 +100,30 @@ def estimate_for(fn: Any, config: Any, cpu: Any, target: str) -> dict:
 
 def _estimating_run(config: Any, device: Any, tracker: Any) -> Any:
     """A probing Run of two steps whose data is read for real (outside the fake mode), whose
-    optimizers' parameters the tracker follows by name, and whose tracker restarts at each step. Batches
-    by tokens are the cap's worst at both steps: the data's longest samples, as many as the cap holds
-    (the second step, which holds the optimizer's state, would otherwise run a random draw)."""
+    optimizers' parameters the tracker follows by name, and whose tracker restarts at each step (the
+    run's hooks, `RunHooks`). Batches by tokens are the cap's worst at both steps: the data's longest
+    samples, as many as the cap holds (the second step, which holds the optimizer's state, would
+    otherwise run a random draw)."""
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    from autofit.runtime import Run
+    from autofit.runtime import Run, RunHooks
 
-    run = Run(config, device, probing=True, warmup_steps=1, measured_steps=1, min_measure_s=0.0,
-              max_measured_steps=1, worst_token_batches=True)  # both steps at the cap's worst batch
-    run.control.compile_enabled = False  # fake tensors through inductor: estimated as the eager model
-
-    @contextmanager
-    def read_data():
-        with unset_fake_temporarily():
-            yield
-
-    run.control.data_context = read_data
-    step_taken, backward = run.control.step_taken, run.backward
     seen_optimizers: set[int] = set()
 
-    def step_taken_then_reset(samples: int, tokens: int = 0) -> None:
-        step_taken(samples, tokens)  # ends the run (ProbeFinished) after the second step
-        tracker.reset_mod_stats()  # MemTracker follows one iteration of each module at a time
-
-    def backward_tracking_parameters(loss, optimizer, **kwargs):
+    def track_parameters(optimizer: Any) -> None:
         if id(optimizer) not in seen_optimizers:  # its parameters (and their gradients) by name
             seen_optimizers.add(id(optimizer))
             params = [p for group in optimizer.param_groups for p in group["params"]]
             tracker.track_external(torch.nn.ParameterList(params), optimizer)
-        return backward(loss, optimizer, **kwargs)
 
-    run.control.step_taken = step_taken_then_reset
-    run.backward = backward_tracking_parameters
+    # MemTracker follows one iteration of each module at a time: it restarts after each step that did
+    # not end the run (the second ends it: ProbeFinished).
+    hooks = RunHooks(data_context=unset_fake_temporarily, before_backward=track_parameters,
+                     after_step=tracker.reset_mod_stats)
+    run = Run(config, device, probing=True, warmup_steps=1, measured_steps=1, min_measure_s=0.0,
+              max_measured_steps=1, worst_token_batches=True, hooks=hooks)  # both steps at the cap's worst batch
+    run.control.compile_enabled = False  # fake tensors through inductor: estimated as the eager model
     return run
 
 

@@ -41,7 +41,7 @@ from autofit.runtime._redo import (
 from autofit.runtime._report import run_summary
 from autofit.runtime._run import Run
 from autofit.runtime._script_run import ONE_START, StartReached, offer_script_run, take_script_run
-from autofit.runtime._settings import RunSettings
+from autofit.runtime._settings import RunHooks, RunSettings
 from autofit.runtime._tokens import TokenBatchSampler, TokenBatchStats
 
 __all__ = [
@@ -63,6 +63,7 @@ __all__ = [
     "Ranks",
     "Run",
     "RunControl",
+    "RunHooks",
     "RunSettings",
     "StepClock",
     "StartReached",

@@ -7,55 +7,23 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from autofit.config import Config
 from autofit.errors import UsageError
 from autofit.runtime._batch import count_samples, to_device
-from autofit.runtime._clock import StepClock
 from autofit.runtime._dataloader import count_prefetch_as_warmup
 from autofit.runtime._envelope import TokenEnvelope, TokenGuard
-from autofit.runtime._knobs import KnobPanel, Knobs
 from autofit.runtime._micro import MicroBatch
 from autofit.runtime._precision import make_grad_scaler
-from autofit.runtime._redo import LoopRedo, Lowering, drop_graph
+from autofit.runtime._redo import drop_graph
 from autofit.runtime._saved import SavedTensors
 from autofit.runtime._tokens import TokenLoader
 
-
-class FedControl(Protocol):
-    """What a feed uses of its run's control (`RunControl` is one)."""
-
-    notes: list[str]
-    data_context: Callable[[], Any]
-
-    @property
-    def knobs(self) -> Knobs: ...
-
-    def set_config(self, config: Config) -> None: ...
-
-    def step_taken(self, samples: int, tokens: int = 0) -> None: ...
-
-
-class FedRun(Protocol):
-    """What a feed reads of the run it feeds (`Run` is one): named here so that the feed does not import
-    the face it sits under, nor the control that builds it."""
-
-    control: FedControl
-
-    @property
-    def config(self) -> Config: ...
-
-    @property
-    def device(self) -> torch.device: ...
-
-    @property
-    def probing(self) -> bool: ...
-
-    @property
-    def lowerings(self) -> list[Lowering]: ...
+if TYPE_CHECKING:
+    from autofit.runtime._core import RunCore
 
 
 class DataTooSmall(RuntimeError):
@@ -69,12 +37,12 @@ _REAL_TOKENS = object()  # count each micro-batch's real tokens (run.token_batch
 class StepFeed:
     """Micro-batches handed out by `batches`, their losses through `backward` (accumulation, fp16 loss
     scaling, the optimizer step at each step's end), and a step that ran out of memory fed again at
-    the lowered micro-batch (`LoopRedo` decides). The run's config, clock and step count are the run's."""
+    the lowered micro-batch (`LoopRedo` decides). The run's config, clock and step count are its control's."""
 
-    def __init__(self, run: FedRun, clock: StepClock, panel: KnobPanel, redo: LoopRedo,
-                 envelope: TokenEnvelope | None = None) -> None:
-        self._run, self._clock, self._panel, self._redo = run, clock, panel, redo
-        self.scaler = make_grad_scaler(run.config.precision, run.device)
+    def __init__(self, control: RunCore, envelope: TokenEnvelope | None = None) -> None:
+        self._control = control
+        self._clock, self._panel, self._redo = control.clock, control.panel, control.loop_redo
+        self.scaler = make_grad_scaler(control.config.precision, control.device)
         self._micro_batches = 0  # handed out by batches()
         self.micro_in_step = 0  # of the optimizer step being fed (a micro-batch run in pieces counts once)
         self.handed_in_step = 0  # batches handed out in the optimizer step being fed (each piece counts)
@@ -105,12 +73,12 @@ class StepFeed:
         loader = iterable if isinstance(iterable, TokenLoader) else None
         self._token_cap = loader.batch_sampler.max_tokens if loader is not None else None
         tokens, self.weight_by_tokens = _token_count(loader, tokens, weight_by_tokens)
-        run = self._run
-        if not run.control.knobs.batches:
+        control = self._control
+        if not control.knobs.batches:
             self._panel.training_data(iterable)
             self._drain_prefetch(iterable)
-        run.control.knobs.batches = True
-        with run.control.data_context():
+        control.knobs.batches = True
+        with control.hooks.data_context():
             source = iter(iterable)
         pending: deque[MicroBatch] = deque()  # micro-batches taken from the data and not yet handed out
         this_step: list[MicroBatch] = []  # micro-batches of the step being fed (kept only to redo it after an OOM)
@@ -127,7 +95,7 @@ class StepFeed:
                     largest = max(largest, count_samples(batch))
                     fed = MicroBatch.of_tokens(batch, loader.batch_lengths) if loader is not None else MicroBatch(batch)
                     # After a lowering the loader still gives the batch it was built with: cut it.
-                    pending.extend(self._cut(fed) if run.lowerings else (fed,))
+                    pending.extend(self._cut(fed) if control.redo.lowerings else (fed,))
                 fed = pending.popleft()
                 pieces = self.guard.pieces(fed, may_split=self._panel.may_split_alone())
                 for index, piece in enumerate(pieces):
@@ -140,18 +108,18 @@ class StepFeed:
                         this_step.append(fed)
                     if len(pieces) > 1:  # DDP: only a micro-batch's last piece synchronises the gradients
                         self._panel.gradient_sync(index == len(pieces) - 1)
-                    yield to_device(piece.batch, run.device)
+                    yield to_device(piece.batch, control.device)
         finally:
             self._panel.gradient_sync(True)
         self.finish()  # the data ran out: the last step's work is done
-        if run.probing:
-            with run.control.data_context():  # the sampler's draws (TokenLoader.stats) are real data, not fake tensors
-                _check_the_pass(run, iterable, yielded, largest)
+        if control.settings.probing:
+            with control.hooks.data_context():  # the sampler's draws (TokenLoader.stats) are real data, not fake tensors
+                _check_the_pass(control, iterable, yielded, largest)
 
     def _fetch(self, source: Iterator[Any]) -> Any:
         """The next batch from the user's data (`_END` at its end), its wait on the clock."""
         try:
-            with self._run.control.data_context():
+            with self._control.hooks.data_context():
                 fetch_started = time.perf_counter()
                 try:
                     return next(source)
@@ -167,7 +135,7 @@ class StepFeed:
         if first:  # the pieces of one micro-batch are one micro-step of the accumulation
             if self._micro_batches == 0:
                 self._clock.start()  # the first step begins
-            elif self.micro_in_step >= self._run.config.accumulation_steps and self._step_samples:
+            elif self.micro_in_step >= self._control.config.accumulation_steps and self._step_samples:
                 self._finish_step()  # (not already closed at the end of the data)
                 closed = True
             self.micro_in_step += 1
@@ -178,47 +146,48 @@ class StepFeed:
         self._step_tokens += self._micro_tokens
         self._last_piece, self._piece_share = last, piece.share_of(whole)
         if piece.real_tokens is not None and piece.width:  # what ran: a probe's envelope
-            self._run.control.knobs.ran_tokens(piece.samples, piece.width)
+            self._control.knobs.ran_tokens(piece.samples, piece.width)
         return closed
 
     def _cut(self, fed: MicroBatch) -> list[MicroBatch]:
         """`fed` cut to the micro-batch an OOM lowered the run to (counted where it is cut)."""
-        pieces = fed.cut(_lowered_piece(fed.samples, self._run.config, self._token_cap))
+        pieces = fed.cut(_lowered_piece(fed.samples, self._control.config, self._token_cap))
         if len(pieces) > 1:
             self._redo.redo.split_batches += 1
         return pieces
 
     def _drain_prefetch(self, iterable: Iterable[Any]) -> None:
         """Count the optimizer steps that empty the loader's prefetch queue as warm-up too."""
-        count_prefetch_as_warmup(iterable, self._run.config.accumulation_steps, self._clock, self._run.control.notes)
+        count_prefetch_as_warmup(iterable, self._control.config.accumulation_steps, self._clock, self._control.notes)
 
     def finish(self) -> None:
         """Close the step being fed if all its micro-batches were handed out."""
-        if self.micro_in_step >= self._run.config.accumulation_steps and self._step_samples:
+        if self.micro_in_step >= self._control.config.accumulation_steps and self._step_samples:
             self._finish_step()
 
     def _finish_step(self) -> None:
         samples, tokens = self._step_samples, self._step_tokens
         self._step_samples = self._step_tokens = 0
         self.micro_in_step = self.handed_in_step = 0
-        self._run.control.step_taken(samples, tokens)
+        self._control.step_taken(samples, tokens)
 
     # --- the losses -----------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, clip_grad_norm: float | None) -> None:
         """Backward of one micro-batch's share of the step's loss; the optimizer steps at the step's end."""
-        run = self._run
-        run.control.knobs.backward = True
+        control = self._control
+        control.hooks.before_backward(optimizer)
+        control.knobs.backward = True
         if self._redo.redoing:
             return  # the loss of a micro-batch whose step ran out of memory: the step is redone
         self._optimizer = optimizer
         where = "backward"
         try:
             self._accumulate(loss)
-            if self._backwards_in_step >= run.config.accumulation_steps:
+            if self._backwards_in_step >= control.config.accumulation_steps:
                 where = "optimizer step"
                 self._optimizer_step(optimizer, clip_grad_norm)
                 self._backwards_in_step = 0
-                if run.probing:
+                if control.settings.probing:
                     self._check_finite(loss)
         except Exception as exc:
             if not self.caught(exc, where, loss):
@@ -229,7 +198,7 @@ class StepFeed:
         # gradients divided by all of its tokens before the optimizer steps (`_by_the_steps_tokens`):
         # one big batch's token mean, however the tokens fall into micro-batches. A piece the guard cut
         # (a mean over its own tokens) counts by its share of its micro-batch's tokens.
-        accumulation = self._run.config.accumulation_steps
+        accumulation = self._control.config.accumulation_steps
         scaled = loss * self._micro_tokens if self.weight_by_tokens else loss * self._piece_share / accumulation
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
@@ -263,7 +232,7 @@ class StepFeed:
     def _by_the_steps_tokens(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide the step's gradients by its tokens, all ranks' together (data parallel averages the
         gradients over the ranks, so each divides by the mean count: the sum over all tokens results)."""
-        total = torch.tensor(float(self._step_tokens), device=self._run.device)
+        total = torch.tensor(float(self._step_tokens), device=self._control.device)
         if self._panel.data_parallel is not None or self._panel.sharded is not None:
             import torch.distributed as dist
 
@@ -290,17 +259,17 @@ class StepFeed:
     def caught(self, exc: BaseException, where: str, loss: torch.Tensor | None = None) -> bool:
         """An exception in the step: True when it is an OOM this run recovers from in place (the step
         will be fed again at the lowered config), False to let it propagate."""
-        run = self._run
-        config = self._redo.caught(run.config, exc, where, steps_done=self._clock.steps_done,
-                                   can_feed_again=run.control.knobs.batches)
+        control = self._control
+        config = self._redo.caught(control.config, exc, where, steps_done=self._clock.steps_done,
+                                   can_feed_again=control.knobs.batches)
         if config is None:
             return False
         self.saved.release()  # the failed step's activations, whatever of the loop still holds its graph
         if loss is not None:
             drop_graph(loss)  # now: the user's `loss` would hold the failed graph to the redo
-        run.control.set_config(config)
+        control.set_config(config)
         if self.scaler is not None:  # a step may have stopped after unscaling: start its state afresh
-            self.scaler = torch.amp.GradScaler(run.device.type, init_scale=self.scaler.get_scale())
+            self.scaler = torch.amp.GradScaler(control.device.type, init_scale=self.scaler.get_scale())
         return True
 
     def _begin_redo(self, micro_batches: list[MicroBatch]) -> deque[MicroBatch]:
@@ -346,21 +315,22 @@ class OomGuard:
                 and self._feed.caught(exc, self._where))
 
 
-def _check_the_pass(run: FedRun, iterable: Iterable[Any], yielded: int, largest: int) -> None:
+def _check_the_pass(control: RunCore, iterable: Iterable[Any], yielded: int, largest: int) -> None:
     """A probe's pass over the data that no larger config could change: DataTooSmall."""
+    config, lowered = control.config, bool(control.redo.lowerings)
     if not yielded:
         # A loader with drop_last yields nothing for a batch larger than the dataset: a probe
         # looping over epochs would spin forever.
         raise DataTooSmall(
-            f"The data yields no batch of {run.config.batch_size}: the batch is larger than the "
+            f"The data yields no batch of {config.batch_size}: the batch is larger than the "
             f"data can feed (a DataLoader with drop_last=True over fewer samples, say).")
-    if _capped_by_the_data(iterable, run.config.batch_size, largest) and not run.lowerings:
+    if _capped_by_the_data(iterable, config.batch_size, largest) and not lowered:
         # The loader's batches hold the whole data and no more: a larger micro-batch would run the
         # same batches, and be exported as a batch the user's run never takes.
         raise DataTooSmall(
             f"A pass over the data gives batches of {largest} samples at most, fewer than the micro-batch "
-            f"of {run.config.batch_size}: the data is the ceiling (a larger micro-batch runs the same batches).")
-    if isinstance(iterable, TokenLoader) and iterable.capped_by_the_data() and not run.lowerings:
+            f"of {config.batch_size}: the data is the ceiling (a larger micro-batch runs the same batches).")
+    if isinstance(iterable, TokenLoader) and iterable.capped_by_the_data() and not lowered:
         raise DataTooSmall(f"A pass over the data is one batch of {iterable.stats().padded_tokens} padded tokens, "
                            f"half the cap of {iterable.batch_sampler.max_tokens} at most: the data is the ceiling "
                            f"(a smaller cap runs the same batch).")

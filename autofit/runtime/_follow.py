@@ -10,58 +10,19 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from autofit.config import Config
-from autofit.runtime._clock import StepClock
 from autofit.runtime._dataloader import count_prefetch_as_warmup
 
 if TYPE_CHECKING:
-    from autofit.runtime._knobs import KnobPanel, Knobs
+    from autofit.runtime._core import RunCore
 
 #: The one line a followed normal run says about a runtime OOM (the README says the same).
 OOM_LINE = ("an out-of-memory in your own loop starts the function again at a smaller micro-batch with "
             "the same global batch (what it trained so far is kept only if it saves and resumes)")
-
-
-class FollowedControl(Protocol):
-    """What the follower uses of its run's control (`RunControl` is one)."""
-
-    notes: list[str]
-    reads: set[str]
-    clock: StepClock
-
-    @property
-    def priced_config(self) -> Config: ...
-
-    @property
-    def knobs(self) -> Knobs: ...
-
-    def step_taken(self, samples: int, tokens: int = 0) -> None: ...
-
-
-class FollowedRun(Protocol):
-    """What the follower reads of the run whose loop it follows (`Run` is one)."""
-
-    control: FollowedControl
-
-    @property
-    def config(self) -> Config: ...
-
-    @property
-    def recovers_oom(self) -> bool: ...
-
-    @property
-    def is_main(self) -> bool: ...
-
-    @property
-    def accumulation_steps(self) -> int: ...
-
-    @property
-    def global_batch(self) -> int: ...
 
 
 class StepFollower:
@@ -72,8 +33,8 @@ class StepFollower:
     trainer). The run's clock starts when the first followed step
     begins, not at the function's first line."""
 
-    def __init__(self, run: FollowedRun, panel: KnobPanel) -> None:
-        self._run, self._panel = run, panel
+    def __init__(self, control: RunCore) -> None:
+        self._control = control
         self._leader: weakref.ReferenceType | None = None
         self._handles: list[Any] = []
         self._passes = _Passes()
@@ -97,11 +58,11 @@ class StepFollower:
     def _driven(self) -> bool:
         """Something else counts the steps: `run.batches` or `run.backward` (or a framework's trainer,
         which sets both) was used before the loop's first step."""
-        knobs = self._run.control.knobs
+        knobs = self._control.knobs
         return (knobs.batches or knobs.backward) and not knobs.followed
 
     def _before(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._passes.step_begins(self._run.control.clock.micro_batches_done)
+        self._passes.step_begins(self._control.clock.micro_batches_done)
         if self._leader is None and not self._driven():
             self._leader = weakref.ref(optimizer)
             self._starts()
@@ -109,21 +70,21 @@ class StepFollower:
             self._leader = weakref.ref(optimizer)  # the loop built a new optimizer (a new epoch, a restart)
 
     def _after(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        clock = self._run.control.clock
+        clock = self._control.clock
         self._passes.step_ends(clock.micro_batches_done)
         if self._leader is None or self._leader() is not optimizer or self._driven():
             return
-        config = self._run.config
+        config = self._control.config
         held, outside, shared = self._passes.close(clock.micro_batches_done)
         steps = self._steps_in_this_one(held)
         samples = config.batch_size * config.accumulation_steps * steps
-        if not self._run.control.knobs.backward and held > 0:  # it reads no accumulation: what it ran counts
+        if not self._control.knobs.backward and held > 0:  # it reads no accumulation: what it ran counts
             ran = steps if shared or outside <= 0 else outside
             samples = config.batch_size * ran
             if ran != config.accumulation_steps * steps and clock.measuring:
                 self._say_own_accumulation(max(1, ran // steps))
         # May end a probe: ProbeFinished, out of the user's optimizer.step(), past any `except Exception`.
-        self._run.control.step_taken(samples)
+        self._control.step_taken(samples)
 
     def _say_own_accumulation(self, per_step: int) -> None:
         """Once: the loop keeps an accumulation of its own that is not the config's, so its samples are counted
@@ -131,7 +92,7 @@ class StepFollower:
         if self._told_own_accumulation:
             return
         self._told_own_accumulation = True
-        asked = self._run.control.priced_config
+        asked = self._control.priced_config
         said = (f"the loop keeps its own accumulation ({per_step} micro-batches a step) and reads neither "
                 f"run.accumulation_steps nor run.global_batch: its samples are counted as it ran them")
         if asked.accumulation_steps > 1:
@@ -140,7 +101,7 @@ class StepFollower:
         else:
             said += (f" ({asked.batch_size} x {per_step} samples a step; declare a global_batch and read "
                      f"run.accumulation_steps to have the accumulation searched)")
-        self._run.control.notes.append(said)
+        self._control.notes.append(said)
 
     def _steps_in_this_one(self, held: int) -> int:
         """How many of the loop's steps this optimizer step closes: one, or more where a GradScaler skipped
@@ -171,24 +132,24 @@ class StepFollower:
     def _starts(self) -> None:
         """The first step of the function's own loop begins: the clock starts, the knobs it used are
         the settings it read, and a normal run says what an OOM does to such a loop."""
-        run, knobs = self._run, self._run.control.knobs
+        control, knobs = self._control, self._control.knobs
         knobs.followed = True
-        knobs.batches = knobs.batches or bool(run.control.reads & {"batch_size", "global_batch"})
-        knobs.backward = bool(run.control.reads & {"accumulation_steps", "global_batch"})
-        knobs.autocast = knobs.autocast or "precision" in run.control.reads
-        if run.control.clock.inner is not None and not knobs.backward:
-            run.control.clock.inner.pricing = False  # its own accumulation is not priced: nothing to time in it
-        run.control.clock.start()
-        training = self._panel.training_loader
+        knobs.batches = knobs.batches or bool(control.reads & {"batch_size", "global_batch"})
+        knobs.backward = bool(control.reads & {"accumulation_steps", "global_batch"})
+        knobs.autocast = knobs.autocast or "precision" in control.reads
+        if control.clock.inner is not None and not knobs.backward:
+            control.clock.inner.pricing = False  # its own accumulation is not priced: nothing to time in it
+        control.clock.start()
+        training = control.panel.training_loader
         if training is not None:
             training.waited = self._waited
-            count_prefetch_as_warmup(training, run.config.accumulation_steps, run.control.clock, run.control.notes)
-        if run.recovers_oom and run.is_main:
+            count_prefetch_as_warmup(training, control.config.accumulation_steps, control.clock, control.notes)
+        if control.loop_redo.recovering and control.ranks.is_main:
             print(f"autofit: following your loop's optimizer steps; {OOM_LINE}", file=sys.stderr, flush=True)
 
     def _waited(self, seconds: float) -> None:
-        if self._run.control.knobs.followed:
-            self._run.control.clock.data_waited(seconds)
+        if self._control.knobs.followed:
+            self._control.clock.data_waited(seconds)
 
 
 class _Passes:

@@ -22,7 +22,7 @@ from autofit.runtime._batch import count_samples, split_batch
 from autofit.runtime._redo import drop_graph
 
 if TYPE_CHECKING:
-    from autofit.runtime._run import Run
+    from autofit.runtime._core import RunCore
 
 T = TypeVar("T")
 #: Runs one piece of a micro-batch, forward and backward: (piece, weight, context) -> its result.
@@ -55,10 +55,11 @@ def weighted(output: Any, weight: float) -> Any:
 
 class PieceReplay:
     """The optimizer step being fed (its micro-batches, as the framework handed them over) and its
-    replay in pieces after an OOM. `where` is kept current by the integration: "forward" or "backward"."""
+    replay in pieces after an OOM. `where` is kept current by the integration: "forward" or "backward".
+    Built on the run's control (`run.control`), whose config it cuts to and whose redo lowers it."""
 
-    def __init__(self, run: Run, zero_grad: Callable[[], None]) -> None:
-        self._run = run
+    def __init__(self, control: RunCore, zero_grad: Callable[[], None]) -> None:
+        self._control = control
         self._zero_grad = zero_grad
         self._step: list[tuple[Any, Any]] = []
         self.where = "forward"
@@ -72,16 +73,16 @@ class PieceReplay:
 
     def pieces(self, batch: Any) -> list[tuple[Any, float]]:
         """`batch` cut to the run's micro-batch, each piece with its share of the batch's samples."""
-        parts = split_batch(batch, self._run.batch_size)
+        parts = split_batch(batch, self._control.config.batch_size)
         if len(parts) == 1:
             return [(batch, 1.0)]
-        self._run.control.redo.split_batches += 1
+        self._control.redo.split_batches += 1
         total = count_samples(batch)
         return [(part, count_samples(part) / total) for part in parts]
 
     def lowered(self, exc: BaseException) -> bool:
         """Whether `exc` is an OOM the run recovers from (its config is then lowered)."""
-        return self._run.control.lower_after_oom(exc, self.where)
+        return self._control.lower_after_oom(exc, self.where)
 
     def feed(self, batch: Any, context: Any, work: PieceWork) -> list:
         """Add `batch` to the step and run `work` on each of its pieces, recovering from OOMs."""
@@ -151,7 +152,7 @@ class PieceReplay:
             redoing_step = True
             return lambda: self._whole_step(work)
 
-        return self._run.control.redo.until_it_fits(attempt, after_oom)
+        return self._control.redo.until_it_fits(attempt, after_oom)
 
     def _work_on(self, batch: Any, context: Any, work: PieceWork) -> list:
         return [work(piece, weight, context) for piece, weight in self.pieces(batch)]

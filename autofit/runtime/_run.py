@@ -40,12 +40,15 @@ class Run(RunView, RunData):
         self.defaults = settings.defaults
         """True when no best-config file was found: `config` is the decorator's default, not a
         measured answer (a framework integration then leaves the user's own settings alone)."""
-        self.token_loader: TokenLoader | None = None
-        """The loader run.token_batches() built last (its batches' padding share goes in the summary)."""
-        self.control: RunControl
-        RunControl(self, settings)  # sets it
+        self.control = RunControl(settings)
+        """autofit's own handle on this run, made here and nowhere else: its parts are given it, not the Run."""
 
     # --- what the run did ---------------------------------------------------------------------
+    @property
+    def token_loader(self) -> TokenLoader | None:
+        """The loader run.token_batches() built last (its batches' padding share goes in the summary)."""
+        return self.control.token_loader
+
     @property
     def lowerings(self) -> list[Lowering]:
         """The configs this run (and the attempts before it) lowered to after an OOM, oldest first."""

@@ -20,7 +20,6 @@ class RunData:
 
     config: Config
     control: RunControl
-    token_loader: TokenLoader | None
 
     def sampler(self, dataset: Any, *, shuffle: bool = True, seed: int = 0) -> torch.utils.data.Sampler:
         """The sampler for your DataLoader: this rank's shard of `dataset` under torchrun, the whole of
@@ -44,13 +43,14 @@ class RunData:
         loss (a mean over its real tokens) by them. Under torchrun every rank gets as many micro-batches.
         Call `.set_epoch(epoch)` each epoch; `.skip(n)` resumes an epoch after n batches (the order is the
         seed's). A search climbs `max_tokens` for a function that batches here."""
-        self.control.reads.add("max_tokens")
-        self.token_loader = self.control.panel.token_batches(self.config, dataset, lengths, collate_fn=collate_fn,
-                                                      shuffle=shuffle, seed=seed)
         control = self.control
-        control.set_config(accumulate_tokens(self.token_loader, self.config, control.settings.global_tokens,
+        control.reads.add("max_tokens")
+        loader = control.panel.token_batches(self.config, dataset, lengths, collate_fn=collate_fn,
+                                             shuffle=shuffle, seed=seed)
+        control.token_loader = loader
+        control.set_config(accumulate_tokens(loader, self.config, control.settings.global_tokens,
                                              control.ranks.world_size, control.notes))
-        return self.token_loader
+        return loader
 
     def token_sampler(self, lengths: Sequence[int], *, shuffle: bool = True, seed: int = 0) -> TokenBatchSampler:
         """The batch sampler `run.token_batches` cuts its micro-batches with, for a framework that builds its

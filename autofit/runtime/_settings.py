@@ -1,10 +1,13 @@
-"""`RunSettings`: everything a `Run` is built with, in one frozen record."""
+"""`RunSettings`: everything a `Run` is built with, in one frozen record, with the hooks its builder declares
+(`RunHooks`)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from autofit.config import Config
 
@@ -14,6 +17,25 @@ if TYPE_CHECKING:
     from autofit.runtime._distributed import Ranks
     from autofit.runtime._envelope import TokenEnvelope
     from autofit.runtime._redo import StepRedo
+
+
+def _nothing(*_: Any) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class RunHooks:
+    """What a run calls at its seams for whoever built it, declared when it is built: the memory
+    estimator reads the data for real while the step runs on fake tensors, follows each optimizer's
+    parameters and restarts its tracker at each step. Each default does nothing."""
+
+    data_context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
+    """Entered around every read of the data in `run.batches()`."""
+    before_backward: Callable[[torch.optim.Optimizer], None] = _nothing
+    """Called with the optimizer at each `run.backward()`, before its work."""
+    after_step: Callable[[], None] = _nothing
+    """Called after each optimizer step the run counted (`RunControl.step_taken`), unless it ended the
+    probe (ProbeFinished)."""
 
 
 @dataclass(frozen=True)
@@ -67,3 +89,5 @@ class RunSettings:
     worst_token_batches: bool = False
     """The memory estimator's: every micro-batch by tokens (run.token_batches) is the cap's worst, the
     data's longest samples as many as the cap holds, so an estimate answers for the cap, not for a draw."""
+    hooks: RunHooks = field(default_factory=RunHooks)
+    """Called at the run's seams (`RunHooks`): the memory estimator's; none by default."""

@@ -221,7 +221,7 @@ def test_a_framework_step_redone_after_an_oom_has_the_whole_steps_gradient(where
     reference(torch.cat(micro_batches)).pow(2).mean().backward()
     run = Run(Config(batch_size=8, accumulation_steps=2), recover_oom=True)
     run.control.clock.steps_done = 3  # mid-run: the step is redone in place
-    recovery = PieceReplay(run, lambda: model.zero_grad(set_to_none=True))
+    recovery = PieceReplay(run.control, lambda: model.zero_grad(set_to_none=True))
     pieces_run = []
     failed = []
 

@@ -14,8 +14,10 @@ from autofit.normal_run import report_run
 from autofit.runtime import (
     LoopRedo,
     PieceReplay,
+    ProbeFinished,
     Ranks,
     Run,
+    RunHooks,
     RunSettings,
     StepClock,
     StepRedo,
@@ -47,6 +49,34 @@ def test_a_shared_redo_keeps_the_lowerings_of_every_run_built_with_it():
     assert first.control.redo is redo and first.recovers_oom
     redo.take(redo.lower(Config(batch_size=8), MemoryError(), "forward", 1))
     assert Run(RunSettings(Config(batch_size=4, accumulation_steps=2), redo=redo)).lowerings == redo.lowerings != []
+
+
+def test_a_run_calls_the_hooks_it_was_built_with_at_its_seams():
+    """The memory estimator's: every read of the data inside `data_context`, each `run.backward` told its
+    optimizer first, and each optimizer step told after it is counted, but for the one that ends the probe."""
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+    run = Run(Config(batch_size=2), probing=True, warmup_steps=1, measured_steps=2, hooks=RunHooks(
+        data_context=lambda: _Noted(seen, "data"), before_backward=lambda opt: seen.append(opt is optimizer),
+        after_step=lambda: seen.append(run.control.clock.steps_done)))
+    with pytest.raises(ProbeFinished), run.control.active():
+        for batch in run.batches([torch.ones(2, 2)] * 5):
+            run.backward(model(batch).sum(), optimizer)
+    # iter(), then a fetch per micro-batch: the next one's closes the step before it; the third ends the probe
+    assert seen == ["data", "data", True, "data", 1, True, "data", 2, True, "data"]
+    assert Run(Config(batch_size=2)).control.hooks == RunHooks()  # none by default
+
+
+class _Noted:
+    def __init__(self, seen: list, what: str) -> None:
+        self._seen, self._what = seen, what
+
+    def __enter__(self) -> None:
+        self._seen.append(self._what)
+
+    def __exit__(self, *exc: object) -> None:
+        pass
 
 
 # --- the step clock ---------------------------------------------------------------------------------
@@ -227,7 +257,7 @@ def test_a_framework_step_fed_in_pieces_after_an_oom_has_the_whole_steps_gradien
     reference(torch.cat(micro_batches)).pow(2).mean().backward()
     run = Run(Config(batch_size=8, accumulation_steps=2), recover_oom=True)
     run.control.clock.steps_done = 3  # mid-run: the step is redone in place
-    replay = PieceReplay(run, lambda: model.zero_grad(set_to_none=True))
+    replay = PieceReplay(run.control, lambda: model.zero_grad(set_to_none=True))
     failures = {"forward": 0, "backward": 0}
 
     def forward(piece):
