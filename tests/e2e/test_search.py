@@ -280,7 +280,7 @@ def test_a_batch_the_data_cannot_feed_stops_the_climb_without_blaming_the_precis
     from autofit.config import MAX_BATCH
     from autofit.planner import Observation, Planner, SearchSpace
 
-    space = SearchSpace.build(batch_range=(1, MAX_BATCH), precisions=("fp32", "bf16"))
+    space = SearchSpace.build(batch_range=(1, MAX_BATCH), precision=("fp32", "bf16"))
     planner = Planner(space, 100 * 2**30)
 
     def ok(b, precision="fp32"):
@@ -306,7 +306,7 @@ def test_contenders_are_remeasured_as_ranked_before_and_the_first_is_confirmed_o
     not confirmed again."""
     from autofit.planner import Observation, Planner, SearchSpace
 
-    planner = Planner(SearchSpace.build(batch_range=(1, 64), precisions=("fp32",)), 2**30, check_noise=False)
+    planner = Planner(SearchSpace.build(batch_range=(1, 64), precision=("fp32",)), 2**30, check_noise=False)
 
     def probe(batch, rate, phase="explore"):
         return Observation(Config(batch_size=batch), "ok", peak_bytes=2**20 * batch, rate=rate, phase=phase, spread=0.10)
