@@ -89,7 +89,7 @@ class WhatFits:
             return
         self.estimates.update(pilot.estimates)
         options = pilot.options or {}
-        offers = Offers.from_dict(pilot.knobs or {})
+        offers = pilot.offers or Offers()
         try:
             self.sizes = Sizes.of(offers, options, batch_range=batch_range, token_range=token_range,
                                   global_batch=global_batch)
