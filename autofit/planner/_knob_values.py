@@ -66,9 +66,9 @@ def _checkpoint_levels(knob: Knob, asked: Asked) -> tuple:
 
 
 def _accumulations(knob: Knob, asked: Asked) -> tuple:
-    """Those asked for, where the function calls run.backward() and no global batch derives them."""
-    wanted = asked.options.accumulation if asked.offers.noted(knob.offer) and not asked.options.global_batch else None
-    return tuple(sorted(set(wanted or (1,))))
+    """Those asked for, where the function calls run.backward() (a global batch derives them instead by samples:
+    `SearchSpace.build`)."""
+    return tuple(sorted(set((asked.options.accumulation if asked.offers.noted(knob.offer) else None) or (1,))))
 
 
 def _compiles(knob: Knob, asked: Asked) -> tuple:

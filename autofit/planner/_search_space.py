@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
-from autofit.config import KNOB, KNOBS, MAX_BATCH, SAMPLES, TOKENS, Config, Rate
+from autofit.config import KNOBS, MAX_BATCH, SAMPLES, TOKENS, Config, Rate
 from autofit.errors import UsageError
 from autofit.knobs import Knob, label
 from autofit.planner._loader_rule import LoaderChoices

@@ -15,6 +15,7 @@ from autofit.cli import cli
 from autofit.config import Config
 from autofit.export import read_best
 from autofit.findings import observations
+from autofit.planner import SearchSpace, Strategy
 from autofit.search import SearchSettings, run_search
 from autofit.study import open_storage
 from tests.support import autofit_cli, script
@@ -200,7 +201,8 @@ def test_search_spends_no_probes_on_knobs_the_function_ignores(tmp_path):
     assert len(probed) >= 3 and len(configs) >= 2
     assert {c.precision for c in configs} == {"fp32"}  # never entered run.autocast()
     assert {c.checkpoint_segments for c in configs} == {0}  # never offered blocks
-    assert study.user_attrs["autofit"]["space"]["precisions"] == ["fp32"]
+    space = SearchSpace.from_dict(study.user_attrs["autofit"]["space"])
+    assert space.values_of("precision") == ("fp32",) and space.strategies() == [Strategy()]  # one strategy: fp32
 
 
 @pytest.mark.slow
