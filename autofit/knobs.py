@@ -2,8 +2,9 @@
 
 A knob says its type, values, default, help, how a config names it, and when a search considers it.
 Everything else is derived from the declaration, never written again by hand: Config's checks, its JSON
-(`to_dict`/`from_dict`) and `label()`, a Strategy's label, the study's trial params and frame columns,
-and `autofit probe`'s flags. CONTRIBUTING.md ("Adding a knob") walks through adding one.
+(`to_dict`/`from_dict`) and `label()`, the search space (a Strategy is one value of each knob of order
+"memory", each knob's values from what the function offers: `Offers`, below), the study's trial params and
+frame columns, and `autofit probe`'s flags. CONTRIBUTING.md ("Adding a knob") walks through adding one.
 
 This module imports nothing of autofit's but its errors: `autofit.config` declares the knobs with it.
 """
