@@ -75,10 +75,12 @@ class Strategy:
         object.__setattr__(self, "_values", tuple(values.get(k.name, k.default) for k in STRATEGY_KNOBS))
 
     def __getattr__(self, name: str) -> Any:
-        try:
+        if name in _STRATEGY_NAMES and name != "_values":
             return self._values[_STRATEGY_NAMES.index(name)]
-        except ValueError:
-            raise AttributeError(name) from None
+        raise AttributeError(name)
+
+    def __reduce__(self) -> tuple:
+        return _strategy, (self.items(),)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("A strategy is frozen: `replaced` makes another.")
@@ -108,6 +110,11 @@ class Strategy:
         """Strategies whose memory is ordered by the planner's rules alone (rule 1: checkpointing and
         accumulation; see `needs_no_more_memory`): every other knob's value."""
         return tuple(v for n, v in self.items() if n not in ORDERED_BY_RULES)
+
+
+def _strategy(items: tuple[tuple[str, Any], ...]) -> Strategy:
+    """A strategy from its `items()` (how one is pickled and copied)."""
+    return Strategy(**dict(items))
 
 
 def size_axis(batch_range: tuple[int, int], token_range: tuple[int, int] | None,

@@ -4,7 +4,9 @@ options and the device; a space stored before this form still reads."""
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 
 import pytest
 
@@ -52,6 +54,7 @@ def test_a_strategy_is_a_config_without_its_size():
     assert hash(strategy) == hash(strategy.replaced(compile=False)) and strategy.replaced(compile=True) != strategy
     assert strategy.family == strategy.replaced(checkpoint_segments=0, accumulation_steps=4).family  # rule 1's
     assert strategy.family != strategy.replaced(compile=True).family
+    assert pickle.loads(pickle.dumps(strategy)) == strategy == copy.deepcopy(strategy)  # a record, as a dataclass was
     with pytest.raises(TypeError, match="not batch_size"):
         Strategy(batch_size=8)
     with pytest.raises(AttributeError):
