@@ -71,11 +71,12 @@ class Strategy:
     def __init__(self, **values: Any) -> None:
         unknown = set(values) - set(_STRATEGY_NAMES)
         if unknown:
-            raise TypeError(f"A strategy holds the knobs {', '.join(_STRATEGY_NAMES)}, not {', '.join(sorted(unknown))}.")
+            raise TypeError(f"A strategy holds the knobs {', '.join(_STRATEGY_NAMES)}, "
+                            f"not {', '.join(sorted(unknown))}.")
         object.__setattr__(self, "_values", tuple(values.get(k.name, k.default) for k in STRATEGY_KNOBS))
 
     def __getattr__(self, name: str) -> Any:
-        if name in _STRATEGY_NAMES and name != "_values":
+        if name in _STRATEGY_NAMES:
             return self._values[_STRATEGY_NAMES.index(name)]
         raise AttributeError(name)
 
