@@ -34,12 +34,12 @@ class Asked:
 def offered_values(knob: Knob, asked: Asked) -> tuple:
     """Every knob's rule: where the function offers it (and, for a knob of several ranks, a probe spans
     them), the values the search is told to consider (`consider`), else every one the device runs, in the
-    declaration's order (the default first); elsewhere its default alone."""
+    declaration's order (the default first); elsewhere (or where the device runs none of those) its default alone."""
     if not asked.offers.noted(knob.offer) or (knob.ranks and asked.world <= 1):
         return (knob.default,)
     declared = [v for v in knob.trial_values() if v is not None]
     runs = asked.options.considered(knob.name, asked.device) if knob.consider else knob.device_values(asked.device)
-    return tuple(v for v in declared if v in runs) if knob.choices else tuple(declared)
+    return (tuple(v for v in declared if v in runs) if knob.choices else tuple(declared)) or (knob.default,)
 
 
 def _precisions(knob: Knob, asked: Asked) -> tuple:

@@ -73,5 +73,7 @@ def test_each_knob_takes_its_values_from_what_the_function_offers():
                       "compile": (False, True)}
     on_two = knob_values(Asked(offered, SearchOptions(consider={"sharding": ("fsdp",)}), "cpu", world=2))
     assert on_two["sharding"] == ("fsdp",) and on_two["accumulation_steps"] == (1,)
+    offload_on_cpu = knob_values(Asked(offered, SearchOptions(consider={"sharding": ("fsdp-offload",)}), "cpu", world=2))
+    assert offload_on_cpu["sharding"] == ("ddp",)  # none of those the CPU runs: the default, as before
     with pytest.raises(UsageError, match="precision must be one the device runs"):
         knob_values(Asked(offered, SearchOptions(precision=("tf32",)), "cpu", precisions=("fp32", "bf16")))
