@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import product
 from typing import Any
 
@@ -167,7 +168,11 @@ class SearchSpace:
 
     def values_of(self, name: str) -> tuple:
         """The values of knob `name` (one of STRATEGY_KNOBS) this space tries."""
-        return dict(self.knobs)[name]
+        return self._by_name[name]
+
+    @cached_property
+    def _by_name(self) -> dict[str, tuple]:
+        return dict(self.knobs)
 
     @property
     def offered(self) -> frozenset[str]:
