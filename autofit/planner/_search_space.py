@@ -177,8 +177,9 @@ class SearchSpace:
     @property
     def offered(self) -> frozenset[str]:
         """The knobs' offers (autofit.knobs' Offers fields) this space considers: what the function offered
-        and the search may change (a knob's values other than its default alone; the leader's variants)."""
-        held = {k.offer for k in STRATEGY_KNOBS if self.values_of(k.name) != (k.default,)}
+        and the search may change (a knob's values other than its default alone; the leader's variants). A
+        `stored` knob is a trial param of every study anyway: its offer is left to the others that share it."""
+        held = {k.offer for k in STRATEGY_KNOBS if not k.stored and self.values_of(k.name) != (k.default,)}
         return frozenset(held | {k.offer for k in KNOBS if (k.order == "input" and self.loader.offered)
                                  or k.name in self.variants or (k.order == "size" and k.offer and self.tokens)})
 
