@@ -17,9 +17,10 @@ from typing import Any
 
 from autofit.errors import UsageError
 
-#: How a knob changes a step, which tells the planner how to order it: "memory" (the size a config fits
-#: at moves with it: climb it by memory), "compute" (speed only, memory the same: compare at a size), or
-#: "input" (the data pipeline: tried on the leader once the rest is settled).
+#: How a knob changes a step, which tells the planner how to order it: "size" (the size a search climbs: the
+#: micro-batch, the token caps), "memory" (the size a config fits at moves with it: one axis of a strategy,
+#: climbed by memory), "compute" (speed only, memory the same: compare at a size), or "input" (the data
+#: pipeline: tried on the leader once the rest is settled).
 ORDERS = ("size", "memory", "compute", "input")
 
 
