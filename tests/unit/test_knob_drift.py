@@ -1,7 +1,8 @@
 """One declaration per knob (issue 38): every knob of `Config` (autofit.knobs) reaches every place that shows,
 stores or takes a config, because those places are derived from the declaration. Each test runs over the
-knobs as declared, so a knob added tomorrow is held to them too; the last one adds a knob to a copy of the
-package's declaration alone and finds it everywhere."""
+knobs as declared, so a knob added tomorrow is held to them too; one adds a knob to a copy of the package's
+declaration alone and finds it everywhere, the search space included (issue 47). A declaration a search could
+not take (no offer, or an offer the runtime never notes) is refused where it is made."""
 
 from __future__ import annotations
 
