@@ -57,8 +57,8 @@ def test_a_fit_implies_fits_only_where_checkpointing_needs_no_more_memory():
 
 
 def test_a_space_without_blocks_or_selective_is_the_space_it_was():
-    assert SearchSpace.build(batch_range=(8, 64), precision=("fp32",), 
-                             checkpoint_policy=("full", "selective")).values_of("checkpoint_policy") == ("full",)
+    assert SearchSpace.build(batch_range=(8, 64), precision=("fp32",), checkpoint_policy=("full", "selective")
+                             ).values_of("checkpoint_policy") == ("full",)
     old = SearchSpace.build(batch_range=(8, 64), precision=("fp32",), checkpoint_segments=(0, 1, 2, 4))
     assert "checkpoint_policies" not in old.to_dict()
     assert [s.checkpoint_policy for s in old.strategies()] == ["full"] * 4
