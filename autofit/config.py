@@ -57,13 +57,13 @@ class Config:
     here once, in the order a config's label names them; keyword-only, so a field inserted breaks nothing."""
 
     precision: str = knob(
-        default="fp32", kind=str, choices=PRECISIONS, stored=True, order="memory",
+        default="fp32", kind=str, choices=PRECISIONS, stored=True, offer="autocast", order="memory",
         label=lambda value, item: value,
         help="Numeric precision of the whole step (forward, backward and optimizer: autocast, TF32, fp16 loss "
              "scaling).")
     """fp32, tf32 (TF32 matmuls, CUDA only), bf16 or fp16 (autocast; fp16 adds loss scaling)."""
     max_tokens: int | None = knob(
-        kind=int, optional=True, minimum=1, offer="tokens", order="size",
+        kind=int, optional=True, minimum=1, offer="longest_sample", order="size",
         label=lambda value, item: None if value is None else f"max_tokens={value}",
         help="Token cap of a micro-batch of run.token_batches() (its samples x its longest).")
     """Token batching (run.token_batches): a micro-batch's padded tokens (samples x its longest) at
@@ -71,7 +71,7 @@ class Config:
     micro-batch of `batch_size` samples. With it, `batch_size` is the most samples a micro-batch holds."""
     max_squares: int | None = knob(
         # 2**50 at most as a trial param: Optuna keeps integers as floats, exact below 2**53.
-        kind=int, optional=True, minimum=1, maximum=2**50, offer="tokens", order="memory", none_param=0,
+        kind=int, optional=True, minimum=1, maximum=2**50, offer="longest_sample", order="size", none_param=0,
         label=lambda value, item: None if value is None else f"max_squares={value}",
         help="With --max-tokens: a squares cap too (a micro-batch's samples x its longest², per-length caps).")
     """Token batching only: a micro-batch's padded squares (samples x its longest², what an attention that
@@ -84,12 +84,13 @@ class Config:
         help="Micro-batch size (with --max-tokens: the most samples a micro-batch holds; default: no cap).")
     """Micro-batch: samples per forward/backward. Larger is faster until memory runs out."""
     checkpoint_segments: int = knob(
-        default=0, kind=int, minimum=0, stored=True, order="memory",
+        default=0, kind=int, minimum=0, stored=True, offer="checkpoint_blocks", order="memory",
         label=lambda value, item: f"ckpt={value}" if value else None,
         help="Blocks (of those the function offers to run.checkpoint()) that recompute their activations.")
     """Blocks that recompute activations in backward: less memory, more compute."""
     checkpoint_policy: str = knob(
-        default="full", kind=str, choices=CHECKPOINT_POLICIES, offer="selective", order="memory",
+        default="full", kind=str, choices=CHECKPOINT_POLICIES, offer="checkpoint_blocks", order="memory",
+        needs="checkpoint_segments",
         label=lambda value, item: value if item.checkpoint_segments and value != "full" else None,
         help="What the checkpointed blocks recompute: all of their forward, or all but matmuls and attention.",
         consider="Checkpoint policies to consider when the function offers run.checkpoint(), e.g. full "
@@ -108,12 +109,12 @@ class Config:
     larger micro-batch fit or cost more time than it saves, so the search measures it (climbed by memory,
     as checkpointing is). A checkpointed block saves only its inputs, which go to the host too."""
     accumulation_steps: int = knob(
-        default=1, kind=int, minimum=1, stored=True, order="memory", flag="--accumulation",
+        default=1, kind=int, minimum=1, stored=True, offer="backward", order="memory", flag="--accumulation",
         label=lambda value, item: f"acc={value}" if value and value > 1 else None,
         help="Micro-batches per optimizer step.")
     """Micro-batches per optimizer step: keeps the global batch while the micro-batch shrinks."""
     sharding: str = knob(
-        default="ddp", kind=str, choices=SHARDINGS, offer="distribute", order="memory",
+        default="ddp", kind=str, choices=SHARDINGS, offer="shard_blocks", order="memory",
         label=lambda value, item: value if value != "ddp" else None,
         help="With --nproc-per-node: how run.distribute(model, blocks=...) holds the model.",
         consider="With --nproc-per-node: shardings to consider, e.g. ddp,fsdp (default: all three when the "

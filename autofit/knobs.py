@@ -2,8 +2,9 @@
 
 A knob says its type, values, default, help, how a config names it, and when a search considers it.
 Everything else is derived from the declaration, never written again by hand: Config's checks, its JSON
-(`to_dict`/`from_dict`) and `label()`, a Strategy's label, the study's trial params and frame columns,
-and `autofit probe`'s flags. CONTRIBUTING.md ("Adding a knob") walks through adding one.
+(`to_dict`/`from_dict`) and `label()`, the search space (a Strategy is one value of each knob of order
+"memory", each knob's values from what the function offers: `Offers`, below), the study's trial params and
+frame columns, and `autofit probe`'s flags. CONTRIBUTING.md ("Adding a knob") walks through adding one.
 
 This module imports nothing of autofit's but its errors: `autofit.config` declares the knobs with it.
 """
@@ -16,9 +17,10 @@ from typing import Any
 
 from autofit.errors import UsageError
 
-#: How a knob changes a step, which tells the planner how to order it: "memory" (the size a config fits
-#: at moves with it: climb it by memory), "compute" (speed only, memory the same: compare at a size), or
-#: "input" (the data pipeline: tried on the leader once the rest is settled).
+#: How a knob changes a step, which tells the planner how to order it: "size" (the size a search climbs: the
+#: micro-batch, the token caps), "memory" (the size a config fits at moves with it: one axis of a strategy,
+#: climbed by memory), "compute" (speed only, memory the same: compare at a size), or "input" (the data
+#: pipeline: tried on the leader once the rest is settled).
 ORDERS = ("size", "memory", "compute", "input")
 
 
@@ -45,8 +47,9 @@ class Knob:
     """Always in a config's JSON; otherwise written only when not the default, so that every study and file
     recorded before the knob came keeps its form."""
     offer: str | None = None
-    """What the training function must offer for a search to consider the knob (a name of the search
-    space's `offered`: "distribute", "compile", "loader", "selective", "tokens"); None: always a trial param."""
+    """What the training function must offer for a search to consider the knob: a field of `Offers`, the
+    record the runtime notes in the probe's child (the knob is searched where that field is noted: true, or
+    a count of blocks). None only for the size a search climbs (`order` "size"): `knobs()` refuses it else."""
     order: str = "compute"
     """How the planner orders it (see ORDERS)."""
     flag: str | None = None
@@ -64,6 +67,9 @@ class Knob:
     """The values a device type ("cpu", "cuda") runs; None: every one of `choices`."""
     unsupported: str = ""
     """Why a device runs only some values: the end of the error that refuses one."""
+    needs: str = ""
+    """The knob (by name) that must be set (non-zero, true) for this one to act (the checkpoint policy acts
+    on checkpointed blocks only); where it is not, configs that differ in this one alone are the same."""
     name: str = ""
 
     @property
@@ -112,6 +118,10 @@ class Knob:
         """The knob's value as a trial param."""
         return self.none_param if value is None and self.none_param is not None else value
 
+    def acting(self, item: Any) -> Any:
+        """The knob's value in `item` (a Config or Strategy) as it acts: its default where `needs` is not set."""
+        return getattr(item, self.name) if not self.needs or getattr(item, self.needs) else self.default
+
     def device_values(self, device: str) -> tuple:
         """The values a search may consider on a device type."""
         return tuple(self.supported(device)) if self.supported else tuple(self.choices)
@@ -133,8 +143,107 @@ def required_knob(**declaration: Any) -> Any:
 
 
 def knobs(record: Any) -> tuple[Knob, ...]:
-    """The knobs a dataclass (Config) declares, in its fields' order (its label's order), each named."""
-    return tuple(replace(f.metadata["knob"], name=f.name) for f in fields(record) if "knob" in f.metadata)
+    """The knobs a dataclass (Config) declares, in its fields' order (its label's order), each named; raise
+    UsageError for a declaration a search could not take (see `declaration_error`)."""
+    declared = tuple(replace(f.metadata["knob"], name=f.name) for f in fields(record) if "knob" in f.metadata)
+    for knob in declared:
+        if (why := declaration_error(knob, {k.name for k in declared})) is not None:
+            raise UsageError(why)
+    return declared
+
+
+def declaration_error(knob: Knob, names: set[str]) -> str | None:
+    """Why a search could not take `knob` (None: it can): a knob that is not the size must name its offer, an
+    `Offers` field, or the search would make it a trial param of every study and never try another value; an
+    offer that is no such field is never noted, so the knob would never be searched."""
+    if knob.order not in ORDERS:
+        return f"A knob's order must be one of {', '.join(ORDERS)}, but {knob.name} has {knob.order!r}."
+    if knob.offer is None and knob.order != "size":
+        return (f"A knob must name what the function offers for a search to consider it (an Offers field: "
+                f"{', '.join(OFFERS)}), but {knob.name} has none: give it an offer, noted in autofit/runtime.")
+    if knob.offer is not None and knob.offer not in OFFERS:
+        return (f"A knob's offer must be one the runtime notes (an Offers field: {', '.join(OFFERS)}), but "
+                f"{knob.name} has {knob.offer!r}: add the field to Offers and note it where the runtime applies it.")
+    if knob.needs and knob.needs not in names:
+        return f"A knob's needs must name another knob, but {knob.name} needs {knob.needs!r}."
+    return None
+
+
+@dataclass
+class Offers:
+    """What a training function offered its run, and what the run saw of it: noted by the runtime in the
+    probe's child (autofit.runtime's KnobPanel, Run and StepFeed) and sent to the search as this one record
+    (`to_dict`: the form a probe's result and a study keep). A knob's `offer` names one of these fields: a
+    search considers the knob where the field is noted (`noted`), and spends no probe on it elsewhere."""
+
+    autocast: bool = False
+    """Entered run.autocast() (or reads run.precision): the precision is searched."""
+    backward: bool = False
+    """Calls run.backward() (or reads the accumulation): the accumulation is searched."""
+    checkpoint_blocks: int | None = None
+    """Blocks offered to run.checkpoint() (None: never called): the checkpointed blocks and policy are searched."""
+    batches: bool = False
+    """Takes its batches from run.batches() (or reads run.batch_size): the micro-batch is searched."""
+    shard_blocks: int | None = None
+    """Blocks offered to run.distribute(blocks=...): how the ranks hold the model is searched (with several ranks)."""
+    compile: bool = False
+    """A model offered to run.compile(): torch.compile is searched."""
+    channels_last: bool = False
+    """A model offered to run.channels_last(): its memory format is searched."""
+    loader: bool = False
+    """The data comes through run.loader() (or run.token_batches()): its workers, pinning and prefetch are searched."""
+    declared_workers: int | None = None
+    """The workers the script declared to the training run.loader() (0: DataLoader's default)."""
+    followed: bool = False
+    """The function's own loop steps its optimizer: followed through step hooks."""
+    longest_sample: int | None = None
+    """run.token_batches(): batches by tokens, its longest sample (the search climbs max_tokens from it)."""
+    token_envelope: Any = None
+    """The micro-batches by tokens that ran (a probe's: the best-config file's envelope); the child's own
+    type there (autofit.runtime's TokenEnvelope), its dict once sent."""
+    forces_tf32: bool = False
+    """The function turned TF32 on for float32 matmuls itself (nanoGPT): fp32 and tf32 run the same math."""
+    own_batch: int | None = field(default=None, metadata={"search": True})
+    """Set by the search, not the child: the batch of a loop that reads no batch knob (not searched)."""
+
+    def noted(self, offer: str) -> bool:
+        """Whether the function offered `offer` (a field: true, or a count of blocks above 0)."""
+        return bool(getattr(self, offer))
+
+    def to_dict(self) -> dict:
+        """The record as a probe's result and a study keep it (the knob-usage dict of old studies: same keys)."""
+        envelope = self.token_envelope
+        return {
+            "compile": self.compile,
+            **({"channels_last": True} if self.channels_last else {}),
+            **({"loader": True, "declared_workers": self.declared_workers} if self.loader else {}),
+            "autocast": self.autocast, "backward": self.backward, "checkpoint_blocks": self.checkpoint_blocks,
+            "batches": self.batches, "shard_blocks": self.shard_blocks,
+            **{name: value for name in _NOTED_WHEN_SET if (value := getattr(self, name))},
+            **({"token_envelope": envelope.to_dict() if hasattr(envelope, "to_dict") else envelope}
+               if envelope is not None else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> Offers | None:
+        """The record from its dict (a probe's or a study's, old ones included: a key absent is not noted,
+        a key this version does not know is left out)."""
+        if data is None:
+            return None
+        known = {f.name for f in fields(cls)}
+        return cls(**{name: value for name, value in data.items() if name in known})
+
+    @classmethod
+    def assumed(cls) -> Offers:
+        """What a search assumes before its first probe reports: precision and accumulation may be searched
+        (the pilot runs the device's first precision), nothing else is offered."""
+        return cls(autocast=True, backward=True)
+
+
+#: The offers the runtime notes: `Offers`' fields (but those the search sets) that a knob may name as its `offer`.
+OFFERS: tuple[str, ...] = tuple(f.name for f in fields(Offers) if not f.metadata.get("search"))
+#: Written to the record's dict only when set (old records lack them).
+_NOTED_WHEN_SET = ("followed", "longest_sample", "forces_tf32", "own_batch")
 
 
 def label(item: Any, declared: tuple[Knob, ...]) -> str:

@@ -39,7 +39,7 @@ def measure(args) -> tuple[list[Config], dict[Config, list], int]:
         if not first.ok:
             sys.exit(f"The study must run at batch {args.batch_size} under {format_size(args.memory_limit)}, "
                      f"but its probe ended {first.status}: {first.error_message}")
-        blocks = first.knobs.get("checkpoint_blocks")
+        blocks = first.offers.checkpoint_blocks
         if not blocks:
             sys.exit(f"The study must offer blocks to run.checkpoint(), but {args.study} offers none.")
         configs = [Config(batch_size=args.batch_size),

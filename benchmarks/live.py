@@ -43,7 +43,7 @@ def live_row(landscape: Landscape, budget_s: float, estimate: bool = True) -> di
         result = run_search(SearchSettings(
             script=meta["study"], function=meta.get("function"), device="cpu", memory_limit=landscape.memory_limit_bytes,
             headroom=landscape.headroom, budget_s=budget_s, batch_range=(min(space.batch_sizes), max(space.batch_sizes)),
-            precision=tuple(space.precisions), storage=storage, out=os.path.join(tmp, "best.json"),
+            precision=tuple(space.values_of("precision")), storage=storage, out=os.path.join(tmp, "best.json"),
             warmup=meta.get("warmup", 1), steps=meta.get("steps", 3), estimate=estimate,
         ))
         elapsed = time.monotonic() - started

@@ -22,7 +22,7 @@ import sys
 import time
 
 from autofit.config import CHECKPOINT_POLICIES, PRECISIONS, Config
-from autofit.planner import SearchSpace
+from autofit.planner import SearchSpace, checkpoint_levels
 from autofit.probing import Worker
 from autofit.units import format_size, parse_size
 from benchmarks.landscape import LANDSCAPE_DIR, Entry, Landscape, describe
@@ -133,16 +133,16 @@ def record(
         pilot_config = Config(batch_size=first, precision=usable_precisions[0], checkpoint_segments=0,
                               accumulation_steps=global_batch // first if global_batch else (accumulations or (1,))[0])
         pilot = worker.probe(pilot_config, warmup=warmup, steps=steps, timeout=timeout)
-        blocks = pilot.knobs.get("checkpoint_blocks")
-        space = SearchSpace.build(batch_range=batch_range, precisions=usable_precisions,
-                                  checkpoint_blocks=blocks, use_checkpoint=checkpoint,
-                                  accumulations=accumulations, checkpoint_policies=checkpoint_policies,
-                                  global_batch=global_batch,
-                                  compiles=(False, True) if compile and pilot.knobs.get("compile") else (False,))
+        blocks = pilot.offers.checkpoint_blocks
+        space = SearchSpace.build(batch_range=batch_range, precision=usable_precisions,
+                                  checkpoint_segments=tuple(checkpoint_levels(blocks if checkpoint else None)),
+                                  accumulation_steps=tuple(sorted(set(accumulations or (1,)))),
+                                  checkpoint_policy=checkpoint_policies, global_batch=global_batch,
+                                  compile=(False, True) if compile and pilot.offers.compile else (False,))
         configs = space.configs()
         log(f"{name}: {len(configs)} configs ({len(space.batch_sizes)} batches x "
             f"{len(space.strategies())} strategies), limit {format_size(memory_limit)}, "
-            f"checkpoint blocks {blocks}, policies {', '.join(space.checkpoint_policies)}")
+            f"checkpoint blocks {blocks}, policies {', '.join(space.values_of('checkpoint_policy'))}")
         # Batch by batch, every strategy at each: a slow drift of the machine's load (other jobs)
         # then biases batch sizes, not whole strategies against each other.
         oom_wall: dict = {}  # strategy -> wall of the OOM probe that implies its larger batches

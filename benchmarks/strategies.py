@@ -147,7 +147,7 @@ def baseline_strategy(space: SearchSpace) -> Strategy:
     """What the batch-size finders of Lightning, Accelerate and DeepSpeed search: fp32 (or the
     space's first precision), no checkpointing, the first accumulation."""
     first = space.strategies()[0]
-    precision = "fp32" if "fp32" in space.precisions else space.precisions[0]
+    precision = "fp32" if "fp32" in space.values_of("precision") else space.values_of("precision")[0]
     return Strategy(precision=precision, checkpoint_segments=0, accumulation_steps=first.accumulation_steps)
 
 
@@ -288,8 +288,8 @@ def tpe_search(session: Session, budget: int, max_trials: int | None = None) -> 
             break
         trial = study.ask()
         b = space.batch_sizes[trial.suggest_int("batch_index", 0, len(space.batch_sizes) - 1)]
-        precision = trial.suggest_categorical("precision", list(space.precisions))
-        k = trial.suggest_categorical("checkpoint_segments", list(space.checkpoint_segments))
+        precision = trial.suggest_categorical("precision", list(space.values_of("precision")))
+        k = trial.suggest_categorical("checkpoint_segments", list(space.values_of("checkpoint_segments")))
         accs = sorted({s.accumulation_steps for s in strategies}, key=lambda a: a or 0)
         acc = accs[0] if len(accs) == 1 else trial.suggest_categorical("accumulation", accs)
         config = space.config(Strategy(precision=precision, checkpoint_segments=k, accumulation_steps=acc), b)

@@ -6,6 +6,7 @@ optuna or pandas at import time."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import re
@@ -191,9 +192,42 @@ def test_no_class_over_250_lines_and_no_function_over_60():
     assert too_long == []
 
 
+def _string_keyed_knob_reads(path: str) -> list[str]:
+    """`knobs.get("autocast")`, `knobs["checkpoint_blocks"]`, `values_of("precision")`, `getattr(c, "compile")`: a knob
+    (or an offer of autofit.knobs' Offers) read by its name written out, where a record's attribute, or the
+    declarations (autofit.knobs), say it."""
+    from autofit.config import KNOBS
+    from autofit.knobs import Offers
+
+    names = {k.name for k in KNOBS} | {f.name for f in dataclasses.fields(Offers)}
+    found = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        keys = [node.slice] if isinstance(node, ast.Subscript) else [*node.args, *(k.value for k in node.keywords)] \
+            if isinstance(node, ast.Call) else []
+        found += [f"{os.path.basename(path)}:{node.lineno} {key.value!r}" for key in keys
+                  if isinstance(key, ast.Constant) and key.value in names]
+    return found
+
+
+def test_the_search_reads_no_knob_by_its_name():
+    """Issue 47: the search reads what the function offers from its record (autofit.knobs' Offers) and each
+    knob's values from the planner's rules; a knob added to the declaration needs no edit there."""
+    search = os.path.join(PACKAGE, "search")
+    assert [hit for name in sorted(os.listdir(search)) if name.endswith(".py")
+            for hit in _string_keyed_knob_reads(os.path.join(search, name))] == []
+
+
+def test_the_search_space_is_built_in_thirty_lines_at_most():
+    """Issue 47: `SearchSpace.build` is the size axis and the knobs' values, each knob's rule its own."""
+    tree = ast.parse(open(os.path.join(PACKAGE, "planner", "_search_space.py"), encoding="utf-8").read())
+    space = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SearchSpace")
+    build = next(n for n in space.body if isinstance(n, ast.FunctionDef) and n.name == "build")
+    assert build.end_lineno - build.decorator_list[0].lineno + 1 <= 30
+
+
 def test_runtime_imports_nothing_above_it():
     """What runs inside the user's process reads the config and nothing of the search, probes or reports."""
-    allowed = ("autofit.config", "autofit.errors", "autofit.units", "autofit.runtime")
+    allowed = ("autofit.config", "autofit.knobs", "autofit.errors", "autofit.units", "autofit.runtime")
     above = [f"{module} imports {imported}" for module, path in _modules().items()
              if module.startswith("autofit.runtime")
              for imported in _imports(path, top_level_only=False)

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from autofit.config import Config
+from autofit.knobs import Offers
 from autofit.probing import LoadRequest, start_child
 
 PARTS = ("parameters", "gradients", "optimizer", "activations", "temporaries", "other")
@@ -88,8 +89,8 @@ class Estimates:
     see `runtime_context_bytes`)."""
     error: str | None = None
     """Why the estimator gave nothing at all (it crashed, or timed out)."""
-    knobs: dict | None = None
-    """What the function used (run.checkpoint's blocks, autocast), from its first estimate."""
+    offers: Offers | None = None
+    """What the function offers (run.checkpoint's blocks, autocast), from its first estimate."""
     options: dict | None = None
     """The decorator's search options (global batch, batch range, precisions)."""
 
@@ -241,13 +242,14 @@ def _parse(configs: list[Config], reply: dict, failure: str | None) -> Estimates
     out.context_bytes = reply.get("context_bytes")
     out.options = reply.get("options")
     answered = [found for found in reply["estimates"] if found["ok"]]  # a complete estimate's knobs first
-    out.knobs = next((found["knobs"] for found in sorted(answered, key=lambda f: bool(f.get("missing")))), None)
+    out.offers = Offers.from_dict(next((found["knobs"] for found in sorted(answered, key=lambda f: bool(f.get("missing")))),
+                                       None))
     for config, found in zip(configs, reply["estimates"]):
         if found["ok"]:
             breakdown = {part: int(found["breakdown"].get(part, 0)) for part in PARTS}
             out.estimates[config] = MemoryEstimate(config, breakdown, tuple(found.get("missing", ())),
                                                    tuple(found.get("notes", ())), found.get("error"),
-                                                   (found.get("knobs") or {}).get("token_envelope"))
+                                                   Offers.from_dict(found.get("knobs") or {}).token_envelope)
         else:
             out.unavailable[config] = found["error"]
     missing = configs[len(reply["estimates"]):]

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autofit.config import MAX_BATCH, Config
-from autofit.planner import Strategy, divisors_in, nice_batch_sizes, token_caps
+from autofit.knobs import Offers
+from autofit.planner import STRATEGY_KNOBS, Strategy, divisors_in, nice_batch_sizes, token_caps
 
 _LARGEST_BATCH = 2**16
 #: Batches estimated to fit each strategy's line: small ones are often below where activations
@@ -27,11 +28,11 @@ class Sizes:
     """By tokens: the data's longest sample, the first cap."""
 
     @classmethod
-    def of(cls, knobs: dict, options: dict, *, batch_range: tuple[int, int] | None = None,
+    def of(cls, offers: Offers, options: dict, *, batch_range: tuple[int, int] | None = None,
            token_range: tuple[int, int] | None = None, global_batch: int | None = None) -> Sizes:
-        """The sizes for a function that used `knobs` and declared `options` to @autofit, the command
+        """The sizes for a function that `offers` what it does and declared `options` to @autofit, the command
         line's ranges over the declared ones. By tokens, the batch range and global batch do not apply."""
-        longest = knobs.get("longest_sample")
+        longest = offers.longest_sample
         if longest:
             low, high = token_caps(token_range or tuple(options.get("token_range") or (1, MAX_BATCH)), longest)
             return cls(tuple(nice_batch_sizes(low, high)), tokens=True, longest_sample=longest)
@@ -43,13 +44,9 @@ class Sizes:
 
     def config(self, strategy: Strategy, size: int) -> Config:
         """`strategy` at `size`: a micro-batch (its accumulation keeping the global batch), or a token cap."""
-        if self.tokens:
-            return Config(batch_size=size, precision=strategy.precision,
-                          checkpoint_segments=strategy.checkpoint_segments,
-                          checkpoint_policy=strategy.checkpoint_policy, max_tokens=size)
-        accumulation = self.global_batch // size if self.global_batch else 1
-        return Config(batch_size=size, precision=strategy.precision, checkpoint_segments=strategy.checkpoint_segments,
-                      accumulation_steps=accumulation, checkpoint_policy=strategy.checkpoint_policy)
+        accumulation = self.global_batch // size if self.global_batch and not self.tokens else 1
+        return Config(batch_size=size, max_tokens=size if self.tokens else None,
+                      **{**{k.name: k.acting(strategy) for k in STRATEGY_KNOBS}, "accumulation_steps": accumulation})
 
     def line(self) -> list[int]:
         """The sizes each strategy's line is fitted on. Token caps four times apart from four longest

@@ -56,8 +56,8 @@ class SpaceEstimation(threading.Thread):
         first); then the curves without checkpointing, each to its end, smallest batches of each first
         (two estimates predict a whole curve, and the planner explores those curves first); then the
         checkpointed ones likewise."""
-        eager = [c for key, c in self.curves.items() if not key[2]]
-        checkpointed = [c for key, c in self.curves.items() if key[2]]
+        eager = [c for c in self.curves.values() if not c[0].checkpoint_segments]
+        checkpointed = [c for c in self.curves.values() if c[0].checkpoint_segments]
         try:
             for config in self.first_line:
                 self._estimate(config)

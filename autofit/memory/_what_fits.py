@@ -24,12 +24,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import product
 
-from autofit.config import CHECKPOINT_POLICIES, Config
+from autofit.config import Config
+from autofit.knobs import Offers
 from autofit.memory._estimator import CUDA_CONTEXT_BYTES, Estimator, MemoryEstimate
 from autofit.memory._peak_factors import CPU_TYPICAL_FACTOR
 from autofit.memory._sizes import Sizes
-from autofit.planner import Strategy, checkpoint_levels, divisors_in
+from autofit.options import SearchOptions
+from autofit.planner import STRATEGY_KNOBS, Asked, Strategy, divisors_in, knob_values
 
 #: Prior for a CUDA device: the caching allocator's rounding and fragmentation over the tensors' own
 #: bytes (the context's prior is memory_estimate.CUDA_CONTEXT_BYTES).
@@ -86,9 +89,9 @@ class WhatFits:
             return
         self.estimates.update(pilot.estimates)
         options = pilot.options or {}
-        knobs = pilot.knobs or {}
+        offers = pilot.offers or Offers()
         try:
-            self.sizes = Sizes.of(knobs, options, batch_range=batch_range, token_range=token_range,
+            self.sizes = Sizes.of(offers, options, batch_range=batch_range, token_range=token_range,
                                   global_batch=global_batch)
         except Exception:
             self.close()  # a token range below the longest sample: no process is left behind
@@ -97,13 +100,15 @@ class WhatFits:
         """The sizes to consider, smallest first: micro-batches, or token caps (`sizes.tokens`)."""
         wanted = precisions or tuple(options.get("precision") or ()) or None
         order = GPU_PREFERENCE if on_gpu else (("bf16", "fp32") if _native_cpu_bf16() else ("fp32",))
-        self.precisions = tuple(p for p in order if wanted is None or p in wanted) if knobs.get("autocast") else ("fp32",)
-        blocks = knobs.get("checkpoint_blocks") if checkpoint else None
-        self.levels = checkpoint_levels(blocks)
+        self.precisions = tuple(p for p in order if wanted is None or p in wanted) if offers.autocast else ("fp32",)
         declared = {**(options.get("consider") or {}), **(consider or {})}
-        policies = tuple(declared.get("checkpoint_policy") or ()) or CHECKPOINT_POLICIES
-        # Selective first: at as many blocks it recomputes less (the planner's order among them too).
-        self.policies = tuple(q for q in ("selective", "full") if q in policies)
+        asked = Asked(offers, SearchOptions(consider=declared, checkpoint=checkpoint, compile=False),
+                      "cuda" if on_gpu else "cpu")
+        self.values = {**knob_values(asked), "precision": self.precisions, "accumulation_steps": (1,)}
+        """Each strategy knob's values, most preferred first: the fastest precision, the fewest checkpointed
+        blocks, selective checkpointing before full (it recomputes less at as many blocks), a knob's default
+        before its other values (the planner's order among them too)."""
+        self.values["checkpoint_policy"] = tuple(sorted(self.values["checkpoint_policy"], key=lambda q: q != "selective"))
 
     def known_floor(self) -> int:
         """A partial estimate's device peak at least: the device's own memory and the known parts."""
@@ -140,10 +145,11 @@ class WhatFits:
         return self.sizes.config(strategy, batch)
 
     def strategies(self) -> list[Strategy]:
-        """Most preferred first: the fastest precision, then the fewest checkpointed blocks, then
-        selective checkpointing before full."""
-        return [Strategy(precision=p, checkpoint_segments=k, checkpoint_policy=q)
-                for p in self.precisions for k in self.levels for q in (self.policies if k else ("full",))]
+        """Most preferred first (see `values`): a knob named later varies faster, any other knob than
+        precision and checkpointing (offloading, say) only once those are at their most preferred."""
+        names = sorted(self.values, key=lambda n: n in _PREFERRED)
+        given = (Strategy(**dict(zip(names, combo))) for combo in product(*(self.values[n] for n in names)))
+        return list(dict.fromkeys(Strategy(**{k.name: k.acting(s) for k in STRATEGY_KNOBS}) for s in given))
 
     def _line_batches(self) -> list[int]:
         return self.sizes.line()
@@ -283,8 +289,12 @@ def _as_estimated(config: Config) -> Config:
 def _strategy_of(config: Config) -> Strategy:
     """The strategy `config` trains (as `WhatFits.strategies` names it: no accumulation, which the
     global batch sets)."""
-    return Strategy(precision=config.precision, checkpoint_segments=config.checkpoint_segments,
-                    checkpoint_policy=config.checkpoint_policy)
+    return Strategy(**{k.name: k.acting(config) for k in STRATEGY_KNOBS if k.name != "accumulation_steps"})
+
+
+#: The knobs `WhatFits.strategies` orders by preference (precision first, then checkpointing): the others
+#: vary slowest, their defaults first.
+_PREFERRED = ("precision", "checkpoint_segments", "checkpoint_policy")
 
 
 def _native_cpu_bf16() -> bool:

@@ -6,6 +6,7 @@ and the benchmark's replays all ask the same planner."""
 from __future__ import annotations
 
 from autofit.planner._ab import AB_ENTRANTS, AB_ROUNDS, ABPlan
+from autofit.planner._knob_values import Asked, compute_variants, knob_values, offered_values
 from autofit.planner._loader_rule import (
     MIN_LOADER_SHARE,
     LoaderChoices,
@@ -29,17 +30,25 @@ from autofit.planner._prediction import (
 )
 from autofit.planner._ranking import TIE_TOLERANCE, Candidate, dominates
 from autofit.planner._search_space import (
+    STRATEGY_KNOBS,
     SearchSpace,
     Strategy,
     checkpoint_levels,
     divisors_in,
     nice_batch_sizes,
+    size_axis,
     token_caps,
 )
 from autofit.planner._squares_rule import next_squares_config, squares_reason
 
 __all__ = [
     "AB_ENTRANTS",
+    "STRATEGY_KNOBS",
+    "Asked",
+    "compute_variants",
+    "knob_values",
+    "offered_values",
+    "size_axis",
     "AB_ROUNDS",
     "ABPlan",
     "FAILED_STATUSES",

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autofit.config import Config
+from autofit.config import KNOB, Config
+from autofit.knobs import Knob
 from autofit.planner._observation import Observation
-from autofit.planner._recompute import checkpoint_policy, holds_gradients, needs_no_more_memory
-from autofit.planner._search_space import SearchSpace, Strategy
+from autofit.planner._recompute import ORDERED_BY_RULES, holds_gradients, needs_no_more_memory
+from autofit.planner._search_space import STRATEGY_KNOBS, SearchSpace, Strategy
 
 
 class Feasibility:
@@ -76,21 +77,25 @@ class Feasibility:
                    and self.space.strategy_of(o.config) == strategy for o in self.done)
 
     def strategy_unusable(self, strategy: Strategy) -> bool:
-        """A precision (sharding, compilation, selective checkpointing) that failed without ever running
-        is not worth more probes: after one failure when another one runs (the failure is its own), else
-        after two. An OOM counts as running: it says the memory, not the code, stopped it; a timeout is no
+        """A precision (sharding, compilation, selective checkpointing: any knob's value) that failed without
+        ever running is not worth more probes: after one failure when another one runs (the failure is its
+        own), else after two. An OOM counts as running: it says the memory, not the code, stopped it; a timeout is no
         failure (`Observation.failed`): it says how long the config takes, never that it cannot run."""
-        return (strategy.precision in self.unusable_precisions()
-                or strategy.sharding in self._unusable("sharding", self.space.shardings)
-                or strategy.compile in self._unusable("compile", self.space.compiles)
-                or checkpoint_policy(strategy) in self.unusable_policies())
+        return any(k.acting(strategy) in self.unusable(k) for k in STRATEGY_KNOBS if k.kind is not int)
+
+    def unusable(self, knob: Knob) -> set:
+        """The values of a knob of the space (not a count: a precision, a sharding, compiling) that failed
+        without running; a knob that acts only beside another (`needs`) has its default as the base, never
+        unusable (full checkpointing, beside selective)."""
+        return self._unusable(knob.name, [v for v in self.space.values_of(knob.name)
+                                          if not (knob.needs and v == knob.default)])
 
     def unusable_precisions(self) -> set[str]:
-        return self._unusable("precision", self.space.precisions)
+        return self.unusable(KNOB["precision"])
 
     def unusable_policies(self) -> set[str]:
         """{"selective"} once selective checkpointing failed without running ("full" is the base)."""
-        return self._unusable("checkpoint_policy", ("selective",))
+        return self.unusable(KNOB["checkpoint_policy"])
 
     def _unusable(self, field: str, values: Sequence[str]) -> set[str]:
         done = self.done
@@ -103,9 +108,10 @@ class Feasibility:
         return out
 
 
-def family(config: Config) -> tuple[str, str, bool]:
-    """The configs whose memory compares by batch, checkpointing and accumulation alone."""
-    return config.precision, config.sharding, config.compile
+def family(config: Config) -> tuple:
+    """The configs whose memory compares by batch, checkpointing and accumulation alone: every other knob
+    of a strategy the same (`Strategy.family`)."""
+    return tuple(getattr(config, k.name) for k in STRATEGY_KNOBS if k.name not in ORDERED_BY_RULES)
 
 
 def implies_fit(fit: Config, config: Config) -> bool:

@@ -6,12 +6,11 @@ memory estimator's prediction, calibrated on the probes so far."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import product
 
 from autofit.config import Config
 from autofit.planner._models import Line, fit_line
 from autofit.planner._observation import Observation
-from autofit.planner._prediction import CalibratedPrediction, memory_key
+from autofit.planner._prediction import MEMORY_KNOBS, CalibratedPrediction, memory_key
 from autofit.planner._recompute import holds_gradients
 from autofit.planner._search_space import SearchSpace, Strategy
 
@@ -21,12 +20,24 @@ _FULL_CHECKPOINT_SLOPE = 0.4
 #: The same with every block under selective checkpointing, which keeps the matmul outputs.
 _SELECTIVE_CHECKPOINT_SLOPE = 0.7
 
-MemoryKey = tuple[str, str, int, bool, str, bool]
+MemoryKey = tuple
+#: How far apart two memory lines are for each knob they differ in (a count: by how much it differs; a knob
+#: not named: 1), and for holding gradients through a forward or not.
+_DISTANCE = {"precision": 10, "sharding": 5, "compile": 3, "gradients": 1}
 
 
 def line_key(item) -> MemoryKey:
     """What shares one memory line: `memory_key`, and whether gradients live through a forward."""
     return *memory_key(item), holds_gradients(item)
+
+
+def _named(key: MemoryKey) -> dict:
+    """A line key's values by knob name (MEMORY_KNOBS'), "gradients" last."""
+    return dict(zip((*(k.name for k in MEMORY_KNOBS), "gradients"), key))
+
+
+def _distance(a: dict, b: dict) -> float:
+    return sum(abs(x - b[n]) if type(x) is int else _DISTANCE.get(n, 1) * (x != b[n]) for n, x in a.items())
 
 
 class MemoryModels:
@@ -40,7 +51,7 @@ class MemoryModels:
         self.predicted = predicted
         """The memory estimator's prediction, calibrated on the probes so far (None without one)."""
         self._lines: dict[MemoryKey, Line | None] = {}
-        self._max_k = (max(space.checkpoint_segments) if space.checkpoint_segments else 0) or 1
+        self._max_k = max(space.values_of("checkpoint_segments")) or 1
 
     def peaks(self, strategy: Strategy) -> list[tuple[float, float]]:
         return self._peaks(line_key(strategy))
@@ -93,20 +104,19 @@ class MemoryModels:
         return line
 
     def _borrowed_line(self, key: MemoryKey, own: list[tuple[float, float]]) -> Line | None:
-        precision, sharding, k, compiled, policy, grads = key
+        """The nearest fitted line of the space's others (by `_distance`), its slope scaled by the priors."""
+        mine = _named(key)
         references = []
-        for p, h, kk, c, g in product(self.space.precisions, self.space.shardings, self.space.checkpoint_segments,
-                                      self.space.compiles, (False, True)):
-            for q in self.space.checkpoint_policies if kk else ("full",):
-                ref = fit_line(self._peaks((p, h, kk, c, q, g)))
-                if ref is not None and ref.slope > 0:
-                    distance = ((p != precision) * 10 + (h != sharding) * 5 + (c != compiled) * 3
-                                + abs(kk - k) + (q != policy) + (g != grads))
-                    references.append((distance, p, kk, q, ref))
+        for other in dict.fromkeys(line_key(s.replaced(accumulation_steps=a)) for s in self.space.strategies()
+                                   for a in (1, 2)):
+            ref = fit_line(self._peaks(other))
+            if ref is not None and ref.slope > 0:
+                references.append((_distance(mine, _named(other)), _named(other), ref))
         if not references:
             return None
-        _, p, kk, q, ref = min(references, key=lambda r: r[0])
-        slope = ref.slope * self._prior_ratio(precision, k, policy) / self._prior_ratio(p, kk, q)
+        _, near, ref = min(references, key=lambda r: r[0])
+        slope = ref.slope * self._prior_ratio(mine["precision"], mine["checkpoint_segments"], mine["checkpoint_policy"]) \
+            / self._prior_ratio(near["precision"], near["checkpoint_segments"], near["checkpoint_policy"])
         if own:  # one peak of its own: the borrowed intercept (weights, optimizer) through it
             b, peak = max(own)
             if peak > ref.intercept:

@@ -56,7 +56,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
 
-from autofit.config import SHARDINGS, Config
+from autofit.config import KNOB, SHARDINGS, Config
 from autofit.planner._ab import ABPlan, contenders, entrants, within_noise
 from autofit.planner._feasibility import Feasibility
 from autofit.planner._loader_rule import leader, next_loader_config
@@ -73,6 +73,10 @@ from autofit.planner._variant_rule import next_variant_config
 
 #: A skipped strategy's optimistic bound must fall this far below the best so far.
 _PRUNE_SLACK = 1.03
+#: The strategy knobs `Planner._order` names; any other (a memory knob added later) is tried once those at
+#: their defaults are: its strategies after the others of their compilation.
+_ORDERED_BY_NAME = ("precision", "checkpoint_segments", "checkpoint_policy", "accumulation_steps", "sharding",
+                    "compile")
 #: A config predicted to maybe not fit is probed only if it could be this much faster than the best:
 #: an OOM probe costs a probe, and a batch near the memory limit is rarely much faster.
 _GAMBLE_GAIN = 1.10
@@ -249,8 +253,7 @@ class Planner:
         pilot = self.space.strategies()[0]
         probed = {o.config.precision for o in state.observations}
         for strategy in self._order(state):
-            if (strategy.precision in probed or strategy.checkpoint_segments or strategy.compile
-                    or (strategy.sharding, strategy.accumulation_steps) != (pilot.sharding, pilot.accumulation_steps)
+            if (strategy.precision in probed or strategy.replaced(precision=pilot.precision) != pilot
                     or state.feasible.strategy_unusable(strategy)):
                 continue
             candidates = [b for b in state.feasible.open_batches(strategy)
@@ -289,11 +292,12 @@ class Planner:
         def key(s: Strategy) -> tuple:
             return (
                 s.compile,  # compiled strategies once eager ones are known: they start at eager's best
+                sum(v != KNOB[n].default for n, v in s.items() if n not in _ORDERED_BY_NAME),  # other knobs: off first
                 SHARDINGS.index(s.sharding),
                 s.accumulation_steps != first_acc,
                 s.checkpoint_segments > 0,
                 -best_of_precision(s.precision),  # the precision measured fastest first (each is probed early)
-                self.space.precisions.index(s.precision),
+                self.space.values_of("precision").index(s.precision),
                 s.checkpoint_segments,
                 s.checkpoint_policy != "selective",
             )

@@ -22,7 +22,13 @@ from dataclasses import dataclass
 
 from autofit.config import Config
 from autofit.planner._observation import Observation
-from autofit.planner._recompute import checkpoint_policy
+from autofit.planner._search_space import STRATEGY_KNOBS
+
+#: The knobs whose values make memory curves of their own (those of a strategy but the accumulation, which
+#: shares its micro-batch's curve: `line_key` adds whether it holds gradients).
+MEMORY_KNOBS = tuple(k for k in STRATEGY_KNOBS if k.name != "accumulation_steps")
+#: The strategy knobs the memory estimator does not see: it runs the model eager, compiled or not.
+_NOT_ESTIMATED = ("compile",)
 
 #: A measured peak moves this much between two probes of one config (allocator, oneDNN scratch).
 _PEAK_NOISE = 0.02
@@ -48,12 +54,11 @@ def configs_to_estimate(configs: Iterable[Config]) -> list[Config]:
     them first), so an estimator stopped early has answered those."""
     curves: dict[tuple, dict[int, Config]] = {}
     for config in configs:
-        eager = Config(batch_size=config.batch_size, precision=config.precision,
-                       checkpoint_segments=config.checkpoint_segments, accumulation_steps=config.accumulation_steps,
-                       sharding=config.sharding, checkpoint_policy=checkpoint_policy(config), max_tokens=config.max_tokens)
+        eager = Config(batch_size=config.batch_size, max_tokens=config.max_tokens,
+                       **{k.name: k.acting(config) for k in STRATEGY_KNOBS if k.name not in _NOT_ESTIMATED})
         curves.setdefault(estimated_key(config), {}).setdefault(config.size, eager)
     out = []
-    for _, by_batch in sorted(curves.items(), key=lambda item: item[0][2] > 0):
+    for _, by_batch in sorted(curves.items(), key=lambda item: next(iter(item[1].values())).checkpoint_segments > 0):
         batches = sorted(by_batch)
         wanted = {batches[0]}
         if batches[-1] <= _LARGEST_ESTIMATED:
@@ -65,15 +70,16 @@ def configs_to_estimate(configs: Iterable[Config]) -> list[Config]:
     return out
 
 
-def memory_key(item) -> tuple[str, str, int, bool, str]:
-    """What shares one measured memory curve: precision, sharding, checkpointed blocks, compilation,
-    checkpoint policy (not accumulation)."""
-    return item.precision, item.sharding, item.checkpoint_segments, item.compile, checkpoint_policy(item)
+def memory_key(item) -> tuple:
+    """What shares one measured memory curve: each strategy knob's value as it acts (precision, checkpointed
+    blocks and policy, sharding, compilation, ...; not accumulation), in MEMORY_KNOBS' order."""
+    return tuple(k.acting(item) for k in MEMORY_KNOBS)
 
 
-def estimated_key(item) -> tuple[str, str, int, str]:
-    """What shares one estimated curve: the estimator runs the model eager, compiled or not."""
-    return item.precision, item.sharding, item.checkpoint_segments, checkpoint_policy(item)
+def estimated_key(item) -> tuple:
+    """What shares one estimated curve: `memory_key` without compilation (the estimator runs the model eager,
+    compiled or not)."""
+    return tuple(k.acting(item) for k in MEMORY_KNOBS if k.name not in _NOT_ESTIMATED)
 
 
 @dataclass(frozen=True)

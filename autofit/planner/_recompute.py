@@ -4,6 +4,11 @@ Pure functions of a config's fields, read by the space, the feasibility rules an
 
 from __future__ import annotations
 
+#: The knobs of a strategy whose memory order these rules know (checkpointing, accumulation): strategies that
+#: differ in them alone are one family (`Strategy.family`), compared by `needs_no_more_memory`; any other
+#: knob of order "memory" makes a family of its own, compared with no other.
+ORDERED_BY_RULES = ("checkpoint_segments", "checkpoint_policy", "accumulation_steps")
+
 
 def checkpoint_policy(item) -> str:
     """The checkpoint policy of a Config or Strategy as it acts: "full" where no block is checkpointed

@@ -1,16 +1,20 @@
-"""The search space: which micro-batches, precisions, checkpoint levels and policies, accumulations
-and (for distributed probes) shardings to consider."""
+"""The search space: the sizes to climb (micro-batches, or token caps) and the values of each knob to try,
+derived from the knobs' declarations (autofit.knobs): a strategy is a config without its size, one value
+of each knob of order "memory"; the loader's settings and the compute knobs are tried on the leader."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
+from itertools import product
+from typing import Any
 
-from autofit.config import CHECKPOINT_POLICIES, KNOB, KNOBS, PRECISIONS, SAMPLES, SHARDINGS, TOKENS, Config, Rate
+from autofit.config import KNOBS, MAX_BATCH, SAMPLES, TOKENS, Config, Rate
 from autofit.errors import UsageError
-from autofit.knobs import label
+from autofit.knobs import Knob, label
 from autofit.planner._loader_rule import LoaderChoices
-from autofit.planner._recompute import checkpoint_policy
+from autofit.planner._recompute import ORDERED_BY_RULES
 
 #: Precisions ranked by the memory their activations take (higher = more memory).
 MEMORY_RANK = {"fp32": 2, "tf32": 2, "bf16": 1, "fp16": 1}
@@ -49,27 +53,84 @@ def checkpoint_levels(blocks: int | None) -> list[int]:
     return sorted({0, max(1, round(blocks / 4)), max(1, round(blocks / 2)), blocks})
 
 
-@dataclass(frozen=True, kw_only=True)
-class Strategy:
-    """Everything but the micro-batch: within one strategy, memory rises with batch size."""
+#: The knobs a strategy holds (order "memory": the size a config fits at moves with them), in their
+#: declaration's order: a search's product of their values, each climbed by size.
+STRATEGY_KNOBS: tuple[Knob, ...] = tuple(k for k in KNOBS if k.order == "memory")
+_STRATEGY_NAMES = tuple(k.name for k in STRATEGY_KNOBS)
+#: A stored space's keys for its knobs' values before the space was derived from the declarations.
+_OLD_KEYS = {"precision": "precisions", "accumulation_steps": "accumulations", "sharding": "shardings",
+             "compile": "compiles", "checkpoint_policy": "checkpoint_policies"}
 
-    precision: str
-    checkpoint_segments: int = 0
-    accumulation_steps: int | None = None  # None: derived from the global batch
-    sharding: str = "ddp"
-    compile: bool = False
-    checkpoint_policy: str = "full"
-    """"full" or "selective" (see CHECKPOINT_POLICIES); "full" when no block is checkpointed."""
+
+class Strategy:
+    """A config without its size: one value of each knob of STRATEGY_KNOBS (a knob not given: its default;
+    the accumulation None where the global batch derives it). Within one strategy, memory rises with size.
+    Read a knob as an attribute (`strategy.precision`); equal, and hashed, by its values."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, **values: Any) -> None:
+        unknown = set(values) - set(_STRATEGY_NAMES)
+        if unknown:
+            raise TypeError(f"A strategy holds the knobs {', '.join(_STRATEGY_NAMES)}, "
+                            f"not {', '.join(sorted(unknown))}.")
+        object.__setattr__(self, "_values", tuple(values.get(k.name, k.default) for k in STRATEGY_KNOBS))
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _STRATEGY_NAMES:
+            return self._values[_STRATEGY_NAMES.index(name)]
+        raise AttributeError(name)
+
+    def __reduce__(self) -> tuple:
+        return _strategy, (self.items(),)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("A strategy is frozen: `replaced` makes another.")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Strategy) and self._values == other._values
+
+    def __hash__(self) -> int:
+        return hash(self._values)
+
+    def __repr__(self) -> str:
+        return f"Strategy({', '.join(f'{n}={v!r}' for n, v in self.items())})"
+
+    def items(self) -> tuple[tuple[str, Any], ...]:
+        """(knob name, value) of each knob it holds, in the declaration's order."""
+        return tuple(zip(_STRATEGY_NAMES, self._values))
+
+    def replaced(self, **values: Any) -> Strategy:
+        return Strategy(**{**dict(self.items()), **values})
 
     def label(self) -> str:
         """The label of its configs without their size (the knobs' own words: autofit.knobs)."""
         return label(self, KNOBS)
 
     @property
-    def family(self) -> tuple[str, str, bool]:
-        """Strategies whose memory is ordered by checkpointing alone (rule 1 of the planner; see
-        `needs_no_more_memory`)."""
-        return self.precision, self.sharding, self.compile
+    def family(self) -> tuple:
+        """Strategies whose memory is ordered by the planner's rules alone (rule 1: checkpointing and
+        accumulation; see `needs_no_more_memory`): every other knob's value."""
+        return tuple(v for n, v in self.items() if n not in ORDERED_BY_RULES)
+
+
+def _strategy(items: tuple[tuple[str, Any], ...]) -> Strategy:
+    """A strategy from its `items()` (how one is pickled and copied)."""
+    return Strategy(**dict(items))
+
+
+def size_axis(batch_range: tuple[int, int], token_range: tuple[int, int] | None,
+              global_batch: int | None) -> tuple[tuple[int, ...], int | None]:
+    """The sizes to climb and the global batch they keep: token caps (no global batch), the divisors of
+    the global batch within the batch range, or micro-batches about two an octave."""
+    low, high = token_range or batch_range
+    if token_range is not None or global_batch is None:
+        return tuple(nice_batch_sizes(low, high)), None
+    sizes = divisors_in(global_batch, low, high)
+    if not sizes:
+        raise UsageError(f"The global batch must be divisible by a batch size in {low}:{high}, "
+                         f"but {global_batch} has no divisor there.")
+    return tuple(sizes), global_batch
 
 
 @dataclass(frozen=True)
@@ -78,17 +139,12 @@ class SearchSpace:
     (`max_tokens`) for a function that batches by tokens (`tokens`): `Config.size` either way."""
 
     batch_sizes: tuple[int, ...]
-    precisions: tuple[str, ...]
-    checkpoint_segments: tuple[int, ...] = (0,)
-    accumulations: tuple[int, ...] = (1,)
+    knobs: tuple[tuple[str, tuple], ...] = ()
+    """Each knob of STRATEGY_KNOBS with the values to try, the pilot's first: (name, values) in the
+    declaration's order (a mapping is taken too; a knob absent: its default alone)."""
     global_batch: int | None = None
-    shardings: tuple[str, ...] = ("ddp",)
-    compiles: tuple[bool, ...] = (False,)
-    """(False,): eager only; (False, True): the function offers run.compile(), both are probed."""
-    loader: LoaderChoices = LoaderChoices()
+    loader: LoaderChoices = field(default_factory=LoaderChoices)
     """The loader settings to try on the leader (none: the function does not offer run.loader())."""
-    checkpoint_policies: tuple[str, ...] = ("full",)
-    """What the checkpointed levels recompute: ("full",), or with "selective" too, both are probed."""
     tokens: bool = False
     """The sizes are token caps (run.token_batches): each config's `max_tokens`, no cap on its samples."""
     global_tokens: int | None = None
@@ -101,94 +157,68 @@ class SearchSpace:
     """The knobs that change speed and not what fits (autofit.knobs' order "compute") the function offers:
     each tried on the leader (rule 11)."""
 
+    def __post_init__(self) -> None:
+        given = dict(self.knobs)
+        unknown = set(given) - set(_STRATEGY_NAMES)
+        if unknown:
+            raise TypeError(f"A search space holds the values of {', '.join(_STRATEGY_NAMES)}, "
+                            f"not of {', '.join(sorted(unknown))}.")
+        object.__setattr__(self, "knobs", tuple((k.name, tuple(dict.fromkeys(given.get(k.name) or (k.default,))))
+                                                for k in STRATEGY_KNOBS))
+
+    def values_of(self, name: str) -> tuple:
+        """The values of knob `name` (one of STRATEGY_KNOBS) this space tries."""
+        return self._by_name[name]
+
+    @cached_property
+    def _by_name(self) -> dict[str, tuple]:
+        return dict(self.knobs)
+
     @property
     def offered(self) -> frozenset[str]:
-        """The knobs' offers (autofit.knobs) this space considers: what the function offered and the
-        search may change, with more than one value to try."""
-        return frozenset(name for name, considered in (
-            ("distribute", self.shardings != ("ddp",)), ("compile", True in self.compiles),
-            ("loader", self.loader.offered), ("selective", "selective" in self.checkpoint_policies),
-            ("tokens", self.tokens)) if considered) | {KNOB[name].offer for name in self.variants}
+        """The knobs' offers (autofit.knobs' Offers fields) this space considers: what the function offered
+        and the search may change (a knob's values other than its default alone; the leader's variants). A
+        `stored` knob is a trial param of every study anyway: its offer is left to the others that share it."""
+        held = {k.offer for k in STRATEGY_KNOBS if not k.stored and self.values_of(k.name) != (k.default,)}
+        return frozenset(held | {k.offer for k in KNOBS if (k.order == "input" and self.loader.offered)
+                                 or k.name in self.variants or (k.order == "size" and k.offer and self.tokens)})
 
     @classmethod
-    def build(
-        cls,
-        *,
-        batch_range: tuple[int, int],
-        precisions: tuple[str, ...],
-        checkpoint_blocks: int | None = None,
-        use_checkpoint: bool = True,
-        global_batch: int | None = None,
-        accumulations: tuple[int, ...] | None = None,
-        shardings: tuple[str, ...] = ("ddp",),
-        compiles: tuple[bool, ...] = (False,),
-        loader: LoaderChoices | None = None,
-        checkpoint_policies: tuple[str, ...] = ("full",),
-        token_range: tuple[int, int] | None = None,
-        first_precision: str | None = None,
-        global_tokens: int | None = None,
-        longest_sample: int | None = None,
-        variants: tuple[str, ...] = (),
-        considered: Mapping[str, tuple[str, ...]] | None = None,
-    ) -> SearchSpace:
-        """`token_range`: batches by tokens, the caps to climb (the batch range and global batch then
-        do not apply, `global_tokens` does). `first_precision`: the precision the first strategy (the
-        planner's pilot) runs, the device's first guess; the others follow in `PRECISIONS`' order.
-        `considered`: the values of the knobs a search takes lists of, by name (SearchOptions.considered),
-        over `shardings` and `checkpoint_policies`; a knob absent there: its default alone for sharding."""
-        if considered is not None:
-            shardings = considered.get("sharding", ("ddp",))
-            checkpoint_policies = considered.get("checkpoint_policy", checkpoint_policies)
-        low, high = token_range or batch_range
-        if token_range is not None:
-            sizes, global_batch = nice_batch_sizes(low, high), None
-        elif global_batch is not None:
-            sizes = divisors_in(global_batch, low, high)
-            if not sizes:
-                raise UsageError(
-                    f"The global batch must be divisible by a batch size in {low}:{high}, "
-                    f"but {global_batch} has no divisor there."
-                )
-            accumulations = (1,)
-        else:
-            sizes = nice_batch_sizes(low, high)
-        if not precisions:
-            raise UsageError("The precision list must not be empty.")
-        levels = checkpoint_levels(checkpoint_blocks) if use_checkpoint else [0]
-        return cls(
-            batch_sizes=tuple(sizes),
-            precisions=tuple(sorted((p for p in PRECISIONS if p in precisions), key=lambda p: p != first_precision)),
-            checkpoint_segments=tuple(levels),
-            accumulations=tuple(sorted(set(accumulations or (1,)))),
-            global_batch=global_batch,
-            shardings=tuple(h for h in SHARDINGS if h in shardings) or ("ddp",),
-            compiles=tuple(sorted(set(compiles))) or (False,),
-            loader=loader or LoaderChoices(),
-            checkpoint_policies=tuple(q for q in CHECKPOINT_POLICIES if q in checkpoint_policies and levels != [0])
-            or ("full",),
-            tokens=token_range is not None,
-            global_tokens=global_tokens if token_range is not None else None,
-            longest_sample=longest_sample if token_range is not None else None,
-            variants=tuple(variants),
-        )
+    def build(cls, *, batch_range: tuple[int, int] = (1, MAX_BATCH), token_range: tuple[int, int] | None = None,
+              global_batch: int | None = None, global_tokens: int | None = None, longest_sample: int | None = None,
+              loader: LoaderChoices | None = None, variants: tuple[str, ...] = (), **values: tuple) -> SearchSpace:
+        """The space of `values` (each knob of STRATEGY_KNOBS by name: the values to try, the pilot's first)
+        over the sizes of `size_axis`. `token_range`: batches by tokens, the caps to climb (the batch range and
+        global batch then do not apply, `global_tokens` does). A global batch derives each accumulation; a
+        knob that `needs` another acts only where that one is set."""
+        sizes, global_batch = size_axis(batch_range, token_range, global_batch)
+        for knob in STRATEGY_KNOBS:
+            if knob.name in values and not values[knob.name]:
+                raise UsageError(f"The {knob.in_words} list must not be empty.")
+            if knob.needs and not any(values.get(knob.needs, ())):
+                values[knob.name] = (knob.default,)
+        if global_batch is not None:
+            values["accumulation_steps"] = (1,)
+        tokens = token_range is not None
+        return cls(batch_sizes=sizes, knobs=tuple(values.items()), global_batch=global_batch,
+                   loader=loader or LoaderChoices(), tokens=tokens, global_tokens=global_tokens if tokens else None,
+                   longest_sample=longest_sample if tokens else None, variants=tuple(variants))
 
     def strategies(self) -> list[Strategy]:
-        accs = (None,) if self.global_batch else self.accumulations
-        return [Strategy(precision=p, checkpoint_segments=k, accumulation_steps=a, sharding=h, compile=c,
-                         checkpoint_policy=q)
-                for c in self.compiles for h in self.shardings for p in self.precisions
-                for k in self.checkpoint_segments for q in (self.checkpoint_policies if k else ("full",))
-                for a in accs]
+        """The product of the knobs' values, pilot's first; a knob where it does not act (`needs`) at its
+        default, so each strategy comes once."""
+        combos = product(*(values for _, values in self.knobs))
+        return list(dict.fromkeys(self._strategy(dict(zip(_STRATEGY_NAMES, combo))) for combo in combos))
+
+    def _strategy(self, values: Mapping[str, Any]) -> Strategy:
+        acting = {k.name: (values[k.name] if not k.needs or values[k.needs] else k.default) for k in STRATEGY_KNOBS}
+        return Strategy(**{**acting, **({"accumulation_steps": None} if self.global_batch else {})})
 
     def config(self, strategy: Strategy, size: int) -> Config:
-        if self.global_batch:
-            accumulation = self.global_batch // size
-        else:
-            accumulation = strategy.accumulation_steps or 1
-        return Config(batch_size=size, precision=strategy.precision,
-                      checkpoint_segments=strategy.checkpoint_segments, accumulation_steps=accumulation,
-                      sharding=strategy.sharding, compile=strategy.compile,
-                      checkpoint_policy=checkpoint_policy(strategy), max_tokens=size if self.tokens else None)
+        """`strategy` at `size`: its knobs set, the accumulation keeping the global batch where there is one."""
+        accumulation = self.global_batch // size if self.global_batch else (strategy.accumulation_steps or 1)
+        return Config(batch_size=size, max_tokens=size if self.tokens else None,
+                      **{**{k.name: k.acting(strategy) for k in STRATEGY_KNOBS}, "accumulation_steps": accumulation})
 
     @property
     def ranked_by(self) -> Rate:
@@ -200,46 +230,43 @@ class SearchSpace:
         return (config.max_tokens is not None) == self.tokens
 
     def admits(self, config: Config) -> bool:
-        """Whether `config` is one this space asks for, its loader or squares variant included: the same
-        global batch (or one of its accumulations), one of its precisions, shardings, compiles, checkpoint
-        levels and policies, a size within its range. A resumed study's probes of other settings are not."""
+        """Whether `config` is one this space asks for, its loader, squares or compute variant included: the
+        same global batch (or one of its accumulations), one of the values of each knob where it acts, a size
+        within its range. A resumed study's probes of other settings are not."""
         if not self.holds_kind(config):
             return False
         if self.global_batch is not None and config.global_batch != self.global_batch:
             return False
-        if self.global_batch is None and not self.tokens and config.accumulation_steps not in self.accumulations:
-            return False
-        return (config.precision in self.precisions and config.sharding in self.shardings
-                and config.compile in self.compiles and config.checkpoint_segments in self.checkpoint_segments
-                and (not config.checkpoint_segments or config.checkpoint_policy in self.checkpoint_policies)
+        held = [k for k in STRATEGY_KNOBS if (k.name != "accumulation_steps" or not (self.global_batch or self.tokens))
+                and (not k.needs or getattr(config, k.needs))]
+        return (all(getattr(config, k.name) in self.values_of(k.name) for k in held)
                 and min(self.batch_sizes) <= config.size <= max(self.batch_sizes))
 
     def configs(self) -> list[Config]:
         return [self.config(s, b) for s in self.strategies() for b in self.batch_sizes]
 
     def strategy_of(self, config: Config) -> Strategy:
-        acc = None if self.global_batch else config.accumulation_steps
-        return Strategy(precision=config.precision, checkpoint_segments=config.checkpoint_segments,
-                        accumulation_steps=acc, sharding=config.sharding, compile=config.compile,
-                        checkpoint_policy=checkpoint_policy(config))
+        return self._strategy({k.name: getattr(config, k.name) for k in STRATEGY_KNOBS})
 
     def contains(self, config: Config) -> bool:
         return config in set(self.configs())
 
+    def distribution_args(self) -> dict[str, Any]:
+        """The arguments of autofit.study's `distributions` that hold this space's configs as trial params."""
+        return {"batch_range": (min(self.batch_sizes), max(self.batch_sizes)),
+                "max_checkpoint": max(self.values_of("checkpoint_segments")),
+                "max_accumulation": max(self.global_batch or 1, *self.values_of("accumulation_steps")),
+                "offered": self.offered,
+                "token_range": (min(self.batch_sizes), max(self.batch_sizes)) if self.tokens else None}
+
     def to_dict(self) -> dict:
+        """The space as a study keeps it: each knob's values by its name where they are not its default alone."""
         return {
-            "batch_sizes": list(self.batch_sizes),
-            "precisions": list(self.precisions),
-            "checkpoint_segments": list(self.checkpoint_segments),
-            "accumulations": list(self.accumulations),
-            "global_batch": self.global_batch,
-            "shardings": list(self.shardings),
-            **({"compiles": list(self.compiles)} if self.compiles != (False,) else {}),
+            "batch_sizes": list(self.batch_sizes), "global_batch": self.global_batch,
+            **{k.name: list(v) for k, (_, v) in zip(STRATEGY_KNOBS, self.knobs) if v != (k.default,)},
             **({"loader": {"workers": list(self.loader.workers), "pin_memory": list(self.loader.pin_memory),
                            "prefetch_factors": list(self.loader.prefetch_factors),
                            "declared_workers": self.loader.declared_workers}} if self.loader.offered else {}),
-            **({"checkpoint_policies": list(self.checkpoint_policies)}
-               if self.checkpoint_policies != ("full",) else {}),
             **({"tokens": True} if self.tokens else {}),
             **({"global_tokens": self.global_tokens} if self.global_tokens is not None else {}),
             **({"longest_sample": self.longest_sample} if self.longest_sample is not None else {}),
@@ -248,21 +275,13 @@ class SearchSpace:
 
     @classmethod
     def from_dict(cls, data: dict) -> SearchSpace:
-        return cls(
-            batch_sizes=tuple(data["batch_sizes"]),
-            precisions=tuple(data["precisions"]),
-            checkpoint_segments=tuple(data.get("checkpoint_segments", (0,))),
-            accumulations=tuple(data.get("accumulations", (1,))),
-            global_batch=data.get("global_batch"),
-            shardings=tuple(data.get("shardings", ("ddp",))),
-            compiles=tuple(bool(c) for c in data.get("compiles", (False,))),
-            loader=_loader_choices(data.get("loader")),
-            checkpoint_policies=tuple(data.get("checkpoint_policies", ("full",))),
-            tokens=bool(data.get("tokens", False)),
-            global_tokens=data.get("global_tokens"),
-            longest_sample=data.get("longest_sample"),
-            variants=tuple(data.get("variants", ())),
-        )
+        """A stored space: this form, or an older one (its knobs' values under their old keys)."""
+        knobs = {k.name: tuple(k.kind(v) for v in values) for k in STRATEGY_KNOBS
+                 if (values := data.get(k.name, data.get(_OLD_KEYS.get(k.name, k.name)))) is not None}
+        return cls(batch_sizes=tuple(data["batch_sizes"]), knobs=tuple(knobs.items()),
+                   global_batch=data.get("global_batch"), loader=_loader_choices(data.get("loader")),
+                   tokens=bool(data.get("tokens", False)), global_tokens=data.get("global_tokens"),
+                   longest_sample=data.get("longest_sample"), variants=tuple(data.get("variants", ())))
 
 
 def _loader_choices(data: dict | None) -> LoaderChoices:

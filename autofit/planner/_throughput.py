@@ -6,7 +6,6 @@ slowed as much as that addition was seen to slow others. Used to bound what a st
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 from autofit.planner._models import ThroughputModel, fit_throughput
 from autofit.planner._observation import is_variant
@@ -26,7 +25,7 @@ class ThroughputModels:
     def __init__(self, space: SearchSpace, ranking: Ranking) -> None:
         self.space = space
         self.ranking = ranking
-        self._max_k = (max(space.checkpoint_segments) if space.checkpoint_segments else 0) or 1
+        self._max_k = max(space.values_of("checkpoint_segments")) or 1
 
     def _measured(self) -> list:
         """The trusted measurements, less the loader variants (run.loader) and the squares variants: they
@@ -60,14 +59,14 @@ class ThroughputModels:
                 return t1 if batch <= b1 else None
             return t1 * reference(batch) / reference(b1)
         if strategy.checkpoint_segments:
-            base = replace(strategy, checkpoint_segments=0, checkpoint_policy="full")
+            base = strategy.replaced(checkpoint_segments=0, checkpoint_policy="full")
             estimate = self.estimate(base, batch)
             return estimate * self._checkpoint_slowdown(strategy) if estimate is not None else None
         if strategy.sharding != "ddp":
-            estimate = self.estimate(replace(strategy, sharding="ddp"), batch)
+            estimate = self.estimate(strategy.replaced(sharding="ddp"), batch)
             return estimate * self._sharding_slowdown(strategy.sharding) if estimate is not None else None
         if strategy.compile:  # no compiled probe yet: as fast as eager, until one says otherwise
-            return self.estimate(replace(strategy, compile=False), batch)
+            return self.estimate(strategy.replaced(compile=False), batch)
         return None
 
     def _reference_model(self, strategy: Strategy) -> ThroughputModel | None:
@@ -93,7 +92,7 @@ class ThroughputModels:
         ratios = []
         for c in self._measured():
             if c.config.checkpoint_segments and recomputes_no_more(c.config, strategy):
-                base = self.estimate(replace(self.space.strategy_of(c.config), checkpoint_segments=0,
+                base = self.estimate(self.space.strategy_of(c.config).replaced(checkpoint_segments=0,
                                              checkpoint_policy="full"), c.config.size)
                 if base:
                     ratios.append(min(1.0, c.rate / base))
@@ -105,7 +104,7 @@ class ThroughputModels:
         ratios = []
         for c in self._measured():
             if c.config.sharding == sharding:
-                base = self.estimate(replace(self.space.strategy_of(c.config), sharding="ddp"),
+                base = self.estimate(self.space.strategy_of(c.config).replaced(sharding="ddp"),
                                      c.config.size)
                 if base:
                     ratios.append(min(1.0, c.rate / base))

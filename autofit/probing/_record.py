@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 from autofit.config import Config
+from autofit.knobs import Offers
 from autofit.units import input_bound_text
 
 #: ok: ran its steps. oom: the allocator ran dry. error: the user's code raised.
@@ -30,6 +31,7 @@ class ProbeResult:
     """The memory limit the probe ran under (`limit_bytes` in the stored record, as in the best-config file)."""
     wall_s: float = 0.0
     knobs: dict = field(default_factory=dict)
+    """What the function offers and what its run saw: autofit.knobs' `Offers` as its dict (`offers` reads it)."""
     error_type: str | None = None
     error_message: str | None = None
     traceback: str | None = None
@@ -85,6 +87,12 @@ class ProbeResult:
     or a GPU without a known peak: autofit.devices.PEAK_FLOPS)."""
     joules_per_sample: float | None = None
     """Energy the GPU drew per sample over the measured steps (NVML's energy counter; None elsewhere)."""
+
+    @property
+    def offers(self) -> Offers:
+        """What the function offers and what its run saw, as the record the child noted (an old study's
+        probe kept the same dict)."""
+        return Offers.from_dict(self.knobs or {})
 
     @property
     def ok(self) -> bool:

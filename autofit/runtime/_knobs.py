@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from autofit.config import Config
 from autofit.errors import UsageError
+from autofit.knobs import Offers
 from autofit.runtime._checkpoint import apply_checkpoint, offload_block, remove_checkpoint
 from autofit.runtime._dataloader import build_loader
 from autofit.runtime._distributed import Ranks
@@ -20,46 +20,15 @@ from autofit.runtime._envelope import TokenEnvelope
 from autofit.runtime._tokens import TokenBatchSampler, TokenLoader, build_token_loader, token_sampler
 
 
-@dataclass
-class Knobs:
-    """Which settings the function actually used, so the search spends no probes on the others."""
+class Knobs(Offers):
+    """Which settings the function actually used (autofit.knobs' `Offers`, noted here as the run goes), so
+    the search spends no probes on the others."""
 
-    autocast: bool = False
-    backward: bool = False
-    checkpoint_blocks: int | None = None  # blocks offered to run.checkpoint(); None = never called
-    batches: bool = False
-    shard_blocks: int | None = None  # blocks offered to run.distribute(blocks=...): sharding is searched
-    compile: bool = False  # a model offered to run.compile(): torch.compile is searched
-    channels_last: bool = False  # a model offered to run.channels_last(): its memory format is searched
-    loader: bool = False  # the data comes through run.loader(): its workers, pinning and prefetch are searched
-    declared_workers: int | None = None  # declared to the training run.loader() (0: DataLoader's default)
-    followed: bool = False  # the function's own loop steps its optimizer: followed through step hooks
-    # run.token_batches(): batches by tokens, its longest sample's length (the search climbs max_tokens from it)
-    longest_sample: int | None = None
-    # the micro-batches by tokens that ran through run.batches (a probe's: the best-config file's envelope)
     token_envelope: TokenEnvelope | None = None
-    # the function turned TF32 on for float32 matmuls itself (nanoGPT): fp32 and tf32 run the same math
-    forces_tf32: bool = False
 
     def ran_tokens(self, samples: int, longest: int) -> None:
         """A micro-batch of `samples` samples padded to `longest` tokens ran: widen `token_envelope`."""
         self.token_envelope = TokenEnvelope.of_batch(samples, longest).widened(self.token_envelope)
-
-    def to_dict(self) -> dict:
-        return {
-            "compile": self.compile,
-            **({"channels_last": True} if self.channels_last else {}),
-            **({"loader": True, "declared_workers": self.declared_workers} if self.loader else {}),
-            "autocast": self.autocast,
-            "backward": self.backward,
-            "checkpoint_blocks": self.checkpoint_blocks,
-            "batches": self.batches,
-            "shard_blocks": self.shard_blocks,
-            **({"followed": True} if self.followed else {}),
-            **({"longest_sample": self.longest_sample} if self.longest_sample is not None else {}),
-            **({"token_envelope": self.token_envelope.to_dict()} if self.token_envelope is not None else {}),
-            **({"forces_tf32": True} if self.forces_tf32 else {}),
-        }
 
 
 class KnobPanel:

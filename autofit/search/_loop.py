@@ -77,14 +77,14 @@ class Search:
         sampler (with the memory estimates where a resumed study knows the space already)."""
         state = self.state
         state.options = search_options(state.info, state.s)
-        knobs = state.session.knobs()
-        space = build_space(state.s, state.options, state.info, knobs)
-        state.session.save_meta(state.info, space, knobs)
+        offers = state.session.offers()
+        space = build_space(state.s, state.options, state.info, offers)
+        state.session.save_meta(state.info, space, offers)
         state.sampler = AutofitSampler(Planner(space, state.session.usable, check_noise=state.s.recheck),
                                        seed=state.s.seed, script_sha256=state.session.script_sha256)
         study.sampler = state.sampler
         state.reporter.started(state, space, len(state.session.trials()))
-        if knobs is not None:  # resumed: the space is known, and so may the estimates be
+        if offers is not None:  # resumed: the space is known, and so may the estimates be
             state.planner.learn(prediction=state.prediction(space))
 
     def _interrupted_while_loading(self) -> SearchResult:

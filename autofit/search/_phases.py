@@ -37,7 +37,7 @@ def explore(state: SearchState) -> str:
     knobs_known = False  # once known, always known: no need to read the study again
     try:
         while True:
-            knobs_known = knobs_known or state.session.knobs() is not None
+            knobs_known = knobs_known or state.session.offers() is not None
             while free and stopped is None and (knobs_known or not running):
                 launch = _next_explore(state, len(running), free[-1])
                 if isinstance(launch, str):

@@ -113,6 +113,4 @@ class AutofitSampler(BaseSampler):
 
 def space_distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
     """The trial params that hold the configs of `space`."""
-    return distributions((min(space.batch_sizes), max(space.batch_sizes)), max(space.checkpoint_segments),
-                         max(space.global_batch or 1, max(space.accumulations)), offered=space.offered,
-                         token_range=(min(space.batch_sizes), max(space.batch_sizes)) if space.tokens else None)
+    return distributions(**space.distribution_args())

@@ -13,6 +13,7 @@ import optuna
 from autofit.devices import DeviceInfo, check_device, current_allocator_settings, peak_flops_per_s
 from autofit.errors import UsageError
 from autofit.export import MemoryBudget, script_sha256
+from autofit.knobs import Offers
 from autofit.findings import observations
 from autofit.planner import Observation, SearchSpace
 from autofit.probing import ProbeResult, WorkerInfo, check_script, decorated_name, pass_script_args
@@ -117,22 +118,23 @@ class Session:
             pass
 
     # --- the search's settings on the study ---------------------------------------------------
-    def knobs(self) -> dict | None:
-        """The knobs the function offers, once a probe (of any searcher of this study) reported them."""
+    def offers(self) -> Offers | None:
+        """What the function offers, once a probe (of any searcher of this study) reported it (a study of
+        an older version kept the same dict: autofit.knobs' `Offers.from_dict` reads both)."""
         meta = stored_meta(self.study)
-        return meta.knobs if meta else None
+        return Offers.from_dict(meta.knobs) if meta else None
 
     def stored_space(self) -> SearchSpace:
         """The space as the study keeps it (narrowed by whichever searcher learnt the knobs first)."""
         return SearchSpace.from_dict(study_meta(self.study).space)
 
-    def save_meta(self, info: WorkerInfo, space: SearchSpace, knobs: dict | None) -> None:
+    def save_meta(self, info: WorkerInfo, space: SearchSpace, offers: Offers | None) -> None:
         keep_meta(self.study, StudyMeta(
             script=self.script, function=info.function, device_info=self.device_info.to_dict(),
             memory=MemoryBudget(limit_bytes=self.memory_limit, headroom=self.s.headroom, usable_bytes=self.usable),
             limit_given=self.s.memory_limit is not None, script_sha256=self.script_sha256,
             script_args=tuple(redacted_args(self.s.script_args)), space=space.to_dict(), world_size=self.s.world_size,
-            allocator=current_allocator_settings(self.s.alloc_conf), knobs=knobs, versions=info.versions,
+            allocator=current_allocator_settings(self.s.alloc_conf), knobs=offers.to_dict() if offers is not None else None, versions=info.versions,
             probe_process=self.s.probe_process))
 
     # --- trials -------------------------------------------------------------------------------

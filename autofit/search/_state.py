@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import optuna
@@ -72,16 +72,16 @@ class SearchState:
         memory estimator, which needs the space, is asked. A loop of its own that reads neither
         run.batch_size nor run.global_batch keeps its own batch: the micro-batch is not searched (climbing
         it changed nothing but the samples counted), and the search says so."""
-        knobs = result.knobs
-        if self.session.knobs() is not None or not (knobs.get("batches") or knobs.get("followed")):
+        offers = result.offers
+        if self.session.offers() is not None or not (offers.batches or offers.followed):
             return
-        if not knobs.get("batches"):
-            knobs = {**knobs, "own_batch": result.config.batch_size}  # the space keeps it (build_space)
+        if not offers.batches:
+            offers = replace(offers, own_batch=result.config.batch_size)  # the space keeps it (build_space)
             self.notes.append(f"the function's loop reads neither run.batch_size nor run.global_batch: its batch is "
                               f"its own, so the micro-batch was not searched, and samples/s counts "
                               f"{result.config.batch_size} a micro-batch (compare its figures with each other only)")
-        space = build_space(self.s, self.options, self.info, knobs)
-        self.session.save_meta(self.info, space, knobs)
+        space = build_space(self.s, self.options, self.info, offers)
+        self.session.save_meta(self.info, space, offers)
         self.planner.learn(space=space, prediction=self.prediction(space, first=result.config))
 
     def prediction(self, space: SearchSpace, first: Config | None = None) -> MemoryPrediction | None:

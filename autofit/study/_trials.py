@@ -11,7 +11,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autofit.config import KNOBS, Config
+from autofit.config import KNOB, KNOBS, Config
 from autofit.probing import ProbeResult
 from autofit.study._attributes import stored_meta
 
@@ -20,6 +20,8 @@ DATA_BOUND_ERRORS = ("ProbeTooShort", "DataTooSmall")
 #: Trial user attribute: the sha256 of the script its probe ran. A probe of another version of the script
 #: measured another model: it is kept, but nothing is ranked, implied or exported from it (`script_trials`).
 SCRIPT_ATTR = "script_sha256"
+#: What a function offers for its configs to be sized by tokens (the token caps' offer).
+_TOKEN_OFFER = KNOB["max_tokens"].offer
 #: Probes that ran (fit or not) are COMPLETE trials: the samplers learn from OOMs too.
 _COMPLETE_STATUSES = ("ok", "oom")
 
@@ -27,18 +29,18 @@ _COMPLETE_STATUSES = ("ok", "oom")
 def distributions(batch_range: tuple[int, int], max_checkpoint: int, max_accumulation: int,
                   offered: Iterable[str] = (),
                   token_range: tuple[int, int] | None = None) -> dict[str, BaseDistribution]:
-    """The trial parameters: each knob (autofit.knobs) that needs no offer, or whose `offer` the search
-    considers (`offered`: "distribute", "compile", "loader", "selective"; "tokens" with a `token_range`).
-    Integer ranges, so a study may widen them later (Optuna allows that); the other knobs categorical over
-    their values (None first where it is one: the loader as the script declares it). Knobs the search does
-    not consider are no params: other studies keep their form."""
-    offered = {*offered, *(("tokens",) if token_range is not None else ())}
+    """The trial parameters: each knob (autofit.knobs) that is `stored` (every study holds it) or the size,
+    and each whose `offer` the search considers (`offered`: autofit.knobs' Offers fields; the token caps'
+    with a `token_range`). Integer ranges, so a study may widen them later (Optuna allows that); the other
+    knobs categorical over their values (None first where it is one: the loader as the script declares it).
+    Knobs the search does not consider are no params: other studies keep their form."""
+    offered = {*offered, *((_TOKEN_OFFER,) if token_range is not None else ())}
     ranges = {"batch_size": (batch_range[0], max(batch_range)), "checkpoint_segments": (0, max(0, max_checkpoint)),
               "accumulation_steps": (1, max(1, max_accumulation)),
               "max_tokens": (token_range[0], max(token_range)) if token_range else (1, 1)}
     params: dict[str, BaseDistribution] = {}
     for knob in KNOBS:
-        if knob.offer is not None and knob.offer not in offered:
+        if not knob.stored and knob.offer is not None and knob.offer not in offered:
             continue
         if knob.name in ranges:
             params[knob.name] = IntDistribution(*ranges[knob.name])
@@ -56,7 +58,7 @@ def config_params(config: Config) -> dict[str, Any]:
     """The trial parameters of a config: every knob's value (Optuna takes those it asks for), the token caps
     only by tokens (a study by samples has no such params)."""
     return {knob.name: knob.param(getattr(config, knob.name)) for knob in KNOBS
-            if knob.offer != "tokens" or config.max_tokens is not None}
+            if knob.offer != _TOKEN_OFFER or config.max_tokens is not None}
 
 
 def trial_config(trial: FrozenTrial) -> Config | None:

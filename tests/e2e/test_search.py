@@ -15,6 +15,7 @@ from autofit.cli import cli
 from autofit.config import Config
 from autofit.export import read_best
 from autofit.findings import observations
+from autofit.planner import SearchSpace, Strategy
 from autofit.search import SearchSettings, run_search
 from autofit.study import open_storage
 from tests.support import autofit_cli, script
@@ -200,7 +201,8 @@ def test_search_spends_no_probes_on_knobs_the_function_ignores(tmp_path):
     assert len(probed) >= 3 and len(configs) >= 2
     assert {c.precision for c in configs} == {"fp32"}  # never entered run.autocast()
     assert {c.checkpoint_segments for c in configs} == {0}  # never offered blocks
-    assert study.user_attrs["autofit"]["space"]["precisions"] == ["fp32"]
+    space = SearchSpace.from_dict(study.user_attrs["autofit"]["space"])
+    assert space.values_of("precision") == ("fp32",) and space.strategies() == [Strategy()]  # one strategy: fp32
 
 
 @pytest.mark.slow
@@ -280,7 +282,7 @@ def test_a_batch_the_data_cannot_feed_stops_the_climb_without_blaming_the_precis
     from autofit.config import MAX_BATCH
     from autofit.planner import Observation, Planner, SearchSpace
 
-    space = SearchSpace.build(batch_range=(1, MAX_BATCH), precisions=("fp32", "bf16"))
+    space = SearchSpace.build(batch_range=(1, MAX_BATCH), precision=("fp32", "bf16"))
     planner = Planner(space, 100 * 2**30)
 
     def ok(b, precision="fp32"):
@@ -306,7 +308,7 @@ def test_contenders_are_remeasured_as_ranked_before_and_the_first_is_confirmed_o
     not confirmed again."""
     from autofit.planner import Observation, Planner, SearchSpace
 
-    planner = Planner(SearchSpace.build(batch_range=(1, 64), precisions=("fp32",)), 2**30, check_noise=False)
+    planner = Planner(SearchSpace.build(batch_range=(1, 64), precision=("fp32",)), 2**30, check_noise=False)
 
     def probe(batch, rate, phase="explore"):
         return Observation(Config(batch_size=batch), "ok", peak_bytes=2**20 * batch, rate=rate, phase=phase, spread=0.10)

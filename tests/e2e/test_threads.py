@@ -24,7 +24,7 @@ GiB = 2**30
 
 
 def _study(results: list[ProbeResult]) -> optuna.Study:
-    return study_of(results, SearchSpace.build(batch_range=(1, 64), precisions=("fp32",)), (1, 64))
+    return study_of(results, SearchSpace.build(batch_range=(1, 64), precision=("fp32",)), (1, 64))
 
 
 def _ok(batch: int, rate: float, threads: int | None) -> ProbeResult:

@@ -204,7 +204,7 @@ CHOICES = LoaderChoices(workers=(0, 1, 2, 4, 8), pin_memory=(True,), prefetch_fa
 
 
 def _space(choices: LoaderChoices = CHOICES) -> SearchSpace:
-    return SearchSpace.build(batch_range=(8, 8), precisions=("fp32",), loader=choices)
+    return SearchSpace.build(batch_range=(8, 8), precision=("fp32",), loader=choices)
 
 
 def _seen(*probes: tuple[Config, float], share: float | None = 0.5) -> list[Observation]:

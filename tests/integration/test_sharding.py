@@ -34,7 +34,7 @@ def _landscape(fsdp_speed: float):
 
 
 def _search(fsdp_speed: float) -> tuple[Planner, list[Observation]]:
-    space = SearchSpace.build(batch_range=(1, MAX_BATCH), precisions=("fp32",), shardings=("ddp", "fsdp"))
+    space = SearchSpace.build(batch_range=(1, MAX_BATCH), precision=("fp32",), sharding=("ddp", "fsdp"))
     planner = Planner(space, USABLE, check_noise=False)
     probe, seen = _landscape(fsdp_speed), []
     for _ in range(60):
@@ -61,7 +61,7 @@ def test_a_sharding_slower_everywhere_gets_few_probes_and_ddp_wins():
 
 
 def test_a_sharding_that_fails_without_running_is_dropped_after_one_failure():
-    space = SearchSpace.build(batch_range=(1, MAX_BATCH), precisions=("fp32",), shardings=("ddp", "fsdp"))
+    space = SearchSpace.build(batch_range=(1, MAX_BATCH), precision=("fp32",), sharding=("ddp", "fsdp"))
     planner = Planner(space, USABLE, check_noise=False)
     seen = [Observation(Config(batch_size=4), "ok", peak_bytes=GiB + 4 * MiB, rate=4.0),
             Observation(Config(batch_size=16, sharding="fsdp"), "error")]

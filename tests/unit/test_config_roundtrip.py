@@ -11,7 +11,7 @@ import optuna
 import pytest
 
 from autofit import Config
-from autofit.config import KNOBS
+from autofit.config import KNOB, KNOBS
 from autofit.decorator import AutofitFunction
 from autofit.export import BestConfig, config_entry, read_best, write_best
 from autofit.normal_run import resolve_run_config
@@ -87,7 +87,7 @@ def test_a_token_config_s_file_states_its_tokens_per_step_and_no_global_batch(tm
 def test_an_optuna_trial(config):
     params = config_params(config)
     trial = optuna.trial.create_trial(params=params, value=1.0, distributions={
-        name: dist for name, dist in distributions((1, 64), 4, 8, offered={k.offer for k in KNOBS if k.offer and k.offer != "tokens"},
+        name: dist for name, dist in distributions((1, 64), 4, 8, offered={k.offer for k in KNOBS if k.offer and k.offer != KNOB["max_tokens"].offer},
                                                    token_range=(1, 128) if config.max_tokens else None).items()})
     assert trial_config(trial) == config
 

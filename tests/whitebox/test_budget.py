@@ -161,7 +161,7 @@ def test_the_decision_reserve_holds_the_contenders_second_probes_and_the_a_b_rou
                              step_time_iqr_s=0.2, warmup_steps=2, measured_steps=5, wall_s=10.0, peak_bytes=2**20)
         record_probe(study, trial, result, usable_bytes=2**30, phase="explore")
     seen = observations(study.get_trials())
-    planner = Planner(SearchSpace.build(batch_range=(8, 64), precisions=("fp32",)), 2**30)
+    planner = Planner(SearchSpace.build(batch_range=(8, 64), precision=("fp32",)), 2**30)
     settings = dict(script=script("fits_small.py"), storage=storage, steps=5, confirm_factor=10)
     budget = Budget(SearchSettings(budget_s=3600, **settings), started=0.0)
     # second probes of b=64 and b=32 (10 steps: 10 s + 5 x 1 s each), then 3 rounds of each (20 steps: 25 s)

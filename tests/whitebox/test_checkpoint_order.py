@@ -34,8 +34,8 @@ def test_memory_is_ordered_by_blocks_and_policy_and_unknown_across():
 
 
 def _space() -> SearchSpace:
-    return SearchSpace.build(batch_range=(8, 256), precisions=("fp32",), checkpoint_blocks=4,
-                             checkpoint_policies=("full", "selective"))
+    return SearchSpace.build(batch_range=(8, 256), precision=("fp32",), checkpoint_segments=(0, 1, 2, 4),
+                             checkpoint_policy=("full", "selective"))
 
 
 def test_an_oom_implies_oom_only_where_checkpointing_needs_no_less_memory():
@@ -57,9 +57,9 @@ def test_a_fit_implies_fits_only_where_checkpointing_needs_no_more_memory():
 
 
 def test_a_space_without_blocks_or_selective_is_the_space_it_was():
-    assert SearchSpace.build(batch_range=(8, 64), precisions=("fp32",), checkpoint_blocks=None,
-                             checkpoint_policies=("full", "selective")).checkpoint_policies == ("full",)
-    old = SearchSpace.build(batch_range=(8, 64), precisions=("fp32",), checkpoint_blocks=4)
+    assert SearchSpace.build(batch_range=(8, 64), precision=("fp32",), checkpoint_policy=("full", "selective")
+                             ).values_of("checkpoint_policy") == ("full",)
+    old = SearchSpace.build(batch_range=(8, 64), precision=("fp32",), checkpoint_segments=(0, 1, 2, 4))
     assert "checkpoint_policies" not in old.to_dict()
     assert [s.checkpoint_policy for s in old.strategies()] == ["full"] * 4
     both = _space()
@@ -83,8 +83,8 @@ def test_the_planner_finds_the_policy_that_wins_and_implies_only_along_the_order
     sys.path.insert(0, REPO)
     from benchmarks.landscape import synthetic
 
-    space = SearchSpace.build(batch_range=(8, 1024), precisions=("fp32",), checkpoint_blocks=4,
-                              checkpoint_policies=("full", "selective"))
+    space = SearchSpace.build(batch_range=(8, 1024), precision=("fp32",), checkpoint_segments=(0, 1, 2, 4),
+                              checkpoint_policy=("full", "selective"))
     saturation = 24 if winner == "selective" else 4000
 
     def peak(c: Config) -> float:
@@ -118,6 +118,7 @@ def test_the_policies_a_search_considers(declared, flag, expected):
     from autofit.options import SearchOptions
     from autofit.probing import WorkerInfo
     from autofit.search import SearchSettings
+    from autofit.knobs import Offers
     from autofit.search._build_space import build_space, search_options
 
     info = WorkerInfo(function="train", options=SearchOptions(consider={"checkpoint_policy": declared}).__dict__,
@@ -125,8 +126,8 @@ def test_the_policies_a_search_considers(declared, flag, expected):
                       memory_limit=None, versions={}, load_s=0.0, pid=0)
     settings = SearchSettings(script="train.py", consider={"checkpoint_policy": flag})
     options = search_options(info, settings)
-    space = build_space(settings, options, info, {"checkpoint_blocks": 4, "autocast": True, "backward": True})
-    assert space.checkpoint_policies == expected
+    space = build_space(settings, options, info, Offers.from_dict({"checkpoint_blocks": 4, "autocast": True, "backward": True}))
+    assert space.values_of("checkpoint_policy") == expected
     assert {c.checkpoint_policy for c in space.configs() if c.checkpoint_segments} == set(expected)
-    unoffered = build_space(settings, options, info, {"checkpoint_blocks": None, "autocast": True})
-    assert unoffered.checkpoint_policies == ("full",) and {c.checkpoint_policy for c in unoffered.configs()} == {"full"}
+    unoffered = build_space(settings, options, info, Offers.from_dict({"checkpoint_blocks": None, "autocast": True}))
+    assert unoffered.values_of("checkpoint_policy") == ("full",) and {c.checkpoint_policy for c in unoffered.configs()} == {"full"}

@@ -151,6 +151,7 @@ def _space_on(backend, knobs: dict | None = None):
     """The space a search over `backend`'s default precisions builds (before the first probe: knobs None)."""
     from autofit.probing import WorkerInfo
     from autofit.search import SearchSettings
+    from autofit.knobs import Offers
     from autofit.search._build_space import build_space, search_options
 
     info = WorkerInfo(function="train", options=None, device={"type": backend.type},
@@ -158,7 +159,7 @@ def _space_on(backend, knobs: dict | None = None):
                       default_precisions=list(backend.default_precisions()), baseline_bytes=0,
                       memory_limit=None, versions={}, load_s=0.0, pid=0)
     settings = SearchSettings(script="train.py", device=backend.type)
-    return build_space(settings, search_options(info, settings), info, knobs)
+    return build_space(settings, search_options(info, settings), info, Offers.from_dict(knobs))
 
 
 @pytest.mark.parametrize(
@@ -172,17 +173,17 @@ def test_a_search_on_a_gpu_that_runs_bf16_starts_in_bf16(fake_cuda, capability, 
     fake_cuda.capability, fake_cuda.bf16 = capability, bf16
     backend = CudaBackend(0)
     space = _space_on(backend)
-    assert space.precisions[0] == first and set(space.precisions) == set(backend.supported_precisions())
+    assert space.values_of("precision")[0] == first and set(space.values_of("precision")) == set(backend.supported_precisions())
     assert Planner(space, 70 * GiB).next([]).precision == first
     # A function that never enters run.autocast() computes in fp32, whatever the pilot was labelled.
-    assert _space_on(backend, {"batches": True, "autocast": False}).precisions == ("fp32",)
+    assert _space_on(backend, {"batches": True, "autocast": False}).values_of("precision") == ("fp32",)
 
 
 def test_a_search_on_a_cpu_with_bf16_instructions_still_starts_in_fp32(monkeypatch):
     import autofit.devices._cpu as cpu_mod
 
     monkeypatch.setattr(cpu_mod, "cpu_has_native_bf16", lambda: True)
-    assert _space_on(cpu_mod.CpuBackend(0)).precisions == ("fp32", "bf16")
+    assert _space_on(cpu_mod.CpuBackend(0)).values_of("precision") == ("fp32", "bf16")
 
 
 def test_no_cuda_in_torch_is_a_usage_error(monkeypatch):

@@ -16,7 +16,7 @@ def _obs(config: Config, status: str, peak: int | None = None) -> Observation:
 
 
 def test_an_oom_with_accumulation_rules_out_nothing_without_it():
-    space = SearchSpace.build(batch_range=(1, 64), precisions=("fp32",), global_batch=64)
+    space = SearchSpace.build(batch_range=(1, 64), precision=("fp32",), global_batch=64)
     feasible = Feasibility(space, GiB, [_obs(Config(batch_size=32, accumulation_steps=2), "oom")])
     assert not feasible.implied_too_big(Config(batch_size=64, accumulation_steps=1))  # no gradients held: unknown
     strategy = space.strategy_of(Config(batch_size=64, accumulation_steps=1))
@@ -24,14 +24,14 @@ def test_an_oom_with_accumulation_rules_out_nothing_without_it():
 
 
 def test_an_oom_without_accumulation_rules_out_larger_batches_with_it():
-    space = SearchSpace.build(batch_range=(1, 64), precisions=("fp32",), accumulations=(1, 2))
+    space = SearchSpace.build(batch_range=(1, 64), precision=("fp32",), accumulation_steps=(1, 2))
     feasible = Feasibility(space, GiB, [_obs(Config(batch_size=16), "oom")])
     assert feasible.implied_too_big(Config(batch_size=32, accumulation_steps=2))
     assert feasible.implied_too_big(Config(batch_size=16, accumulation_steps=2))
 
 
 def test_a_fit_without_accumulation_implies_no_fit_with_it():
-    space = SearchSpace.build(batch_range=(1, 64), precisions=("fp32",), accumulations=(1, 2))
+    space = SearchSpace.build(batch_range=(1, 64), precision=("fp32",), accumulation_steps=(1, 2))
     feasible = Feasibility(space, GiB, [_obs(Config(batch_size=32), "ok", 2**20)])
     with_accumulation = space.strategy_of(Config(batch_size=8, accumulation_steps=2))
     assert feasible.fit_max(space.strategy_of(Config(batch_size=8))) == 32
@@ -39,8 +39,8 @@ def test_a_fit_without_accumulation_implies_no_fit_with_it():
 
 
 def test_selective_checkpointing_that_fails_for_a_reason_not_memory_is_abandoned():
-    space = SearchSpace.build(batch_range=(1, 64), precisions=("fp32",), checkpoint_blocks=4,
-                              checkpoint_policies=("full", "selective"))
+    space = SearchSpace.build(batch_range=(1, 64), precision=("fp32",), checkpoint_segments=(0, 1, 2, 4),
+                              checkpoint_policy=("full", "selective"))
     selective = Config(batch_size=8, checkpoint_segments=4, checkpoint_policy="selective")
     seen = [_obs(Config(batch_size=8), "ok", 2**20), _obs(selective, "error")]
     feasible = Feasibility(space, GiB, seen)
@@ -57,7 +57,7 @@ def test_every_precision_is_probed_once_the_pilot_climbed_and_the_faster_explore
     and the one measured faster is the one whose batches are explored next."""
     from autofit.planner import Observation, Planner, SearchSpace
 
-    space = SearchSpace.build(batch_range=(8, 512), precisions=("fp32", "bf16"))
+    space = SearchSpace.build(batch_range=(8, 512), precision=("fp32", "bf16"))
     planner = Planner(space, 64 * 2**30, check_noise=False)
     pilot = planner.next([])
     seen = [Observation(pilot, "ok", peak_bytes=2**30, rate=100.0, wall_s=1.0, phase="explore")]
@@ -92,7 +92,7 @@ def test_an_oom_while_accumulating_implies_nothing_for_one_micro_batch_a_step():
     from autofit.planner import Observation
     from autofit.planner._feasibility import Feasibility
 
-    space = SearchSpace.build(batch_range=(4, 64), precisions=("fp32",), global_batch=64)
+    space = SearchSpace.build(batch_range=(4, 64), precision=("fp32",), global_batch=64)
     strategy = space.strategies()[0]
     feasible = Feasibility(space, 8 * GiB, [Observation(Config(batch_size=32, accumulation_steps=2), "oom")])
     assert not feasible.implied_too_big(Config(batch_size=64))
@@ -105,7 +105,7 @@ def test_accumulation_orders_memory_one_way_at_one_micro_batch():
     from autofit.planner import Observation, Strategy
     from autofit.planner._feasibility import Feasibility
 
-    space = SearchSpace.build(batch_range=(8, 64), precisions=("fp32",), accumulations=(1, 2, 4))
+    space = SearchSpace.build(batch_range=(8, 64), precision=("fp32",), accumulation_steps=(1, 2, 4))
     one, two, four = (Strategy(precision="fp32", checkpoint_segments=0, accumulation_steps=a) for a in (1, 2, 4))
 
     def feasible(config: Config, status: str) -> Feasibility:
@@ -120,13 +120,13 @@ def test_accumulation_orders_memory_one_way_at_one_micro_batch():
 
 
 def _selective_space() -> SearchSpace:
-    return SearchSpace.build(batch_range=(8, 64), precisions=("fp32",), checkpoint_blocks=4,
-                             checkpoint_policies=("full", "selective"))
+    return SearchSpace.build(batch_range=(8, 64), precision=("fp32",), checkpoint_segments=(0, 1, 2, 4),
+                             checkpoint_policy=("full", "selective"))
 
 
 GLOBAL = 480
-TIMEOUT_SPACE = SearchSpace.build(batch_range=(1, GLOBAL), precisions=("fp32", "bf16"), global_batch=GLOBAL,
-                                  compiles=(False, True), first_precision="bf16")
+TIMEOUT_SPACE = SearchSpace.build(batch_range=(1, GLOBAL), precision=("bf16", "fp32"), global_batch=GLOBAL,
+                                  compile=(False, True))
 
 
 def _at(batch: int, precision: str, compile: bool) -> Config:

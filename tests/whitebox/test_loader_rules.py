@@ -13,6 +13,7 @@ import torch
 
 from autofit import Config
 from autofit.devices import make_backend
+from autofit.knobs import Offers
 from autofit.planner import (
     LoaderChoices,
     Observation,
@@ -130,7 +131,7 @@ CHOICES = LoaderChoices(workers=(0, 1, 2, 4, 8), pin_memory=(True,), prefetch_fa
 
 
 def _space(choices: LoaderChoices = CHOICES) -> SearchSpace:
-    return SearchSpace.build(batch_range=(8, 8), precisions=("fp32",), loader=choices)
+    return SearchSpace.build(batch_range=(8, 8), precision=("fp32",), loader=choices)
 
 
 def _seen(*probes: tuple[Config, float], share: float | None = 0.5) -> list[Observation]:
@@ -148,7 +149,7 @@ def test_a_probe_tries_no_more_workers_than_its_share_of_the_cores(monkeypatch):
     over its ranks), and within a probe's share while several probe at once: waiting 90% of the step,
     the climb starts at the most it may try."""
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)), raising=False)
-    knobs = {"loader": True, "declared_workers": 0}
+    knobs = Offers(loader=True, declared_workers=0)
 
     def first(**settings) -> int:
         choices = loader_choices(SearchSettings(script="train.py", **settings), knobs)
@@ -166,7 +167,7 @@ def test_a_probe_tries_no_more_workers_than_its_share_of_the_cores(monkeypatch):
 
 
 def test_a_space_without_the_loader_keeps_its_form_and_its_params():
-    plain = SearchSpace.build(batch_range=(1, 64), precisions=("fp32",))
+    plain = SearchSpace.build(batch_range=(1, 64), precision=("fp32",))
     assert "loader" not in plain.to_dict()
     assert not {"loader_workers", "pin_memory", "prefetch_factor"} & set(space_distributions(plain))
     offered = _space()

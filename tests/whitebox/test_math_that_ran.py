@@ -13,20 +13,21 @@ from autofit.probing import ProbeResult, WorkerInfo
 
 def _space(knobs: dict):
     from autofit.search import SearchSettings
+    from autofit.knobs import Offers
     from autofit.search._build_space import build_space, search_options
 
     info = WorkerInfo(function="train", options=None, device={"type": "cuda"},
                       precisions=["fp32", "tf32", "bf16", "fp16"], default_precisions=["bf16", "fp32", "tf32", "fp16"],
                       baseline_bytes=0, memory_limit=None, versions={}, load_s=0.0, pid=0)
     settings = SearchSettings(script="train.py", device="cuda")
-    return build_space(settings, search_options(info, settings), info, knobs)
+    return build_space(settings, search_options(info, settings), info, Offers.from_dict(knobs))
 
 
 def test_a_function_that_forces_tf32_gets_one_strategy_for_fp32_and_tf32():
     plain = _space({"batches": True, "autocast": True})
-    assert {"fp32", "tf32"} <= set(plain.precisions)
+    assert {"fp32", "tf32"} <= set(plain.values_of("precision"))
     forced = _space({"batches": True, "autocast": True, "forces_tf32": True})
-    assert "tf32" in forced.precisions and "fp32" not in forced.precisions
+    assert "tf32" in forced.values_of("precision") and "fp32" not in forced.values_of("precision")
 
 
 def test_an_mfu_over_100_percent_is_said_and_never_stored():

@@ -32,7 +32,7 @@ def _probe(batch: int):
 
 def test_a_cuda_probe_that_allocated_nothing_on_its_device_is_no_fit_and_the_search_does_not_climb(fake_cuda, nvml):
     fake_cuda.stats = {"allocation.all.allocated": 0}  # the caching allocator's count since the probe's start
-    planner = Planner(SearchSpace.build(batch_range=(1, 64), precisions=("fp32",)), 70 * GiB)
+    planner = Planner(SearchSpace.build(batch_range=(1, 64), precision=("fp32",)), 70 * GiB)
     done, results = [], []
     while (config := planner.next(done)) is not None and len(done) < 4:
         results.append(_probe(config.batch_size))

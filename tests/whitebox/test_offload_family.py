@@ -3,14 +3,10 @@ with it says nothing of the same config without it, which may need more memory."
 
 from __future__ import annotations
 
-import pytest
-
 from autofit.config import Config
 from autofit.planner._feasibility import implies_fit, implies_too_big
 
 
-@pytest.mark.xfail(strict=True, reason="issue 47 item 1: the generic space's family holds every memory knob no "
-                                       "rule orders; until then no search makes a config that offloads")
 def test_a_fit_with_activation_offload_implies_nothing_of_the_config_without_it():
     offloaded, kept = Config(batch_size=64, offload_activations=True), Config(batch_size=64)
     assert not implies_fit(offloaded, kept)

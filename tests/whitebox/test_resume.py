@@ -20,7 +20,7 @@ OLD, NEW = "a" * 64, "b" * 64
 def test_resuming_with_another_version_of_the_script_says_so_and_forgets_what_the_old_one_taught():
     results = [ProbeResult(status="ok", config=Config(batch_size=b), samples_per_s=100.0, peak_bytes=GiB,
                            step_time_median_s=1.0, wall_s=1.0) for b in (8, 16)]
-    study = study_of(results, SearchSpace.build(batch_range=(1, 64), precisions=("fp32",)), (1, 64), stamps=[OLD, OLD])
+    study = study_of(results, SearchSpace.build(batch_range=(1, 64), precision=("fp32",)), (1, 64), stamps=[OLD, OLD])
     keep_meta(study, replace(study_meta(study), script_sha256=OLD, knobs={"batches": True}))
     study.set_user_attr(ESTIMATES_ATTR, {"asked": 3})
 

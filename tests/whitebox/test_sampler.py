@@ -15,7 +15,7 @@ def test_the_planner_decides_every_trial_through_the_sampler():
     from autofit.search._sampler import AutofitSampler
     from autofit.study import record_probe, trial_config
 
-    planner = Planner(SearchSpace.build(batch_range=(1, 256), precisions=("fp32", "bf16")), 2**30)
+    planner = Planner(SearchSpace.build(batch_range=(1, 256), precision=("fp32", "bf16")), 2**30)
     sampler = AutofitSampler(planner)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     proposal = sampler.propose(study, "explore")

@@ -11,6 +11,7 @@ def test_the_decorators_global_tokens_is_kept_by_a_space_by_tokens_only():
     from autofit.options import SearchOptions
     from autofit.probing import WorkerInfo
     from autofit.search import SearchSettings
+    from autofit.knobs import Offers
     from autofit.search._build_space import build_space, search_options
 
     info = WorkerInfo(function="train", options=SearchOptions(global_tokens=65536).__dict__,
@@ -18,8 +19,8 @@ def test_the_decorators_global_tokens_is_kept_by_a_space_by_tokens_only():
                       memory_limit=None, versions={}, load_s=0.0, pid=0)
     settings = SearchSettings(script="train.py")
     options = search_options(info, settings)
-    space = build_space(settings, options, info, {"longest_sample": 300, "batches": True})
+    space = build_space(settings, options, info, Offers.from_dict({"longest_sample": 300, "batches": True}))
     assert space.tokens and space.global_tokens == 65536
     assert SearchSpace.from_dict(space.to_dict()) == space
-    by_samples = build_space(settings, options, info, {"batches": True})
+    by_samples = build_space(settings, options, info, Offers.from_dict({"batches": True}))
     assert not by_samples.tokens and by_samples.global_tokens is None and "global_tokens" not in by_samples.to_dict()

@@ -122,7 +122,7 @@ def test_estimate_considers_selective_checkpointing_which_keeps_less_than_none_a
 
     fits = WhatFits(f"{STUDIES}/gpt.py", None, on_gpu=False, batch_range=(64, 64), precisions=("fp32",))
     try:
-        level = fits.levels[1]  # the fewest blocks checkpointed (of gpt.py's 4)
+        level = fits.values["checkpoint_segments"][1]  # the fewest blocks checkpointed (of gpt.py's 4)
         none, selective, full = (Strategy(precision="fp32", checkpoint_segments=k, checkpoint_policy=q)
                                  for k, q in ((0, "full"), (level, "selective"), (level, "full")))
         assert fits.strategies()[:3] == [none, selective, full]

@@ -27,7 +27,7 @@ class _Estimator:
 
 def _estimated(first: Config | None) -> list[tuple[str, int, int]]:
     estimator = _Estimator()
-    space = SearchSpace((1, 8, 16, 32, 64), ("fp32", "bf16"), (0, 2))
+    space = SearchSpace((1, 8, 16, 32, 64), {"precision": ("fp32", "bf16"), "checkpoint_segments": (0, 2)})
     estimation = SpaceEstimation(estimator, space, memory_limit=2**40, first=first)
     estimation.run()  # in this thread
     assert estimation.line.is_set() and estimation.finished.is_set()

@@ -9,7 +9,7 @@ from dataclasses import replace
 from autofit.config import Config
 from autofit.planner import ABPlan, Observation, Planner, SearchSpace
 
-SPACE = SearchSpace.build(batch_range=(8, 64), precisions=("fp32",), accumulations=(1, 2))
+SPACE = SearchSpace.build(batch_range=(8, 64), precision=("fp32",), accumulation_steps=(1, 2))
 GiB = 2**30
 
 

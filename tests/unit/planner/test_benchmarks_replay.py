@@ -24,7 +24,7 @@ def tiny() -> Landscape:
 
     fp32: peak 100 + 10b MiB -> fits up to 8, OOM from 12. bf16: 100 + 6b -> fits up to 12,
     16 runs at 196 MiB, inside the headroom (infeasible). Best: bf16 b=12 (9 samples/s)."""
-    space = SearchSpace.build(batch_range=(1, 16), precisions=("fp32", "bf16"))
+    space = SearchSpace.build(batch_range=(1, 16), precision=("fp32", "bf16"))
     assert space.batch_sizes == (1, 2, 3, 4, 6, 8, 12, 16)
     return synthetic(
         "tiny", space, 200 * MiB, 0.1,
@@ -89,7 +89,7 @@ def test_accelerate_walks_down_from_128() -> None:
 def linear_landscape() -> Landscape:
     """GPT-like: memory linear in batch, less in bf16/fp16 and with more checkpointed blocks;
     throughput saturating in batch, bf16 fastest, checkpointing slower."""
-    space = SearchSpace.build(batch_range=(1, 512), precisions=("fp32", "bf16", "fp16"), checkpoint_blocks=4)
+    space = SearchSpace.build(batch_range=(1, 512), precision=("fp32", "bf16", "fp16"), checkpoint_segments=(0, 1, 2, 4))
 
     def peak(c: Config) -> float:
         per = (6.0 if c.precision == "fp32" else 3.6) * (1 - 0.15 * c.checkpoint_segments)
@@ -176,8 +176,8 @@ def test_the_grid_records_selective_checkpointing_unless_told_not_to(monkeypatch
 
 def test_a_landscape_with_selective_checkpointing_round_trips_and_its_grid_best_may_be_selective() -> None:
     """Selective keeps the matmul outputs: more memory than full, less recompute. Here it is the best."""
-    space = SearchSpace.build(batch_range=(8, 32), precisions=("fp32",), checkpoint_blocks=2,
-                              checkpoint_policies=("full", "selective"))
+    space = SearchSpace.build(batch_range=(8, 32), precision=("fp32",), checkpoint_segments=(0, 1, 2),
+                              checkpoint_policy=("full", "selective"))
     saved = {"full": 0.4, "selective": 0.2}  # of the activations, per checkpointed level
     slower = {"full": 0.3, "selective": 0.05}  # recompute, per checkpointed level
     land = synthetic(
@@ -192,6 +192,6 @@ def test_a_landscape_with_selective_checkpointing_round_trips_and_its_grid_best_
     assert run_strategy("grid", land, seed=0, noise=0.0).pick == land.best_config()
     # A landscape recorded before the axis (no checkpoint_policies in its space) loads as full only.
     old = land.to_dict()
-    old["space"].pop("checkpoint_policies")
+    old["space"].pop("checkpoint_policy")
     old["configs"] = [e for e in old["configs"] if e["config"].get("checkpoint_policy", "full") == "full"]
-    assert Landscape.from_dict(old).space.checkpoint_policies == ("full",)
+    assert Landscape.from_dict(old).space.values_of("checkpoint_policy") == ("full",)

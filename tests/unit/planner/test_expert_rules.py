@@ -10,8 +10,8 @@ from autofit.findings import explain
 from autofit.planner import Observation, Planner, SearchSpace, dominates
 
 GiB = 2**30
-SPACE = SearchSpace.build(batch_range=(4, 64), precisions=("fp32", "bf16"), checkpoint_blocks=4,
-                          checkpoint_policies=("full", "selective"))
+SPACE = SearchSpace.build(batch_range=(4, 64), precision=("fp32", "bf16"), checkpoint_segments=(0, 1, 2, 4),
+                          checkpoint_policy=("full", "selective"))
 
 
 def _ok(config: Config, rate: float, peak: float = 1.0) -> Observation:
@@ -55,7 +55,7 @@ def test_a_dominated_config_faster_beyond_the_noise_still_wins():
 def test_near_ties_go_to_fewer_accumulation_steps_before_the_lower_peak():
     """b=12 acc=4, b=24 acc=2 and b=48 at one global batch, within 2%: the engineer's b=48, although
     b=12 acc=4 peaks lowest (the old rule chose it)."""
-    space = SearchSpace.build(batch_range=(4, 64), precisions=("bf16",), global_batch=48)
+    space = SearchSpace.build(batch_range=(4, 64), precision=("bf16",), global_batch=48)
     seen = [_ok(Config(batch_size=12, precision="bf16", accumulation_steps=4), 60.0, peak=0.5),
             _ok(Config(batch_size=24, precision="bf16", accumulation_steps=2), 59.5, peak=0.8),
             _ok(Config(batch_size=48, precision="bf16"), 59.3, peak=1.4)]

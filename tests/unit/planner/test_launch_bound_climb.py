@@ -14,7 +14,7 @@ from autofit.memory import peak_factors
 from autofit.planner import MemoryPrediction, Observation, Planner, SearchSpace
 
 GiB, MiB = 2**30, 2**20
-SPACE = SearchSpace.build(batch_range=(1, 4096), precisions=("fp32",))
+SPACE = SearchSpace.build(batch_range=(1, 4096), precision=("fp32",))
 
 
 def _launch_bound(config: Config, intercept: float, per_sample: float, usable: float) -> Observation:
@@ -70,8 +70,8 @@ FIXED, PER_TOKEN = 870 * MiB, 64 * 2**10
 
 
 def _token_space(precisions: tuple[str, ...]) -> SearchSpace:
-    return SearchSpace.build(batch_range=(1, 2**20), token_range=(LONGEST, 2**20), precisions=precisions,
-                             first_precision=precisions[0], longest_sample=LONGEST)
+    return SearchSpace.build(batch_range=(1, 2**20), token_range=(LONGEST, 2**20), precision=precisions,
+                             longest_sample=LONGEST)
 
 
 def _token_probe(config: Config, tokens: int) -> Observation:

@@ -8,7 +8,7 @@ from autofit.planner import NoiseReading, Observation, Planner, SearchSpace
 from benchmarks.landscape import synthetic
 from benchmarks.strategies import run_strategy
 
-SPACE = SearchSpace.build(batch_range=(8, 64), precisions=("fp32", "bf16"))
+SPACE = SearchSpace.build(batch_range=(8, 64), precision=("fp32", "bf16"))
 GiB = 2**30
 
 

@@ -19,8 +19,7 @@ LAUNCH_S = 5e-3  # a step's fixed cost: kernel launches, the optimizer; at b=4 i
 
 
 def _space(batch_range: tuple[int, int] = (1, 2048)) -> SearchSpace:
-    return SearchSpace.build(batch_range=batch_range, precisions=("fp32", "tf32", "bf16", "fp16"),
-                             first_precision="bf16")
+    return SearchSpace.build(batch_range=batch_range, precision=("bf16", "fp32", "tf32", "fp16"))
 
 
 def _peak(config: Config) -> float:
@@ -46,7 +45,7 @@ def _prediction(space: SearchSpace) -> MemoryPrediction:
     factors = peak_factors("cuda")
     typical = factors["typical_factor"]
     estimates = {Config(batch_size=b, precision=p): b * PER_SAMPLE_BYTES[p] / typical + GiB / typical
-                 for p in space.precisions for b in (8, 64)}
+                 for p in space.values_of("precision") for b in (8, 64)}
     return MemoryPrediction.from_estimates(estimates, device_bytes=GiB, **factors)
 
 

@@ -35,7 +35,7 @@ def _probe(config: Config) -> Observation:
 
 
 def _search(prediction):
-    space = SearchSpace(BATCHES, ("fp32",), (0,))
+    space = SearchSpace(BATCHES)
     planner = Planner(space, USABLE, check_noise=False, prediction=prediction)
     seen = []
     while (config := planner.next(seen)) is not None:
@@ -59,7 +59,7 @@ def test_interpolated_estimates_and_a_range_between_two_measured_batches():
 
 
 def test_configs_to_estimate_take_a_few_batches_per_curve_unchecked_curves_first():
-    space = SearchSpace(tuple(2**i for i in range(21)), ("fp32", "bf16"), (0, 2))
+    space = SearchSpace(tuple(2**i for i in range(21)), {"precision": ("fp32", "bf16"), "checkpoint_segments": (0, 2)})
     asked = configs_to_estimate(space.configs())
     assert len(asked) <= 4 * 6
     assert [c.checkpoint_segments for c in asked] == sorted(c.checkpoint_segments for c in asked)

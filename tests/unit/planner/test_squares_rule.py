@@ -12,7 +12,7 @@ from autofit.planner import Observation, Planner, SearchSpace, squares_reason
 
 MiB = 2**20
 LONGEST = 256
-SPACE = SearchSpace.build(batch_range=(1, 2**20), token_range=(LONGEST, 2**15), precisions=("fp32",),
+SPACE = SearchSpace.build(batch_range=(1, 2**20), token_range=(LONGEST, 2**15), precision=("fp32",),
                           longest_sample=LONGEST)
 TYPICAL = 64  # the length most batches are cut at
 

@@ -15,8 +15,7 @@ GLOBAL = 480
 
 
 def _space() -> SearchSpace:
-    return SearchSpace.build(batch_range=(1, GLOBAL), precisions=("fp32", "bf16"), global_batch=GLOBAL,
-                             first_precision="bf16")
+    return SearchSpace.build(batch_range=(1, GLOBAL), precision=("bf16", "fp32"), global_batch=GLOBAL)
 
 
 def _timeout(config: Config, stalled: bool = False) -> Observation:
@@ -64,7 +63,7 @@ def test_at_a_fixed_global_batch_a_stall_never_leads_to_a_smaller_micro_batch_of
 def test_with_nothing_measured_a_timed_out_config_is_probed_again_once():
     """The space has one config left to try; it timed out: it is probed again (the search gives it what its
     budget has left), once, instead of the search ending with nothing measured."""
-    space = SearchSpace.build(batch_range=(8, 8), precisions=("fp32",))
+    space = SearchSpace.build(batch_range=(8, 8), precision=("fp32",))
     planner = Planner(space, 8 * GiB, check_noise=False)
     only = planner.next([])
     assert planner.next([_timeout(only)]) == only
@@ -73,7 +72,7 @@ def test_with_nothing_measured_a_timed_out_config_is_probed_again_once():
 
 def test_a_probe_the_budget_cut_short_decides_nothing():
     """Cut by the budget's end (`Observation.cut`): not tried, not failed; a resumed search probes it."""
-    space = SearchSpace.build(batch_range=(8, 8), precisions=("fp32",))
+    space = SearchSpace.build(batch_range=(8, 8), precision=("fp32",))
     planner = Planner(space, 8 * GiB, check_noise=False)
     only = planner.next([])
     cut = Observation(only, "timeout", wall_s=30.0, cut=True)

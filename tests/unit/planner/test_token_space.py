@@ -8,7 +8,7 @@ from autofit import Config
 from autofit.planner import Observation, Planner, SearchSpace
 
 GiB = 2**30
-SPACE = SearchSpace.build(batch_range=(1, 2**20), token_range=(300, 2**14), precisions=("fp32",))
+SPACE = SearchSpace.build(batch_range=(1, 2**20), token_range=(300, 2**14), precision=("fp32",))
 
 
 def _ok(config: Config, peak: float, rate: float) -> Observation:

@@ -10,7 +10,7 @@ from autofit.config import Config
 from autofit.planner import ABPlan, Observation, Planner, SearchSpace
 
 GiB = 2**30
-SPACE = SearchSpace.build(batch_range=(8, 64), precisions=("fp32",))
+SPACE = SearchSpace.build(batch_range=(8, 64), precision=("fp32",))
 
 
 def _ok(config: Config | int, rate: float, phase: str = "explore", trial: int | None = None) -> Observation:

@@ -19,7 +19,7 @@ def test_a_resumed_study_ranks_only_the_configs_of_the_space_asked_for():
     """The study holds bf16 probes at a global batch of 480; the search now asks for fp32 at 240: its export
     must be a config of that space, never bf16 b=48 acc=10 (global batch 480)."""
     old = [_ok(Config(batch_size=48, precision="bf16", accumulation_steps=10), 900.0), _ok(Config(batch_size=24, precision="bf16", accumulation_steps=20), 800.0)]
-    space = SearchSpace.build(batch_range=(1, 240), precisions=("fp32",), global_batch=240)
+    space = SearchSpace.build(batch_range=(1, 240), precision=("fp32",), global_batch=240)
     planner = Planner(space, 72 * GiB, check_noise=False)
     assert planner.best(old) is None
     fp32 = _ok(Config(batch_size=24, precision="fp32", accumulation_steps=10), 300.0)
@@ -30,7 +30,7 @@ def test_a_resumed_study_ranks_only_the_configs_of_the_space_asked_for():
 def test_dominance_uses_the_noise_measured_not_a_ten_percent_floor():
     """Repeats of one config agreeing within 1%: a micro-batch 6% faster than the larger one it yields to
     under the expert's order (less accumulation) is faster beyond that noise, and ranks first."""
-    space = SearchSpace.build(batch_range=(1, 480), precisions=("fp32",), global_batch=480)
+    space = SearchSpace.build(batch_range=(1, 480), precision=("fp32",), global_batch=480)
     planner = Planner(space, 72 * GiB, check_noise=False)
     b48, b60 = Config(batch_size=48, accumulation_steps=10), Config(batch_size=60, accumulation_steps=8)
     seen = [_ok(b48, 106.0), _ok(b48, 106.5, phase="recheck"), _ok(b60, 100.0), _ok(b60, 100.4, phase="recheck")]
@@ -41,7 +41,7 @@ def test_dominance_uses_the_noise_measured_not_a_ten_percent_floor():
 def test_a_tight_config_dominates_nothing():
     """The reproduction: b=48 at 136.0/135.5 samples/s, b=60 at 125.5/125.0 but only just fitting (allocator
     retries): b=60 must not win by dominance, and b=48 is an A/B entrant."""
-    space = SearchSpace.build(batch_range=(1, 480), precisions=("fp32",), global_batch=480)
+    space = SearchSpace.build(batch_range=(1, 480), precision=("fp32",), global_batch=480)
     planner = Planner(space, 72 * GiB, check_noise=False)
     b48, b60 = Config(batch_size=48, accumulation_steps=10), Config(batch_size=60, accumulation_steps=8)
     seen = [_ok(b48, 136.0), _ok(b48, 135.5, phase="recheck"),
@@ -53,7 +53,7 @@ def test_a_tight_config_dominates_nothing():
 def test_a_config_within_the_noise_that_another_dominates_still_meets_it_in_the_a_b():
     """b=48 reads 3% faster than b=60 (within a noise of 10% measured by repeats): dominance ranks b=60 first,
     and the A/B, not the rule, decides between them."""
-    space = SearchSpace.build(batch_range=(1, 480), precisions=("fp32",), global_batch=480)
+    space = SearchSpace.build(batch_range=(1, 480), precision=("fp32",), global_batch=480)
     planner = Planner(space, 72 * GiB, check_noise=False)
     b48, b60 = Config(batch_size=48, accumulation_steps=10), Config(batch_size=60, accumulation_steps=8)
     b24 = Config(batch_size=24, accumulation_steps=20)

@@ -31,7 +31,7 @@ def _search(space: SearchSpace, factor: float) -> tuple[list[Observation], Confi
 
 
 def _space(*variants: str) -> SearchSpace:
-    return SearchSpace.build(batch_range=(1, 64), precisions=("fp32",), variants=variants)
+    return SearchSpace.build(batch_range=(1, 64), precision=("fp32",), variants=variants)
 
 
 def test_a_faster_channels_last_is_probed_on_the_leader_and_wins():

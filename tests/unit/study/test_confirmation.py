@@ -13,7 +13,7 @@ from autofit.planner import Observation, Planner, SearchSpace
 from autofit.probing import ProbeResult
 from autofit.study import open_storage, record_probe
 
-SPACE = SearchSpace.build(batch_range=(8, 64), precisions=("fp32",))
+SPACE = SearchSpace.build(batch_range=(8, 64), precision=("fp32",))
 GiB = 2**30
 
 

@@ -25,7 +25,7 @@ def _stored(tmp_path, configs: list[tuple[Config, float]]):
     """A stored study of ok probes, as a search writes them, read back as `autofit show` reads it."""
     url = f"sqlite:///{tmp_path}/labels.db"
     study = optuna.create_study(study_name="labels", storage=open_storage(url), direction="maximize")
-    space = SearchSpace.build(batch_range=(8, 64), precisions=("fp32",), compiles=(False, True))
+    space = SearchSpace.build(batch_range=(8, 64), precision=("fp32",), compile=(False, True))
     study.set_user_attr("autofit", {"script": "train.py", "function": "train", "device_info": {"type": "cpu",
                         "name": "cpu"}, "limit_bytes": 8 * GiB, "headroom": 0.1, "usable_bytes": 7 * GiB,
                         "space": space.to_dict()})

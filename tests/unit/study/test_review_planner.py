@@ -15,7 +15,7 @@ from autofit.study import config_params, distributions
 pytestmark = pytest.mark.serial  # tight budgets or speeds measured (pyproject.toml)
 
 GiB = 2**30
-SPACE = SearchSpace.build(batch_range=(8, 64), precisions=("fp32",))
+SPACE = SearchSpace.build(batch_range=(8, 64), precision=("fp32",))
 
 
 def _study(probes: list[tuple[int, str, float, float, float | None]]) -> optuna.Study:
@@ -33,7 +33,7 @@ def _study(probes: list[tuple[int, str, float, float, float | None]]) -> optuna.
 
 
 def _add(study: optuna.Study, result: ProbeResult, phase: str = "explore") -> None:
-    dists = distributions((8, 64), 4, 1, offered=("selective",))
+    dists = distributions((8, 64), 4, 1, offered=("checkpoint_blocks",))
     params = {k: v for k, v in config_params(result.config).items() if k in dists}
     study.add_trial(optuna.trial.create_trial(
         params=params, distributions=dists, value=result.samples_per_s,
@@ -106,8 +106,8 @@ def test_a_real_confirmation_slower_than_the_probes_hands_the_win_to_the_next(tm
 
 
 def _selective_space() -> SearchSpace:
-    return SearchSpace.build(batch_range=(8, 64), precisions=("fp32",), checkpoint_blocks=4,
-                             checkpoint_policies=("full", "selective"))
+    return SearchSpace.build(batch_range=(8, 64), precision=("fp32",), checkpoint_segments=(0, 1, 2, 4),
+                             checkpoint_policy=("full", "selective"))
 
 
 def test_a_selective_policy_that_fails_for_a_reason_not_memory_is_abandoned():
@@ -148,7 +148,7 @@ def test_the_planner_probes_one_micro_batch_a_step_after_an_oom_while_accumulati
     line (whose intercept holds the gradients) may rule it out unprobed."""
     from autofit.planner import Observation, Planner
 
-    space = SearchSpace.build(batch_range=(4, 64), precisions=("fp32",), global_batch=64)
+    space = SearchSpace.build(batch_range=(4, 64), precision=("fp32",), global_batch=64)
     seen = [Observation(Config(batch_size=8, accumulation_steps=8), "ok", peak_bytes=int(5.4 * GiB), rate=80.0),
             Observation(Config(batch_size=16, accumulation_steps=4), "ok", peak_bytes=int(5.8 * GiB), rate=150.0),
             Observation(Config(batch_size=32, accumulation_steps=2), "oom")]

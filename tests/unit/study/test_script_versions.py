@@ -26,7 +26,7 @@ def _ok(batch: int, rate: float) -> ProbeResult:
 
 
 def _study(results: list[ProbeResult], stamps: list[str | None], script_sha256: str) -> optuna.Study:
-    study = study_of(results, SearchSpace.build(batch_range=(1, 64), precisions=("fp32",)), (1, 64), stamps=stamps)
+    study = study_of(results, SearchSpace.build(batch_range=(1, 64), precision=("fp32",)), (1, 64), stamps=stamps)
     study.set_user_attr("autofit", {**study.user_attrs["autofit"], "script_sha256": script_sha256})
     return study
 

@@ -19,7 +19,7 @@ from tests.support.studies import study_of
 
 GiB = 2**30
 TOKENS = (64, 1024)
-SPACE = SearchSpace.build(batch_range=(1, 2**20), token_range=TOKENS, precisions=("fp32",))
+SPACE = SearchSpace.build(batch_range=(1, 2**20), token_range=TOKENS, precision=("fp32",))
 
 
 def _probe(max_tokens: int, rate: float, envelope: TokenEnvelope | None) -> ProbeResult:

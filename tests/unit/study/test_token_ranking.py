@@ -19,9 +19,9 @@ from autofit.report import describe_study
 from autofit.study import config_params, distributions
 
 GiB = 2**30
-TOKENS = SearchSpace.build(batch_range=(1, 2**20), token_range=(256, 4096), precisions=("fp32",),
+TOKENS = SearchSpace.build(batch_range=(1, 2**20), token_range=(256, 4096), precision=("fp32",),
                            global_tokens=65536)
-SAMPLES = SearchSpace.build(batch_range=(256, 4096), precisions=("fp32",))
+SAMPLES = SearchSpace.build(batch_range=(256, 4096), precision=("fp32",))
 
 #: (cap, samples/s, real tokens/s): the 512 cap reads the most samples/s (its batches hold the short
 #: samples), the 1024 cap trains the most tokens.

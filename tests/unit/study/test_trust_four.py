@@ -12,7 +12,7 @@ from autofit.planner import SearchSpace
 from autofit.probing import BUDGET_CUT, TIMEOUT_TYPES, ProbeResult
 from autofit.study import record_probe
 
-SPACE = SearchSpace.build(batch_range=(8, 64), precisions=("fp32",))
+SPACE = SearchSpace.build(batch_range=(8, 64), precision=("fp32",))
 GiB = 2**30
 
 
