@@ -30,6 +30,7 @@ from autofit.probing import (
     ProbeLimits,
     ProbeResult,
     ProbeRunner,
+    RankGroup,
     Worker,
     WorkerStartError,
     make_runner,
@@ -105,7 +106,7 @@ def runner_for(request) -> Iterator[Callable[..., Probing]]:
 
 def test_make_runner_picks_the_runner_for_the_ranks_and_machines():
     assert type(make_runner(script("fits_small.py"))) is Worker
-    assert type(make_runner(script("fits_small.py"), nproc=2)) is DistributedWorker
+    assert type(make_runner(script("fits_small.py"), nproc=2)) is RankGroup
     across = make_runner(script("fits_small.py"), nproc=2, nnodes=2, rdzv_endpoint="127.0.0.1:29500")
     assert type(across) is MultiNodeWorker and across.world_size == 4
     assert all(isinstance(r, ProbeRunner) for r in (across, make_runner(script("fits_small.py"))))
