@@ -1,5 +1,6 @@
 """The one contract every probe runner keeps (`ProbeRunner`), and the one place that picks a runner
-(`make_runner`): a persistent worker process, a torchrun job on this machine, or a job across machines.
+(`make_runner`): a persistent worker process, a group of torchrun ranks kept on this machine, or a fresh
+torchrun job per probe across machines.
 
 A runner owns the processes that run the user's code; the searching process only ever holds its
 results. What a runner promises:
