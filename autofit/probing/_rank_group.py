@@ -227,12 +227,12 @@ class RankGroup(DistributedWorker):
         verdicts = [v for rank, r in results.items() if r is not None and (v := self._memory[rank].left_behind(r))]
         if not verdicts:
             return False
-        why, carried = verdicts[0]
+        why, carried = max(verdicts, key=lambda verdict: verdict[1])  # a probe to measure again says so first
         self._stop_group()
         result.notes.append(f"{why}; the rank group was replaced and the probe ran again in a fresh one (these are "
                             f"its figures)" if carried else
                             f"{why}; the rank group was replaced, so the next probe starts where the first did")
-        return any(c for _, c in verdicts)
+        return carried
 
     def _log_path(self, name: str) -> str | None:
         return os.path.join(self.log_dir, name) if self.log_dir is not None else None

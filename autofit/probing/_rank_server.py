@@ -51,6 +51,7 @@ class _RankSession(_Session):
 
     def probe(self, message: dict) -> dict:
         self.store_port = message["store_port"]
+        signal.signal(ABORT_SIGNAL, self._abort)  # again: a probe run in the rank may have set its own handler
         return super().probe(message)
 
     def _run_probe(self, request: ProbeRequest) -> Any:

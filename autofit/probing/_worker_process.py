@@ -149,9 +149,9 @@ class _Session:
         writer.close()
         self.child = pid
         reply = reader.receive()
+        self.child = None  # before it is reaped: its pid is never another process's while it is set
         reader.close()
         _, status = os.waitpid(pid, 0)
-        self.child = None
         backend = self.loaded.backend
         if reply is not None:
             if reply["ok"]:
