@@ -45,8 +45,9 @@ from autofit.probing._wire import (
 from autofit.probing._worker import WarmMemory, WorkerStartError, _less
 
 #: How long the other ranks may take to end their probe once one rank's failed (a peer gone ends a
-#: collective at once; a rank left waiting at the probe's rendezvous would wait for its timeout).
-FAILURE_GRACE_S = 10.0
+#: collective at once, a forked probe is ended at once; a probe run in the rank and left waiting at the
+#: probe's rendezvous would wait for its timeout, where a fresh job's torchrun stops it at once).
+FAILURE_GRACE_S = 3.0
 
 
 class RankGroup(DistributedWorker):
