@@ -132,7 +132,8 @@ def test_at_most_twelve_modules_at_the_top():
 
 
 @pytest.mark.parametrize("module", ["autofit", "autofit.cli", "autofit.probing", "autofit.probing._worker_process",
-                                    "autofit.probing._rank_process", "autofit.memory._estimate_process"])
+                                    "autofit.probing._rank_process", "autofit.probing._rank_server",
+                                    "autofit.memory._estimate_process"])
 def test_light_processes_import_no_heavy_library(module):
     code = (f"import importlib, json, sys; importlib.import_module({module!r}); "
             "print(json.dumps(sorted(m for m in ('torch', 'optuna', 'pandas') if m in sys.modules)))")

@@ -21,6 +21,7 @@ from autofit.probing._multinode import (
 )
 from autofit.probing._once import ProbeSettings, follow_probe, probe_once
 from autofit.probing._progress import ProbeLimits, ProbeWatch, ProgressFile, read_progress
+from autofit.probing._rank_group import RankGroup
 from autofit.probing._record import STATUSES, ProbeResult, WorkerInfo
 from autofit.probing._runner import ProbeRunner, make_runner
 from autofit.probing._script import (
@@ -65,6 +66,7 @@ __all__ = [
     "STATUSES",
     "Channel",
     "DistributedWorker",
+    "RankGroup",
     "JobBoard",
     "LoadRequest",
     "Loaded",

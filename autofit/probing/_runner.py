@@ -1,5 +1,6 @@
 """The one contract every probe runner keeps (`ProbeRunner`), and the one place that picks a runner
-(`make_runner`): a persistent worker process, a torchrun job on this machine, or a job across machines.
+(`make_runner`): a persistent worker process, a group of torchrun ranks kept on this machine, or a fresh
+torchrun job per probe across machines.
 
 A runner owns the processes that run the user's code; the searching process only ever holds its
 results. What a runner promises:
@@ -21,8 +22,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from autofit.config import Config
 from autofit.probing._multinode import MultiNodeWorker
 from autofit.probing._progress import ProbeLimits
+from autofit.probing._rank_group import RankGroup
 from autofit.probing._record import ProbeResult, WorkerInfo
-from autofit.probing._torchrun import DistributedWorker
 from autofit.probing._worker import Worker
 
 if TYPE_CHECKING:
@@ -72,12 +73,13 @@ def make_runner(script: str, function: str | None = None, *, device: str = "cpu"
                 rdzv_endpoint: str | None = None, board: JobBoard | None = None,
                 session: str | None = None, probe_process: str | None = None) -> ProbeRunner:
     """The runner for `nproc` ranks on each of `nnodes` machines: one process (the persistent
-    `Worker`), a torchrun job on this machine (`DistributedWorker`), or a torchrun job across
+    `Worker`), a group of torchrun ranks on this machine kept across probes (`RankGroup`), or a fresh
+    torchrun job for each probe across
     machines met at `rdzv_endpoint` (`MultiNodeWorker`; node 0 also passes the `board` its jobs are
     posted on and the search `session` they belong to). `env`: variables for the probes' processes
-    on top of the user's environment (allocator settings). `probe_process`: how the one-process worker
-    runs its probes ("fork" or "persistent"; None: the device's default); a torchrun job starts fresh
-    ranks for every probe."""
+    on top of the user's environment (allocator settings). `probe_process`: how the worker and each kept
+    rank run their probes ("fork" or "persistent"; None: the device's default); across machines every
+    probe is a fresh job."""
     if nnodes > 1:
         if not rdzv_endpoint:
             raise ValueError("a runner across machines needs the rendezvous endpoint")
@@ -85,7 +87,7 @@ def make_runner(script: str, function: str | None = None, *, device: str = "cpu"
                                device=device, index=index, memory_limit=memory_limit, usable_bytes=usable_bytes,
                                log_dir=log_dir, env=env, board=board, session=session)
     if nproc > 1:
-        return DistributedWorker(script, function, nproc=nproc, device=device, index=index,
-                                 memory_limit=memory_limit, usable_bytes=usable_bytes, log_dir=log_dir, env=env)
+        return RankGroup(script, function, nproc=nproc, device=device, index=index, memory_limit=memory_limit,
+                         usable_bytes=usable_bytes, log_dir=log_dir, env=env, probe_process=probe_process)
     return Worker(script, function, device=device, index=index, memory_limit=memory_limit,
                   usable_bytes=usable_bytes, log_dir=log_dir, env=env, probe_process=probe_process)

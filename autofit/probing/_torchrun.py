@@ -8,8 +8,9 @@ config's OOM (that rank exits at once and torchrun stops the others), a rank tha
 result makes the probe `crashed`. Throughput is all ranks' samples per second together.
 
 Cost: torchrun keeps no ranks alive between jobs, so every probe starts N fresh processes (Python,
-torch and the user's module: a few seconds on a CPU); the single-process worker's warm fork is not
-available here.
+torch and the user's module: a few seconds on a CPU). On one machine a search keeps its ranks instead
+(autofit.probing._rank_group, which combines its ranks' results here too); a fresh job per probe is the
+path across machines (autofit.probing._multinode), where every node would have to keep a group of its own.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ _PRECEDENCE = ("oom", "diverged", "error", "crashed", "timeout")
 
 
 class DistributedWorker:
-    """Probes as torchrun jobs of `nproc` ranks on this machine (a `ProbeRunner`). Across machines,
-    autofit.probing._multinode's `MultiNodeWorker` runs each job's share of this node the same way."""
+    """Probes as fresh torchrun jobs of `nproc` ranks on this machine (a `ProbeRunner`; `make_runner` gives
+    the kept `RankGroup` instead). Across machines, autofit.probing._multinode's `MultiNodeWorker` runs each
+    job's share of this node the same way."""
 
     nnodes = 1
     session: str | None = None
@@ -242,8 +244,9 @@ def combine(config: Config, results: dict[int, ProbeResult | None], nproc: int, 
         reason, watch = timed_out
         return timeout_result(config, limits=watch.limits, reason=reason, wall_s=wall, memory_limit=limit,
                               log_path=log_path, ranks=nproc, progress=watch.progress)
-    return crash_result(config, f"rank(s) {', '.join(map(str, missing))} of {nproc} died without a result "
-                                f"(torchrun exit status {code}); see the probe's log.",
+    status = f" (torchrun exit status {code})" if code is not None else ""
+    return crash_result(config, f"rank(s) {', '.join(map(str, missing))} of {nproc} died without a result{status}; "
+                                f"see the probe's log.",
                         error_type="RankCrashed", wall_s=wall, memory_limit=limit, log_path=log_path, ranks=nproc,
                         peak_bytes=peak, traceback=log_tail(log_path))
 

@@ -12,15 +12,19 @@ The transports differ where they must:
   autofit starts itself and keeps for many requests: the worker and the estimator. The user's prints
   never reach it (they go to fd 1 and 2, a log file); a child that dies is end-of-file and one that
   hangs is a poll that times out, so the supervisor never blocks on a broken child.
-- files for the ranks of a torchrun job: torchrun starts them, so no socket can be handed down, and
-  each rank writes its own result file (atomically), so a rank killed mid-job leaves the others'
+- files for the ranks of a fresh torchrun job: torchrun starts them, so no socket can be handed down,
+  and each rank writes its own result file (atomically), so a rank killed mid-job leaves the others'
   results readable.
+- a `Channel` again for the ranks of a kept rank group (autofit.probing._rank_group): each rank
+  connects to a Unix socket in its runner's private folder (`listen_for_ranks`, `Channel.connect`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
+import signal
 import socket
 import subprocess
 import sys
@@ -184,6 +188,17 @@ class Channel:
         read_end, write_end = os.pipe()
         return cls(Connection(read_end, writable=False)), cls(Connection(write_end, readable=False))
 
+    @classmethod
+    def connect(cls, path: str) -> Channel:
+        """A rank's end: connected to the Unix socket its runner listens on (`listen_for_ranks`)."""
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        client.connect(path)
+        return cls(Connection(client.detach()))
+
+    def fileno(self) -> int:
+        """For `multiprocessing.connection.wait` over several channels."""
+        return self._connection.fileno()
+
     def send(self, message: dict[str, Any]) -> None:
         self._connection.send(message)
 
@@ -209,6 +224,49 @@ class Channel:
 
     def close(self) -> None:
         self._connection.close()
+
+
+#: What a kept rank's runner sends the rank to end its running probe (another rank's failed).
+ABORT_SIGNAL = signal.SIGUSR1
+
+
+def listen_for_ranks(path: str, backlog: int) -> socket.socket:
+    """A Unix socket at `path` (in a folder private to the runner) that a group's ranks connect to."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(backlog)
+    return listener
+
+
+def accept_rank(listener: socket.socket, timeout: float) -> Channel | None:
+    """The next rank's channel, or None when none connected within `timeout` seconds."""
+    listener.settimeout(timeout)
+    try:
+        connection, _ = listener.accept()
+    except (TimeoutError, socket.timeout):
+        return None
+    connection.settimeout(None)
+    return Channel(Connection(connection.detach()))
+
+
+def free_store_port() -> int:
+    """A local TCP port for one probe's store (rank 0 of a kept group hosts it). Drawn below the kernel's
+    ephemeral range: a port from bind(0) is in that range, where by the time rank 0 binds it an outgoing
+    connection may hold it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
+            low = int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free local port below the ephemeral range ({low}) for a probe's store")
 
 
 def start_child(module: str, *, output: int | IO[Any] = subprocess.DEVNULL, env: dict[str, str] | None = None,

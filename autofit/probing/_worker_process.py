@@ -39,6 +39,8 @@ class _Session:
         self.fork_probes = False
         self.threads = 1
         self.pristine: Any = None  # persistent probes: the process as the script loaded it
+        self.ranks: Any = None  # a rank of a kept group (autofit.probing._rank_server); None: a lone worker
+        self.child: int | None = None  # the process running the current probe, where it was forked
 
     def load(self, message: dict) -> dict:
         started = time.perf_counter()
@@ -104,7 +106,9 @@ class _Session:
         from autofit.probing._progress import ProgressFile
 
         assert self.loaded is not None, "a probe before the function was loaded"
-        with ProgressFile(request.progress_path) if request.progress_path else nullcontext() as progress:
+        # Of a rank group, rank 0 alone tells the runner how far the probe got (the ranks step together).
+        tells = request.progress_path and (self.ranks is None or self.ranks.is_main)
+        with ProgressFile(request.progress_path) if tells else nullcontext() as progress:
             return run_probe(
                 self.loaded.fn,
                 request.config,
@@ -112,6 +116,7 @@ class _Session:
                 warmup_steps=request.warmup,
                 measured_steps=request.steps,
                 progress=progress,
+                ranks=self.ranks,
                 **({"min_measure_s": request.min_measure_s} if request.min_measure_s is not None else {}),
             )
 
@@ -142,7 +147,9 @@ class _Session:
             finally:
                 os._exit(code)
         writer.close()
+        self.child = pid
         reply = reader.receive()
+        self.child = None  # before it is reaped: its pid is never another process's while it is set
         reader.close()
         _, status = os.waitpid(pid, 0)
         backend = self.loaded.backend

@@ -126,9 +126,13 @@ def test_a_search_on_two_ranks_exports_a_config_a_torchrun_run_picks_up(tmp_path
     searched = autofit_cli("search", script("ddp_train.py"), "--nproc-per-node", "2", "--memory-limit", "1GiB",
                            "--precision", "fp32", "--trials", "3", "--budget", "3m", "--storage", f"sqlite:///{tmp_path}/d.db",
                            "--out", str(tmp_path / "d.best.json"), cwd=tmp_path,
-                           env={"WEIGHTS_OUT": str(tmp_path / "w.pt")})
+                           env={"WEIGHTS_OUT": str(tmp_path / "w.pt"), "PIDS_OUT": str(tmp_path / "pids.txt")})
     assert searched.returncode == 0, searched.stderr[-3000:]
     assert "ddp_train.train-cpu0-2ranks" in searched.stderr
+    # Every probe of the search ran on one group of ranks started once: each forked from the same warm rank.
+    calls = [line.split() for line in (tmp_path / "pids.txt").read_text().splitlines()]
+    parents = {rank: {parent for r, _, parent in calls if r == rank} for rank in ("0", "1")}
+    assert len(calls) >= 6 and all(len(parent) == 1 for parent in parents.values()), calls
     document = json.loads((tmp_path / "d.best.json").read_text())
     config = Config.from_dict(document["config"])
     assert document["world_size"] == 2 and config.global_batch * 2 == 32  # @autofit(global_batch=32), all ranks
@@ -142,3 +146,62 @@ def test_a_search_on_two_ranks_exports_a_config_a_torchrun_run_picks_up(tmp_path
     assert f"accumulation {config.accumulation_steps * 2} global 32" in alone.stdout
 
 
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("process", ["fork", "persistent"])
+def test_a_rank_group_is_kept_across_probes_and_nothing_of_one_probe_reaches_the_next(tmp_path, process):
+    """Two ranks started once serve every probe (each probe forked from its warm rank, or run in it as on CUDA):
+    the same processes, and each probe finds what a fresh job's would (ddp_marks.py notes what it finds: no
+    earlier call counted, no hook, no process group), its process group healthy (DDP's all-reduces ran). A rank
+    whose probe's process died costs its probe only where the probe was forked; where it ran in the rank, the
+    group is replaced. Memory a probe leaves in a rank replaces the group as it replaces a persistent worker."""
+    from autofit.probing import RankGroup
+
+    marks = tmp_path / "marks.txt"
+    with RankGroup(script("ddp_marks.py"), nproc=2, memory_limit=2**30, probe_process=process,
+                   env={"MARKS_OUT": str(marks)}) as group:
+        group.start()
+        pids = list(group.pids)
+        kept = [group.probe(Config(batch_size=8), timeout=120) for _ in range(3)]
+        assert [r.status for r in kept] == ["ok"] * 3 and all(r.world_size == 2 for r in kept)
+        assert group.pids == pids and group.starts == 1
+        seen = [line.split() for line in marks.read_text().splitlines()]
+        warm = 2 if process == "fork" else 1  # the rank's process: the probe's parent, or the probe's own
+        assert sorted((int(line[0]), int(line[warm])) for line in seen) == sorted([(0, pids[0]), (1, pids[1])] * 3)
+        assert {tuple(line[3:]) for line in seen} == {("0", "0", "0")}  # no count, no hook, no group left
+
+        crashed = group.probe(Config(batch_size=12), timeout=120)  # rank 1's probe SIGKILLed
+        assert crashed.status == "crashed" and crashed.error_type == "RankCrashed"
+        assert group.probe(Config(batch_size=8), timeout=120).ok
+        assert (group.pids == pids) == (process == "fork") and group.starts == (1 if process == "fork" else 2)
+
+        before = list(group.pids)
+        leaky = group.probe(Config(batch_size=4), timeout=120)  # hangs 128 MiB on a model built at import
+        assert leaky.ok
+        if process == "fork":  # the probe's process took its memory with it
+            assert not leaky.notes and group.pids == before
+        else:
+            assert "the rank group was replaced and the probe ran again in a fresh one" in leaky.notes[0]
+            assert group.starts == 3
+
+
+@pytest.mark.distributed
+def test_a_kept_rank_group_reports_what_a_fresh_torchrun_job_reports(tmp_path):
+    """The fresh job per probe (kept for probes across machines) and the kept group give the same statuses and
+    the same figures of a probe: all ranks' samples counted, the same fields filled, the failing rank named."""
+    from autofit.probing import DistributedWorker, RankGroup
+
+    def filled(result):
+        return {key for key, value in result.to_dict().items() if value not in (None, [], {}, 0)}
+
+    with (DistributedWorker(script("ddp_faults.py"), nproc=2, memory_limit=2**30) as fresh,
+          RankGroup(script("ddp_faults.py"), nproc=2, memory_limit=2**30) as kept):
+        for batch in (8, 16, 12):  # fits; rank 1 out of memory; rank 1 killed
+            one, other = (runner.probe(Config(batch_size=batch), timeout=120) for runner in (fresh, kept))
+            assert (one.status, one.error_type, one.world_size) == (other.status, other.error_type, other.world_size)
+            assert filled(one) - {"step_time_iqr_s"} == filled(other) - {"step_time_iqr_s"}, (one, other)
+            assert (one.error_message or "")[:24] == (other.error_message or "")[:24]
+            if one.ok:
+                assert one.measured_steps >= 5 and other.measured_steps >= 5
+                assert one.samples_per_s > 0 and other.samples_per_s > 0

@@ -39,10 +39,10 @@ def _trials(tmp_path) -> list[optuna.trial.FrozenTrial]:
     return [t for t in study.get_trials() if "probe" in t.user_attrs]
 
 
-@pytest.mark.serial  # a tight budget
 @pytest.mark.distributed
 def test_every_probe_of_a_search_across_two_nodes_runs_on_both(tmp_path):
-    leader, follower_code, follower_err = _nodes(tmp_path, "ddp_train.py", "--trials", "3", budget="45s")
+    # Bounded by its trials (a roomy budget): a neighbour on the other core slows it, and changes nothing it checks.
+    leader, follower_code, follower_err = _nodes(tmp_path, "ddp_train.py", "--trials", "3", budget="5m")
     assert leader.returncode == 0, leader.stderr[-3000:]
     assert follower_code == 0, follower_err[-3000:]
     trials = _trials(tmp_path)

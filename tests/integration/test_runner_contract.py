@@ -1,10 +1,10 @@
 """The contract every probe runner keeps (autofit.probing.ProbeRunner), one suite run over each of
-them, the way Optuna runs one suite over every storage: the persistent worker, a torchrun job of two
-gloo ranks, and a job across machines (here one machine joined through c10d rendezvous, its jobs
-posted on a study's trials); the worker runs in both process models (each probe forked from a warm
-process, or all of them in one process as on CUDA). Real processes under a real RLIMIT_DATA cap on CPU; a runner added to
-RUNNERS gets every test (the job across machines those of MULTINODE_CONTRACT: inside a probe it runs torchrun's
-rank processes, whose faults torchrun-2-ranks checks).
+them, the way Optuna runs one suite over every storage: the persistent worker, two gloo ranks kept
+across probes, a fresh torchrun job per probe, and a job across machines (here one machine joined
+through c10d rendezvous, its jobs posted on a study's trials); the worker and the kept ranks run in both
+process models (each probe forked from a warm process, or all of them in one process as on CUDA). Real
+processes under a real RLIMIT_DATA cap on CPU; a runner added to RUNNERS gets every test, or those
+CONTRACT_OF names for it (the rest runs in the same processes as another runner's).
 
 Whatever the user's code does is a status in the result, never an exception, and the runner probes
 again afterwards: ok, oom, error (a user exception, data too small for a probe), diverged, crashed,
@@ -30,6 +30,7 @@ from autofit.probing import (
     ProbeLimits,
     ProbeResult,
     ProbeRunner,
+    RankGroup,
     Worker,
     WorkerStartError,
     make_runner,
@@ -42,7 +43,9 @@ RUNNERS = [
     pytest.param("worker", id="worker"),
     # every probe in one process, as on CUDA (slow tier: the default keeps the forked worker)
     pytest.param("worker-persistent", id="worker-persistent", marks=pytest.mark.slow),
-    pytest.param("torchrun", id="torchrun-2-ranks", marks=pytest.mark.distributed),
+    pytest.param("torchrun", id="torchrun-2-ranks", marks=pytest.mark.distributed),  # ranks kept across probes
+    pytest.param("torchrun-persistent", id="torchrun-2-ranks-persistent", marks=pytest.mark.distributed),
+    pytest.param("torchrun-fresh", id="torchrun-fresh-2-ranks", marks=pytest.mark.distributed),
     pytest.param("multinode", id="multinode-1-node", marks=pytest.mark.distributed),
 ]
 
@@ -73,12 +76,20 @@ MULTINODE_CONTRACT = {"test_start_reports_the_function_and_what_the_device_runs"
                       "test_a_script_without_the_function_is_a_usage_error_and_a_broken_one_a_start_error"}
 
 
+#: The faults the rank processes of a fresh torchrun job (a probe across machines runs them) and the kept ranks
+#: that run each probe in themselves (as on CUDA) handle on their own; the rest is the kept ranks' (torchrun-2-ranks).
+OWN_FAULTS = {"test_a_user_exception_is_an_error_with_the_users_traceback",
+              "test_a_segfault_is_crashed_with_the_stack_in_the_log_and_the_next_probe_runs"}
+CONTRACT_OF = {"multinode": MULTINODE_CONTRACT,
+               "torchrun-fresh": OWN_FAULTS | {"test_a_hang_is_killed_at_the_timeout_and_the_next_probe_is_killed_too"},
+               "torchrun-persistent": OWN_FAULTS | {"test_memory_a_probe_keeps_does_not_reach_the_next_probe"}}
+
+
 @pytest.fixture(params=RUNNERS)
 def runner_for(request) -> Iterator[Callable[..., Probing]]:
     """`runner_for(SCRIPT)`: this parameter's runner for a script in tests/scripts, not started."""
-    if request.param == "multinode" and request.function.__name__ not in MULTINODE_CONTRACT:
-        pytest.skip("inside a probe the runner across machines runs torchrun's rank processes: torchrun-2-ranks "
-                    "checks this fault")
+    if request.function.__name__ not in CONTRACT_OF.get(request.param, {request.function.__name__}):
+        pytest.skip("the same rank processes as torchrun-2-ranks' (or a fault they handle alike): checked there")
     made: list[ProbeRunner] = []
 
     def make(name: str) -> Probing:
@@ -90,6 +101,10 @@ def runner_for(request) -> Iterator[Callable[..., Probing]]:
             runner, world = make_runner(script(name), memory_limit=LIMIT, probe_process="persistent"), 1
         elif request.param == "torchrun":
             runner, world = make_runner(script(name), memory_limit=LIMIT, nproc=2), 2
+        elif request.param == "torchrun-persistent":
+            runner, world = make_runner(script(name), memory_limit=LIMIT, nproc=2, probe_process="persistent"), 2
+        elif request.param == "torchrun-fresh":
+            runner, world = DistributedWorker(script(name), memory_limit=LIMIT, nproc=2), 2
         else:
             board = JobBoard(storage, "contract")
             runner = MultiNodeWorker(script(name), nproc=1, nnodes=1, rdzv_endpoint=f"127.0.0.1:{free_port()}",
@@ -105,7 +120,7 @@ def runner_for(request) -> Iterator[Callable[..., Probing]]:
 
 def test_make_runner_picks_the_runner_for_the_ranks_and_machines():
     assert type(make_runner(script("fits_small.py"))) is Worker
-    assert type(make_runner(script("fits_small.py"), nproc=2)) is DistributedWorker
+    assert type(make_runner(script("fits_small.py"), nproc=2)) is RankGroup
     across = make_runner(script("fits_small.py"), nproc=2, nnodes=2, rdzv_endpoint="127.0.0.1:29500")
     assert type(across) is MultiNodeWorker and across.world_size == 4
     assert all(isinstance(r, ProbeRunner) for r in (across, make_runner(script("fits_small.py"))))
@@ -225,7 +240,8 @@ def test_a_probe_cut_by_the_budget_is_not_measured_whatever_its_progress(runner_
 
 
 def _rank_processes(mark: str) -> set[int]:
-    """The live processes running a distributed probe's rank (autofit.probing._rank_process) whose
+    """The live processes running a distributed probe's rank (autofit.probing._rank_process, or a kept rank
+    of autofit.probing._rank_server and the probes forked from it) whose
     environment carries AUTOFIT_TEST_RANKS_OF=mark: under pytest-xdist, the other worker's test starts ranks too."""
     found = set()
     for entry in os.listdir("/proc"):
@@ -238,7 +254,8 @@ def _rank_processes(mark: str) -> set[int]:
                 ours = f"AUTOFIT_TEST_RANKS_OF={mark}".encode() in handle.read().split(b"\0")
         except (OSError, IndexError):
             continue
-        if b"autofit.probing._rank_process" in command and not zombie and ours:
+        if (b"autofit.probing._rank_process" in command or b"autofit.probing._rank_server" in command) \
+                and not zombie and ours:
             found.add(int(entry))
     return found
 

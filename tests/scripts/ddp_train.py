@@ -7,6 +7,7 @@ SHARD=1 shards the model with FSDP2 (its two Linear layers, then the root) inste
 BLOCKS=1 offers the two layers to run.distribute(blocks=...): the config's sharding decides.
 EPOCHS=N trains N epochs of 512 samples (default 1) when run normally.
 Writes the main rank's final weights to $WEIGHTS_OUT (torch.save).
+PIDS_OUT=path: each call appends its rank, its process id and its parent's.
 """
 import itertools
 import os
@@ -23,6 +24,9 @@ DATA = TensorDataset(torch.randn(512, 16, generator=_g), torch.randn(512, 1, gen
 
 @autofit(global_batch=32, default_batch_size=8)
 def train(run):
+    if os.environ.get("PIDS_OUT"):
+        with open(os.environ["PIDS_OUT"], "a") as out:
+            out.write(f"{run.rank} {os.getpid()} {os.getppid()}\n")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     layers = [model[0], model[2]]

@@ -79,3 +79,20 @@ def test_on_cuda_each_rank_joins_with_nccl_on_its_own_gpu(monkeypatch):
     assert made == {"kind": "cuda", "index": 1}
     assert run.device == torch.device("cuda", 1) and run.rank == 1 and run.world_size == 2
     assert run.accumulation_steps == 2 and run.global_batch == 32 and not run.recovers_oom
+
+
+def test_a_kept_groups_results_read_as_a_fresh_jobs():
+    """A fresh job keeps the first failure: the rank that died leaves no result and torchrun stops the rest. A kept
+    group hears from every rank: a rank whose probe's process died, the error that death caused in the other (a
+    peer gone from a collective), or a rank whose probe was ended for another's failure (`aborted`)."""
+    from autofit.probing import ProbeResult
+    from autofit.probing._rank_group import _as_fresh_job
+
+    config = Config(batch_size=8)
+    died = ProbeResult(status="crashed", config=config, error_type="WorkerCrashed")
+    peer_gone = ProbeResult(status="error", config=config, error_type="RuntimeError")
+    oom = ProbeResult(status="oom", config=config)
+    assert _as_fresh_job({0: peer_gone, 1: died}, set()) == {0: None, 1: None}  # RankCrashed, as a fresh job's
+    assert _as_fresh_job({0: None, 1: oom}, {0}) == {0: None, 1: oom}  # the OOM stands
+    assert _as_fresh_job({0: peer_gone, 1: None}, {1}) == {0: peer_gone, 1: None}  # an error of its own stands
+    assert _as_fresh_job({0: None, 1: peer_gone}, set()) == {0: None, 1: None}  # rank 0 died without a reply: its consequence
