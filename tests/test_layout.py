@@ -182,6 +182,16 @@ def test_each_searched_knob_is_named_in_few_places():
     assert over == {}
 
 
+def test_a_memory_knob_takes_four_files_of_the_package_at_most():
+    """Issue 47's proof that a memory knob costs what a compute knob does: activation offload, its declaration,
+    where the run applies it and notes its offer, and the estimator's view of its host copies, in 4 files of
+    autofit/ at most (the knob's name, or the PyTorch mechanism it runs on)."""
+    words = re.compile(r"offload_activations|offload-activations|save_on_cpu|offload_block|offloaded_to")
+    files = sorted(os.path.relpath(path, PACKAGE) for path in _modules().values()
+                   if words.search(open(path, encoding="utf-8").read()))
+    assert 0 < len(files) <= 4, files
+
+
 def test_no_class_over_250_lines_and_no_function_over_60():
     too_long = []
     for module, path in _modules().items():
