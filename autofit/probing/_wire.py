@@ -29,7 +29,7 @@ import socket
 import subprocess
 import sys
 import traceback
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from multiprocessing.connection import Connection
 from typing import IO, Any
 
