@@ -93,6 +93,7 @@ class AutofitFunction:
         import torch
 
         from autofit.devices import make_backend
+        from autofit.export import MemoryBudget
         from autofit.runtime import (
             Run,
             RunSettings,
@@ -127,7 +128,7 @@ class AutofitFunction:
             backend = self._backends[key] = make_backend(*key)
         memory_limit = memory_limit_from_env(plan.searched_memory_limit)
         if memory_limit is not None and backend.memory_limit != memory_limit:
-            backend.apply_memory_limit(memory_limit, memory_limit)
+            backend.apply_memory_limit(MemoryBudget(limit_bytes=memory_limit))
             print(describe_memory_limit(memory_limit), file=sys.stderr)
         if redo is None:
             redo = StepRedo(enabled=recover, release_memory=backend.release, used_memory=backend.used_bytes)

@@ -24,6 +24,7 @@ import sys
 import time
 
 from autofit.config import Config
+from autofit.export import MemoryBudget
 from autofit.probing import Worker
 from autofit.units import format_size, parse_size
 
@@ -33,7 +34,7 @@ MiB = 2**20
 
 def measure(args) -> tuple[list[Config], dict[Config, list], int]:
     """Every config's probe results, round by round, and the blocks the function offered."""
-    with Worker(args.study, memory_limit=args.memory_limit) as worker:
+    with Worker(args.study, budget=MemoryBudget(limit_bytes=args.memory_limit)) as worker:
         worker.start()
         first = worker.probe(Config(batch_size=args.batch_size), warmup=1, steps=1, timeout=600, min_measure_s=0.0)
         if not first.ok:

@@ -20,6 +20,7 @@ import platform
 import time
 
 from autofit.config import Config
+from autofit.export import MemoryBudget
 from autofit.memory import estimate_memory
 from autofit.probing import Worker
 from autofit.units import parse_size
@@ -37,7 +38,7 @@ def _probe(script: str, config: Config, fixed: bool) -> float:
     else:
         os.environ.pop("MALLOC_MMAP_THRESHOLD_", None)
     try:
-        with Worker(script, device="cpu", memory_limit=parse_size("8GiB")) as worker:
+        with Worker(script, device="cpu", budget=MemoryBudget(limit_bytes=parse_size("8GiB"))) as worker:
             worker.start()
             result = worker.probe(config, warmup=2, steps=5, timeout=600)
     finally:

@@ -23,6 +23,7 @@ import statistics
 import time
 
 from autofit.config import Config
+from autofit.export import MemoryBudget
 from autofit.memory import estimate_memory
 from autofit.probing import Worker, WorkerStartError
 from autofit.units import parse_size
@@ -87,7 +88,7 @@ def main() -> None:
     else:
         cases = {study: (os.path.join(REPO, "studies", f"{study}.py"), configs) for study, configs in CASES.items()}
     for study, (script, configs) in cases.items():
-        with Worker(script, device="cpu", memory_limit=limit) as worker:
+        with Worker(script, device="cpu", budget=MemoryBudget(limit_bytes=limit)) as worker:
             try:
                 info = worker.start()
             except WorkerStartError as exc:  # nothing to measure against: said, and the next script

@@ -23,6 +23,7 @@ import threading
 import time
 
 from autofit.config import Config
+from autofit.export import MemoryBudget
 from autofit.probing import Worker
 from autofit.search import SearchSettings, run_search
 from autofit.units import format_size, parse_duration, parse_size
@@ -77,7 +78,7 @@ def search(args, tmp: str, name: str, competitor: Competitor | None, recheck: bo
 
 def remeasure(args, configs: list[Config], rounds: int) -> dict[Config, float]:
     rates: dict[Config, list[float]] = {c: [] for c in configs}
-    with Worker(args.study, memory_limit=args.memory_limit) as worker:
+    with Worker(args.study, budget=MemoryBudget(limit_bytes=args.memory_limit)) as worker:
         worker.start()
         for _ in range(rounds):
             for config in configs:

@@ -22,6 +22,7 @@ import sys
 import time
 
 from autofit.config import CHECKPOINT_POLICIES, PRECISIONS, Config
+from autofit.export import MemoryBudget
 from autofit.planner import SearchSpace, checkpoint_levels
 from autofit.probing import Worker
 from autofit.units import format_size, parse_size
@@ -120,7 +121,7 @@ def record(
             os.environ[var] = str(threads)
     started = time.perf_counter()
     entries: dict[Config, Entry] = {}
-    with Worker(study, function, device=device, memory_limit=memory_limit) as worker:
+    with Worker(study, function, device=device, budget=MemoryBudget(limit_bytes=memory_limit)) as worker:
         info = worker.start()
         usable_precisions = tuple(p for p in precisions if p in info.precisions)
         dropped = sorted(set(precisions) - set(usable_precisions))

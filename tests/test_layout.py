@@ -322,3 +322,26 @@ def test_only_the_export_module_reads_the_best_config_files_keys():
              for path in _modules().values() if path != owner
              for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())) if _best_config_read(node)]
     assert reads == []
+
+
+_LIMIT_PARAMETERS = {"memory_limit", "limit_bytes", "limit"}
+_SHARE_PARAMETERS = {"usable_bytes", "usable", "headroom"}
+
+
+def test_the_memory_budget_travels_as_one_object():
+    """One owner per format: the memory limit and what is left of it to a config travel as one
+    `autofit.export.MemoryBudget`; a function that took the limit beside the usable bytes (or the
+    headroom) would be a second place that pairs them, which one caller could pass out of step. The
+    command line is exempt: there the budget is given, as the --memory-limit and --headroom options."""
+    owner, given = os.path.join(PACKAGE, "export.py"), os.path.join(PACKAGE, "cli", "")
+    pairs = []
+    for path in _modules().values():
+        if path == owner or path.startswith(given):
+            continue
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                names = {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs}
+                if names & _LIMIT_PARAMETERS and names & _SHARE_PARAMETERS:
+                    pairs.append(f"{os.path.relpath(path, REPO)}:{node.lineno}: {node.name}")
+    assert pairs == []

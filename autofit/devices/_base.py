@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+    from autofit.export import MemoryBudget
+
 
 @dataclass(frozen=True)
 class DeviceInfo:
@@ -54,10 +56,10 @@ class DeviceBackend(ABC):
         return self.supported_precisions()
 
     @abstractmethod
-    def apply_memory_limit(self, memory_limit: int | None, usable_bytes: int | None = None) -> None:
-        """Enforce `memory_limit` (bytes) on this process from now on (None: the whole device).
+    def apply_memory_limit(self, budget: MemoryBudget | None) -> None:
+        """Enforce the budget's limit on this process from now on (None, or a limit of None: the whole device).
 
-        `usable_bytes` is what a config may use (the limit less the search's headroom); a backend
+        Its `usable_bytes` is what a config may use (the limit less the search's headroom); a backend
         whose allocator caches memory caps it there, so the cache cannot hide a config that needs
         more. Raises UsageError when the process already uses more than the limit.
         """

@@ -21,10 +21,14 @@ import os
 import platform
 import resource
 import threading
+from typing import TYPE_CHECKING
 
 from autofit.devices._base import DeviceBackend, DeviceInfo
 from autofit.errors import UsageError
 from autofit.units import format_size
+
+if TYPE_CHECKING:
+    from autofit.export import MemoryBudget
 
 
 def read_proc_status(pid: int | str = "self") -> dict[str, int]:
@@ -119,10 +123,11 @@ class CpuBackend(DeviceBackend):
         # CPU has bf16 instructions: without them a bf16 MLP step measured 15x slower than fp32.
         return ("fp32", "bf16") if cpu_has_native_bf16() else ("fp32",)
 
-    def apply_memory_limit(self, memory_limit: int | None, usable_bytes: int | None = None) -> None:
+    def apply_memory_limit(self, budget: MemoryBudget | None) -> None:
         # The cap is the limit itself: glibc keeps no cache that a probe's peak could hide in, so the
         # measured peak is the need, and the search judges it against the usable memory.
         _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        memory_limit = budget.limit_bytes if budget else None
         if memory_limit is None:
             resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
             self.memory_limit = None

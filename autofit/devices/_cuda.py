@@ -9,7 +9,7 @@ What is counted, precisely:
   (containers with their own pid namespace, drivers that hide per-process usage) it falls back to
   the device-wide used memory (`total - free` of `torch.cuda.mem_get_info`) less `memory_reserved`,
   which also counts other processes on the same GPU: the limit is then conservative.
-- the cap: `apply_memory_limit(limit, usable)` measures the overhead right then and caps the caching
+- the cap: `apply_memory_limit(budget)` measures the overhead right then and caps the caching
   allocator with `torch.cuda.set_per_process_memory_fraction((usable - overhead) / total)`, where
   usable is the limit less the search's headroom. Capping at the usable memory, not the limit, is the
   one rule that makes "fits" mean one thing: the allocator may cache, split and retry only inside
@@ -50,6 +50,8 @@ from autofit.units import format_size
 
 if TYPE_CHECKING:
     import torch
+
+    from autofit.export import MemoryBudget
 
 
 def _load_nvml() -> ModuleType | None:
@@ -345,7 +347,8 @@ class CudaBackend(DeviceBackend):
         cuda.set_per_process_memory_fraction(fraction, self.index)
         return fraction
 
-    def apply_memory_limit(self, memory_limit: int | None, usable_bytes: int | None = None) -> None:
+    def apply_memory_limit(self, budget: MemoryBudget | None) -> None:
+        memory_limit, usable_bytes = (budget.limit_bytes, budget.usable_bytes) if budget else (None, None)
         if memory_limit is None:
             self._set_fraction(None, 0)
             self.memory_limit = self.allocator_cap = None
@@ -358,7 +361,7 @@ class CudaBackend(DeviceBackend):
                 f"({format_size(used)}: CUDA context, libraries and tensors already on the GPU), "
                 f"but got {format_size(memory_limit)}."
             )
-        cap = min(memory_limit, usable_bytes) if usable_bytes else memory_limit
+        cap = int(min(memory_limit, usable_bytes)) if usable_bytes else memory_limit
         if used >= cap:
             raise UsageError(
                 f"The usable memory (the limit less the headroom) must exceed what the worker needs just "

@@ -9,6 +9,7 @@ import statistics
 import optuna
 
 from autofit.config import Config
+from autofit.export import MemoryBudget
 from autofit.findings._confirmation import ab_words
 from autofit.planner import TIE_TOLERANCE, Candidate, Planner, dominates, loader_reason, squares_reason
 from autofit.probing import BUDGET_CUT
@@ -183,8 +184,8 @@ def fault_notes(study: optuna.Study, planner: Planner, seen) -> list[str]:
     return notes
 
 
-def nothing_fits(done, usable: float, limit: float, headroom: float) -> str:
-    """Why nothing could be exported, for the one-line error: memory when the probes ran out of it or
+def nothing_fits(done, budget: MemoryBudget) -> str:
+    """Why nothing could be exported under `budget`, for the one-line error: memory when the probes ran out of it or
     crossed the headroom, and what really happened when they timed out, crashed or raised instead."""
     peaks = [o.peak_bytes for o in done if o.status == "ok" and o.peak_bytes]
     failed = [o for o in done if o.failed]
@@ -209,7 +210,9 @@ def nothing_fits(done, usable: float, limit: float, headroom: float) -> str:
                 f"{', '.join(what[k] for k in kinds)}), none ran out of memory; the smallest tried was "
                 f"{smallest}. See `autofit show` for each probe's error"
                 + ("; a slow machine may need a longer --probe-timeout" if "timeout" in kinds else "") + ".")
-    head = f"Nothing fits under {format_size(usable)} usable ({format_size(limit)} limit, {headroom:.0%} headroom)"
+    usable = budget.usable_bytes
+    head = (f"Nothing fits under {format_size(usable)} usable ({format_size(budget.limit_bytes)} limit, "
+            f"{budget.headroom:.0%} headroom)")
     crossed = _crossed_when_measured_again(done, usable)
     if crossed is not None:
         return (f"{head}: {crossed}, and no other config measured fits. Give the search more --trials or "

@@ -112,7 +112,7 @@ def bootstrap(request: LoadRequest, *, cap_memory: bool = True,
         raise ScriptError(f"{type(exc).__name__}: {exc}", user_traceback(exc, request.script)) from exc
     backend.release()
     if cap_memory:
-        backend.apply_memory_limit(request.memory_limit, request.usable_bytes)
+        backend.apply_memory_limit(request.budget)
     return Loaded(backend, fn, request.function, module)
 
 

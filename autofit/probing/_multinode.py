@@ -149,11 +149,11 @@ class MultiNodeWorker(DistributedWorker):
     by `follow`) this node's share of a posted job is run."""
 
     def __init__(self, script: str, function: str | None = None, *, nproc: int, nnodes: int, rdzv_endpoint: str,
-                 device: str = "cpu", index: int = 0, memory_limit: int | None = None,
-                 usable_bytes: int | None = None, log_dir: str | None = None, env: dict[str, str] | None = None,
+                 device: str = "cpu", index: int = 0, budget: MemoryBudget | None = None,
+                 log_dir: str | None = None, env: dict[str, str] | None = None,
                  board: JobBoard | None = None, session: str | None = None) -> None:
-        super().__init__(script, function, nproc=nproc, device=device, index=index, memory_limit=memory_limit,
-                         usable_bytes=usable_bytes, log_dir=log_dir, env=env)
+        super().__init__(script, function, nproc=nproc, device=device, index=index, budget=budget,
+                         log_dir=log_dir, env=env)
         self.nnodes = nnodes
         self.rdzv_endpoint = rdzv_endpoint
         self.board = board
@@ -198,10 +198,10 @@ class MultiNodeWorker(DistributedWorker):
         return local, code == 0
 
 
-def follow(board: JobBoard, runner_for: Callable[[int | None, int | None], MultiNodeWorker], *, node_rank: int,
+def follow(board: JobBoard, runner_for: Callable[[MemoryBudget], MultiNodeWorker], *, node_rank: int,
            nnodes: int, wait_s: float = 600.0, out=sys.stderr) -> int:
     """Run this node's share of every probe node 0 posts, until its search ends. `runner_for` gets
-    the memory limit and usable bytes node 0 set up for the study. Returns the exit status: 0 when
+    the memory budget node 0 set up for the study. Returns the exit status: 0 when
     the search ended, 1 when no search session appeared within `wait_s`."""
     print(f"autofit: node {node_rank} of {nnodes} waiting for node 0 "
           f"(study {board.study_name})", file=out, flush=True)
@@ -219,7 +219,7 @@ def follow(board: JobBoard, runner_for: Callable[[int | None, int | None], Multi
         else:
             time.sleep(_POLL_S)
     budget = MemoryBudget.from_dict(board.storage.get_study_user_attrs(board.study_id()).get(STUDY_ATTR))
-    runner = runner_for(budget.limit_bytes, int(budget.usable_bytes) if budget.usable_bytes else None)
+    runner = runner_for(budget)
     done: set[int] = set()
     while True:
         current = board.session() or {}
@@ -252,8 +252,7 @@ def lead_probe(runner: MultiNodeWorker, storage: optuna.storages.BaseStorage, co
 
     name = probe_study_name(runner.rdzv_endpoint)
     study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True)
-    study.set_user_attr(STUDY_ATTR, MemoryBudget(limit_bytes=runner.memory_limit,
-                                                 usable_bytes=runner.usable_bytes).to_dict())
+    study.set_user_attr(STUDY_ATTR, runner.budget.to_dict())
     board = JobBoard(storage, name)
     runner.board, runner.session = board, board.open_session(runner.nnodes, runner.nproc)
     trial = study.ask()

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from autofit.config import Config
 from autofit.errors import UsageError
+from autofit.export import MemoryBudget
 from autofit.probing._multinode import JobBoard, check_nodes, follow, lead_probe, probe_study_name
 from autofit.probing._record import ProbeResult
 from autofit.probing._runner import ProbeRunner, make_runner
@@ -49,10 +50,12 @@ class ProbeSettings:
             raise UsageError(f"--nproc-per-node must be at least 1, but got {self.nproc_per_node}.")
         check_nodes(self.nnodes, self.node_rank, self.rdzv_endpoint)
 
-    def runner(self, memory_limit: int | None = None, usable_bytes: int | None = None) -> ProbeRunner:
-        """The runner these settings call for (`memory_limit`: another than the settings' own)."""
-        return make_runner(self.script, self.function, device=self.device, index=self.index,
-                           memory_limit=memory_limit or self.memory_limit, usable_bytes=usable_bytes,
+    def runner(self, budget: MemoryBudget | None = None) -> ProbeRunner:
+        """The runner these settings call for (`budget`: another than the settings' own limit, which a
+        node other than 0 reads from the probe's study)."""
+        own = MemoryBudget(limit_bytes=self.memory_limit)
+        budget = budget if budget is not None and budget.limit_bytes is not None else own
+        return make_runner(self.script, self.function, device=self.device, index=self.index, budget=budget,
                            nproc=self.nproc_per_node, nnodes=self.nnodes, rdzv_endpoint=self.rdzv_endpoint,
                            probe_process=self.probe_process)
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from autofit.config import Config
 from autofit.errors import UsageError, UserCodeError
+from autofit.export import MemoryBudget
 from autofit.probing._progress import ProbeLimits, ProbeWatch, ProgressFolder
 from autofit.probing._record import ProbeResult, WorkerInfo
 from autofit.probing._torchrun import DistributedWorker, combine, open_log
@@ -54,11 +55,11 @@ class RankGroup(DistributedWorker):
     """`nproc` ranks on this machine, started once and kept across probes (see the module)."""
 
     def __init__(self, script: str, function: str | None = None, *, nproc: int, device: str = "cpu",
-                 index: int = 0, memory_limit: int | None = None, usable_bytes: int | None = None,
-                 log_dir: str | None = None, env: dict[str, str] | None = None, probe_process: str | None = None,
+                 index: int = 0, budget: MemoryBudget | None = None, log_dir: str | None = None,
+                 env: dict[str, str] | None = None, probe_process: str | None = None,
                  load_timeout: float = 300.0, leak_tolerance: int | None = None) -> None:
-        super().__init__(script, function, nproc=nproc, device=device, index=index, memory_limit=memory_limit,
-                         usable_bytes=usable_bytes, log_dir=log_dir, env=env)
+        super().__init__(script, function, nproc=nproc, device=device, index=index, budget=budget,
+                         log_dir=log_dir, env=env)
         self.probe_process = probe_process_for(device, probe_process)
         self.load_timeout = load_timeout
         self.starts = 0
@@ -123,7 +124,7 @@ class RankGroup(DistributedWorker):
         started = time.perf_counter()
         results, aborted, timed_out = self._gather(message, watch)
         result = combine(config, _as_fresh_job(results, aborted), self.world_size, time.perf_counter() - started, None,
-                         timed_out, limits, log_file, self.memory_limit)
+                         timed_out, limits, log_file, self.budget.limit_bytes)
         result.log_path = log_path
         if result.status == "crashed" and not result.traceback:  # a SIGKILLed probe leaves no stack in the log
             result.traceback = "\n".join(f"rank {rank}: {r.error_message}" for rank, r in results.items()
@@ -177,7 +178,7 @@ class RankGroup(DistributedWorker):
 
     def _load(self, rank: int) -> LoadRequest:
         return LoadRequest(self.script, self.function, device=self.device, index=rank if self.device == "cuda" else 0,
-                           memory_limit=self.memory_limit, usable_bytes=self.usable_bytes,
+                           budget=self.budget,
                            probe_process=self.probe_process)
 
     # --- one request to every rank -------------------------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from autofit.config import Config
+from autofit.export import MemoryBudget
 from autofit.probing._multinode import MultiNodeWorker
 from autofit.probing._progress import ProbeLimits
 from autofit.probing._rank_group import RankGroup
@@ -38,7 +39,8 @@ class ProbeRunner(Protocol):
     function: str | None
     device: str
     index: int
-    memory_limit: int | None
+    budget: MemoryBudget
+    """The memory its probes run against (a limit of None: the whole device)."""
     info: WorkerInfo | None
     """What `start()` found; None before it."""
     next_start_s: float
@@ -68,7 +70,7 @@ class ProbeRunner(Protocol):
 
 
 def make_runner(script: str, function: str | None = None, *, device: str = "cpu", index: int = 0,
-                memory_limit: int | None = None, usable_bytes: int | None = None, log_dir: str | None = None,
+                budget: MemoryBudget | None = None, log_dir: str | None = None,
                 env: dict[str, str] | None = None, nproc: int = 1, nnodes: int = 1,
                 rdzv_endpoint: str | None = None, board: JobBoard | None = None,
                 session: str | None = None, probe_process: str | None = None) -> ProbeRunner:
@@ -84,10 +86,10 @@ def make_runner(script: str, function: str | None = None, *, device: str = "cpu"
         if not rdzv_endpoint:
             raise ValueError("a runner across machines needs the rendezvous endpoint")
         return MultiNodeWorker(script, function, nproc=nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
-                               device=device, index=index, memory_limit=memory_limit, usable_bytes=usable_bytes,
+                               device=device, index=index, budget=budget,
                                log_dir=log_dir, env=env, board=board, session=session)
     if nproc > 1:
-        return RankGroup(script, function, nproc=nproc, device=device, index=index, memory_limit=memory_limit,
-                         usable_bytes=usable_bytes, log_dir=log_dir, env=env, probe_process=probe_process)
-    return Worker(script, function, device=device, index=index, memory_limit=memory_limit,
-                  usable_bytes=usable_bytes, log_dir=log_dir, env=env, probe_process=probe_process)
+        return RankGroup(script, function, nproc=nproc, device=device, index=index, budget=budget,
+                         log_dir=log_dir, env=env, probe_process=probe_process)
+    return Worker(script, function, device=device, index=index, budget=budget,
+                  log_dir=log_dir, env=env, probe_process=probe_process)

@@ -29,6 +29,7 @@ from typing import IO, Any
 
 from autofit.config import Config, widest_envelope
 from autofit.errors import UsageError
+from autofit.export import MemoryBudget
 from autofit.probing._failures import crash_result, log_tail, timeout_result
 from autofit.probing._progress import ProbeLimits, ProbeWatch
 from autofit.probing._record import ProbeResult, WorkerInfo
@@ -51,15 +52,13 @@ class DistributedWorker:
     """Nothing waits for a start before a probe: each probe starts its ranks within its own wall."""
 
     def __init__(self, script: str, function: str | None = None, *, nproc: int, device: str = "cpu",
-                 index: int = 0, memory_limit: int | None = None, usable_bytes: int | None = None,
-                 log_dir: str | None = None, env: dict[str, str] | None = None) -> None:
+                 index: int = 0, budget: MemoryBudget | None = None, log_dir: str | None = None, env: dict[str, str] | None = None) -> None:
         self.script = os.path.abspath(script)
         self.function = function
         self.nproc = nproc
         self.device = device
         self.index = index
-        self.memory_limit = memory_limit
-        self.usable_bytes = usable_bytes
+        self.budget = budget or MemoryBudget(limit_bytes=None)
         self.log_dir = log_dir
         #: Variables set for the ranks on top of the user's environment (allocator settings).
         self.extra_env = dict(env or {})
@@ -86,7 +85,7 @@ class DistributedWorker:
     def start(self) -> WorkerInfo:
         """Load the script once, in one process, for what the search needs to know of it."""
         with Worker(self.script, self.function, device=self.device, index=self.index, env=self.extra_env,
-                    memory_limit=self.memory_limit, usable_bytes=self.usable_bytes, log_dir=self.log_dir) as worker:
+                    budget=self.budget, log_dir=self.log_dir) as worker:
             self.info = worker.start()
         return self.info
 
@@ -102,7 +101,7 @@ class DistributedWorker:
                             limits, trial_id)
         results, code, timed_out, log_file = self._run_everywhere(job, log_path, trial_id)
         result = combine(config, results, self.world_size, time.perf_counter() - started, code, timed_out, limits,
-                         log_file, self.memory_limit)
+                         log_file, self.budget.limit_bytes)
         result.log_path = log_path
         return result
 
@@ -136,7 +135,7 @@ class DistributedWorker:
         The `lead` node's rank 0 writes the progress its limits read; another node's share runs until
         the job's `timeout` at most, node 0 stopping it sooner."""
         load = LoadRequest(self.script, self.function, device=self.device, index=self.index,
-                           memory_limit=self.memory_limit, usable_bytes=self.usable_bytes)
+                           budget=self.budget)
         with tempfile.TemporaryDirectory(prefix="autofit-ranks-") as out:
             request = os.path.join(out, "request.json")
             progress = os.path.join(out, "progress.json") if lead else None

@@ -29,12 +29,13 @@ import socket
 import subprocess
 import sys
 import traceback
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from multiprocessing.connection import Connection
 from typing import IO, Any
 
 from autofit.config import Config
 from autofit.errors import UsageError
+from autofit.export import MemoryBudget
 from autofit.probing._record import ProbeResult
 
 #: How a worker runs its probes: each in a child forked from the warm process ("fork", the CPU's
@@ -58,23 +59,27 @@ def probe_process_for(device: str, asked: str | None) -> str:
 @dataclass(frozen=True)
 class LoadRequest:
     """Load the user's function in a child process: which script and function, on which device,
-    under which memory limit (`usable_bytes`: the limit less the search's headroom), and how its
-    probes run (`probe_process`, one of PROBE_PROCESSES)."""
+    under which memory budget (None: the whole device), and how its probes run (`probe_process`, one of
+    PROBE_PROCESSES). On the wire the budget is its two numbers, `memory_limit` and `usable_bytes`."""
 
     script: str
     function: str | None = None
     device: str = "cpu"
     index: int = 0
-    memory_limit: int | None = None
-    usable_bytes: int | None = None
+    budget: MemoryBudget | None = None
     probe_process: str = "fork"
 
     def to_wire(self) -> dict[str, Any]:
-        return asdict(self)
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "budget"}
+        usable = self.budget.usable_bytes if self.budget else None
+        return {**data, "memory_limit": self.budget.limit_bytes if self.budget else None,
+                "usable_bytes": None if usable is None else int(usable)}
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> LoadRequest:
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        kwargs = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        budget = MemoryBudget(limit_bytes=data.get("memory_limit"), usable_bytes=data.get("usable_bytes"))
+        return cls(**kwargs, budget=budget if budget.limit_bytes is not None else None)
 
 
 #: A probe measures at least this long (unless its steps reach 50x the asked number): five 3 ms steps are

@@ -19,6 +19,7 @@ from typing import Any
 
 from autofit.config import Config
 from autofit.errors import AutofitError, UsageError, UserCodeError
+from autofit.export import MemoryBudget
 from autofit.probing._failures import crash_result, describe_exit, log_tail, timeout_result
 from autofit.probing._progress import ProbeLimits, ProbeWatch, ProgressFolder
 from autofit.probing._record import ProbeResult, WorkerInfo
@@ -53,8 +54,7 @@ class Worker:
         *,
         device: str = "cpu",
         index: int = 0,
-        memory_limit: int | None = None,
-        usable_bytes: int | None = None,
+        budget: MemoryBudget | None = None,
         log_dir: str | None = None,
         load_timeout: float = 300.0,
         leak_tolerance: int | None = None,
@@ -69,8 +69,8 @@ class Worker:
         self.function = function
         self.device = device
         self.index = index
-        self.memory_limit = memory_limit
-        self.usable_bytes = usable_bytes
+        #: The memory its probes run against (a limit of None: the whole device).
+        self.budget = budget or MemoryBudget(limit_bytes=None)
         self.log_dir = log_dir
         self.load_timeout = load_timeout
         self.leak_tolerance = leak_tolerance
@@ -109,7 +109,7 @@ class Worker:
             new_session=True)  # Ctrl-C in the terminal reaches the supervisor only
         self.starts += 1
         request = LoadRequest(self.script, self.function, device=self.device, index=self.index,
-                              memory_limit=self.memory_limit, usable_bytes=self.usable_bytes,
+                              budget=self.budget,
                               probe_process=self.probe_process)
         reply = self._channel.request({"op": "load", "request": request.to_wire(), "log_path": log},
                                       self.load_timeout)
@@ -232,11 +232,11 @@ class Worker:
         tail = log_tail(log_path)
         if reason is not None:
             return timeout_result(config, limits=watch.limits, reason=reason, wall_s=wall,
-                                  memory_limit=self.memory_limit, log_path=log_path, traceback=tail,
+                                  memory_limit=self.budget.limit_bytes, log_path=log_path, traceback=tail,
                                   progress=watch.progress)
         return crash_result(config, f"The worker died during the probe ({describe_exit(code)}); "
                                     f"a fresh worker runs the next probe.",
-                            wall_s=wall, memory_limit=self.memory_limit, log_path=log_path, traceback=tail)
+                            wall_s=wall, memory_limit=self.budget.limit_bytes, log_path=log_path, traceback=tail)
 
     def _replace_if_leaking(self, result: ProbeResult) -> bool:
         """Replace the worker when a probe left memory behind in it (`WarmMemory`), saying why in a note.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autofit.export import MemoryBudget
 from autofit.search._loop import Search
 from autofit.search._progress import Reporter
 from autofit.search._session import Session
@@ -23,9 +24,9 @@ def follow_search(settings: SearchSettings) -> int:
     session = Session(settings)  # the same study name and storage as node 0's
     env = {"PYTORCH_CUDA_ALLOC_CONF": settings.alloc_conf} if settings.alloc_conf else None
 
-    def make_follower(memory_limit: int | None, usable: int | None):
+    def make_follower(budget: MemoryBudget):
         return make_runner(session.script, settings.function, device=settings.device, index=settings.index,
-                           memory_limit=memory_limit or session.memory_limit, usable_bytes=usable, log_dir=session.run_dir,
+                           budget=budget if budget.limit_bytes is not None else session.budget, log_dir=session.run_dir,
                            env=env, nproc=settings.nproc_per_node, nnodes=settings.nnodes,
                            rdzv_endpoint=settings.rdzv_endpoint, probe_process=settings.probe_process)
 

@@ -177,7 +177,7 @@ def _run_ab(state: SearchState, runner: Runner, plan: ABPlan) -> bool:
             state.notes.append(f"the A/B stopped before its end: the budget ran out during {proposal.config.label()}'s "
                                f"round (not measured; its probes stand)")
             return False
-        if not (result.ok and (result.peak_bytes or 0) <= state.session.usable):
+        if not (result.ok and (result.peak_bytes or 0) <= state.session.budget.usable_bytes):
             state.notes.append(f"{proposal.config.label()} failed its A/B round "
                                f"({result.status if result.status != 'ok' else 'over the headroom'}): "
                                f"it runs no more rounds")
@@ -203,9 +203,9 @@ def export(state: SearchState, stopped: str, partial: bool) -> SearchResult:
     result = SearchResult(
         best=ranked[0].config if ranked else None, document=None, json_path=None, ranked=ranked,
         study_name=session.study_name, storage=session.storage_label, probes=len(done),
-        ooms=sum(o.too_big(session.usable) for o in done), failed=sum(o.failed for o in done),
+        ooms=sum(o.too_big(session.budget.usable_bytes) for o in done), failed=sum(o.failed for o in done),
         elapsed_s=time.monotonic() - state.started, stopped=stopped, partial=partial,
-        usable_bytes=session.usable, notes=state.notes, url=session.s.storage,
+        usable_bytes=session.budget.usable_bytes, notes=state.notes, url=session.s.storage,
     )
     if not ranked:
         if partial:
@@ -228,7 +228,7 @@ def _nothing_to_export(state: SearchState, done: list[Observation], stopped: str
     """Why a finished search exports nothing: nothing fits, or nothing was probed; the probes of another
     version of the script are not ranked (they measured another model), and are counted apart."""
     session = state.session
-    said = (nothing_fits(done, session.usable, session.memory_limit, state.s.headroom) if done else
+    said = (nothing_fits(done, session.budget) if done else
             f"A search must probe a config to export one, but this one stopped ({stopped}) before its first "
             f"probe: give it a longer --budget.")
     others = other_script_probes(session.study, session.script_sha256)

@@ -38,7 +38,7 @@ class Reporter:
         resumed = f", resuming {existing} earlier trials" if existing else ""
         self._line(
             f"search {session.study_name} on {session.device_info.type}:{session.device_info.index} "
-            f"({session.device_info.name}), limit {format_size(session.memory_limit)}, usable {format_size(session.usable)}, "
+            f"({session.device_info.name}), limit {format_size(session.budget.limit_bytes)}, usable {format_size(session.budget.usable_bytes)}, "
             f"budget {format_duration(search.s.budget_s)}{resumed}"
         )
         if self.verbose:

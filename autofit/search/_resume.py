@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import optuna
 
 from autofit.errors import UsageError
+from autofit.export import MemoryBudget
 from autofit.search._liveness import fail_stale
 from autofit.study import forget_script, other_script_probes, stored_meta
 
@@ -17,15 +18,15 @@ from autofit.study import forget_script, other_script_probes, stored_meta
 @dataclass
 class OpenedStudy:
     study: optuna.Study
-    memory_limit: int
-    """The limit to search under: the study's own when it resumes with a defaulted limit."""
+    budget: MemoryBudget
+    """The memory to search under: the study's own limit when it resumes with a defaulted limit."""
     notes: list[str] = field(default_factory=list)
     created: bool = False
     """No study of this name was in the storage before: this search made it (Session.discard_if_unused)."""
 
 
 def open_study(storage: optuna.storages.BaseStorage, name: str, *, fresh: bool, device_name: str,
-               memory_limit: int, memory_limit_given: bool, headroom: float, script_sha256: str | None,
+               budget: MemoryBudget, limit_given: bool, script_sha256: str | None,
                world_size: int = 1, script_args: list[str] | None = None) -> OpenedStudy:
     """The study to search in, checked against what this search runs under (UsageError if it differs)."""
     created = not study_exists(storage, name)
@@ -35,16 +36,16 @@ def open_study(storage: optuna.storages.BaseStorage, name: str, *, fresh: bool, 
         except KeyError:
             pass
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
-    opened = OpenedStudy(study, memory_limit, created=created)
+    opened = OpenedStudy(study, budget, created=created)
     meta = stored_meta(study)
     if meta is not None:
-        if not memory_limit_given and not meta.limit_given:
+        if not limit_given and not meta.limit_given:
             # No --memory-limit, then or now: the limit was the memory free when the study began
             # (it changes every run); resume with that one.
-            opened.memory_limit = int(meta.memory.limit_bytes)
+            opened.budget = MemoryBudget.of(int(meta.memory.limit_bytes), budget.headroom)
         checks = (("device", meta.device_info.get("name"), device_name),
-                  ("limit_bytes", meta.memory.limit_bytes, opened.memory_limit),
-                  ("headroom", meta.memory.headroom, headroom), ("world_size", meta.world_size, world_size),
+                  ("limit_bytes", meta.memory.limit_bytes, opened.budget.limit_bytes),
+                  ("headroom", meta.memory.headroom, budget.headroom), ("world_size", meta.world_size, world_size),
                   ("script_args", list(meta.script_args), script_args or []))
         for key, kept, value in checks:
             if kept != value:

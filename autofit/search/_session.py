@@ -65,8 +65,8 @@ class Session:
             + (f"-{settings.world_size}ranks" if settings.world_size > 1 else "")
         self.run_dir = os.path.join(self.output_dir, "runs", self.study_name)
         """Where the probes' logs go: one per trial (and per worker when there are several)."""
-        self.memory_limit = settings.memory_limit or self._device_memory()
-        self.usable = self.memory_limit * (1 - settings.headroom)
+        self.budget = MemoryBudget.of(settings.memory_limit or self._device_memory(), settings.headroom)
+        """The memory the probes run against: the given limit, or the device's (a resumed study's own)."""
         self.script_sha256 = script_sha256(self.script)  # the script as these probes measure it
         self.study: optuna.Study | None = None
         self.created = False
@@ -94,11 +94,10 @@ class Session:
     def open(self) -> optuna.Study:
         """The study, new or resumed; a resumed one may bring its own limit (see open_study)."""
         opened = open_study(self.storage, self.study_name, fresh=self.s.fresh, device_name=self.device_info.name,
-                            memory_limit=self.memory_limit, memory_limit_given=self.s.memory_limit is not None,
-                            headroom=self.s.headroom, script_sha256=self.script_sha256,
+                            budget=self.budget, limit_given=self.s.memory_limit is not None,
+                            script_sha256=self.script_sha256,
                             world_size=self.s.world_size, script_args=redacted_args(self.s.script_args))
-        self.memory_limit = opened.memory_limit
-        self.usable = self.memory_limit * (1 - self.s.headroom)
+        self.budget = opened.budget
         self.notes.extend(opened.notes)
         self.study = opened.study
         self.created = opened.created
@@ -131,7 +130,7 @@ class Session:
     def save_meta(self, info: WorkerInfo, space: SearchSpace, offers: Offers | None) -> None:
         keep_meta(self.study, StudyMeta(
             script=self.script, function=info.function, device_info=self.device_info.to_dict(),
-            memory=MemoryBudget(limit_bytes=self.memory_limit, headroom=self.s.headroom, usable_bytes=self.usable),
+            memory=self.budget,
             limit_given=self.s.memory_limit is not None, script_sha256=self.script_sha256,
             script_args=tuple(redacted_args(self.s.script_args)), space=space.to_dict(), world_size=self.s.world_size,
             allocator=current_allocator_settings(self.s.alloc_conf), knobs=offers.to_dict() if offers is not None else None, versions=info.versions,
@@ -190,7 +189,7 @@ class Session:
             if counted is not None:
                 result.set_flops(counted, peak_flops_per_s(self.device_info.name, result.config.precision),
                                  model_flops_per_token(trials))
-        record_probe(self.study, trial, result, self.usable, phase)
+        record_probe(self.study, trial, result, self.budget.usable_bytes, phase)
 
     def fail_unfinished(self) -> None:
         """Ctrl-C or autofit's own failure: the trials this search asked for and never finished are FAIL,

@@ -87,7 +87,7 @@ class SearchState:
     def prediction(self, space: SearchSpace, first: Config | None = None) -> MemoryPrediction | None:
         """The memory estimator's prediction over `space` (it starts estimating, `first`'s strategy
         first, or the study kept it)."""
-        return self.estimator.ask(self.session.study, space, self.session.memory_limit,
+        return self.estimator.ask(self.session.study, space, self.session.budget.limit_bytes,
                                   self.session.device_info.type, self.s.budget_s, first=first)
 
     def start_probe(self, runner: Runner, steps: int) -> RunningProbe | None:
@@ -116,7 +116,7 @@ class SearchState:
             self.estimator.probes_running -= 1
         self.session.record(probe.trial, result, probe.proposal.phase)
         self.probes_this_run += 1
-        self.reporter.probe_finished(probe.trial.number, result, self.session.usable, self.pool.name(probe.runner))
+        self.reporter.probe_finished(probe.trial.number, result, self.session.budget.usable_bytes, self.pool.name(probe.runner))
         return result
 
     def probe(self, runner: Runner, steps: int) -> ProbeResult | None:

@@ -19,6 +19,7 @@ import json
 import statistics
 
 from autofit.config import Config
+from autofit.export import MemoryBudget
 from autofit.probing import Worker
 
 
@@ -69,7 +70,7 @@ def main() -> None:
     rows = {name: {"config": config.to_dict(), "samples_per_s": [], "status": [], "peak_bytes": [], "mfu": [],
                    "flops_per_s": [], "rounds": []}
             for name, config in configs}
-    with Worker(args.script, device=args.device, memory_limit=limit, usable_bytes=limit) as worker:
+    with Worker(args.script, device=args.device, budget=MemoryBudget(limit_bytes=limit)) as worker:
         info = worker.start()
         for _ in range(args.rounds):
             for name, config in configs:

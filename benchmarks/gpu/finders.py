@@ -150,10 +150,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.memory_limit:
         from autofit.devices import make_backend
+        from autofit.export import MemoryBudget
         from autofit.units import parse_size
 
-        limit = parse_size(args.memory_limit)
-        make_backend(args.device, 0).apply_memory_limit(limit, limit)
+        make_backend(args.device, 0).apply_memory_limit(MemoryBudget(limit_bytes=parse_size(args.memory_limit)))
     if args.tool == "lightning":
         result = lightning_finder(args.device, args.fit_steps, args.mode, args.precision)
     else:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import pytest
 
 from autofit.config import Config
+from autofit.export import MemoryBudget
 from tests.support import CORPUS, REPO, autofit_cli, free_port
 
 
@@ -99,7 +100,7 @@ def test_probes_in_one_process_are_ok(entry, tmp_path, monkeypatch):
     first = _config(entry.probe)
     second = _config(entry.probe, checkpoint_segments=0, batch_size=first.batch_size // 2,
                      accumulation_steps=first.accumulation_steps * 2)
-    with Worker(entry.path, memory_limit=2 * 2**30, probe_process="persistent") as worker:
+    with Worker(entry.path, budget=MemoryBudget(limit_bytes=2 * 2**30), probe_process="persistent") as worker:
         results = [worker.probe(config, timeout=300) for config in (first, second)]
     for result in results:
         assert result.status == "ok", (result.config.label(), result.error_message, result.traceback)

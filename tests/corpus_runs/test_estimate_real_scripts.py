@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from autofit.config import Config
+from autofit.export import MemoryBudget
 from autofit.memory import estimate_memory
 from tests.support import script
 
@@ -89,7 +90,7 @@ def test_the_nanogpt_loop_s_estimate_grows_with_the_batch_as_probes_measure():
 
     configs = [Config(batch_size=16), Config(batch_size=64)]
     small, large = _estimate("nanogpt_loop.py", configs)
-    with Worker(script("nanogpt_loop.py"), device="cpu", memory_limit=4 * 2**30) as worker:
+    with Worker(script("nanogpt_loop.py"), device="cpu", budget=MemoryBudget(limit_bytes=4 * 2**30)) as worker:
         worker.start()
         results = [worker.probe(config, warmup=2, steps=3, timeout=300) for config in configs]
     assert all(r.ok for r in results), results

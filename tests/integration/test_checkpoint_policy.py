@@ -10,6 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from autofit.config import Config
 from autofit.errors import UsageError
+from autofit.export import MemoryBudget
 from autofit.probing import Worker
 from autofit.runtime import Run, checkpoint_policy_of
 from tests.support import STUDIES, script
@@ -84,7 +85,7 @@ def test_applying_another_policy_changes_it_and_keeps_the_module():
 def _peaks(script_name: str, configs: list[Config]) -> list[int]:
     """Each config's peak, probed in one worker in the order given: smallest expected first, so that
     what an earlier probe leaves in the heap cannot make a later one look smaller."""
-    with Worker(script_name, memory_limit=3 * 2**30) as worker:
+    with Worker(script_name, budget=MemoryBudget(limit_bytes=3 * 2**30)) as worker:
         worker.start()
         results = [worker.probe(config, warmup=1, steps=1, timeout=120, min_measure_s=0.0) for config in configs]
     assert all(r.ok for r in results), [r.error_message for r in results]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from autofit.config import Config
+from autofit.export import MemoryBudget
 from autofit.runtime import Ranks, per_rank_config
 from tests.support import autofit_cli, script
 from tests.support.runs import config_file, run_ddp_train
@@ -159,7 +160,7 @@ def test_a_rank_group_is_kept_across_probes_and_nothing_of_one_probe_reaches_the
     from autofit.probing import RankGroup
 
     marks = tmp_path / "marks.txt"
-    with RankGroup(script("ddp_marks.py"), nproc=2, memory_limit=2**30, probe_process=process,
+    with RankGroup(script("ddp_marks.py"), nproc=2, budget=MemoryBudget(limit_bytes=2**30), probe_process=process,
                    env={"MARKS_OUT": str(marks)}) as group:
         group.start()
         pids = list(group.pids)
@@ -195,8 +196,8 @@ def test_a_kept_rank_group_reports_what_a_fresh_torchrun_job_reports(tmp_path):
     def filled(result):
         return {key for key, value in result.to_dict().items() if value not in (None, [], {}, 0)}
 
-    with (DistributedWorker(script("ddp_faults.py"), nproc=2, memory_limit=2**30) as fresh,
-          RankGroup(script("ddp_faults.py"), nproc=2, memory_limit=2**30) as kept):
+    with (DistributedWorker(script("ddp_faults.py"), nproc=2, budget=MemoryBudget(limit_bytes=2**30)) as fresh,
+          RankGroup(script("ddp_faults.py"), nproc=2, budget=MemoryBudget(limit_bytes=2**30)) as kept):
         for batch in (8, 16, 12):  # fits; rank 1 out of memory; rank 1 killed
             one, other = (runner.probe(Config(batch_size=batch), timeout=120) for runner in (fresh, kept))
             assert (one.status, one.error_type, one.world_size) == (other.status, other.error_type, other.world_size)

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from autofit.config import Config
+from autofit.export import MemoryBudget
 from autofit.probing import Worker
 from tests.support import REPO, autofit_cli, probe_result, probed_configs, refused_by_the_allocator, script
 
@@ -76,7 +77,7 @@ def test_a_model_built_at_import_loses_the_last_probes_checkpointing(monkeypatch
     """In one process (CUDA's model), a ckpt=0 probe of a model built at import must run without the
     checkpointing the probe before it put on the blocks: it would measure too little memory."""
     monkeypatch.setenv("MODEL_AT_IMPORT", "1")
-    with Worker(SCRIPT, memory_limit=3 * 2**30, probe_process="persistent") as worker:
+    with Worker(SCRIPT, budget=MemoryBudget(limit_bytes=3 * 2**30), probe_process="persistent") as worker:
         checkpointed = worker.probe(Config(batch_size=8, accumulation_steps=2, checkpoint_segments=2), timeout=300)
         plain = worker.probe(Config(batch_size=8, accumulation_steps=2), timeout=300)
     assert checkpointed.status == "ok", checkpointed.error_message

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from autofit import Config
 from autofit.cli import cli
 from autofit.errors import UsageError
-from autofit.export import read_best
+from autofit.export import MemoryBudget, read_best
 from autofit.findings import explain
 from autofit.planner import (
     MIN_LOADER_SHARE,
@@ -274,7 +274,7 @@ def test_a_micro_batch_larger_than_the_data_is_a_data_ceiling_not_a_faster_confi
     from autofit.config import Config
     from autofit.probing import Worker
 
-    with Worker(script("small_data.py"), memory_limit=1024 * 2**20) as worker:
+    with Worker(script("small_data.py"), budget=MemoryBudget(limit_bytes=1024 * 2**20)) as worker:
         fits, capped = (worker.probe(Config(batch_size=batch), warmup=1, steps=2, timeout=120) for batch in (48, 64))
     assert fits.status == "ok", fits.error_message
     assert capped.status == "error" and capped.error_type == "DataTooSmall", capped.error_message

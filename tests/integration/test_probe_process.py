@@ -13,6 +13,7 @@ import pytest
 
 from autofit.config import Config
 from autofit.errors import UsageError
+from autofit.export import MemoryBudget
 from autofit.probing import Worker, probe_process_for
 from tests.support import script
 
@@ -24,7 +25,7 @@ def _two_probes(monkeypatch, tmp_path, leaves: str, probe_process: str):
     monkeypatch.setenv("FIRST_DRAW", str(tmp_path / "first-draw"))
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the script's check of its threads needs more than one
     monkeypatch.setenv("EXPECT_THREADS", "2")
-    with Worker(script("leaves_state.py"), memory_limit=LIMIT, probe_process=probe_process) as worker:
+    with Worker(script("leaves_state.py"), budget=MemoryBudget(limit_bytes=LIMIT), probe_process=probe_process) as worker:
         return [worker.probe(Config(batch_size=batch), warmup=1, steps=2, timeout=120) for batch in (8, 16)]
 
 
@@ -61,7 +62,7 @@ def test_in_one_process_a_probe_starts_where_the_first_did_whatever_the_last_lef
     """keeps_on_an_object.py hangs 128 MiB a call on a model built at import: in one process each probe
     would carry the earlier ones' (the held-out Accelerate script read 466 MiB on its first probe and 1,023
     MiB ten later, under a 1 GiB limit). The worker is replaced when its memory does not come back."""
-    with Worker(script("keeps_on_an_object.py"), memory_limit=LIMIT, probe_process="persistent") as worker:
+    with Worker(script("keeps_on_an_object.py"), budget=MemoryBudget(limit_bytes=LIMIT), probe_process="persistent") as worker:
         probes = [worker.probe(Config(batch_size=8), warmup=1, steps=2, timeout=120) for _ in range(4)]
     assert all(p.status == "ok" for p in probes), [p.error_message for p in probes]
     peaks = [p.peak_bytes for p in probes]
@@ -73,6 +74,6 @@ def test_in_one_process_a_probe_starts_where_the_first_did_whatever_the_last_lef
 def test_a_scripts_top_runs_once_a_probe_in_one_process():
     """hooks_before_start.py registers a global hook before its start call and fails on finding two: the
     worker's load (up to the start call) must leave nothing of its top to the probes."""
-    with Worker(script("hooks_before_start.py"), memory_limit=LIMIT, probe_process="persistent") as worker:
+    with Worker(script("hooks_before_start.py"), budget=MemoryBudget(limit_bytes=LIMIT), probe_process="persistent") as worker:
         probes = [worker.probe(Config(batch_size=b), warmup=1, steps=2, timeout=120) for b in (4, 8)]
     assert [p.status for p in probes] == ["ok", "ok"], [p.error_message for p in probes]

@@ -22,6 +22,7 @@ import pytest
 import autofit
 from autofit.config import Config
 from autofit.errors import UsageError
+from autofit.export import MemoryBudget
 from autofit.probing import (
     BUDGET_CUT,
     DistributedWorker,
@@ -96,19 +97,19 @@ def runner_for(request) -> Iterator[Callable[..., Probing]]:
         storage = optuna.storages.InMemoryStorage()
         study = optuna.create_study(storage=storage, study_name="contract")
         if request.param == "worker":
-            runner, world = make_runner(script(name), memory_limit=LIMIT), 1
+            runner, world = make_runner(script(name), budget=MemoryBudget(limit_bytes=LIMIT)), 1
         elif request.param == "worker-persistent":
-            runner, world = make_runner(script(name), memory_limit=LIMIT, probe_process="persistent"), 1
+            runner, world = make_runner(script(name), budget=MemoryBudget(limit_bytes=LIMIT), probe_process="persistent"), 1
         elif request.param == "torchrun":
-            runner, world = make_runner(script(name), memory_limit=LIMIT, nproc=2), 2
+            runner, world = make_runner(script(name), budget=MemoryBudget(limit_bytes=LIMIT), nproc=2), 2
         elif request.param == "torchrun-persistent":
-            runner, world = make_runner(script(name), memory_limit=LIMIT, nproc=2, probe_process="persistent"), 2
+            runner, world = make_runner(script(name), budget=MemoryBudget(limit_bytes=LIMIT), nproc=2, probe_process="persistent"), 2
         elif request.param == "torchrun-fresh":
-            runner, world = DistributedWorker(script(name), memory_limit=LIMIT, nproc=2), 2
+            runner, world = DistributedWorker(script(name), budget=MemoryBudget(limit_bytes=LIMIT), nproc=2), 2
         else:
             board = JobBoard(storage, "contract")
             runner = MultiNodeWorker(script(name), nproc=1, nnodes=1, rdzv_endpoint=f"127.0.0.1:{free_port()}",
-                                     memory_limit=LIMIT, board=board, session=board.open_session(1, 1))
+                                     budget=MemoryBudget(limit_bytes=LIMIT), board=board, session=board.open_session(1, 1))
             world = 1
         made.append(runner)
         return Probing(runner, world, study)

@@ -9,6 +9,7 @@ import re
 import pytest
 
 from autofit.config import Config
+from autofit.export import MemoryBudget
 from autofit.probing import SCRIPT_ARGS_ENV, ProbeLimits, Worker
 from autofit.runtime import ONE_START
 from tests.support import refused_by_the_allocator, script
@@ -24,7 +25,7 @@ def _records(path) -> list[dict]:
 def test_a_start_script_is_probed_with_its_arguments_and_its_globals_fresh(tmp_path, monkeypatch, probe_process):
     record = tmp_path / "record.jsonl"
     monkeypatch.setenv(SCRIPT_ARGS_ENV, json.dumps([f"--record={record}", "--iters", "100000"]))
-    with Worker(script("starts.py"), memory_limit=LIMIT, probe_process=probe_process) as worker:
+    with Worker(script("starts.py"), budget=MemoryBudget(limit_bytes=LIMIT), probe_process=probe_process) as worker:
         info = worker.start()
         assert tuple(info.options["batch_range"]) == (1, 2048)  # the arguments of its autofit.start
         first = worker.probe(Config(batch_size=4), timeout=120)

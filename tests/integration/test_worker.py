@@ -11,6 +11,7 @@ import pytest
 
 from autofit.config import Config
 from autofit.errors import UsageError
+from autofit.export import MemoryBudget
 from autofit.probing import ProbeResult, Worker
 from tests.support import refused_by_the_allocator, script
 
@@ -19,7 +20,7 @@ LIMIT = 768 * 2**20
 
 @pytest.fixture(scope="module")
 def worker():
-    with Worker(script("fits_small.py"), memory_limit=LIMIT) as w:
+    with Worker(script("fits_small.py"), budget=MemoryBudget(limit_bytes=LIMIT)) as w:
         w.start()
         yield w
 
@@ -214,7 +215,7 @@ def test_one_time_growth_is_not_a_leak(worker):
 
 
 def test_limit_below_baseline_is_a_usage_error():
-    with Worker(script("raises.py"), memory_limit=16 * 2**20) as w:
+    with Worker(script("raises.py"), budget=MemoryBudget(limit_bytes=16 * 2**20)) as w:
         with pytest.raises(UsageError, match="needs just to start"):
             w.start()
 

@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 
 from autofit.config import Config
+from autofit.export import MemoryBudget
 from autofit.probing import ProbeResult, WorkerInfo
 
 #: What `rate(config, steps)` answers for a probe: its samples/s.
@@ -23,10 +24,10 @@ class FakeRunner:
     next_start_s = 0.0  # never replaced
 
     def __init__(self, script: str, function: str | None, rate: Rate, *, wall_s: float = 1.0,
-                 knobs: dict | None = None, device: str = "cpu", index: int = 0, memory_limit: int | None = None,
+                 knobs: dict | None = None, device: str = "cpu", index: int = 0, budget: MemoryBudget | None = None,
                  spread: float = 0.01, **_: object) -> None:
         self.script, self.function, self.device, self.index = script, function, device, index
-        self.memory_limit = memory_limit
+        self.budget = budget or MemoryBudget(limit_bytes=None)
         self.rate, self.wall_s, self.spread = rate, wall_s, spread
         self.knobs = knobs if knobs is not None else {"batches": True}
         self.info: WorkerInfo | None = None
@@ -35,7 +36,7 @@ class FakeRunner:
     def start(self) -> WorkerInfo:
         self.info = WorkerInfo(function=self.function or "train", options=None, device={"type": "cpu"},
                                precisions=["fp32", "bf16"], default_precisions=["fp32"], baseline_bytes=0,
-                               memory_limit=self.memory_limit, versions={}, load_s=0.0, pid=os.getpid())
+                               memory_limit=self.budget.limit_bytes, versions={}, load_s=0.0, pid=os.getpid())
         return self.info
 
     def probe(self, config: Config, *, warmup: int = 2, steps: int = 5, timeout: float = 300.0,
@@ -45,7 +46,7 @@ class FakeRunner:
         step_s = config.global_batch / rate
         return ProbeResult(status="ok", config=config, samples_per_s=rate, step_time_median_s=step_s,
                            step_time_iqr_s=self.spread * step_s, warmup_steps=warmup, measured_steps=steps,
-                           peak_bytes=config.batch_size * 2**20, memory_limit=self.memory_limit,
+                           peak_bytes=config.batch_size * 2**20, memory_limit=self.budget.limit_bytes,
                            wall_s=self.wall_s, knobs=dict(self.knobs), log_path=log_path)
 
     def kill(self) -> None:

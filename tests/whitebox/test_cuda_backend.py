@@ -13,6 +13,7 @@ import autofit.devices._cuda as cuda_mod
 from autofit.devices._cuda import CudaBackend, cuda_available, cuda_devices, visible_physical_indices
 from autofit.config import Config
 from autofit.errors import UsageError
+from autofit.export import MemoryBudget
 from autofit.probing import ProbeResult
 from tests.whitebox.fake_cuda import FakeNVML, FakeNVMLError, GiB, MiB, gpu
 
@@ -206,7 +207,7 @@ def test_limit_fraction_deducts_nvml_process_overhead(nvml, fake_cuda):
     fake_cuda.reserved = 1 * GiB
     with_process(nvml, used=1 * GiB + 512 * MiB)  # overhead: 512 MiB outside the allocator
     backend = CudaBackend(0)
-    backend.apply_memory_limit(16 * GiB)
+    backend.apply_memory_limit(MemoryBudget(limit_bytes=16 * GiB))
     fraction, device = fake_cuda.fractions[-1]
     assert fraction == pytest.approx((16 * GiB - 512 * MiB) / (80 * GiB))
     assert device == 0
@@ -220,7 +221,7 @@ def test_limit_fraction_falls_back_to_device_wide_usage(nvml, fake_cuda):
     fake_cuda.free = 40 * GiB - 3 * GiB  # 3 GiB used on the device
     fake_cuda.reserved = 2 * GiB  # 1 GiB of it outside our allocator
     backend = CudaBackend(0)
-    backend.apply_memory_limit(8 * GiB)
+    backend.apply_memory_limit(MemoryBudget(limit_bytes=8 * GiB))
     assert fake_cuda.fractions[-1][0] == pytest.approx((8 * GiB - 1 * GiB) / (40 * GiB))
     assert backend.overhead_source == "device-wide"
 
@@ -228,21 +229,21 @@ def test_limit_fraction_falls_back_to_device_wide_usage(nvml, fake_cuda):
 def test_limit_falls_back_when_nvml_hides_process_usage(nvml, fake_cuda):
     nvml.gpus[0]["procs"] = [(os.getpid(), None)]  # driver reports no per-process figure
     fake_cuda.total, fake_cuda.free, fake_cuda.reserved = 40 * GiB, 39 * GiB, 0
-    CudaBackend(0).apply_memory_limit(8 * GiB)
+    CudaBackend(0).apply_memory_limit(MemoryBudget(limit_bytes=8 * GiB))
     assert fake_cuda.fractions[-1][0] == pytest.approx(7 / 40)
 
 
 def test_limit_falls_back_when_nvml_query_fails(nvml, fake_cuda):
     nvml.processes_fail = True
     fake_cuda.total, fake_cuda.free, fake_cuda.reserved = 40 * GiB, 38 * GiB, 1 * GiB
-    CudaBackend(0).apply_memory_limit(8 * GiB)
+    CudaBackend(0).apply_memory_limit(MemoryBudget(limit_bytes=8 * GiB))
     assert fake_cuda.fractions[-1][0] == pytest.approx(7 / 40)
 
 
 def test_limit_works_without_nvml(monkeypatch, fake_cuda):
     monkeypatch.setattr(cuda_mod, "_load_nvml", lambda: None)
     fake_cuda.total, fake_cuda.free, fake_cuda.reserved = 40 * GiB, 38 * GiB, 0
-    CudaBackend(0).apply_memory_limit(10 * GiB)
+    CudaBackend(0).apply_memory_limit(MemoryBudget(limit_bytes=10 * GiB))
     assert fake_cuda.fractions[-1][0] == pytest.approx(8 / 40)
 
 
@@ -251,21 +252,21 @@ def test_limit_below_current_usage_is_refused(nvml, fake_cuda):
     with_process(nvml, used=900 * MiB)
     backend = CudaBackend(0)
     with pytest.raises(UsageError, match=r"must exceed what the worker needs just to start \(900\.00 MiB"):
-        backend.apply_memory_limit(512 * MiB)
+        backend.apply_memory_limit(MemoryBudget(limit_bytes=512 * MiB))
     assert fake_cuda.fractions == []
     assert backend.memory_limit is None
 
 
 def test_limit_above_the_card_is_the_whole_card(nvml, fake_cuda):
     with_process(nvml, used=500 * MiB)
-    CudaBackend(0).apply_memory_limit(200 * GiB)
+    CudaBackend(0).apply_memory_limit(MemoryBudget(limit_bytes=200 * GiB))
     assert fake_cuda.fractions[-1][0] == 1.0
 
 
 def test_no_limit_is_fraction_one(nvml, fake_cuda):
     backend = CudaBackend(0)
     with_process(nvml, used=500 * MiB)
-    backend.apply_memory_limit(8 * GiB)
+    backend.apply_memory_limit(MemoryBudget(limit_bytes=8 * GiB))
     backend.apply_memory_limit(None)
     assert fake_cuda.fractions[-1] == (1.0, 0)
     assert backend.memory_limit is None
@@ -275,7 +276,7 @@ def test_reset_peak_rededucts_grown_overhead(nvml, fake_cuda):
     fake_cuda.total = 80 * GiB
     with_process(nvml, used=500 * MiB)
     backend = CudaBackend(0)
-    backend.apply_memory_limit(10 * GiB)
+    backend.apply_memory_limit(MemoryBudget(limit_bytes=10 * GiB))
     with_process(nvml, used=800 * MiB)  # cuBLAS handles loaded during the first probe
     backend.reset_peak()
     assert fake_cuda.fractions[-1][0] == pytest.approx((10 * GiB - 800 * MiB) / (80 * GiB))
@@ -292,7 +293,7 @@ def test_allocator_is_capped_at_the_usable_memory_not_the_limit(nvml, fake_cuda)
     fake_cuda.total = 80 * GiB
     with_process(nvml, used=512 * MiB)
     backend = CudaBackend(0)
-    backend.apply_memory_limit(20 * GiB, usable_bytes=18 * GiB)
+    backend.apply_memory_limit(MemoryBudget(limit_bytes=20 * GiB, usable_bytes=18 * GiB))
     assert fake_cuda.fractions[-1][0] == pytest.approx((18 * GiB - 512 * MiB) / (80 * GiB))
     assert backend.memory_limit == 20 * GiB and backend.allocator_cap == 18 * GiB
     with_process(nvml, used=1 * GiB)  # overhead grew: the cap still counts it
@@ -303,7 +304,7 @@ def test_allocator_is_capped_at_the_usable_memory_not_the_limit(nvml, fake_cuda)
 def test_usable_memory_below_start_up_usage_is_refused(nvml, fake_cuda):
     with_process(nvml, used=900 * MiB)
     with pytest.raises(UsageError, match=r"usable memory .* must exceed what the worker needs"):
-        CudaBackend(0).apply_memory_limit(1 * GiB, usable_bytes=800 * MiB)
+        CudaBackend(0).apply_memory_limit(MemoryBudget(limit_bytes=1 * GiB, usable_bytes=800 * MiB))
 
 
 # -- used and peak -------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from autofit.devices import DeviceBackend, DeviceInfo
 from autofit.devices._cpu import CpuBackend
 from autofit.devices._cuda import CudaBackend
 from autofit.errors import UsageError
+from autofit.export import MemoryBudget
 from tests.whitebox.fake_cuda import FakeCuda, FakeNVML, gpu
 
 MiB = 2**20
@@ -132,7 +133,7 @@ def test_a_limit_caps_between_the_usable_memory_and_the_limit_and_is_lifted(devi
     backend.release()
     used = backend.used_bytes()
     limit, usable = used + 512 * MiB, used + 384 * MiB
-    backend.apply_memory_limit(limit, usable)
+    backend.apply_memory_limit(MemoryBudget(limit_bytes=limit, usable_bytes=usable))
     assert backend.memory_limit == limit
     cap = device.cap()
     assert cap is not None and usable <= cap <= limit
@@ -147,7 +148,7 @@ def test_a_limit_below_the_baseline_is_refused_and_changes_nothing(device):
     baseline, cap = backend.used_bytes(), device.cap()
     assert baseline > 0  # the process's own memory counts, as the limit counts it
     with pytest.raises(UsageError, match="must exceed what the worker needs just to start"):
-        backend.apply_memory_limit(baseline // 2)
+        backend.apply_memory_limit(MemoryBudget(limit_bytes=baseline // 2))
     assert backend.memory_limit is None and device.cap() == cap
 
 

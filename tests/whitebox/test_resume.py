@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autofit import Config
+from autofit.export import MemoryBudget
 from autofit.planner import SearchSpace
 from autofit.probing import ProbeResult
 from autofit.search._resume import open_study
@@ -25,8 +26,8 @@ def test_resuming_with_another_version_of_the_script_says_so_and_forgets_what_th
     study.set_user_attr(ESTIMATES_ATTR, {"asked": 3})
 
     def resume(sha256: str) -> list[str]:
-        return open_study(study._storage, study.study_name, fresh=False, device_name="cpu", memory_limit=8 * GiB,
-                          memory_limit_given=True, headroom=0.1, script_sha256=sha256).notes
+        return open_study(study._storage, study.study_name, fresh=False, device_name="cpu",
+                          budget=MemoryBudget.of(8 * GiB, 0.1), limit_given=True, script_sha256=sha256).notes
 
     assert resume(OLD) == [] and study_meta(study).knobs == {"batches": True}
     assert resume(NEW) == ["the script changed: 2 of this study's probes ran another version of it; they are kept "

@@ -30,7 +30,7 @@ class _Slow(FakeRunner):
         if error_type is None:
             return result
         return ProbeResult(status="timeout", config=config, error_type=error_type, wall_s=self.wall_s,
-                           error_message=f"{error_type} (the test's)", memory_limit=self.memory_limit)
+                           error_message=f"{error_type} (the test's)", memory_limit=self.budget.limit_bytes)
 
 
 def _search(tmp_path, monkeypatch, outcome, **settings):
