@@ -44,6 +44,7 @@ from autofit.probing._wire import (
     LoadRequest,
     ProbeRequest,
     failure_reply,
+    free_local_port,
     internal_failure,
     ok_reply,
     probe_process_for,
@@ -53,6 +54,7 @@ from autofit.probing._worker import Worker, WorkerStartError
 from autofit.units import INPUT_BOUND_SHARE, input_bound_text
 
 __all__ = [
+    "free_local_port",
     "BUDGET_CUT",
     "MIN_MEASURE_S",
     "TIMEOUT_TYPES",

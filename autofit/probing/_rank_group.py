@@ -38,7 +38,7 @@ from autofit.probing._wire import (
     LoadRequest,
     ProbeRequest,
     accept_rank,
-    free_store_port,
+    free_local_port,
     listen_for_ranks,
     probe_process_for,
     result_of,
@@ -120,7 +120,7 @@ class RankGroup(DistributedWorker):
                                progress_path=self._progress.fresh_path())
         limits = ProbeLimits.of(timeout)
         watch = ProbeWatch(limits, request.progress_path)
-        message = {"op": "probe", "request": request.to_wire(), "log_path": log_file, "store_port": free_store_port()}
+        message = {"op": "probe", "request": request.to_wire(), "log_path": log_file, "store_port": free_local_port()}
         started = time.perf_counter()
         results, aborted, timed_out = self._gather(message, watch)
         result = combine(config, _as_fresh_job(results, aborted), self.world_size, time.perf_counter() - started, None,

@@ -254,10 +254,10 @@ def accept_rank(listener: socket.socket, timeout: float) -> Channel | None:
     return Channel(Connection(connection.detach()))
 
 
-def free_store_port() -> int:
-    """A local TCP port for one probe's store (rank 0 of a kept group hosts it). Drawn below the kernel's
-    ephemeral range: a port from bind(0) is in that range, where by the time rank 0 binds it an outgoing
-    connection may hold it."""
+def free_local_port() -> int:
+    """A local TCP port nothing listens on, for a server started later (one probe's store, which rank 0 of a
+    kept group hosts; a test's rendezvous or PostgreSQL). Drawn below the kernel's ephemeral range: a port from
+    bind(0) is in that range, where by the time the server binds it an outgoing connection may hold it."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
             low = int(handle.read().split()[0])
@@ -271,7 +271,7 @@ def free_store_port() -> int:
             except OSError:
                 continue
             return port
-    raise OSError(f"no free local port below the ephemeral range ({low}) for a probe's store")
+    raise OSError(f"no free local port below the ephemeral range ({low})")
 
 
 def start_child(module: str, *, output: int | IO[Any] = subprocess.DEVNULL, env: dict[str, str] | None = None,

@@ -16,7 +16,8 @@ import pytest
 
 from autofit.config import Config
 from autofit.export import MemoryBudget
-from tests.support import CORPUS, REPO, autofit_cli, free_port
+from autofit.probing import free_local_port
+from tests.support import CORPUS, REPO, autofit_cli
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ def test_a_search_exports_a_config_the_normal_run_trains_with(entry, tmp_path):
     # Run as it will be run: from the same working directory, which holds studies/ with the file.
     launcher = [sys.executable] if entry.nproc == 1 else [
         sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={entry.nproc}",
-        f"--master-port={free_port()}", "--master-addr=127.0.0.1"]
+        f"--master-port={free_local_port()}", "--master-addr=127.0.0.1"]
     environment = {key: value for key, value in os.environ.items() if key != "AUTOFIT_CONFIG"}
     ran = subprocess.run([*launcher, entry.path], cwd=tmp_path, capture_output=True, text=True, timeout=600,
                          env={**environment, "PYTHONPATH": REPO, "AUTOFIT_DEVICE": "cpu", **env})

@@ -13,9 +13,9 @@ import optuna
 import pytest
 
 from autofit.config import Config
-from autofit.probing import calls_start
+from autofit.probing import calls_start, free_local_port
 from autofit.study import trial_result
-from tests.support import REPO, autofit_cli, free_port, script
+from tests.support import REPO, autofit_cli, script
 from tests.support.runs import config_file
 
 
@@ -112,7 +112,7 @@ def test_a_torchrun_script_that_starts_its_own_ddp_is_searched_on_two_ranks_then
     config = document["config"]
     record.unlink()
     ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                          f"--master-port={free_port()}", "--master-addr=127.0.0.1", "starts_ddp.py", "--iters=10",
+                          f"--master-port={free_local_port()}", "--master-addr=127.0.0.1", "starts_ddp.py", "--iters=10",
                           f"--record={record}"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "PYTHONPATH": REPO, "AUTOFIT_DEVICE": "cpu"})
     assert ran.returncode == 0, ran.stderr[-3000:]

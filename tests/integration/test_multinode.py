@@ -13,14 +13,14 @@ import optuna
 import pytest
 
 from autofit import Config
-from autofit.probing import BUDGET_CUT
-from tests.support import REPO, autofit_cli, free_port, script
+from autofit.probing import BUDGET_CUT, free_local_port
+from tests.support import REPO, autofit_cli, script
 
 
 def _nodes(tmp_path, script_name: str, *extra: str, budget: str = "60s"):
     """Node 1 started first (it waits for node 0's search), then node 0; both outputs."""
     common = [script(script_name), "--nproc-per-node", "1", "--nnodes", "2",
-              "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--memory-limit", "1GiB",
+              "--rdzv-endpoint", f"127.0.0.1:{free_local_port()}", "--memory-limit", "1GiB",
               "--storage", f"sqlite:///{tmp_path}/nodes.db", "--study", "nodes", "--precision", "fp32", *extra]
     env = {**os.environ, "PYTHONPATH": REPO, "WEIGHTS_OUT": str(tmp_path / "w.pt")}
     follower = subprocess.Popen([sys.executable, "-m", "autofit.cli", "search", *common, "--node-rank", "1"],
@@ -85,7 +85,7 @@ def test_nodes_without_a_rendezvous_or_outside_the_count_are_refused(tmp_path):
 @pytest.mark.distributed
 def test_one_probe_across_two_nodes(tmp_path):
     common = [script("ddp_train.py"), "--batch-size", "8", "--nproc-per-node", "1", "--nnodes", "2",
-              "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--memory-limit", "1GiB",
+              "--rdzv-endpoint", f"127.0.0.1:{free_local_port()}", "--memory-limit", "1GiB",
               "--storage", f"sqlite:///{tmp_path}/probe.db"]
     env = {**os.environ, "PYTHONPATH": REPO, "WEIGHTS_OUT": str(tmp_path / "w.pt")}
     follower = subprocess.Popen([sys.executable, "-m", "autofit.cli", "probe", *common, "--node-rank", "1"],

@@ -34,9 +34,10 @@ from autofit.probing import (
     RankGroup,
     Worker,
     WorkerStartError,
+    free_local_port,
     make_runner,
 )
-from tests.support import free_port, refused_by_the_allocator, script
+from tests.support import refused_by_the_allocator, script
 
 LIMIT = 768 * 2**20
 
@@ -108,7 +109,7 @@ def runner_for(request) -> Iterator[Callable[..., Probing]]:
             runner, world = DistributedWorker(script(name), budget=MemoryBudget(limit_bytes=LIMIT), nproc=2), 2
         else:
             board = JobBoard(storage, "contract")
-            runner = MultiNodeWorker(script(name), nproc=1, nnodes=1, rdzv_endpoint=f"127.0.0.1:{free_port()}",
+            runner = MultiNodeWorker(script(name), nproc=1, nnodes=1, rdzv_endpoint=f"127.0.0.1:{free_local_port()}",
                                      budget=MemoryBudget(limit_bytes=LIMIT), board=board, session=board.open_session(1, 1))
             world = 1
         made.append(runner)

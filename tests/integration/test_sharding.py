@@ -12,6 +12,7 @@ import torch
 
 from autofit.config import MAX_BATCH, Config
 from autofit.planner import Observation, Planner, SearchSpace
+from autofit.probing import free_local_port
 from tests.support import autofit_cli, script
 from tests.support.runs import config_file, run_ddp_train
 
@@ -125,7 +126,7 @@ def test_the_bundled_gpt_probes_under_fsdp2_with_checkpointing_and_a_torchrun_ru
     import subprocess
     import sys
 
-    from tests.support import REPO, STUDIES, free_port
+    from tests.support import REPO, STUDIES
 
     probed = autofit_cli("probe", os.path.join(STUDIES, "gpt.py"), "--nproc-per-node", "2", "--batch-size", "8",
                          "--checkpoint-segments", "2", "--sharding", "fsdp", "--memory-limit", "1GiB", "--json", cwd=tmp_path)
@@ -136,7 +137,7 @@ def test_the_bundled_gpt_probes_under_fsdp2_with_checkpointing_and_a_torchrun_ru
     config = Config(batch_size=64, checkpoint_segments=2, sharding="fsdp")  # the epoch in 4x fewer steps than at 16
     best = config_file(tmp_path / "g.best.json", config)
     ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                          f"--master-port={free_port()}", "--master-addr=127.0.0.1", os.path.join(STUDIES, "gpt.py")],
+                          f"--master-port={free_local_port()}", "--master-addr=127.0.0.1", os.path.join(STUDIES, "gpt.py")],
                          env={**os.environ, "PYTHONPATH": REPO, "AUTOFIT_CONFIG": best},
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr[-3000:]

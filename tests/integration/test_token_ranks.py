@@ -15,7 +15,8 @@ import torch
 from autofit import Config
 from autofit.export import BestConfig, MeasuredFigures, write_best
 from autofit.runtime import TokenEnvelope
-from tests.support import REPO, free_port, script
+from autofit.probing import free_local_port
+from tests.support import REPO, script
 
 
 def _run(tmp_path, nproc: int | None, config_path: str | None = None, name: str | None = None
@@ -25,7 +26,7 @@ def _run(tmp_path, nproc: int | None, config_path: str | None = None, name: str 
                        WEIGHTS_OUT=str(tmp_path / f"{name or nproc}.pt"),
                        **({"AUTOFIT_CONFIG": config_path} if config_path else {}))
     launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-                f"--master-port={free_port()}", "--master-addr=127.0.0.1"] if nproc else [sys.executable]
+                f"--master-port={free_local_port()}", "--master-addr=127.0.0.1"] if nproc else [sys.executable]
     return subprocess.run([*launcher, script("token_ddp.py")], env=environment, capture_output=True, text=True,
                           timeout=300, cwd=tmp_path)
 

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
-import socket
 import subprocess
 import sys
 
@@ -54,27 +52,3 @@ def probe_result(script_name: str, limit: str, batch: int, tmp_path, env: dict |
     return probed.returncode, json.loads(probed.stdout)["result"]
 
 
-def free_port() -> int:
-    """A local TCP port nothing listens on, for a server a test starts later (a rendezvous, PostgreSQL).
-    Drawn below the kernel's ephemeral range: a port from bind(0) is in that range, where, by the time the
-    server binds it, another test's outgoing connection or port-0 listener may hold it (under pytest-xdist a
-    rendezvous then connected to a stranger and hung for two read timeouts)."""
-    low = _ephemeral_low()
-    for _ in range(200):
-        port = random.randrange(max(1024, low - 12000), low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port below the ephemeral range ({low})")
-
-
-def _ephemeral_low() -> int:
-    """The first port of the kernel's ephemeral range (Linux's default where it cannot be read)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
-            return int(handle.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from tests.support import free_port
+from autofit.probing import free_local_port
 
 
 def _bin(name: str) -> str | None:
@@ -31,7 +31,7 @@ def postgres_server(folder: str) -> Iterator[str]:
     if os.geteuid() == 0:  # the server refuses to run as root: run it as Debian's postgres user
         shutil.chown(folder, "postgres")
         as_postgres = ["runuser", "-u", "postgres", "--"]
-    data, log, port = os.path.join(folder, "data"), os.path.join(folder, "server.log"), free_port()
+    data, log, port = os.path.join(folder, "data"), os.path.join(folder, "server.log"), free_local_port()
 
     def run(*command: str) -> None:
         subprocess.run([*as_postgres, *command], check=True, capture_output=True, text=True, timeout=120)

@@ -6,7 +6,8 @@ import os
 import subprocess
 import sys
 
-from tests.support import REPO, free_port, script
+from autofit.probing import free_local_port
+from tests.support import REPO, script
 
 
 def config_file(path, config) -> str:
@@ -38,7 +39,7 @@ def run_ddp_train(tmp_path, name: str, nproc: int | None, *, via: str | None = N
     environment = {**os.environ, "PYTHONPATH": REPO, "AUTOFIT_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
                    "WEIGHTS_OUT": str(tmp_path / f"{name}.pt"), **env}
     launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-                f"--master-port={free_port()}", "--master-addr=127.0.0.1"] if nproc else [sys.executable]
+                f"--master-port={free_local_port()}", "--master-addr=127.0.0.1"] if nproc else [sys.executable]
     scripts = [script(via), script("ddp_train.py")] if via else [script("ddp_train.py")]
     return subprocess.run([*launcher, *scripts], env=environment, capture_output=True, text=True,
                           timeout=300, cwd=tmp_path)
