@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from autofit.config import PROBE_ACCUMULATION, Config
-from autofit.devices import DeviceBackend
+from autofit.devices import DeviceBackend, available_memory_bytes
 from autofit.probing._bootstrap import user_traceback
 from autofit.probing._record import ProbeResult
 from autofit.probing._script import ScriptEntry
@@ -66,7 +66,7 @@ def run_probe(
         config, backend.torch_device(), probing=True, warmup_steps=warmup_steps,
         measured_steps=measured_steps, synchronize=backend.synchronize, min_measure_s=min_measure_s,
         max_measured_steps=measured_steps * _MAX_EXTENSION, ranks=ranks, count_flops=True,
-        energy=backend.energy_joules, global_tokens=getattr(getattr(fn, "options", None), "global_tokens", None),
+        energy=backend.energy_joules, host_memory=available_memory_bytes, global_tokens=getattr(getattr(fn, "options", None), "global_tokens", None),
         probe_accumulation=PROBE_ACCUMULATION, progress=progress))
     result = ProbeResult(status="ok", config=config, warmup_steps=warmup_steps, memory_limit=backend.memory_limit)
     clock = run.control.clock

@@ -49,7 +49,7 @@ class RunCore:
             used_memory=settings.used_memory)
         self.loop_redo = LoopRedo(redo, probing=settings.probing)
         self.panel = KnobPanel(self.device, self.ranks, probing=settings.probing,
-                               worst_token_batches=settings.worst_token_batches)
+                               worst_token_batches=settings.worst_token_batches, host_memory=settings.host_memory)
         self.notes: list[str] = []
         """What the run changed in how it measures (a probe's result carries them)."""
         self.reads: set[str] = set()
