@@ -136,7 +136,7 @@ class AutofitFunction:
         return Run(RunSettings(config, torch_device, probing=False, warmup_steps=_NORMAL_RUN_WARMUP,
                                defaults=plan.path is None, ranks=ranks, redo=redo,
                                global_tokens=self.options.global_tokens, token_envelope=plan.token_envelope,
-                               host_memory=available_memory_bytes))
+                               alloc_retries=backend.alloc_retries, host_memory=available_memory_bytes))
 
     def search(self, **kwargs: Any):
         """Search this function's best config from Python; see `autofit.search.run_search`."""

@@ -249,6 +249,10 @@ def report_run(run: Run, searched_threads: int | None = None) -> None:
         print(f"autofit: token batches: {run.token_loader.stats().describe()}", file=sys.stderr)
     if split := split_text(summary["guard_split_batches"], summary["oom_split_batches"]):
         print(f"autofit: {split}", file=sys.stderr)
+    if retries := summary.get("alloc_retries"):
+        print(f"autofit: the allocator freed its cache and retried {int(retries)} allocations after warm-up: this run "
+              f"is at the edge of the device's memory, and slower for it (a smaller micro-batch, or more "
+              f"checkpointing, needs none)", file=sys.stderr)
     path = os.environ.get(RUN_REPORT_ENV)
     if path:
         with open(path, "w") as handle:

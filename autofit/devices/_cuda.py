@@ -23,8 +23,12 @@ What is counted, precisely:
   `peak_bytes` is called: the quantity the cap bounds. Fragmentation inside the allocator counts,
   as it does for a real OOM.
 - "only just fits": the allocator's `num_alloc_retries` (reset per probe) counts the times it had to
-  free its cache and retry an allocation to stay under the cap. A probe with retries ran, but at the
-  edge: it is flagged, and loses near-ties to configs that did not need to.
+  free its cache and retry an allocation to stay under the cap. A probe with retries in its measured
+  steps ran, but at the edge: it says so, it loses near-ties to configs that did not need to, and the
+  climb takes it for the memory edge (`alloc_retries`, read where measuring starts and ends).
+- pinned host memory (an activation offload's copies, pinned batches): torch's host allocator keeps it
+  cached once freed. Its peak is kept with the probe (`host_pinned_peak_bytes`), and `release` gives
+  the cache back, so a kept worker holds no pinned memory between probes.
 
 Device indices are CUDA's (what `torch.device("cuda", i)` means). NVML numbers GPUs in PCI bus
 order and ignores CUDA_VISIBLE_DEVICES, so the listing maps them: plain integers are NVML indices;
@@ -382,6 +386,9 @@ class CudaBackend(DeviceBackend):
             self._set_fraction(self.allocator_cap, self.overhead_bytes())
         cuda.reset_peak_memory_stats(self.index)
         cuda.reset_accumulated_memory_stats(self.index)  # retries and OOMs counted per probe
+        reset_host_peak = getattr(cuda, "reset_peak_host_memory_stats", None)  # torch 2.7 on
+        if reset_host_peak is not None:
+            reset_host_peak()
 
     def peak_bytes(self) -> int:
         overhead = self.overhead_bytes()
@@ -396,7 +403,8 @@ class CudaBackend(DeviceBackend):
     def release(self) -> None:
         """Back to the device all PyTorch can give: tensors held only by reference cycles, cuBLAS's
         workspaces (one per handle and stream, allocated again at the next matmul: torch's own leak
-        check clears them too), then the allocator's cached blocks."""
+        check clears them too), then the allocator's cached blocks; and back to the host the pinned
+        memory torch's host allocator keeps cached (an activation offload's copies, pinned batches)."""
         import torch
 
         cuda = self._cuda()
@@ -405,6 +413,11 @@ class CudaBackend(DeviceBackend):
         if clear_workspaces is not None:
             clear_workspaces()
         cuda.empty_cache()
+        # torch.accelerator's public call where torch has it (2.13 does); else the one CUDA graphs' teardown makes
+        empty_host_cache = (getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
+                            or getattr(torch._C, "_host_emptyCache", None))
+        if empty_host_cache is not None:
+            empty_host_cache()
 
     def energy_joules(self) -> float | None:
         """NVML's total energy since the driver loaded (millijoules, Volta and later); None where the
@@ -436,12 +449,22 @@ class CudaBackend(DeviceBackend):
         return None if count is None else int(count)
 
     def allocator_stats(self) -> dict:
-        stats = self._cuda().memory_stats(self.index)
+        cuda = self._cuda()
+        stats = cuda.memory_stats(self.index)
+        host = getattr(cuda, "host_memory_stats", None)  # torch 2.7 on
         return {
             "num_alloc_retries": int(stats.get("num_alloc_retries", 0)),
             "num_ooms": int(stats.get("num_ooms", 0)),
             "active_bytes_peak": int(stats.get("active_bytes.all.peak", 0)),
             "reserved_bytes_peak": int(stats.get("reserved_bytes.all.peak", 0)),
             "inactive_split_bytes_peak": int(stats.get("inactive_split_bytes.all.peak", 0)),
+            # pinned host blocks held or cached since `reset_peak`, as the host allocator rounds them
+            "host_pinned_peak_bytes": int((host() if host else {}).get("allocated_bytes.peak", 0)),
             "allocator_settings": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF"),
         }
+
+    def alloc_retries(self) -> int | None:
+        cuda = self._cuda()
+        if cuda.get_allocator_backend() != "native":
+            return None  # cudaMallocAsync keeps no such count
+        return int(cuda.memory_stats(self.index).get("num_alloc_retries", 0))

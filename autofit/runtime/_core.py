@@ -158,6 +158,8 @@ def _make_clock(settings: RunSettings, ranks: Ranks) -> StepClock:
     agree = agree_on_most if settings.probing and ranks.world_size > 1 else None
     synchronize = settings.synchronize or (lambda: None)
     inner = InnerSpans(1, synchronize) if settings.probe_accumulation is not None else None
+    counters = {name: read for name, read in (("energy_j", settings.energy), ("alloc_retries", settings.alloc_retries))
+                if read is not None}
     return StepClock(settings.warmup_steps, settings.measured_steps, synchronize,
                      min_measure_s=settings.min_measure_s, max_measured_steps=settings.max_measured_steps,
-                     agree=agree, energy=settings.energy, inner=inner, progress=settings.progress)
+                     agree=agree, counters=counters, inner=inner, progress=settings.progress)

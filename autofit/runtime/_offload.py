@@ -99,15 +99,21 @@ class CudaTransport(OffloadTransport):
     def _compute(self) -> torch.cuda.Stream:
         return torch.cuda.current_stream(self.device)
 
+    def _pinned(self, like: torch.Tensor) -> torch.Tensor:
+        return torch.empty(like.shape, dtype=like.dtype, pin_memory=True)  # torch's host allocator, cached
+
+    def _on_device(self, like: torch.Tensor) -> torch.Tensor:
+        return torch.empty(like.shape, dtype=like.dtype, device=self.device)
+
     def to_host(self, flat: torch.Tensor) -> tuple[torch.Tensor, Any]:
         self.side.wait_stream(self._compute())  # the copy reads what the compute stream wrote
         with torch.cuda.stream(self.side):
-            host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            host = self._pinned(flat)
             host.copy_(flat, non_blocking=True)
             return host, self.side.record_event()
 
     def to_device(self, host: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        flat = torch.empty(host.shape, dtype=host.dtype, device=self.device)  # the compute stream's: used, freed there
+        flat = self._on_device(host)  # allocated for the compute stream: used and freed there
         self.side.wait_stream(self._compute())  # its memory may be a block the compute stream's queued kernels read
         with torch.cuda.stream(self.side):
             flat.copy_(host, non_blocking=True)

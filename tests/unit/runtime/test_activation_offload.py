@@ -13,8 +13,6 @@ CUDA's host allocator unpins (tests/whitebox/test_offload_release.py fakes torch
 from __future__ import annotations
 
 import copy
-import itertools
-import weakref
 
 import pytest
 import torch
@@ -23,54 +21,16 @@ from autofit.config import KNOB, Config
 from autofit.errors import UsageError
 from autofit.runtime import (
     HostMemoryExhausted,
-    OffloadTransport,
     Run,
     RunSettings,
     checkpoint_policy_of,
     is_oom,
     offload_transport,
 )
+from tests.support.offload import Recording
 
 #: A device whose type offloads (the run never allocates on it here: the tensors are the test's, on the CPU).
 GPU = torch.device("cuda")
-
-
-class _Host:
-    __slots__ = ("number", "data", "__weakref__")
-
-    def __init__(self, number: int, data: torch.Tensor) -> None:
-        self.number, self.data = number, data
-
-
-class Recording(OffloadTransport):
-    """The offload's device half on the CPU: real copies, numbered events, a log of every call."""
-
-    min_bytes = 0
-
-    def __init__(self) -> None:
-        self.log: list[tuple] = []
-        self.hosts: list[weakref.ref] = []
-        self.flats: list[weakref.ref] = []
-        self.sent_pointers: list[int] = []
-        self._numbers = itertools.count()
-
-    def holds(self, tensor: torch.Tensor) -> bool:
-        return tensor.device.type == "cpu"
-
-    def to_host(self, flat: torch.Tensor) -> tuple[_Host, tuple]:
-        host = _Host(next(self._numbers), flat.clone())
-        self.log.append(("to_host", host.number))
-        self.hosts.append(weakref.ref(host))
-        self.flats.append(weakref.ref(flat))
-        self.sent_pointers.append(flat.data_ptr())
-        return host, ("sent", host.number)
-
-    def to_device(self, host: _Host) -> tuple[torch.Tensor, tuple]:
-        self.log.append(("to_device", host.number))
-        return host.data.clone(), ("back", host.number)
-
-    def wait(self, event: tuple) -> None:
-        self.log.append(("wait", *event))
 
 
 @pytest.fixture
@@ -207,7 +167,7 @@ def test_the_host_copies_go_with_the_steps_graph_and_the_offload_with_the_run(re
     _step(_blocks(), Config(batch_size=4, offload_activations=True),
           after_forward=lambda run: offloads.append(run.control.panel.offload))
     (offload,) = offloads
-    assert recording.hosts and all(host() is None for host in recording.hosts)
+    assert recording.hosts and recording.live_host_copies() == 0
     assert offload.pinned == 0 and offload.peak_pinned == 6 * 128 and offload.sent_bytes == 6 * 128
 
 
