@@ -1,6 +1,7 @@
 """The allocator in the config (issue 51, item 4): a CUDA search's probes and a normal run on CUDA run with
 expandable segments unless the user set the allocator (PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF); either way
-the best-config file records what the probes ran under, and a normal run applies what the file records."""
+the best-config file records what the probes ran under, and a normal run applies what the file records. The file
+also carries the winner's allocator retries and the pinned host memory its probes held."""
 
 from __future__ import annotations
 
@@ -16,7 +17,11 @@ from autofit.export import BestConfig, read_best, write_best
 from autofit.normal_run import resolve_run_config
 from autofit.options import SearchOptions
 from autofit.config import Config
+from autofit.findings import best_document
+from autofit.planner import SearchSpace
+from autofit.probing import ProbeResult
 from autofit.search import SearchSettings
+from tests.support.studies import study_of
 
 EXPANDABLE = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "PYTORCH_ALLOC_CONF": None}
 
@@ -91,3 +96,20 @@ def test_where_cuda_already_started_the_settings_are_set_in_its_allocator(monkey
     said = apply_allocator_settings({"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}, "cuda")
     assert said == ("backend:cudaMallocAsync could not be set once CUDA had started (CUDA allocator backend cannot "
                     "be changed once set)")
+
+
+def _ok(batch: int, rate: float, retries: int | None, pinned: int | None = None) -> ProbeResult:
+    return ProbeResult(status="ok", config=Config(batch_size=batch), samples_per_s=rate, peak_bytes=2**30,
+                       step_time_median_s=1.0, step_time_iqr_s=0.02, alloc_retries=retries,
+                       allocator={"host_pinned_peak_bytes": pinned} if pinned is not None else {})
+
+
+def test_the_file_carries_its_winners_retries_and_pinned_host_memory_and_they_round_trip(tmp_path):
+    space = SearchSpace.build(batch_range=(1, 64), precision=("fp32",))
+    winner = best_document(study_of([_ok(8, 100.0, 0), _ok(16, 200.0, 0, 3 * 2**30), _ok(16, 190.0, 2, 2**30)],
+                                    space, (1, 64)), "sqlite:///x.db", stopped="done", partial=False)
+    assert (winner.measured.alloc_retries, winner.measured.host_pinned_bytes) == (2, 3 * 2**30)
+    assert read_best(write_best(str(tmp_path / "best.json"), winner)).measured == winner.measured
+    uncounted = best_document(study_of([_ok(16, 200.0, None)], space, (1, 64)), "sqlite:///x.db", stopped="done",
+                              partial=False).to_dict()["measured"]
+    assert "alloc_retries" not in uncounted and "host_pinned_bytes" not in uncounted  # a CPU's: left out
