@@ -146,7 +146,8 @@ def test_decorated_function_called_normally_uses_the_exported_config(tmp_path):
     proc = subprocess.run([sys.executable, "train.py"], cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     used = json.loads(record.read_text())
-    assert used == {"batch_size": 7, "precision": "bf16", "probing": False, "steps": 3}
+    assert used == {"batch_size": 7, "precision": "bf16", "probing": False, "steps": 3,
+                    "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}  # a file of a CPU search records none
     assert "best config from studies/train.train.best.json" in proc.stderr
 
 
