@@ -94,7 +94,7 @@ class CudaTransport(OffloadTransport):
         """The copies' stream, beside the compute stream (the current one when a copy is asked for)."""
 
     def holds(self, tensor: torch.Tensor) -> bool:
-        return tensor.device == self.device
+        return type(tensor) is torch.Tensor and tensor.device == self.device  # no subclass: a DTensor's is no storage
 
     def _compute(self) -> torch.cuda.Stream:
         return torch.cuda.current_stream(self.device)
@@ -210,8 +210,10 @@ class ActivationOffload:
         try:
             with torch.autograd.graph.saved_tensors_hooks(partial(self._pack, group), self._unpack):
                 yield
-        finally:
-            self._let_go(keep=group)
+        except BaseException:
+            self._let_go()  # a failed forward's tensors go now: an OOM's redo starts without them
+            raise
+        self._let_go(keep=group)
 
     def close(self) -> None:
         """The forward's device bytes all go (once copied); what autograd still holds stays good."""

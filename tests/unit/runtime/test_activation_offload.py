@@ -152,6 +152,25 @@ def test_a_blocks_copies_overlap_the_next_block_and_the_backward_brings_back_a_b
     assert alive == [6, 7]  # after the forward the device holds the last block's tensors alone
 
 
+class _RunsOutOfMemory(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 96.00 MiB.")
+
+
+def test_a_forward_that_runs_out_of_memory_lets_go_of_every_tensor_it_held_at_once(recording):
+    blocks = _blocks(3)
+    blocks[2][1] = _RunsOutOfMemory()  # after its Linear saved its input
+    run = Run(Config(batch_size=4, offload_activations=True), GPU)
+    with run.control.active():
+        run.checkpoint(blocks)
+        h = torch.ones(4, 8)
+        with pytest.raises(torch.OutOfMemoryError):
+            for block in blocks:
+                h = block(h)
+        # an OOM redo's smaller micro-batch starts without the failed one's tensors on the device
+        assert len(recording.flats) == 5 and all(flat() is None for flat in recording.flats)
+
+
 def test_a_micro_batch_over_the_hosts_share_is_an_out_of_memory_in_one_line(recording, monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two ranks on this host: each pins a quarter of what it has
     with pytest.raises(HostMemoryExhausted) as raised:  # two of the 128-byte copies fit in 300 bytes, not three
