@@ -18,6 +18,7 @@ from autofit.runtime._distributed import Ranks, leave_process_group, per_rank_co
 from autofit.runtime._envelope import TokenEnvelope, TokenGuard
 from autofit.runtime._feed import DataTooSmall
 from autofit.runtime._knobs import Knobs
+from autofit.runtime._memory_cap import MEMORY_LIMIT_ENV, describe_memory_limit, memory_limit_from_env
 from autofit.runtime._offload import (
     HOST_SHARE,
     ActivationOffload,
@@ -25,7 +26,6 @@ from autofit.runtime._offload import (
     OffloadTransport,
     offload_transport,
 )
-from autofit.runtime._memory_cap import MEMORY_LIMIT_ENV, describe_memory_limit, memory_limit_from_env
 from autofit.runtime._oom import breaks_the_device, is_oom
 from autofit.runtime._open_step import NoStepClosed
 from autofit.runtime._pieces import PieceReplay, loss_of, weighted

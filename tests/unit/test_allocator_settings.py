@@ -11,13 +11,13 @@ import warnings
 import pytest
 import torch
 
+from autofit.config import Config
 from autofit.decorator import AutofitFunction
 from autofit.devices import DEFAULT_CUDA_ALLOC_CONF, apply_allocator_settings
 from autofit.export import BestConfig, read_best, write_best
+from autofit.findings import best_document
 from autofit.normal_run import resolve_run_config
 from autofit.options import SearchOptions
-from autofit.config import Config
-from autofit.findings import best_document
 from autofit.planner import SearchSpace
 from autofit.probing import ProbeResult
 from autofit.search import SearchSettings
