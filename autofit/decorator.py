@@ -92,7 +92,7 @@ class AutofitFunction:
         of an earlier attempt of the same call, which this Run goes on with (None: a new one)."""
         import torch
 
-        from autofit.devices import make_backend
+        from autofit.devices import available_memory_bytes, make_backend
         from autofit.export import MemoryBudget
         from autofit.runtime import (
             Run,
@@ -135,7 +135,8 @@ class AutofitFunction:
         # The same warm-up a probe skips is left out of the run's own throughput figure.
         return Run(RunSettings(config, torch_device, probing=False, warmup_steps=_NORMAL_RUN_WARMUP,
                                defaults=plan.path is None, ranks=ranks, redo=redo,
-                               global_tokens=self.options.global_tokens, token_envelope=plan.token_envelope))
+                               global_tokens=self.options.global_tokens, token_envelope=plan.token_envelope,
+                               alloc_retries=backend.alloc_retries, host_memory=available_memory_bytes))
 
     def search(self, **kwargs: Any):
         """Search this function's best config from Python; see `autofit.search.run_search`."""

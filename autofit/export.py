@@ -134,7 +134,8 @@ class ABRecord:
 
 
 #: Figures of `measured` a file leaves out when they are None (written only where they were measured).
-_LEFT_OUT_WHEN_NONE = ("flops_per_token", "data_wait_share", "threads", "token_envelope", "profile")
+_LEFT_OUT_WHEN_NONE = ("flops_per_token", "data_wait_share", "threads", "token_envelope", "profile", "alloc_retries",
+                       "host_pinned_bytes")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,6 +161,10 @@ class MeasuredFigures:
     joules_per_sample: float | None = None
     data_wait_share: float | None = None
     threads: int | None = None
+    alloc_retries: int | None = None
+    """The allocator's retries in its probes' measured steps (CUDA; the most of them): above 0, it only just fits."""
+    host_pinned_bytes: int | None = None
+    """Pinned host memory its probes held at their peak (CUDA: an activation offload's copies, pinned batches)."""
     token_envelope: dict[str, Any] | None = None
     """runtime.TokenEnvelope's dict (which reads it)."""
     profile: dict[str, float] | None = None
@@ -174,7 +179,7 @@ class MeasuredFigures:
         """In the file's order: the ranked rate first."""
         rates = sorted(RATES, key=lambda r: r != self.ranked_by)
         tail = ("flops_per_sample", "flops_per_token", "flops_per_s", "mfu", "joules_per_sample", "data_wait_share",
-                "threads", "token_envelope", "profile")
+                "threads", "alloc_retries", "host_pinned_bytes", "token_envelope", "profile")
         return {"ranked_by": self.ranked_by.name, **{r.name: getattr(self, r.name) for r in rates},
                 "peak_bytes": self.peak_bytes, "probes": self.probes, "confirmed": self.confirmed,
                 "unconfirmed": self.unconfirmed, "ab": self.ab.to_dict(self.ranked_by) if self.ab else None,

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from autofit.config import TOKENS, Config
-from autofit.devices import allocator_difference, default_device
+from autofit.devices import apply_allocator_settings, default_device
 from autofit.export import BestConfig, default_best_path, device_tag, read_best, script_sha256
 from autofit.options import SearchOptions
 from autofit.redaction import redacted_args
@@ -128,7 +128,9 @@ def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: st
 
 
 def _unsearched_plan(fn: Decorated, device: str, why_not: str, record_path: str) -> RunPlan:
-    """What a normal call trains with when no best-config file answers it: what the script declared."""
+    """What a normal call trains with when no best-config file answers it: what the script declared, under
+    autofit's allocator settings where the user set none (`apply_allocator_settings`)."""
+    apply_allocator_settings(None, device.split(":")[0])
     config, why = fn.options.unsearched_config()
     if device.split(":")[0] == "cpu" and config.precision == "fp16":  # nanoGPT's dtype off a GPU
         config = replace(config, precision="fp32")
@@ -159,7 +161,7 @@ def _warn_if_stale(fn: Decorated, best: BestConfig, device: str) -> None:
         if name and name != best.device_name:
             _warn(f"autofit: the best config was searched on {best.device_name} but this GPU is "
                   f"{name}; search again for a config that fits it.")
-    allocator = allocator_difference(best.allocator)
+    allocator = apply_allocator_settings(best.allocator, device.split(":")[0])
     if allocator:
         _warn(f"autofit: the allocator settings differ from the search's ({allocator}); the config's "
               f"memory and speed may differ. Run with the search's settings, or search again.")
@@ -249,6 +251,10 @@ def report_run(run: Run, searched_threads: int | None = None) -> None:
         print(f"autofit: token batches: {run.token_loader.stats().describe()}", file=sys.stderr)
     if split := split_text(summary["guard_split_batches"], summary["oom_split_batches"]):
         print(f"autofit: {split}", file=sys.stderr)
+    if retries := summary.get("alloc_retries"):
+        print(f"autofit: the allocator freed its cache and retried {int(retries)} allocations after warm-up: this run "
+              f"is at the edge of the device's memory, and slower for it (a smaller micro-batch, or more "
+              f"checkpointing, needs none)", file=sys.stderr)
     path = os.environ.get(RUN_REPORT_ENV)
     if path:
         with open(path, "w") as handle:

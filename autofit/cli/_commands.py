@@ -287,7 +287,8 @@ def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], memory_
 @click.option("--compile/--no-compile", "compile_", default=None,
               help="Probe torch.compile as well as eager when the function offers run.compile() (default: yes).")
 @click.option("--alloc-conf", default=None, metavar="SETTINGS",
-              help="PYTORCH_CUDA_ALLOC_CONF for the probes, e.g. expandable_segments:True (recorded in the best config).")
+              help="PYTORCH_CUDA_ALLOC_CONF for the probes (default on CUDA, unless the environment sets the allocator: "
+                   "expandable_segments:True); recorded in the best config, which a normal run applies.")
 @click.option("--probe-process", type=click.Choice(PROBE_PROCESSES), default=None,
               help="How probes run: fork (each in a fresh child of a warm process: the CPU's default) or "
                    "persistent (one after another in one process, as CUDA must run them).")

@@ -98,6 +98,12 @@ class DeviceBackend(ABC):
         counted, as on the CPU, where every tensor a script makes is on the device anyway)."""
         return None
 
+    def alloc_retries(self) -> int | None:
+        """The allocator's count of the times it freed its cache to retry an allocation (CUDA's
+        num_alloc_retries, since `reset_peak`), or None where it keeps none (a CPU): probes read it where
+        measuring starts and ends, the normal run where its measuring starts and where it ends."""
+        return None
+
     def energy_joules(self) -> float | None:
         """The device's cumulative energy counter in joules, or None where it has none (a CPU):
         probes read it where measuring starts and ends for joules per sample."""

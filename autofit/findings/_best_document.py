@@ -120,18 +120,22 @@ def _measured(ranked: list[Candidate], done: list[Observation], trials, meta: St
         # its rates and the figures behind them, from the probes its ranked rate comes from
         **rate_figures(best, trials, meta.device_info, meta.world_size),
         # the intra-op threads its probes ran on (None: not recorded): a CPU run on other threads is warned
-        threads=probe_threads(best.config, trials),
+        threads=probe_most(best.config, trials, "threads"),
+        # the allocator's retries in its measured steps, and the pinned host memory it held (CUDA; None elsewhere)
+        alloc_retries=probe_most(best.config, trials, "alloc_retries"),
+        host_pinned_bytes=probe_most(best.config, trials, "host_pinned_bytes"),
         # the micro-batches by tokens its probes ran (None: it does not batch by tokens): a normal run
         # splits one beyond them before it runs
         token_envelope=token_envelope(best.config, trials),
     )
 
 
-def probe_threads(config: Config, trials) -> int | None:
-    """The intra-op threads the probes of `config` that ran their steps had (the most of them, should
-    they differ); None where no probe recorded them (a study from before they were kept)."""
-    counts = [result.threads for trial in trials if (result := trial_result(trial)) and result.ok
-              and result.config == config and result.threads]
+def probe_most(config: Config, trials, figure: str) -> int | None:
+    """The most of a `figure` of the probes of `config` that ran their steps (their intra-op threads, should they
+    differ; their allocator retries; their pinned host memory); None where no probe recorded it (a study from
+    before it was kept, a device that does not count it)."""
+    counts = [value for trial in trials if (result := trial_result(trial)) and result.ok
+              and result.config == config and (value := getattr(result, figure)) is not None]
     return max(counts, default=None)
 
 

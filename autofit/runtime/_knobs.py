@@ -5,7 +5,7 @@ probes only on the knobs the function offers."""
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -17,6 +17,7 @@ from autofit.runtime._checkpoint import apply_checkpoint, offload_block, remove_
 from autofit.runtime._dataloader import build_loader
 from autofit.runtime._distributed import Ranks
 from autofit.runtime._envelope import TokenEnvelope
+from autofit.runtime._offload import ActivationOffload, end_offload, start_offload
 from autofit.runtime._tokens import TokenBatchSampler, TokenLoader, build_token_loader, token_sampler
 
 
@@ -35,8 +36,10 @@ class KnobPanel:
     """The model and data knobs of one run, applied under the config each call is given (a run's
     config changes after an OOM or when a framework's own settings stand), and noted in `used`."""
 
-    def __init__(self, device: torch.device, ranks: Ranks, *, probing: bool, worst_token_batches: bool = False) -> None:
+    def __init__(self, device: torch.device, ranks: Ranks, *, probing: bool, worst_token_batches: bool = False,
+                 host_memory: Callable[[], int | None] | None = None) -> None:
         self.used = Knobs()
+        self._host_memory = host_memory
         self._device, self._ranks, self._probing = device, ranks, probing
         self._worst_token_batches = worst_token_batches
         self.compile_enabled = True
@@ -51,6 +54,8 @@ class KnobPanel:
         """Models put in channels-last format here: back in the contiguous format when the run ends."""
         self.training_loader: torch.utils.data.DataLoader | None = None
         """The first loader built here (the training one: an evaluation loader comes after it)."""
+        self.offload: ActivationOffload | None = None
+        """The activation offload of the blocks offered here, where the config offloads (closed at the end)."""
         self.data_parallel: torch.nn.parallel.DistributedDataParallel | None = None
         self.sharded: Any = None  # an FSDP2 module (distribute with shard=)
 
@@ -66,6 +71,8 @@ class KnobPanel:
         blocks = list(blocks) if not isinstance(blocks, torch.nn.ModuleList) else blocks
         self.used.checkpoint_blocks = len(blocks)
         offload_to = self._device.type if config.offload_activations else None
+        if offload_to is not None and self.offload is None:
+            self.offload = start_offload(self._device, self._host_memory() if self._host_memory else None)
         for index, block in enumerate(blocks):
             if index < config.checkpoint_segments:
                 apply_checkpoint(block, policy=config.checkpoint_policy)
@@ -82,6 +89,8 @@ class KnobPanel:
         for block in list(self._wrapped_blocks):
             offload_block(remove_checkpoint(block), None)
         self._wrapped_blocks.clear()
+        end_offload(self.offload)  # the run's streams and the forward's device bytes go; copies die with the graph
+        self.offload = None
         for model in list(self._channels_last):
             model.to(memory_format=torch.contiguous_format)
         self._channels_last.clear()
