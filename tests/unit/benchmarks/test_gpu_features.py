@@ -2,6 +2,8 @@
 benchmark's table and the dated table it writes. Its figures come from running it on a GPU."""
 from __future__ import annotations
 
+import os
+
 from benchmarks.gpu.features import PARTS, Row, _table_rows, table
 
 
@@ -49,3 +51,30 @@ def test_the_offload_row_reads_both_probes_records(tmp_path, monkeypatch):
     assert row.command.startswith("python -m autofit.cli probe benchmarks/gpu/gpt124m.py --gpu 0 --precision bf16")
     records[True] = {"status": "oom"}
     assert "no figure: probes ok, oom" in PARTS["offload"](str(tmp_path))[0].figure
+
+
+def test_the_table_writes_the_out_folder_relative_never_as_this_machines_path(tmp_path, monkeypatch):
+    """The table goes into docs/benchmarks.md: its commands name the --out folder relative to the repository
+    (where they run), or as `<out>` outside it, never as the absolute path of the machine that ran them."""
+    import json
+    import sys
+
+    import torch
+
+    from benchmarks.gpu import features
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
+    monkeypatch.setattr(features, "_run", lambda args, log, timeout, env=None: (1, ""))  # every command fails fast
+    out = tmp_path / "gpu"
+    monkeypatch.setattr(sys, "argv", ["features", "--parts", "tokens,memory", "--out", str(out)])
+    features.main()
+    text = (out / "features.md").read_text()
+    assert "--out <out>/tokens-cuda.md" in text and "sqlite:///<out>/features.db" in text, text
+    assert "<out>/medium.best.json" in text
+    assert str(tmp_path) not in text
+    assert str(tmp_path) not in json.dumps(json.loads((out / "features.json").read_text())["rows"])
+    inside = os.path.join(features.REPO, "out", "gpu")
+    rows = features.portable([Row("f", "see out/gpu", f"python x.py --out {inside}/a.json "
+                                                      f"--storage sqlite:///{inside}/features.db")], inside)
+    assert rows[0].command == "python x.py --out out/gpu/a.json --storage sqlite:///out/gpu/features.db"
