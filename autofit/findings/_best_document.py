@@ -102,7 +102,8 @@ def _measured(ranked: list[Candidate], done: list[Observation], trials, meta: St
     that confirmed it (or why none did)."""
     best = ranked[0]
     usable = meta.memory.usable_bytes
-    confirmed = any(o.phase == "confirm" and o.config == best.config and o.fits(usable) for o in done)
+    undecided = best.measurement.undecided if best.measurement is not None else None
+    confirmed = not undecided and any(o.phase == "confirm" and o.config == best.config and o.fits(usable) for o in done)
     return MeasuredFigures(
         # the rate the search ranked by: samples_per_s, or tokens_per_s (real tokens) by tokens
         ranked_by=best.config.ranked_by,
@@ -111,7 +112,7 @@ def _measured(ranked: list[Candidate], done: list[Observation], trials, meta: St
         probes=best.probes,
         confirmed=confirmed,
         # why not, when it is not (None when it is)
-        unconfirmed=unconfirmed_reason(confirmed, done, partial),
+        unconfirmed=unconfirmed_reason(confirmed, done, partial, undecided),
         # the A/B that confirmed it: each entrant's rounds (at the ranked rate), median and spread (None: none ran)
         ab=ab_record(ranked, done, planner),
         # which probes the rates come from ("confirmation", "median", "fastest"), and why
