@@ -351,6 +351,8 @@ def read_best(path: str) -> BestConfig:
             document = json.load(handle)
     except FileNotFoundError:
         raise ConfigFileError(f"The best-config file must exist, but {path} does not.") from None
+    except IsADirectoryError:
+        raise ConfigFileError(f"The best-config file must be a file, but {path} is a directory.") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigFileError(f"The best-config file {path} must be valid JSON, but it is not: {exc}.") from None
     if not isinstance(document, dict) or document.get("schema") != SCHEMA:
