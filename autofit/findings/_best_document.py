@@ -76,10 +76,11 @@ def best_document(
         # PYTORCH_CUDA_ALLOC_CONF and the like, as the probes ran (None: not recorded by this study)
         allocator=meta.allocator,
         versions=versions(run_versions.get("torch"), run_versions.get("cuda")),
-        # The script as the search measured it: a later run warns if it changed since (None for
-        # studies recorded before the hash was kept; re-hashing now would hide a change).
+        # The script as the search measured it (its bytes, its code and its local modules' code): a later run
+        # warns if it changed since, naming what changed (None for studies recorded before the hashes were
+        # kept; re-hashing now would hide a change).
         script=ScriptEntry(path=meta.script, function=meta.function, sha256=meta.script_sha256,
-                           args=tuple(meta.script_args or ())),
+                           args=tuple(meta.script_args or ()), code_sha256=meta.code_sha256, modules=meta.modules),
         study=StudyEntry(name=study.study_name, storage=redacted(storage), probes=len(done),
                          oom=sum(o.too_big(usable) for o in done), failed=sum(o.failed for o in done),
                          stopped=stopped),

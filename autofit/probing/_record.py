@@ -87,6 +87,10 @@ class ProbeResult:
     or a GPU without a known peak: autofit.devices.PEAK_FLOPS)."""
     joules_per_sample: float | None = None
     """Energy the GPU drew per sample over the measured steps (NVML's energy counter; None elsewhere)."""
+    modules: dict = field(default_factory=dict)
+    """The script's local modules its process had loaded when the probe ended (path from the project's root to
+    its code_sha256: autofit.probing's `local_modules`): the code it ran beside the script's own, so a probe
+    of an older helper is told apart. Empty: none, or a record from before they were kept."""
 
     @property
     def offers(self) -> Offers:

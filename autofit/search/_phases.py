@@ -240,7 +240,7 @@ def _nothing_to_export(state: SearchState, done: list[Observation], stopped: str
     said = (nothing_fits(done, session.budget) if done else
             f"A search must probe a config to export one, but this one stopped ({stopped}) before its first "
             f"probe: give it a longer --budget.")
-    others = other_script_probes(session.study, session.script_sha256)
+    others = other_script_probes(session.study, session.version)
     return said + (f" ({others} of the study's probes ran another version of the script: they are kept but not "
                    f"ranked.)" if others else "")
 
