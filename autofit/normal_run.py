@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from autofit.config import TOKENS, Config
 from autofit.devices import apply_allocator_settings, default_device
-from autofit.export import BestConfig, default_best_path, device_tag, read_best, script_sha256
+from autofit.export import BestConfig, default_best_path, device_tag, read_best
 from autofit.options import SearchOptions
 from autofit.redaction import redacted_args
 from autofit.units import input_bound_text
@@ -165,11 +165,14 @@ def _warn_if_stale(fn: Decorated, best: BestConfig, device: str) -> None:
     if allocator:
         _warn(f"autofit: the allocator settings differ from the search's ({allocator}); the config's "
               f"memory and speed may differ. Run with the search's settings, or search again.")
+    from autofit.probing import ScriptVersion
+
     script = _script_of(fn)
-    recorded = best.script.sha256
-    if script and recorded and script_sha256(script) != recorded:
-        _warn("autofit: the training script changed since the search; its memory and speed may differ. "
-              "Run `autofit search` again to be sure the config still fits.")
+    entry = best.script
+    changed = ScriptVersion.of(script).changes(entry.sha256, entry.code_sha256, entry.modules) if script else []
+    if changed:
+        _warn(f"autofit: the training script changed since the search ({', '.join(changed)}); its memory and speed "
+              f"may differ. Run `autofit search` again to be sure the config still fits.")
 
 
 #: Frames under this directory are autofit's own: a warning names the user's line that started the run.

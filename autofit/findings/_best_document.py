@@ -76,10 +76,11 @@ def best_document(
         # PYTORCH_CUDA_ALLOC_CONF and the like, as the probes ran (None: not recorded by this study)
         allocator=meta.allocator,
         versions=versions(run_versions.get("torch"), run_versions.get("cuda")),
-        # The script as the search measured it: a later run warns if it changed since (None for
-        # studies recorded before the hash was kept; re-hashing now would hide a change).
+        # The script as the search measured it (its bytes, its code and its local modules' code): a later run
+        # warns if it changed since, naming what changed (None for studies recorded before the hashes were
+        # kept; re-hashing now would hide a change).
         script=ScriptEntry(path=meta.script, function=meta.function, sha256=meta.script_sha256,
-                           args=tuple(meta.script_args or ())),
+                           args=tuple(meta.script_args or ()), code_sha256=meta.code_sha256, modules=meta.modules),
         study=StudyEntry(name=study.study_name, storage=redacted(storage), probes=len(done),
                          oom=sum(o.too_big(usable) for o in done), failed=sum(o.failed for o in done),
                          stopped=stopped),
@@ -102,7 +103,8 @@ def _measured(ranked: list[Candidate], done: list[Observation], trials, meta: St
     that confirmed it (or why none did)."""
     best = ranked[0]
     usable = meta.memory.usable_bytes
-    confirmed = any(o.phase == "confirm" and o.config == best.config and o.fits(usable) for o in done)
+    undecided = best.measurement.undecided if best.measurement is not None else None
+    confirmed = not undecided and any(o.phase == "confirm" and o.config == best.config and o.fits(usable) for o in done)
     return MeasuredFigures(
         # the rate the search ranked by: samples_per_s, or tokens_per_s (real tokens) by tokens
         ranked_by=best.config.ranked_by,
@@ -111,7 +113,7 @@ def _measured(ranked: list[Candidate], done: list[Observation], trials, meta: St
         probes=best.probes,
         confirmed=confirmed,
         # why not, when it is not (None when it is)
-        unconfirmed=unconfirmed_reason(confirmed, done, partial),
+        unconfirmed=unconfirmed_reason(confirmed, done, partial, undecided),
         # the A/B that confirmed it: each entrant's rounds (at the ranked rate), median and spread (None: none ran)
         ab=ab_record(ranked, done, planner),
         # which probes the rates come from ("confirmation", "median", "fastest"), and why

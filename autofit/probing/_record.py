@@ -91,6 +91,10 @@ class ProbeResult:
     """Times the allocator freed its cache to retry an allocation in the measured steps (CUDA's
     num_alloc_retries): above 0, the config only just fits; None: not counted (a CPU, cudaMallocAsync, a
     record from before it was kept: `only_just_fits` reads the whole probe's count there)."""
+    modules: dict = field(default_factory=dict)
+    """The script's local modules its process had loaded when the probe ended (path from the project's root to
+    its code_sha256: autofit.probing's `local_modules`): the code it ran beside the script's own, so a probe
+    of an older helper is told apart. Empty: none, or a record from before they were kept."""
 
     @property
     def offers(self) -> Offers:

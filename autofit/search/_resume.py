@@ -1,7 +1,8 @@
 """Opening a study for a search: a new one, or one to resume. Resuming is allowed only on the same
 device, limit and headroom (the probes would not compare otherwise); the trials of a searcher that
-died are failed so their configs are probed again; a changed script is pointed out (its earlier probes
-are kept, but only those of the script searched now are ranked: autofit.study's `script_trials`)."""
+died are failed so their configs are probed again; a changed script (its code, or a local module it imports:
+a comment changes nothing) is pointed out, naming the files that changed (its earlier probes are kept, but only
+those of the script searched now are ranked: autofit.study's `script_trials`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import optuna
 from autofit.errors import UsageError
 from autofit.export import MemoryBudget
 from autofit.search._liveness import fail_stale
-from autofit.study import forget_script, other_script_probes, stored_meta
+from autofit.probing import RecordedVersion
+from autofit.study import forget_script, other_script_probes, script_changes, stored_meta
 
 
 @dataclass
@@ -26,9 +28,11 @@ class OpenedStudy:
 
 
 def open_study(storage: optuna.storages.BaseStorage, name: str, *, fresh: bool, device_name: str,
-               budget: MemoryBudget, limit_given: bool, script_sha256: str | None,
+               budget: MemoryBudget, limit_given: bool, version: RecordedVersion | None,
                world_size: int = 1, script_args: list[str] | None = None) -> OpenedStudy:
-    """The study to search in, checked against what this search runs under (UsageError if it differs)."""
+    """The study to search in, checked against what this search runs under (UsageError if it differs).
+    `version`: the script as this search runs it (its code and its local modules': autofit.probing's
+    `ScriptVersion`); a resumed study's probes of another version are pointed out, naming what changed."""
     created = not study_exists(storage, name)
     if fresh:
         try:
@@ -53,12 +57,13 @@ def open_study(storage: optuna.storages.BaseStorage, name: str, *, fresh: bool, 
                     f"The study {name} must be resumed with the same {key.replace('_', ' ')} "
                     f"({kept}), but got {value}: pass --fresh to start over or --study to name another."
                 )
-        if meta.script_sha256 not in (None, script_sha256):
+        if version is not None and version.changes(meta.script_sha256, meta.code_sha256, meta.modules):
             forget_script(study)  # the knobs and memory estimates were the other version's
-        others = other_script_probes(study, script_sha256)
+        others = other_script_probes(study, version)
         if others:
-            opened.notes.append(f"the script changed: {others} of this study's probes ran another version of it; they "
-                                f"are kept but not ranked, and their configs are probed again (--fresh drops them)")
+            opened.notes.append(f"the script changed ({', '.join(script_changes(study, version))}): {others} of this "
+                                f"study's probes ran another version of it; they are kept but not ranked, and their "
+                                f"configs are probed again (--fresh drops them)")
     stale = fail_stale(study)
     if stale:
         opened.notes.append(f"trials {', '.join(map(str, stale))} were left running by a searcher that died "

@@ -27,7 +27,8 @@ Each part runs autofit as a user would (`autofit search`, then the exported file
   export's normal run against the probe.
 
 Writes --out/features.md (the table, to paste into docs/benchmarks.md "Every feature on a GPU") and
---out/features.json. Budgets and caps: $BUDGET_TOKENS (3m), $BUDGET_MEMORY (2m), $BUDGET_HF (90s),
+--out/features.json, their commands' --out paths relative to the repository (where the commands run), or
+`<out>/...` for a folder outside it: never this machine's absolute path. Budgets and caps: $BUDGET_TOKENS (3m), $BUDGET_MEMORY (2m), $BUDGET_HF (90s),
 $LIMIT_TOKENS (2GiB), $LIMIT_MEMORY (16GiB).
 """
 
@@ -42,7 +43,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PY = sys.executable
@@ -340,6 +341,14 @@ PARTS: dict[str, Callable[[str], list[Row]]] = {
 }
 
 
+def portable(rows: list[Row], out: str) -> list[Row]:
+    """`rows` with the absolute --out folder written as a reader can use it: relative to the repository
+    where it lies inside it (every command runs from there), else `<out>`."""
+    out = os.path.abspath(out)
+    shown = os.path.relpath(out, REPO) if os.path.commonpath([out, REPO]) == REPO else "<out>"
+    return [replace(r, figure=r.figure.replace(out, shown), command=r.command.replace(out, shown)) for r in rows]
+
+
 def table(rows: list[Row], gpu: str, date: str) -> str:
     lines = ["| feature | GPU | figure | date | command |", "|---|---|---|---|---|"]
     lines += [f"| {r.feature} | {gpu} | {r.figure} | {date} | `{r.command}` |" for r in rows]
@@ -366,6 +375,7 @@ def main() -> None:
         for row in part_rows:
             print(f"  {row.feature}: {row.figure}  [{time.perf_counter() - started:.0f} s]", flush=True)
         rows += part_rows
+    rows = portable(rows, out)
     text = table(rows, gpu, date)
     with open(os.path.join(out, "features.md"), "w") as handle:
         handle.write(text)

@@ -45,7 +45,9 @@ forecast)
     cp "$best" "$OUT/nanogpt-defaults.best.json" || exit 1
     "$PYTHON" -m benchmarks.forecast --held-out "$OUT/nanogpt-defaults.best.json" --target "${TARGET:-H100}" \
         | tee "$OUT/forecast-held-out.json"
-    "$PYTHON" -m autofit.cli forecast "$OUT/nanogpt-defaults.best.json" --tokens 10B | tee "$OUT/forecast.log"
+    # nanoGPT's own loop counts no tokens (its file: "tokens_per_s": null): a sample is its block_size, 1024
+    "$PYTHON" -m autofit.cli forecast "$OUT/nanogpt-defaults.best.json" --tokens 10B --tokens-per-sample 1024 \
+        | tee "$OUT/forecast.log"
     ;;
 features)
     step "every feature on one GPU (benchmarks/gpu/features.py --parts ${PARTS:-tokens,memory,estimator,offload,allocator,hf})"

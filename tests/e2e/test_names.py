@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from autofit import Config, SearchOptions, autofit
 from autofit.cli import cli
 from autofit.config import CONSIDERED
-from autofit.export import MeasuredFigures, config_entry, read_best
+from autofit.export import MeasuredFigures, ScriptEntry, config_entry, read_best
 from tests.support import REPO
 
 COMMANDS = ("probe", "search", "estimate")
@@ -82,6 +82,8 @@ def _exported_fields() -> set[str]:
     documents.append({"config": config_entry(everything, world_size=2)})
     # and the figures only a CUDA search's file holds (the bundled searches ran on a CPU)
     documents.append({"measured": MeasuredFigures(alloc_retries=0, host_pinned_bytes=2**30).to_dict()})
+    # the script's code and local modules, which files from studies recorded before them lack
+    documents.append({"script": ScriptEntry(code_sha256="0" * 64, modules={"helper.py": "1" * 64}).to_dict()})
     found: set[str] = set()
 
     def walk(value, prefix: str) -> None:

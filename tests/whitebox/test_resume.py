@@ -9,7 +9,7 @@ from dataclasses import replace
 from autofit import Config
 from autofit.export import MemoryBudget
 from autofit.planner import SearchSpace
-from autofit.probing import ProbeResult
+from autofit.probing import ProbeResult, RecordedVersion
 from autofit.search._resume import open_study
 from autofit.study import ESTIMATES_ATTR, keep_meta, script_trials, study_meta
 from tests.support.studies import study_of
@@ -27,10 +27,11 @@ def test_resuming_with_another_version_of_the_script_says_so_and_forgets_what_th
 
     def resume(sha256: str) -> list[str]:
         return open_study(study._storage, study.study_name, fresh=False, device_name="cpu",
-                          budget=MemoryBudget.of(8 * GiB, 0.1), limit_given=True, script_sha256=sha256).notes
+                          budget=MemoryBudget.of(8 * GiB, 0.1), limit_given=True,
+                          version=RecordedVersion(sha256=sha256, name="train.py")).notes
 
     assert resume(OLD) == [] and study_meta(study).knobs == {"batches": True}
-    assert resume(NEW) == ["the script changed: 2 of this study's probes ran another version of it; they are kept "
+    assert resume(NEW) == ["the script changed (train.py): 2 of this study's probes ran another version of it; they are kept "
                            "but not ranked, and their configs are probed again (--fresh drops them)"]
     assert study_meta(study).knobs is None and study.user_attrs[ESTIMATES_ATTR] is None
     assert len(script_trials(study, OLD)) == 2  # kept

@@ -2,6 +2,8 @@
 benchmark's table and the dated table it writes. Its figures come from running it on a GPU."""
 from __future__ import annotations
 
+import os
+
 from benchmarks.gpu.features import PARTS, Row, _table_rows, table
 
 
@@ -77,3 +79,28 @@ def test_the_allocator_rows_read_each_probes_retries_with_the_default_settings_a
     assert at3.figure == ("expandable segments (autofit's default): peak 13.00 GiB, 30.0 samples/s, 0 retries in its "
                           "measured steps; off: peak 13.00 GiB, 30.0 samples/s, 3 retries in its measured steps")
     assert at4.figure.endswith("; off: oom") and "b=4" in at4.feature
+def test_the_table_writes_the_out_folder_relative_never_as_this_machines_path(tmp_path, monkeypatch):
+    """The table goes into docs/benchmarks.md: its commands name the --out folder relative to the repository
+    (where they run), or as `<out>` outside it, never as the absolute path of the machine that ran them."""
+    import json
+    import sys
+
+    import torch
+
+    from benchmarks.gpu import features
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
+    monkeypatch.setattr(features, "_run", lambda args, log, timeout, env=None: (1, ""))  # every command fails fast
+    out = tmp_path / "gpu"
+    monkeypatch.setattr(sys, "argv", ["features", "--parts", "tokens,memory", "--out", str(out)])
+    features.main()
+    text = (out / "features.md").read_text()
+    assert "--out <out>/tokens-cuda.md" in text and "sqlite:///<out>/features.db" in text, text
+    assert "<out>/medium.best.json" in text
+    assert str(tmp_path) not in text
+    assert str(tmp_path) not in json.dumps(json.loads((out / "features.json").read_text())["rows"])
+    inside = os.path.join(features.REPO, "out", "gpu")
+    rows = features.portable([Row("f", "see out/gpu", f"python x.py --out {inside}/a.json "
+                                                      f"--storage sqlite:///{inside}/features.db")], inside)
+    assert rows[0].command == "python x.py --out out/gpu/a.json --storage sqlite:///out/gpu/features.db"
