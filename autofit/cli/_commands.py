@@ -210,6 +210,7 @@ def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], memory_
     probe ran its steps, 1 when it did not (oom, error, diverged, timeout, crashed).
     """
     from autofit.config import Config
+    from autofit.devices import check_memory_limit
     from autofit.probing import ProbeSettings, check_script, follow_probe, parse_target, pass_script_args, probe_once
     from autofit.report import describe_probe
 
@@ -218,6 +219,7 @@ def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], memory_
     check_script(script)
     pass_script_args(script_args)
     info = state.device_info()
+    check_memory_limit(memory_limit, info)
     if knobs["batch_size"] is None and knobs["max_tokens"] is None:
         raise click.UsageError("Missing option '--batch-size' (or '--max-tokens' for a function that batches "
                                "by tokens).")
@@ -417,19 +419,29 @@ def estimate(target: str, script_args: tuple[str, ...], sizes: tuple[int, ...] |
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the devices as JSON.")
 def devices(as_json: bool) -> None:
-    """List the devices autofit can probe on, with their memory."""
-    from autofit.devices import list_devices
+    """List the devices autofit can probe on, with their memory, and what the installed PyTorch can use.
+
+    The GPUs are read through NVML (the driver's library), whatever torch was built for. Exit status 1,
+    with the fix, when NVML sees a GPU that this environment's torch cannot use (a CPU-only build of torch,
+    or one built for a newer CUDA than the driver runs).
+    """
+    from autofit.devices import TorchView, driver_cuda_version, gpu_problem, list_devices
     from autofit.units import format_size
 
     found = list_devices()
+    view = TorchView.of()
     if as_json:
         click.echo(json.dumps([d.to_dict() for d in found], indent=2))
-        return
-    for d in found:
-        free = f", {format_size(d.free_bytes)} free" if d.free_bytes is not None else ""
-        click.echo(f"{d.type}:{d.index}  {d.name}  {format_size(d.total_bytes)} total{free}")
-    if not any(d.type == "cuda" for d in found):
-        click.echo("(no NVIDIA GPU visible: NVML found none)")
+    else:
+        for d in found:
+            free = f", {format_size(d.free_bytes)} free" if d.free_bytes is not None else ""
+            click.echo(f"{d.type}:{d.index}  {d.name}  {format_size(d.total_bytes)} total{free}")
+        if not any(d.type == "cuda" for d in found):
+            click.echo("(no NVIDIA GPU visible: NVML found none)")
+        click.echo(view.describe())
+    problem = gpu_problem([d for d in found if d.type == "cuda"], view, driver_cuda_version())
+    if problem:
+        raise CommandFailed(f"{problem}; then run `autofit devices` again.")
 
 
 def main() -> None:

@@ -4,12 +4,17 @@
 from __future__ import annotations
 
 from autofit.devices._allocator import allocator_difference, current_allocator_settings
-from autofit.devices._base import DeviceBackend, DeviceInfo
+from autofit.devices._base import DeviceBackend, DeviceInfo, check_memory_limit
 from autofit.devices._cpu import cpu_has_native_bf16
 from autofit.devices._peak_flops import PEAK_FLOPS, PeakFlops, mfu, peak_flops_for, peak_flops_per_s
+from autofit.devices._cuda import driver_cuda_version
+from autofit.devices._torch_gpu import INSTALL_URL, TorchView, gpu_problem
 from autofit.devices._select import DEVICE_ENV, DEVICE_TYPES, check_device, default_device, default_device_line, list_devices, make_backend
 
 __all__ = [
+    "INSTALL_URL",
+    "TorchView",
+    "gpu_problem",
     "DEVICE_ENV",
     "DEVICE_TYPES",
     "default_device",
@@ -20,6 +25,8 @@ __all__ = [
     "DeviceInfo",
     "allocator_difference",
     "check_device",
+    "check_memory_limit",
+    "driver_cuda_version",
     "cpu_has_native_bf16",
     "current_allocator_settings",
     "list_devices",

@@ -10,7 +10,7 @@ from datetime import datetime
 
 import optuna
 
-from autofit.devices import DeviceInfo, check_device, current_allocator_settings, peak_flops_per_s
+from autofit.devices import DeviceInfo, check_device, check_memory_limit, current_allocator_settings, peak_flops_per_s
 from autofit.errors import UsageError
 from autofit.export import MemoryBudget, script_sha256
 from autofit.knobs import Offers
@@ -57,6 +57,7 @@ class Session:
         self.slots = settings.worker_indices()
         """The device index of each worker: one per listed GPU, or --parallel of them on the CPU."""
         self.device_info = same_devices(settings.device, self.slots)
+        check_memory_limit(settings.memory_limit, self.device_info)
         self.storage_label = storage_label(settings.storage)
         """The storage as it may be printed or written (a password masked)."""
         self.storage = open_storage(settings.storage)  # a bad storage fails before any probe
