@@ -148,8 +148,9 @@ def _unsearched_plan(fn: Decorated, device: str, why_not: str, record_path: str)
     if device.split(":")[0] == "cpu" and config.precision == "fp16":  # nanoGPT's dtype off a GPU
         config = replace(config, precision="fp32")
         why += " (fp16 is emulated on the CPU: fp32)"
-    return RunPlan(config, device, f"{why_not}; running with defaults: {config.label()}{why}. Run `autofit search` "
-                                   f"to find a faster one.", None, record_path, None)
+    return RunPlan(config, device, message=f"{why_not}; running with defaults: {config.label()}{why}. Run `autofit "
+                                           f"search` to find a faster one.", path=None, record_path=record_path,
+                   searched_memory_limit=None)
 
 
 def _other_global_batch(fn: Decorated, best: BestConfig) -> int | None:

@@ -3,7 +3,8 @@
 
 A site is a raise (any exception built with a message: autofit's, click's, a builtin's), a warning
 (`warnings.warn`), a line on the terminal (`click.echo`/`secho`, `print`, a stream's `write`, a click
-ParamType's `self.fail`), or a note (what goes into a `notes` list, a `note=`, a reporter's `note()`: the
+ParamType's `self.fail`, a `message` assigned or passed by name, as a normal run's plan carries its line), or
+a note (what goes into a `notes` list, a `note=`, a reporter's `note()`: the
 `note:` lines a search and a probe print). A function that passes one of its parameters on to such a call is
 a site too, at each of its calls (`_warn(message)`, `Reporter._line(text)`), found to a fixed point.
 
@@ -211,9 +212,13 @@ class MessageSites:
             for keyword in node.keywords:
                 if keyword.arg in ("note", "notes"):
                     yield "note", keyword.value
+                elif keyword.arg == "message" and _name(node.func) != "filterwarnings":  # a record's (a RunPlan's)
+                    yield "echo", keyword.value
         elif isinstance(node, (ast.AugAssign, ast.Assign)):
             targets = [node.target] if isinstance(node, ast.AugAssign) else node.targets
             for target in targets:
+                if isinstance(target, (ast.Name, ast.Attribute)) and _name(target) == "message":
+                    yield "echo", node.value
                 named = target.value if isinstance(target, ast.Subscript) else target
                 if isinstance(named, (ast.Name, ast.Attribute)) and re.search(r"(^|_)notes$", _name(named) or "") \
                         and (isinstance(node, ast.AugAssign) or isinstance(target, ast.Subscript)):
@@ -272,8 +277,7 @@ class MessageSites:
 
     def _name_templates(self, name: str, module: _Module, function, depth: int, index) -> list[Template]:
         found: list[Template] = []
-        scope = function if function is not None else module.tree
-        for node in ast.walk(scope):
+        for node in ast.walk(function) if function is not None else ():  # a function's own names, then globals
             if isinstance(node, ast.Assign):
                 for target in node.targets:
                     if isinstance(target, ast.Name) and target.id == name:
