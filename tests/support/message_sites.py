@@ -363,17 +363,10 @@ def _name(node: ast.AST) -> str | None:
 
 def printed_key(line: str) -> str | None:
     """The family key of a line as autofit printed it (a log's `note: trial 0: worker memory stayed 338.00 MiB
-    above ...`): its prefixes dropped, each figure (and its unit) a placeholder."""
+    above ...`): its prefixes dropped, each figure (with its unit) a placeholder."""
     text = re.sub(r"^(note:\s*)?(autofit:\s*)?(trial \d+:\s*)?", "", line.strip())
-    parts: list[str | None] = []
-    for token in re.split(r"(\s+)", text):
-        if re.search(r"\d", token) and not token.isspace():
-            parts.append(None)
-        elif parts and parts[-1] is None and token.strip() in ("B", "KiB", "MiB", "GiB", "s", "%"):
-            continue
-        else:
-            parts.append(token)
-    return family_key(tuple(parts))
+    text = re.sub(r"\S*\d\S*(\s+(B|KiB|MiB|GiB|s|%)(?=\s|$))?", "\0", text)
+    return family_key(tuple(None if part == "\0" else part for part in re.split(r"(\0)", text) if part))
 
 
 def explained(key: str, page: str) -> bool:
