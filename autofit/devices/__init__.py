@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from autofit.devices._allocator import allocator_difference, current_allocator_settings
-from autofit.devices._base import DeviceBackend, DeviceInfo, check_memory_limit
+from autofit.devices._base import DeviceBackend, DeviceInfo, check_memory_limit, default_memory_limit
 from autofit.devices._cpu import cpu_has_native_bf16
 from autofit.devices._peak_flops import PEAK_FLOPS, PeakFlops, mfu, peak_flops_for, peak_flops_per_s
 from autofit.devices._cuda import driver_cuda_version
@@ -26,6 +26,7 @@ __all__ = [
     "allocator_difference",
     "check_device",
     "check_memory_limit",
+    "default_memory_limit",
     "driver_cuda_version",
     "cpu_has_native_bf16",
     "current_allocator_settings",

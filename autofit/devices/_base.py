@@ -29,6 +29,14 @@ class DeviceInfo:
         return asdict(self)
 
 
+def default_memory_limit(info: DeviceInfo, workers: int = 1) -> int:
+    """The memory a search's probes may use when no limit is given: a GPU's whole memory; on the CPU what is
+    free now, shared among the `workers` probing at once, so that the machine survives."""
+    if info.type == "cpu":
+        return int((info.free_bytes or info.total_bytes) / workers)
+    return int(info.total_bytes)
+
+
 def check_memory_limit(memory_limit: int | None, info: DeviceInfo, given: str | None = "--memory-limit") -> None:
     """A UsageError where a memory limit exceeds the device's memory: the probes would be judged against
     memory the device does not have (a GPU's allocator cannot be capped above the card). `given`: how the

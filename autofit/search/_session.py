@@ -10,7 +10,14 @@ from datetime import datetime
 
 import optuna
 
-from autofit.devices import DeviceInfo, check_device, check_memory_limit, current_allocator_settings, peak_flops_per_s
+from autofit.devices import (
+    DeviceInfo,
+    check_device,
+    check_memory_limit,
+    current_allocator_settings,
+    default_memory_limit,
+    peak_flops_per_s,
+)
 from autofit.errors import UsageError
 from autofit.export import MemoryBudget, script_sha256
 from autofit.knobs import Offers
@@ -66,7 +73,8 @@ class Session:
             + (f"-{settings.world_size}ranks" if settings.world_size > 1 else "")
         self.run_dir = os.path.join(self.output_dir, "runs", self.study_name)
         """Where the probes' logs go: one per trial (and per worker when there are several)."""
-        self.budget = MemoryBudget.of(settings.memory_limit or self._device_memory(), settings.headroom)
+        self.budget = MemoryBudget.of(settings.memory_limit or default_memory_limit(self.device_info, len(self.slots)),
+                                      settings.headroom)
         """The memory the probes run against: the given limit, or the device's (a resumed study's own)."""
         self.script_sha256 = script_sha256(self.script)  # the script as these probes measure it
         self.study: optuna.Study | None = None
@@ -85,12 +93,6 @@ class Session:
         if path is not None and not is_journal(url):
             return os.path.dirname(os.path.abspath(path))
         return os.path.abspath("studies")
-
-    def _device_memory(self) -> int:
-        info = self.device_info
-        if info.type == "cpu":  # no limit given: cap at what is free now, so the machine survives
-            return int((info.free_bytes or info.total_bytes) / len(self.slots))  # each worker its share
-        return int(info.total_bytes)
 
     def open(self) -> optuna.Study:
         """The study, new or resumed; a resumed one may bring its own limit (see open_study)."""
