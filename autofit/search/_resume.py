@@ -54,7 +54,8 @@ def open_study(storage: optuna.storages.BaseStorage, name: str, *, fresh: bool, 
             if kept != value:
                 raise UsageError(
                     f"The study {name} must be resumed with the same {what} ({kept_words(kept)}), but got "
-                    f"{given_words(value)}: pass --fresh to start over or --study to name another."
+                    f"{given_words(value)}: search with the same {what} to resume it, pass --fresh to start over or "
+                    f"--study to name another."
                 )
         if meta.script_sha256 not in (None, script_sha256):
             forget_script(study)  # the knobs and memory estimates were the other version's

@@ -31,7 +31,7 @@ def test_the_script_the_diff_ends_with_trains_on_the_cpu(tmp_path):
                           env={**env, "PYTHONPATH": REPO, "AUTOFIT_DEVICE": "cpu"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "running with defaults: fp32 b=32 acc=8 (global batch 256 as declared" in done.stderr
-    assert re.search(r"autofit: trained 8 optimizer steps with fp32 b=32 acc=8: [\d,.]+ samples/s", done.stderr)
+    assert re.search(r"autofit: trained 32 optimizer steps with fp32 b=32 acc=8: [\d,.]+ samples/s", done.stderr)
 
 
 def test_the_sample_output_is_the_logs_as_printed():

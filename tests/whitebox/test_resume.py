@@ -54,7 +54,7 @@ def test_a_resume_under_another_limit_speaks_in_the_options_words_and_units():
     keep_meta(study, replace(study_meta(study), limit_given=False))  # the first search gave no --memory-limit
     said = _resumed_with(study, MemoryBudget.of(999 * GiB, 0.1), limit_given=True)
     assert ("must be resumed with the same memory limit (none given, so the 8.00 GiB free when it began), but "
-            "got --memory-limit 999.00 GiB: pass --fresh") in said
+            "got --memory-limit 999.00 GiB: search with the same memory limit to resume it, pass --fresh") in said
     keep_meta(study, replace(study_meta(study), limit_given=True))
     said = _resumed_with(study, MemoryBudget.of(20 * GiB, 0.1), limit_given=False)
     assert "the same memory limit (--memory-limit 8.00 GiB), but got none given, so the 20.00 GiB free now" in said

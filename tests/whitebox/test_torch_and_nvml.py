@@ -78,3 +78,22 @@ def test_a_cuda_probe_on_a_cpu_only_torch_says_what_to_install(nvml):
         said = str(refused)
     assert said.startswith("The device cuda needs a PyTorch built with CUDA and a working driver, but torch")
     assert "is a CPU-only build" in said and INSTALL_URL in said and said.endswith("--device cpu.")
+
+
+def test_a_bf16_probe_on_a_gpu_before_ampere_says_to_probe_fp16(monkeypatch):
+    """The README's first probe of a script asks bf16, which a T4 or V100 does not run (issue 54, item 5)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import pytest
+
+    from autofit.config import Config
+    from autofit.probing import ProbeSettings, probe_once
+
+    loaded = SimpleNamespace(start=lambda: SimpleNamespace(precisions=("fp32", "fp16")))
+    monkeypatch.setattr(ProbeSettings, "runner", lambda self, budget=None: contextlib.nullcontext(loaded))
+    settings = ProbeSettings(script="train.py", config=Config(batch_size=16, precision="bf16"), device="cuda",
+                             probe_process="persistent")
+    with pytest.raises(UsageError, match=r"but got bf16: bf16 needs an Ampere or newer GPU \(compute capability "
+                                         r"8\.0\); probe --precision fp16 here\.$"):
+        probe_once(settings)
