@@ -50,10 +50,13 @@ def test_a_new_message_of_any_kind_is_a_new_family(tmp_path):
         "    _say('the widget was replaced in flight')\n"
         "    why = f'gizmo {x} stalled twice in a row'\n"
         "    notes.append(f'{why}; the probe ran again')\n"
-        "    notes.append(f'{x} is unsteady: {WHY}')\n")
+        "    notes.append(f'{x} is unsteady: {WHY}')\n"
+        "    print(f'autofit: the sprocket ran {x} laps', file=sys.stderr)\n"
+        "    return Record(error_message=f'The spindle broke after {x} turns')\n")
     keys = {site.key: site.kind for site in MessageSites(str(package)).sites() if site.key}
     assert keys == {"The frob count must be positive": "raise UsageError", "the widget was replaced in flight": "warning",
-                    "gizmo … stalled twice in a row": "note", "is unsteady: because the frobnicator is": "note"}
+                    "gizmo … stalled twice in a row": "note", "is unsteady: because the frobnicator is": "note",
+                    "the sprocket ran … laps": "echo", "The spindle broke after … turns": "echo"}
 
 
 def test_every_message_family_is_explained_on_the_failures_page():

@@ -2,9 +2,9 @@
 (issue 54, item 3). docs/guide/failures.md must explain every family; tests/docs/test_failures_page.py holds it.
 
 A site is a raise (any exception built with a message: autofit's, click's, a builtin's), a warning
-(`warnings.warn`), a line on the terminal (`click.echo`/`secho`, `print`, a stream's `write`, a click
-ParamType's `self.fail`, a `message` assigned or passed by name, as a normal run's plan carries its line), or
-a note (what goes into a `notes` list, a `note=`, a reporter's `note()`: the
+(`warnings.warn`, a logger's), a line on the terminal (`click.echo`/`secho`, `print`, a stream's `write`, a
+click ParamType's `self.fail`, a `message` assigned or a `message=`/`..._message=` passed, as a normal run's plan
+and a probe's record carry their text), or a note (what goes into a `notes` list, a `note=`, a reporter's `note()`: the
 `note:` lines a search and a probe print). A function that passes one of its parameters on to such a call is
 a site too, at each of its calls (`_warn(message)`, `Reporter._line(text)`), found to a fixed point.
 
@@ -45,6 +45,7 @@ CLICK_ERRORS = {"ClickException", "UsageError", "BadParameter", "BadOptionUsage"
 _BUILTIN_ERRORS = {name for name, value in vars(builtins).items()  # not BaseException's control flow
                    if isinstance(value, type) and issubclass(value, Exception)}
 _ECHO = {"echo", "secho", "print"}
+_LOG = {"debug", "info", "warning", "error", "critical", "exception"}
 _STR_METHODS = {"strip", "rstrip", "lstrip", "format", "removeprefix", "removesuffix", "capitalize"}
 _WORD = re.compile(r"[A-Za-z]")
 #: Fixed words a text needs to be a message (fewer: a table's row or a label, whose words are data).
@@ -165,6 +166,11 @@ class MessageSites:
             return "note", call.args[0]
         if name in ("append", "extend", "insert") and re.search(r"(^|[._])notes$", receiver):
             return "note", call.args[-1] if call.args else None
+        if name in _LOG and re.search(r"log", receiver):
+            return ("warning", first) if first is not None else None
+        carried = next((k for k in call.keywords if k.arg == "note" or (k.arg or "").endswith("message")), None)
+        if carried is not None and name != "filterwarnings":  # a record's text, printed from its field
+            return ("note" if carried.arg == "note" else "echo"), carried.value
         wrapped = next((self.wrappers[id(f)] for _, f in self._defined(name, module) if id(f) in self.wrappers), None)
         if wrapped is not None:
             kind, position, keyword = wrapped
@@ -210,10 +216,8 @@ class MessageSites:
             if said is not None and said[1] is not None:
                 yield said
             for keyword in node.keywords:
-                if keyword.arg in ("note", "notes"):
+                if keyword.arg == "notes":
                     yield "note", keyword.value
-                elif keyword.arg == "message" and _name(node.func) != "filterwarnings":  # a record's (a RunPlan's)
-                    yield "echo", keyword.value
         elif isinstance(node, (ast.AugAssign, ast.Assign)):
             targets = [node.target] if isinstance(node, ast.AugAssign) else node.targets
             for target in targets:
