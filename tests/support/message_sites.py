@@ -368,7 +368,7 @@ def _name(node: ast.AST) -> str | None:
 def printed_key(line: str) -> str | None:
     """The family key of a line as autofit printed it (a log's `note: trial 0: worker memory stayed 338.00 MiB
     above ...`): its prefixes dropped, each figure (with its unit) a placeholder."""
-    text = re.sub(r"^(note:\s*)?(autofit:\s*)?(trial \d+:\s*)?", "", line.strip())
+    text = re.sub(r"^(note:\s*)?(autofit:\s*)?(error:\s*)?(trial \d+:\s*)?", "", line.strip())
     text = re.sub(r"\S*\d\S*(\s+(B|KiB|MiB|GiB|s|%)(?=\s|$))?", "\0", text)
     return family_key(tuple(None if part == "\0" else part for part in re.split(r"(\0)", text) if part))
 
