@@ -6,10 +6,18 @@ from __future__ import annotations
 from autofit.devices._allocator import allocator_difference, current_allocator_settings
 from autofit.devices._base import DeviceBackend, DeviceInfo, check_memory_limit, default_memory_limit
 from autofit.devices._cpu import cpu_has_native_bf16
-from autofit.devices._peak_flops import PEAK_FLOPS, PeakFlops, mfu, peak_flops_for, peak_flops_per_s
 from autofit.devices._cuda import driver_cuda_version
+from autofit.devices._peak_flops import PEAK_FLOPS, PeakFlops, mfu, peak_flops_for, peak_flops_per_s
+from autofit.devices._select import (
+    DEVICE_ENV,
+    DEVICE_TYPES,
+    check_device,
+    default_device,
+    default_device_line,
+    list_devices,
+    make_backend,
+)
 from autofit.devices._torch_gpu import INSTALL_URL, TorchView, gpu_problem
-from autofit.devices._select import DEVICE_ENV, DEVICE_TYPES, check_device, default_device, default_device_line, list_devices, make_backend
 
 __all__ = [
     "INSTALL_URL",

@@ -12,8 +12,8 @@ import optuna
 from autofit.errors import UsageError
 from autofit.export import MemoryBudget
 from autofit.search._liveness import fail_stale
-from autofit.units import format_size
 from autofit.study import forget_script, other_script_probes, stored_meta
+from autofit.units import format_size
 
 
 @dataclass

@@ -20,8 +20,8 @@ from autofit.devices import (
 )
 from autofit.errors import UsageError
 from autofit.export import MemoryBudget, script_sha256
-from autofit.knobs import Offers
 from autofit.findings import observations
+from autofit.knobs import Offers
 from autofit.planner import Observation, SearchSpace
 from autofit.probing import ProbeResult, WorkerInfo, check_script, decorated_name, pass_script_args
 from autofit.redaction import redacted_args

@@ -14,7 +14,7 @@ import os
 import re
 
 from tests.support import REPO
-from tests.support.message_sites import MessageSites, PAGE, explained, page_text, printed_key
+from tests.support.message_sites import PAGE, MessageSites, explained, page_text, printed_key
 
 HOW = ("Explain each family below on docs/guide/failures.md: quote its leading words as given (each … is a "
        "placeholder: write ..., N or X there, or an example), then say what it means and what to do. A message that "
@@ -28,7 +28,8 @@ def test_the_walk_finds_every_kind_of_site():
     assert {"raise", "warning", "echo", "note"} <= kinds
     assert len({site.key for site in sites if site.key}) > 200  # a broken walk would pass the next test
     keys = {site.key for site in sites}
-    for expected in ("Nothing fits under … usable (… limit", "worker memory stayed … above what it",  # a note's why
+    for expected in ("Nothing fits under … usable (… limit",
+                     "worker memory stayed … above what it",  # a note whose words come from the function it calls
                      "is unconfirmed: the budget left no",  # a constant spliced into its f-string
                      "The TrainingArguments ask for a global",  # a builtin exception's message
                      "the allocator settings differ from the",  # a warning through the normal run's _warn
@@ -54,8 +55,8 @@ def test_a_new_message_of_any_kind_is_a_new_family(tmp_path):
         "    print(f'autofit: the sprocket ran {x} laps', file=sys.stderr)\n"
         "    return Record(error_message=f'The spindle broke after {x} turns')\n")
     keys = {site.key: site.kind for site in MessageSites(str(package)).sites() if site.key}
-    assert keys == {"The frob count must be positive": "raise UsageError", "the widget was replaced in flight": "warning",
-                    "gizmo … stalled twice in a row": "note", "is unsteady: because the frobnicator is": "note",
+    assert keys == {"The frob count must be positive": "raise UsageError",
+                    "the widget was replaced in flight": "warning", "gizmo … stalled twice in a row": "note", "is unsteady: because the frobnicator is": "note",
                     "the sprocket ran … laps": "echo", "The spindle broke after … turns": "echo"}
 
 

@@ -2,9 +2,10 @@
 and gives a figure (a rate, a time, memory, a ratio, a percentage) sits in a paragraph, a list item or a table
 (its caption, the paragraph above it, counts) that names its source: a log or file under
 benchmarks/gpu/results/ (which must exist), the shared GPU logs (../shared/gpu/...), the forecast's dated
-tables (autofit/forecast/_gpus.py, _prices.py), the datasheets' peaks (autofit/devices/_peak_flops.py), the published figures benchmarks/forecast.py records, or a
-published source's address. A GPU figure no one can trace is one no one can check: docs/limits.md's "±15%"
-turned out to be 4-33% in its log. Commands in backticks (`--memory 24GiB`) hold values, not figures."""
+tables (autofit/forecast/_gpus.py, _prices.py), the datasheets' peaks (autofit/devices/_peak_flops.py), the
+published figures benchmarks/forecast.py records, or a published source's address. A GPU figure no one can
+trace is one no one can check: docs/limits.md's "±15%" turned out to be 3.5-33% in its log. Commands in
+backticks (`--memory 24GiB`) hold values, not figures."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import re
 from tests.support import REPO
 
 GPU = re.compile(r"\b(H100|H200|A100|A10G?|L40S?|L4|T4|V100|B200|GH200|RTX ?\d{4})\b")
-FIGURE = re.compile(r"(?<![-\w])\d[\d,.]*(\s?(%|x\b|s\b|ms\b|samples/s|tokens/s|tok/s|TFLOP|J/sample)|\s(GiB|MiB))|MFU \d")
-SOURCE = re.compile(r"benchmarks/gpu/results/[\w.-]+|shared/gpu/[\w.-]+|https?://\S+|autofit/forecast/_(gpus|prices)\.py"
-                    r"|benchmarks/forecast\.py|autofit/devices/_peak_flops\.py")
+FIGURE = re.compile(r"(?<![-\w])\d[\d,.]*(\s?(%|x\b|s\b|ms\b|samples/s|tokens/s|tok/s|TFLOP|J/sample)|\s(GiB|MiB))"
+                    r"|MFU \d")
+SOURCE = re.compile(r"benchmarks/gpu/results/[\w.-]+|shared/gpu/[\w.-]+|https?://\S+"
+                    r"|autofit/forecast/_(gpus|prices)\.py|benchmarks/forecast\.py|autofit/devices/_peak_flops\.py")
 COMMAND = re.compile(r"`[^`]*--[^`]*`")
 SENTENCE = re.compile(r"(?<=[.!?;])\s+(?=[A-Z(`*\"])")
 

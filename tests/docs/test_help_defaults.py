@@ -161,7 +161,8 @@ def _considered(flag: str):
 def _study(words: str, monkeypatch) -> None:
     from autofit.study import default_study_name
 
-    assert words == "SCRIPT.FUNCTION-DEVICE" and default_study_name("train.py", "train", "cuda", 0) == "train.train-cuda0"
+    assert words == "SCRIPT.FUNCTION-DEVICE"
+    assert default_study_name("train.py", "train", "cuda", 0) == "train.train-cuda0"
 
 
 def _best_path(words: str, monkeypatch) -> None:

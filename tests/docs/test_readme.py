@@ -39,7 +39,7 @@ def test_the_sample_output_is_the_logs_as_printed():
     log = re.search(r"\(as the log has it,\s+`(benchmarks/gpu/results/[\w.-]+)`", text).group(1)
     shown = text.split(log, 1)[1].split("```text\n", 1)[1].split("```", 1)[0].splitlines()
     printed = open(os.path.join(REPO, log), encoding="utf-8").read().splitlines()
-    assert len(shown) > 10 and all(line in printed for line in shown), [l for l in shown if l not in printed]
+    assert len(shown) > 10 and all(line in printed for line in shown), [line for line in shown if line not in printed]
     first, last = printed.index(shown[0]), printed.index(shown[-1])
     assert printed[first:last + 1] == shown  # the whole search, in order, nothing left out
 

@@ -65,7 +65,8 @@ def test_the_first_line_says_when_the_winner_was_never_confirmed(tmp_path, monke
     exported = Config.from_dict(document["config"])  # the bundled study's winner (bf16 b=64 since issue 44)
     assert train(autofit_config=str(path)) == exported
     first = capsys.readouterr().err.splitlines()[0]
-    assert first.startswith("autofit: on cpu (no GPU is visible), running train with the best config from") and exported.label() in first
+    assert first.startswith("autofit: on cpu (no GPU is visible), running train with the best config from")
+    assert exported.label() in first
     reason = document["measured"].get("unconfirmed") or "the search ended before a longer run could measure it"
     assert (f"(unconfirmed: {reason}" in first) is not confirmed  # the file's own reason
 
