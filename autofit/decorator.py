@@ -76,14 +76,12 @@ class AutofitFunction:
 
                 leave_process_group()
 
-    def plan_run(self, config_path: str | os.PathLike | None = None, device: str | None = None):
-        """What a normal call trains with (autofit.normal_run.RunPlan): the best exported config, if any."""
+    def plan_run(self, config_path: str | os.PathLike | None = None, device: str | None = None, say: bool = True):
+        """What a normal call trains with (autofit.normal_run.RunPlan): the best exported config, if any,
+        said in one line where `say`."""
         from autofit.normal_run import resolve_run_config
 
-        plan = resolve_run_config(self, config_path, device)
-        if os.environ.get("RANK", "0") == "0":  # under torchrun, the main rank speaks for all
-            print(f"autofit: {plan.message}", file=sys.stderr)
-        return plan
+        return resolve_run_config(self, config_path, device, say=say)
 
     def make_run(self, config_path: str | os.PathLike | None = None, device: str | None = None,
                  *, plan: Any = None, redo: StepRedo | None = None) -> Run:

@@ -18,7 +18,8 @@ What is counted, precisely:
   that needs more raises `torch.OutOfMemoryError` in the probe (status oom).
   Overhead that appears later (handles and kernels loaded at first use) is taken into account again
   at every `reset_peak`, which re-derives the fraction from the overhead measured then.
-  A cap above the card's memory means the whole card (fraction 1.0).
+  A limit above the card's memory is refused (`check_memory_limit`): fit would be judged against memory
+  the card does not have.
 - the peak is `torch.cuda.max_memory_reserved()` since `reset_peak` plus the overhead measured when
   `peak_bytes` is called: the quantity the cap bounds. Fragmentation inside the allocator counts,
   as it does for a real OOM.
@@ -47,8 +48,9 @@ import os
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from autofit.devices._base import DeviceBackend, DeviceInfo
+from autofit.devices._base import DeviceBackend, DeviceInfo, check_memory_limit
 from autofit.devices._peak_flops import peak_flops_per_s
+from autofit.devices._torch_gpu import TorchView, gpu_problem
 from autofit.errors import UsageError
 from autofit.units import format_size
 
@@ -227,10 +229,51 @@ def _allocator_record(stats: dict) -> dict:
     }
 
 
+def driver_cuda_version() -> str | None:
+    """The newest CUDA the driver runs ('12.2'), from NVML; None where NVML or the query is missing."""
+    nvml = _load_nvml()
+    if nvml is None:
+        return None
+    try:
+        nvml.nvmlInit()
+    except (*_nvml_errors(nvml), AttributeError):
+        return None
+    try:
+        version = int(nvml.nvmlSystemGetCudaDriverVersion())  # 12020 for 12.2
+        return f"{version // 1000}.{version % 1000 // 10}"
+    except (*_nvml_errors(nvml), AttributeError, TypeError, ValueError):
+        return None
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except (*_nvml_errors(nvml), AttributeError):
+            pass
+
+
 def cuda_available() -> bool:
     """Whether a driver and at least one GPU are present (whether torch was built with CUDA is
     only known once the worker imports it)."""
     return bool(cuda_devices())
+
+
+def _no_usable_gpu(torch: ModuleType) -> UsageError:
+    """The error of a CUDA device asked of a torch that cannot use a GPU, with what to do."""
+    why = gpu_problem(cuda_devices(), TorchView.of(torch), driver_cuda_version()) or "check the driver with nvidia-smi"
+    return UsageError("The device cuda needs a PyTorch built with CUDA and a working driver, but "
+                      f"torch {torch.__version__} reports no usable GPU: {why}; or probe the CPU with --device cpu.")
+
+
+def _listed_info(backend: CudaBackend) -> DeviceInfo | None:
+    """`backend`'s GPU as NVML lists it (`autofit devices`; CUDA's own total is a little less: the driver's
+    reserve), or None where NVML cannot say."""
+    try:
+        nvml, handle = backend._nvml_device()
+    except UsageError:
+        return None
+    try:
+        return _device_info(nvml, handle, backend.index)
+    except _nvml_errors(nvml):
+        return None
 
 
 class CudaBackend(DeviceBackend):
@@ -258,10 +301,7 @@ class CudaBackend(DeviceBackend):
 
         if not self._torch_ready:
             if not torch.cuda.is_available():
-                raise UsageError(
-                    "The device cuda needs a PyTorch built with CUDA and a working driver, but "
-                    f"torch {torch.__version__} reports no usable GPU."
-                )
+                raise _no_usable_gpu(torch)
             torch.cuda.set_device(self.index)
             self._torch_ready = True
         return torch.cuda
@@ -385,6 +425,9 @@ class CudaBackend(DeviceBackend):
             self._set_fraction(None, 0)
             self.memory_limit = self.allocator_cap = None
             return
+        listed = _listed_info(self)
+        if listed is not None:  # the memory `autofit devices` lists, which a search's default limit is
+            check_memory_limit(memory_limit, listed, given=None)
         overhead = self.overhead_bytes()
         used = int(self._cuda().memory_reserved(self.index)) + overhead
         if used >= memory_limit:

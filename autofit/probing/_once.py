@@ -73,8 +73,10 @@ def probe_once(settings: ProbeSettings,
         loaded = runner.start()
         precision = settings.config.precision
         if precision not in loaded.precisions:
+            older = settings.device == "cuda" and precision == "bf16"  # a T4, a V100
             raise UsageError(f"The precision must be one the device runs ({', '.join(loaded.precisions)}), "
-                             f"but got {precision}.")
+                             f"but got {precision}" + (": bf16 needs an Ampere or newer GPU (compute capability 8.0); "
+                                                       "probe --precision fp16 here." if older else "."))
         if settings.nnodes > 1:
             if storage is None:
                 raise ValueError("a probe across machines needs the storage they share")

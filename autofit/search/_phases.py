@@ -154,8 +154,10 @@ def _confirm_rounds(state: SearchState, runner: Runner) -> None:
                                                                  default=-1))
         if plan is None:
             undecided = _undecided(state, seen)
-            state.notes.append(f"{entrants[0].label()} is unconfirmed: "
-                               f"{undecided_reason(undecided) if undecided else UNCONFIRMED_BUDGET}")
+            if undecided:
+                state.notes.append(f"{entrants[0].label()} is unconfirmed: {undecided_reason(undecided)}")
+            else:
+                state.notes.append(f"{entrants[0].label()} is unconfirmed: {UNCONFIRMED_BUDGET}")
             return
         if len(plan.entrants) < len(entrants):
             state.notes.append(f"the A/B left out {', '.join(c.label() for c in entrants[len(plan.entrants):])}, "

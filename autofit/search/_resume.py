@@ -12,9 +12,10 @@ import optuna
 
 from autofit.errors import UsageError
 from autofit.export import MemoryBudget
-from autofit.search._liveness import fail_stale
 from autofit.probing import RecordedVersion
+from autofit.search._liveness import fail_stale
 from autofit.study import forget_script, other_script_probes, script_changes, stored_meta
+from autofit.units import format_size
 
 
 @dataclass
@@ -47,15 +48,18 @@ def open_study(storage: optuna.storages.BaseStorage, name: str, *, fresh: bool, 
             # No --memory-limit, then or now: the limit was the memory free when the study began
             # (it changes every run); resume with that one.
             opened.budget = MemoryBudget.of(int(meta.memory.limit_bytes), budget.headroom)
-        checks = (("device", meta.device_info.get("name"), device_name),
-                  ("limit_bytes", meta.memory.limit_bytes, opened.budget.limit_bytes),
-                  ("headroom", meta.memory.headroom, budget.headroom), ("world_size", meta.world_size, world_size),
-                  ("script_args", list(meta.script_args), script_args or []))
-        for key, kept, value in checks:
+        limit = _LimitWords(meta.limit_given, limit_given, meta.device_info.get("type"))
+        checks = (("device", meta.device_info.get("name"), device_name, str, str),
+                  ("memory limit", meta.memory.limit_bytes, opened.budget.limit_bytes, limit.kept, limit.given),
+                  ("headroom", meta.memory.headroom, budget.headroom, _headroom, _headroom),
+                  ("ranks per probe", meta.world_size, world_size, _ranks, str),
+                  ("script arguments", list(meta.script_args), script_args or [], _args, _args))
+        for what, kept, value, kept_words, given_words in checks:
             if kept != value:
                 raise UsageError(
-                    f"The study {name} must be resumed with the same {key.replace('_', ' ')} "
-                    f"({kept}), but got {value}: pass --fresh to start over or --study to name another."
+                    f"The study {name} must be resumed with the same {what} ({kept_words(kept)}), but got "
+                    f"{given_words(value)}: search with the same {what} to resume it, pass --fresh to start over or "
+                    f"--study to name another."
                 )
         if version is not None and version.changes(meta.script_sha256, meta.code_sha256, meta.modules):
             forget_script(study)  # the knobs and memory estimates were the other version's
@@ -87,3 +91,36 @@ def fail_trials(study: optuna.Study, numbers: list[int]) -> None:
             study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
         except Exception:  # noqa: BLE001 - already finished or removed: nothing to do
             continue
+
+
+def _args(args: list[str]) -> str:
+    return f"after --: {' '.join(args)}" if args else "none"
+
+
+def _headroom(headroom: float) -> str:
+    return f"--headroom {headroom:g}"
+
+
+def _ranks(world_size: int) -> str:
+    return f"{world_size}: --nproc-per-node x --nnodes"
+
+
+@dataclass(frozen=True)
+class _LimitWords:
+    """A resumed study's memory limit and the one asked now, in the option's words and units: a search that
+    gave no --memory-limit searched under the device's memory (on the CPU, what was free when it began)."""
+
+    kept_given: bool
+    now_given: bool
+    device_type: str | None
+
+    def _none(self, limit: int, when: str) -> str:
+        memory = f"the {format_size(limit)} free {when}" if self.device_type == "cpu" else \
+            f"the device's {format_size(limit)}"
+        return f"none given, so {memory}"
+
+    def kept(self, limit: int) -> str:
+        return f"--memory-limit {format_size(limit)}" if self.kept_given else self._none(limit, "when it began")
+
+    def given(self, limit: int) -> str:
+        return f"--memory-limit {format_size(limit)}" if self.now_given else self._none(limit, "now")

@@ -11,11 +11,18 @@ from datetime import datetime
 
 import optuna
 
-from autofit.devices import DeviceInfo, check_device, current_allocator_settings, peak_flops_per_s
+from autofit.devices import (
+    DeviceInfo,
+    check_device,
+    check_memory_limit,
+    current_allocator_settings,
+    default_memory_limit,
+    peak_flops_per_s,
+)
 from autofit.errors import UsageError
 from autofit.export import MemoryBudget
-from autofit.knobs import Offers
 from autofit.findings import observations
+from autofit.knobs import Offers
 from autofit.planner import Observation, SearchSpace
 from autofit.probing import ProbeResult, ScriptVersion, WorkerInfo, check_script, decorated_name, pass_script_args
 from autofit.redaction import redacted_args
@@ -60,6 +67,7 @@ class Session:
         self.slots = settings.worker_indices()
         """The device index of each worker: one per listed GPU, or --parallel of them on the CPU."""
         self.device_info = same_devices(settings.device, self.slots)
+        check_memory_limit(settings.memory_limit, self.device_info)
         self.storage_label = storage_label(settings.storage)
         """The storage as it may be printed or written (a password masked)."""
         self.storage = open_storage(settings.storage)  # a bad storage fails before any probe
@@ -68,7 +76,8 @@ class Session:
             + (f"-{settings.world_size}ranks" if settings.world_size > 1 else "")
         self.run_dir = os.path.join(self.output_dir, "runs", self.study_name)
         """Where the probes' logs go: one per trial (and per worker when there are several)."""
-        self.budget = MemoryBudget.of(settings.memory_limit or self._device_memory(), settings.headroom)
+        self.budget = MemoryBudget.of(settings.memory_limit or default_memory_limit(self.device_info, len(self.slots)),
+                                      settings.headroom)
         """The memory the probes run against: the given limit, or the device's (a resumed study's own)."""
         self.version = ScriptVersion.of(self.script)
         """The script as these probes measure it: its code and its local modules' (read once, on first need)."""
@@ -88,12 +97,6 @@ class Session:
         if path is not None and not is_journal(url):
             return os.path.dirname(os.path.abspath(path))
         return os.path.abspath("studies")
-
-    def _device_memory(self) -> int:
-        info = self.device_info
-        if info.type == "cpu":  # no limit given: cap at what is free now, so the machine survives
-            return int((info.free_bytes or info.total_bytes) / len(self.slots))  # each worker its share
-        return int(info.total_bytes)
 
     def open(self) -> optuna.Study:
         """The study, new or resumed; a resumed one may bring its own limit (see open_study)."""

@@ -337,3 +337,15 @@ def test_the_best_config_carries_model_flops_and_a_null_mfu_on_cpu(searched):
     assert measured["flops_per_sample"] == counted[0]
     assert measured["flops_per_s"] == pytest.approx(measured["samples_per_s"] * counted[0])
     assert measured["mfu"] is None and measured["joules_per_sample"] is None  # no dense peak, no NVML on a CPU
+
+
+def test_every_line_the_search_ends_with_is_explained_on_the_failures_page(searched):
+    """Issue 54: every note a search prints is on docs/guide/failures.md (tests/docs/test_failures_page.py holds
+    every note in the source; this holds what a real search printed, figures and all)."""
+    from autofit.report import describe_search
+    from tests.support.message_sites import explained, page_text, printed_key
+
+    result, page = searched[0], page_text()
+    lines = [line for line in describe_search(result).splitlines() if line.startswith("note: ")]
+    assert len(lines) == len(result.notes)
+    assert [line for line in lines if not explained(printed_key(line), page)] == []

@@ -257,10 +257,24 @@ def test_limit_below_current_usage_is_refused(nvml, fake_cuda):
     assert backend.memory_limit is None
 
 
-def test_limit_above_the_card_is_the_whole_card(nvml, fake_cuda):
+def test_a_limit_above_the_card_is_refused_naming_the_cards_memory(nvml, fake_cuda):
+    """It was clamped to the whole card in silence while the search judged fit against the larger figure
+    (issue 54: `--memory-limit 999GiB` printed "usable 899.10 GiB")."""
     with_process(nvml, used=500 * MiB)
-    CudaBackend(0).apply_memory_limit(MemoryBudget(limit_bytes=200 * GiB))
-    assert fake_cuda.fractions[-1][0] == 1.0
+    backend = CudaBackend(0)
+    with pytest.raises(UsageError, match=r"must be at most cuda:0's memory \(80\.00 GiB, NVIDIA A100-SXM4-80GB\), "
+                                         r"but got 200\.00 GiB"):
+        backend.apply_memory_limit(MemoryBudget(limit_bytes=200 * GiB))
+    assert fake_cuda.fractions == [] and backend.memory_limit is None
+
+
+def test_the_listed_memory_is_the_bound_though_cuda_reports_a_little_less(nvml, fake_cuda):
+    """NVML lists an H100 at 79.65 GiB and CUDA at 79.18 GiB (the driver's reserve): a search's default limit
+    is the listed memory, and is taken."""
+    with_process(nvml, used=500 * MiB)
+    fake_cuda.total = 80 * GiB - 512 * MiB
+    CudaBackend(0).apply_memory_limit(MemoryBudget(limit_bytes=80 * GiB, usable_bytes=72 * GiB))
+    assert fake_cuda.fractions[-1][0] < 1.0
 
 
 def test_no_limit_is_fraction_one(nvml, fake_cuda):
