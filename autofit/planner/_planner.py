@@ -59,6 +59,7 @@ from dataclasses import replace
 from autofit.config import KNOB, SHARDINGS, Config
 from autofit.planner._ab import ABPlan, contenders, entrants, within_noise
 from autofit.planner._feasibility import Feasibility
+from autofit.planner._lever_rule import Levers
 from autofit.planner._loader_rule import leader, next_loader_config
 from autofit.planner._memory_model import MemoryModels
 from autofit.planner._models import Line
@@ -66,6 +67,7 @@ from autofit.planner._noise import NoiseReading
 from autofit.planner._observation import Observation, compute_variant
 from autofit.planner._prediction import CalibratedPrediction, MemoryPrediction, PeakRange
 from autofit.planner._ranking import Candidate, Ranking
+from autofit.planner._recompute import pulls_a_lever
 from autofit.planner._search_space import SearchSpace, Strategy
 from autofit.planner._squares_rule import next_squares_config
 from autofit.planner._throughput import ThroughputModels
@@ -127,6 +129,9 @@ class Planner:
         early = self._first_of_each_precision(state)
         if early is not None:
             return early
+        lever = self._leading_lever(state)
+        if lever is not None:
+            return lever
         for strategy in self._order(state):
             if state.feasible.strategy_unusable(strategy):
                 continue
@@ -192,12 +197,14 @@ class Planner:
         if rechecks >= max(_MIN_RECHECKS, explored // 2):
             return None
         running = {o.config for o in state.observations if o.status == "running"}
-        waiting = [c for c in state.noise.unresolved() if c not in running]
+        # A config that does not fit never wins nor bounds anything: its speed needs no second probe (one over the
+        # headroom read fastest of its precision and was probed again, on the memory stand-in).
+        waiting = [c for c in state.noise.unresolved() if c not in running and state.ranking.fits(c)]
         if waiting:
             return max(waiting, key=state.noise.rate)
         if self.next(observations) is not None:
             return None  # leaders are confirmed once exploring is done
-        leaders = [c for c in state.noise.unconfirmed_leaders() if c not in running]
+        leaders = [c for c in state.noise.unconfirmed_leaders(state.ranking.fits) if c not in running]
         return leaders[0] if leaders else None
 
     def contenders(self, observations: Sequence[Observation]) -> list[Config]:
@@ -305,16 +312,52 @@ class Planner:
         return sorted(strategies, key=key)
 
     def _next_in_strategy(self, state: _State, strategy: Strategy) -> Config | None:
-        """Bracket the largest batch that fits, guided by the memory model; None when resolved."""
+        """Bracket the largest batch that fits, guided by the memory model; None when resolved. Rule 12: a lever's
+        strategy only where memory binds the one without levers, first where it is predicted to fit; a size the
+        best guess puts over the usable memory, where levers are offered beyond it, once none is left to probe
+        there, and only where it could be _GAMBLE_GAIN faster than the best."""
+        lever = pulls_a_lever(strategy)
+        if lever and not state.levers.binds(strategy):
+            return None
         candidates = [b for b in state.feasible.open_batches(strategy)
                       if not state.memory.says_too_big(self.space.config(strategy, b))]
+        if lever and not state.memory.peaks(strategy):
+            candidates = _predicted_to_fit(state, strategy, candidates)
         if not candidates:
             return None
         if _cannot_beat_best(self.space, state, strategy, candidates):
             return None
         step = _step(state, strategy, candidates)
         floor = _climb_floor(state, strategy, candidates)
-        return self.space.config(strategy, floor) if floor is not None and (step is None or step.size < floor) else step
+        step = self.space.config(strategy, floor) if floor is not None and (step is None or step.size < floor) else step
+        if step is not None and state.memory.likely_too_big(step) and not self._gamble_after_levers(state, step):
+            return None
+        return step
+
+    def _leading_lever(self, state: _State) -> Config | None:
+        """Rule 12 on the leader's strategy: where it pulls a lever, its own climb before any other strategy's;
+        where memory binds it, a lever at its next size."""
+        best = leader(state.ranking.ranked())
+        if best is None:
+            return None
+        strategy = self.space.strategy_of(best.config)
+        climb = self._next_in_strategy(state, strategy) if pulls_a_lever(strategy) else None
+        return climb or self._lever_at_edge(state, strategy)
+
+    def _lever_at_edge(self, state: _State, strategy: Strategy) -> Config | None:
+        """Rule 12: where memory binds `strategy`, the lever to probe at its next size (see _lever_rule.py), one
+        that could beat the best so far."""
+        return state.levers.next_config(strategy, lambda s: not _cannot_beat_best(
+            self.space, state, s, state.feasible.open_batches(s) or [self.space.batch_sizes[-1]]))
+
+    def _gamble_after_levers(self, state: _State, config: Config) -> bool:
+        """A size likely too big for its strategy is probed once no lever is left to probe there, and only where
+        its estimate is _GAMBLE_GAIN faster than the best (rule 7's gamble)."""
+        if self._lever_at_edge(state, self.space.strategy_of(config)) is not None:
+            return False
+        ranked = state.ranking.ranked()
+        estimate = state.throughput.estimate(self.space.strategy_of(config), config.size)
+        return not ranked or (estimate is not None and estimate >= ranked[0].rate * _GAMBLE_GAIN)
 
 class _State:
     """One reading of the observations, indexed for the planner's questions: what fits (feasible),
@@ -350,6 +393,7 @@ class _State:
         self.memory = MemoryModels(space, usable, measured, self.predicted)
         self.ranking = Ranking(usable, by_config, self.noise, check_noise)
         self.throughput = ThroughputModels(space, self.ranking)
+        self.levers = Levers(space, self.feasible, self.memory, self.throughput)
 
     @property
     def any_observed(self) -> bool:
@@ -403,6 +447,18 @@ def _measured_step(state: _State, strategy: Strategy, candidates: list[int]) -> 
     if state.memory.says_too_big(state.space.config(strategy, smallest)):
         return None  # the model, beyond its margin of error, says nothing open fits
     return state.space.config(strategy, smallest)
+
+
+def _predicted_to_fit(state: _State, strategy: Strategy, candidates: list[int]) -> list[int]:
+    """A lever's first sizes (rule 12): those predicted to fit at the high end; every one where nothing predicts any."""
+    sure = {b: state.memory.fits_for_sure(state.space.config(strategy, b)) for b in candidates}
+    return candidates if all(v is None for v in sure.values()) else [b for b, v in sure.items() if v]
+
+
+def _waits_for_levers(state: _State, config: Config) -> bool:
+    """Rule 12: the best guess puts `config` over the usable memory and the space offers levers beyond its strategy,
+    which are probed at its size first."""
+    return state.memory.likely_too_big(config) and bool(state.levers.beyond(state.space.strategy_of(config)))
 
 
 def _cannot_beat_best(space: SearchSpace, state: _State, strategy: Strategy, open_batches: list[int]) -> bool:
@@ -515,7 +571,7 @@ def _can_climb(space: SearchSpace, state: _State) -> bool:
     if state.feasible.fit_max(strategy) != top.config.size:
         return False
     return any(b > top.config.size and not state.memory.says_too_big(space.config(strategy, b))
-               for b in state.feasible.open_batches(strategy))
+               and not _waits_for_levers(state, space.config(strategy, b)) for b in state.feasible.open_batches(strategy))
 
 
 def _retry_timed_out(state: _State) -> Config | None:
@@ -555,6 +611,7 @@ def _around_the_best(space: SearchSpace, state: _State) -> Config | None:
         if 0 <= j < len(sizes):
             config = space.config(strategy, sizes[j])
             if (not state.feasible.tried(config) and not state.feasible.implied_too_big(config)
-                    and not state.memory.says_too_big(config) and not (j > i and state.memory.predicted_gamble(config))):
+                    and not state.memory.says_too_big(config) and not (j > i and (
+                        state.memory.predicted_gamble(config) or state.memory.likely_too_big(config)))):
                 return config
     return None
