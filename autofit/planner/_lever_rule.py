@@ -1,8 +1,8 @@
 """Rule 12 of the planner: where memory binds, the memory levers climb first.
 
 Memory binds a strategy's climb where the next size above its largest fit (its smallest size, where nothing of it
-fits) is known too big (an OOM, a peak inside the headroom: rule 1) or is predicted over the usable memory (the
-estimator's best guess where it answered, else the memory line fitted from the probes: rules 2 and 7). There the
+fits) is known too big (an OOM, a peak inside the headroom: rule 1) or may not fit (the estimator's range crosses the
+usable memory, or its best guess, else the memory line fitted from the probes, is over it: rules 2 and 7). There the
 levers (autofit.knobs' `lever`: more checkpointed blocks, the full policy, then activation offload where the device
 runs it) are probed at that next size before any probe goes to the edge itself: the one estimated to keep the most
 throughput (the least recompute or copying) among those the memory prediction says fit there even at its high end;
@@ -42,15 +42,17 @@ class Levers:
 
     def edge(self, strategy: Strategy) -> int | None:
         """The size at which memory stops `strategy`'s climb: the next size above its largest fit (its smallest,
-        where none fits) when that one is known too big for memory or predicted over the usable memory. None where
-        the climb is still open there, or where the batch range, the global batch or the data ends it first."""
+        where none fits) when that one is known too big for memory or may not fit (see the module's docstring). None
+        where the climb is still open there, or where the batch range, the global batch or the data ends it first."""
         top = self.feasible.fit_max(strategy)
         above = [b for b in self.space.batch_sizes if top is None or b > top]
         ceiling = self.feasible.data_ceiling()
         if not above or (ceiling is not None and above[0] >= ceiling):
             return None
         config = self.space.config(strategy, above[0])
-        return above[0] if self.feasible.implied_too_big(config) or self.memory.likely_too_big(config) else None
+        bound = (self.feasible.implied_too_big(config) or self.memory.likely_too_big(config)
+                 or self.memory.may_not_fit(config))
+        return above[0] if bound else None
 
     def binds(self, strategy: Strategy) -> bool:
         """Whether memory binds the climb of `strategy` without its levers: only then is a lever worth a probe."""
@@ -87,14 +89,16 @@ class Levers:
         return next((c for c in ordered if worth(self.space.strategy_of(c))), None)
 
     def _cost(self, config: Config, edge: int) -> tuple:
-        """A lever's order, best first: the throughput it is estimated to reach (at the largest size its memory is
-        predicted to fit, _MAX_REACH x the edge at most: a launch-bound device gains more from the size than it
-        loses to recompute, a saturated one does not), then the fewest levers (blocks, the full policy, another)."""
+        """A lever's order, best first: checkpointing before another lever (activation offload, whose copies may
+        cost most of a step where they do not overlap), then the throughput it is estimated to reach (at the
+        largest size its memory is predicted to fit, _MAX_REACH x the edge at most: a launch-bound device gains
+        more from the size than it loses to recompute, a saturated one does not), then the fewest blocks, selective
+        before full."""
         strategy = self.space.strategy_of(config)
         reach = max((b for b in self.space.batch_sizes if edge <= b <= edge * _MAX_REACH
                      and not self.memory.likely_too_big(self.space.config(strategy, b))), default=edge)
         estimate = self.throughput.estimate(strategy, reach)
-        return (-(estimate or 0.0), sum(getattr(config, k.name) != k.default for k in OTHER_LEVERS),
+        return (sum(getattr(config, k.name) != k.default for k in OTHER_LEVERS), -(estimate or 0.0),
                 config.checkpoint_segments, config.checkpoint_policy == "full")
 
 

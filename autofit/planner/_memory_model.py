@@ -171,6 +171,11 @@ class MemoryModels:
         line = self._line(line_key(config))
         return line is not None and line(config.size) > self.usable
 
+    def may_not_fit(self, config: Config) -> bool:
+        """The estimator's range, anchored on a measured peak, reaches over the usable memory."""
+        found = self._predicted_range(config)
+        return found is not None and found.high > self.usable
+
     def fits_for_sure(self, config: Config) -> bool | None:
         """Predicted to fit at the high end of what is known of `config`: the estimator's range where it answers;
         else the memory line, beyond its margin where the strategy has peaks of its own, its per-sample part taken

@@ -330,17 +330,15 @@ class Planner:
         step = _step(state, strategy, candidates)
         floor = _climb_floor(state, strategy, candidates)
         step = self.space.config(strategy, floor) if floor is not None and (step is None or step.size < floor) else step
-        if step is not None and state.memory.likely_too_big(step) and not self._gamble_after_levers(state, step):
+        if step is not None and not self._probe_now(state, step):
             return None
         return step
 
     def _leading_lever(self, state: _State) -> Config | None:
-        """Rule 12 on the leader's strategy: where it pulls a lever, its own climb before any other strategy's;
-        where memory binds it, a lever at its next size."""
+        """Rule 12 on the leader's strategy (the pilot's while nothing fits): where it pulls a lever, its own climb
+        before any other strategy's; where memory binds it, a lever at its next size."""
         best = leader(state.ranking.ranked())
-        if best is None:
-            return None
-        strategy = self.space.strategy_of(best.config)
+        strategy = self.space.strategy_of(best.config) if best is not None else self.space.strategies()[0]
         climb = self._next_in_strategy(state, strategy) if pulls_a_lever(strategy) else None
         return climb or self._lever_at_edge(state, strategy)
 
@@ -350,14 +348,19 @@ class Planner:
         return state.levers.next_config(strategy, lambda s: not _cannot_beat_best(
             self.space, state, s, state.feasible.open_batches(s) or [self.space.batch_sizes[-1]]))
 
-    def _gamble_after_levers(self, state: _State, config: Config) -> bool:
-        """A size likely too big for its strategy is probed once no lever is left to probe there, and only where
-        its estimate is _GAMBLE_GAIN faster than the best (rule 7's gamble)."""
+    def _probe_now(self, state: _State, config: Config) -> bool:
+        """Whether a step of a climb is probed now. A size its strategy may not fit (its best guess over the usable
+        memory, or the estimator's range across it) waits while a lever is left to probe there (rule 12); then a
+        best guess over the usable memory is probed only where it could be _GAMBLE_GAIN faster than the best (rule
+        7's gamble, which `_predicted_next` makes for the estimator's range)."""
+        likely = state.memory.likely_too_big(config)
+        if not likely and not state.memory.may_not_fit(config):
+            return True
         if self._lever_at_edge(state, self.space.strategy_of(config)) is not None:
             return False
         ranked = state.ranking.ranked()
         estimate = state.throughput.estimate(self.space.strategy_of(config), config.size)
-        return not ranked or (estimate is not None and estimate >= ranked[0].rate * _GAMBLE_GAIN)
+        return not likely or not ranked or (estimate is not None and estimate >= ranked[0].rate * _GAMBLE_GAIN)
 
 class _State:
     """One reading of the observations, indexed for the planner's questions: what fits (feasible),
@@ -429,9 +432,9 @@ def _measured_step(state: _State, strategy: Strategy, candidates: list[int]) -> 
         high = state.feasible.oom_min(strategy)
         target = (low * high) ** 0.5 if high else low * _PILOT_JUMP
         peak = max((p for b, p in own if b == low), default=None)
-        if not high and peak:
-            # peak = a + m x batch with a >= 0: up to usable x low / peak fits for sure; a step that far
-            # (at least the next batch up) rather than a blind x4 into an OOM
+        if peak:
+            # peak = a + m x batch with a >= 0: up to usable x low / peak fits for sure; a step that far (at least
+            # the next batch up) rather than a blind x4 into an OOM, or a bisection toward one (an OOM above)
             above = min((b for b in candidates if b > low), default=target)
             target = min(target, max(state.usable * low / peak, above))
         below = [b for b in candidates if b <= target]
@@ -453,12 +456,6 @@ def _predicted_to_fit(state: _State, strategy: Strategy, candidates: list[int]) 
     """A lever's first sizes (rule 12): those predicted to fit at the high end; every one where nothing predicts any."""
     sure = {b: state.memory.fits_for_sure(state.space.config(strategy, b)) for b in candidates}
     return candidates if all(v is None for v in sure.values()) else [b for b, v in sure.items() if v]
-
-
-def _waits_for_levers(state: _State, config: Config) -> bool:
-    """Rule 12: the best guess puts `config` over the usable memory and the space offers levers beyond its strategy,
-    which are probed at its size first."""
-    return state.memory.likely_too_big(config) and bool(state.levers.beyond(state.space.strategy_of(config)))
 
 
 def _cannot_beat_best(space: SearchSpace, state: _State, strategy: Strategy, open_batches: list[int]) -> bool:
@@ -570,8 +567,8 @@ def _can_climb(space: SearchSpace, state: _State) -> bool:
     strategy = space.strategy_of(top.config)
     if state.feasible.fit_max(strategy) != top.config.size:
         return False
-    return any(b > top.config.size and not state.memory.says_too_big(space.config(strategy, b))
-               and not _waits_for_levers(state, space.config(strategy, b)) for b in state.feasible.open_batches(strategy))
+    above = [space.config(strategy, b) for b in state.feasible.open_batches(strategy) if b > top.config.size]
+    return any(not state.memory.says_too_big(c) and not state.memory.likely_too_big(c) for c in above)
 
 
 def _retry_timed_out(state: _State) -> Config | None:
