@@ -13,7 +13,9 @@ benchmark's replays all run the same decisions. The rules, in order:
    the OOMs) jumps straight to the largest batch predicted to fit, instead of doubling from 1. When
    the model, fitted on two or more points, predicts that the next batch would cross the usable
    memory by more than its own error, that batch is not probed; with one point, a step up goes no
-   further than usable x b / peak(b), which certainly fits. The pilot (the first probe: the space's
+   further than usable x b / peak(b), which certainly fits (under an OOM too). A batch whose best guess (the
+   line, or the estimator's middle) is over the usable memory is a gamble taken only where it could be
+   _GAMBLE_GAIN faster than the best, and after the memory levers (rule 12). The pilot (the first probe: the space's
    first strategy, the expected best precision, at a memory-scaled guess of its batch) climbs so (or by
    rule 7) to its memory edge; only then is each other precision probed once, at the largest batch the
    pilot's fits: at a small batch a GPU's step is launch-bound and every precision reads alike, while
@@ -27,7 +29,8 @@ benchmark's replays all run the same decisions. The rules, in order:
    measured, by checkpointing that recomputes less: fewer blocks, or selective for full), and a
    sharded strategy (FSDP2, which only adds communication) by the same strategy under DDP.
 4. Throughput is noisy and not always monotone: the neighbours of the best batch are probed before
-   the search ends, climbing while they improve.
+   the search ends, climbing while they improve (the one above only where its best guess fits); a config that
+   does not fit is never rechecked.
 5. (The A/B that names the winner: _ab.py, and the search's confirm phase.)
 6. (The data's ceiling: _feasibility.py.)
 7. With the memory estimator's prediction (see _prediction.py), from the first probe on: each
@@ -42,12 +45,17 @@ benchmark's replays all run the same decisions. The rules, in order:
    smaller micro-batches of its strategy; with nothing measured, a timed-out config is probed again (_retry_timed_out).
 11. A knob that changes a step's speed and not what fits (a memory format), where the function offers it, is
    tried on the fastest config after the loader's turn, each of its values kept where faster (_variant_rule.py).
+12. Where memory binds the leader's strategy (its next batch is too big or may not fit), a memory lever (more
+   checkpointed blocks, the full policy, then activation offload) is probed at that next batch before the batch
+   itself, one predicted to fit there, and a lever that fits climbs before any other strategy; a lever is
+   probed only where memory binds the strategy without levers, never where the range or the global batch ends
+   its climb (_lever_rule.py).
 
 The numbers are those of docs/reference/planner.md.
 The planner decides; what the observations say is read by its parts, once per decision (`_State`):
 what fits (_feasibility.py, rule 1), the memory lines and the calibrated prediction
-(_memory_model.py, rules 2 and 7), the throughput estimates (_throughput.py, rule 3), the noise
-reading (_noise.py) and the ranking (_ranking.py).
+(_memory_model.py, rules 2 and 7), the throughput estimates (_throughput.py, rule 3), where memory binds
+and which lever is next (_lever_rule.py, rule 12), the noise reading (_noise.py) and the ranking (_ranking.py).
 """
 
 from __future__ import annotations

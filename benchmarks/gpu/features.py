@@ -5,7 +5,7 @@
 
 Each part runs autofit as a user would (`autofit search`, then the exported file's normal run, or
 `autofit estimate` then a probe of its answer), each command under its own time limit, its log in
---out, and gives one row: feature, GPU, figure, date, command. Together about 10 minutes on an H100:
+--out, and gives one row: feature, GPU, figure, date, command. Together about 12 minutes by their budgets:
 
 - tokens: benchmarks/tokens.py on the GPU (a variable-length LM under a 2 GiB cap): autofit's search,
   the safe fixed batch found the same way, each trained over a whole epoch (issue "Beyond nanoGPT": the
