@@ -320,10 +320,9 @@ class Planner:
         return sorted(strategies, key=key)
 
     def _next_in_strategy(self, state: _State, strategy: Strategy) -> Config | None:
-        """Bracket the largest batch that fits, guided by the memory model; None when resolved. Rule 12: a lever's
-        strategy only where memory binds the one without levers, first where it is predicted to fit; a size the
-        best guess puts over the usable memory, where levers are offered beyond it, once none is left to probe
-        there, and only where it could be _GAMBLE_GAIN faster than the best."""
+        """Bracket the largest batch that fits, guided by the memory model; None when resolved. A lever's strategy
+        only where memory binds the one without levers, first where it is predicted to fit (rule 12); a size that
+        may not fit only as `_probe_now` says."""
         lever = pulls_a_lever(strategy)
         if lever and not state.levers.binds(strategy):
             return None
@@ -337,10 +336,9 @@ class Planner:
             return None
         step = _step(state, strategy, candidates)
         floor = _climb_floor(state, strategy, candidates)
-        step = self.space.config(strategy, floor) if floor is not None and (step is None or step.size < floor) else step
-        if step is not None and not self._probe_now(state, step):
-            return None
-        return step
+        if floor is not None and (step is None or step.size < floor):
+            return self.space.config(strategy, floor)  # a size the measured peak says certainly fits
+        return step if step is not None and _probe_now(state, step) else None
 
     def _leading_lever(self, state: _State) -> Config | None:
         """Rule 12 on the leader's strategy (the pilot's while nothing fits): where it pulls a lever, its own climb
@@ -348,27 +346,8 @@ class Planner:
         best = leader(state.ranking.ranked())
         strategy = self.space.strategy_of(best.config) if best is not None else self.space.strategies()[0]
         climb = self._next_in_strategy(state, strategy) if pulls_a_lever(strategy) else None
-        return climb or self._lever_at_edge(state, strategy)
+        return climb or _lever_at_edge(state, strategy)
 
-    def _lever_at_edge(self, state: _State, strategy: Strategy) -> Config | None:
-        """Rule 12: where memory binds `strategy`, the lever to probe at its next size (see _lever_rule.py), one
-        that could beat the best so far."""
-        return state.levers.next_config(strategy, lambda s: not _cannot_beat_best(
-            self.space, state, s, state.feasible.open_batches(s) or [self.space.batch_sizes[-1]]))
-
-    def _probe_now(self, state: _State, config: Config) -> bool:
-        """Whether a step of a climb is probed now. A size its strategy may not fit (its best guess over the usable
-        memory, or the estimator's range across it) waits while a lever is left to probe there (rule 12); then a
-        best guess over the usable memory is probed only where it could be _GAMBLE_GAIN faster than the best (rule
-        7's gamble, which `_predicted_next` makes for the estimator's range)."""
-        likely = state.memory.likely_too_big(config)
-        if not likely and not state.memory.may_not_fit(config):
-            return True
-        if self._lever_at_edge(state, self.space.strategy_of(config)) is not None:
-            return False
-        ranked = state.ranking.ranked()
-        estimate = state.throughput.estimate(self.space.strategy_of(config), config.size)
-        return not likely or not ranked or (estimate is not None and estimate >= ranked[0].rate * _GAMBLE_GAIN)
 
 class _State:
     """One reading of the observations, indexed for the planner's questions: what fits (feasible),
@@ -458,6 +437,28 @@ def _measured_step(state: _State, strategy: Strategy, candidates: list[int]) -> 
     if state.memory.says_too_big(state.space.config(strategy, smallest)):
         return None  # the model, beyond its margin of error, says nothing open fits
     return state.space.config(strategy, smallest)
+
+
+def _lever_at_edge(state: _State, strategy: Strategy) -> Config | None:
+    """Rule 12: where memory binds `strategy`, the lever to probe at its next size (see _lever_rule.py), one that
+    could beat the best so far."""
+    return state.levers.next_config(strategy, lambda s: not _cannot_beat_best(
+        state.space, state, s, state.feasible.open_batches(s) or [state.space.batch_sizes[-1]]))
+
+
+def _probe_now(state: _State, config: Config) -> bool:
+    """Whether a step of a climb is probed now. A size its strategy may not fit (its best guess over the usable
+    memory, or the estimator's range across it) waits while a lever is left to probe there (rule 12); then a best
+    guess over the usable memory is probed only where it could be _GAMBLE_GAIN faster than the best (rule 7's
+    gamble, which `_predicted_next` makes for the estimator's range)."""
+    likely = state.memory.likely_too_big(config)
+    if not likely and not state.memory.may_not_fit(config):
+        return True
+    if _lever_at_edge(state, state.space.strategy_of(config)) is not None:
+        return False
+    ranked = state.ranking.ranked()
+    estimate = state.throughput.estimate(state.space.strategy_of(config), config.size)
+    return not likely or not ranked or (estimate is not None and estimate >= ranked[0].rate * _GAMBLE_GAIN)
 
 
 def _predicted_to_fit(state: _State, strategy: Strategy, candidates: list[int]) -> list[int]:

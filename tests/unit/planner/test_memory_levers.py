@@ -115,3 +115,21 @@ def test_no_lever_is_probed_where_the_range_or_the_global_batch_ends_the_climb(b
     planner, seen = _search(space)
     assert _levers(seen) == []
     assert planner.best(seen).batch_size == 2
+
+
+def test_a_lever_just_over_the_memory_is_followed_by_one_that_saves_more_at_the_same_micro_batch():
+    """Issue 51's CPU search: b=16 with 3 selective segments peaked 0.2 MiB over the usable memory, and the search
+    never tried more segments or the full policy, re-measuring plain b=8 instead. Here plain fits up to b=8 and b=12
+    with 3 of 12 blocks selective ran just over the usable memory: the next probe is b=12 again, with a lever that
+    saves more (more blocks, or the full policy), never a plain config."""
+    MiB = 2**20
+    usable = 630 * MiB
+    space = SearchSpace.build(batch_range=(1, 1024), precision=("fp32",), checkpoint_segments=(0, 3, 6, 12),
+                              checkpoint_policy=("full", "selective"))
+    seen = [Observation(Config(batch_size=b), "ok", peak_bytes=(440 + 20 * b) * MiB, rate=b / (1 + 0.03 * b),
+                        wall_s=10.0, spread=0.02) for b in (4, 6, 8)]
+    seen.append(Observation(Config(batch_size=12, checkpoint_segments=3, checkpoint_policy="selective"), "ok",
+                            peak_bytes=int(usable + 0.2 * MiB), rate=9.0, wall_s=10.0, spread=0.02))
+    planner = Planner(space, usable, check_noise=False)
+    after = planner.next(seen)
+    assert after.batch_size == 12 and (after.checkpoint_segments > 3 or after.checkpoint_policy == "full"), after
