@@ -1,8 +1,8 @@
 """What the planner believes about a strategy's throughput (`Observation.rate`: samples/s, or real tokens/s
 by tokens, whose micro-batches hold real tokens in proportion to their cap): its own fitted curve (time per
 micro-batch = c0 + c1 x size) where it has two measured sizes, else one measured point carried along the
-most similar strategy's curve, else the strategy it only adds work to (no checkpointing, DDP, eager)
-slowed as much as that addition was seen to slow others. Used to bound what a strategy can reach."""
+most similar strategy's curve, else the strategy it only adds work to (no checkpointing or other memory lever,
+DDP, eager) slowed as much as that addition was seen to slow others. Used to bound what a strategy can reach."""
 
 from __future__ import annotations
 
