@@ -1,9 +1,9 @@
 """Where memory binds, checkpointing must pay (issue 51): tests/scripts/memory_standin.py (a deep stack of Llama-style
 blocks whose saved activations dominate, offered to run.checkpoint, with a fixed cost per micro-batch as a launch-bound
-GPU has) searched as a user would, under a cap where plain fits only at micro-batch 8. Before rule 12 a 4-minute search
-of it spent 4 of its 13 probes on configs that did not fit (plain b=12, b=12 with 6 selective segments, b=16 with 6
-segments twice) and exported b=12 with 6 segments at 1.45x the best plain config; every block checkpointed runs 2.5x
-it at b=48."""
+GPU has) searched as a user would, under a cap where plain fits only at micro-batch 8. Before rule 12 a 2-minute search
+of it spent 2 of its 7 probes on configs that did not fit (plain b=12, b=16 with 6 selective blocks) and exported b=12
+with 6 selective blocks at 1.33x the best plain config (a 4-minute one: 6 of 13, b=16 with 12 blocks at 1.57x); every
+block checkpointed runs 2.6x it at b=48 (docs/benchmarks.md, "Where memory binds")."""
 
 from __future__ import annotations
 
