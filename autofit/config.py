@@ -84,13 +84,13 @@ class Config:
         help="Micro-batch size (with --max-tokens: the most samples a micro-batch holds; default: no cap).")
     """Micro-batch: samples per forward/backward. Larger is faster until memory runs out."""
     checkpoint_segments: int = knob(
-        default=0, kind=int, minimum=0, stored=True, offer="checkpoint_blocks", order="memory",
+        default=0, kind=int, minimum=0, stored=True, offer="checkpoint_blocks", order="memory", lever=True,
         label=lambda value, item: f"ckpt={value}" if value else None,
         help="Blocks (of those the function offers to run.checkpoint()) that recompute their activations.")
     """Blocks that recompute activations in backward: less memory, more compute."""
     checkpoint_policy: str = knob(
         default="full", kind=str, choices=CHECKPOINT_POLICIES, offer="checkpoint_blocks", order="memory",
-        needs="checkpoint_segments",
+        needs="checkpoint_segments", lever=True,
         label=lambda value, item: value if item.checkpoint_segments and value != "full" else None,
         help="What the checkpointed blocks recompute: all of their forward, or all but matmuls and attention.",
         consider="Checkpoint policies to consider when the function offers run.checkpoint(), e.g. full "
@@ -98,7 +98,7 @@ class Config:
     """What the checkpointed blocks recompute (see CHECKPOINT_POLICIES): "selective" keeps the matmul,
     convolution and attention outputs, so it saves less memory than "full" for little recompute."""
     offload_activations: bool = knob(
-        default=False, kind=bool, offer="checkpoint_blocks", order="memory", words="activation offload",
+        default=False, kind=bool, offer="checkpoint_blocks", order="memory", words="activation offload", lever=True,
         label=lambda value, item: "act-offload" if value else None,
         help="The blocks offered to run.checkpoint() keep what backward needs in pinned host memory (not on the GPU).",
         supported=lambda device: (False,) if device == "cpu" else (False, True),

@@ -70,6 +70,11 @@ class Knob:
     needs: str = ""
     """The knob (by name) that must be set (non-zero, true) for this one to act (the checkpoint policy acts
     on checkpointed blocks only); where it is not, configs that differ in this one alone are the same."""
+    lever: bool = False
+    """A memory lever, or part of one (the checkpoint policy acts beside the checkpointed blocks): away from their
+    defaults the levers trade speed for memory (recompute, host copies) and change nothing else, so the planner
+    probes them only where memory stops the climb of the strategy without any (rule 12): at a batch that one
+    fits, a lever only adds work."""
     name: str = ""
 
     @property

@@ -94,13 +94,17 @@ def test_the_table_writes_the_out_folder_relative_never_as_this_machines_path(tm
     monkeypatch.setattr(features, "_run", lambda args, log, timeout, env=None: (1, ""))  # every command fails fast
     out = tmp_path / "gpu"
     monkeypatch.setattr(sys, "argv", ["features", "--parts", "tokens,memory", "--out", str(out)])
+    monkeypatch.setenv("LIMIT_MEMORY", "20GiB")  # the memory part's cap given: its search runs (and fails)
     features.main()
     text = (out / "features.md").read_text()
     assert "--out <out>/tokens-cuda.md" in text and "sqlite:///<out>/features.db" in text, text
-    assert "<out>/medium.best.json" in text
+    assert "llama" in text
     assert str(tmp_path) not in text
     assert str(tmp_path) not in json.dumps(json.loads((out / "features.json").read_text())["rows"])
     inside = os.path.join(features.REPO, "out", "gpu")
+    monkeypatch.delenv("LIMIT_MEMORY")  # the cap measured: without a GPU its probes cannot run, and the row says so
+    features.main()
+    assert "no figure: the cap's probes did not run" in (out / "features.md").read_text()
     rows = features.portable([Row("f", "see out/gpu", f"python x.py --out {inside}/a.json "
                                                       f"--storage sqlite:///{inside}/features.db")], inside)
     assert rows[0].command == "python x.py --out out/gpu/a.json --storage sqlite:///out/gpu/features.db"
