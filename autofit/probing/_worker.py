@@ -182,9 +182,10 @@ class Worker:
             self.start()
         assert self._channel is not None
         started = time.perf_counter()
+        limits = ProbeLimits.of(timeout)
         request = ProbeRequest(config, warmup=warmup, steps=steps, min_measure_s=min_measure_s,
-                               progress_path=self._progress.fresh_path())
-        watch = ProbeWatch(ProbeLimits.of(timeout), request.progress_path)
+                               progress_path=self._progress.fresh_path(), open_step_s=limits.open_step_s(warmup, steps))
+        watch = ProbeWatch(limits, request.progress_path)
         reply, reason = self._await(request, log_path, watch)
         wall = time.perf_counter() - started
         if reply is None:

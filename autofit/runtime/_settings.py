@@ -86,6 +86,10 @@ class RunSettings:
     config's accumulation runs as it is."""
     progress: Callable[[int, int], None] | None = None
     """Told (micro-batches done, optimizer steps done) as a probe runs: its sign of life to the runner."""
+    open_step_s: float | None = None
+    """How long a probe follows a loop with a finite loss past the micro-batches it allows without an optimizer
+    step (a loop's own long accumulation: autofit.runtime._open_step), what its limits allow a step; None: it
+    ends there."""
     worst_token_batches: bool = False
     """The memory estimator's: every micro-batch by tokens (run.token_batches) is the cap's worst, the
     data's longest samples as many as the cap holds, so an estimate answers for the cap, not for a draw."""
