@@ -62,6 +62,8 @@ def _cases() -> tuple[Case, ...]:
              "bundled: wide MLP"),
         Case("word_lm", "benchmarks/fidelity_scripts/word_lm.py", (Config(batch_size=20), Config(batch_size=64)),
              "not written for autofit: pytorch/examples-style LSTM LM"),
+        Case("host_bound", "benchmarks/fidelity_scripts/host_bound.py", (Config(batch_size=8), Config(batch_size=32)),
+             "a host-bound deep narrow MLP: its step mostly Python and launches, so per-saved-tensor hooks show"),
         Case("hf_trainer", "tests/scripts/hf_trainer.py",
              (Config(batch_size=8, accumulation_steps=2), Config(batch_size=4, accumulation_steps=4)),
              "a Hugging Face Trainer (GPT-2 from its config) through autofit.integrations.hf"),

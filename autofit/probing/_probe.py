@@ -25,6 +25,7 @@ from autofit.runtime import (
     RunSettings,
     breaks_the_device,
     is_oom,
+    normal_run_recovers,
     price_steps,
 )
 from autofit.units import format_size
@@ -69,7 +70,8 @@ def run_probe(
         measured_steps=measured_steps, synchronize=backend.synchronize, min_measure_s=min_measure_s,
         max_measured_steps=measured_steps * _MAX_EXTENSION, ranks=ranks, count_flops=True,
         energy=backend.energy_joules, global_tokens=getattr(getattr(fn, "options", None), "global_tokens", None),
-        probe_accumulation=PROBE_ACCUMULATION, progress=progress, open_step_s=open_step_s))
+        probe_accumulation=PROBE_ACCUMULATION, progress=progress, open_step_s=open_step_s,
+        holds_saved=_normal_run_recovers(fn, ranks)))
     result = ProbeResult(status="ok", config=config, warmup_steps=warmup_steps, memory_limit=backend.memory_limit)
     clock = run.control.clock
     compiling = CompileTimer(before=lambda: clock.first_micro_at is None)
@@ -97,6 +99,15 @@ def run_probe(
     del run  # the user's model and tensors go before the memory left behind is read
     read_memory_after(result, backend)
     return result
+
+
+def _normal_run_recovers(fn: Callable[[Run], Any], ranks: Ranks | None) -> bool:
+    """Whether `fn`'s normal run recovers from OOMs, and so saves its forwards' tensors through hooks the probe
+    must run too: the decorator's rule (`recover_oom`, $AUTOFIT_OOM_RECOVERY, one process); never for a script
+    that calls autofit.start (its loop is its own: an OOM runs it again)."""
+    if isinstance(fn, ScriptEntry):
+        return False
+    return normal_run_recovers(getattr(getattr(fn, "options", None), "recover_oom", True), ranks.world_size if ranks else 1)
 
 
 def read_memory_after(result: ProbeResult, backend: DeviceBackend) -> None:

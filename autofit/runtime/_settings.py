@@ -59,6 +59,10 @@ class RunSettings:
     """...but never past this many steps."""
     recover_oom: bool = False
     """A real run survives an out-of-memory step by lowering its micro-batch (a new StepRedo)."""
+    holds_saved: bool = False
+    """A probe of a function whose normal run recovers from OOMs: its forwards under run.autocast() save for
+    backward through the same hooks as that run's (autofit.runtime._saved), so their cost (a Python call for each
+    saved tensor, a tenth of a host-bound step) is in its figures as in the run's. It never redoes a step."""
     release_memory: Callable[[], None] | None = None
     """Hands a failed step's memory back to the device (the new StepRedo's)."""
     used_memory: Callable[[], int] | None = None
