@@ -70,6 +70,12 @@ def _cases() -> tuple[Case, ...]:
         Case("lightning", "tests/scripts/lightning_module.py",
              (Config(batch_size=16, accumulation_steps=4), Config(batch_size=32, accumulation_steps=2)),
              "a Lightning Trainer and LightningModule through autofit.integrations.lightning"),
+        Case("lightning_tied", "tests/corpus/lightning_tied.py", (Config(batch_size=16, precision="bf16"),)
+             if bf16 else (Config(batch_size=16),), "corpus: a Lightning Trainer, tied weights"),
+        Case("hf_trainer_clm", "tests/corpus/hf_trainer_clm.py", (Config(batch_size=16, precision="bf16"),)
+             if bf16 else (Config(batch_size=16),), "corpus: Hugging Face's run_clm with the Trainer"),
+        Case("accelerate_clm", "tests/corpus/accelerate_clm_no_trainer.py", (Config(batch_size=16, precision="bf16"),)
+             if bf16 else (Config(batch_size=16),), "corpus: Hugging Face's run_clm_no_trainer with Accelerate"),
         Case("ddp", "tests/scripts/ddp_train.py", (Config(batch_size=16), Config(batch_size=4, accumulation_steps=4)),
              "2 ranks (gloo) under torchrun, DDP; config per rank", nproc=2, env=(("EPOCHS", "40"),)),
         Case("fsdp2", "tests/scripts/ddp_train.py", (Config(batch_size=16),),
