@@ -285,10 +285,10 @@ def _fill_timing(result: ProbeResult, run: Run) -> None:
     else:
         iqr = max(times) - min(times)
     result.step_time_iqr_s = iqr * result.step_time_median_s / median if median > 0 else iqr
-    if control.clock.unsettled is not None:
+    if control.clock.uncertain is not None:
         result.notes.append(f"its step times spread widely (IQR {iqr / median:.0%} of the median step): after "
                             f"{result.measured_steps} steps, {SPREAD_EXTENSION:.0f}x as long as a probe measures, "
-                            f"the mean step is still uncertain by ±{control.clock.unsettled:.0%}, and so is its "
+                            f"the mean step is still uncertain by ±{control.clock.uncertain:.0%}, and so is its "
                             f"figure (a busy machine, or steps that differ: give the probe a quieter machine)")
 
 

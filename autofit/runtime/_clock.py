@@ -26,8 +26,10 @@ _RECENT_STEPS = 256
 #: measures on (a few slow steps among five: a Lightning probe read 0.59-0.83 of its normal run, whose rate its
 #: median step said) ...
 SETTLED_SE = 0.025
-#: ... up to this many times the time it would have measured otherwise; past it, its figure is uncertain.
+#: ... up to this many times the time it would have measured otherwise; ...
 SPREAD_EXTENSION = 4.0
+#: ... and where its mean step is still uncertain by more than this share then, so is its figure (and it says so).
+UNCERTAIN_SE = 0.05
 
 
 @dataclass
@@ -208,6 +210,11 @@ class StepClock:
             self.unsettled = spread
             return True
         return False
+
+    @property
+    def uncertain(self) -> float | None:
+        """The mean step's standard error, as a share of it, where a probe stopped with it above `UNCERTAIN_SE`."""
+        return self.unsettled if self.unsettled is not None and self.unsettled > UNCERTAIN_SE else None
 
     @property
     def data_wait_share(self) -> float | None:
