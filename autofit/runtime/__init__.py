@@ -11,7 +11,7 @@ from __future__ import annotations
 from autofit.runtime._accumulation import PricedSteps, price_steps
 from autofit.runtime._batch import batch_len, batch_tensors, count_samples, map_batch, split_batch, to_device
 from autofit.runtime._checkpoint import checkpoint_policy_of
-from autofit.runtime._clock import ProbeFinished, StepClock
+from autofit.runtime._clock import SPREAD_EXTENSION, ProbeFinished, StepClock
 from autofit.runtime._compile_timer import CompileTimer
 from autofit.runtime._control import RunControl
 from autofit.runtime._distributed import Ranks, leave_process_group, per_rank_config, ranks_from_env
@@ -41,6 +41,7 @@ from autofit.runtime._redo import (
     drop_graph,
     lowered,
     lowered_path,
+    normal_run_recovers,
     read_lowerings,
     record_lowerings,
     recovery_enabled,
@@ -77,6 +78,7 @@ __all__ = [
     "RunControl",
     "RunHooks",
     "RunSettings",
+    "SPREAD_EXTENSION",
     "StepClock",
     "StartReached",
     "StepRedo",
@@ -95,6 +97,7 @@ __all__ = [
     "is_oom",
     "leave_process_group",
     "memory_limit_from_env",
+    "normal_run_recovers",
     "offer_script_run",
     "lowered",
     "loss_of",

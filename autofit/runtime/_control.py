@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from autofit.runtime._accumulation import watch_backward
 from autofit.runtime._core import RunCore
 from autofit.runtime._feed import StepFeed
 from autofit.runtime._follow import StepFollower
@@ -52,8 +51,7 @@ class RunControl(RunCore):
         """The run's lifetime: its precision holds for all of it (forward, backward, optimizer step),
         and the steps of a loop the function drives itself are followed (`StepFollower`)."""
         probing = self.settings.probing
-        watching = (watch_backward(self.open_step.after, before=self.open_step.before) if probing
-                    else contextlib.nullcontext())
+        watching = self.open_step.watching() if probing else contextlib.nullcontext()
         try:
             with precision_scope(self.config.precision, self.device), self.follower, watching:
                 try:

@@ -33,8 +33,11 @@ class RunCore:
         """Where this process stands in a distributed (torchrun) run; rank 0 of 1 otherwise."""
         self.device = torch.device(settings.device)
         self.clock = _make_clock(settings, self.ranks)
-        self.open_step = OpenStep(self.clock)
-        """A probe's backward passes with no optimizer step closed: past its limit, the probe ends (NoStepClosed)."""
+        self.notes: list[str] = []
+        """What the run changed in how it measures (a probe's result carries them)."""
+        self.open_step = OpenStep(self.clock, settings.open_step_s, self.notes, agree=self.clock.agree)
+        """A probe's backward passes with no optimizer step closed: past its limit, the probe ends (NoStepClosed)
+        or follows a finite loop on for the time its limits allow."""
         self.config: Config = settings.config
         self._priced_accumulation = settings.config.accumulation_steps
         self.set_config(settings.config)
@@ -50,8 +53,6 @@ class RunCore:
         self.loop_redo = LoopRedo(redo, probing=settings.probing)
         self.panel = KnobPanel(self.device, self.ranks, probing=settings.probing,
                                worst_token_batches=settings.worst_token_batches, host_memory=settings.host_memory)
-        self.notes: list[str] = []
-        """What the run changed in how it measures (a probe's result carries them)."""
         self.reads: set[str] = set()
         """The settings the function read (`run.batch_size`, ...): a loop autofit follows through its
         optimizer's steps uses what it read, and only that is searched."""

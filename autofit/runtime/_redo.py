@@ -58,6 +58,13 @@ def recovery_enabled(default: bool = True) -> bool:
     return value.strip().lower() not in ("0", "false", "no", "off")
 
 
+def normal_run_recovers(recover_oom: bool, world_size: int) -> bool:
+    """Whether a normal run survives an out-of-memory step: its own choice (`recover_oom`) unless
+    $AUTOFIT_OOM_RECOVERY says otherwise, and never across ranks (a rank that lowered its micro-batch alone would
+    leave the others waiting in a collective). A probe asks too: it saves its tensors as that run will."""
+    return world_size == 1 and recovery_enabled(recover_oom)
+
+
 def lowered(config: Config) -> Config | None:
     """The config with the largest micro-batch at most half of this one that divides it, and the
     accumulation raised to keep the global batch; None at micro-batch 1.
