@@ -93,8 +93,7 @@ def run_probe(
         del exc
     _fill_result(result, run, backend, started, compiling)
     result.baseline_bytes = baseline
-    if tensors is not None:
-        result.allocator["tensors_at_start_bytes"] = tensors
+    result.allocator.update({} if tensors is None else {"tensors_at_start_bytes": tensors})
     if result.restart_worker:
         return result  # the device answers nothing more in this process: no clean-up
     del run  # the user's model and tensors go before the memory left behind is read
