@@ -93,7 +93,7 @@ class StepFeed:
                     if batch is _END:
                         break
                     largest = max(largest, count_samples(batch))
-                    fed = MicroBatch.of_tokens(batch, loader.batch_lengths) if loader is not None else MicroBatch(batch)
+                    fed = MicroBatch.of_tokens(batch, loader.batch_lengths, loader.batch_width) if loader is not None else MicroBatch(batch)
                     # After a lowering the loader still gives the batch it was built with: cut it.
                     pending.extend(self._cut(fed) if control.redo.lowerings else (fed,))
                 fed = pending.popleft()
