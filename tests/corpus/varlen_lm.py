@@ -5,7 +5,8 @@ log-normal with a median of about 90 tokens, up to 1024; 1500 samples), as a use
 Its collate pads a batch to its longest sample, rounded up to `run.pad_multiple` (1 unless a config pads):
 where a library builds something per shape (cuDNN's attention graphs on a GPU, oneDNN's primitives in bf16 on
 a CPU), a length-sorted epoch meets a new shape at almost every batch, and padding to a multiple meets a
-handful. One epoch in a normal run. $VARLEN_SAMPLES, $VARLEN_LAYERS and $VARLEN_WIDTH shrink it for a test.
+handful. One epoch in a normal run. $VARLEN_SAMPLES, $VARLEN_LAYERS and $VARLEN_WIDTH shrink it for a test;
+$VARLEN_FIXED=1 batches it as a plain loop does, `run.batch_size` shuffled samples padded to their longest.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ LAYERS = int(os.environ.get("VARLEN_LAYERS", "4"))
 WIDTH = int(os.environ.get("VARLEN_WIDTH", "256"))
 HEADS = 4
 LONGEST = 1024
+FIXED = os.environ.get("VARLEN_FIXED") == "1"
 
 
 def long_tailed_lengths(n: int, seed: int = 0) -> list[int]:
@@ -85,10 +87,17 @@ def train(run):
     torch.manual_seed(0)
     model = VarLenLM().to(run.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    loader = run.token_batches(DATA, LENGTHS, collate_fn=partial(collate, multiple=run.pad_multiple))
+    pad = partial(collate, multiple=run.pad_multiple)
+    if FIXED:  # a plain loop: a fixed number of shuffled samples
+        loader = torch.utils.data.DataLoader(DATA, batch_size=run.batch_size, shuffle=True, collate_fn=pad,
+                                             generator=torch.Generator().manual_seed(0))
+    else:
+        loader = run.token_batches(DATA, LENGTHS, collate_fn=pad)
+    real = (lambda batch: int((batch[1] != IGNORE).sum()) + len(batch[1])) if FIXED else None  # every sample's tokens
     for epoch in range(10**6 if run.probing else 1):  # a probe stops itself after its steps
-        loader.set_epoch(epoch)
-        for x, y in run.batches(loader):
+        if not FIXED:
+            loader.set_epoch(epoch)
+        for x, y in run.batches(loader, tokens=real):
             with run.autocast():
                 loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten(), ignore_index=IGNORE)
             run.backward(loss, optimizer)
