@@ -13,7 +13,7 @@ import torch
 
 from autofit.config import Config
 from autofit.errors import UsageError
-from autofit.runtime._batch import count_samples, to_device
+from autofit.runtime._batch import count_samples, mark_shape_dynamic, to_device
 from autofit.runtime._dataloader import count_prefetch_as_warmup
 from autofit.runtime._envelope import TokenEnvelope, TokenGuard
 from autofit.runtime._micro import MicroBatch
@@ -108,13 +108,20 @@ class StepFeed:
                         this_step.append(fed)
                     if len(pieces) > 1:  # DDP: only a micro-batch's last piece synchronises the gradients
                         self._panel.gradient_sync(index == len(pieces) - 1)
-                    yield to_device(piece.batch, control.device)
+                    yield self._shaped(to_device(piece.batch, control.device), piece)
         finally:
             self._panel.gradient_sync(True)
         self.finish()  # the data ran out: the last step's work is done
         if control.settings.probing:
             with control.hooks.data_context():  # the sampler's draws (TokenLoader.stats) are real data, not fake tensors
                 _check_the_pass(control, iterable, yielded, largest)
+
+    def _shaped(self, batch: Any, piece: MicroBatch) -> Any:
+        """A batch by tokens for a model compiled here: its samples and length marked dynamic (one graph, compiled
+        at the first batch, for every shape the epoch meets)."""
+        if piece.lengths is not None and self._panel.compiled:
+            return mark_shape_dynamic(batch, len(piece.lengths), piece.width)
+        return batch
 
     def _fetch(self, source: Iterator[Any]) -> Any:
         """The next batch from the user's data (`_END` at its end), its wait on the clock."""

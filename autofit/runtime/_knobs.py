@@ -49,6 +49,8 @@ class KnobPanel:
         self._window_steps = window_steps  # a probe's measured steps at least: its token batches' window
         self.compile_enabled = True
         """False where the model must stay eager (the memory estimator's fake tensors)."""
+        self.compiled = False
+        """A model offered to compile() was compiled (its batches by tokens are marked dynamic: StepFeed)."""
         self._declared_workers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         """The workers the script declared to each loader built here (which one trains, `training_data` says)."""
         self._wrapped_blocks: weakref.WeakSet = weakref.WeakSet()
@@ -112,6 +114,7 @@ class KnobPanel:
         self.used.compile = True
         if not config.compile or not self.compile_enabled:
             return model
+        self.compiled = True
         return torch.compile(model, **kwargs)
 
     def sampler(self, dataset: Any, *, shuffle: bool = True, seed: int = 0) -> torch.utils.data.Sampler:

@@ -141,3 +141,27 @@ def test_a_cpu_runs_token_batches_bound_the_per_shape_caches_and_record_them(mon
     with again.control.active():
         again.token_batches(Sequences(lengths), lengths, collate_fn=collate)
         assert (os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"], os.environ["LRU_CACHE_CAPACITY"]) == ("7", "3")
+
+
+def test_a_model_compiled_by_the_run_compiles_one_graph_for_every_shape_of_its_token_batches():
+    """torch.compile over variable lengths compiles a graph at the first shape and a dynamic one at the second
+    (Dynamo's automatic dynamic shapes: never one per batch, padded or not); the run marks its token batches'
+    samples and length dynamic, so that one graph, compiled at the first batch, takes them all."""
+    from torch._dynamo.utils import counters
+
+    lengths = [5, 9, 13, 17, 21, 25] * 4
+
+    def graphs(compiled_by_the_run: bool) -> tuple[int, int]:
+        torch._dynamo.reset()
+        counters.clear()
+        run = Run(Config(batch_size=64, max_tokens=64, compile=True), "cpu")
+        model = torch.nn.Embedding(8, 4)
+        model = run.compile(model, backend="eager") if compiled_by_the_run else torch.compile(model, backend="eager")
+        shapes = set()
+        for x, _ in run.batches(run.token_batches(Sequences(lengths), lengths, collate_fn=collate)):
+            model(x).sum()
+            shapes.add(tuple(x.shape))
+        return len(shapes), counters["stats"]["unique_graphs"]
+
+    assert graphs(True) == (graphs(True)[0], 1) and graphs(True)[0] >= 4
+    assert graphs(False)[1] == 2
