@@ -112,7 +112,8 @@ class _Call:
         runs, picked = set(), set()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # each kernel that cannot take the call warns why
-            picked |= {n for n in names if self._choice(q, k, v) == _backend(n).value}
+            choice = self._choice(q, k, v)
+            picked |= {n for n in names if choice == _backend(n).value}
             for name in names:
                 with sdpa_kernel([_backend(name)]):
                     if self._choice(q, k, v) == _backend(name).value:

@@ -88,10 +88,11 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.worst_only = worst_only
         """The memory estimator's: every batch is that worst one (`worst_batch`), as many as the epoch has,
         so that each estimated step holds the cap's worst case, not a draw."""
-        self.window = window if world_size == 1 else 0
+        self.window = window if world_size == 1 and not worst_only else 0
         """A probe's: the micro-batches it measures at least, whose new shapes are the epoch's share of its
         batches (`paid_ahead`: the others' shapes paid in the warm-up, after the worst batches); 0: as they come.
-        One process only (each rank would pay ahead its own count, and the ranks must step together)."""
+        One process only (each rank would pay ahead its own count, and the ranks must step together); never the
+        memory estimator's (`worst_only`: every batch is the worst one)."""
         self.epoch = 0
         self._skip = 0
 
