@@ -108,20 +108,13 @@ class StepFeed:
                         this_step.append(fed)
                     if len(pieces) > 1:  # DDP: only a micro-batch's last piece synchronises the gradients
                         self._panel.gradient_sync(index == len(pieces) - 1)
-                    yield self._shaped(to_device(piece.batch, control.device), piece)
+                    yield _shaped(to_device(piece.batch, control.device), piece, self._panel.compiled)
         finally:
             self._panel.gradient_sync(True)
         self.finish()  # the data ran out: the last step's work is done
         if control.settings.probing:
             with control.hooks.data_context():  # the sampler's draws (TokenLoader.stats) are real data, not fake tensors
                 _check_the_pass(control, iterable, yielded, largest)
-
-    def _shaped(self, batch: Any, piece: MicroBatch) -> Any:
-        """A batch by tokens for a model compiled here: its samples and length marked dynamic (one graph, compiled
-        at the first batch, for every shape the epoch meets)."""
-        if piece.lengths is not None and self._panel.compiled:
-            return mark_shape_dynamic(batch, len(piece.lengths), piece.width)
-        return batch
 
     def _fetch(self, source: Iterator[Any]) -> Any:
         """The next batch from the user's data (`_END` at its end), its wait on the clock."""
@@ -356,6 +349,14 @@ def _capped_by_the_data(iterable: Any, batch_size: int, largest: int) -> bool:
     drop_last False it yields the whole data as one short batch)."""
     return (isinstance(iterable, torch.utils.data.DataLoader) and iterable.batch_size == batch_size
             and 0 < largest < batch_size)
+
+
+def _shaped(batch: Any, piece: MicroBatch, compiled: bool) -> Any:
+    """A batch by tokens for a model the run compiled: its samples and length marked dynamic (one graph, compiled at
+    the first batch, for every shape the epoch meets)."""
+    if compiled and piece.lengths is not None:
+        return mark_shape_dynamic(batch, len(piece.lengths), piece.width)
+    return batch
 
 
 def _token_count(loader: TokenLoader | None, tokens: Any, weight_by_tokens: bool) -> tuple[Any, bool]:
