@@ -50,6 +50,7 @@ from autofit.runtime._report import run_summary
 from autofit.runtime._run import Run
 from autofit.runtime._script_run import ONE_START, StartReached, offer_script_run, take_script_run
 from autofit.runtime._settings import RunHooks, RunSettings
+from autofit.runtime._shape_caches import DEFAULT_CAPACITIES
 from autofit.runtime._tokens import TokenBatchSampler, TokenBatchStats
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "MEMORY_LIMIT_ENV",
     "ONE_START",
     "RECOVERY_ENV",
+    "DEFAULT_CAPACITIES",
     "DataTooSmall",
     "Knobs",
     "LoopRedo",

@@ -7,9 +7,10 @@ Each part runs autofit as a user would (`autofit search`, then the exported file
 `autofit estimate` then a probe of its answer), each command under its own time limit, its log in
 --out, and gives one row: feature, GPU, figure, date, command. Together about 12 minutes by their budgets:
 
-- tokens: benchmarks/tokens.py on the GPU (a variable-length LM under a 2 GiB cap): autofit's search,
-  the safe fixed batch found the same way, each trained over a whole epoch (issue "Beyond nanoGPT": the
-  token row at least 2x the safe fixed batch);
+- tokens: issue 53's variable-length LM (tests/corpus/varlen_lm.py) searched by tokens for 3 minutes under a 2 GiB
+  cap; the pick's whole epoch against the plain loop's best fixed batch (16, 32 or 64 samples, each a whole
+  epoch) in bf16 and in the pick's precision; the pick's probe over its epoch (goal: within 10%); the best bf16
+  and tf32 configs the search measured (goal: the pick is at least the faster);
 - memory: a Llama-style decoder of about 1B parameters at 2048 tokens (benchmarks/gpu/llama.py), bf16, under a cap
   where plain fits only at micro-batch 1-2 (measured from plain b=1 and b=2 unless $LIMIT_MEMORY): searched for 3
   minutes, then the expert's answer, the best of a hand grid (no checkpointing, selective, full, each at the
@@ -41,7 +42,6 @@ import argparse
 import datetime
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -136,29 +136,66 @@ def _search(script: str, name: str, out: str, budget: str, limit: str | None, en
         return args, json.load(handle)
 
 
+VARLEN = "tests/corpus/varlen_lm.py"
+#: The plain loop's fixed batches (issue 53's ran 32): each trained over a whole epoch.
+FIXED_BATCHES = (16, 32, 64)
+
+
+def _fixed_epoch(best: dict, precision: str, batch: int, out: str) -> float | None:
+    """The plain loop (varlen_lm.py with $VARLEN_FIXED: `batch` shuffled samples padded to their longest) over a
+    whole epoch at `precision`, with no memory cap, as its user runs it: its real tokens/s (None: it failed)."""
+    from autofit import Config
+
+    name = f"tokens-fixed-{precision}-{batch}"
+    path = os.path.join(out, f"{name}.json")
+    document = json.loads(json.dumps(best))
+    document["config"] = Config(batch_size=batch, precision=precision).to_dict()
+    document["measured"].pop("token_envelope", None)
+    with open(path, "w") as handle:
+        json.dump(document, handle, indent=2)
+    run = _normal_run(VARLEN, path, out, name, {"VARLEN_FIXED": "1"})
+    return run.get("tokens_per_s") if run else None
+
+
+def _best_probed(best: dict, precision: str) -> str:
+    """The fastest config of `precision` the search measured (the winner or a runner-up), or 'none measured'."""
+    from autofit import Config
+
+    entries = [(best["config"], best["measured"].get("tokens_per_s"))]
+    entries += [(r["config"], r.get("tokens_per_s")) for r in best.get("runner_ups") or []]
+    found = [(rate, Config.from_dict(c).label()) for c, rate in entries if c.get("precision") == precision and rate]
+    return f"{max(found)[1]} {max(found)[0]:,.0f}" if found else "none measured"
+
+
 def part_tokens(out: str) -> list[Row]:
-    md = os.path.join(out, "tokens-cuda.md")
-    args = [PY, "-m", "benchmarks.tokens", "--device", "cuda", "--memory-limit", _env("LIMIT_TOKENS", "2GiB"),
-            "--budget", _env("BUDGET_TOKENS", "3m"), "--rounds", "1", "--samples", "4096", "--out", md]
-    status, _ = _run(args, os.path.join(out, "tokens.log"), 600)
-    rows = _table_rows(md) if status == 0 and os.path.exists(md) else {}
-    safe, found = rows.get("(a) fixed, safe"), rows.get("(d) autofit")
-    if not (safe and found):
-        return [Row("batches by tokens (whole epoch)", f"no figure: exit {status} (tokens.log)", _shown(args))]
-    figure = (f"autofit {found[1]} {found[3]} real tokens/s = {found[4]} the safe fixed batch ({safe[1]}, "
-              f"{safe[3]}); OOMs {found[5]}, found in {found[2]}")
-    return [Row("batches by tokens (whole epoch)", figure, _shown(args))]
+    """Issue 53's held-out LM (tests/corpus/varlen_lm.py) searched by tokens for 3 minutes under a 2 GiB cap: the
+    pick's whole epoch against the plain loop's best fixed batch in bf16 and in the pick's precision, its probe
+    over its epoch, and the best bf16 and tf32 configs the search measured (the pick should be the faster)."""
+    args, best = _search(VARLEN, "tokens", out, _env("BUDGET_TOKENS", "3m"), _env("LIMIT_TOKENS", "2GiB"), {})
+    if best is None:
+        return [Row("batches by tokens, variable lengths (whole epoch)", "no figure: the search failed "
+                    "(tokens-search.log)", _shown(args))]
+    from autofit import Config
 
-
-def _table_rows(path: str) -> dict[str, list[str]]:
-    """A markdown table's rows by their first cell (benchmarks/tokens.py's output), bold marks removed."""
-    rows = {}
-    with open(path) as handle:
-        for line in handle:
-            if line.startswith("| ("):
-                cells = [re.sub(r"\*\*|\s*\(median.*", "", c).strip() for c in line.strip().strip("|").split("|")]
-                rows[cells[0]] = cells
-    return rows
+    pick = Config.from_dict(best["config"])
+    run = _normal_run(VARLEN, os.path.join(out, "tokens.best.json"), out, "tokens")
+    epoch = run.get("tokens_per_s") if run else None
+    probe = best["measured"].get("tokens_per_s")
+    plain = {}
+    for precision in dict.fromkeys(("bf16", pick.precision)):
+        rates = {b: rate for b in FIXED_BATCHES if (rate := _fixed_epoch(best, precision, b, out))}
+        plain[precision] = max(((rate, b) for b, rate in rates.items()), default=None)
+    if not epoch:
+        return [Row("batches by tokens, variable lengths (whole epoch)",
+                    f"{pick.label()}: its normal run gave no figure (tokens-run.log)", _shown(args))]
+    parts = [f"{pick.label()}: its whole epoch {epoch:,.0f} real tokens/s"]
+    for precision, found in plain.items():
+        parts.append(f"{epoch / found[0]:.2f}x the plain loop's best fixed batch in {precision} (b={found[1]}, "
+                     f"{found[0]:,.0f})" if found else f"no plain {precision} epoch ran")
+    if probe:
+        parts.append(f"probe ÷ epoch {probe / epoch:.2f}")
+    parts.append(f"best probed bf16 {_best_probed(best, 'bf16')}, tf32 {_best_probed(best, 'tf32')}")
+    return [Row("batches by tokens, variable lengths (whole epoch)", "; ".join(parts), _shown(args))]
 
 
 def part_memory(out: str) -> list[Row]:
