@@ -252,7 +252,7 @@ def test_one_time_growth_is_not_a_leak(worker):
     pid = worker.pid
     for batch in (64, 8, 64, 8):
         result = worker.probe(Config(batch_size=batch), timeout=60)
-        assert result.status == "ok" and not result.notes
+        assert result.status == "ok" and not [n for n in result.notes if "memory" in n], result.notes  # no leak said
     assert worker.pid == pid
 
 
