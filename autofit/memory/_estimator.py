@@ -129,15 +129,17 @@ class Estimator:
         """What the function declared to @autofit (its load reply's; empty until loaded)."""
         return (self._loaded or {}).get("options") or {}
 
-    def estimate(self, configs: list[Config], timeout: float = 300.0) -> Estimates:
+    def estimate(self, configs: list[Config], timeout: float = 300.0, *, traced: bool = False) -> Estimates:
         """Estimates of `configs`; what the process answered before it died or ran out of time
-        is kept, and every other config says why it has none."""
+        is kept, and every other config says why it has none. `traced`: each config's program traced once
+        (at two micro-batches, kept for later requests) and the config's peak arithmetic over the traces
+        (autofit.memory._traced_space); without, each config is a run of its own."""
         deadline = time.monotonic() + timeout
         found: list[dict] = []
         failure = None
         if self._wait_loaded(deadline, timeout):
             try:
-                self._channel.send({"op": "estimate", "configs": [c.to_dict() for c in configs]})
+                self._channel.send({"op": "estimate", "configs": [c.to_dict() for c in configs], "traced": traced})
             except OSError:
                 pass  # it died: the next receive says how
             while (reply := self._receive(deadline, timeout)) is not None:

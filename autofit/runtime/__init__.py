@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from autofit.runtime._accumulation import PricedSteps, price_steps
 from autofit.runtime._batch import batch_len, batch_tensors, count_samples, map_batch, split_batch, to_device
-from autofit.runtime._checkpoint import checkpoint_policy_of
+from autofit.runtime._checkpoint import checkpoint_policy_of, saved_ops
 from autofit.runtime._clock import ProbeFinished, StepClock
 from autofit.runtime._compile_timer import CompileTimer
 from autofit.runtime._control import RunControl
@@ -96,6 +96,7 @@ __all__ = [
     "record_lowerings",
     "recovery_enabled",
     "run_summary",
+    "saved_ops",
     "split_batch",
     "take_script_run",
     "to_device",

@@ -1,0 +1,230 @@
+"""The peak of a config from two traces of its program at two micro-batches (autofit.memory._step_trace): the
+traced timeline changed by what the config does to the blocks offered to `run.checkpoint()`, no run of the
+config itself. Pure arithmetic over plain lists (no torch).
+
+A trace shows each tensor's natural life (what holds it but autograd) and when autograd lets each saved tensor
+go. A config's bytes after each op are the trace's, with:
+- every tensor autograd saved held from its natural end until autograd lets it go (no checkpointing);
+- in a checkpointed block (its first `checkpoint_segments`), what its forward made and saved dropped until its
+  backward begins, then held again (the recompute makes it anew), and at that moment the forward's passing
+  bytes above what it keeps (the recompute's temporaries); its inputs held until its backward ends (the
+  checkpoint saves them); under the selective policy, the outputs of the ops it keeps (autofit.runtime's
+  `saved_ops`) held from their end to its backward (PyTorch's policy caches them) and through it as saved;
+- in an offloaded block (offload and not checkpointed), nothing it saves held on the device, and each saved
+  tensor back on it as a copy while its backward runs (PyTorch's save_on_cpu);
+- the tensors backward got in place of the saved ones (the trace's own) taken out, but the offloaded copies.
+Everything is affine in the micro-batch (a tensor's bytes are a + b x samples), so the bytes after each op
+at any size are the two traces' interpolated, and the peak is their largest.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from autofit.memory._step_trace import ACTIVATIONS, PARTS, Instance, StepTrace
+
+#: Whether an offloaded block's saved parameters come back to the device as copies in backward, as
+#: PyTorch's save_on_cpu (autofit.runtime's offload_block) does with every tensor saved, a block's weights too.
+OFFLOAD_COPIES_PARAMETERS = True
+
+_HELD, _RECOMPUTED, _OFFLOADED = range(3)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a config does to the offered blocks: checkpoints its first `segments` under `policy`, keeps what the
+    others save in host memory where `offload`."""
+
+    segments: int = 0
+    policy: str = "full"
+    offload: bool = False
+
+    @classmethod
+    def of(cls, config) -> Layout:
+        segments = config.checkpoint_segments
+        return cls(segments, config.checkpoint_policy if segments else "full", bool(config.offload_activations))
+
+    @property
+    def plain(self) -> bool:
+        return not self.segments and not self.offload
+
+
+def timeline(trace: StepTrace, layout: Layout) -> list[list[int]]:
+    """Bytes after each op under `layout`, by part: one list per part (PARTS' order)."""
+    ops = trace.ops
+    diff = [[0] * (ops + 1) for _ in PARTS]
+
+    def add(part: int, start: int, end: int, amount: int) -> None:
+        start, end = max(start, 0), min(end, ops - 1)
+        if amount and start <= end:
+            diff[part][start] += amount
+            diff[part][end + 1] -= amount
+
+    modes = [_mode(trace, layout, p) for p in range(len(trace.pack_storage))]
+    for storage, pack in trace.fresh.items():  # backward's own copies: the saved tensor itself, or the host's copy
+        extra = trace.pack_bytes[pack] if modes[pack] == _OFFLOADED else 0
+        add(trace.storage_part[storage], trace.storage_made[storage], _last(trace, storage, ops),
+            extra - trace.storage_bytes[storage])
+    held, recomputed = _held(trace, modes, ops, add)
+    for index, instance in enumerate(trace.instances):
+        if instance.block < layout.segments:
+            _checkpointed(trace, layout, index, held, recomputed, ops, add)
+    out = []
+    for part in range(len(PARTS)):
+        running, column = 0, []
+        for t in range(ops):
+            running += diff[part][t]
+            column.append(trace.rows[t][part] + running)
+        out.append(column)
+    return out
+
+
+def _mode(trace: StepTrace, layout: Layout, pack: int) -> int:
+    """How the config keeps one saved tensor: held by autograd, dropped and recomputed, or offloaded."""
+    index = trace.pack_instance[pack]
+    if index is None:
+        return _HELD
+    instance = trace.instances[index]
+    storage = trace.pack_storage[pack]
+    if instance.block < layout.segments:
+        if storage < 0 or trace.storage_made[storage] < instance.first:
+            return _HELD  # its inputs (the checkpoint saves them), the parameters
+        if layout.policy == "selective" and storage in instance.kept:
+            return _HELD  # selective checkpointing keeps it
+        return _RECOMPUTED
+    if layout.offload and (OFFLOAD_COPIES_PARAMETERS or not trace.pack_parameter[pack]):
+        return _OFFLOADED
+    return _HELD
+
+
+def _last(trace: StepTrace, storage: int, ops: int) -> int:
+    last = trace.storage_last[storage]
+    return ops - 1 if last is None else last
+
+
+def _held(trace: StepTrace, modes: list[int], ops: int, add) -> tuple[dict[int, int], dict[int, int]]:
+    """The saved tensors autograd holds (or the recompute holds anew): added past their natural end. Returns
+    each held storage's last op held, and the bytes each checkpointed instance's recompute holds anew."""
+    held: dict[int, int] = {}
+    recomputed: dict[tuple[int, int], int] = {}
+    for pack, storage in enumerate(trace.pack_storage):
+        if storage < 0 or modes[pack] == _OFFLOADED:
+            continue
+        released = trace.pack_released[pack]
+        end = (ops if released is None else released) - 1
+        if modes[pack] == _HELD:
+            held[storage] = max(held.get(storage, -1), end)
+        else:
+            key = (storage, trace.pack_instance[pack])
+            recomputed[key] = max(recomputed.get(key, -1), end)
+    for storage, end in held.items():
+        if trace.storage_last[storage] is not None:
+            add(trace.storage_part[storage], trace.storage_last[storage] + 1, end, trace.storage_bytes[storage])
+    anew: dict[int, int] = {}
+    for (storage, index), end in recomputed.items():
+        began = trace.instances[index].backward
+        if began is not None:
+            add(ACTIVATIONS, began, end, trace.storage_bytes[storage])
+            anew[index] = anew.get(index, 0) + trace.storage_bytes[storage]
+    return held, anew
+
+
+def _checkpointed(trace: StepTrace, layout: Layout, index: int, held: dict[int, int], recomputed: dict[int, int],
+                  ops: int, add) -> None:
+    """What a checkpointed block holds beside its recomputed tensors: its inputs, the outputs selective
+    checkpointing keeps, and the recompute's passing bytes when its backward begins."""
+    instance = trace.instances[index]
+    began = instance.backward
+    if began is None:
+        return
+    ended = trace.backward_ends.get(index, began)
+    for storage in instance.inputs:  # the checkpoint saves its inputs until its backward ends
+        if layout.offload:  # to the host, and back for the recompute
+            add(trace.storage_part[storage], began, ended - 1, trace.storage_bytes[storage])
+        else:
+            start = max(_last(trace, storage, ops), held.get(storage, -1)) + 1
+            add(trace.storage_part[storage], start, ended - 1, trace.storage_bytes[storage])
+    kept = set(instance.kept) if layout.policy == "selective" else set()
+    for storage in kept:  # cached by the policy until the recompute takes it
+        start = max(_last(trace, storage, ops), held.get(storage, -1)) + 1
+        add(ACTIVATIONS, start, began - 1, trace.storage_bytes[storage])
+    again = _forward_high(trace, instance, kept, ops) - recomputed.get(index, 0)
+    add(ACTIVATIONS, began, began, max(0, again))  # the recompute's passing bytes above what it holds after
+
+
+def _forward_high(trace: StepTrace, instance: Instance, kept: set[int], ops: int) -> int:
+    """The most bytes alive at once during the block's forward (without checkpointing) of those it made
+    itself, but `kept`: what its recompute makes again, at its height."""
+    first, last = instance.first, instance.last
+    if last < first:
+        return 0
+    made = trace.storage_made
+    diff = [0] * (last - first + 2)
+    for storage in range(bisect.bisect_left(made, first), bisect.bisect_right(made, last)):
+        if storage in kept or storage in trace.fresh:
+            continue
+        end = min(max(_last(trace, storage, ops), trace.plain_end.get(storage, -1)), last)
+        diff[made[storage] - first] += trace.storage_bytes[storage]
+        diff[end - first + 1] -= trace.storage_bytes[storage]
+    high = running = 0
+    for step in diff[:-1]:
+        running += step
+        high = max(high, running)
+    return high
+
+
+class TracedPeaks:
+    """The peaks of one program's configs from its two traces (the same ops at two sizes)."""
+
+    def __init__(self, small: StepTrace, large: StepTrace | None) -> None:
+        """`large` None: every size runs `small`'s batch (by tokens, a data whose longest samples all fit the
+        smallest cap)."""
+        if large is not None and (small.ops != large.ops or small.signature != large.signature):
+            raise ValueError(f"the traces at {small.size} and {large.size} samples ran different ops")
+        if large is not None and small.size == large.size:
+            raise ValueError("the two traces ran one size")
+        self.small, self.large = small, large
+        self._lines: dict[Layout, list[tuple[list[float], list[float]]]] = {}
+
+    @classmethod
+    def flat(cls, trace: StepTrace) -> TracedPeaks:
+        return cls(trace, None)
+
+    def describes(self, layout: Layout) -> str | None:
+        """Why the arithmetic cannot give `layout`'s peak (None: it can)."""
+        if layout.plain:
+            return None
+        if not self.small.blocks:
+            return "no blocks were offered to run.checkpoint()"
+        return self.small.irregular
+
+    def breakdown(self, layout: Layout, size: float) -> dict[str, int]:
+        """Predicted bytes by part at the peak of `layout` at `size` samples."""
+        best, parts = None, None
+        for at_zero, slope in self._candidates(layout):
+            total = sum(at_zero) + size * sum(slope)
+            if best is None or total > best:
+                best, parts = total, [max(0.0, a + size * s) for a, s in zip(at_zero, slope)]
+        return {part: int(round(value)) for part, value in zip(PARTS, parts or [0] * len(PARTS))}
+
+    def _candidates(self, layout: Layout) -> list[tuple[list[float], list[float]]]:
+        """The ops whose bytes can be the largest at some size >= 0 (by part: bytes at size 0, bytes a sample):
+        those no other op beats both at size 0 and in its growth."""
+        if layout not in self._lines:
+            small = timeline(self.small, layout)
+            large = timeline(self.large, layout) if self.large is not None else small
+            span = self.large.size - self.small.size if self.large is not None else 1
+            points = []
+            for t in range(self.small.ops):
+                slope = [(large[p][t] - small[p][t]) / span for p in range(len(PARTS))]
+                at_zero = [small[p][t] - self.small.size * slope[p] for p in range(len(PARTS))]
+                points.append((sum(at_zero), sum(slope), at_zero, slope))
+            points.sort(key=lambda point: (-point[0], -point[1]))
+            front, steepest = [], None
+            for total, growth, at_zero, slope in points:
+                if steepest is None or growth > steepest:
+                    front.append((at_zero, slope))
+                    steepest = growth
+            self._lines[layout] = front
+        return self._lines[layout]
