@@ -29,14 +29,14 @@ from itertools import product
 from autofit.config import Config
 from autofit.knobs import Offers
 from autofit.memory._estimator import CUDA_CONTEXT_BYTES, Estimator, MemoryEstimate
-from autofit.memory._peak_factors import CPU_TYPICAL_FACTOR
+from autofit.memory._peak_factors import CPU_TYPICAL_FACTOR, CUDA_TYPICAL_FACTOR
 from autofit.memory._sizes import Sizes
 from autofit.options import SearchOptions
 from autofit.planner import STRATEGY_KNOBS, Asked, Strategy, divisors_in, knob_values
 
-#: Prior for a CUDA device: the caching allocator's rounding and fragmentation over the tensors' own
-#: bytes (the context's prior is memory_estimate.CUDA_CONTEXT_BYTES).
-ALLOCATOR_OVERHEAD = 0.10
+#: Prior for a CUDA device: the caching allocator's rounding and caching over the tensors' own bytes, the
+#: typical factor's (the context's prior is memory_estimate.CUDA_CONTEXT_BYTES).
+ALLOCATOR_OVERHEAD = CUDA_TYPICAL_FACTOR - 1
 #: Preference among precisions when nothing was measured: the fastest kinds first.
 GPU_PREFERENCE = ("bf16", "fp16", "tf32", "fp32")
 
