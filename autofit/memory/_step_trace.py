@@ -12,7 +12,7 @@ What it records, op by op (MemTracker's own grain: it takes its peak after each 
   (autofit.runtime's `saved_ops`).
 
 Autograd holds nothing it saves while tracing: the hook keeps the tensor's shape and backward gets a new tensor
-of it (as PyTorch's `save_on_cpu` gives one back). So the trace shows each tensor's *natural* life, while
+of it (as an offload of saved tensors to the host gives one back). So the trace shows each tensor's *natural* life, while
 anything but autograd holds it, and when autograd would let it go; holding (no checkpointing), dropping and
 recomputing (checkpointing) or copying to the host (offload) are then intervals added to it or taken from it.
 

@@ -1,17 +1,17 @@
 """The peak of a config from two traces of its program at two micro-batches (autofit.memory._step_trace): the
-traced timeline changed by what the config does to the blocks offered to `run.checkpoint()`, no run of the
-config itself. Pure arithmetic over plain lists (no torch).
+traced timeline changed by what the config does to the blocks offered to `run.checkpoint()` (the runtime's
+own plan of them, `block_plan`), no run of the config itself: arithmetic over plain lists.
 
 A trace shows each tensor's natural life (what holds it but autograd) and when autograd lets each saved tensor
 go. A config's bytes after each op are the trace's, with:
 - every tensor autograd saved held from its natural end until autograd lets it go (no checkpointing);
-- in a checkpointed block (its first `checkpoint_segments`), what its forward made and saved dropped until its
+- in a checkpointed block (the first `checkpoint_segments` of them), what its forward made and saved dropped until its
   backward begins, then held again (the recompute makes it anew), and at that moment the forward's passing
   bytes above what it keeps (the recompute's temporaries); its inputs held until its backward ends (the
   checkpoint saves them); under the selective policy, the outputs of the ops it keeps (autofit.runtime's
   `saved_ops`) held from their end to its backward (PyTorch's policy caches them) and through it as saved;
 - in an offloaded block (offload and not checkpointed), nothing it saves held on the device, and each saved
-  tensor back on it as a copy while its backward runs (PyTorch's save_on_cpu);
+  tensor back on it as a copy while its backward runs (as PyTorch's offload of saved tensors does);
 - the tensors backward got in place of the saved ones (the trace's own) taken out, but the offloaded copies.
 Everything is affine in the micro-batch (a tensor's bytes are a + b x samples), so the bytes after each op
 at any size are the two traces' interpolated, and the peak is their largest.
@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from autofit.memory._step_trace import ACTIVATIONS, PARTS, Instance, StepTrace
 
 #: Whether an offloaded block's saved parameters come back to the device as copies in backward, as
-#: PyTorch's save_on_cpu (autofit.runtime's offload_block) does with every tensor saved, a block's weights too.
+#: PyTorch's offload of saved tensors to the host does with every tensor a
+#: block saves, its weights too.
 OFFLOAD_COPIES_PARAMETERS = True
 
 _HELD, _RECOMPUTED, _OFFLOADED = range(3)
@@ -33,21 +34,29 @@ _HELD, _RECOMPUTED, _OFFLOADED = range(3)
 
 @dataclass(frozen=True)
 class Layout:
-    """What a config does to the offered blocks: checkpoints its first `segments` under `policy`, keeps what the
-    others save in host memory where `offload`."""
+    """What a config does to the blocks offered to run.checkpoint(), block by block, as the runtime applies it
+    (autofit.runtime's `block_plan`): each one's checkpoint policy (None: not checkpointed) and whether what it
+    saves goes to the host."""
 
-    segments: int = 0
-    policy: str = "full"
-    offload: bool = False
+    plans: tuple[tuple[str | None, bool], ...] = ()
 
     @classmethod
-    def of(cls, config) -> Layout:
-        segments = config.checkpoint_segments
-        return cls(segments, config.checkpoint_policy if segments else "full", bool(config.offload_activations))
+    def of(cls, config, blocks: int) -> Layout:
+        from autofit.runtime import block_plan
+
+        plans = tuple(block_plan(config, blocks))
+        return cls(plans if any(policy is not None or offloaded for policy, offloaded in plans) else ())
 
     @property
     def plain(self) -> bool:
-        return not self.segments and not self.offload
+        return not self.plans
+
+    def policy(self, block: int) -> str | None:
+        return self.plans[block][0] if block < len(self.plans) else None
+
+    def offloaded(self, block: int) -> bool:
+        """What the block saves goes to the host (a checkpointed one saves nothing but its inputs)."""
+        return block < len(self.plans) and self.plans[block][1]
 
 
 def timeline(trace: StepTrace, layout: Layout) -> list[list[int]]:
@@ -68,7 +77,7 @@ def timeline(trace: StepTrace, layout: Layout) -> list[list[int]]:
             extra - trace.storage_bytes[storage])
     held, recomputed = _held(trace, modes, ops, add)
     for index, instance in enumerate(trace.instances):
-        if instance.block < layout.segments:
+        if layout.policy(instance.block) is not None:
             _checkpointed(trace, layout, index, held, recomputed, ops, add)
     out = []
     for part in range(len(PARTS)):
@@ -87,13 +96,14 @@ def _mode(trace: StepTrace, layout: Layout, pack: int) -> int:
         return _HELD
     instance = trace.instances[index]
     storage = trace.pack_storage[pack]
-    if instance.block < layout.segments:
+    policy = layout.policy(instance.block)
+    if policy is not None:
         if storage < 0 or trace.storage_made[storage] < instance.first:
             return _HELD  # its inputs (the checkpoint saves them), the parameters
-        if layout.policy == "selective" and storage in instance.kept:
+        if policy == "selective" and storage in instance.kept:
             return _HELD  # selective checkpointing keeps it
         return _RECOMPUTED
-    if layout.offload and (OFFLOAD_COPIES_PARAMETERS or not trace.pack_parameter[pack]):
+    if layout.offloaded(instance.block) and (OFFLOAD_COPIES_PARAMETERS or not trace.pack_parameter[pack]):
         return _OFFLOADED
     return _HELD
 
@@ -140,12 +150,12 @@ def _checkpointed(trace: StepTrace, layout: Layout, index: int, held: dict[int, 
         return
     ended = trace.backward_ends.get(index, began)
     for storage in instance.inputs:  # the checkpoint saves its inputs until its backward ends
-        if layout.offload:  # to the host, and back for the recompute
+        if layout.offloaded(instance.block):  # to the host, and back for the recompute
             add(trace.storage_part[storage], began, ended - 1, trace.storage_bytes[storage])
         else:
             start = max(_last(trace, storage, ops), held.get(storage, -1)) + 1
             add(trace.storage_part[storage], start, ended - 1, trace.storage_bytes[storage])
-    kept = set(instance.kept) if layout.policy == "selective" else set()
+    kept = set(instance.kept) if layout.policy(instance.block) == "selective" else set()
     for storage in kept:  # cached by the policy until the recompute takes it
         start = max(_last(trace, storage, ops), held.get(storage, -1)) + 1
         add(ACTIVATIONS, start, began - 1, trace.storage_bytes[storage])
@@ -191,13 +201,13 @@ class TracedPeaks:
     def flat(cls, trace: StepTrace) -> TracedPeaks:
         return cls(trace, None)
 
+    def layout(self, config) -> Layout:
+        """What `config` does to the blocks the traced function offered."""
+        return Layout.of(config, self.small.blocks)
+
     def describes(self, layout: Layout) -> str | None:
         """Why the arithmetic cannot give `layout`'s peak (None: it can)."""
-        if layout.plain:
-            return None
-        if not self.small.blocks:
-            return "no blocks were offered to run.checkpoint()"
-        return self.small.irregular
+        return None if layout.plain else self.small.irregular
 
     def breakdown(self, layout: Layout, size: float) -> dict[str, int]:
         """Predicted bytes by part at the peak of `layout` at `size` samples."""

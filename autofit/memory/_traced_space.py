@@ -24,8 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 from autofit.config import Config
-from autofit.memory._traced_peaks import Layout, TracedPeaks
-from autofit.planner import holds_gradients
+from autofit.memory._traced_peaks import TracedPeaks
+from autofit.planner import STRATEGY_KNOBS, holds_gradients
 from autofit.runtime import DataTooSmall
 
 #: The micro-batches a program is traced at: small (a trace's time hardly depends on it), above 1 (a batch
@@ -112,7 +112,7 @@ class _Program:
             if self.first is not None and (not self.first["ok"] or self.first.get("missing")):
                 return _answer(self.first)  # the same program: its failure, or its known parts, stand for all
             return estimate(config)
-        layout = Layout.of(config)
+        layout = self.peaks.layout(config)
         if self.peaks.describes(layout) is not None:
             return estimate(config)
         samples = self._samples(config)
@@ -138,12 +138,13 @@ class _Program:
 
 
 def _traced_config(config: Config, size: int) -> Config:
-    """The program's config that a trace runs: `size` samples (by tokens: a cap of `size` tokens), no block
-    checkpointed or offloaded, two micro-batches a step where gradients live through a forward."""
+    """The program's config that a trace runs: `size` samples (by tokens: a cap of `size` tokens), every other
+    knob of a strategy at its default (no block checkpointed or offloaded, eager) but the precision, two
+    micro-batches a step where gradients live through a forward; the rest of `config` as it is."""
     tokens = config.max_tokens is not None
-    return dataclasses.replace(config, batch_size=size, max_tokens=size if tokens else None, max_squares=None,
-                               precision=same_bytes(config.precision), checkpoint_segments=0,
-                               checkpoint_policy="full", offload_activations=False, compile=False,
+    defaults = {k.name: k.default for k in STRATEGY_KNOBS}
+    return dataclasses.replace(config, **defaults, batch_size=size, max_tokens=size if tokens else None,
+                               max_squares=None, precision=same_bytes(config.precision),
                                accumulation_steps=2 if holds_gradients(config) else 1)
 
 

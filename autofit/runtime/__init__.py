@@ -17,7 +17,7 @@ from autofit.runtime._control import RunControl
 from autofit.runtime._distributed import Ranks, leave_process_group, per_rank_config, ranks_from_env
 from autofit.runtime._envelope import TokenEnvelope, TokenGuard
 from autofit.runtime._feed import DataTooSmall
-from autofit.runtime._knobs import Knobs
+from autofit.runtime._knobs import Knobs, block_plan
 from autofit.runtime._memory_cap import MEMORY_LIMIT_ENV, describe_memory_limit, memory_limit_from_env
 from autofit.runtime._oom import breaks_the_device, is_oom
 from autofit.runtime._open_step import NoStepClosed
@@ -75,6 +75,7 @@ __all__ = [
     "announce",
     "batch_len",
     "batch_tensors",
+    "block_plan",
     "breaks_the_device",
     "checkpoint_policy_of",
     "count_samples",
