@@ -23,6 +23,7 @@ import functools
 import os
 import sys
 import traceback
+from collections.abc import Sized
 from contextlib import contextmanager
 from typing import Any
 
@@ -108,12 +109,13 @@ def _batch_samples(run: Any) -> tuple[int, int | None]:
     training data holds (None where unknown: a loop's own batches)."""
     envelope = run.control.knobs.token_envelope
     samples = envelope.padded_tokens // envelope.longest_sample if envelope else run.config.batch_size
-    loader = run.control.panel.training_loader
+    panel = run.control.panel
+    loader = panel.training_loader or panel.training_source
     sampler = getattr(loader, "batch_sampler", None)
     if hasattr(sampler, "lengths"):  # run.token_batches(): this rank's samples
         return samples, len(sampler.lengths)
-    try:
-        return samples, len(loader.dataset) if loader is not None else None
+    try:  # a DataLoader: no micro-batch holds more than its dataset (a list of batches the loop made: any)
+        return samples, len(loader.dataset) if isinstance(getattr(loader, "dataset", None), Sized) else None
     except TypeError:  # an iterable dataset: its length unknown
         return samples, None
 

@@ -41,6 +41,8 @@ class MemoryEstimate:
     token_envelope: dict[str, int] | None = None
     """By tokens: the micro-batches the estimate ran, as a TokenEnvelope's fields (`longest_sample`,
     `padded_tokens`, `padded_squares`); one batch, the cap's worst. None for batches by samples."""
+    traced: bool = False
+    """Arithmetic over its program's two traces (autofit.memory._traced_space), not a run of its own."""
 
     @property
     def worst_batch(self) -> tuple[int, int] | None:
@@ -251,7 +253,8 @@ def _parse(configs: list[Config], reply: dict, failure: str | None) -> Estimates
             breakdown = {part: int(found["breakdown"].get(part, 0)) for part in PARTS}
             out.estimates[config] = MemoryEstimate(config, breakdown, tuple(found.get("missing", ())),
                                                    tuple(found.get("notes", ())), found.get("error"),
-                                                   Offers.from_dict(found.get("knobs") or {}).token_envelope)
+                                                   Offers.from_dict(found.get("knobs") or {}).token_envelope,
+                                                   bool(found.get("traced")))
         else:
             out.unavailable[config] = found["error"]
     missing = configs[len(reply["estimates"]):]

@@ -26,7 +26,7 @@ from typing import Any
 from autofit.config import Config
 from autofit.memory._traced_peaks import TracedPeaks
 from autofit.planner import STRATEGY_KNOBS, holds_gradients
-from autofit.runtime import DataTooSmall
+from autofit.runtime import DataTooSmall, TokenEnvelope
 
 #: The micro-batches a program is traced at: small (a trace's time hardly depends on it), above 1 (a batch
 #: norm refuses a batch of one sample), and the smaller pair where the data holds too few samples for them.
@@ -120,9 +120,8 @@ class _Program:
             return {"ok": False, "error": f"DataTooSmall: the data holds {self.data_samples} samples, fewer than a "
                                           f"micro-batch of {config.batch_size}"}
         knobs = dict(self.first["knobs"])
-        if self.longest:
-            knobs["token_envelope"] = {"longest_sample": self.longest, "padded_tokens": samples * self.longest,
-                                       "padded_squares": samples * self.longest ** 2}
+        if self.longest:  # its cap's worst batch, as a run of its own would have run
+            knobs["token_envelope"] = TokenEnvelope.of_batch(samples, self.longest).to_dict()
         return {**_answer(self.first), "breakdown": self.peaks.breakdown(layout, samples), "knobs": knobs,
                 "traced": True}
 
@@ -143,9 +142,9 @@ def _traced_config(config: Config, size: int) -> Config:
     micro-batches a step where gradients live through a forward; the rest of `config` as it is."""
     tokens = config.max_tokens is not None
     defaults = {k.name: k.default for k in STRATEGY_KNOBS}
-    return dataclasses.replace(config, **defaults, batch_size=size, max_tokens=size if tokens else None,
-                               max_squares=None, precision=same_bytes(config.precision),
-                               accumulation_steps=2 if holds_gradients(config) else 1)
+    return dataclasses.replace(config, **{**defaults, "precision": same_bytes(config.precision),
+                                          "accumulation_steps": 2 if holds_gradients(config) else 1},
+                               batch_size=size, max_tokens=size if tokens else None, max_squares=None)
 
 
 def _longest(found: dict) -> int:

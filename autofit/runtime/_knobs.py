@@ -61,6 +61,8 @@ class KnobPanel:
         """Models put in channels-last format here: back in the contiguous format when the run ends."""
         self.training_loader: torch.utils.data.DataLoader | None = None
         """The first loader built here (the training one: an evaluation loader comes after it)."""
+        self.training_source: Any = None
+        """What the steps took their first batches from (run.batches' iterable)."""
         self.data_parallel: torch.nn.parallel.DistributedDataParallel | None = None
         self.sharded: Any = None  # an FSDP2 module (distribute with shard=)
 
@@ -166,7 +168,9 @@ class KnobPanel:
             self.data_parallel.require_backward_grad_sync = on
 
     def training_data(self, iterable: Any) -> None:
-        """The steps take their batches from `iterable`: a loader built here declared the training workers."""
+        """The steps take their batches from `iterable` (kept: the memory estimator reads how many samples it
+        holds); a loader built here declared the training workers."""
+        self.training_source = iterable
         if isinstance(iterable, torch.utils.data.DataLoader) and iterable in self._declared_workers:
             self.used.declared_workers = self._declared_workers[iterable]
 
