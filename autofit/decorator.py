@@ -76,14 +76,12 @@ class AutofitFunction:
 
                 leave_process_group()
 
-    def plan_run(self, config_path: str | os.PathLike | None = None, device: str | None = None):
-        """What a normal call trains with (autofit.normal_run.RunPlan): the best exported config, if any."""
+    def plan_run(self, config_path: str | os.PathLike | None = None, device: str | None = None, say: bool = True):
+        """What a normal call trains with (autofit.normal_run.RunPlan): the best exported config, if any,
+        said in one line where `say`."""
         from autofit.normal_run import resolve_run_config
 
-        plan = resolve_run_config(self, config_path, device)
-        if os.environ.get("RANK", "0") == "0":  # under torchrun, the main rank speaks for all
-            print(f"autofit: {plan.message}", file=sys.stderr)
-        return plan
+        return resolve_run_config(self, config_path, device, say=say)
 
     def make_run(self, config_path: str | os.PathLike | None = None, device: str | None = None,
                  *, plan: Any = None, redo: StepRedo | None = None) -> Run:
@@ -92,7 +90,7 @@ class AutofitFunction:
         of an earlier attempt of the same call, which this Run goes on with (None: a new one)."""
         import torch
 
-        from autofit.devices import make_backend
+        from autofit.devices import available_memory_bytes, make_backend
         from autofit.export import MemoryBudget
         from autofit.runtime import (
             Run,
@@ -135,7 +133,8 @@ class AutofitFunction:
         # The same warm-up a probe skips is left out of the run's own throughput figure.
         return Run(RunSettings(config, torch_device, probing=False, warmup_steps=_NORMAL_RUN_WARMUP,
                                defaults=plan.path is None, ranks=ranks, redo=redo,
-                               global_tokens=self.options.global_tokens, token_envelope=plan.token_envelope))
+                               global_tokens=self.options.global_tokens, token_envelope=plan.token_envelope,
+                               alloc_retries=backend.alloc_retries, host_memory=available_memory_bytes))
 
     def search(self, **kwargs: Any):
         """Search this function's best config from Python; see `autofit.search.run_search`."""

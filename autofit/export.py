@@ -134,7 +134,8 @@ class ABRecord:
 
 
 #: Figures of `measured` a file leaves out when they are None (written only where they were measured).
-_LEFT_OUT_WHEN_NONE = ("flops_per_token", "data_wait_share", "threads", "token_envelope", "profile")
+_LEFT_OUT_WHEN_NONE = ("flops_per_token", "data_wait_share", "threads", "token_envelope", "profile", "alloc_retries",
+                       "host_pinned_bytes")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,6 +161,10 @@ class MeasuredFigures:
     joules_per_sample: float | None = None
     data_wait_share: float | None = None
     threads: int | None = None
+    alloc_retries: int | None = None
+    """The allocator's retries in its probes' measured steps (CUDA; the most of them): above 0, it only just fits."""
+    host_pinned_bytes: int | None = None
+    """Pinned host memory its probes held at their peak (CUDA: an activation offload's copies, pinned batches)."""
     token_envelope: dict[str, Any] | None = None
     """runtime.TokenEnvelope's dict (which reads it)."""
     profile: dict[str, float] | None = None
@@ -174,7 +179,7 @@ class MeasuredFigures:
         """In the file's order: the ranked rate first."""
         rates = sorted(RATES, key=lambda r: r != self.ranked_by)
         tail = ("flops_per_sample", "flops_per_token", "flops_per_s", "mfu", "joules_per_sample", "data_wait_share",
-                "threads", "token_envelope", "profile")
+                "threads", "alloc_retries", "host_pinned_bytes", "token_envelope", "profile")
         return {"ranked_by": self.ranked_by.name, **{r.name: getattr(self, r.name) for r in rates},
                 "peak_bytes": self.peak_bytes, "probes": self.probes, "confirmed": self.confirmed,
                 "unconfirmed": self.unconfirmed, "ab": self.ab.to_dict(self.ranked_by) if self.ab else None,
@@ -211,23 +216,31 @@ class RunnerUp:
 
 @dataclass(frozen=True, kw_only=True)
 class ScriptEntry:
-    """The script as the search measured it: a later run warns if its hash changed (None: recorded before
-    the hash was kept), and says when it runs with other arguments than `args` (redacted)."""
+    """The script as the search measured it: a later run warns if it changed, naming what changed (its code,
+    or a local module's), and says when it runs with other arguments than `args` (redacted). `sha256` is its
+    bytes' (None: recorded before the hash was kept); `code_sha256` its code's, a comment aside, and `modules`
+    the code of each local module its probes loaded, by path from the project's root (None: a file from before
+    they were kept, compared by `sha256` alone)."""
 
     path: str | None = None
     function: str | None = None
     sha256: str | None = None
     args: tuple[str, ...] = ()
+    code_sha256: str | None = None
+    modules: dict[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "function": self.function, "sha256": self.sha256,
-                **({"args": list(self.args)} if self.args else {})}
+                **({"args": list(self.args)} if self.args else {}),
+                **({"code_sha256": self.code_sha256} if self.code_sha256 is not None else {}),
+                **({"modules": dict(self.modules)} if self.modules is not None else {})}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> ScriptEntry:
         data = data or {}
         return cls(path=data.get("path"), function=data.get("function"), sha256=data.get("sha256"),
-                   args=tuple(data.get("args") or ()))
+                   args=tuple(data.get("args") or ()), code_sha256=data.get("code_sha256"),
+                   modules=data.get("modules"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -351,6 +364,8 @@ def read_best(path: str) -> BestConfig:
             document = json.load(handle)
     except FileNotFoundError:
         raise ConfigFileError(f"The best-config file must exist, but {path} does not.") from None
+    except IsADirectoryError:
+        raise ConfigFileError(f"The best-config file must be a file, but {path} is a directory.") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigFileError(f"The best-config file {path} must be valid JSON, but it is not: {exc}.") from None
     if not isinstance(document, dict) or document.get("schema") != SCHEMA:

@@ -211,23 +211,16 @@ class Offers:
         return bool(getattr(self, offer))
 
     def to_dict(self) -> dict:
-        """The record as a probe's result and a study keep it (the knob-usage dict of old studies: same keys)."""
-        envelope = self.token_envelope
-        return {
-            "compile": self.compile,
-            **({"channels_last": True} if self.channels_last else {}),
-            **({"loader": True, "declared_workers": self.declared_workers} if self.loader else {}),
-            "autocast": self.autocast, "backward": self.backward, "checkpoint_blocks": self.checkpoint_blocks,
-            "batches": self.batches, "shard_blocks": self.shard_blocks,
-            **{name: value for name in _NOTED_WHEN_SET if (value := getattr(self, name))},
-            **({"token_envelope": envelope.to_dict() if hasattr(envelope, "to_dict") else envelope}
-               if envelope is not None else {}),
-        }
+        """The record as a probe's result and a study keep it: every field, by its name (derived from the
+        fields, so one added is never left out on its way to the search; the knob-usage dict of old studies
+        had the same keys, fewer of them); a value with a dict form of its own (the child's token envelope)
+        as that dict."""
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, data: dict | None) -> Offers | None:
         """The record from its dict (a probe's or a study's, old ones included: a key absent is not noted,
-        a key this version does not know is left out)."""
+        a key this version does not know is left out), field by field as `to_dict` writes them."""
         if data is None:
             return None
         known = {f.name for f in fields(cls)}
@@ -242,8 +235,11 @@ class Offers:
 
 #: The offers the runtime notes: `Offers`' fields (but those the search sets) that a knob may name as its `offer`.
 OFFERS: tuple[str, ...] = tuple(f.name for f in fields(Offers) if not f.metadata.get("search"))
-#: Written to the record's dict only when set (old records lack them).
-_NOTED_WHEN_SET = ("followed", "longest_sample", "forces_tf32", "own_batch")
+
+
+def _plain(value: Any) -> Any:
+    """A field's value as a record's dict holds it: its own dict form where it has one."""
+    return value.to_dict() if hasattr(value, "to_dict") else value
 
 
 def label(item: Any, declared: tuple[Knob, ...]) -> str:

@@ -13,8 +13,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from autofit.config import TOKENS, Config
-from autofit.devices import allocator_difference, default_device
-from autofit.export import BestConfig, default_best_path, device_tag, read_best, script_sha256
+from autofit.devices import apply_allocator_settings, default_device
+from autofit.export import BestConfig, default_best_path, device_tag, read_best
 from autofit.options import SearchOptions
 from autofit.redaction import redacted_args
 from autofit.units import input_bound_text
@@ -34,11 +34,14 @@ class Decorated(Protocol):
     options: SearchOptions
 
 
-def _default_device() -> str:
-    """Where a normal run trains when the call names no device: where a search probes when none is named
-    (autofit.devices.default_device), as torch names it."""
-    kind, index, _ = default_device()
-    return kind if kind == "cpu" else f"{kind}:{index}"
+def _default_device() -> tuple[str, str]:
+    """Where a normal run trains when the call names no device, as torch names it, and why: where a search
+    probes when none is named (autofit.devices.default_device), asked after torch is imported, so that a GPU
+    NVML sees and this torch cannot use is no default (the why then says what to install)."""
+    import torch  # noqa: F401 - the run trains with it; imported first, default_device asks it
+
+    kind, index, why = default_device()
+    return (kind if kind == "cpu" else f"{kind}:{index}"), why
 
 
 def _device_tag(device: str) -> str:
@@ -93,13 +96,27 @@ class RunPlan(NamedTuple):
     """The intra-op threads a CPU search's probes ran on (`measured.threads`): `report_run` compares the run's."""
 
 
-def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: str | None) -> RunPlan:
-    """The config, device and message for a normal run. An explicit path or AUTOFIT_CONFIG must
-    exist and be valid."""
+def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: str | None,
+                       say: bool = True) -> RunPlan:
+    """The config, device and message for a normal run, said as its first line where `say` (the device and
+    why, then the config and where it came from), before any warning about the file read. An explicit path or
+    AUTOFIT_CONFIG must exist and be valid."""
+    device, where = (device, "as the call names it") if device else _default_device()
+    plan, best = _plan(fn, path, device)
+    plan = plan._replace(message=f"on {device} ({where}), {plan.message}")
+    if say and os.environ.get("RANK", "0") == "0":  # under torchrun, the main rank speaks for all
+        print(f"autofit: {plan.message}", file=sys.stderr)
+    if best is not None and say:  # a script started again after an OOM said these already
+        _warn_if_stale(fn, best, device)
+        _say_if_other_args(fn, best)
+    return plan
+
+
+def _plan(fn: Decorated, path: str | os.PathLike | None, device: str) -> tuple[RunPlan, BestConfig | None]:
+    """`resolve_run_config`'s plan on `device`, and the best-config file it read (None: defaults)."""
     from autofit.runtime import TokenEnvelope, lowered_path
 
     explicit = path or os.environ.get("AUTOFIT_CONFIG")
-    device = device or _default_device()
     if explicit:
         best = read_best(str(explicit))  # ConfigFileError if missing or corrupt: never a silent default
     else:
@@ -107,15 +124,13 @@ def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: st
         found = next((p for p in candidates if os.path.exists(p)), None)
         if found is None:
             return _unsearched_plan(fn, device, f"no best config found for {_what(fn)} (looked for {candidates[0]})",
-                                    lowered_path(candidates[0]))
+                                    lowered_path(candidates[0])), None
         best = read_best(found)
         other = _other_global_batch(fn, best)
         if other is not None:  # the file answers another question than the one this script asks
             return _unsearched_plan(fn, device, f"the best config in {found} keeps a global batch of {other}, not "
                                                 f"the {fn.options.global_batch} {_what(fn)} declares (search again)",
-                                    lowered_path(found))
-    _warn_if_stale(fn, best, device)
-    _say_if_other_args(fn, best)
+                                    lowered_path(found)), None
     partial = " (partial search)" if best.partial else ""
     message = f"running {_what(fn)} with the best config from {best.path}{partial}: {best.config.label()}"
     measured = best.measured
@@ -124,17 +139,20 @@ def resolve_run_config(fn: Decorated, path: str | os.PathLike | None, device: st
         message += f" (unconfirmed: {why})"
     return RunPlan(best.config, device, message, best.path, lowered_path(best.path), best.memory.limit_bytes,
                    best.world_size, TokenEnvelope.from_dict(measured.token_envelope),
-                   measured.threads if best.device_type == "cpu" else None)
+                   measured.threads if best.device_type == "cpu" else None), best
 
 
 def _unsearched_plan(fn: Decorated, device: str, why_not: str, record_path: str) -> RunPlan:
-    """What a normal call trains with when no best-config file answers it: what the script declared."""
+    """What a normal call trains with when no best-config file answers it: what the script declared, under
+    autofit's allocator settings where the user set none (`apply_allocator_settings`)."""
+    apply_allocator_settings(None, device.split(":")[0])
     config, why = fn.options.unsearched_config()
     if device.split(":")[0] == "cpu" and config.precision == "fp16":  # nanoGPT's dtype off a GPU
         config = replace(config, precision="fp32")
         why += " (fp16 is emulated on the CPU: fp32)"
-    return RunPlan(config, device, f"{why_not}; running with defaults: {config.label()}{why}. Run `autofit search` "
-                                   f"to find a faster one.", None, record_path, None)
+    return RunPlan(config, device, message=f"{why_not}; running with defaults: {config.label()}{why}. Run `autofit "
+                                           f"search` to find a faster one.", path=None, record_path=record_path,
+                   searched_memory_limit=None)
 
 
 def _other_global_batch(fn: Decorated, best: BestConfig) -> int | None:
@@ -159,15 +177,18 @@ def _warn_if_stale(fn: Decorated, best: BestConfig, device: str) -> None:
         if name and name != best.device_name:
             _warn(f"autofit: the best config was searched on {best.device_name} but this GPU is "
                   f"{name}; search again for a config that fits it.")
-    allocator = allocator_difference(best.allocator)
+    allocator = apply_allocator_settings(best.allocator, device.split(":")[0])
     if allocator:
         _warn(f"autofit: the allocator settings differ from the search's ({allocator}); the config's "
               f"memory and speed may differ. Run with the search's settings, or search again.")
+    from autofit.probing import ScriptVersion
+
     script = _script_of(fn)
-    recorded = best.script.sha256
-    if script and recorded and script_sha256(script) != recorded:
-        _warn("autofit: the training script changed since the search; its memory and speed may differ. "
-              "Run `autofit search` again to be sure the config still fits.")
+    entry = best.script
+    changed = ScriptVersion.of(script).changes(entry.sha256, entry.code_sha256, entry.modules) if script else []
+    if changed:
+        _warn(f"autofit: the training script changed since the search ({', '.join(changed)}); its memory and speed "
+              f"may differ. Run `autofit search` again to be sure the config still fits.")
 
 
 #: Frames under this directory are autofit's own: a warning names the user's line that started the run.
@@ -249,6 +270,10 @@ def report_run(run: Run, searched_threads: int | None = None) -> None:
         print(f"autofit: token batches: {run.token_loader.stats().describe()}", file=sys.stderr)
     if split := split_text(summary["guard_split_batches"], summary["oom_split_batches"]):
         print(f"autofit: {split}", file=sys.stderr)
+    if retries := summary.get("alloc_retries"):
+        print(f"autofit: the allocator freed its cache and retried {int(retries)} allocations after warm-up: this run "
+              f"is at the edge of the device's memory, and slower for it (a smaller micro-batch, or more "
+              f"checkpointing, needs none)", file=sys.stderr)
     path = os.environ.get(RUN_REPORT_ENV)
     if path:
         with open(path, "w") as handle:

@@ -66,7 +66,8 @@ def start(**arguments: Any) -> Run:
     # No redo of a step inside the run: the script owns its loop. An OOM that reaches the top runs the
     # whole script again at a lower micro-batch instead (_restart_after_oom).
     target = ScriptFunction(script, replace(options, recover_oom=False), sys.argv[1:])
-    plan = _restarted(target.plan_run())
+    handed = _handed()
+    plan = _restarted(target.plan_run(say=handed is None), handed)  # a restart says its own one line
     run = target.make_run(plan=plan)
     _STARTED.append(run)
     _OPEN.enter_context(run.control.active())
@@ -75,15 +76,15 @@ def start(**arguments: Any) -> Run:
     return run
 
 
-def _restarted(plan: Any) -> Any:
-    """The plan with the lowered config an earlier execution of this script handed on after an OOM."""
+def _restarted(plan: Any, handed: dict[str, Any] | None) -> Any:
+    """The plan with the lowered config an earlier execution of this script `handed` on after an OOM, said in
+    the one line a restart prints."""
     from autofit.config import Config
 
-    handed = _handed()
     if handed is None:
         return plan
     config = Config.from_dict(handed["config"])
-    print(f"autofit: started again after an out-of-memory, with {config.label()}", file=sys.stderr)
+    print(f"autofit: on {plan.device}, started again after an out-of-memory, with {config.label()}", file=sys.stderr)
     return plan._replace(config=config)
 
 

@@ -43,6 +43,71 @@ def mib(n: float) -> str:
     return f"{n / MiB:.1f} MiB"
 
 
+def _offload_step(device, offload: bool):
+    """One forward and backward of eight residual MLP blocks (about 300 MiB of activations each) through a Run on
+    `device`, with or without activation offload: (their gradients, the peak allocated bytes)."""
+    import torch
+
+    from autofit.config import Config
+    from autofit.runtime import Run
+
+    torch.manual_seed(0)
+    blocks = torch.nn.ModuleList([torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(),
+                                                      torch.nn.Linear(4096, 1024)) for _ in range(8)]).to(device)
+    x = torch.randn(8192, 1024, device=device)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    run = Run(Config(batch_size=8192, offload_activations=offload), device)
+    with run.control.active():
+        run.checkpoint(blocks)
+        h = x
+        for block in blocks:
+            h = block(h) + h
+        h.square().mean().backward()
+    torch.cuda.synchronize(device)
+    return [p.grad.clone() for p in blocks.parameters()], torch.cuda.max_memory_allocated(device)
+
+
+def check_offload_gradients(device) -> tuple[bool, str]:
+    """The offload's copies are exact and its streams ordered: the plain run's gradients, at a lower peak."""
+    plain, plain_peak = _offload_step(device, False)
+    offloaded, peak = _offload_step(device, True)
+    worst = max(float((a - b).abs().max()) for a, b in zip(plain, offloaded, strict=True))
+    ok = worst == 0.0 and peak < 0.6 * plain_peak
+    return ok, f"largest gradient difference {worst:g} (want 0); peak {mib(plain_peak)} -> {mib(peak)} (want < 60%)"
+
+
+def check_offload_pinned_released(backend) -> tuple[bool, str] | str:
+    """After an offloaded step and `release()`, torch's host allocator holds no pinned memory."""
+    import torch
+
+    if not hasattr(torch.cuda, "host_memory_stats"):
+        return f"torch {torch.__version__} has no torch.cuda.host_memory_stats"
+    _offload_step(backend.torch_device(), True)
+    held = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0)
+    backend.release()
+    after = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0)
+    return held > 0 and after == 0, f"pinned host memory {mib(held)} after the step, {mib(after)} after release"
+
+
+def check_expandable_segments() -> tuple[bool, str]:
+    """A normal run's process with no allocator settings of the user's allocates expandable segments; with the
+    user's own (expandable_segments:False) it does not."""
+    import subprocess
+
+    code = ("from autofit.devices import apply_allocator_settings; apply_allocator_settings(None, 'cuda'); "
+            "import torch; x = torch.empty(2**26, device='cuda'); "
+            "print(any(s.get('is_expandable') for s in torch.cuda.memory._snapshot()['segments']))")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    default = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    own = subprocess.run([sys.executable, "-c", code], env={**env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"},
+                         capture_output=True, text=True, timeout=120)
+    said = (default.stdout.strip(), own.stdout.strip())
+    return said == ("True", "False"), f"expandable segments: {said[0]} by default, {said[1]} under the user's own " \
+                                      f"{(default.stderr + own.stderr).strip()[-200:]}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--index", type=int, default=0, help="CUDA device index (default 0)")
@@ -324,6 +389,9 @@ def main() -> int:
     run_check("a fast probe measures at least its minimum time", check_min_measured_time)
     run_check("a distributed probe over every GPU (NCCL, DDP)", check_nccl_probe)
     run_check("a distributed probe with FSDP2 and CPU offload", check_fsdp_offload_probe)
+    run_check("activation offload: the plain run's gradients, less memory", lambda: check_offload_gradients(device))
+    run_check("activation offload: pinned memory given back", lambda: check_offload_pinned_released(backend))
+    run_check("allocator: expandable segments where the user set none", check_expandable_segments)
 
     if failures:
         print(f"\n{len(failures)} check(s) failed: {', '.join(failures)}")

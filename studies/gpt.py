@@ -9,7 +9,12 @@ checkpointing each lower the peak at the same batch (at 256: over 1.5 GiB in fp3
 bf16, ~0.7 GiB in fp32 with all four blocks checkpointed, which pays for it with a second forward
 pass per block; peaks include ~0.22 GiB of Python and torch).
 
-The text is pseudo-English from a seeded grammar, generated at import (nothing is downloaded).
+The text is pseudo-English from a seeded grammar, generated at import (nothing is downloaded): 3,123
+windows, which are the micro-batch's ceiling on a GPU, long before its memory is.
+
+On a GPU it runs as it is (the README's first GPU command, `autofit search studies/gpt.py --budget 3m`): it
+names no device, its model goes to `run.device` through `run.distribute` and its batches through
+`run.batches`.
 
 Under torchrun it is data parallel (`torchrun --nproc-per-node 2 studies/gpt.py`): `run.distribute`
 with the blocks lets the config choose DDP or FSDP2, `run.sampler` gives each rank its shard; a

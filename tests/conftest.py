@@ -56,6 +56,20 @@ def _the_checkout_stays_as_it_was():
     assert not left, f"the test wrote into the checkout's studies/: {left}"
 
 
+@pytest.fixture(autouse=True)
+def _allocator_settings_stay_the_tests():
+    """A normal run in this process sets the allocator's variables in the environment (what its file records, or
+    autofit's default on CUDA), as it does in a user's process: each test's are taken back after it."""
+    names = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+    before = {name: os.environ.get(name) for name in names}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def pytest_collection_modifyitems(config, items):
     """`gpu` tests skip where torch sees no CUDA device (torch is imported only when one is selected)."""
     gpu = [item for item in items if item.get_closest_marker("gpu")]

@@ -55,6 +55,11 @@ class _Group(click.Group):
 
 #: `autofit probe`'s limit when --probe-timeout is not given: its start, then each stretch of its steps.
 PROBE_TIMEOUT_S = 300.0
+#: What --memory-limit is when not given: a search's (search.Session's device memory, or a resumed study's
+#: own), and a probe's (no cap), as --help words them (tests/docs/test_help_defaults.py holds them to the code).
+LIMIT_DEFAULT_SEARCH = ("a GPU's whole memory; on the CPU, the memory free when the search starts, shared among "
+                        "--parallel probes; a resumed study's own")
+LIMIT_DEFAULT_PROBE = "no cap: the whole device"
 
 def _renamed(old: str, new: str, **option):
     """A flag's old name, still taken (hidden from --help): using it prints one line naming the new flag.
@@ -130,8 +135,9 @@ def _device_options(f=None, *, many: bool = False):
     if f is None:
         return lambda g: _device_options(g, many=many)
     f = click.option("--memory-limit", type=MEMORY_SIZE, default=None,
-                     help="Memory the probes may use, e.g. 2GiB (default: the whole device)" +
-                          ("; each worker's own." if many else "."))(f)
+                     help="Memory the probes may use, e.g. 2GiB, at most the device's " +
+                          (f"(default: {LIMIT_DEFAULT_SEARCH}); each worker's own." if many else
+                           f"(default: {LIMIT_DEFAULT_PROBE})."))(f)
     if many:
         f = click.option("--gpu", type=GPU_LIST, default=None, expose_value=False, callback=into_context("gpu"),
                          help="GPU index, or several (0,1,2,3) to probe on all at once, one worker each; "
@@ -210,6 +216,7 @@ def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], memory_
     probe ran its steps, 1 when it did not (oom, error, diverged, timeout, crashed).
     """
     from autofit.config import Config
+    from autofit.devices import check_memory_limit
     from autofit.probing import ProbeSettings, check_script, follow_probe, parse_target, pass_script_args, probe_once
     from autofit.report import describe_probe
 
@@ -218,6 +225,7 @@ def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], memory_
     check_script(script)
     pass_script_args(script_args)
     info = state.device_info()
+    check_memory_limit(memory_limit, info)
     if knobs["batch_size"] is None and knobs["max_tokens"] is None:
         raise click.UsageError("Missing option '--batch-size' (or '--max-tokens' for a function that batches "
                                "by tokens).")
@@ -262,7 +270,8 @@ def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], memory_
               help="Token caps (max_tokens) to consider for a function that batches by tokens, MIN:MAX (default: "
                    "the decorator's token_range; the climb starts at the longest sample).")
 @click.option("--precision", type=PRECISION_LIST, default=None,
-              help="Precisions to consider, e.g. fp32,bf16 (default: what the device supports).")
+              help="Precisions to consider, e.g. fp32,bf16 (default: those the device runs natively, its fastest "
+                   "first).")
 @click.option("--accumulation", type=INT_LIST, default=None,
               help="Accumulation steps to consider without --global-batch, e.g. 1,2,4.")
 @_considered_options
@@ -280,14 +289,15 @@ def probe(ctx: click.Context, target: str, script_args: tuple[str, ...], memory_
               help="Kill a probe when its start (until its first micro-batch ends: set-up, the script's own "
                    "evaluation, compilation), or then a stretch of its steps, goes this long without progress "
                    "(default: the first start gets the budget left, later ones 3x the longest seen; steps 20x "
-                   "the slowest seen, 60 s at least). No probe runs past the budget.")
+                   "the slowest seen; 60 s at least). No probe runs past the budget.")
 @click.option("--confirm-factor", type=click.IntRange(min=1), default=None,
               help="The final A/B of the close contenders measures this many probes' steps each "
                    "(default: AUTOFIT_CONFIRM_FACTOR, else 10); smaller decides sooner, on less evidence.")
 @click.option("--compile/--no-compile", "compile_", default=None,
               help="Probe torch.compile as well as eager when the function offers run.compile() (default: yes).")
 @click.option("--alloc-conf", default=None, metavar="SETTINGS",
-              help="PYTORCH_CUDA_ALLOC_CONF for the probes, e.g. expandable_segments:True (recorded in the best config).")
+              help="PYTORCH_CUDA_ALLOC_CONF for the probes (default on CUDA, unless the environment sets the allocator: "
+                   "expandable_segments:True); recorded in the best config, which a normal run applies.")
 @click.option("--probe-process", type=click.Choice(PROBE_PROCESSES), default=None,
               help="How probes run: fork (each in a fresh child of a warm process: the CPU's default) or "
                    "persistent (one after another in one process, as CUDA must run them).")
@@ -383,7 +393,7 @@ def estimate(target: str, script_args: tuple[str, ...], sizes: tuple[int, ...] |
     each cap estimated at its worst micro-batch: the data's longest samples, as many as the cap holds.
     The answers are predictions, not measurements: `autofit search` measures.
     """
-    from autofit.devices import check_device
+    from autofit.devices import check_device, default_memory_limit
     from autofit.memory import WhatFits
     from autofit.probing import check_script, parse_target, pass_script_args
     from autofit.report import describe_fits, describe_known_parts, fits_json, known_parts_json
@@ -394,7 +404,7 @@ def estimate(target: str, script_args: tuple[str, ...], sizes: tuple[int, ...] |
     on_gpu = sizes is not None
     if not on_gpu:
         info = check_device("cpu", 0)
-        sizes = (memory_limit or info.free_bytes or info.total_bytes,)
+        sizes = (memory_limit or default_memory_limit(info),)
     fits = WhatFits(script, function, on_gpu=on_gpu, batch_range=batch_range, global_batch=global_batch,
                     precisions=precision, consider=_considered(considered), token_range=token_range)
     try:
@@ -417,19 +427,29 @@ def estimate(target: str, script_args: tuple[str, ...], sizes: tuple[int, ...] |
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the devices as JSON.")
 def devices(as_json: bool) -> None:
-    """List the devices autofit can probe on, with their memory."""
-    from autofit.devices import list_devices
+    """List the devices autofit can probe on, with their memory, and what the installed PyTorch can use.
+
+    The GPUs are read through NVML (the driver's library), whatever torch was built for. Exit status 1,
+    with the fix, when NVML sees a GPU that this environment's torch cannot use (a CPU-only build of torch,
+    or one built for a newer CUDA than the driver runs).
+    """
+    from autofit.devices import TorchView, driver_cuda_version, gpu_problem, list_devices
     from autofit.units import format_size
 
     found = list_devices()
+    view = TorchView.of()
     if as_json:
         click.echo(json.dumps([d.to_dict() for d in found], indent=2))
-        return
-    for d in found:
-        free = f", {format_size(d.free_bytes)} free" if d.free_bytes is not None else ""
-        click.echo(f"{d.type}:{d.index}  {d.name}  {format_size(d.total_bytes)} total{free}")
-    if not any(d.type == "cuda" for d in found):
-        click.echo("(no NVIDIA GPU visible: NVML found none)")
+    else:
+        for d in found:
+            free = f", {format_size(d.free_bytes)} free" if d.free_bytes is not None else ""
+            click.echo(f"{d.type}:{d.index}  {d.name}  {format_size(d.total_bytes)} total{free}")
+        if not any(d.type == "cuda" for d in found):
+            click.echo("(no NVIDIA GPU visible: NVML found none)")
+        click.echo(view.describe())
+    problem = gpu_problem([d for d in found if d.type == "cuda"], view, driver_cuda_version())
+    if problem:
+        raise CommandFailed(f"{problem}; then run `autofit devices` again.")
 
 
 def main() -> None:

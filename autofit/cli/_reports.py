@@ -117,10 +117,14 @@ def report(study: str | None, storage: str | None, out: str | None, png_dir: str
               help="Dollars per GPU-hour over the shipped table's, e.g. H100=2.69,L4=0.6.")
 @click.option("--tokens", type=COUNT, default=None, help="Tokens to train, e.g. 10B: hours and cost of them all.")
 @click.option("--samples", type=COUNT, default=None, help="Samples to train, e.g. 5M (a file without tokens).")
+@click.option("--tokens-per-sample", type=COUNT, default=None,
+              help="The tokens a sample holds, for a file that counts samples only (nanoGPT's: its block_size): "
+                   "tokens/s and --tokens then, stated as an assumption.")
 @click.option("--storage", default=None, help=_STORAGE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the forecast as JSON.")
 def forecast(file_or_study: str, gpus: tuple[str, ...] | None, prices: dict[str, float] | None,
-             tokens: float | None, samples: float | None, storage: str | None, as_json: bool) -> None:
+             tokens: float | None, samples: float | None, tokens_per_sample: float | None, storage: str | None,
+             as_json: bool) -> None:
     """Forecast a measured config on GPUs you don't have: the config to run, throughput, cost.
 
     FILE_OR_STUDY is a best-config file (any autofit wrote) or a study's name. For each target GPU: the
@@ -134,5 +138,5 @@ def forecast(file_or_study: str, gpus: tuple[str, ...] | None, prices: dict[str,
     from autofit.report import describe_forecast
 
     answer = forecast_of(forecast_input(file_or_study, storage), [gpu_spec(name) for name in gpus or DEFAULT_TARGETS],
-                         prices=prices, tokens=tokens, samples=samples)
-    click.echo(json.dumps(answer.to_dict(), indent=2) if as_json else describe_forecast(answer))
+                         prices=prices, tokens=tokens, samples=samples, tokens_per_sample=tokens_per_sample)
+    click.echo(json.dumps(answer.to_dict(), indent=2, allow_nan=False) if as_json else describe_forecast(answer))

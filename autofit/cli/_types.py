@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import click
 
 from autofit.config import PRECISIONS
@@ -156,8 +158,8 @@ class PriceList(click.ParamType):
                 prices[name.strip()] = float(price)
             except ValueError:
                 self.fail(f"A price must look like H100=2.69 (dollars per GPU-hour), but got {part!r}.", param, ctx)
-            if prices[name.strip()] <= 0 or not name.strip():
-                self.fail(f"A price must name a GPU and be positive, but got {part!r}.", param, ctx)
+            if not math.isfinite(prices[name.strip()]) or prices[name.strip()] <= 0 or not name.strip():
+                self.fail(f"A price must name a GPU and be a positive, finite number, but got {part!r}.", param, ctx)
         return prices
 
 

@@ -6,6 +6,9 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from autofit.errors import UsageError
+from autofit.units import format_size
+
 if TYPE_CHECKING:
     import torch
 
@@ -24,6 +27,25 @@ class DeviceInfo:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def default_memory_limit(info: DeviceInfo, workers: int = 1) -> int:
+    """The memory a search's probes may use when no limit is given: a GPU's whole memory; on the CPU what is
+    free now, shared among the `workers` probing at once, so that the machine survives."""
+    if info.type == "cpu":
+        return int((info.free_bytes or info.total_bytes) / workers)
+    return int(info.total_bytes)
+
+
+def check_memory_limit(memory_limit: int | None, info: DeviceInfo, given: str | None = "--memory-limit") -> None:
+    """A UsageError where a memory limit exceeds the device's memory: the probes would be judged against
+    memory the device does not have (a GPU's allocator cannot be capped above the card). `given`: how the
+    user gave it, where known."""
+    if memory_limit is not None and memory_limit > info.total_bytes:
+        named = f" ({given})" if given else ""
+        raise UsageError(f"The memory limit{named} must be at most {info.type}:{info.index}'s memory "
+                         f"({format_size(info.total_bytes)}, {info.name}), but got {format_size(memory_limit)}: "
+                         f"give a smaller one, or none for the default.")
 
 
 class DeviceBackend(ABC):
@@ -96,6 +118,12 @@ class DeviceBackend(ABC):
     def allocations(self) -> int | None:
         """Tensors allocated on the device since `reset_peak`, where its allocator counts them (None: not
         counted, as on the CPU, where every tensor a script makes is on the device anyway)."""
+        return None
+
+    def alloc_retries(self) -> int | None:
+        """The allocator's count of the times it freed its cache to retry an allocation (CUDA's
+        num_alloc_retries, since `reset_peak`), or None where it keeps none (a CPU): probes read it where
+        measuring starts and ends, the normal run where its measuring starts and where it ends."""
         return None
 
     def energy_joules(self) -> float | None:

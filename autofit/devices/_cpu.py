@@ -23,7 +23,7 @@ import resource
 import threading
 from typing import TYPE_CHECKING
 
-from autofit.devices._base import DeviceBackend, DeviceInfo
+from autofit.devices._base import DeviceBackend, DeviceInfo, check_memory_limit
 from autofit.errors import UsageError
 from autofit.units import format_size
 
@@ -132,6 +132,7 @@ class CpuBackend(DeviceBackend):
             resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
             self.memory_limit = None
             return
+        check_memory_limit(memory_limit, self.info(), given=None)
         used = self.used_bytes()
         if used >= memory_limit:
             raise UsageError(

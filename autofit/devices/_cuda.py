@@ -18,13 +18,18 @@ What is counted, precisely:
   that needs more raises `torch.OutOfMemoryError` in the probe (status oom).
   Overhead that appears later (handles and kernels loaded at first use) is taken into account again
   at every `reset_peak`, which re-derives the fraction from the overhead measured then.
-  A cap above the card's memory means the whole card (fraction 1.0).
+  A limit above the card's memory is refused (`check_memory_limit`): fit would be judged against memory
+  the card does not have.
 - the peak is `torch.cuda.max_memory_reserved()` since `reset_peak` plus the overhead measured when
   `peak_bytes` is called: the quantity the cap bounds. Fragmentation inside the allocator counts,
   as it does for a real OOM.
 - "only just fits": the allocator's `num_alloc_retries` (reset per probe) counts the times it had to
-  free its cache and retry an allocation to stay under the cap. A probe with retries ran, but at the
-  edge: it is flagged, and loses near-ties to configs that did not need to.
+  free its cache and retry an allocation to stay under the cap. A probe with retries in its measured
+  steps ran, but at the edge: it says so, it loses near-ties to configs that did not need to, and the
+  climb takes it for the memory edge (`alloc_retries`, read where measuring starts and ends).
+- pinned host memory (an activation offload's copies, pinned batches): torch's host allocator keeps it
+  cached once freed. Its peak is kept with the probe (`host_pinned_peak_bytes`), and `release` gives
+  the cache back, so a kept worker holds no pinned memory between probes.
 
 Device indices are CUDA's (what `torch.device("cuda", i)` means). NVML numbers GPUs in PCI bus
 order and ignores CUDA_VISIBLE_DEVICES, so the listing maps them: plain integers are NVML indices;
@@ -43,8 +48,9 @@ import os
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from autofit.devices._base import DeviceBackend, DeviceInfo
+from autofit.devices._base import DeviceBackend, DeviceInfo, check_memory_limit
 from autofit.devices._peak_flops import peak_flops_per_s
+from autofit.devices._torch_gpu import TorchView, gpu_problem
 from autofit.errors import UsageError
 from autofit.units import format_size
 
@@ -195,10 +201,79 @@ def cuda_devices() -> list[DeviceInfo]:
             pass
 
 
+def _host_allocator(call: str) -> Any:
+    """One call of torch's pinned host allocator where this torch has it (None where not): its stats and their
+    peak (torch.cuda's, 2.7 on), or giving its cache back (torch.accelerator's public call where torch has
+    it, 2.13 does; else the one CUDA graphs' own teardown makes)."""
+    import torch
+
+    if call == "empty_host_cache":
+        function = (getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
+                    or getattr(torch._C, "_host_emptyCache", None))
+    else:
+        function = getattr(torch.cuda, call, None)
+    return function() if function is not None else None
+
+
+def _allocator_record(stats: dict) -> dict:
+    """The allocator's counters a probe keeps, from `torch.cuda.memory_stats` and the host allocator's stats."""
+    return {
+        "num_alloc_retries": int(stats.get("num_alloc_retries", 0)),
+        "num_ooms": int(stats.get("num_ooms", 0)),
+        "active_bytes_peak": int(stats.get("active_bytes.all.peak", 0)),
+        "reserved_bytes_peak": int(stats.get("reserved_bytes.all.peak", 0)),
+        "inactive_split_bytes_peak": int(stats.get("inactive_split_bytes.all.peak", 0)),
+        # pinned host blocks held or cached since `reset_peak`, as the host allocator rounds them
+        "host_pinned_peak_bytes": int((_host_allocator("host_memory_stats") or {}).get("allocated_bytes.peak", 0)),
+        "allocator_settings": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF"),
+    }
+
+
+def driver_cuda_version() -> str | None:
+    """The newest CUDA the driver runs ('12.2'), from NVML; None where NVML or the query is missing."""
+    nvml = _load_nvml()
+    if nvml is None:
+        return None
+    try:
+        nvml.nvmlInit()
+    except (*_nvml_errors(nvml), AttributeError):
+        return None
+    try:
+        version = int(nvml.nvmlSystemGetCudaDriverVersion())  # 12020 for 12.2
+        return f"{version // 1000}.{version % 1000 // 10}"
+    except (*_nvml_errors(nvml), AttributeError, TypeError, ValueError):
+        return None
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except (*_nvml_errors(nvml), AttributeError):
+            pass
+
+
 def cuda_available() -> bool:
     """Whether a driver and at least one GPU are present (whether torch was built with CUDA is
     only known once the worker imports it)."""
     return bool(cuda_devices())
+
+
+def _no_usable_gpu(torch: ModuleType) -> UsageError:
+    """The error of a CUDA device asked of a torch that cannot use a GPU, with what to do."""
+    why = gpu_problem(cuda_devices(), TorchView.of(torch), driver_cuda_version()) or "check the driver with nvidia-smi"
+    return UsageError("The device cuda needs a PyTorch built with CUDA and a working driver, but "
+                      f"torch {torch.__version__} reports no usable GPU: {why}; or probe the CPU with --device cpu.")
+
+
+def _listed_info(backend: CudaBackend) -> DeviceInfo | None:
+    """`backend`'s GPU as NVML lists it (`autofit devices`; CUDA's own total is a little less: the driver's
+    reserve), or None where NVML cannot say."""
+    try:
+        nvml, handle = backend._nvml_device()
+    except UsageError:
+        return None
+    try:
+        return _device_info(nvml, handle, backend.index)
+    except _nvml_errors(nvml):
+        return None
 
 
 class CudaBackend(DeviceBackend):
@@ -226,10 +301,7 @@ class CudaBackend(DeviceBackend):
 
         if not self._torch_ready:
             if not torch.cuda.is_available():
-                raise UsageError(
-                    "The device cuda needs a PyTorch built with CUDA and a working driver, but "
-                    f"torch {torch.__version__} reports no usable GPU."
-                )
+                raise _no_usable_gpu(torch)
             torch.cuda.set_device(self.index)
             self._torch_ready = True
         return torch.cuda
@@ -353,6 +425,9 @@ class CudaBackend(DeviceBackend):
             self._set_fraction(None, 0)
             self.memory_limit = self.allocator_cap = None
             return
+        listed = _listed_info(self)
+        if listed is not None:  # the memory `autofit devices` lists, which a search's default limit is
+            check_memory_limit(memory_limit, listed, given=None)
         overhead = self.overhead_bytes()
         used = int(self._cuda().memory_reserved(self.index)) + overhead
         if used >= memory_limit:
@@ -382,6 +457,7 @@ class CudaBackend(DeviceBackend):
             self._set_fraction(self.allocator_cap, self.overhead_bytes())
         cuda.reset_peak_memory_stats(self.index)
         cuda.reset_accumulated_memory_stats(self.index)  # retries and OOMs counted per probe
+        _host_allocator("reset_peak_host_memory_stats")
 
     def peak_bytes(self) -> int:
         overhead = self.overhead_bytes()
@@ -396,7 +472,8 @@ class CudaBackend(DeviceBackend):
     def release(self) -> None:
         """Back to the device all PyTorch can give: tensors held only by reference cycles, cuBLAS's
         workspaces (one per handle and stream, allocated again at the next matmul: torch's own leak
-        check clears them too), then the allocator's cached blocks."""
+        check clears them too), then the allocator's cached blocks; and back to the host the pinned
+        memory torch's host allocator keeps cached (an activation offload's copies, pinned batches)."""
         import torch
 
         cuda = self._cuda()
@@ -405,6 +482,7 @@ class CudaBackend(DeviceBackend):
         if clear_workspaces is not None:
             clear_workspaces()
         cuda.empty_cache()
+        _host_allocator("empty_host_cache")
 
     def energy_joules(self) -> float | None:
         """NVML's total energy since the driver loaded (millijoules, Volta and later); None where the
@@ -425,23 +503,23 @@ class CudaBackend(DeviceBackend):
         multiprocessors = self._cuda().get_device_properties(self.index).multi_processor_count
         return peak_flops_per_s(self._device_name, precision, multiprocessors)
 
-    def allocations(self) -> int | None:
-        """The caching allocator's count since `reset_peak` (reset_accumulated_memory_stats): 0 for a probe
-        whose function trained elsewhere (on the CPU, or another GPU), whatever its peak. None where it is not
-        counted: cudaMallocAsync (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync) keeps no such count."""
+    def _native_count(self, key: str, default: int | None = None) -> int | None:
+        """A count of the caching allocator's since `reset_peak` (reset_accumulated_memory_stats); None where it is
+        not counted: cudaMallocAsync (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync) keeps no such count."""
         cuda = self._cuda()
         if cuda.get_allocator_backend() != "native":
             return None
-        count = cuda.memory_stats(self.index).get("allocation.all.allocated")
+        count = cuda.memory_stats(self.index).get(key, default)
         return None if count is None else int(count)
 
+    def allocations(self) -> int | None:
+        """Allocations since `reset_peak`: 0 for a probe whose function trained elsewhere (on the CPU, or another
+        GPU), whatever its peak (`_native_count`)."""
+        return self._native_count("allocation.all.allocated")
+
+    def alloc_retries(self) -> int | None:
+        return self._native_count("num_alloc_retries", 0)
+
     def allocator_stats(self) -> dict:
-        stats = self._cuda().memory_stats(self.index)
-        return {
-            "num_alloc_retries": int(stats.get("num_alloc_retries", 0)),
-            "num_ooms": int(stats.get("num_ooms", 0)),
-            "active_bytes_peak": int(stats.get("active_bytes.all.peak", 0)),
-            "reserved_bytes_peak": int(stats.get("reserved_bytes.all.peak", 0)),
-            "inactive_split_bytes_peak": int(stats.get("inactive_split_bytes.all.peak", 0)),
-            "allocator_settings": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF"),
-        }
+        return _allocator_record(self._cuda().memory_stats(self.index))
+

@@ -8,7 +8,7 @@ and the notebook all read a study through here; autofit.study only stores and re
 from __future__ import annotations
 
 from autofit.findings._best_document import best_document
-from autofit.findings._confirmation import UNCONFIRMED_BUDGET
+from autofit.findings._confirmation import UNCONFIRMED_BUDGET, undecided_reason
 from autofit.findings._explain import explain, fault_notes, nothing_fits, rate_note
 from autofit.findings._planning import observations, study_planner
 from autofit.findings._stored_study import StoredStudy, list_studies, load_study
@@ -25,4 +25,5 @@ __all__ = [
     "observations",
     "rate_note",
     "study_planner",
+    "undecided_reason",
 ]

@@ -76,10 +76,11 @@ def best_document(
         # PYTORCH_CUDA_ALLOC_CONF and the like, as the probes ran (None: not recorded by this study)
         allocator=meta.allocator,
         versions=versions(run_versions.get("torch"), run_versions.get("cuda")),
-        # The script as the search measured it: a later run warns if it changed since (None for
-        # studies recorded before the hash was kept; re-hashing now would hide a change).
+        # The script as the search measured it (its bytes, its code and its local modules' code): a later run
+        # warns if it changed since, naming what changed (None for studies recorded before the hashes were
+        # kept; re-hashing now would hide a change).
         script=ScriptEntry(path=meta.script, function=meta.function, sha256=meta.script_sha256,
-                           args=tuple(meta.script_args or ())),
+                           args=tuple(meta.script_args or ()), code_sha256=meta.code_sha256, modules=meta.modules),
         study=StudyEntry(name=study.study_name, storage=redacted(storage), probes=len(done),
                          oom=sum(o.too_big(usable) for o in done), failed=sum(o.failed for o in done),
                          stopped=stopped),
@@ -102,7 +103,8 @@ def _measured(ranked: list[Candidate], done: list[Observation], trials, meta: St
     that confirmed it (or why none did)."""
     best = ranked[0]
     usable = meta.memory.usable_bytes
-    confirmed = any(o.phase == "confirm" and o.config == best.config and o.fits(usable) for o in done)
+    undecided = best.measurement.undecided if best.measurement is not None else None
+    confirmed = not undecided and any(o.phase == "confirm" and o.config == best.config and o.fits(usable) for o in done)
     return MeasuredFigures(
         # the rate the search ranked by: samples_per_s, or tokens_per_s (real tokens) by tokens
         ranked_by=best.config.ranked_by,
@@ -111,7 +113,7 @@ def _measured(ranked: list[Candidate], done: list[Observation], trials, meta: St
         probes=best.probes,
         confirmed=confirmed,
         # why not, when it is not (None when it is)
-        unconfirmed=unconfirmed_reason(confirmed, done, partial),
+        unconfirmed=unconfirmed_reason(confirmed, done, partial, undecided),
         # the A/B that confirmed it: each entrant's rounds (at the ranked rate), median and spread (None: none ran)
         ab=ab_record(ranked, done, planner),
         # which probes the rates come from ("confirmation", "median", "fastest"), and why
@@ -120,18 +122,22 @@ def _measured(ranked: list[Candidate], done: list[Observation], trials, meta: St
         # its rates and the figures behind them, from the probes its ranked rate comes from
         **rate_figures(best, trials, meta.device_info, meta.world_size),
         # the intra-op threads its probes ran on (None: not recorded): a CPU run on other threads is warned
-        threads=probe_threads(best.config, trials),
+        threads=probe_most(best.config, trials, "threads"),
+        # the allocator's retries in its measured steps, and the pinned host memory it held (CUDA; None elsewhere)
+        alloc_retries=probe_most(best.config, trials, "alloc_retries"),
+        host_pinned_bytes=probe_most(best.config, trials, "host_pinned_bytes"),
         # the micro-batches by tokens its probes ran (None: it does not batch by tokens): a normal run
         # splits one beyond them before it runs
         token_envelope=token_envelope(best.config, trials),
     )
 
 
-def probe_threads(config: Config, trials) -> int | None:
-    """The intra-op threads the probes of `config` that ran their steps had (the most of them, should
-    they differ); None where no probe recorded them (a study from before they were kept)."""
-    counts = [result.threads for trial in trials if (result := trial_result(trial)) and result.ok
-              and result.config == config and result.threads]
+def probe_most(config: Config, trials, figure: str) -> int | None:
+    """The most of a `figure` of the probes of `config` that ran their steps (their intra-op threads, should they
+    differ; their allocator retries; their pinned host memory); None where no probe recorded it (a study from
+    before it was kept, a device that does not count it)."""
+    counts = [value for trial in trials if (result := trial_result(trial)) and result.ok
+              and result.config == config and (value := getattr(result, figure)) is not None]
     return max(counts, default=None)
 
 

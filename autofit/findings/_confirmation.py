@@ -59,11 +59,21 @@ def ab_words(ranked: list[Candidate], done, planner: Planner) -> str | None:
             + (f" ({short:,.1f} {led.ranked_by.unit})" if short else "") + f" but {against}")
 
 
-def unconfirmed_reason(confirmed: bool, done, partial: bool) -> str | None:
+def undecided_reason(undecided: str) -> str:
+    """Why a winner whose A/B rounds decide nothing (`Measurement.undecided`: they disagree beyond the noise) is
+    unconfirmed: no round named it, and no other round could be run."""
+    return (f"its A/B was undecided ({undecided}) and the search ended before another round: its figure is its "
+            f"short probes' (a longer --budget, on a quieter machine, decides it)")
+
+
+def unconfirmed_reason(confirmed: bool, done, partial: bool, undecided: str | None = None) -> str | None:
     """Why the winner was not measured in an A/B; None when it was. A round the budget cut short measured
-    nothing (`Observation.cut`): an A/B of cut rounds alone is no A/B, and the budget is the reason."""
+    nothing (`Observation.cut`): an A/B of cut rounds alone is no A/B, and the budget is the reason. Rounds
+    that disagree beyond the noise (`undecided`: why) confirm nothing either."""
     if confirmed:
         return None
+    if undecided:
+        return undecided_reason(undecided)
     if partial:
         return "the search ended (interrupted, or unfinished) before the A/B that confirms a winner"
     if any(o.phase == "confirm" and not o.cut for o in done):

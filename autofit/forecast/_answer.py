@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,8 +12,10 @@ from autofit.export import BestConfig, MeasuredFigures
 from autofit.forecast._gpus import GpuSpec, gpu_spec, spec_of_device
 from autofit.forecast._memory import MemoryLine, largest_fit, usable_bytes
 from autofit.forecast._model import Rate, scale_rate
+from autofit.forecast._pairs import interval_margin
 from autofit.forecast._prices import PRICES_DATE, Price, price_for
 from autofit.forecast._source import Measured, Strategy, strategies_of
+from autofit.units import format_size
 
 #: The headroom of a file that does not say (a search's default).
 DEFAULT_HEADROOM = 0.1
@@ -109,15 +112,16 @@ class Forecast:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """The forecast for tools (`autofit forecast --json`)."""
+        """The forecast for tools (`autofit forecast --json`): JSON, every figure finite (one that is not, from a
+        file that holds a NaN, is null: bare NaN is no JSON)."""
         unit, amount = self.unit
-        return {
+        return _finite({
             "source": self.source, "device": self.device, "world_size": self.world_size,
             "tokens_per_sample": self.tokens_per_sample, "cost_unit": unit, "budget": self.budget,
             "prices_date": PRICES_DATE, "notes": self.notes,
             "targets": [self._target_dict(t, amount) for t in self.targets],
             "recommendation": self.recommendation(),
-        }
+        })
 
     def _target_dict(self, target: TargetForecast, amount: float) -> dict[str, Any]:
         chosen = target.chosen
@@ -131,6 +135,7 @@ class Forecast:
                                                                 strict=True)),
             "tokens_per_s": None if tokens is None else dict(zip(("point", "low", "high"), tokens, strict=True)),
             "rate_basis": rate.basis if rate else None,
+            "interval_margin": rate.margin_from if rate and rate.margin_from else None,
             "price_per_gpu_hour": target.price.to_dict() if target.price else None,
             "cost_per_unit": _triple(self.cost(target, amount)),
             "hours": _triple(self.hours(target)),
@@ -140,6 +145,17 @@ class Forecast:
                             "memory_basis": f.memory_basis} for f in target.fits],
             "notes": target.notes,
         }
+
+
+def _finite(value: Any) -> Any:
+    """`value` (the forecast's dict) with every float that is not finite as None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _triple(values: tuple[float, float, float] | None) -> dict[str, float] | None:
@@ -213,23 +229,65 @@ def _source_notes(best: BestConfig, source: GpuSpec | None) -> list[str]:
                 "matmul), not a measurement" if measured.flops_per_sample else
                 "no throughput: the file has no FLOPs per sample to estimate one from")
         return [f"measured on {kind}: {memory}; {rate}"]
+    basis = "profile" if measured.profile else "mfu" if measured.flops_per_sample else "no-flops"
+    margin, margin_from = interval_margin(basis)
+    interval = f"interval: the model's bounds widened by {margin - 1:.0%}, {margin_from}"
     if measured.profile:
-        return ["throughput: each kernel class of the recorded profile scaled by its bound"]
+        return ["throughput: each kernel class of the recorded profile scaled by its bound", interval]
     if measured.flops_per_sample:
         return ["throughput: no kernel-class profile in the file: the split between compute and the rest comes "
-                "from the measured MFU, and the interval is wider"]
+                "from the measured MFU, and the interval is wider", interval]
     return ["throughput: the file has no FLOPs per sample (written before they were recorded): the rate lies "
-            "between the bandwidth and the matmul ratios, the widest interval"]
+            "between the bandwidth and the matmul ratios, the widest interval", interval]
+
+
+def _positive(value: float, what: str) -> float:
+    """`value`, a figure a forecast multiplies by: a positive, finite number (nan or inf gives `nan-nan`)."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise UsageError(f"{what} must be a positive, finite number, but got {value!r}.")
+    return float(value)
+
+
+def _tokens_per_sample(best: BestConfig, given: float | None, notes: list[str]) -> float | None:
+    """The tokens a sample holds: the file's (its tokens/s over its samples/s), else the one given, which the
+    notes state as an assumption; one given that disagrees with the file's own count is refused."""
+    per_s = best.measured.samples_per_s, best.measured.tokens_per_s
+    counted = per_s[1] / per_s[0] if all(v and math.isfinite(v) for v in per_s) else None  # NaN: none counted
+    if given is None:
+        return counted
+    given = _positive(given, "The tokens per sample")
+    if counted is not None and abs(given / counted - 1) > 0.01:
+        raise UsageError(f"The tokens per sample must agree with the file's own count ({counted:,.1f} a sample), "
+                         f"but got {given:,.1f}: leave --tokens-per-sample out.")
+    if counted is None:
+        notes.append(f"tokens: {given:,.0f} a sample, as given (--tokens-per-sample): the file counts samples only")
+    return counted or given
+
+
+def _memory_cap_note(best: BestConfig) -> str | None:
+    """What becomes of the memory limit the source was searched under, where it was below its device's memory:
+    each target is sized by its own memory (the limit dropped), but a token cap found under it is kept."""
+    limit, total = best.memory.limit_bytes, best.device_memory
+    if not limit or not total or limit >= total:
+        return None
+    kept = ("; the token cap found under that limit is kept as measured (carried over: a search on the target "
+            "may find a larger one)" if best.config.max_tokens is not None else "")
+    return (f"the source was searched under a memory limit of {format_size(limit)} (its device has "
+            f"{format_size(total)}): each target's micro-batch is sized by the target's own memory less the "
+            f"headroom, the limit dropped{kept}")
 
 
 def _budget(tokens_per_sample: float | None, tokens: float | None, samples: float | None) -> float | None:
     """What to train, in the forecast's unit: tokens where the file counts them, else samples."""
+    tokens = None if tokens is None else _positive(tokens, "The tokens to train")
+    samples = None if samples is None else _positive(samples, "The samples to train")
     if tokens is not None and samples is not None:
         raise UsageError(f"A budget is given in tokens or in samples, but got both: --tokens {tokens:,.0f} "
                          f"and --samples {samples:,.0f}; give one.")
     if tokens is not None and not tokens_per_sample:
         raise UsageError(f"A budget in tokens needs a file that counts tokens, but this one counts samples only: "
-                         f"give --samples instead of --tokens {tokens:,.0f}.")
+                         f"give --samples instead of --tokens {tokens:,.0f}, or the tokens a sample holds with "
+                         f"--tokens-per-sample (nanoGPT's: its block_size).")
     if samples is not None and tokens_per_sample:
         return samples * tokens_per_sample
     return tokens if tokens is not None else samples
@@ -237,28 +295,31 @@ def _budget(tokens_per_sample: float | None, tokens: float | None, samples: floa
 
 def forecast(measured: Measured | BestConfig | dict[str, Any], targets: list[GpuSpec], *,
              prices: dict[str, float] | None = None, tokens: float | None = None,
-             samples: float | None = None) -> Forecast:
+             samples: float | None = None, tokens_per_sample: float | None = None) -> Forecast:
     """Forecast the measured config (`forecast_input`'s answer, or a best-config file alone, as its record or
     its JSON's dict) for each of `targets`; `prices`: $/GPU-hour by GPU name, over the table's; `tokens` or
-    `samples`: what to train, for hours and the cost of it all."""
+    `samples`: what to train, for hours and the cost of it all; `tokens_per_sample`: the tokens a sample holds,
+    for a file that counts samples only (a loop of its own, nanoGPT's), stated in the notes."""
     if isinstance(measured, dict):
         measured = BestConfig.from_dict(measured)
     if isinstance(measured, BestConfig):
         measured = Measured(measured)
     best = measured.best
-    prices = {gpu_spec(name).name: value for name, value in (prices or {}).items()}
+    prices = {gpu_spec(name).name: _positive(value, f"The price of {name}") for name, value in (prices or {}).items()}
     unknown = sorted(set(prices) - {t.name for t in targets})
     if unknown:
         raise UsageError(f"A --price must name a target GPU ({', '.join(t.name for t in targets)}), "
                          f"but got {', '.join(unknown)}.")
     spec = spec_of_device(best.device_name, best.device_memory) if best.device_type == "cuda" else None
-    per_s = best.measured.samples_per_s, best.measured.tokens_per_s
-    tokens_per_sample = per_s[1] / per_s[0] if all(per_s) else None
     world = best.world_size
     notes = _source_notes(best, spec)
+    tokens_per_sample = _tokens_per_sample(best, tokens_per_sample, notes)
     if world > 1:
         notes.append(f"measured on {world} ranks: rates are all ranks together, costs count {world} GPUs, "
                      "communication is not rescaled")
+    memory = _memory_cap_note(best)
+    if memory:
+        notes.append(memory)
     strategies = strategies_of(measured)
     return Forecast(source=measured.source, device=str(best.device_name or best.device_type),
                     tokens_per_sample=tokens_per_sample, world_size=world,

@@ -7,7 +7,8 @@ achievable matmul ratio; the rest is memory-bound kernels (which scale with the 
 latency (launches, small kernels, synchronisation, which do not scale) in a mix no file records. The
 rest's two bounds (bandwidth ratio, no change) bound the forecast; the point is their geometric middle.
 Nothing is fitted to a pair: the only free choice, the middle, was made with the llm.c A100/H100 pair
-in view, so that pair does not validate it (docs/guide/forecast.md, "How good is it").
+in view, so that pair does not validate it (docs/guide/forecast.md, "How good is it"). The interval's
+margin beyond the bounds is fixed until held-out pairs measure it (_pairs).
 
 With a kernel-class profile (`measured["profile"]`, the share of a step's time per class: matmul,
 attention, elementwise, optimizer, communication; no probe writes one yet) each class scales by its
@@ -18,13 +19,11 @@ nothing to scale: the FLOPs at 20-50% of the target's achievable matmul, labelle
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autofit.forecast._gpus import GpuSpec
-
-#: The interval's widening beyond the model's bounds: for what the bounds do not see (clocks, power caps,
-#: kernels that reach another share of MAMF at the model's shapes); wider without a profile.
-MARGIN = {"profile": 1.05, "mfu": 1.10, "no-flops": 1.15}
+from autofit.forecast._pairs import HELD_OUT, HeldOutPair, interval_margin
 #: A forecast from no GPU measurement: the model's FLOPs at this share of the target's achievable matmul.
 UNMEASURED_UTILISATION = (0.20, 0.35, 0.50)
 COMPUTE_CLASSES = ("matmul", "attention")
@@ -40,6 +39,8 @@ class Rate:
     high: float
     basis: str
     """"profile", "mfu", "no-flops" (see MARGIN) or "flops-only" (no GPU measurement)."""
+    margin_from: str = ""
+    """Where the interval's widening beyond the model's bounds comes from (`interval_margin`)."""
 
     def scaled(self, factor: float) -> tuple[float, float, float]:
         return self.samples_per_s * factor, self.low * factor, self.high * factor
@@ -80,9 +81,11 @@ def _parts(seconds: float, flops: float | None, profile: dict[str, float] | None
 
 
 def scale_rate(samples_per_s: float, flops_per_sample: float | None, precision: str, source: GpuSpec | None,
-               target: GpuSpec, target_precision: str, profile: dict[str, float] | None = None) -> Rate | None:
+               target: GpuSpec, target_precision: str, profile: dict[str, float] | None = None,
+               pairs: Sequence[HeldOutPair] = HELD_OUT) -> Rate | None:
     """The forecast rate on `target` at `target_precision` of a config measured at `samples_per_s` on `source`
-    (None: not a listed GPU). None when nothing can be said (no GPU measurement and no FLOPs)."""
+    (None: not a listed GPU). None when nothing can be said (no GPU measurement and no FLOPs). The interval is
+    the model's bounds widened by a margin the held-out `pairs` measure once there are enough of them."""
     if source is None:
         if not flops_per_sample:
             return None
@@ -90,11 +93,11 @@ def scale_rate(samples_per_s: float, flops_per_sample: float | None, precision: 
         return Rate(point, low, high, "flops-only")
     seconds = 1.0 / samples_per_s
     parts, basis = _parts(seconds, flops_per_sample, profile, source, precision, target, target_precision)
-    margin = MARGIN[basis]
+    margin, margin_from = interval_margin(basis, pairs)
     time = sum(p.seconds * p.point for p in parts)
     fastest = sum(p.seconds * p.low for p in parts) / margin
     slowest = sum(p.seconds * p.high for p in parts) * margin
-    return Rate(1.0 / time, 1.0 / slowest, 1.0 / fastest, basis)
+    return Rate(1.0 / time, 1.0 / slowest, 1.0 / fastest, basis, f"{margin - 1:.0%} beyond the bounds, {margin_from}")
 
 
 def naive_ratios(source: GpuSpec, target: GpuSpec, precision: str = "bf16") -> dict[str, float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from autofit.errors import UsageError
 from autofit.export import read_best
 from autofit.forecast._source import Measured, per_sample_bytes
 
@@ -21,6 +22,11 @@ def _plain(value: Any) -> Any:
 def forecast_input(file_or_study: str, storage: str | None = None) -> Measured:
     """What a forecast starts from: a path that exists is a best-config file; anything else a study's name
     in `storage` (autofit show's default storage)."""
+    if os.path.isdir(file_or_study):
+        found = sorted(name for name in os.listdir(file_or_study) if name.endswith(".best.json"))
+        hint = f": one of its best-config files ({', '.join(found[:3])})" if found else ""
+        raise UsageError(f"A forecast reads a best-config file or a study's name, but {file_or_study} is a "
+                         f"directory{hint}.")
     if os.path.exists(file_or_study) or file_or_study.endswith(".json"):
         return Measured(read_best(file_or_study), source=file_or_study)
     from autofit.findings import load_study

@@ -81,14 +81,20 @@ def _add(strategies: dict[tuple, Strategy], entry: dict[str, Any]) -> None:
 
 
 def strategies_of(measured: Measured) -> list[Strategy]:
-    """The strategies a file or a study measured, the winner's first."""
+    """The strategies a file or a study measured, the winner's first. A runner-up ranked by tokens keeps its rate
+    as samples/s at the winner's tokens per sample (the file keeps one rate of each runner-up: the one it was
+    ranked by; both batch the same data), so it is forecast, not left without a rate."""
     best = measured.best
     strategies: dict[tuple, Strategy] = {}
     _add(strategies, {**best.config.to_dict(), "samples_per_s": best.measured.samples_per_s,
                       "peak_bytes": best.measured.peak_bytes})
+    per_s = best.measured.samples_per_s, best.measured.tokens_per_s
+    tokens_per_sample = per_s[1] / per_s[0] if all(per_s) else None
     for runner in best.runner_ups:
-        _add(strategies, {**runner.config.to_dict(), runner.config.ranked_by.name: runner.rate,
-                          "peak_bytes": runner.peak_bytes})
+        rate = runner.rate
+        if runner.config.ranked_by.name != "samples_per_s":  # by tokens: its rate in samples, where the file says how
+            rate = rate / tokens_per_sample if rate and tokens_per_sample else None
+        _add(strategies, {**runner.config.to_dict(), "samples_per_s": rate, "peak_bytes": runner.peak_bytes})
     for row in measured.rows:
         _add(strategies, row)
     for key, strategy in strategies.items():

@@ -17,10 +17,12 @@ keep, not the CPU's, and takes the branches a script takes on CUDA.
   attention runs without its dropout, on the CPU's fused kernel: dropout changes values, not the bytes
   a fused kernel keeps. Where the CPU's fused kernel refuses the inputs for another reason, the math
   path's memory is counted: an estimate over, never under.
-- Saved tensors sent to the host (`torch.autograd.graph.save_on_cpu`, what a run's activation offload
-  puts over its blocks): on CUDA each copy leaves the device until backward copies it back, where on the
-  CPU it is a second CPU tensor. For a CUDA target a saved tensor is kept as its shape alone (its host
-  copy, not the device's memory), and backward makes a new tensor of it on the device.
+- Saved tensors sent to the host (a run's activation offload, autofit.runtime's `ActivationOffload`, and a
+  script's own `torch.autograd.graph.save_on_cpu`): on CUDA each copy leaves the device until backward copies
+  it back, where on the CPU it is a second CPU tensor. For a CUDA target a saved tensor is kept as its size
+  alone (its host copy, not the device's memory), and backward makes a new tensor of it on the device. The
+  run's offload keeps its own rules (what it leaves on the device, the block it holds while the next one runs,
+  the block it brings back early): only its copies are the estimator's.
 - Autocast: CUDA's runs more ops in float32 than the CPU's (PyTorch's AMP op reference, "CUDA Ops that can
   autocast to float32": `pow`, `exp`, `rsqrt`, `layer_norm`, `softmax`, ...): GPT-2's GELU (`pow(x, 3)`, then
   `tanh`) keeps float32 tensors where the CPU's keeps bfloat16 ones, a sixth of its activations. For a CUDA
@@ -40,6 +42,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from autofit.runtime import OffloadTransport, offload_transport
+
 #: The targets whose kernels the estimate can count: the CPU it runs on, and CUDA.
 TARGETS = ("cpu", "cuda")
 
@@ -53,7 +57,8 @@ def target_kernels(target: str) -> Iterator[None]:
     if target == "cpu":
         yield
         return
-    with _fused_attention(), _foreach_steps(), _saved_on_the_host(), _cuda_on_the_cpu(), _cuda_autocast_ops():
+    with _fused_attention(), _foreach_steps(), _saved_on_the_host(), offload_transport(_HostSizes), \
+            _cuda_on_the_cpu(), _cuda_autocast_ops():
         yield
 
 
@@ -229,6 +234,26 @@ class _SavedOnTheHost(torch.autograd.graph.saved_tensors_hooks):
             return torch.empty(size, dtype=dtype, layout=layout, device=device)
 
         super().__init__(leave, come_back)
+
+
+class _HostSizes(OffloadTransport):
+    """The run's activation offload as a CUDA target's memory sees it: a storage sent to the host leaves the
+    device (its size alone is kept) until backward makes a new one of it there; no stream."""
+
+    def __init__(self, device: torch.device) -> None:
+        pass
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        return tensor.device.type == "cpu"  # the target's tensors are the fake CPU ones
+
+    def to_host(self, flat: torch.Tensor) -> tuple[tuple[int, torch.dtype], None]:
+        return (flat.numel(), flat.dtype), None
+
+    def to_device(self, host: tuple[int, torch.dtype]) -> tuple[torch.Tensor, None]:
+        return torch.empty(host[0], dtype=host[1]), None
+
+    def wait(self, event: None) -> None:
+        pass
 
 
 @contextmanager

@@ -55,11 +55,14 @@ def entrants(ranked: Sequence[Candidate], margin: float, observations: Sequence[
     rounds fell as every config's would, so it is measured as long in turn, alone (a config that slows
     only in long runs is caught so: a first measured again in short rounds beside it would hide it); none
     when there is none. A round the budget cut short measured nothing (`Observation.cut`): a resumed
-    search runs it."""
+    search runs it. A first whose rounds decide nothing yet (`Measurement.undecided`: they disagree beyond the
+    noise) runs its A/B again, with whatever is within the noise of it now: one disagreeing round never
+    names the winner."""
     if not ranked:
         return []
     first = ranked[0]
-    if not any(o.phase == "confirm" and not o.cut and o.config == first.config for o in observations):
+    confirmed = any(o.phase == "confirm" and not o.cut and o.config == first.config for o in observations)
+    if not confirmed or (first.measurement is not None and first.measurement.undecided):
         return [c.config for c in within_noise(ranked, margin)[:AB_ENTRANTS]]
     challenger = next((c for c in ranked[1:] if c.measurement.rule != "confirmation"
                        and c.rate > first.rate * (1 + margin)), None)

@@ -50,9 +50,11 @@ class Feasibility:
         return any(o.fits(self.usable) and implies_fit(o.config, config) for o in self.done)
 
     def implied_too_big(self, config: Config) -> bool:
-        """Known not to run: too big for memory (implied by an OOM), or for the data."""
+        """Known not to run: too big for memory (implied by an OOM, or beyond a fit whose measured steps needed the
+        allocator's retries: the edge, where a larger one runs slower if it runs), or for the data."""
         ceiling = self.data_ceiling()
-        return (any(o.too_big(self.usable) and implies_too_big(o.config, config) for o in self.done)
+        return (any((o.too_big(self.usable) or (o.tight and config.size > o.config.size))
+                    and implies_too_big(o.config, config) for o in self.done)
                 or (ceiling is not None and config.size >= ceiling))
 
     def open_batches(self, strategy: Strategy) -> list[int]:

@@ -50,6 +50,9 @@ _SPREAD_FLOOR = 0.02
 _LEADER_REACH = 4.0
 #: Probes of one config beyond which its median is trusted whatever the disagreement.
 _RESOLVING_PROBES = 3
+#: A/B rounds of one config beyond which their median is its figure however they spread (they alternated with
+#: the other entrants'); fewer that disagree beyond the noise decide nothing (`NoiseReading.undecided`).
+SETTLING_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,10 @@ class Measurement:
     rule: str
     erratic: bool = False
     """Its steps varied far beyond the search's usual (interference, or a slowdown in a long run)."""
+    undecided: str | None = None
+    """Why its A/B rounds are not its figure yet (None: they are, or it has none): fewer than SETTLING_ROUNDS
+    that disagree beyond the noise, with each other or, a lone round, with its short probes. Its figure is
+    then its short probes' (`probes`), and the A/B needs another round (`_ab.entrants`)."""
 
     @classmethod
     def of(cls, probes: Sequence[Observation]) -> Measurement:
@@ -133,6 +140,9 @@ class NoiseReading:
 
     def _measure(self, obs: list[Observation]) -> Measurement:
         measured = Measurement.of(obs)
+        undecided = self.undecided(obs) if measured.rule == "confirmation" else None
+        if undecided is not None:  # rounds that decide nothing: the short probes' figure, and why
+            return replace(self._measure([o for o in obs if o.phase != "confirm"]), undecided=undecided)
         if measured.rule == "median":
             measured = Measurement.of([o for o in obs if not self._erratic(o)] or obs)
         measured = replace(measured, erratic=any(self._erratic(o) for o in measured.probes))
@@ -140,6 +150,32 @@ class NoiseReading:
             fastest = max(measured.probes, key=lambda o: o.rate)
             return replace(measured, probes=(fastest,), rule="fastest")
         return measured  # an A/B's rounds count at their median, however they spread: they alternated
+
+    def undecided(self, obs: Sequence[Observation]) -> str | None:
+        """Why a config's A/B rounds (of `obs`, its probes that ran) decide nothing yet, None when they do: fewer
+        than SETTLING_ROUNDS rounds that disagree beyond the noise, two of them with each other (by more than
+        `repeat_limit`), a lone one with its short probes (by that twice over, as ratios: a round runs longer
+        than a probe and reads lower by design, `Ranking.scale`, so the two differ in length as well as in
+        time; at the 10% floor a lone round 19% below its probes still decides). One
+        short round on a busy machine read 11.2k samples/s where its probe had read 359k, and named the other
+        entrant the winner on one round each: a round that far off may be the machine's (interference) or the
+        config's (it slows in long runs), and another round tells which. Once two rounds agree, or
+        SETTLING_ROUNDS ran, their median is the figure."""
+        rounds = [o.rate for o in obs if o.phase == "confirm"]
+        short = [o for o in obs if o.phase != "confirm"]
+        if not rounds or len(rounds) >= SETTLING_ROUNDS or (len(rounds) == 1 and not short):
+            return None
+        unit = obs[0].config.ranked_by.unit
+        if len(rounds) == 1:
+            probes, limit = self._measure(short).rate, 1 - (1 - self.repeat_limit) ** 2
+            if abs(rounds[0] - probes) / max(rounds[0], probes) <= limit:
+                return None
+            return (f"its A/B round read {rounds[0]:,.1f} {unit} against {probes:,.1f} on its probes, beyond the "
+                    f"noise ({limit:.0%})")
+        if (max(rounds) - min(rounds)) / max(rounds) <= self.repeat_limit:
+            return None
+        return (f"its A/B rounds read {', '.join(f'{r:,.1f}' for r in rounds)} {unit}, apart beyond the noise "
+                f"({self.repeat_limit:.0%})")
 
     def _erratic(self, o: Observation) -> bool:
         return o.spread is not None and o.spread > self._spread_limit

@@ -13,7 +13,8 @@ and the others compare at its ratio (one faster beyond the noise is measured in 
 Two rules an expert applies come on top of the figures:
 
 - **dominance**: a config that adds recompute (checkpointing, or a heavier policy) or accumulation
-  where a config without it fits, at the same precision, sharding, compile, loader and global batch,
+  where a config without it fits, every other knob the same (precision, sharding, compile, activation
+  offload, memory format, loader: `SAME_WORK`, from the knobs' declarations) at the same global batch,
   does the same work and more: it ranks below the config it dominates unless it is faster by more
   than the noise the search has seen (`margin`);
 - **ties as an expert settles them**: among configs within `TIE_TOLERANCE` of the best, one that did
@@ -27,10 +28,10 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from autofit.config import Config
+from autofit.config import KNOB, KNOBS, Config
 from autofit.planner._noise import Measurement, NoiseReading
 from autofit.planner._observation import Observation
-from autofit.planner._recompute import checkpoint_policy, recomputes_no_more
+from autofit.planner._recompute import ORDERED_BY_RULES, checkpoint_policy, recomputes_no_more
 
 #: Configs within this fraction of the best throughput are ties, won by the lower peak.
 TIE_TOLERANCE = 0.02
@@ -39,6 +40,11 @@ MAX_CONTENDER_MARGIN = 0.25
 last milliseconds the timer's noise makes their spread large (0.3-0.6 on a 2-rank CPU search) while
 probes' medians agree within a few percent, and a config a quarter slower on its probes is slower. A
 dominated config still needs the whole margin to rank above the config it dominates."""
+#: The knobs two configs must share for one to do the other's work and more (`dominates`): every knob but the
+#: size a search climbs (compared as the global batch) and those whose order the recompute rules know
+#: (checkpointing, accumulation). Derived from the declarations, so a knob added to Config is compared
+#: until a rule says how it orders work.
+SAME_WORK: tuple[str, ...] = tuple(k.name for k in KNOBS if k.order != "size" and k.name not in ORDERED_BY_RULES)
 
 
 @dataclass(frozen=True)
@@ -156,12 +162,12 @@ class Ranking:
 
 
 def dominates(plain: Config, heavier: Config) -> bool:
-    """Whether `heavier` does `plain`'s work and more: the same precision, sharding, compile, loader and
-    global batch, no less recompute and no fewer accumulation steps, and more of one of them."""
+    """Whether `heavier` does `plain`'s work and more: the same global batch and every knob of `SAME_WORK`
+    the same (as it acts: `Knob.acting`), no less recompute and no fewer accumulation steps, and more of one
+    of them."""
     if plain == heavier or plain.global_batch != heavier.global_batch:
         return False
-    if (plain.precision, plain.sharding, plain.compile, plain.loader) != (
-            heavier.precision, heavier.sharding, heavier.compile, heavier.loader):
+    if any(KNOB[name].acting(plain) != KNOB[name].acting(heavier) for name in SAME_WORK):
         return False
     if not recomputes_no_more(plain, heavier) or plain.accumulation_steps > heavier.accumulation_steps:
         return False

@@ -2,7 +2,8 @@
 measured. The runners that start those processes behind one contract (`ProbeRunner`, picked by
 `make_runner`: a persistent worker, a torchrun job, a job across nodes), what every child process
 does before it runs the user's code (`bootstrap`, `serve`) and what it says on the wire (`LoadRequest`,
-`Channel`, ...), the scripts they load, and the record a probe leaves (`ProbeResult`).
+`Channel`, ...), the scripts they load and their version (`ScriptVersion`: the script's code and its local
+modules'), and the record a probe leaves (`ProbeResult`).
 
 Kept light: every probe's process imports this package, so nothing here imports torch, optuna or
 pandas at import time (the probe itself, `_probe.run_probe`, is imported by the child that runs it)."""
@@ -36,6 +37,7 @@ from autofit.probing._script import (
     pass_script_args,
     script_args_from_env,
 )
+from autofit.probing._sources import RecordedVersion, ScriptVersion, code_sha256, local_modules, project_root
 from autofit.probing._torchrun import DistributedWorker
 from autofit.probing._wire import (
     MIN_MEASURE_S,
@@ -54,6 +56,11 @@ from autofit.probing._worker import Worker, WorkerStartError
 from autofit.units import INPUT_BOUND_SHARE, input_bound_text
 
 __all__ = [
+    "RecordedVersion",
+    "ScriptVersion",
+    "code_sha256",
+    "local_modules",
+    "project_root",
     "free_local_port",
     "BUDGET_CUT",
     "MIN_MEASURE_S",

@@ -75,6 +75,8 @@ class Loaded:
     name: str | None
     module: Any = None
     """The user's script, imported (its globals are part of what a probe must find as loaded)."""
+    script: str | None = None
+    """The script's path: its local modules are found from it (`local_modules`)."""
 
     def describe(self) -> dict[str, Any]:
         """What the supervisor learns once the function is loaded: its name, the decorator's
@@ -113,7 +115,7 @@ def bootstrap(request: LoadRequest, *, cap_memory: bool = True,
     backend.release()
     if cap_memory:
         backend.apply_memory_limit(request.budget)
-    return Loaded(backend, fn, request.function, module)
+    return Loaded(backend, fn, request.function, module, request.script)
 
 
 def _load(request: LoadRequest) -> tuple[Any, Any]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autofit.config import Config
+from autofit.devices import probe_alloc_conf
 from autofit.errors import UsageError
 from autofit.export import MemoryBudget
 from autofit.probing._multinode import JobBoard, check_nodes, follow, lead_probe, probe_study_name
@@ -55,7 +56,9 @@ class ProbeSettings:
         node other than 0 reads from the probe's study)."""
         own = MemoryBudget(limit_bytes=self.memory_limit)
         budget = budget if budget is not None and budget.limit_bytes is not None else own
+        alloc_conf = probe_alloc_conf(None, self.device)  # a search's default, where the user set none
         return make_runner(self.script, self.function, device=self.device, index=self.index, budget=budget,
+                           env={"PYTORCH_CUDA_ALLOC_CONF": alloc_conf} if alloc_conf else None,
                            nproc=self.nproc_per_node, nnodes=self.nnodes, rdzv_endpoint=self.rdzv_endpoint,
                            probe_process=self.probe_process)
 
@@ -70,8 +73,10 @@ def probe_once(settings: ProbeSettings,
         loaded = runner.start()
         precision = settings.config.precision
         if precision not in loaded.precisions:
+            older = settings.device == "cuda" and precision == "bf16"  # a T4, a V100
             raise UsageError(f"The precision must be one the device runs ({', '.join(loaded.precisions)}), "
-                             f"but got {precision}.")
+                             f"but got {precision}" + (": bf16 needs an Ampere or newer GPU (compute capability 8.0); "
+                                                       "probe --precision fp16 here." if older else "."))
         if settings.nnodes > 1:
             if storage is None:
                 raise ValueError("a probe across machines needs the storage they share")

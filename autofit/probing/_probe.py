@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from autofit.config import PROBE_ACCUMULATION, Config
-from autofit.devices import DeviceBackend
+from autofit.devices import DeviceBackend, available_memory_bytes
 from autofit.probing._bootstrap import user_traceback
 from autofit.probing._record import ProbeResult
 from autofit.probing._script import ScriptEntry
@@ -66,7 +66,8 @@ def run_probe(
         config, backend.torch_device(), probing=True, warmup_steps=warmup_steps,
         measured_steps=measured_steps, synchronize=backend.synchronize, min_measure_s=min_measure_s,
         max_measured_steps=measured_steps * _MAX_EXTENSION, ranks=ranks, count_flops=True,
-        energy=backend.energy_joules, global_tokens=getattr(getattr(fn, "options", None), "global_tokens", None),
+        energy=backend.energy_joules, alloc_retries=backend.alloc_retries, host_memory=available_memory_bytes,
+        global_tokens=getattr(getattr(fn, "options", None), "global_tokens", None),
         probe_accumulation=PROBE_ACCUMULATION, progress=progress))
     result = ProbeResult(status="ok", config=config, warmup_steps=warmup_steps, memory_limit=backend.memory_limit)
     clock = run.control.clock
@@ -131,6 +132,7 @@ def _fill_result(result: ProbeResult, run: Run, backend: DeviceBackend, started:
     if result.status == "ok":
         _fill_timing(result, run)
         _fill_work(result, run, backend)
+        _fill_retries(result, run)
         _check_finite(result, run)
 
 
@@ -265,6 +267,16 @@ def _fill_timing(result: ProbeResult, run: Run) -> None:
     else:
         iqr = max(times) - min(times)
     result.step_time_iqr_s = iqr * result.step_time_median_s / median if median > 0 else iqr
+
+
+def _fill_retries(result: ProbeResult, run: Run) -> None:
+    """The allocator's retries in the measured steps, said in one line where there were any."""
+    clock = run.control.clock
+    retries = (clock.counted if clock.complete else clock.counts_so_far()).get("alloc_retries")
+    result.alloc_retries = None if retries is None else int(retries)
+    if result.alloc_retries:
+        result.notes.append(f"the allocator freed its cache and retried {result.alloc_retries} allocations in the "
+                            f"measured steps: this config only just fits, and its speed pays for it")
 
 
 def _fill_work(result: ProbeResult, run: Run, backend: DeviceBackend) -> None:

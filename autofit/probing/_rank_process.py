@@ -17,6 +17,7 @@ from contextlib import nullcontext
 from dataclasses import replace
 
 from autofit.probing._bootstrap import bootstrap, die_with_parent, prepare_process
+from autofit.probing._sources import local_modules
 from autofit.probing._wire import read_rank_request, write_rank_result
 
 
@@ -45,6 +46,7 @@ def main(request_path: str) -> int:
                            measured_steps=probe_request.steps, ranks=ranks, progress=progress,
                            min_measure_s=MIN_MEASURE_S if min_measure_s is None else min_measure_s)
     result.world_size = ranks.world_size
+    result.modules = local_modules(load_request.script)  # the code it ran beside the script's own
     write_rank_result(out, ranks.rank, result)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -87,6 +87,14 @@ class ProbeResult:
     or a GPU without a known peak: autofit.devices.PEAK_FLOPS)."""
     joules_per_sample: float | None = None
     """Energy the GPU drew per sample over the measured steps (NVML's energy counter; None elsewhere)."""
+    alloc_retries: int | None = None
+    """Times the allocator freed its cache to retry an allocation in the measured steps (CUDA's
+    num_alloc_retries): above 0, the config only just fits; None: not counted (a CPU, cudaMallocAsync, a
+    record from before it was kept: `only_just_fits` reads the whole probe's count there)."""
+    modules: dict = field(default_factory=dict)
+    """The script's local modules its process had loaded when the probe ended (path from the project's root to
+    its code_sha256: autofit.probing's `local_modules`): the code it ran beside the script's own, so a probe
+    of an older helper is told apart. Empty: none, or a record from before they were kept."""
 
     @property
     def offers(self) -> Offers:
@@ -106,9 +114,16 @@ class ProbeResult:
 
     @property
     def only_just_fits(self) -> bool:
-        """It ran, but the allocator had to free its cache and retry allocations to stay under the
-        cap (CUDA's num_alloc_retries): at the edge of memory, and slower for it."""
-        return self.ok and int(self.allocator.get("num_alloc_retries", 0) or 0) > 0
+        """It ran, but the allocator had to free its cache and retry allocations to stay under the cap in its
+        measured steps (CUDA's num_alloc_retries): at the edge of memory, and slower for it."""
+        retries = self.alloc_retries if self.alloc_retries is not None else self.allocator.get("num_alloc_retries")
+        return self.ok and int(retries or 0) > 0
+
+    @property
+    def host_pinned_bytes(self) -> int | None:
+        """Pinned host memory the probe held at its peak (an activation offload's copies, pinned batches), as the
+        host allocator rounds it; None where not read (a CPU, a torch without host memory stats)."""
+        return self.allocator.get("host_pinned_peak_bytes") or None
 
     def set_flops(self, flops_per_sample: float, peak_flops_per_s: float | None,
                   flops_per_token: float | None = None) -> None:
@@ -163,6 +178,8 @@ class ProbeResult:
             line += f" of {format_size(self.memory_limit)}"
         if self.only_just_fits:
             line += "  (only just fits: allocator retries)"
+        if self.host_pinned_bytes:
+            line += f"  (pinned host {format_size(self.host_pinned_bytes)})"
         if self.flops_per_s:
             line += f"  {format_flops(self.flops_per_s)}"
             if self.mfu is not None:

@@ -30,6 +30,7 @@ from typing import Any
 
 from autofit.probing._bootstrap import Loaded, bootstrap, die_with_parent, prepare_process, redirect_output, serve
 from autofit.probing._script import calls_start
+from autofit.probing._sources import local_modules
 from autofit.probing._wire import Channel, LoadRequest, ProbeRequest, internal_failure, ok_reply, result_reply
 
 
@@ -109,7 +110,7 @@ class _Session:
         # Of a rank group, rank 0 alone tells the runner how far the probe got (the ranks step together).
         tells = request.progress_path and (self.ranks is None or self.ranks.is_main)
         with ProgressFile(request.progress_path) if tells else nullcontext() as progress:
-            return run_probe(
+            result = run_probe(
                 self.loaded.fn,
                 request.config,
                 self.loaded.backend,
@@ -119,6 +120,8 @@ class _Session:
                 ranks=self.ranks,
                 **({"min_measure_s": request.min_measure_s} if request.min_measure_s is not None else {}),
             )
+        result.modules = local_modules(self.loaded.script)  # what it loaded, lazily too: the code it ran
+        return result
 
     def _probe_in_child(self, request: ProbeRequest) -> dict:
         """Fork a fresh child for the probe; its result comes back through a pipe."""

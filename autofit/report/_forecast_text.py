@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from autofit.config import Config
 from autofit.forecast import PRICES_DATE, Forecast, TargetForecast
 from autofit.units import format_size
 
 
 def _config(target: TargetForecast) -> str:
+    """The config to run in its label's words (by tokens `max_tokens=8192`, never its samples' cap as `b=`),
+    its accumulation always said."""
     if target.config is None:
         return "does not fit"
-    c = target.config
-    ckpt = f" ckpt={c['checkpoint_segments']}" if c.get("checkpoint_segments") else ""
-    return f"{c['precision']} b={c['batch_size']} acc={c['accumulation_steps']}{ckpt}"
+    config = Config.from_dict(target.config)
+    return config.label() + ("" if config.accumulation_steps > 1 else " acc=1")
 
 
 def _count(value: float) -> str:

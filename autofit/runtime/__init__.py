@@ -1,6 +1,6 @@
 """What a train function sees: the `Run` (built from one `RunSettings`; a face over its step clock,
-its step feed, the knobs it offers and its summary), precision as data, activation checkpointing,
-distributed set-up, OOM classification, the one OOM-redo path (`StepRedo`, which a Run's loop reaches
+its step feed, the knobs it offers and its summary), precision as data, activation checkpointing and
+offload, distributed set-up, OOM classification, the one OOM-redo path (`StepRedo`, which a Run's loop reaches
 through `LoopRedo` and a framework's step through `PieceReplay`), the one walk over a nested batch
 (`map_batch`) and a normal run's memory cap.
 
@@ -19,6 +19,13 @@ from autofit.runtime._envelope import TokenEnvelope, TokenGuard
 from autofit.runtime._feed import DataTooSmall
 from autofit.runtime._knobs import Knobs, block_plan
 from autofit.runtime._memory_cap import MEMORY_LIMIT_ENV, describe_memory_limit, memory_limit_from_env
+from autofit.runtime._offload import (
+    HOST_SHARE,
+    ActivationOffload,
+    HostMemoryExhausted,
+    OffloadTransport,
+    offload_transport,
+)
 from autofit.runtime._oom import breaks_the_device, is_oom
 from autofit.runtime._open_step import NoStepClosed
 from autofit.runtime._pieces import PieceReplay, loss_of, weighted
@@ -45,6 +52,11 @@ from autofit.runtime._settings import RunHooks, RunSettings
 from autofit.runtime._tokens import TokenBatchSampler, TokenBatchStats
 
 __all__ = [
+    "ActivationOffload",
+    "HOST_SHARE",
+    "HostMemoryExhausted",
+    "OffloadTransport",
+    "offload_transport",
     "CompileTimer",
     "PricedSteps",
     "price_steps",

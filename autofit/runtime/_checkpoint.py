@@ -1,7 +1,8 @@
 """Activation checkpointing of one block, full or selective (`apply_checkpoint`, shaped like
 torchtitan's apply_* functions): PyTorch's non-reentrant checkpoint, with selective checkpointing's
 policy (`create_selective_checkpoint_contexts`) when only the cheap ops are to be recomputed; and the
-offload of what a block saves for backward to host memory (`offload_block`: PyTorch's `save_on_cpu`)."""
+offload of what a block saves for backward to host memory (`offload_block`: autofit.runtime._offload's
+`ActivationOffload`, copies on a side stream that overlap the compute)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from autofit.config import check_checkpoint_policy
+from autofit.runtime._offload import offload_for
 
 #: The compute-intensive ops whose outputs selective checkpointing saves (torchtitan's "op" AC, all
 #: of them): recomputing them is most of the forward's cost, and what they return is a small share of
@@ -70,9 +72,9 @@ class CheckpointedForward:
         return self.inner if self.inner is not None else type(self.block).forward.__get__(self.block)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # Looked up when called: the memory estimator counts a CUDA target's host copies as the host's.
-        offload = nullcontext() if self.offload_to is None else torch.autograd.graph.save_on_cpu(
-            pin_memory=True, device_type=self.offload_to)
+        # Looked up when called: the run's offload (its streams are no part of the block, which copies and
+        # pickles as it is); under the memory estimator, one that keeps a CUDA target's host copies' shapes.
+        offload = nullcontext() if self.offload_to is None else offload_for(self.offload_to).group(self.block)
         with offload:
             if self.policy is None:
                 return self.__wrapped__(*args, **kwargs)
@@ -127,6 +129,7 @@ def remove_checkpoint(block: torch.nn.Module) -> torch.nn.Module:
 
 
 def offload_block(block: torch.nn.Module, device_type: str | None) -> torch.nn.Module:
-    """Keep what `block` saves for backward on `device_type` ("cuda") in pinned host memory, in place (PyTorch's
-    `save_on_cpu`: copied out in forward, back in backward); None: where it is (the offload undone)."""
+    """Keep what `block` saves for backward on `device_type` ("cuda") in pinned host memory, in place (the run's
+    `ActivationOffload`: copied out in forward beside the compute, back a block ahead in backward); None: where it
+    is (the offload undone)."""
     return _wrapped(block, checkpoint_policy_of(block), device_type)

@@ -44,9 +44,9 @@ class StepClock:
     min_measure_s: float = 0.0
     max_measured_steps: int | None = None
     agree: Callable[[int], int] | None = None
-    energy: Callable[[], float | None] | None = None
-    """The device's energy counter in joules (NVML's total energy), read where measuring starts and
-    ends; None where the device has none (a CPU)."""
+    counters: dict[str, Callable[[], float | None]] = field(default_factory=dict)
+    """The device's counters by name (NVML's energy in joules "energy_j", the allocator's "alloc_retries"), read
+    where measuring starts (after warm-up) and where a probe's measuring ends: `counted` holds their growth."""
     steps_done: int = 0
     measured_time_s: float = 0.0
     measured_samples: int = 0
@@ -54,9 +54,9 @@ class StepClock:
     step_times: deque = field(default_factory=lambda: deque(maxlen=_RECENT_STEPS))
     warmup_time_s: float | None = None
     """From the start to the end of warm-up (compilation and first-use costs land here)."""
-    measured_energy_j: float | None = None
-    """Energy the device drew over the measured steps (probes on a device with an energy counter)."""
-    _energy_start: float | None = None
+    counted: dict[str, float] = field(default_factory=dict)
+    """Each counter's growth over a probe's measured steps (`counters`; a normal run: `counts_so_far`)."""
+    _counted_from: dict[str, float] = field(default_factory=dict)
     data_wait_s: float | None = None
     """Host time the measured steps spent waiting for their data (inside `next()` on the user's
     iterable); None where autofit does not see the data (a framework's trainer drives the loop). On a
@@ -100,15 +100,20 @@ class StepClock:
         self._last = self._started = self._stamp(exact=exact)
         self._waiting_s = 0.0  # the first fetch came before the clock started
         if exact:
-            self._read_energy_start()
+            self._count_from()
 
-    def _read_energy_start(self) -> None:
-        self._energy_start = self.energy() if self.energy is not None else None
+    @property
+    def measured_energy_j(self) -> float | None:
+        """Energy the device drew over the measured steps (probes on a device with an energy counter)."""
+        return self.counted.get("energy_j")
 
-    def _read_energy_end(self) -> None:
-        if self._energy_start is not None and self.energy is not None:
-            end = self.energy()
-            self.measured_energy_j = end - self._energy_start if end is not None else None
+    def _count_from(self) -> None:
+        self._counted_from = {name: value for name, read in self.counters.items() if (value := read()) is not None}
+
+    def counts_so_far(self) -> dict[str, float]:
+        """Each counter's growth since measuring started (nothing before it started)."""
+        return {name: end - start for name, start in self._counted_from.items()
+                if (end := self.counters[name]()) is not None}
 
     def data_waited(self, seconds: float) -> None:
         """A fetch of the data took `seconds` (it counts for the step it falls in, if that step is measured)."""
@@ -155,8 +160,8 @@ class StepClock:
             self._last = self._stamp(exact=probing and self.steps_done == self.warmup_steps)
             if self.steps_done == self.warmup_steps and self._started is not None:
                 self.warmup_time_s = self._last - self._started
-            if probing and self.steps_done == self.warmup_steps:
-                self._read_energy_start()
+            if self.steps_done == self.warmup_steps:
+                self._count_from()
             return
         now = self._stamp(exact=False)
         if probing and self.agree is not None and self.steps_measured == 1:
@@ -164,7 +169,7 @@ class StepClock:
         if probing and self._enough(self.measured_time_s + now - self._last):
             now = self._stamp(exact=True)
             self.complete = True
-            self._read_energy_end()
+            self.counted = self.counts_so_far()
         self.step_times.append(now - self._last)
         self.measured_time_s += now - self._last
         self.measured_samples += samples

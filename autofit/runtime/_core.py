@@ -49,7 +49,7 @@ class RunCore:
             used_memory=settings.used_memory)
         self.loop_redo = LoopRedo(redo, probing=settings.probing)
         self.panel = KnobPanel(self.device, self.ranks, probing=settings.probing,
-                               worst_token_batches=settings.worst_token_batches)
+                               worst_token_batches=settings.worst_token_batches, host_memory=settings.host_memory)
         self.notes: list[str] = []
         """What the run changed in how it measures (a probe's result carries them)."""
         self.reads: set[str] = set()
@@ -158,6 +158,8 @@ def _make_clock(settings: RunSettings, ranks: Ranks) -> StepClock:
     agree = agree_on_most if settings.probing and ranks.world_size > 1 else None
     synchronize = settings.synchronize or (lambda: None)
     inner = InnerSpans(1, synchronize) if settings.probe_accumulation is not None else None
+    counters = {name: read for name, read in (("energy_j", settings.energy), ("alloc_retries", settings.alloc_retries))
+                if read is not None}
     return StepClock(settings.warmup_steps, settings.measured_steps, synchronize,
                      min_measure_s=settings.min_measure_s, max_measured_steps=settings.max_measured_steps,
-                     agree=agree, energy=settings.energy, inner=inner, progress=settings.progress)
+                     agree=agree, counters=counters, inner=inner, progress=settings.progress)

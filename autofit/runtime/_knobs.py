@@ -5,7 +5,7 @@ probes only on the knobs the function offers."""
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -17,6 +17,7 @@ from autofit.runtime._checkpoint import apply_checkpoint, offload_block, remove_
 from autofit.runtime._dataloader import build_loader
 from autofit.runtime._distributed import Ranks
 from autofit.runtime._envelope import TokenEnvelope
+from autofit.runtime._offload import ActivationOffload, end_offload, start_offload
 from autofit.runtime._tokens import TokenBatchSampler, TokenLoader, build_token_loader, token_sampler
 
 
@@ -45,8 +46,10 @@ class KnobPanel:
     """The model and data knobs of one run, applied under the config each call is given (a run's
     config changes after an OOM or when a framework's own settings stand), and noted in `used`."""
 
-    def __init__(self, device: torch.device, ranks: Ranks, *, probing: bool, worst_token_batches: bool = False) -> None:
+    def __init__(self, device: torch.device, ranks: Ranks, *, probing: bool, worst_token_batches: bool = False,
+                 host_memory: Callable[[], int | None] | None = None) -> None:
         self.used = Knobs()
+        self._host_memory = host_memory
         self._device, self._ranks, self._probing = device, ranks, probing
         self._worst_token_batches = worst_token_batches
         self.compile_enabled = True
@@ -63,6 +66,8 @@ class KnobPanel:
         """The first loader built here (the training one: an evaluation loader comes after it)."""
         self.training_source: Any = None
         """What the steps took their first batches from (run.batches' iterable)."""
+        self.offload: ActivationOffload | None = None
+        """The activation offload of the blocks offered here, where the config offloads (closed at the end)."""
         self.data_parallel: torch.nn.parallel.DistributedDataParallel | None = None
         self.sharded: Any = None  # an FSDP2 module (distribute with shard=)
 
@@ -77,6 +82,8 @@ class KnobPanel:
                              f"offload_activations to false (a search there never tries it).")
         blocks = list(blocks) if not isinstance(blocks, torch.nn.ModuleList) else blocks
         self.used.checkpoint_blocks = len(blocks)
+        if config.offload_activations and self.offload is None:
+            self.offload = start_offload(self._device, self._host_memory() if self._host_memory else None)
         for block, (policy, offloaded) in zip(blocks, block_plan(config, len(blocks))):
             if policy is not None:
                 apply_checkpoint(block, policy=policy)
@@ -93,6 +100,8 @@ class KnobPanel:
         for block in list(self._wrapped_blocks):
             offload_block(remove_checkpoint(block), None)
         self._wrapped_blocks.clear()
+        end_offload(self.offload)  # the run's streams and the forward's device bytes go; copies die with the graph
+        self.offload = None
         for model in list(self._channels_last):
             model.to(memory_format=torch.contiguous_format)
         self._channels_last.clear()

@@ -39,6 +39,8 @@ def run_summary(config: Config, device: torch.device, clock: StepClock, ranks: R
         "data_wait_share": clock.data_wait_share,
         "recent_step_times_s": [round(t, 6) for t in times],
         "lowerings": [item.to_dict() for item in lowerings],
+        # the allocator's retries after warm-up (CUDA): the run at the edge of memory, slower for it (None: not counted)
+        "alloc_retries": clock.counts_so_far().get("alloc_retries"),
         "guard_split_batches": guard_split_batches,
         "oom_split_batches": oom_split_batches,
         **({"padding_share": token_loader.stats().padding_share} if token_loader is not None else {}),

@@ -81,6 +81,13 @@ class RunSettings:
     (run.token_batches) accumulate as many micro-batches as hold about that many."""
     energy: Callable[[], float | None] | None = None
     """The device's energy counter in joules, read where measuring starts and ends; None on a CPU."""
+    alloc_retries: Callable[[], int | None] | None = None
+    """The allocator's count of the times it freed its cache to retry an allocation (CUDA's num_alloc_retries),
+    read where measuring starts and ends: retries in the measured steps mean the config runs at the edge of
+    memory, and slower for it; None where the device keeps no such count."""
+    host_memory: Callable[[], int | None] | None = None
+    """The host memory available now (bytes), read when an activation offload starts: the bound of its pinned
+    memory is `HOST_SHARE` of it (autofit.runtime._offload); None: no bound (the memory estimator's)."""
     token_envelope: TokenEnvelope | None = None
     """The micro-batches by tokens the search's probes ran (the best-config file's): a normal run splits
     one beyond them before it runs (TokenGuard); None: no check."""

@@ -83,7 +83,7 @@ class Search:
         space = build_space(state.s, state.options, state.info, offers)
         state.session.save_meta(state.info, space, offers)
         state.sampler = AutofitSampler(Planner(space, state.session.budget.usable_bytes, check_noise=state.s.recheck),
-                                       seed=state.s.seed, script_sha256=state.session.script_sha256)
+                                       seed=state.s.seed, version=state.session.version)
         study.sampler = state.sampler
         state.reporter.started(state, space, len(state.session.trials()))
         if offers is not None:  # resumed: the space is known, and so may the estimates be

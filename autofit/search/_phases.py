@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from autofit.errors import NoFeasibleConfig, UserCodeError
 from autofit.export import default_best_path, device_tag, write_best
-from autofit.findings import UNCONFIRMED_BUDGET, best_document, fault_notes, nothing_fits
+from autofit.findings import UNCONFIRMED_BUDGET, best_document, fault_notes, nothing_fits, undecided_reason
 from autofit.planner import ABPlan, Observation
 from autofit.probing import BUDGET_CUT, ProbeResult
 from autofit.search._build_space import loader_note
@@ -153,13 +153,24 @@ def _confirm_rounds(state: SearchState, runner: Runner) -> None:
         plan = state.budget.ab_plan(study, entrants, since=max((o.trial for o in seen if o.trial is not None),
                                                                  default=-1))
         if plan is None:
-            state.notes.append(f"{entrants[0].label()} is unconfirmed: {UNCONFIRMED_BUDGET}")
+            undecided = _undecided(state, seen)
+            if undecided:
+                state.notes.append(f"{entrants[0].label()} is unconfirmed: {undecided_reason(undecided)}")
+            else:
+                state.notes.append(f"{entrants[0].label()} is unconfirmed: {UNCONFIRMED_BUDGET}")
             return
         if len(plan.entrants) < len(entrants):
             state.notes.append(f"the A/B left out {', '.join(c.label() for c in entrants[len(plan.entrants):])}, "
                                f"within the noise of the leader: the budget left could not hold them")
         if not _run_ab(state, runner, plan):
             return
+
+
+def _undecided(state: SearchState, seen: list) -> str | None:
+    """Why the leader's A/B rounds decide nothing yet (they disagree beyond the noise); None: they do, or it
+    has none."""
+    ranked = state.planner.ranked(seen)
+    return ranked[0].measurement.undecided if ranked and ranked[0].measurement is not None else None
 
 
 def _run_ab(state: SearchState, runner: Runner, plan: ABPlan) -> bool:
@@ -231,7 +242,7 @@ def _nothing_to_export(state: SearchState, done: list[Observation], stopped: str
     said = (nothing_fits(done, session.budget) if done else
             f"A search must probe a config to export one, but this one stopped ({stopped}) before its first "
             f"probe: give it a longer --budget.")
-    others = other_script_probes(session.study, session.script_sha256)
+    others = other_script_probes(session.study, session.version)
     return said + (f" ({others} of the study's probes ran another version of the script: they are kept but not "
                    f"ranked.)" if others else "")
 

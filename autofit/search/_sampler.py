@@ -31,6 +31,7 @@ from optuna.trial import FrozenTrial
 from autofit.config import Config
 from autofit.findings import observations
 from autofit.planner import ABPlan, Observation, Planner, SearchSpace
+from autofit.probing import RecordedVersion
 from autofit.study import config_params, distributions, script_trials
 
 #: The phases whose trials the sampler proposes, in the order a search runs them.
@@ -50,10 +51,11 @@ class AutofitSampler(BaseSampler):
     """Gives each trial the planner's decision for the search's current phase (see the module's
     docstring); the trial's params are that config's."""
 
-    def __init__(self, planner: Planner, seed: int | None = None, script_sha256: str | None = None) -> None:
+    def __init__(self, planner: Planner, seed: int | None = None, version: RecordedVersion | None = None) -> None:
         self.planner = planner
-        self.script_sha256 = script_sha256
-        """The script the search runs: only its probes decide (None: the study's, see `script_trials`)."""
+        self.version = version
+        """The script the search runs (its code and local modules'): only its probes decide (None: the study's,
+        see `script_trials`)."""
         self._proposed: Proposal | None = None
         self._given: dict[int, Proposal | None] = {}
         self._fallback = RandomSampler(seed=seed)
@@ -67,7 +69,7 @@ class AutofitSampler(BaseSampler):
         """What the next trial of `phase` would probe, decided now from the study's trials; the next
         trial asked gets it. None: nothing in this phase is worth a probe. `plan`: the A/B a confirm
         phase runs (its next round)."""
-        self._proposed = self._decide(observations(script_trials(study, self.script_sha256)), phase, plan)
+        self._proposed = self._decide(observations(script_trials(study, self.version)), phase, plan)
         return self._proposed
 
     def given(self, trial: optuna.Trial | FrozenTrial) -> Proposal | None:
@@ -101,7 +103,7 @@ class AutofitSampler(BaseSampler):
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         proposal, self._proposed = self._proposed, None
         if proposal is None:  # asked without a proposal: the planner's next config, decided now
-            proposal = self._decide(observations(script_trials(study, self.script_sha256), exclude=trial.number),
+            proposal = self._decide(observations(script_trials(study, self.version), exclude=trial.number),
                                     "explore")
         self._given[trial.number] = proposal
         return config_params(proposal.config) if proposal is not None else {}

@@ -6,24 +6,34 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from datetime import datetime
 
 import optuna
 
-from autofit.devices import DeviceInfo, check_device, current_allocator_settings, peak_flops_per_s
+from autofit.devices import (
+    DeviceInfo,
+    check_device,
+    check_memory_limit,
+    current_allocator_settings,
+    default_memory_limit,
+    peak_flops_per_s,
+)
 from autofit.errors import UsageError
-from autofit.export import MemoryBudget, script_sha256
-from autofit.knobs import Offers
+from autofit.export import MemoryBudget
 from autofit.findings import observations
+from autofit.knobs import Offers
 from autofit.planner import Observation, SearchSpace
-from autofit.probing import ProbeResult, WorkerInfo, check_script, decorated_name, pass_script_args
+from autofit.probing import ProbeResult, ScriptVersion, WorkerInfo, check_script, decorated_name, pass_script_args
 from autofit.redaction import redacted_args
 from autofit.search._liveness import Heartbeat, fail_stale, owner_record
 from autofit.search._resume import fail_trials, open_study
 from autofit.search._sampler import AutofitSampler, Proposal
 from autofit.search._settings import SearchSettings
 from autofit.study import (
+    CODE_ATTR,
     HEARTBEAT_S,
+    MODULES_ATTR,
     SCRIPT_ATTR,
     StudyMeta,
     default_storage_url,
@@ -57,6 +67,7 @@ class Session:
         self.slots = settings.worker_indices()
         """The device index of each worker: one per listed GPU, or --parallel of them on the CPU."""
         self.device_info = same_devices(settings.device, self.slots)
+        check_memory_limit(settings.memory_limit, self.device_info)
         self.storage_label = storage_label(settings.storage)
         """The storage as it may be printed or written (a password masked)."""
         self.storage = open_storage(settings.storage)  # a bad storage fails before any probe
@@ -65,9 +76,11 @@ class Session:
             + (f"-{settings.world_size}ranks" if settings.world_size > 1 else "")
         self.run_dir = os.path.join(self.output_dir, "runs", self.study_name)
         """Where the probes' logs go: one per trial (and per worker when there are several)."""
-        self.budget = MemoryBudget.of(settings.memory_limit or self._device_memory(), settings.headroom)
+        self.budget = MemoryBudget.of(settings.memory_limit or default_memory_limit(self.device_info, len(self.slots)),
+                                      settings.headroom)
         """The memory the probes run against: the given limit, or the device's (a resumed study's own)."""
-        self.script_sha256 = script_sha256(self.script)  # the script as these probes measure it
+        self.version = ScriptVersion.of(self.script)
+        """The script as these probes measure it: its code and its local modules' (read once, on first need)."""
         self.study: optuna.Study | None = None
         self.created = False
         """This search made the study (none of its name was in the storage before)."""
@@ -85,17 +98,11 @@ class Session:
             return os.path.dirname(os.path.abspath(path))
         return os.path.abspath("studies")
 
-    def _device_memory(self) -> int:
-        info = self.device_info
-        if info.type == "cpu":  # no limit given: cap at what is free now, so the machine survives
-            return int((info.free_bytes or info.total_bytes) / len(self.slots))  # each worker its share
-        return int(info.total_bytes)
-
     def open(self) -> optuna.Study:
         """The study, new or resumed; a resumed one may bring its own limit (see open_study)."""
         opened = open_study(self.storage, self.study_name, fresh=self.s.fresh, device_name=self.device_info.name,
                             budget=self.budget, limit_given=self.s.memory_limit is not None,
-                            script_sha256=self.script_sha256,
+                            version=self.version,
                             world_size=self.s.world_size, script_args=redacted_args(self.s.script_args))
         self.budget = opened.budget
         self.notes.extend(opened.notes)
@@ -128,18 +135,33 @@ class Session:
         return SearchSpace.from_dict(study_meta(self.study).space)
 
     def save_meta(self, info: WorkerInfo, space: SearchSpace, offers: Offers | None) -> None:
+        known = stored_meta(self.study)
         keep_meta(self.study, StudyMeta(
             script=self.script, function=info.function, device_info=self.device_info.to_dict(),
             memory=self.budget,
-            limit_given=self.s.memory_limit is not None, script_sha256=self.script_sha256,
+            limit_given=self.s.memory_limit is not None, script_sha256=self.version.sha256,
+            code_sha256=self.version.code_sha256,
+            modules=self.version.known((known.modules or {}) if known and not self._changed(known) else ()),
             script_args=tuple(redacted_args(self.s.script_args)), space=space.to_dict(), world_size=self.s.world_size,
             allocator=current_allocator_settings(self.s.alloc_conf), knobs=offers.to_dict() if offers is not None else None, versions=info.versions,
             probe_process=self.s.probe_process))
 
+    def _changed(self, meta: StudyMeta) -> list[str]:
+        """What changed since the search `meta` records (its script, its local modules)."""
+        return self.version.changes(meta.script_sha256, meta.code_sha256, meta.modules)
+
+    def _learn_modules(self, result: ProbeResult) -> None:
+        """The local modules a probe loaded, kept on the study once it knows them: a later search reads them again
+        to see whether they changed (their code now, as this search read it)."""
+        meta = stored_meta(self.study)
+        if meta is None or not result.modules or set(result.modules) <= set(meta.modules or {}):
+            return
+        keep_meta(self.study, replace(meta, modules=self.version.known({**(meta.modules or {}), **result.modules})))
+
     # --- trials -------------------------------------------------------------------------------
     def trials(self) -> list[optuna.trial.FrozenTrial]:
         """The study's trials of this search's script: a probe of another version measured another model."""
-        return script_trials(self.study, self.script_sha256)
+        return script_trials(self.study, self.version)
 
     def observations(self, exclude: int | None = None) -> list[Observation]:
         return observations(self.trials(), exclude=exclude)
@@ -150,7 +172,9 @@ class Session:
         with quiet_heartbeat_warnings():
             trial = self.study.ask(sampler.search_space)
         self._asked.append(trial.number)
-        trial.set_user_attr(SCRIPT_ATTR, self.script_sha256)  # first: another searcher's claim check reads it
+        trial.set_user_attr(SCRIPT_ATTR, self.version.sha256)  # first: another searcher's claim check reads it
+        trial.set_user_attr(CODE_ATTR, self.version.code_sha256)
+        trial.set_user_attr(MODULES_ATTR, self.version.known(()))  # those known: its probe adds what it loaded
         proposal = sampler.given(trial)
         if proposal is None:
             raise RuntimeError(f"trial {trial.number} was asked with nothing to probe (propose first)")
@@ -190,6 +214,7 @@ class Session:
                 result.set_flops(counted, peak_flops_per_s(self.device_info.name, result.config.precision),
                                  model_flops_per_token(trials))
         record_probe(self.study, trial, result, self.budget.usable_bytes, phase)
+        self._learn_modules(result)
 
     def fail_unfinished(self) -> None:
         """Ctrl-C or autofit's own failure: the trials this search asked for and never finished are FAIL,

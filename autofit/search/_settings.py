@@ -10,7 +10,7 @@ from dataclasses import InitVar, dataclass, field
 import optuna
 
 from autofit.config import Config
-from autofit.devices import default_device, default_device_line
+from autofit.devices import default_device, default_device_line, probe_alloc_conf
 from autofit.errors import UsageError
 from autofit.export import BestConfig
 from autofit.options import considered_values
@@ -76,7 +76,9 @@ class SearchSettings:
     compile: bool | None = None
     """Probe torch.compile as well as eager when the function offers run.compile() (None: the decorator's say)."""
     alloc_conf: str | None = None
-    """PYTORCH_CUDA_ALLOC_CONF for the probes (e.g. expandable_segments:True); None: the environment's."""
+    """PYTORCH_CUDA_ALLOC_CONF for the probes (`--alloc-conf`); None: on CUDA autofit's default
+    (`DEFAULT_CUDA_ALLOC_CONF`, expandable segments) unless the environment sets its own, which the probes
+    inherit (`probe_alloc_conf`, applied here); either way the best-config file records them."""
     probe_process: str | None = None
     """How each worker runs its probes: "fork" (each in a child of the warm process, the CPU's default) or
     "persistent" (one after another in one process, as on CUDA, where it is the only choice)."""
@@ -103,6 +105,7 @@ class SearchSettings:
             if line:
                 print(line, file=sys.stderr)
         self.index = self.index or 0
+        self.alloc_conf = probe_alloc_conf(self.alloc_conf, self.device)
         if self.confirm_factor < 1:
             raise UsageError(f"The confirmation factor must be at least 1, but got {self.confirm_factor}.")
         self.probe_process = probe_process_for(self.device, self.probe_process)

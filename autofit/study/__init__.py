@@ -39,7 +39,9 @@ from autofit.study._storage import (
     storage_label,
 )
 from autofit.study._trials import (
+    CODE_ATTR,
     DATA_BOUND_ERRORS,
+    MODULES_ATTR,
     SCRIPT_ATTR,
     config_params,
     distributions,
@@ -47,17 +49,20 @@ from autofit.study._trials import (
     model_flops_per_token,
     other_script_probes,
     record_probe,
+    script_changes,
     script_trials,
     trial_config,
     trial_result,
 )
 
 __all__ = [
+    "CODE_ATTR",
     "COLUMNS",
     "DATA_BOUND_ERRORS",
     "END_ATTR",
     "ESTIMATES_ATTR",
     "HEARTBEAT_S",
+    "MODULES_ATTR",
     "SCRIPT_ATTR",
     "STALE_AFTER_S",
     "Located",
@@ -83,6 +88,7 @@ __all__ = [
     "record_probe",
     "recorded_end",
     "redacted",
+    "script_changes",
     "script_trials",
     "scrubbed",
     "storage_exists",

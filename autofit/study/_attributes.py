@@ -36,6 +36,12 @@ class StudyMeta:
     unstamped_sha256: str | None = None
     """The script of the probes that carry none (recorded before each probe kept its own): the study's script
     when a search first rewrote these settings (`keep_meta` keeps it from then on; None: as `script_sha256`)."""
+    code_sha256: str | None = None
+    """The code of the script its latest search ran (its tokens: autofit.probing's `code_sha256`; None: a study
+    from before it was kept, compared by `script_sha256` alone)."""
+    modules: dict[str, str] | None = None
+    """The code of each local module its latest search's probes loaded, by path from the project's root (None:
+    a study from before they were kept)."""
     script_args: tuple[str, ...] = ()
     space: dict[str, Any]
     """The search space (autofit.planner's SearchSpace.to_dict)."""
@@ -60,6 +66,7 @@ class StudyMeta:
         return {"script": self.script, "function": self.function, "device": self.device_info.get("name"),
                 "device_info": self.device_info, **self.memory.to_dict(), "limit_given": self.limit_given,
                 "script_sha256": self.script_sha256, "unstamped_sha256": self.unstamped_sha256,
+                "code_sha256": self.code_sha256, "modules": self.modules,
                 "script_args": list(self.script_args), "space": self.space,
                 "world_size": self.world_size, "allocator": self.allocator, "knobs": self.knobs,
                 "versions": self.versions, "probe_process": self.probe_process}
@@ -70,6 +77,7 @@ class StudyMeta:
         return cls(script=data["script"], function=data.get("function"), device_info=info,
                    memory=MemoryBudget.from_dict(data), limit_given=bool(data.get("limit_given", True)),
                    script_sha256=data.get("script_sha256"), unstamped_sha256=data.get("unstamped_sha256"),
+                   code_sha256=data.get("code_sha256"), modules=data.get("modules"),
                    script_args=tuple(data.get("script_args") or ()),
                    space=data["space"], world_size=int(data.get("world_size") or 1), allocator=data.get("allocator"),
                    knobs=data.get("knobs"), versions=data.get("versions") or {},

@@ -86,7 +86,7 @@ def locate(study: str | None = None, storage: str | None = None) -> Located:
         raise UsageError(f"The study must be one of those in {storage_file(default)}{mine} or the recorded ones "
                          f"({', '.join(bundled_names)}), but got {study!r}.")
     name = _pick(bundled_names, study, bundled, what="the recorded studies")
-    return Located(bundled, name, f"reading the recorded study {name} in {BUNDLED_DB}: {reason}")
+    return Located(bundled, name, note=f"reading the recorded study {name} in {BUNDLED_DB}: {reason}")
 
 
 def locate_storage(storage: str | None = None) -> Located:
@@ -98,5 +98,5 @@ def locate_storage(storage: str | None = None) -> Located:
         return Located(default, "")
     if storage_exists(bundled):
         why = "does not exist" if not storage_exists(default) else "holds no study"
-        return Located(bundled, "", f"listing the recorded studies in {BUNDLED_DB}: {storage_file(default)} {why}")
+        return Located(bundled, "", note=f"listing the recorded studies in {BUNDLED_DB}: {storage_file(default)} {why}")
     return Located(default, "")

@@ -12,14 +12,19 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, IntD
 from optuna.trial import FrozenTrial, TrialState
 
 from autofit.config import KNOB, KNOBS, Config
-from autofit.probing import ProbeResult
+from autofit.probing import ProbeResult, RecordedVersion
 from autofit.study._attributes import stored_meta
 
 #: Errors that say the data cannot feed a batch this large (a ceiling, not a fault of the code).
 DATA_BOUND_ERRORS = ("ProbeTooShort", "DataTooSmall")
-#: Trial user attribute: the sha256 of the script its probe ran. A probe of another version of the script
-#: measured another model: it is kept, but nothing is ranked, implied or exported from it (`script_trials`).
+#: Trial user attribute: the sha256 of the script its probe ran (its bytes). A probe of another version of the
+#: script measured another model: it is kept, but nothing is ranked, implied or exported from it (`script_trials`).
 SCRIPT_ATTR = "script_sha256"
+#: Trial user attributes of the version a trial was asked under (absent on trials recorded before them): the
+#: script's code_sha256 (its tokens: a comment changes nothing), and the code of each local module the search
+#: knew of then; the probe's own record adds those its process loaded (`ProbeResult.modules`).
+CODE_ATTR = "code_sha256"
+MODULES_ATTR = "script_modules"
 #: What a function offers for its configs to be sized by tokens (the token caps' offer).
 _TOKEN_OFFER = KNOB["max_tokens"].offer
 #: Probes that ran (fit or not) are COMPLETE trials: the samplers learn from OOMs too.
@@ -70,30 +75,61 @@ def trial_result(trial: FrozenTrial) -> ProbeResult | None:
     return ProbeResult.from_dict(data) if data else None
 
 
-def script_trials(study: optuna.Study, sha256: str | None = None) -> list[FrozenTrial]:
-    """The study's trials of one version of its script: `sha256`, or the one its latest search ran. A trial
-    recorded before trials carried their script counts as the study's script then (`StudyMeta.unstamped_script`),
-    one running without it as `sha256` (its searcher stamps it just after asking for it), and one whose script is
-    unknown (a study from before the hash was kept) as any."""
-    return _by_script(study, sha256)[0]
+def script_trials(study: optuna.Study, version: str | RecordedVersion | None = None) -> list[FrozenTrial]:
+    """The study's trials of one version of its script: `version` (a search's `ScriptVersion`, which reads the
+    files now; a sha256 of the script's bytes), or the one its latest search ran (as its settings record it).
+    A trial is of that version when its script and every local module its probe loaded are (see
+    `RecordedVersion.changes`: a comment changes nothing; what neither records is not known, and not counted).
+    A trial recorded before trials carried their script counts as the study's script then
+    (`StudyMeta.unstamped_script`), one running without it as `version` (its searcher stamps it just after
+    asking for it), and one whose script is unknown (a study from before the hash was kept) as any."""
+    return _by_script(study, version)[0]
 
 
-def other_script_probes(study: optuna.Study, sha256: str | None = None) -> int:
+def other_script_probes(study: optuna.Study, version: str | RecordedVersion | None = None) -> int:
     """How many of the study's probes ran another version of the script than `script_trials`'."""
-    return sum(trial_result(t) is not None for t in _by_script(study, sha256)[1])
+    return sum(trial_result(t) is not None for t in _by_script(study, version)[1])
 
 
-def _by_script(study: optuna.Study, sha256: str | None) -> tuple[list[FrozenTrial], list[FrozenTrial]]:
-    """The study's trials of the script `sha256` (default: the study's), and the others."""
-    trials = study.get_trials(deepcopy=False)
+def script_changes(study: optuna.Study, version: str | RecordedVersion | None = None) -> list[str]:
+    """What changed between the probes of other versions and `version`: the script's name, the local modules'
+    paths, in order, each once (empty: no probe of another version)."""
+    version, unstamped = _version(study, version)
+    changed: dict[str, None] = {}
+    for trial in _by_script(study, version)[1]:
+        changed.update(dict.fromkeys(version.changes(*_stamps(trial, unstamped))))
+    return list(changed)
+
+
+def _version(study: optuna.Study, version: str | RecordedVersion | None) -> tuple[RecordedVersion | None, str | None]:
+    """The version trials are compared with (None: none known, every trial is of it), and the sha256 of the
+    script of the trials that carry none."""
     meta = stored_meta(study)
-    sha256 = sha256 or (meta.script_sha256 if meta else None)
-    unstamped = meta.unstamped_script if meta else None
-    if sha256 is None:
+    if version is None and meta is not None and (meta.script_sha256 or meta.code_sha256):
+        version = RecordedVersion(sha256=meta.script_sha256, code_sha256=meta.code_sha256, modules=meta.modules or {})
+    elif isinstance(version, str):
+        version = RecordedVersion(sha256=version)
+    return version, meta.unstamped_script if meta else None
+
+
+def _stamps(trial: FrozenTrial, unstamped: str | None) -> tuple[str | None, str | None, dict[str, str]]:
+    """The version a trial ran (sha256, code_sha256, its local modules): the one it was stamped with, and the
+    modules its probe loaded; a trial still running unstamped ran the asker's (nothing here to differ)."""
+    attrs = trial.user_attrs
+    running = trial.state == TrialState.RUNNING and SCRIPT_ATTR not in attrs
+    probed = (attrs.get("probe") or {}).get("modules") or {}  # ProbeResult.modules, read without the whole record
+    modules = {**(attrs.get(MODULES_ATTR) or {}), **probed}
+    return (None if running else attrs.get(SCRIPT_ATTR, unstamped)), attrs.get(CODE_ATTR), modules
+
+
+def _by_script(study: optuna.Study, version: str | RecordedVersion | None) -> tuple[list[FrozenTrial], list[FrozenTrial]]:
+    """The study's trials of `version` (default: the study's), and the others."""
+    trials = study.get_trials(deepcopy=False)
+    version, unstamped = _version(study, version)
+    if version is None:
         return trials, []
-    ran = [t.user_attrs.get(SCRIPT_ATTR, sha256 if t.state == TrialState.RUNNING else unstamped) for t in trials]
-    return ([t for t, h in zip(trials, ran) if h in (None, sha256)],
-            [t for t, h in zip(trials, ran) if h not in (None, sha256)])
+    same = [not version.changes(*_stamps(t, unstamped)) for t in trials]
+    return [t for t, s in zip(trials, same) if s], [t for t, s in zip(trials, same) if not s]
 
 
 def model_flops_per_sample(trials: list[FrozenTrial]) -> float | None:

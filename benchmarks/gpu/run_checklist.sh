@@ -5,7 +5,8 @@
 #   benchmarks/gpu/run_checklist.sh features  SECOND: every feature beyond nanoGPT in one call (about 10 min): batches
 #                                             by tokens over a whole epoch against the safe fixed batch, checkpointing
 #                                             where memory binds (GPT-2 medium), the estimator against measured peaks,
-#                                             activation offload's peak and speed (GPT-2 small), the HF Trainer
+#                                             activation offload's peak and speed (GPT-2 small), the allocator's
+#                                             settings and retries at GPT-2 medium's edge, the HF Trainer
 #                                             adapter, each probe against its normal run; a dated table in
 #                                             $OUT/features.md (benchmarks/gpu/features.py; PARTS=tokens,hf picks)
 #   benchmarks/gpu/run_checklist.sh forecast  on a GPU other than the H100 (an H200): nanoGPT's defaults searched in 3m,
@@ -44,12 +45,14 @@ forecast)
     cp "$best" "$OUT/nanogpt-defaults.best.json" || exit 1
     "$PYTHON" -m benchmarks.forecast --held-out "$OUT/nanogpt-defaults.best.json" --target "${TARGET:-H100}" \
         | tee "$OUT/forecast-held-out.json"
-    "$PYTHON" -m autofit.cli forecast "$OUT/nanogpt-defaults.best.json" --tokens 10B | tee "$OUT/forecast.log"
+    # nanoGPT's own loop counts no tokens (its file: "tokens_per_s": null): a sample is its block_size, 1024
+    "$PYTHON" -m autofit.cli forecast "$OUT/nanogpt-defaults.best.json" --tokens 10B --tokens-per-sample 1024 \
+        | tee "$OUT/forecast.log"
     ;;
 features)
-    step "every feature on one GPU (benchmarks/gpu/features.py --parts ${PARTS:-tokens,memory,estimator,offload,hf})"
+    step "every feature on one GPU (benchmarks/gpu/features.py --parts ${PARTS:-tokens,memory,estimator,offload,allocator,hf})"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-    "$PYTHON" -m benchmarks.gpu.features --parts "${PARTS:-tokens,memory,estimator,offload,hf}" --out "$OUT"
+    "$PYTHON" -m benchmarks.gpu.features --parts "${PARTS:-tokens,memory,estimator,offload,allocator,hf}" --out "$OUT"
     echo "exit status $?"
     ;;
 check)

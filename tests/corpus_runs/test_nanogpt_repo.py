@@ -40,7 +40,7 @@ def test_nanogpt_train_py_searched_then_run_with_the_config_found(tmp_path):
                           "--dropout=0.0"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "PYTHONPATH": REPO})
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "autofit: running train.py with the best config from" in run.stderr
+    assert "running train.py with the best config from" in run.stderr
     assert "are not those searched" in run.stderr  # --max_iters=20 is not what was searched
     label = f"b={config['batch_size']}" + (f" acc={config['accumulation_steps']}" if config["accumulation_steps"] > 1 else "")
     # nanoGPT's loop steps from iteration 0 to max_iters inclusive: 21 optimizer steps, each followed

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from autofit import Config, SearchOptions, autofit
 from autofit.cli import cli
 from autofit.config import CONSIDERED
-from autofit.export import config_entry, read_best
+from autofit.export import MeasuredFigures, ScriptEntry, config_entry, read_best
 from tests.support import REPO
 
 COMMANDS = ("probe", "search", "estimate")
@@ -80,6 +80,10 @@ def _exported_fields() -> set[str]:
     assert documents
     everything = Config(batch_size=24, precision="bf16", checkpoint_segments=2, accumulation_steps=3, sharding="fsdp", compile=True, loader_workers=4, pin_memory=True, prefetch_factor=4, checkpoint_policy="selective", max_tokens=64, offload_activations=True)
     documents.append({"config": config_entry(everything, world_size=2)})
+    # and the figures only a CUDA search's file holds (the bundled searches ran on a CPU)
+    documents.append({"measured": MeasuredFigures(alloc_retries=0, host_pinned_bytes=2**30).to_dict()})
+    # the script's code and local modules, which files from studies recorded before them lack
+    documents.append({"script": ScriptEntry(code_sha256="0" * 64, modules={"helper.py": "1" * 64}).to_dict()})
     found: set[str] = set()
 
     def walk(value, prefix: str) -> None:

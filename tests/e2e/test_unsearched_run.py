@@ -40,7 +40,9 @@ def test_a_decorated_call_without_a_search_trains_the_declared_global_batch(tmp_
 
     train()
     assert seen == {"batch": 16, "accumulation": 1, "global_batch": 16}
-    assert "running with defaults: fp32 b=16 (global batch 16 as declared)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "running with defaults: fp32 b=16 (global batch 16 as declared)" in err
+    assert err.startswith("autofit: on cpu (no GPU is visible), no best config found for train")  # where, and why
 
 
 @pytest.mark.parametrize("confirmed", [True, False])
@@ -63,7 +65,8 @@ def test_the_first_line_says_when_the_winner_was_never_confirmed(tmp_path, monke
     exported = Config.from_dict(document["config"])  # the bundled study's winner (bf16 b=64 since issue 44)
     assert train(autofit_config=str(path)) == exported
     first = capsys.readouterr().err.splitlines()[0]
-    assert first.startswith("autofit: running train with the best config from") and exported.label() in first
+    assert first.startswith("autofit: on cpu (no GPU is visible), running train with the best config from")
+    assert exported.label() in first
     reason = document["measured"].get("unconfirmed") or "the search ended before a longer run could measure it"
     assert (f"(unconfirmed: {reason}" in first) is not confirmed  # the file's own reason
 

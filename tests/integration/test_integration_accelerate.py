@@ -111,8 +111,8 @@ def test_a_probe_counts_the_loops_optimizer_steps_and_never_runs_out_of_data():
     with run.control.active(), pytest.raises(ProbeFinished):
         _loop(run)
     assert run.optimizer_steps == 7 and run.control.clock.measured_samples == 5 * 8
-    assert run.control.knobs.to_dict() | {"compile": False} == {"compile": False, "autocast": True, "backward": True,
-                                                       "checkpoint_blocks": 2, "batches": True, "shard_blocks": None}
+    noted = {k: v for k, v in run.control.knobs.to_dict().items() if v not in (None, False)}
+    assert noted == {"autocast": True, "backward": True, "checkpoint_blocks": 2, "batches": True}
 
 
 def test_without_a_search_the_users_own_settings_stand():

@@ -1,4 +1,5 @@
-"""Writes the config it was called with to $RECORD_TO, so a test can see what a normal call used."""
+"""Writes the config it was called with (and the allocator settings it ran under) to $RECORD_TO, so a test can
+see what a normal call used."""
 import json
 import os
 
@@ -17,7 +18,8 @@ def train(run):
         run.backward(loss, opt)
     with open(os.environ["RECORD_TO"], "w") as handle:
         json.dump({"batch_size": run.batch_size, "precision": run.precision,
-                   "probing": run.probing, "steps": run.optimizer_steps}, handle)
+                   "probing": run.probing, "steps": run.optimizer_steps,
+                   "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}, handle)
 
 
 if __name__ == "__main__":

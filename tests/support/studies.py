@@ -17,23 +17,25 @@ GiB = 2**30
 
 
 def study_of(results: list[ProbeResult], space: SearchSpace, batch_range: tuple[int, int],
-             token_range: tuple[int, int] | None = None, stamps: list[str | None] | None = None) -> optuna.Study:
-    """An in-memory CPU study (8 GiB limit) of `space` (built with these ranges) holding each result as an
-    explored, complete trial; `stamps`, the script sha256 each trial ran under (None: none, as recorded before
-    trials carried it)."""
+             token_range: tuple[int, int] | None = None, stamps: list[str | None] | None = None,
+             phases: list[str] | None = None, attrs: list[dict] | None = None) -> optuna.Study:
+    """An in-memory CPU study (8 GiB limit) of `space` (built with these ranges) holding each result as a
+    complete trial of its phase in `phases` (default: explored); `stamps`, the script sha256 each trial ran
+    under (None: none, as recorded before trials carried it); `attrs`, more user attributes of each."""
     study = optuna.create_study(direction="maximize")
     study.set_user_attr("autofit", {
         "script": "train.py", "function": "train", "device_info": {"type": "cpu", "name": "cpu"},
         "limit_bytes": 8 * GiB, "headroom": 0.1, "usable_bytes": 7 * GiB, "space": space.to_dict()})
     dists = distributions(batch_range, 0, 1, token_range=token_range)
-    for result, stamp in zip(results, stamps or [None] * len(results), strict=True):
+    for result, stamp, phase, more in zip(results, stamps or [None] * len(results),
+                                          phases or ["explore"] * len(results), attrs or [{}] * len(results), strict=True):
         stored = ProbeResult.from_dict(result.to_dict())  # as the probe's record crosses to the study
         study.add_trial(optuna.trial.create_trial(
             params={k: v for k, v in config_params(stored.config).items() if k in dists}, distributions=dists,
             value=stored.samples_per_s,
             state=optuna.trial.TrialState.COMPLETE,
-            user_attrs={"probe": stored.to_dict(), "phase": "explore", "status": stored.status,
-                        **({SCRIPT_ATTR: stamp} if stamp else {})}))
+            user_attrs={"probe": stored.to_dict(), "phase": phase, "status": stored.status,
+                        **({SCRIPT_ATTR: stamp} if stamp else {}), **more}))
     return study
 
 

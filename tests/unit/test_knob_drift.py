@@ -266,6 +266,27 @@ def test_every_offer_a_knob_may_name_is_noted_by_the_runtime():
     assert "no_such_offer" not in _noted_in_runtime()  # the check can fail: a field never assigned is found
 
 
+def _every_field_set(record_type) -> dict:
+    """A value for each field of an `Offers` (or a subclass) other than its default, whatever the field."""
+    return {f.name: True if f.default is False else 3 for f in dataclasses.fields(record_type)}
+
+
+def test_the_offers_record_round_trips_every_field_it_has():
+    """`Offers.to_dict` is derived from the fields: every field, set to something else than its default, comes
+    back through the record's JSON (the hand-written dict dropped the loader's workers without `loader`), and so
+    does a field a later version adds (a subclass here: what a field added to `Offers` would be)."""
+    offers = knobs_module.Offers(**_every_field_set(knobs_module.Offers))
+    assert knobs_module.Offers.from_dict(json.loads(json.dumps(offers.to_dict()))) == offers
+
+    @dataclasses.dataclass
+    class Later(knobs_module.Offers):
+        a_later_offer: bool = False
+
+    later = Later(**_every_field_set(Later))
+    assert later.a_later_offer and Later.from_dict(json.loads(json.dumps(later.to_dict()))) == later
+    assert Later.from_dict(knobs_module.Offers().to_dict()) == Later()  # an older record: the new field at its default
+
+
 def test_an_old_studys_knob_usage_dict_reads_as_the_record(tmp_path):
     """The child sends autofit.knobs' Offers; a probe (and a study) recorded before it kept the same dict, read
     back as the record: from the bundled recorded study, and from a dict of the old form."""

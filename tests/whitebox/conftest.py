@@ -54,6 +54,9 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(c, "memory_allocated", lambda device=None: state.allocated)
     monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", record("clear_cublas_workspaces"), raising=False)
     monkeypatch.setattr(c, "memory_stats", lambda device=None: state.stats)
+    monkeypatch.setattr(c, "host_memory_stats", lambda: state.host_stats)
+    monkeypatch.setattr(c, "reset_peak_host_memory_stats", record("reset_peak_host_memory_stats"))
+    monkeypatch.setattr(torch.accelerator, "empty_host_cache", record("empty_host_cache"))
     monkeypatch.setattr(c, "get_allocator_backend", lambda: state.allocator_backend)
     monkeypatch.setattr(c, "get_device_properties", lambda device=None: SimpleNamespace(
         uuid=state.uuids.get(device), multi_processor_count=state.multiprocessors.get(device, 108)))

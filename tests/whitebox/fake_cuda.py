@@ -79,6 +79,8 @@ class FakeCuda:
         self.fractions: list[tuple[float, object]] = []
         self.calls: list[str] = []
         self.stats: dict = {}
+        self.host_stats: dict = {}
+        """What torch.cuda.host_memory_stats says (the pinned host allocator's)."""
         self.allocator_backend = "native"
         #: What get_device_properties says of each CUDA index: its UUID (as torch prints it, no
         #: prefix; None: not matched through NVML) and its SMs.

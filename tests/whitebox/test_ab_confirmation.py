@@ -119,3 +119,67 @@ def test_a_config_the_a_b_did_not_measure_never_wins_on_a_figure_of_another_leng
     assert [b for b, phase in _phases(study) if phase == "confirm"] == [64, 32] * 3  # no second A/B
     changed = [note for note in result.notes if "the A/B changed the winner" in note]
     assert changed == ["the A/B changed the winner: fp32 b=32 ranks first now, above fp32 b=64, which led before it"]
+
+
+def _short_rounds(tmp_path, rounds: dict[int, list[float]]):
+    """A/B rounds as long as a probe (AUTOFIT_CONFIRM_FACTOR=1: one round each), told apart by the phase of
+    the trial being probed: the short probes read SHORT, a config's rounds `rounds`' figures in turn."""
+    taken: dict[int, int] = defaultdict(int)
+
+    def rate(config: Config, steps: int) -> float:
+        study = optuna.load_study(study_name="ab", storage=open_storage(f"sqlite:///{tmp_path}/ab.db"))
+        running = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.RUNNING]
+        if running[-1].user_attrs.get("phase") != "confirm":
+            return SHORT[config.batch_size]
+        taken[config.batch_size] += 1
+        return rounds.get(config.batch_size, [SHORT[config.batch_size]] * 9)[taken[config.batch_size] - 1]
+
+    return rate
+
+
+def _one_round_search(tmp_path, monkeypatch, rate, **kwargs):
+    runners: list[FakeRunner] = []
+
+    def make_runner(script_path, function=None, **kw):
+        runners.append(FakeRunner(script_path, function, rate, spread=0.20, **kw))
+        return runners[-1]
+
+    monkeypatch.setattr("autofit.search._pool.make_runner", make_runner)
+    storage = f"sqlite:///{tmp_path}/ab.db"
+    result = run_search(SearchSettings(script=script("fits_small.py"), storage=storage, study="ab", steps=STEPS,
+                                       out=str(tmp_path / "best.json"), memory_limit=2**30, batch_range=(16, 64),
+                                       precision=("fp32",), estimate=False, budget_s=3600.0, confirm_factor=1,
+                                       **kwargs))
+    return result, optuna.load_study(study_name="ab", storage=open_storage(storage))
+
+
+def test_one_short_round_each_that_disagrees_with_the_probes_runs_the_a_b_again(tmp_path, monkeypatch):
+    """Issue 52, item 7: one round each on a busy host read 3 and 4 samples/s where the probes read 100 and 92.
+    The old A/B named b=32 the winner on 4 against 3. Beyond the noise, those rounds decide nothing: the A/B runs
+    again until its rounds agree or three ran, and their median names b=64."""
+    rounds = {64: [3.0, 99.0, 98.0], 32: [4.0, 90.0, 91.0]}
+    result, study = _one_round_search(tmp_path, monkeypatch, _short_rounds(tmp_path, rounds))
+    assert [b for b, phase in _phases(study) if phase == "confirm"] == [64, 32] * 3
+    assert result.best == Config(batch_size=64) and result.document.measured.confirmed
+    assert result.document.measured.samples_per_s == 98.0
+
+
+def test_an_a_b_still_undecided_when_no_round_fits_says_so_and_keeps_the_probes_leader(tmp_path, monkeypatch):
+    """The same disagreeing rounds, and no budget left for another A/B: the probes' leader is exported,
+    unconfirmed, and the search and its file say the A/B was undecided, with the figures."""
+    from autofit.search._budget import Budget
+
+    plans = []
+    original = Budget.ab_plan
+
+    def one_plan(self, study, entrants, since=-1):
+        plans.append(entrants)
+        return original(self, study, entrants, since) if len(plans) == 1 else None
+
+    monkeypatch.setattr(Budget, "ab_plan", one_plan)
+    result, study = _one_round_search(tmp_path, monkeypatch, _short_rounds(tmp_path, {64: [3.0], 32: [4.0]}))
+    assert [b for b, phase in _phases(study) if phase == "confirm"] == [64, 32]
+    assert result.best == Config(batch_size=64) and not result.document.measured.confirmed
+    unconfirmed = result.document.measured.unconfirmed
+    assert "its A/B was undecided (its A/B round read 3.0 samples/s against 100.0 on its probes" in unconfirmed
+    assert f"fp32 b=64 is unconfirmed: {unconfirmed}" in result.notes

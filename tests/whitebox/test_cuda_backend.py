@@ -257,10 +257,24 @@ def test_limit_below_current_usage_is_refused(nvml, fake_cuda):
     assert backend.memory_limit is None
 
 
-def test_limit_above_the_card_is_the_whole_card(nvml, fake_cuda):
+def test_a_limit_above_the_card_is_refused_naming_the_cards_memory(nvml, fake_cuda):
+    """It was clamped to the whole card in silence while the search judged fit against the larger figure
+    (issue 54: `--memory-limit 999GiB` printed "usable 899.10 GiB")."""
     with_process(nvml, used=500 * MiB)
-    CudaBackend(0).apply_memory_limit(MemoryBudget(limit_bytes=200 * GiB))
-    assert fake_cuda.fractions[-1][0] == 1.0
+    backend = CudaBackend(0)
+    with pytest.raises(UsageError, match=r"must be at most cuda:0's memory \(80\.00 GiB, NVIDIA A100-SXM4-80GB\), "
+                                         r"but got 200\.00 GiB"):
+        backend.apply_memory_limit(MemoryBudget(limit_bytes=200 * GiB))
+    assert fake_cuda.fractions == [] and backend.memory_limit is None
+
+
+def test_the_listed_memory_is_the_bound_though_cuda_reports_a_little_less(nvml, fake_cuda):
+    """NVML lists an H100 at 79.65 GiB and CUDA at 79.18 GiB (the driver's reserve): a search's default limit
+    is the listed memory, and is taken."""
+    with_process(nvml, used=500 * MiB)
+    fake_cuda.total = 80 * GiB - 512 * MiB
+    CudaBackend(0).apply_memory_limit(MemoryBudget(limit_bytes=80 * GiB, usable_bytes=72 * GiB))
+    assert fake_cuda.fractions[-1][0] < 1.0
 
 
 def test_no_limit_is_fraction_one(nvml, fake_cuda):
@@ -286,7 +300,8 @@ def test_reset_peak_rededucts_grown_overhead(nvml, fake_cuda):
 def test_reset_peak_without_limit_keeps_fraction(nvml, fake_cuda):
     CudaBackend(0).reset_peak()
     assert fake_cuda.fractions == []
-    assert fake_cuda.calls[-2:] == ["reset_peak_memory_stats", "reset_accumulated_memory_stats"]
+    assert fake_cuda.calls[-3:] == ["reset_peak_memory_stats", "reset_accumulated_memory_stats",
+                                    "reset_peak_host_memory_stats"]
 
 
 def test_allocator_is_capped_at_the_usable_memory_not_the_limit(nvml, fake_cuda):
@@ -339,11 +354,11 @@ def test_overhead_is_never_negative(nvml, fake_cuda):
 # -- housekeeping -------------------------------------------------------------------------------------
 
 
-def test_synchronize_and_release(fake_cuda):
+def test_synchronize_and_release_which_gives_the_cached_pinned_host_memory_back(fake_cuda):
     backend = CudaBackend(0)
     backend.synchronize()
     backend.release()
-    assert fake_cuda.calls[-3:] == ["synchronize", "clear_cublas_workspaces", "empty_cache"]
+    assert fake_cuda.calls[-4:] == ["synchronize", "clear_cublas_workspaces", "empty_cache", "empty_host_cache"]
 
 
 def test_the_memory_after_a_probe_counts_the_tensors_still_alive_apart(nvml, fake_cuda):
@@ -355,7 +370,7 @@ def test_the_memory_after_a_probe_counts_the_tensors_still_alive_apart(nvml, fak
     fake_cuda.reserved, fake_cuda.allocated = 200 * MiB, 150 * MiB
     result = ProbeResult(status="ok", config=Config(batch_size=8))
     read_memory_after(result, CudaBackend(0))
-    assert fake_cuda.calls[-2:] == ["clear_cublas_workspaces", "empty_cache"]
+    assert fake_cuda.calls[-3:] == ["clear_cublas_workspaces", "empty_cache", "empty_host_cache"]
     assert result.memory_after_bytes == 1200 * MiB and result.allocator["tensors_after_bytes"] == 150 * MiB
 
 
@@ -367,12 +382,14 @@ def test_allocator_stats_mapping(fake_cuda):
         "reserved_bytes.all.peak": 6 * GiB,
         "allocated_bytes.all.peak": 4 * GiB,
     }
+    fake_cuda.host_stats = {"allocated_bytes.peak": 2 * GiB, "allocated_bytes.current": 0}
     assert CudaBackend(0).allocator_stats() == {
         "num_alloc_retries": 3,
         "num_ooms": 1,
         "active_bytes_peak": 5 * GiB,
         "reserved_bytes_peak": 6 * GiB,
         "inactive_split_bytes_peak": 0,
+        "host_pinned_peak_bytes": 2 * GiB,
         "allocator_settings": None,
     }
 
@@ -385,8 +402,16 @@ def test_allocator_stats_before_any_allocation(fake_cuda):
         "active_bytes_peak": 0,
         "reserved_bytes_peak": 0,
         "inactive_split_bytes_peak": 0,
+        "host_pinned_peak_bytes": 0,
         "allocator_settings": None,
     }
+
+
+def test_the_retries_counter_is_the_native_allocators_and_none_under_cuda_malloc_async(fake_cuda):
+    fake_cuda.stats = {"num_alloc_retries": 7}
+    assert CudaBackend(0).alloc_retries() == 7
+    fake_cuda.allocator_backend = "cudaMallocAsync"
+    assert CudaBackend(0).alloc_retries() is None
 
 
 def test_real_pynvml_errors_are_caught():

@@ -6,7 +6,7 @@ allocator's behaviour where the contract needs it (a cache that `release` emptie
 
 What a backend promises: it describes its device; it applies a memory limit, caps what a config may
 use between the usable bytes and the limit, lifts it again, and refuses a limit below what the
-process already holds (its baseline); its peak counts what was allocated since `reset_peak`;
+process already holds (its baseline) or above the device's memory; its peak counts what was allocated since `reset_peak`;
 `release` gives freed memory back so the next probe starts at the baseline; `synchronize` waits for
 queued work; its allocator counters are plain data a study can store."""
 from __future__ import annotations
@@ -149,6 +149,14 @@ def test_a_limit_below_the_baseline_is_refused_and_changes_nothing(device):
     assert baseline > 0  # the process's own memory counts, as the limit counts it
     with pytest.raises(UsageError, match="must exceed what the worker needs just to start"):
         backend.apply_memory_limit(MemoryBudget(limit_bytes=baseline // 2))
+    assert backend.memory_limit is None and device.cap() == cap
+
+
+def test_a_limit_above_the_devices_memory_is_refused_and_changes_nothing(device):
+    backend = device.backend
+    total, cap = backend.info().total_bytes, device.cap()
+    with pytest.raises(UsageError, match=r"must be at most \w+:0's memory"):
+        backend.apply_memory_limit(MemoryBudget(limit_bytes=total + GiB))
     assert backend.memory_limit is None and device.cap() == cap
 
 

@@ -71,7 +71,8 @@ def test_on_cuda_each_rank_joins_with_nccl_on_its_own_gpu(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setattr("autofit.devices.make_backend", lambda kind, index: made.update(kind=kind, index=index) or
-                        type("Backend", (), {"release": lambda self: None, "used_bytes": lambda self: 0})())
+                        type("Backend", (), {"release": lambda self: None, "used_bytes": lambda self: 0,
+                                             "alloc_retries": lambda self: None})())
     from autofit.normal_run import RunPlan
 
     fn = api.AutofitFunction(lambda run: None, api.SearchOptions())

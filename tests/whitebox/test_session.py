@@ -92,3 +92,21 @@ def test_a_param_less_trial_is_waited_for_only_while_it_is_being_asked():
     assert _being_asked(trial(datetime.now(), {}))
     assert not _being_asked(trial(datetime.now() - timedelta(minutes=1), {}))
     assert not _being_asked(trial(datetime.now(), {"batch_size": 16}))
+
+
+def test_a_search_without_a_limit_takes_the_default_its_help_states(tmp_path, monkeypatch):
+    """--help: "a GPU's whole memory; on the CPU, the memory free when the search starts, shared among --parallel
+    probes" (issue 54: it said "the whole device" while a CPU search took 20.75 of 23.54 GiB)."""
+    from autofit.devices import DeviceInfo
+
+    path = _script(tmp_path, "from autofit import autofit\n\n@autofit\ndef main(run):\n    pass\n")
+    storage = f"sqlite:///{tmp_path / 'autofit.db'}"
+    cpu = DeviceInfo("cpu", 0, "a CPU", 24 * 2**30, 20 * 2**30)
+    monkeypatch.setattr("autofit.search._session.check_device", lambda device, index: cpu)
+    assert Session(SearchSettings(script=path, device="cpu", storage=storage)).budget.limit_bytes == 20 * 2**30
+    shared = Session(SearchSettings(script=path, device="cpu", parallel=2, storage=storage))
+    assert shared.budget.limit_bytes == 10 * 2**30  # each worker its share
+    gpu = DeviceInfo("cuda", 0, "NVIDIA H100 80GB HBM3", 80 * 2**30, 70 * 2**30)
+    monkeypatch.setattr("autofit.search._session.check_device", lambda device, index: gpu)
+    on_gpu = Session(SearchSettings(script=path, device="cuda", storage=storage))
+    assert on_gpu.budget.limit_bytes == 80 * 2**30  # the whole card, not what is free

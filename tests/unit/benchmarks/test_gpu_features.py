@@ -2,6 +2,8 @@
 benchmark's table and the dated table it writes. Its figures come from running it on a GPU."""
 from __future__ import annotations
 
+import os
+
 from benchmarks.gpu.features import PARTS, Row, _table_rows, table
 
 
@@ -35,17 +37,70 @@ def test_the_table_has_one_dated_row_per_figure_with_its_command():
     assert text.splitlines()[0] == "| feature | GPU | figure | date | command |"
     assert text.splitlines()[2] == ("| batches by tokens | NVIDIA H200 | 2.1x the safe fixed batch | 2026-11-28 | "
                                     "`python -m benchmarks.tokens` |")
-    assert set(PARTS) == {"tokens", "memory", "estimator", "offload", "hf"}
+    assert set(PARTS) == {"tokens", "memory", "estimator", "offload", "allocator", "hf"}
 
 
-def test_the_offload_row_reads_both_probes_records(tmp_path, monkeypatch):
+def test_the_offload_rows_read_both_probes_records_against_the_goal_and_the_host_link(tmp_path, monkeypatch):
     from benchmarks.gpu import features
 
     records = {False: {"status": "ok", "peak_bytes": 40 * 2**30, "samples_per_s": 100.0},
-               True: {"status": "ok", "peak_bytes": 10 * 2**30, "samples_per_s": 55.0}}
+               True: {"status": "ok", "peak_bytes": 10 * 2**30, "samples_per_s": 55.0,
+                      "allocator": {"host_pinned_peak_bytes": 32 * 2**30}}}
     monkeypatch.setattr(features, "_probed", lambda args, log: records["--offload-activations" in args])
-    row = PARTS["offload"](str(tmp_path))[0]
-    assert row.figure == "bf16 b=32: peak 40.0 -> 10.0 GiB (-75%), 100.0 -> 55.0 samples/s (-45%)"
-    assert row.command.startswith("python -m autofit.cli probe benchmarks/gpu/gpt124m.py --gpu 0 --precision bf16")
+    monkeypatch.setattr(features, "_host_link", lambda: (50e9, 60e9))
+    alone, checkpointed = PARTS["offload"](str(tmp_path))
+    ceiling = 32 / (30 * 2**30 / 50e9 + 30 * 2**30 / 60e9)
+    assert alone.figure == ("bf16 b=32: peak 40.0 -> 10.0 GiB (-75%), 100.0 -> 55.0 samples/s (-45%), pinned host "
+                            "32.0 GiB; goal (at most 15% slower, at least 40% saved) not met; the host link moves "
+                            f"30.0 GiB each way at 50.0/60.0 GB/s: at most {ceiling:,.1f} samples/s")
+    assert alone.command.startswith("python -m autofit.cli probe benchmarks/gpu/gpt124m.py --gpu 0 --precision bf16")
+    assert "--checkpoint-segments 12" in checkpointed.command and "over full checkpointing" in checkpointed.feature
+    records[True] = {**records[True], "samples_per_s": 90.0}
+    assert "goal (at most 15% slower, at least 40% saved) met" in PARTS["offload"](str(tmp_path))[0].figure
     records[True] = {"status": "oom"}
     assert "no figure: probes ok, oom" in PARTS["offload"](str(tmp_path))[0].figure
+
+
+def test_the_allocator_rows_read_each_probes_retries_with_the_default_settings_and_without(tmp_path, monkeypatch):
+    from benchmarks.gpu import features
+
+    seen = []
+
+    def probed(args, log, env=None):
+        seen.append(env.get("PYTORCH_CUDA_ALLOC_CONF"))
+        if "4" in args and env.get("PYTORCH_CUDA_ALLOC_CONF"):
+            return {"status": "oom"}
+        return {"status": "ok", "peak_bytes": 13 * 2**30, "samples_per_s": 30.0,
+                "alloc_retries": 0 if env.get("PYTORCH_CUDA_ALLOC_CONF") is None else 3}
+
+    monkeypatch.setattr(features, "_probed", probed)
+    at3, at4 = PARTS["allocator"](str(tmp_path))
+    assert seen == [None, "expandable_segments:False"] * 2  # the default: nothing set on top of autofit's own
+    assert at3.figure == ("expandable segments (autofit's default): peak 13.00 GiB, 30.0 samples/s, 0 retries in its "
+                          "measured steps; off: peak 13.00 GiB, 30.0 samples/s, 3 retries in its measured steps")
+    assert at4.figure.endswith("; off: oom") and "b=4" in at4.feature
+def test_the_table_writes_the_out_folder_relative_never_as_this_machines_path(tmp_path, monkeypatch):
+    """The table goes into docs/benchmarks.md: its commands name the --out folder relative to the repository
+    (where they run), or as `<out>` outside it, never as the absolute path of the machine that ran them."""
+    import json
+    import sys
+
+    import torch
+
+    from benchmarks.gpu import features
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
+    monkeypatch.setattr(features, "_run", lambda args, log, timeout, env=None: (1, ""))  # every command fails fast
+    out = tmp_path / "gpu"
+    monkeypatch.setattr(sys, "argv", ["features", "--parts", "tokens,memory", "--out", str(out)])
+    features.main()
+    text = (out / "features.md").read_text()
+    assert "--out <out>/tokens-cuda.md" in text and "sqlite:///<out>/features.db" in text, text
+    assert "<out>/medium.best.json" in text
+    assert str(tmp_path) not in text
+    assert str(tmp_path) not in json.dumps(json.loads((out / "features.json").read_text())["rows"])
+    inside = os.path.join(features.REPO, "out", "gpu")
+    rows = features.portable([Row("f", "see out/gpu", f"python x.py --out {inside}/a.json "
+                                                      f"--storage sqlite:///{inside}/features.db")], inside)
+    assert rows[0].command == "python x.py --out out/gpu/a.json --storage sqlite:///out/gpu/features.db"

@@ -68,6 +68,8 @@ def test_probe_error_shows_the_users_traceback():
     ([script("raises.py"), "--batch-size", "4", "--memory-limit", "8MiB"], "needs just to start"),
     ([script("raises.py"), "--batch-size", "4", "--device", "cuda"], "no NVIDIA GPU"),
     ([script("raises.py"), "--batch-size", "4", "--gpu", "0"], "no NVIDIA GPU"),
+    ([script("raises.py"), "--batch-size", "4", "--gpu", "0"], "or leave out --gpu and --device cuda to probe the CPU"),
+    ([script("raises.py"), "--batch-size", "4", "--memory-limit", "999GiB"], "must be at most cpu:0's memory ("),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     result = invoke("probe", *args)
@@ -80,6 +82,15 @@ def test_script_broken_at_import_exits_1_with_its_traceback():
     result = invoke("probe", script("import_error.py"), "--batch-size", "4")
     assert result.exit_code == 1
     assert "broken at import" in result.output
+
+
+def test_a_search_above_the_devices_memory_is_refused_before_any_probe(tmp_path):
+    """Issue 54: `--memory-limit 999GiB` on a 23.5 GiB machine searched "usable 899.10 GiB"."""
+    result = invoke("search", script("fits_small.py"), "--device", "cpu", "--memory-limit", "999GiB", "--budget", "30s",
+                    "--storage", f"sqlite:///{tmp_path}/s.db")
+    assert result.exit_code == 2, result.output
+    assert "The memory limit (--memory-limit) must be at most cpu:0's memory (" in result.output
+    assert "but got 999.00 GiB" in result.output and not (tmp_path / "s.db").exists()
 
 
 def test_devices_lists_the_cpu_with_its_memory():

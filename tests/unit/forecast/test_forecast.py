@@ -161,8 +161,9 @@ def test_no_memory_forecast_of_the_h100_logs_would_have_run_out_of_memory():
 def test_the_held_out_check_reads_a_file_and_states_its_error(tmp_path):
     path = tmp_path / "h100.best.json"
     path.write_text(open(FILE).read())
-    result = held_out(str(path), "H100", measured_tokens=139974.85)
+    result = held_out(str(path), "H100", measured_samples=136.69419195175772, measured_tokens=139974.85)
     assert result["config"]["batch_size"] == 48 and abs(result["error"]) < 1e-6 and result["passes"]
+    assert abs(result["tokens_error"]) < 1e-6
 
 
 def test_the_config_to_run_is_the_chosen_strategys_own_not_the_winners_knobs():

@@ -29,20 +29,24 @@ def test_mfu_is_flops_over_the_dense_peak_of_each_rank():
     assert mfu(1e14, "AMD EPYC 9R14", "bf16") is None
 
 
-def test_the_clock_measures_energy_over_the_measured_steps_only():
+def test_the_clock_counts_energy_and_allocator_retries_over_the_measured_steps_only():
     counter = itertools.count(start=1000.0, step=10.0)  # joules, 10 J more at every read
     reads: list[float] = []
+    retries = [0]
 
     def energy() -> float:
         reads.append(next(counter))
         return reads[-1]
 
-    clock = StepClock(warmup_steps=2, measured_steps=3, synchronize=lambda: None, energy=energy)
+    clock = StepClock(warmup_steps=2, measured_steps=3, synchronize=lambda: None,
+                      counters={"energy_j": energy, "alloc_retries": lambda: retries[0]})
     clock.start()
-    for _ in range(5):
+    for step in range(5):
+        retries[0] += 3 if step < 2 else 1  # the warm-up's retries (cuDNN's first workspaces) are not counted
         clock.step_done(samples=4, tokens=0)
     assert clock.complete and len(reads) == 2  # read at the end of warm-up and at the last step
     assert clock.measured_energy_j == pytest.approx(10.0)
+    assert clock.counted["alloc_retries"] == 3
 
 
 @pytest.mark.slow  # the default tier stays under 5 minutes on 2 cores

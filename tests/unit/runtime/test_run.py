@@ -206,6 +206,31 @@ def test_a_normal_run_reports_its_throughput(tmp_path, monkeypatch, capsys):
     assert "trained 20 optimizer steps with fp32 b=4" in capsys.readouterr().err
 
 
+def test_a_normal_run_reads_the_allocators_retries_after_its_warm_up_and_says_so(tmp_path, monkeypatch, capsys):
+    """CUDA's num_alloc_retries, as the device backend reads it (a counter here that every step raises by 2)."""
+    report = tmp_path / "run.json"
+    monkeypatch.setenv("AUTOFIT_RUN_REPORT", str(report))
+    retries = [0]
+    run = Run(Config(batch_size=4), probing=False, warmup_steps=2, alloc_retries=lambda: retries[0])
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x in run.batches([torch.randn(4, 3) for _ in range(10)]):
+        run.backward(model(x).mean(), opt)
+        retries[0] += 2
+    run.finish()
+    report_run(run)
+    import json
+
+    assert json.loads(report.read_text())["alloc_retries"] == 2 * 8  # the 8 steps after the warm-up's 2
+    assert ("autofit: the allocator freed its cache and retried 16 allocations after warm-up: this run is at the "
+            "edge of the device's memory") in capsys.readouterr().err
+    quiet = Run(Config(batch_size=4), probing=False, warmup_steps=2)  # a CPU's: no counter, nothing said
+    _loop(quiet, n_batches=5)
+    quiet.finish()
+    report_run(quiet)
+    assert json.loads(report.read_text())["alloc_retries"] is None and "retried" not in capsys.readouterr().err
+
+
 def test_a_normal_run_shorter_than_its_warm_up_says_what_it_trained(capsys):
     """A large batch over small data can end within the warm-up: nothing is timed, and the run still
     says what it trained."""
