@@ -34,6 +34,7 @@ from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.utils._pytree import tree_flatten
 
 from autofit.memory._estimator import PARTS
+from autofit.runtime import made_by_forward, saved_ops
 
 #: MemTracker's categories -> the index of autofit's part.
 _PART_OF = {"PARAM": 0, "BUFFER": 0, "GRAD": 1, "OPT": 2, "ACT": 3, "TEMP": 4, "OTH": 5}
@@ -53,6 +54,10 @@ class Instance:
     """The op index its backward began at (its first output's gradient); None: no backward seen."""
     inputs: list[int] = field(default_factory=list)
     """The storages of its inputs (what a checkpoint keeps of it)."""
+    inputs_movable: list[bool] = field(default_factory=list)
+    """Of each input, whether the offload may send it (as `StepTrace.pack_movable`)."""
+    inputs_nbytes: list[int] = field(default_factory=list)
+    """Each input's storage's bytes."""
     kept: list[int] = field(default_factory=list)
     """The storages of what its ops of `saved_ops` returned (what selective checkpointing keeps)."""
 
@@ -79,9 +84,11 @@ class StepTrace:
     pack_instance: list[int | None] = field(default_factory=list)
     pack_released: list[int | None] = field(default_factory=list)
     """The op index at which autograd let it go (alive through the op before); None: held to the end."""
-    pack_parameter: list[bool] = field(default_factory=list)
-    pack_bytes: list[int] = field(default_factory=list)
-    """A contiguous copy's bytes (what an offloaded tensor comes back as)."""
+    pack_movable: list[bool] = field(default_factory=list)
+    """Whether the run's activation offload may send it, whatever its size (autofit.runtime's `made_by_forward`,
+    and no parameter's or buffer's storage)."""
+    pack_nbytes: list[int] = field(default_factory=list)
+    """Its storage's bytes (what the offload sends, once per block's call, and brings back)."""
     fresh: dict[int, int] = field(default_factory=dict)
     """The storages backward got in place of a saved tensor -> the saved tensor (its index)."""
     instances: list[Instance] = field(default_factory=list)
@@ -184,8 +191,9 @@ class StepRecorder:
         trace.pack_at.append(self.tracker.op)
         trace.pack_instance.append(self._stack[-1] if self._stack and not self.tracker.in_backward else None)
         trace.pack_released.append(None)
-        trace.pack_parameter.append(storage >= 0 and trace.storage_part[storage] == PARAMETERS)
-        trace.pack_bytes.append(tensor.numel() * tensor.element_size())
+        trace.pack_movable.append(storage >= 0 and trace.storage_part[storage] != PARAMETERS
+                                  and made_by_forward(tensor))
+        trace.pack_nbytes.append(tensor.untyped_storage().nbytes())
         return _Saved(index, tensor, self)
 
     def _unpack(self, saved: _Saved) -> torch.Tensor:
@@ -213,8 +221,12 @@ class StepRecorder:
         if any(i is not None for i in self._stack):
             self.trace.irregular = "a block offered to run.checkpoint() runs inside another"
         instance = Instance(self._block_of[id(block)], self.tracker.op)
-        instance.inputs = [i for t in tree_flatten((args, kwargs))[0]
-                           if isinstance(t, torch.Tensor) and (i := self.index_of(t)) >= 0]
+        for tensor in tree_flatten((args, kwargs))[0]:
+            if isinstance(tensor, torch.Tensor) and (storage := self.index_of(tensor)) >= 0:
+                instance.inputs.append(storage)
+                instance.inputs_movable.append(self.trace.storage_part[storage] != PARAMETERS
+                                               and made_by_forward(tensor))
+                instance.inputs_nbytes.append(tensor.untyped_storage().nbytes())
         self.trace.instances.append(instance)
         self._stack.append(len(self.trace.instances) - 1)
 
@@ -235,7 +247,6 @@ class StepRecorder:
     # --- the whole ------------------------------------------------------------------------------------
     def recording(self) -> torch.autograd.graph.saved_tensors_hooks:
         """The saved-tensors hooks; enter them around the function, inside the tracker."""
-        from autofit.runtime import saved_ops
 
         self._saved_ops = saved_ops()
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)

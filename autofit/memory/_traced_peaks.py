@@ -10,11 +10,14 @@ go. A config's bytes after each op are the trace's, with:
   bytes above what it keeps (the recompute's temporaries); its inputs held until its backward ends (the
   checkpoint saves them); under the selective policy, the outputs of the ops it keeps (autofit.runtime's
   `saved_ops`) held from their end to its backward (PyTorch's policy caches them) and through it as saved;
-- in an offloaded block (offload and not checkpointed), nothing it saves held on the device, and each saved
-  tensor back on it as a copy while its backward runs (as PyTorch's offload of saved tensors does);
-- the tensors backward got in place of the saved ones (the trace's own) taken out, but the offloaded copies.
+- in an offloaded block, what autofit's activation offload sends held on the device until the next block's
+  forward ends and back on it from its backward's first ask (or the block after it's: the prefetch) until
+  autograd lets it go (autofit.memory._traced_offload: which tensors leave, at which sizes, and when);
+- the tensors backward got in place of the saved ones (the trace's own) taken out.
 Everything is affine in the micro-batch (a tensor's bytes are a + b x samples), so the bytes after each op
-at any size are the two traces' interpolated, and the peak is their largest.
+at any size are the two traces' interpolated, and the peak is their largest; but for the offload, which sends
+only storages of `MIN_OFFLOAD_BYTES` or more: which those are is decided at the size asked, and both traces'
+timelines are made with that choice.
 """
 
 from __future__ import annotations
@@ -23,13 +26,11 @@ import bisect
 from dataclasses import dataclass
 
 from autofit.memory._step_trace import ACTIVATIONS, PARTS, Instance, StepTrace
+from autofit.memory._traced_offload import Sent, offloaded
 
-#: Whether an offloaded block's saved parameters come back to the device as copies in backward, as
-#: PyTorch's offload of saved tensors to the host does with every tensor a
-#: block saves, its weights too.
-OFFLOAD_COPIES_PARAMETERS = True
-
-_HELD, _RECOMPUTED, _OFFLOADED = range(3)
+#: How a config keeps a saved tensor: held by autograd, dropped and recomputed, sent to the host by the offload,
+#: or not at all (a checkpointed block's input the offload sends: the checkpoint's saved input stands for it).
+_HELD, _RECOMPUTED, _OFFLOADED, _ELSEWHERE = range(4)
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,8 @@ class Layout:
         return block < len(self.plans) and self.plans[block][1]
 
 
-def timeline(trace: StepTrace, layout: Layout) -> list[list[int]]:
-    """Bytes after each op under `layout`, by part: one list per part (PARTS' order)."""
+def timeline(trace: StepTrace, layout: Layout, sent: Sent = Sent()) -> list[list[int]]:
+    """Bytes after each op under `layout`, the offload sending `sent`, by part: one list per part (PARTS' order)."""
     ops = trace.ops
     diff = [[0] * (ops + 1) for _ in PARTS]
 
@@ -70,15 +71,15 @@ def timeline(trace: StepTrace, layout: Layout) -> list[list[int]]:
             diff[part][start] += amount
             diff[part][end + 1] -= amount
 
-    modes = [_mode(trace, layout, p) for p in range(len(trace.pack_storage))]
-    for storage, pack in trace.fresh.items():  # backward's own copies: the saved tensor itself, or the host's copy
-        extra = trace.pack_bytes[pack] if modes[pack] == _OFFLOADED else 0
+    modes = [_mode(trace, layout, sent, p) for p in range(len(trace.pack_storage))]
+    for storage in trace.fresh:  # backward's own: the saved tensor itself, the recompute's, or the offload's copy
         add(trace.storage_part[storage], trace.storage_made[storage], _last(trace, storage, ops),
-            extra - trace.storage_bytes[storage])
-    held, recomputed = _held(trace, modes, ops, add)
+            -trace.storage_bytes[storage])
+    forward_end = offloaded(trace, sent, add)
+    held, recomputed = _held(trace, modes, forward_end, ops, add)
     for index, instance in enumerate(trace.instances):
         if layout.policy(instance.block) is not None:
-            _checkpointed(trace, layout, index, held, recomputed, ops, add)
+            _checkpointed(trace, layout, sent, index, held, recomputed, ops, add)
     out = []
     for part in range(len(PARTS)):
         running, column = 0, []
@@ -89,8 +90,8 @@ def timeline(trace: StepTrace, layout: Layout) -> list[list[int]]:
     return out
 
 
-def _mode(trace: StepTrace, layout: Layout, pack: int) -> int:
-    """How the config keeps one saved tensor: held by autograd, dropped and recomputed, or offloaded."""
+def _mode(trace: StepTrace, layout: Layout, sent: Sent, pack: int) -> int:
+    """How the config keeps one saved tensor (`_HELD`...)."""
     index = trace.pack_instance[pack]
     if index is None:
         return _HELD
@@ -99,13 +100,13 @@ def _mode(trace: StepTrace, layout: Layout, pack: int) -> int:
     policy = layout.policy(instance.block)
     if policy is not None:
         if storage < 0 or trace.storage_made[storage] < instance.first:
+            if storage in sent.input_storages(trace, index):
+                return _ELSEWHERE
             return _HELD  # its inputs (the checkpoint saves them), the parameters
         if policy == "selective" and storage in instance.kept:
             return _HELD  # selective checkpointing keeps it
         return _RECOMPUTED
-    if layout.offloaded(instance.block) and (OFFLOAD_COPIES_PARAMETERS or not trace.pack_parameter[pack]):
-        return _OFFLOADED
-    return _HELD
+    return _OFFLOADED if pack in sent.packs else _HELD
 
 
 def _last(trace: StepTrace, storage: int, ops: int) -> int:
@@ -113,13 +114,15 @@ def _last(trace: StepTrace, storage: int, ops: int) -> int:
     return ops - 1 if last is None else last
 
 
-def _held(trace: StepTrace, modes: list[int], ops: int, add) -> tuple[dict[int, int], dict[int, int]]:
-    """The saved tensors autograd holds (or the recompute holds anew): added past their natural end. Returns
-    each held storage's last op held, and the bytes each checkpointed instance's recompute holds anew."""
-    held: dict[int, int] = {}
+def _held(trace: StepTrace, modes: list[int], forward_end: dict[int, int], ops: int,
+          add) -> tuple[dict[int, int], dict[int, int]]:
+    """The saved tensors autograd holds (or the recompute holds anew, or the offload until it let them go): added
+    past their natural end. Returns each held storage's last op held, and the bytes each checkpointed instance's
+    recompute holds anew."""
+    held: dict[int, int] = dict(forward_end)
     recomputed: dict[tuple[int, int], int] = {}
     for pack, storage in enumerate(trace.pack_storage):
-        if storage < 0 or modes[pack] == _OFFLOADED:
+        if storage < 0 or modes[pack] in (_OFFLOADED, _ELSEWHERE):
             continue
         released = trace.pack_released[pack]
         end = (ops if released is None else released) - 1
@@ -140,8 +143,8 @@ def _held(trace: StepTrace, modes: list[int], ops: int, add) -> tuple[dict[int, 
     return held, anew
 
 
-def _checkpointed(trace: StepTrace, layout: Layout, index: int, held: dict[int, int], recomputed: dict[int, int],
-                  ops: int, add) -> None:
+def _checkpointed(trace: StepTrace, layout: Layout, sent: Sent, index: int, held: dict[int, int],
+                  recomputed: dict[int, int], ops: int, add) -> None:
     """What a checkpointed block holds beside its recomputed tensors: its inputs, the outputs selective
     checkpointing keeps, and the recompute's passing bytes when its backward begins."""
     instance = trace.instances[index]
@@ -149,12 +152,10 @@ def _checkpointed(trace: StepTrace, layout: Layout, index: int, held: dict[int, 
     if began is None:
         return
     ended = trace.backward_ends.get(index, began)
-    for storage in instance.inputs:  # the checkpoint saves its inputs until its backward ends
-        if layout.offloaded(instance.block):  # to the host, and back for the recompute
-            add(trace.storage_part[storage], began, ended - 1, trace.storage_bytes[storage])
-        else:
-            start = max(_last(trace, storage, ops), held.get(storage, -1)) + 1
-            add(trace.storage_part[storage], start, ended - 1, trace.storage_bytes[storage])
+    away = sent.input_storages(trace, index)  # to the host, and back for the recompute (the offload's)
+    for storage in set(instance.inputs) - away:  # the checkpoint saves its inputs until its backward ends
+        start = max(_last(trace, storage, ops), held.get(storage, -1)) + 1
+        add(trace.storage_part[storage], start, ended - 1, trace.storage_bytes[storage])
     kept = set(instance.kept) if layout.policy(instance.block) == "selective" else set()
     for storage in kept:  # cached by the policy until the recompute takes it
         start = max(_last(trace, storage, ops), held.get(storage, -1)) + 1
@@ -190,12 +191,13 @@ class TracedPeaks:
     def __init__(self, small: StepTrace, large: StepTrace | None) -> None:
         """`large` None: every size runs `small`'s batch (by tokens, a data whose longest samples all fit the
         smallest cap)."""
-        if large is not None and (small.ops != large.ops or small.signature != large.signature):
+        if large is not None and (small.ops != large.ops or small.signature != large.signature
+                                  or len(small.pack_storage) != len(large.pack_storage)):
             raise ValueError(f"the traces at {small.size} and {large.size} samples ran different ops")
         if large is not None and small.size == large.size:
             raise ValueError("the two traces ran one size")
         self.small, self.large = small, large
-        self._lines: dict[Layout, list[tuple[list[float], list[float]]]] = {}
+        self._lines: dict[tuple[Layout, Sent], list[tuple[list[float], list[float]]]] = {}
 
     @classmethod
     def flat(cls, trace: StepTrace) -> TracedPeaks:
@@ -212,18 +214,20 @@ class TracedPeaks:
     def breakdown(self, layout: Layout, size: float) -> dict[str, int]:
         """Predicted bytes by part at the peak of `layout` at `size` samples."""
         best, parts = None, None
-        for at_zero, slope in self._candidates(layout):
+        sent = Sent.at(self.small, self.large, layout, size) if any(layout.offloaded(b) for b in range(
+            self.small.blocks)) else Sent()
+        for at_zero, slope in self._candidates(layout, sent):
             total = sum(at_zero) + size * sum(slope)
             if best is None or total > best:
                 best, parts = total, [max(0.0, a + size * s) for a, s in zip(at_zero, slope)]
         return {part: int(round(value)) for part, value in zip(PARTS, parts or [0] * len(PARTS))}
 
-    def _candidates(self, layout: Layout) -> list[tuple[list[float], list[float]]]:
+    def _candidates(self, layout: Layout, sent: Sent) -> list[tuple[list[float], list[float]]]:
         """The ops whose bytes can be the largest at some size >= 0 (by part: bytes at size 0, bytes a sample):
-        those no other op beats both at size 0 and in its growth."""
-        if layout not in self._lines:
-            small = timeline(self.small, layout)
-            large = timeline(self.large, layout) if self.large is not None else small
+        those no other op beats both at size 0 and in its growth. The offload sending `sent` at both sizes."""
+        if (layout, sent) not in self._lines:
+            small = timeline(self.small, layout, sent)
+            large = timeline(self.large, layout, sent) if self.large is not None else small
             span = self.large.size - self.small.size if self.large is not None else 1
             points = []
             for t in range(self.small.ops):
@@ -236,5 +240,5 @@ class TracedPeaks:
                 if steepest is None or growth > steepest:
                     front.append((at_zero, slope))
                     steepest = growth
-            self._lines[layout] = front
-        return self._lines[layout]
+            self._lines[layout, sent] = front
+        return self._lines[layout, sent]

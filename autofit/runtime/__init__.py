@@ -21,9 +21,11 @@ from autofit.runtime._knobs import Knobs, block_plan
 from autofit.runtime._memory_cap import MEMORY_LIMIT_ENV, describe_memory_limit, memory_limit_from_env
 from autofit.runtime._offload import (
     HOST_SHARE,
+    MIN_OFFLOAD_BYTES,
     ActivationOffload,
     HostMemoryExhausted,
     OffloadTransport,
+    made_by_forward,
     offload_transport,
 )
 from autofit.runtime._oom import breaks_the_device, is_oom
@@ -55,6 +57,7 @@ __all__ = [
     "ActivationOffload",
     "HOST_SHARE",
     "HostMemoryExhausted",
+    "MIN_OFFLOAD_BYTES",
     "OffloadTransport",
     "offload_transport",
     "CompileTimer",
@@ -94,6 +97,7 @@ __all__ = [
     "describe_memory_limit",
     "drop_graph",
     "is_oom",
+    "made_by_forward",
     "leave_process_group",
     "memory_limit_from_env",
     "offer_script_run",
