@@ -3,7 +3,7 @@ from what a probe measures, before and after a calibration fitted on the other c
 
     python -m benchmarks.estimate [--limit 4GiB]
     python -m benchmarks.estimate --scripts DIR_OR_FILES [--batches 8,16,32] [--out PATH]
-    python -m benchmarks.estimate --space SCRIPT --how traced|per-config [--target cpu|cuda]
+    python -m benchmarks.estimate --space SCRIPT --how traced|per-config [--every-config] [--target cpu|cuda]
 
 For each bundled study (or, with --scripts, each script given or each .py in a folder given: the
 real-world-style ones in tests/scripts, a corpus) and several configs: the estimated tensor bytes at
@@ -98,8 +98,9 @@ def _space(script: str, target: str) -> tuple[Estimator, SearchSpace]:
     return estimator, SearchSpace.build(batch_range=tuple(options.get("batch_range") or (1, 1024)), **knob_values(asked))
 
 
-def space_timing(script: str, how: str, target: str, out: str) -> str:
-    """The seconds the estimator takes over `script`'s space (see the module's docstring), as a markdown row."""
+def space_timing(script: str, how: str, target: str, out: str, every_config: bool = False) -> str:
+    """The seconds the estimator takes over `script`'s space (see the module's docstring), as a markdown row;
+    per-config, every config of the space too where `every_config`."""
     from autofit.planner import configs_to_estimate
 
     estimator, space = _space(script, target)
@@ -110,9 +111,9 @@ def space_timing(script: str, how: str, target: str, out: str) -> str:
         asked_s = time.perf_counter() - started
         row = (f"| {os.path.relpath(script, REPO)} | {target} | {how} | {len(found.estimates)} of {len(asked)} "
                f"a search asks: {asked_s:.1f} s")
-        if how == "traced":  # then every config of the space, from the traces the process keeps
+        if how == "traced" or every_config:  # then every config of the space (traced: from the traces kept)
             started = time.perf_counter()
-            all_found = estimator.estimate(every, timeout=36000, traced=True)
+            all_found = estimator.estimate(every, timeout=36000, **({"traced": True} if how == "traced" else {}))
             row += f"; then all {len(all_found.estimates)} of {len(every)}: {time.perf_counter() - started:.1f} s"
     row += f" | {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')} |"
     with open(out, "a") as handle:
@@ -126,6 +127,8 @@ def main() -> None:
     parser.add_argument("--space", default=None, help="a script whose search space the estimator is timed over")
     parser.add_argument("--how", choices=("traced", "per-config"), default="traced")
     parser.add_argument("--target", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--every-config", action="store_true",
+                        help="--how per-config: then every config of the space too (traced does it always)")
     parser.add_argument("--scripts", nargs="?", const=",".join(os.path.join(REPO, "tests", "scripts", s)
                                                               for s in REAL_SCRIPTS), default=None,
                         help="scripts or folders of them, comma-separated (default: tests/scripts' real-world ones)")
@@ -133,7 +136,8 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.space:
-        print(space_timing(args.space, args.how, args.target, args.out or os.path.join(HERE, "estimate-space.md")))
+        print(space_timing(args.space, args.how, args.target, args.out or os.path.join(HERE, "estimate-space.md"),
+                           args.every_config))
         return
     limit = parse_size(args.limit)
     started = time.perf_counter()
