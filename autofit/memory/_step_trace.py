@@ -24,9 +24,7 @@ estimate does not need. MemTracker does the storage bookkeeping here (categories
 
 from __future__ import annotations
 
-import functools
 import zlib
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -34,91 +32,8 @@ from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.utils._pytree import tree_flatten
 
 from autofit.memory._estimator import PARTS
-from autofit.runtime import made_by_forward, saved_ops
-
-#: MemTracker's categories -> the index of autofit's part.
-_PART_OF = {"PARAM": 0, "BUFFER": 0, "GRAD": 1, "OPT": 2, "ACT": 3, "TEMP": 4, "OTH": 5}
-PARAMETERS, ACTIVATIONS = PARTS.index("parameters"), PARTS.index("activations")
-
-
-@dataclass
-class Instance:
-    """One forward of an offered block, under grad: the ops it spans and when its backward began."""
-
-    block: int
-    first: int
-    """The first op of its forward."""
-    last: int = -1
-    """The last op of its forward."""
-    backward: int | None = None
-    """The op index its backward began at (its first output's gradient); None: no backward seen."""
-    inputs: list[int] = field(default_factory=list)
-    """The storages of its inputs (what a checkpoint keeps of it)."""
-    inputs_movable: list[bool] = field(default_factory=list)
-    """Of each input, whether the offload may send it (as `StepTrace.pack_movable`)."""
-    inputs_nbytes: list[int] = field(default_factory=list)
-    """Each input's storage's bytes."""
-    kept: list[int] = field(default_factory=list)
-    """The storages of what its ops of `saved_ops` returned (what selective checkpointing keeps)."""
-
-
-@dataclass
-class StepTrace:
-    """What one traced run of the function held, op by op (see the module's docstring); plain lists, so that
-    the arithmetic over it needs no torch."""
-
-    size: int
-    """The samples of its micro-batch (by tokens: of the cap's worst batch)."""
-    rows: list[tuple[int, ...]] = field(default_factory=list)
-    """Bytes alive after each op, by part (PARTS' order)."""
-    signature: int = 0
-    """A checksum of the ops' names in order: two traces of one program at two sizes share it."""
-    storage_bytes: list[int] = field(default_factory=list)
-    storage_part: list[int] = field(default_factory=list)
-    storage_made: list[int] = field(default_factory=list)
-    storage_last: list[int | None] = field(default_factory=list)
-    """The last op each storage was alive after (None: alive at the end)."""
-    pack_storage: list[int] = field(default_factory=list)
-    """Each saved tensor's storage (-1: one the tracker does not follow)."""
-    pack_at: list[int] = field(default_factory=list)
-    pack_instance: list[int | None] = field(default_factory=list)
-    pack_released: list[int | None] = field(default_factory=list)
-    """The op index at which autograd let it go (alive through the op before); None: held to the end."""
-    pack_movable: list[bool] = field(default_factory=list)
-    """Whether the run's activation offload may send it, whatever its size (autofit.runtime's `made_by_forward`,
-    and no parameter's or buffer's storage)."""
-    pack_nbytes: list[int] = field(default_factory=list)
-    """Its storage's bytes (what the offload sends, once per block's call, and brings back)."""
-    fresh: dict[int, int] = field(default_factory=dict)
-    """The storages backward got in place of a saved tensor -> the saved tensor (its index)."""
-    instances: list[Instance] = field(default_factory=list)
-    blocks: int = 0
-    """Blocks offered to run.checkpoint() (0: none)."""
-    irregular: str | None = None
-    """Why checkpointing and offload cannot be described by arithmetic over this trace (nested blocks)."""
-
-    @property
-    def ops(self) -> int:
-        return len(self.rows)
-
-    @functools.cached_property
-    def plain_end(self) -> dict[int, int]:
-        """Each saved storage's last op autograd holds it (no checkpointing, no offload)."""
-        ends: dict[int, int] = {}
-        for storage, released in zip(self.pack_storage, self.pack_released):
-            if storage >= 0:
-                ends[storage] = max(ends.get(storage, -1), (self.ops if released is None else released) - 1)
-        return ends
-
-    @functools.cached_property
-    def backward_ends(self) -> dict[int, int]:
-        """Each instance's op at which autograd let the last of what it saved go (its backward's end)."""
-        ends: dict[int, int] = {}
-        for index, released in zip(self.pack_instance, self.pack_released):
-            if index is not None:
-                ends[index] = max(ends.get(index, -1), self.ops if released is None else released)
-        return ends
-
+from autofit.memory._trace_data import PART_OF, PARAMETERS, Instance, StepTrace
+from autofit.runtime import MIN_OFFLOAD_BYTES, made_by_forward, saved_ops
 
 class _Saved:
     """What autograd keeps of a saved tensor while tracing: its shape, never its storage."""
@@ -141,7 +56,7 @@ class StepRecorder:
     saved-tensors hooks and the offered blocks' hooks. Enter `recording()` around the function."""
 
     def __init__(self, tracker_class: type) -> None:
-        self.trace = StepTrace(size=0)
+        self.trace = StepTrace(size=0, offload_min_bytes=MIN_OFFLOAD_BYTES)
         self.tracker = tracker_class(self)
         self._handles: list[Any] = []
         self._stack: list[int | None] = []  # the instances whose forward is running (None: one under no_grad)
@@ -155,7 +70,7 @@ class StepRecorder:
             trace = self.trace
             index = winfo._autofit_index = len(trace.storage_bytes)
             trace.storage_bytes.append(int(winfo.mem_consumed))
-            trace.storage_part.append(_PART_OF.get(getattr(winfo.reftype, "name", ""), 5))
+            trace.storage_part.append(PART_OF.get(getattr(winfo.reftype, "name", ""), 5))
             trace.storage_made.append(self.tracker.op)
             trace.storage_last.append(None)
         return index
@@ -278,7 +193,7 @@ def trace_tracker_class(base: type) -> type:
             row = [0] * len(PARTS)
             for per_device in self._curr_mem_snap.values():
                 for key, value in per_device.items():
-                    part = _PART_OF.get(getattr(key, "name", ""))
+                    part = PART_OF.get(getattr(key, "name", ""))
                     if part is not None:
                         row[part] += value
             self.recorder.trace.rows.append(tuple(row))

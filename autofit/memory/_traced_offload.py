@@ -5,8 +5,9 @@ intervals of bytes over the trace's ops for autofit.memory._traced_peaks to add.
 The runtime's rules, as the arithmetic follows them:
 - What leaves: in an offloaded block's call, each saved tensor the forward made (`made_by_forward`: no parameter,
   view or cast of one, or leaf that needs a gradient; no parameter's or buffer's storage) whose storage holds at
-  least `MIN_OFFLOAD_BYTES`; a checkpointed block saves only its inputs, and they leave by the same rule. Which
-  storages pass depends on the micro-batch: `Sent.at` decides it at each size.
+  least the runtime's `MIN_OFFLOAD_BYTES` (as the trace recorded it); a checkpointed block saves only its inputs,
+  and they leave by the same rule. Which storages pass depends on the micro-batch: `Sent.at` decides it at each
+  size.
 - One copy per storage and call: views of one storage share it, and it comes back as the whole storage.
 - In forward, a call's storages stay on the device until the next block's forward ends (the forward's own bytes,
   held past their natural end); where the backward begins first (the last block), they serve the backward as
@@ -20,8 +21,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from autofit.memory._step_trace import ACTIVATIONS, StepTrace
-from autofit.runtime import MIN_OFFLOAD_BYTES
+from autofit.memory._trace_data import ACTIVATIONS, StepTrace
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Sent:
         other = large if large is not None else small
 
         def enough(at_small: int, at_large: int) -> bool:
-            return at_small + (size - small.size) * (at_large - at_small) / span >= MIN_OFFLOAD_BYTES
+            return at_small + (size - small.size) * (at_large - at_small) / span >= small.offload_min_bytes
 
         packs = frozenset(
             p for p, index in enumerate(small.pack_instance)

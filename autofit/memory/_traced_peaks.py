@@ -16,8 +16,8 @@ go. A config's bytes after each op are the trace's, with:
 - the tensors backward got in place of the saved ones (the trace's own) taken out.
 Everything is affine in the micro-batch (a tensor's bytes are a + b x samples), so the bytes after each op
 at any size are the two traces' interpolated, and the peak is their largest; but for the offload, which sends
-only storages of `MIN_OFFLOAD_BYTES` or more: which those are is decided at the size asked, and both traces'
-timelines are made with that choice.
+only storages of autofit.runtime's `MIN_OFFLOAD_BYTES` or more: which those are is decided at the size asked,
+and both traces' timelines are made with that choice.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from autofit.memory._step_trace import ACTIVATIONS, PARTS, Instance, StepTrace
+from autofit.memory._trace_data import ACTIVATIONS, PARTS, Instance, StepTrace
 from autofit.memory._traced_offload import Sent, offloaded
 
 #: How a config keeps a saved tensor: held by autograd, dropped and recomputed, sent to the host by the offload,
@@ -185,17 +185,22 @@ def _forward_high(trace: StepTrace, instance: Instance, kept: set[int], ops: int
     return high
 
 
+def apart(small: StepTrace, large: StepTrace) -> str | None:
+    """Why no arithmetic lies between two traces of one program (None: it does): they ran different ops (a branch
+    on the size), or one size."""
+    if small.ops != large.ops or small.signature != large.signature or len(small.pack_storage) != len(
+            large.pack_storage):
+        return f"the traces at {small.size} and {large.size} samples ran different ops"
+    return "the two traces ran one size" if small.size == large.size else None
+
+
 class TracedPeaks:
     """The peaks of one program's configs from its two traces (the same ops at two sizes)."""
 
     def __init__(self, small: StepTrace, large: StepTrace | None) -> None:
         """`large` None: every size runs `small`'s batch (by tokens, a data whose longest samples all fit the
-        smallest cap)."""
-        if large is not None and (small.ops != large.ops or small.signature != large.signature
-                                  or len(small.pack_storage) != len(large.pack_storage)):
-            raise ValueError(f"the traces at {small.size} and {large.size} samples ran different ops")
-        if large is not None and small.size == large.size:
-            raise ValueError("the two traces ran one size")
+        smallest cap); else two traces `apart` finds nothing between."""
+        assert large is None or apart(small, large) is None, apart(small, large)
         self.small, self.large = small, large
         self._lines: dict[tuple[Layout, Sent], list[tuple[list[float], list[float]]]] = {}
 

@@ -24,9 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 from autofit.config import Config
-from autofit.memory._traced_peaks import TracedPeaks
+from autofit.memory._traced_peaks import TracedPeaks, apart
 from autofit.planner import STRATEGY_KNOBS, holds_gradients
-from autofit.runtime import DataTooSmall, TokenEnvelope
 
 #: The micro-batches a program is traced at: small (a trace's time hardly depends on it), above 1 (a batch
 #: norm refuses a batch of one sample), and the smaller pair where the data holds too few samples for them.
@@ -78,6 +77,8 @@ class _Program:
     def traced(cls, estimate: Callable[..., dict], config: Config) -> _Program:
         """Its two traces, from `config` (the first config of it asked): at TRACED_SAMPLES, or by tokens at
         `config`'s cap and at a cap of twice the samples of its worst batch."""
+        from autofit.runtime import DataTooSmall  # torch: not for a process that reads answers alone
+
         tokens = config.max_tokens is not None
         first: dict | None = None
         for small, large in [(config.max_tokens, 0)] if tokens else TRACED_SAMPLES:
@@ -98,10 +99,10 @@ class _Program:
                 continue  # the smaller pair
             if not second["ok"] or second.get("missing"):
                 return cls(None, first, why_not=second.get("error") or "partial")
-            try:
-                peaks = TracedPeaks(first["trace"], second["trace"])
-            except ValueError as exc:  # the two sizes ran different ops: no arithmetic between them
-                return cls(None, first, why_not=str(exc))
+            why_not = apart(first["trace"], second["trace"])
+            if why_not is not None:  # the two sizes ran different ops: no arithmetic between them
+                return cls(None, first, why_not=why_not)
+            peaks = TracedPeaks(first["trace"], second["trace"])
             return cls(peaks, first, _longest(first) if tokens else None, first.get("data_samples"))
         alone = estimate(config)  # no trace: a run of its own says whether the trace or the function failed
         return cls(None, alone, why_not=f"the trace failed ({(first or {}).get('error')})")
@@ -120,7 +121,9 @@ class _Program:
             return {"ok": False, "error": f"DataTooSmall: the data holds {self.data_samples} samples, fewer than a "
                                           f"micro-batch of {config.batch_size}"}
         knobs = dict(self.first["knobs"])
-        if self.longest:  # its cap's worst batch, as a run of its own would have run
+        if self.longest:
+            from autofit.runtime import TokenEnvelope
+  # its cap's worst batch, as a run of its own would have run
             knobs["token_envelope"] = TokenEnvelope.of_batch(samples, self.longest).to_dict()
         return {**_answer(self.first), "breakdown": self.peaks.breakdown(layout, samples), "knobs": knobs,
                 "traced": True}
