@@ -31,6 +31,13 @@ PROBE_ACCUMULATION = 4
 #: which it keeps (torchtitan's op-level selective checkpointing).
 CHECKPOINT_POLICIES: tuple[str, ...] = ("full", "selective")
 
+#: The multiples a search pads variable lengths to (`Config.pad_multiple`): a GPU's tile (8) and a coarse bucket
+#: (64: a length of up to 1024 in 16 shapes).
+PAD_MULTIPLES: tuple[int, ...] = (8, 64)
+
+#: The kernels of `scaled_dot_product_attention` (torch.nn.attention.SDPBackend's, by their short names).
+SDPA_BACKENDS: tuple[str, ...] = ("math", "flash", "efficient", "cudnn")
+
 
 @dataclass(frozen=True)
 class Rate:
@@ -84,13 +91,13 @@ class Config:
         help="Micro-batch size (with --max-tokens: the most samples a micro-batch holds; default: no cap).")
     """Micro-batch: samples per forward/backward. Larger is faster until memory runs out."""
     checkpoint_segments: int = knob(
-        default=0, kind=int, minimum=0, stored=True, offer="checkpoint_blocks", order="memory",
+        default=0, kind=int, minimum=0, stored=True, offer="checkpoint_blocks", order="memory", lever=True,
         label=lambda value, item: f"ckpt={value}" if value else None,
         help="Blocks (of those the function offers to run.checkpoint()) that recompute their activations.")
     """Blocks that recompute activations in backward: less memory, more compute."""
     checkpoint_policy: str = knob(
         default="full", kind=str, choices=CHECKPOINT_POLICIES, offer="checkpoint_blocks", order="memory",
-        needs="checkpoint_segments",
+        needs="checkpoint_segments", lever=True,
         label=lambda value, item: value if item.checkpoint_segments and value != "full" else None,
         help="What the checkpointed blocks recompute: all of their forward, or all but matmuls and attention.",
         consider="Checkpoint policies to consider when the function offers run.checkpoint(), e.g. full "
@@ -98,7 +105,7 @@ class Config:
     """What the checkpointed blocks recompute (see CHECKPOINT_POLICIES): "selective" keeps the matmul,
     convolution and attention outputs, so it saves less memory than "full" for little recompute."""
     offload_activations: bool = knob(
-        default=False, kind=bool, offer="checkpoint_blocks", order="memory", words="activation offload",
+        default=False, kind=bool, offer="checkpoint_blocks", order="memory", words="activation offload", lever=True,
         label=lambda value, item: "act-offload" if value else None,
         help="The blocks offered to run.checkpoint() keep what backward needs in pinned host memory (not on the GPU).",
         supported=lambda device: (False,) if device == "cpu" else (False, True),
@@ -134,6 +141,23 @@ class Config:
         help="The model offered to run.channels_last() in channels-last memory format (convolutions in NHWC).")
     """Convolution models: the weights, and so the activations, in channels-last memory format, which the
     fastest convolution kernels (cuDNN's, oneDNN's) take; tried on the leader, as a change of speed."""
+    pad_multiple: int | None = knob(
+        kind=int, optional=True, minimum=1, choices=PAD_MULTIPLES, offer="pad_multiple", order="compute",
+        label=lambda value, item: None if value is None else f"pad={value}",
+        help="The multiple a batch's padded length rounds up to (run.pad_multiple, read by the function's collate).")
+    """Variable lengths: each batch padded to a multiple of this many tokens (None: to its longest), so an epoch
+    meets a handful of shapes, not one per batch. A new shape costs time where a library builds something for
+    it (cuDNN's attention graphs, oneDNN's primitives) and memory where it keeps that; padding costs compute.
+    Tried on the leader, as a change of speed; by tokens the cap counts the padded length."""
+    sdpa_backend: str | None = knob(
+        kind=str, optional=True, choices=SDPA_BACKENDS, offer="sdpa_backends", order="compute",
+        label=lambda value, item: None if value is None else f"sdpa={value}",
+        help="The kernel of scaled_dot_product_attention (torch.nn.attention.sdpa_kernel; default: PyTorch's choice).",
+        supported=lambda device: ("math", "flash") if device == "cpu" else SDPA_BACKENDS,
+        unsupported="a CPU runs the math and flash kernels only.")
+    """The attention kernel every scaled_dot_product_attention call of the run prefers (math where it cannot run
+    a call); None: PyTorch's own choice. Kernels differ in speed by dtype, shape and GPU, and some build a plan
+    per shape: tried on the leader, the kernels the function's calls can run only."""
     # The input pipeline (run.loader); None: as the script declares it (else DataLoader's default).
     loader_workers: int | None = knob(
         kind=int, optional=True, minimum=0, choices=(0, 1, 2, 4, 8), offer="loader", order="input",
@@ -302,14 +326,17 @@ def _turn(o: tuple[int, int], a: tuple[int, int], b: tuple[int, int]) -> int:
 
 def widest_envelope(envelopes) -> dict | None:
     """Token envelopes (their records' dicts: a probe's knobs, the best-config file's) as one: each measure's
-    largest, and the Pareto front of the micro-batches they ran (`front`, where they hold one). Kept here, on
+    largest, the Pareto front of the micro-batches they ran (`front`, where they hold one), and the per-shape
+    caches' capacities they ran under (`caches`, where recorded). Kept here, on
     plain dicts, so the processes that import no torch merge them as the run does."""
     envelopes = [e for e in envelopes if e]
     if not envelopes:
         return None
     merged = {key: max(int(e[key]) for e in envelopes) for key in ("longest_sample", "padded_tokens", "padded_squares")}
     fronts = [tuple(point) for e in envelopes for point in e.get("front") or ()]
-    return {**merged, "front": [list(p) for p in pareto_front(fronts)]} if fronts else merged
+    caches = next((e["caches"] for e in envelopes if e.get("caches")), None)  # the same in every probe of a search
+    return {**merged, **({"front": [list(p) for p in pareto_front(fronts)]} if fronts else {}),
+            **({"caches": dict(caches)} if caches else {})}
 
 
 def device_shardings(device_type: str) -> tuple[str, ...]:

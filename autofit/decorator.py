@@ -100,19 +100,17 @@ class AutofitFunction:
             memory_limit_from_env,
             per_rank_config,
             ranks_from_env,
-            recovery_enabled,
+            normal_run_recovers,
         )
 
         plan = plan or self.plan_run(config_path, device)
         ranks = ranks_from_env()
-        recover = recovery_enabled(self.options.recover_oom)
+        recover = normal_run_recovers(self.options.recover_oom, ranks.world_size)
         torch_device = torch.device(plan.device)
         config, note = per_rank_config(plan.config, ranks.world_size, plan.searched_world)
         if ranks.world_size > 1:  # torchrun: each rank its own GPU, its share of the accumulation
             if torch_device.type == "cuda":
                 torch_device = torch.device("cuda", ranks.local_rank)
-            # A rank that lowered its micro-batch alone would leave the others waiting in a collective.
-            recover = False
             if ranks.is_main:
                 print(f"autofit: {ranks.world_size} ranks, each {config.label()}"
                       f" (global batch {config.global_batch * ranks.world_size}); no OOM recovery across ranks"

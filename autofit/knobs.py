@@ -70,6 +70,11 @@ class Knob:
     needs: str = ""
     """The knob (by name) that must be set (non-zero, true) for this one to act (the checkpoint policy acts
     on checkpointed blocks only); where it is not, configs that differ in this one alone are the same."""
+    lever: bool = False
+    """A memory lever, or part of one (the checkpoint policy acts beside the checkpointed blocks): away from their
+    defaults the levers trade speed for memory (recompute, host copies) and change nothing else, so the planner
+    probes them only where memory stops the climb of the strategy without any (rule 12): at a batch that one
+    fits, a lever only adds work."""
     name: str = ""
 
     @property
@@ -201,6 +206,11 @@ class Offers:
     token_envelope: Any = None
     """The micro-batches by tokens that ran (a probe's: the best-config file's envelope); the child's own
     type there (autofit.runtime's TokenEnvelope), its dict once sent."""
+    pad_multiple: bool = False
+    """Reads run.pad_multiple (its collate pads a batch's length up to it; the HF adapter's collator): searched."""
+    sdpa_backends: list | None = None
+    """The kernels of scaled_dot_product_attention that run the function's calls, the one PyTorch picks left out,
+    noted at a probe's first calls where there is another: the kernel is searched among them."""
     forces_tf32: bool = False
     """The function turned TF32 on for float32 matmuls itself (nanoGPT): fp32 and tf32 run the same math."""
     own_batch: int | None = field(default=None, metadata={"search": True})

@@ -62,12 +62,20 @@ def _cases() -> tuple[Case, ...]:
              "bundled: wide MLP"),
         Case("word_lm", "benchmarks/fidelity_scripts/word_lm.py", (Config(batch_size=20), Config(batch_size=64)),
              "not written for autofit: pytorch/examples-style LSTM LM"),
+        Case("host_bound", "benchmarks/fidelity_scripts/host_bound.py", (Config(batch_size=8), Config(batch_size=32)),
+             "a host-bound deep narrow MLP: its step mostly Python and launches, so per-saved-tensor hooks show"),
         Case("hf_trainer", "tests/scripts/hf_trainer.py",
              (Config(batch_size=8, accumulation_steps=2), Config(batch_size=4, accumulation_steps=4)),
              "a Hugging Face Trainer (GPT-2 from its config) through autofit.integrations.hf"),
         Case("lightning", "tests/scripts/lightning_module.py",
              (Config(batch_size=16, accumulation_steps=4), Config(batch_size=32, accumulation_steps=2)),
              "a Lightning Trainer and LightningModule through autofit.integrations.lightning"),
+        Case("lightning_tied", "tests/corpus/lightning_tied.py", (Config(batch_size=16, precision="bf16"),)
+             if bf16 else (Config(batch_size=16),), "corpus: a Lightning Trainer, tied weights"),
+        Case("hf_trainer_clm", "tests/corpus/hf_trainer_clm.py", (Config(batch_size=16, precision="bf16"),)
+             if bf16 else (Config(batch_size=16),), "corpus: Hugging Face's run_clm with the Trainer"),
+        Case("accelerate_clm", "tests/corpus/accelerate_clm_no_trainer.py", (Config(batch_size=16, precision="bf16"),)
+             if bf16 else (Config(batch_size=16),), "corpus: Hugging Face's run_clm_no_trainer with Accelerate"),
         Case("ddp", "tests/scripts/ddp_train.py", (Config(batch_size=16), Config(batch_size=4, accumulation_steps=4)),
              "2 ranks (gloo) under torchrun, DDP; config per rank", nproc=2, env=(("EPOCHS", "40"),)),
         Case("fsdp2", "tests/scripts/ddp_train.py", (Config(batch_size=16),),

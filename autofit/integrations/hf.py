@@ -20,6 +20,7 @@ Needs `pip install 'torch-autofit[hf]'` (in a checkout: `pip install -e '.[hf]'`
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 from collections.abc import Sequence
@@ -130,6 +131,7 @@ class AutofitTrainer(Trainer):
         kwargs["callbacks"] = [*(kwargs.get("callbacks") or []),
                                _StepCounter(run, len(blocks), self._autofit_replay, self._autofit_step_count)]
         super().__init__(**kwargs)
+        self.data_collator = _padding_to_the_multiple(self.data_collator, run)
 
     def get_train_dataloader(self) -> DataLoader:
         """HF's, or where the arguments group by length under a searched config, the same data batched by
@@ -213,6 +215,22 @@ class AutofitTrainer(Trainer):
 
     def _zero_grad(self) -> None:
         self.model.zero_grad(set_to_none=True)
+
+
+def _padding_to_the_multiple(collator: Any, run: Run) -> Any:
+    """A collator that pads (`pad_to_multiple_of`: DataCollatorWithPadding's, for language modelling's) offers the
+    pad multiple (`run.pad_multiple`): a copy of it pads to the config's where a config sets one; the user's own
+    setting stands otherwise."""
+    if collator is None or not hasattr(collator, "pad_to_multiple_of"):
+        return collator
+    multiple = run.pad_multiple  # read: the search may try one
+    if run.config.pad_multiple is None:
+        return collator
+    if dataclasses.is_dataclass(collator) and not isinstance(collator, type):
+        return dataclasses.replace(collator, pad_to_multiple_of=multiple)
+    padded = copy.copy(collator)
+    padded.pad_to_multiple_of = multiple
+    return padded
 
 
 def _hf_loader_arguments(args: Any) -> dict[str, Any]:

@@ -23,6 +23,8 @@ class Feasibility:
         self._tried = {o.config for o in observations}
         self.done = [o for o in observations if o.status != "running"]
         """The observations of finished probes (not those running now)."""
+        self.running = {o.config for o in observations if o.status == "running"}
+        """The configs being probed now."""
 
     def tried(self, config: Config) -> bool:
         """Probed, or being probed now."""

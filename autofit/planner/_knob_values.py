@@ -40,6 +40,9 @@ def offered_values(knob: Knob, asked: Asked) -> tuple:
     declared = [v for v in knob.trial_values() if v is not None]
     runs = (asked.options.considered(knob.name, asked.device) if knob.consider
             else knob.device_values(asked.device) if knob.choices or knob.supported else declared)
+    offered = getattr(asked.offers, knob.offer)
+    if isinstance(offered, (list, tuple)):  # the offer names the values that run the function (its kernels)
+        runs = [v for v in runs if v in offered]
     return tuple(v for v in declared if v in runs) or (knob.default,)
 
 
@@ -88,6 +91,8 @@ def knob_values(asked: Asked) -> dict[str, tuple]:
     return {k.name: _RULES.get(k.name, offered_values)(k, asked) for k in STRATEGY_KNOBS}
 
 
-def compute_variants(offers: Offers) -> tuple[str, ...]:
-    """The knobs of order "compute" the function offers: each tried on the leader (rule 11)."""
-    return tuple(k.name for k in KNOBS if k.order == "compute" and offers.noted(k.offer))
+def compute_variants(asked: Asked) -> tuple[tuple[str, tuple], ...]:
+    """The knobs of order "compute" the function offers, each with its values other than its default (the
+    common rule's): each tried on the leader (rule 11)."""
+    values = {k.name: tuple(v for v in offered_values(k, asked) if v != k.default) for k in KNOBS if k.order == "compute"}
+    return tuple((name, tried) for name, tried in values.items() if tried)

@@ -5,13 +5,14 @@ memory estimator's prediction, calibrated on the probes so far."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from autofit.config import Config
 from autofit.planner._models import Line, fit_line
 from autofit.planner._observation import Observation
-from autofit.planner._prediction import MEMORY_KNOBS, CalibratedPrediction, memory_key
-from autofit.planner._recompute import holds_gradients
+from autofit.planner._prediction import MEMORY_KNOBS, CalibratedPrediction, PeakRange, memory_key
+from autofit.planner._recompute import OTHER_LEVERS, holds_gradients
 from autofit.planner._search_space import SearchSpace, Strategy
 
 #: Prior for how much a strategy's per-sample memory shrinks, relative to fp32 without checkpointing.
@@ -19,6 +20,13 @@ _HALF_PRECISION_SLOPE = 0.6
 _FULL_CHECKPOINT_SLOPE = 0.4
 #: The same with every block under selective checkpointing, which keeps the matmul outputs.
 _SELECTIVE_CHECKPOINT_SLOPE = 0.7
+#: The same with another memory lever set (a knob declared `lever` the rules below do not name: activation offload,
+#: which moves what the offered blocks save off the device, as full checkpointing of all of them drops it).
+_OTHER_LEVER_SLOPE = 0.4
+#: A line borrowed with a prior ratio (no peak of its own) predicts a lever's first batch fits only where its
+#: per-sample part, this much larger, still fits: how far the priors above have been off (selective kept 0.65 of the
+#: plain slope on the memory stand-in, full checkpointing of half the blocks 0.51 where the prior says 0.7).
+_PRIOR_SLACK = 0.25
 
 MemoryKey = tuple
 #: How far apart two memory lines are for each knob they differ in (a count: by how much it differs; a knob
@@ -77,10 +85,15 @@ class MemoryModels:
             return max(0.03, 2 * line.max_rel_residual)
         return 0.15 if own else None
 
-    def _prior_ratio(self, precision: str, k: int, policy: str = "full") -> float:
-        ratio = _HALF_PRECISION_SLOPE if precision in ("bf16", "fp16") else 1.0
-        kept = _SELECTIVE_CHECKPOINT_SLOPE if policy == "selective" else _FULL_CHECKPOINT_SLOPE
-        return ratio * (1 - (1 - kept) * k / self._max_k)
+    def _prior_ratio(self, named: dict) -> float:
+        """The prior share of the fp32 plain slope a line key keeps (`_named`): by its precision, its checkpointing
+        and any other memory lever set."""
+        precision = _HALF_PRECISION_SLOPE if named["precision"] in ("bf16", "fp16") else 1.0
+        kept = _SELECTIVE_CHECKPOINT_SLOPE if named["checkpoint_policy"] == "selective" else _FULL_CHECKPOINT_SLOPE
+        blocks = 1 - (1 - kept) * named["checkpoint_segments"] / self._max_k
+        if any(named[k.name] != k.default for k in OTHER_LEVERS):
+            blocks = min(blocks, _OTHER_LEVER_SLOPE)
+        return precision * blocks
 
     def line(self, strategy: Strategy) -> Line | None:
         """peak = a + m*batch for this precision, sharding and checkpoint level.
@@ -115,8 +128,7 @@ class MemoryModels:
         if not references:
             return None
         _, near, ref = min(references, key=lambda r: r[0])
-        slope = ref.slope * self._prior_ratio(mine["precision"], mine["checkpoint_segments"], mine["checkpoint_policy"]) \
-            / self._prior_ratio(near["precision"], near["checkpoint_segments"], near["checkpoint_policy"])
+        slope = ref.slope * self._prior_ratio(mine) / self._prior_ratio(near)
         if own:  # one peak of its own: the borrowed intercept (weights, optimizer) through it
             b, peak = max(own)
             if peak > ref.intercept:
@@ -149,6 +161,40 @@ class MemoryModels:
         twin_margin, twin_line = self._margin(twin), self._line(twin)
         return (twin_margin is not None and twin_line is not None
                 and twin_line.slope * config.size > self.usable * (1 + twin_margin))
+
+    def likely_too_big(self, config: Config) -> bool:
+        """The best guess puts `config` over the usable memory (not yet beyond a margin of error, `says_too_big`):
+        the middle of the estimator's range where it answers, else the memory line."""
+        found = self._predicted_range(config)
+        if found is not None:
+            return found.middle > self.usable
+        line = self._line(line_key(config))
+        return line is not None and line(config.size) > self.usable
+
+    def may_not_fit(self, config: Config) -> bool:
+        """The estimator's range, anchored on a measured peak, reaches over the usable memory."""
+        found = self._predicted_range(config)
+        return found is not None and found.high > self.usable
+
+    def fits_for_sure(self, config: Config) -> bool | None:
+        """Predicted to fit at the high end of what is known of `config`: the estimator's range where it answers;
+        else the memory line, beyond its margin where the strategy has peaks of its own, its per-sample part taken
+        _PRIOR_SLACK larger where it is borrowed (a prior ratio, no peak of its own). None: nothing predicts it."""
+        found = self._predicted_range(config)
+        if found is not None:
+            return found.high <= self.usable
+        key = line_key(config)
+        line = self._line(key)
+        if line is None:
+            return None
+        if self._peaks(key):
+            return line(config.size) * (1 + self._margin(key)) <= self.usable
+        return line.intercept + line.slope * config.size * (1 + _PRIOR_SLACK) <= self.usable
+
+    def _predicted_range(self, config: Config) -> PeakRange | None:
+        """The estimator's prediction of `config`, where it answers with a bounded range."""
+        found = self.predicted.peak(config) if self.predicted is not None else None
+        return found if found is not None and math.isfinite(found.high) else None
 
     def predicted_gamble(self, config: Config) -> bool:
         """Predicted neither to fit nor not to: probing it risks an OOM."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from autofit.config import Config
@@ -203,21 +203,22 @@ class NoiseReading:
                 found[config] = Suspicion(config, gap)
         return found
 
-    def unconfirmed_leaders(self) -> list[Config]:
+    def unconfirmed_leaders(self, among: Callable[[Config], bool] = lambda c: True) -> list[Config]:
         """Leaders of their precision measured once, fastest first, that a search must probe again
         before it ends. A probe slowed evenly shows nothing unusual on its own, and the leader of
         each precision decided what wins and which strategies were pruned: a leader within reach of
-        the best (what interference could hide, up to _LEADER_REACH x) needs a second probe."""
-        leaders = self._leaders()
+        the best (what interference could hide, up to _LEADER_REACH x) needs a second probe. `among`: the
+        configs that may lead (those that fit)."""
+        leaders = self._leaders(among)
         top = max((self.rate(c) for c in leaders), default=0.0)
         out = [c for c in leaders if len(self.ok[c]) == 1 and c not in self._suspicions
                and self.rate(c) * _LEADER_REACH >= top]
         return sorted(out, key=self.rate, reverse=True)
 
-    def _leaders(self) -> list[Config]:
-        """The fastest config of each precision (single probes count at face value)."""
+    def _leaders(self, among: Callable[[Config], bool]) -> list[Config]:
+        """The fastest config of each precision among those `among` takes (single probes count at face value)."""
         best: dict[str, Config] = {}
-        for config in self.ok:
+        for config in filter(among, self.ok):
             current = best.get(config.precision)
             if current is None or self.rate(config) > self.rate(current):
                 best[config.precision] = config

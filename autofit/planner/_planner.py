@@ -13,7 +13,9 @@ benchmark's replays all run the same decisions. The rules, in order:
    the OOMs) jumps straight to the largest batch predicted to fit, instead of doubling from 1. When
    the model, fitted on two or more points, predicts that the next batch would cross the usable
    memory by more than its own error, that batch is not probed; with one point, a step up goes no
-   further than usable x b / peak(b), which certainly fits. The pilot (the first probe: the space's
+   further than usable x b / peak(b), which certainly fits (under an OOM too). A batch whose best guess (the
+   line, or the estimator's middle) is over the usable memory is a gamble taken only where it could be
+   _GAMBLE_GAIN faster than the best, and after the memory levers (rule 12). The pilot (the first probe: the space's
    first strategy, the expected best precision, at a memory-scaled guess of its batch) climbs so (or by
    rule 7) to its memory edge; only then is each other precision probed once, at the largest batch the
    pilot's fits: at a small batch a GPU's step is launch-bound and every precision reads alike, while
@@ -27,7 +29,8 @@ benchmark's replays all run the same decisions. The rules, in order:
    measured, by checkpointing that recomputes less: fewer blocks, or selective for full), and a
    sharded strategy (FSDP2, which only adds communication) by the same strategy under DDP.
 4. Throughput is noisy and not always monotone: the neighbours of the best batch are probed before
-   the search ends, climbing while they improve.
+   the search ends, climbing while they improve (the one above only where its best guess fits); a config that
+   does not fit is never rechecked.
 5. (The A/B that names the winner: _ab.py, and the search's confirm phase.)
 6. (The data's ceiling: _feasibility.py.)
 7. With the memory estimator's prediction (see _prediction.py), from the first probe on: each
@@ -42,12 +45,17 @@ benchmark's replays all run the same decisions. The rules, in order:
    smaller micro-batches of its strategy; with nothing measured, a timed-out config is probed again (_retry_timed_out).
 11. A knob that changes a step's speed and not what fits (a memory format), where the function offers it, is
    tried on the fastest config after the loader's turn, each of its values kept where faster (_variant_rule.py).
+12. Where memory binds the leader's strategy (its next batch is too big or may not fit), a memory lever (more
+   checkpointed blocks, the full policy, then activation offload) is probed at that next batch before the batch
+   itself, one predicted to fit there, and a lever that fits climbs before any other strategy; a lever is
+   probed only where memory binds the strategy without levers, never where the range or the global batch ends
+   its climb (_lever_rule.py).
 
 The numbers are those of docs/reference/planner.md.
 The planner decides; what the observations say is read by its parts, once per decision (`_State`):
 what fits (_feasibility.py, rule 1), the memory lines and the calibrated prediction
-(_memory_model.py, rules 2 and 7), the throughput estimates (_throughput.py, rule 3), the noise
-reading (_noise.py) and the ranking (_ranking.py).
+(_memory_model.py, rules 2 and 7), the throughput estimates (_throughput.py, rule 3), where memory binds
+and which lever is next (_lever_rule.py, rule 12), the noise reading (_noise.py) and the ranking (_ranking.py).
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ from dataclasses import replace
 from autofit.config import KNOB, SHARDINGS, Config
 from autofit.planner._ab import ABPlan, contenders, entrants, within_noise
 from autofit.planner._feasibility import Feasibility
+from autofit.planner._lever_rule import Levers
 from autofit.planner._loader_rule import leader, next_loader_config
 from autofit.planner._memory_model import MemoryModels
 from autofit.planner._models import Line
@@ -66,6 +75,7 @@ from autofit.planner._noise import NoiseReading
 from autofit.planner._observation import Observation, compute_variant
 from autofit.planner._prediction import CalibratedPrediction, MemoryPrediction, PeakRange
 from autofit.planner._ranking import Candidate, Ranking
+from autofit.planner._recompute import pulls_a_lever
 from autofit.planner._search_space import SearchSpace, Strategy
 from autofit.planner._squares_rule import next_squares_config
 from autofit.planner._throughput import ThroughputModels
@@ -127,6 +137,9 @@ class Planner:
         early = self._first_of_each_precision(state)
         if early is not None:
             return early
+        lever = self._leading_lever(state)
+        if lever is not None:
+            return lever
         for strategy in self._order(state):
             if state.feasible.strategy_unusable(strategy):
                 continue
@@ -192,12 +205,14 @@ class Planner:
         if rechecks >= max(_MIN_RECHECKS, explored // 2):
             return None
         running = {o.config for o in state.observations if o.status == "running"}
-        waiting = [c for c in state.noise.unresolved() if c not in running]
+        # A config that does not fit never wins nor bounds anything: its speed needs no second probe (one over the
+        # headroom read fastest of its precision and was probed again, on the memory stand-in).
+        waiting = [c for c in state.noise.unresolved() if c not in running and state.ranking.fits(c)]
         if waiting:
             return max(waiting, key=state.noise.rate)
         if self.next(observations) is not None:
             return None  # leaders are confirmed once exploring is done
-        leaders = [c for c in state.noise.unconfirmed_leaders() if c not in running]
+        leaders = [c for c in state.noise.unconfirmed_leaders(state.ranking.fits) if c not in running]
         return leaders[0] if leaders else None
 
     def contenders(self, observations: Sequence[Observation]) -> list[Config]:
@@ -309,16 +324,34 @@ class Planner:
         return sorted(strategies, key=key)
 
     def _next_in_strategy(self, state: _State, strategy: Strategy) -> Config | None:
-        """Bracket the largest batch that fits, guided by the memory model; None when resolved."""
+        """Bracket the largest batch that fits, guided by the memory model; None when resolved. A lever's strategy
+        only where memory binds the one without levers, first where it is predicted to fit (rule 12); a size that
+        may not fit only as `_probe_now` says."""
+        lever = pulls_a_lever(strategy)
+        if lever and not state.levers.binds(strategy):
+            return None
         candidates = [b for b in state.feasible.open_batches(strategy)
                       if not state.memory.says_too_big(self.space.config(strategy, b))]
+        if lever and not state.memory.peaks(strategy):
+            candidates = _predicted_to_fit(state, strategy, candidates)
         if not candidates:
             return None
         if _cannot_beat_best(self.space, state, strategy, candidates):
             return None
         step = _step(state, strategy, candidates)
         floor = _climb_floor(state, strategy, candidates)
-        return self.space.config(strategy, floor) if floor is not None and (step is None or step.size < floor) else step
+        if floor is not None and (step is None or step.size < floor):
+            return self.space.config(strategy, floor)  # a size the measured peak says certainly fits
+        return step if step is not None and _probe_now(state, step) else None
+
+    def _leading_lever(self, state: _State) -> Config | None:
+        """Rule 12 on the leader's strategy (the pilot's while nothing fits): where it pulls a lever, its own climb
+        before any other strategy's; where memory binds it, a lever at its next size."""
+        best = leader(state.ranking.ranked())
+        strategy = self.space.strategy_of(best.config) if best is not None else self.space.strategies()[0]
+        climb = self._next_in_strategy(state, strategy) if pulls_a_lever(strategy) else None
+        return climb or _lever_at_edge(state, strategy)
+
 
 class _State:
     """One reading of the observations, indexed for the planner's questions: what fits (feasible),
@@ -354,6 +387,7 @@ class _State:
         self.memory = MemoryModels(space, usable, measured, self.predicted)
         self.ranking = Ranking(usable, by_config, self.noise, check_noise)
         self.throughput = ThroughputModels(space, self.ranking)
+        self.levers = Levers(space, self.feasible, self.memory, self.throughput)
 
     @property
     def any_observed(self) -> bool:
@@ -389,9 +423,9 @@ def _measured_step(state: _State, strategy: Strategy, candidates: list[int]) -> 
         high = state.feasible.oom_min(strategy)
         target = (low * high) ** 0.5 if high else low * _PILOT_JUMP
         peak = max((p for b, p in own if b == low), default=None)
-        if not high and peak:
-            # peak = a + m x batch with a >= 0: up to usable x low / peak fits for sure; a step that far
-            # (at least the next batch up) rather than a blind x4 into an OOM
+        if peak:
+            # peak = a + m x batch with a >= 0: up to usable x low / peak fits for sure; a step that far (at least
+            # the next batch up) rather than a blind x4 into an OOM, or a bisection toward one (an OOM above)
             above = min((b for b in candidates if b > low), default=target)
             target = min(target, max(state.usable * low / peak, above))
         below = [b for b in candidates if b <= target]
@@ -407,6 +441,34 @@ def _measured_step(state: _State, strategy: Strategy, candidates: list[int]) -> 
     if state.memory.says_too_big(state.space.config(strategy, smallest)):
         return None  # the model, beyond its margin of error, says nothing open fits
     return state.space.config(strategy, smallest)
+
+
+def _lever_at_edge(state: _State, strategy: Strategy) -> Config | None:
+    """Rule 12: where memory binds `strategy`, the lever to probe at its next size (see _lever_rule.py), one that
+    could beat the best so far."""
+    return state.levers.next_config(strategy, lambda s: not _cannot_beat_best(
+        state.space, state, s, state.feasible.open_batches(s) or [state.space.batch_sizes[-1]]))
+
+
+def _probe_now(state: _State, config: Config) -> bool:
+    """Whether a step of a climb is probed now. A size its strategy may not fit (its best guess over the usable
+    memory, or the estimator's range across it) waits while a lever is left to probe there (rule 12); then a best
+    guess over the usable memory is probed only where it could be _GAMBLE_GAIN faster than the best (rule 7's
+    gamble, which `_predicted_next` makes for the estimator's range)."""
+    likely = state.memory.likely_too_big(config)
+    if not likely and not state.memory.may_not_fit(config):
+        return True
+    if _lever_at_edge(state, state.space.strategy_of(config)) is not None:
+        return False
+    ranked = state.ranking.ranked()
+    estimate = state.throughput.estimate(state.space.strategy_of(config), config.size)
+    return not likely or not ranked or (estimate is not None and estimate >= ranked[0].rate * _GAMBLE_GAIN)
+
+
+def _predicted_to_fit(state: _State, strategy: Strategy, candidates: list[int]) -> list[int]:
+    """A lever's first sizes (rule 12): those predicted to fit at the high end; every one where nothing predicts any."""
+    sure = {b: state.memory.fits_for_sure(state.space.config(strategy, b)) for b in candidates}
+    return candidates if all(v is None for v in sure.values()) else [b for b, v in sure.items() if v]
 
 
 def _cannot_beat_best(space: SearchSpace, state: _State, strategy: Strategy, open_batches: list[int]) -> bool:
@@ -543,8 +605,8 @@ def _can_climb(space: SearchSpace, state: _State) -> bool:
     strategy = space.strategy_of(top.config)
     if state.feasible.fit_max(strategy) != top.config.size:
         return False
-    return any(b > top.config.size and not state.memory.says_too_big(space.config(strategy, b))
-               for b in state.feasible.open_batches(strategy))
+    above = [space.config(strategy, b) for b in state.feasible.open_batches(strategy) if b > top.config.size]
+    return any(not state.memory.says_too_big(c) and not state.memory.likely_too_big(c) for c in above)
 
 
 def _retry_timed_out(state: _State) -> Config | None:
@@ -584,6 +646,7 @@ def _around_the_best(space: SearchSpace, state: _State) -> Config | None:
         if 0 <= j < len(sizes):
             config = space.config(strategy, sizes[j])
             if (not state.feasible.tried(config) and not state.feasible.implied_too_big(config)
-                    and not state.memory.says_too_big(config) and not (j > i and state.memory.predicted_gamble(config))):
+                    and not state.memory.says_too_big(config) and not (j > i and (
+                        state.memory.predicted_gamble(config) or state.memory.likely_too_big(config)))):
                 return config
     return None

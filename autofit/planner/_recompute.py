@@ -4,10 +4,27 @@ Pure functions of a config's fields, read by the space, the feasibility rules an
 
 from __future__ import annotations
 
+from autofit.config import KNOBS
+
 #: The knobs of a strategy whose memory order these rules know (checkpointing, accumulation): strategies that
 #: differ in them alone are one family (`Strategy.family`), compared by `needs_no_more_memory`; any other
 #: knob of order "memory" makes a family of its own, compared with no other.
 ORDERED_BY_RULES = ("checkpoint_segments", "checkpoint_policy", "accumulation_steps")
+#: The memory levers (autofit.knobs' `lever`: the checkpointed blocks and their policy, activation offload): away
+#: from their defaults they trade speed for memory and nothing else (rule 12).
+LEVERS = tuple(k for k in KNOBS if k.lever)
+#: The levers rule 1's order does not know: each makes a family of its own, and has priors of its own.
+OTHER_LEVERS = tuple(k for k in LEVERS if k.name not in ORDERED_BY_RULES)
+
+
+def without_levers(strategy):
+    """`strategy` (a Strategy) with every memory lever at its default: what its levers save memory for."""
+    return strategy.replaced(**{k.name: k.default for k in LEVERS})
+
+
+def pulls_a_lever(item) -> bool:
+    """Whether a Config or Strategy sets a memory lever away from its default (where it acts)."""
+    return any(k.acting(item) != k.default for k in LEVERS)
 
 
 def checkpoint_policy(item) -> str:

@@ -153,11 +153,13 @@ class SearchSpace:
     longest_sample: int | None = None
     """By tokens: the data's longest sample (its batch is a cap's worst; the squares rule caps the others'
     squares at its batch's)."""
-    variants: tuple[str, ...] = ()
-    """The knobs that change speed and not what fits (autofit.knobs' order "compute") the function offers:
-    each tried on the leader (rule 11)."""
+    variants: tuple[tuple[str, tuple], ...] = ()
+    """The knobs that change speed and not what fits (autofit.knobs' order "compute") the function offers, each
+    with its values to try (a knob given by its name alone: every value it declares but its default): each tried
+    on the leader (rule 11)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "variants", tuple(_variant(item) for item in self.variants))
         given = dict(self.knobs)
         unknown = set(given) - set(_STRATEGY_NAMES)
         if unknown:
@@ -181,12 +183,12 @@ class SearchSpace:
         `stored` knob is a trial param of every study anyway: its offer is left to the others that share it."""
         held = {k.offer for k in STRATEGY_KNOBS if not k.stored and self.values_of(k.name) != (k.default,)}
         return frozenset(held | {k.offer for k in KNOBS if (k.order == "input" and self.loader.offered)
-                                 or k.name in self.variants or (k.order == "size" and k.offer and self.tokens)})
+                                 or k.name in dict(self.variants) or (k.order == "size" and k.offer and self.tokens)})
 
     @classmethod
     def build(cls, *, batch_range: tuple[int, int] = (1, MAX_BATCH), token_range: tuple[int, int] | None = None,
               global_batch: int | None = None, global_tokens: int | None = None, longest_sample: int | None = None,
-              loader: LoaderChoices | None = None, variants: tuple[str, ...] = (), **values: tuple) -> SearchSpace:
+              loader: LoaderChoices | None = None, variants: tuple = (), **values: tuple) -> SearchSpace:
         """The space of `values` (each knob of STRATEGY_KNOBS by name: the values to try, the pilot's first)
         over the sizes of `size_axis`. `token_range`: batches by tokens, the caps to climb (the batch range and
         global batch then do not apply, `global_tokens` does). A global batch derives each accumulation; a
@@ -270,7 +272,7 @@ class SearchSpace:
             **({"tokens": True} if self.tokens else {}),
             **({"global_tokens": self.global_tokens} if self.global_tokens is not None else {}),
             **({"longest_sample": self.longest_sample} if self.longest_sample is not None else {}),
-            **({"variants": list(self.variants)} if self.variants else {}),
+            **({"variants": {name: list(values) for name, values in self.variants}} if self.variants else {}),
         }
 
     @classmethod
@@ -281,7 +283,19 @@ class SearchSpace:
         return cls(batch_sizes=tuple(data["batch_sizes"]), knobs=tuple(knobs.items()),
                    global_batch=data.get("global_batch"), loader=_loader_choices(data.get("loader")),
                    tokens=bool(data.get("tokens", False)), global_tokens=data.get("global_tokens"),
-                   longest_sample=data.get("longest_sample"), variants=tuple(data.get("variants", ())))
+                   longest_sample=data.get("longest_sample"), variants=tuple(dict(data.get("variants") or {}).items()
+                                                                             if isinstance(data.get("variants"), dict)
+                                                                             else data.get("variants", ())))
+
+
+def _variant(item: str | tuple) -> tuple[str, tuple]:
+    """A variant as (knob name, its values to try): a name alone (a space stored before the values were kept)
+    means every value its knob declares but its default."""
+    if isinstance(item, str):
+        knob = next(k for k in KNOBS if k.name == item)
+        return item, tuple(v for v in knob.trial_values() if v is not None and v != knob.default)
+    name, values = item
+    return name, tuple(values)
 
 
 def _loader_choices(data: dict | None) -> LoaderChoices:

@@ -1,22 +1,24 @@
 """What the planner believes about a strategy's throughput (`Observation.rate`: samples/s, or real tokens/s
 by tokens, whose micro-batches hold real tokens in proportion to their cap): its own fitted curve (time per
 micro-batch = c0 + c1 x size) where it has two measured sizes, else one measured point carried along the
-most similar strategy's curve, else the strategy it only adds work to (no checkpointing, DDP, eager)
-slowed as much as that addition was seen to slow others. Used to bound what a strategy can reach."""
+most similar strategy's curve, else the strategy it only adds work to (no checkpointing or other memory lever,
+DDP, eager) slowed as much as that addition was seen to slow others. Used to bound what a strategy can reach."""
 
 from __future__ import annotations
-
 
 from autofit.planner._models import ThroughputModel, fit_throughput
 from autofit.planner._observation import is_variant
 from autofit.planner._ranking import Ranking
-from autofit.planner._recompute import recomputes_no_more
+from autofit.planner._recompute import OTHER_LEVERS, recomputes_no_more
 from autofit.planner._search_space import SearchSpace, Strategy
 
 #: Prior slowdown of checkpointing every block (it recomputes the forward pass); measured values win.
 _CHECKPOINT_SLOWDOWN = 0.2
 #: The same under selective checkpointing, which recomputes only the cheap ops (no matmul).
 _SELECTIVE_SLOWDOWN = 0.05
+#: Prior slowdown of another memory lever (activation offload: host copies that overlap the step, issue 51's goal
+#: of 15% at most; where they do not, its first probe measures more, and its measured ratio wins).
+_OTHER_LEVER_SLOWDOWN = 0.15
 
 
 class ThroughputModels:
@@ -62,6 +64,10 @@ class ThroughputModels:
             base = strategy.replaced(checkpoint_segments=0, checkpoint_policy="full")
             estimate = self.estimate(base, batch)
             return estimate * self._checkpoint_slowdown(strategy) if estimate is not None else None
+        levers = [k for k in OTHER_LEVERS if getattr(strategy, k.name) != k.default]
+        if levers:  # it only adds work to the same strategy without them
+            estimate = self.estimate(strategy.replaced(**{k.name: k.default for k in levers}), batch)
+            return estimate * self._lever_slowdown(levers) if estimate is not None else None
         if strategy.sharding != "ddp":
             estimate = self.estimate(strategy.replaced(sharding="ddp"), batch)
             return estimate * self._sharding_slowdown(strategy.sharding) if estimate is not None else None
@@ -98,6 +104,17 @@ class ThroughputModels:
                     ratios.append(min(1.0, c.rate / base))
         prior = _SELECTIVE_SLOWDOWN if strategy.checkpoint_policy == "selective" else _CHECKPOINT_SLOWDOWN
         return min(ratios) if ratios else 1 - prior * strategy.checkpoint_segments / self._max_k
+
+    def _lever_slowdown(self, levers: list) -> float:
+        """Smallest measured ratio (with `levers` set / without, at the same batch and settings); a prior if unseen."""
+        ratios = []
+        for c in self._measured():
+            if all(getattr(c.config, k.name) != k.default for k in levers):
+                base = self.estimate(self.space.strategy_of(c.config).replaced(**{k.name: k.default for k in levers}),
+                                     c.config.size)
+                if base:
+                    ratios.append(min(1.0, c.rate / base))
+        return min(ratios) if ratios else 1 - _OTHER_LEVER_SLOWDOWN
 
     def _sharding_slowdown(self, sharding: str) -> float:
         """Smallest measured ratio (sharded / DDP at the same batch and settings); 1.0 if unseen."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from autofit.config import KNOB, Config
+from autofit.config import Config
 from autofit.planner._observation import Observation, compute_variant
 from autofit.planner._ranking import Candidate
 
@@ -17,10 +17,11 @@ from autofit.planner._ranking import Candidate
 _GAIN = 1.03
 
 
-def next_variant_config(variants: Sequence[str], ranked: Sequence[Candidate],
+def next_variant_config(variants: Sequence[tuple[str, tuple]], ranked: Sequence[Candidate],
                         observations: Sequence[Observation]) -> Config | None:
-    """The next value of a compute knob (`variants`: their names) to probe on the fastest config that sets
-    none of them, or None when each was tried (or one is running: the next depends on what it measures)."""
+    """The next value of a compute knob (`variants`: each knob's name and its values to try) to probe on the
+    fastest config that sets none of them, or None when each was tried (or one is running: the next depends on
+    what it measures)."""
     if not variants:
         return None
     base = next((c for c in ranked if not compute_variant(c.config)), None)
@@ -31,11 +32,8 @@ def next_variant_config(variants: Sequence[str], ranked: Sequence[Candidate],
     done = {o.config for o in observations if o.status != "running"}
     rates = {c.config: c.rate for c in ranked}
     best, best_rate = base.config, base.rate
-    for name in variants:
-        knob = KNOB[name]
-        for value in knob.trial_values():
-            if value is None or value == knob.default:
-                continue
+    for name, values in variants:
+        for value in values:
             config = replace(best, **{name: value})
             if config not in done:
                 return config

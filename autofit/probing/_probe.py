@@ -23,8 +23,10 @@ from autofit.runtime import (
     Ranks,
     Run,
     RunSettings,
+    SPREAD_EXTENSION,
     breaks_the_device,
     is_oom,
+    normal_run_recovers,
     price_steps,
 )
 from autofit.units import format_size
@@ -47,6 +49,7 @@ def run_probe(
     min_measure_s: float = MIN_MEASURE_S,
     ranks: Ranks | None = None,
     progress: Callable[[int, int], None] | None = None,
+    open_step_s: float | None = None,
 ) -> ProbeResult:
     """Run `fn` for warm-up optimizer steps, then steps holding at least `measured_steps` micro-batches
     (`Config.probe_steps`), under `config` on `backend`.
@@ -54,7 +57,8 @@ def run_probe(
     The measured part goes on past them (up to 50x) until `min_measure_s` is measured,
     so that fast steps are timed over a span a clock can resolve. A config that accumulates more than
     PROBE_ACCUMULATION micro-batches runs that many a step, and its own step is priced from them
-    (autofit.runtime._accumulation). `progress` is told (micro-batches, steps) as they finish.
+    (autofit.runtime._accumulation). `progress` is told (micro-batches, steps) as they finish. `open_step_s`: how
+    long a finite loop is followed to a step past the micro-batches a probe allows without one (None: not at all).
     Never raises for anything the user's code does: every outcome is a status in the result.
     """
     measured_steps = config.probe_steps(measured_steps)
@@ -65,10 +69,10 @@ def run_probe(
     run = Run(RunSettings(
         config, backend.torch_device(), probing=True, warmup_steps=warmup_steps,
         measured_steps=measured_steps, synchronize=backend.synchronize, min_measure_s=min_measure_s,
-        max_measured_steps=measured_steps * _MAX_EXTENSION, ranks=ranks, count_flops=True,
+        max_measured_steps=measured_steps * _MAX_EXTENSION, ranks=ranks, count_flops=True, progress=progress,
         energy=backend.energy_joules, alloc_retries=backend.alloc_retries, host_memory=available_memory_bytes,
         global_tokens=getattr(getattr(fn, "options", None), "global_tokens", None),
-        probe_accumulation=PROBE_ACCUMULATION, progress=progress))
+        probe_accumulation=PROBE_ACCUMULATION, open_step_s=open_step_s, holds_saved=_normal_run_recovers(fn, ranks)))
     result = ProbeResult(status="ok", config=config, warmup_steps=warmup_steps, memory_limit=backend.memory_limit)
     clock = run.control.clock
     compiling = CompileTimer(before=lambda: clock.first_micro_at is None)
@@ -89,13 +93,21 @@ def run_probe(
         del exc
     _fill_result(result, run, backend, started, compiling)
     result.baseline_bytes = baseline
-    if tensors is not None:
-        result.allocator["tensors_at_start_bytes"] = tensors
+    result.allocator.update({} if tensors is None else {"tensors_at_start_bytes": tensors})
     if result.restart_worker:
         return result  # the device answers nothing more in this process: no clean-up
     del run  # the user's model and tensors go before the memory left behind is read
     read_memory_after(result, backend)
     return result
+
+
+def _normal_run_recovers(fn: Callable[[Run], Any], ranks: Ranks | None) -> bool:
+    """Whether `fn`'s normal run recovers from OOMs, and so saves its forwards' tensors through hooks the probe
+    must run too: the decorator's rule (`recover_oom`, $AUTOFIT_OOM_RECOVERY, one process); never for a script
+    that calls autofit.start (its loop is its own: an OOM runs it again)."""
+    if isinstance(fn, ScriptEntry):
+        return False
+    return normal_run_recovers(getattr(getattr(fn, "options", None), "recover_oom", True), ranks.world_size if ranks else 1)
 
 
 def read_memory_after(result: ProbeResult, backend: DeviceBackend) -> None:
@@ -200,20 +212,27 @@ def _record_failure(result: ProbeResult, exc: BaseException) -> None:
 
 def _record_no_step(result: ProbeResult, exc: NoStepClosed) -> None:
     """A loop whose micro-batches kept coming while no optimizer step closed: diverged where its loss or its
-    gradients were NaN or inf (it skipped the step for them), an error otherwise; never a wait for the budget."""
+    gradients were NaN or inf (it skipped the step for them, or its GradScaler skipped every step), an error
+    otherwise; never a wait for the budget."""
     label = result.config.label()
     if exc.finite is False:
         result.status, result.error_type = "diverged", "NonFiniteLoss"
+        skipped = (f"its GradScaler skipped {exc.skipped} steps in a row" if exc.skipped else
+                   f"no optimizer step closed in {exc.micro_batches} micro-batches (the loop skips its step for a "
+                   f"non-finite loss, or its GradScaler skips every step)")
         result.error_message = (
-            f"The loss (or its gradients) was NaN or inf under {label}, and no optimizer step closed in "
-            f"{exc.micro_batches} micro-batches (the loop skips its step for a non-finite loss, or its GradScaler "
-            f"skips every step): this config is unusable (fp16 overflow or too large a step).")
+            f"The loss (or its gradients) was NaN or inf under {label}, and {skipped}: this config is unusable "
+            f"(fp16 overflow or too large a step).")
         return
     result.status, result.error_type = "error", "NoOptimizerStep"
     finite = " (its loss and gradients were finite)" if exc.finite else ""
+    waited = ""
+    if exc.waited_s is not None:
+        waited = (f", {exc.waited_s:.0f} s of them followed on, what the probe's limits allow a step (a loop that "
+                  f"accumulates more micro-batches than that itself needs a longer --probe-timeout)")
     result.error_message = (
         f"A probe needs optimizer steps, but no optimizer step closed in {exc.micro_batches} micro-batches under "
-        f"{label}{finite}: call optimizer.step() every run.accumulation_steps "
+        f"{label}{finite}{waited}: call optimizer.step() every run.accumulation_steps "
         f"micro-batches (a probe ends after its measured steps), or run.backward(loss, optimizer).")
 
 
@@ -267,6 +286,11 @@ def _fill_timing(result: ProbeResult, run: Run) -> None:
     else:
         iqr = max(times) - min(times)
     result.step_time_iqr_s = iqr * result.step_time_median_s / median if median > 0 else iqr
+    if control.clock.uncertain is not None:
+        result.notes.append(f"its step times spread widely (IQR {iqr / median:.0%} of the median step): after "
+                            f"{result.measured_steps} steps, {SPREAD_EXTENSION:.0f}x as long as a probe measures, "
+                            f"the mean step is still uncertain by ±{control.clock.uncertain:.0%}, and so is its "
+                            f"figure (a busy machine, or steps that differ: give the probe a quieter machine)")
 
 
 def _fill_retries(result: ProbeResult, run: Run) -> None:

@@ -45,6 +45,15 @@ class ProbeLimits:
         """The longest a probe under these limits can take before its first sign of life."""
         return min(self.start_s, self.total_s) if self.total_s is not None else self.start_s
 
+    def open_step_s(self, warmup: int, steps: int) -> float:
+        """How long a probe follows a loop with a finite loss past the micro-batches it allows without an
+        optimizer step (a loop's own accumulation: autofit.runtime's OpenStep): micro-batches are no progress
+        once they close no step, so its stall limit; and no longer than leaves its `total_s` room for a step of
+        that length for each of its warm-up and measured steps and one more."""
+        if self.total_s is None:
+            return self.stall_s
+        return min(self.stall_s, self.total_s / (warmup + steps + 1))
+
     def to_wire(self) -> dict:
         return {"start_s": self.start_s, "stall_s": self.stall_s, "total_s": self.total_s}
 

@@ -116,9 +116,9 @@ class RankGroup(DistributedWorker):
         self._probes += 1
         log_file = log_path or self._log_file(f"probe-{trial_id if trial_id is not None else self._probes}.log")
         open_log(log_file).close()  # a file of this user's, never through a link; the ranks append to it
-        request = ProbeRequest(config, warmup=warmup, steps=steps, min_measure_s=min_measure_s,
-                               progress_path=self._progress.fresh_path())
         limits = ProbeLimits.of(timeout)
+        request = ProbeRequest(config, warmup=warmup, steps=steps, min_measure_s=min_measure_s,
+                               progress_path=self._progress.fresh_path(), open_step_s=limits.open_step_s(warmup, steps))
         watch = ProbeWatch(limits, request.progress_path)
         message = {"op": "probe", "request": request.to_wire(), "log_path": log_file, "store_port": free_local_port()}
         started = time.perf_counter()

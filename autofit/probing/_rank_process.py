@@ -44,6 +44,7 @@ def main(request_path: str) -> int:
     with ProgressFile(probe_request.progress_path) if tells else nullcontext() as progress:
         result = run_probe(loaded.fn, probe_request.config, loaded.backend, warmup_steps=probe_request.warmup,
                            measured_steps=probe_request.steps, ranks=ranks, progress=progress,
+                           open_step_s=probe_request.open_step_s,
                            min_measure_s=MIN_MEASURE_S if min_measure_s is None else min_measure_s)
     result.world_size = ranks.world_size
     result.modules = local_modules(load_request.script)  # the code it ran beside the script's own

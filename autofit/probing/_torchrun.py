@@ -97,8 +97,9 @@ class DistributedWorker:
         which it is posted for the other nodes)."""
         started = time.perf_counter()
         limits = ProbeLimits.of(timeout)
-        job = self._job_for(ProbeRequest(config, warmup=warmup, steps=steps, min_measure_s=min_measure_s),
-                            limits, trial_id)
+        request = ProbeRequest(config, warmup=warmup, steps=steps, min_measure_s=min_measure_s,
+                               open_step_s=limits.open_step_s(warmup, steps))
+        job = self._job_for(request, limits, trial_id)
         results, code, timed_out, log_file = self._run_everywhere(job, log_path, trial_id)
         result = combine(config, results, self.world_size, time.perf_counter() - started, code, timed_out, limits,
                          log_file, self.budget.limit_bytes)

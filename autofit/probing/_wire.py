@@ -97,18 +97,23 @@ class ProbeRequest:
     min_measure_s: float | None = None
     progress_path: str | None = None
     """Where the probe writes its progress for its runner (autofit.probing._progress); None: nowhere."""
+    open_step_s: float | None = None
+    """How long the probe follows a loop with a finite loss and no optimizer step past the micro-batches it
+    allows (`ProbeLimits.open_step_s`); None: it ends there."""
 
     def to_wire(self) -> dict[str, Any]:
-        """The keys a job posted across nodes has always carried (studies keep them), and where the
-        probe's progress goes."""
+        """The keys a job posted across nodes has always carried (studies keep them), where the probe's
+        progress goes, and how long it follows a loop to its first step."""
         return {"config": self.config.to_dict(), "warmup": self.warmup, "steps": self.steps,
                 "min_measure_s": self.min_measure_s,
-                **({"progress_path": self.progress_path} if self.progress_path else {})}
+                **({"progress_path": self.progress_path} if self.progress_path else {}),
+                **({"open_step_s": self.open_step_s} if self.open_step_s is not None else {})}
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> ProbeRequest:
         return cls(Config.from_dict(data["config"]), warmup=data.get("warmup", 2), steps=data.get("steps", 5),
-                   min_measure_s=data.get("min_measure_s"), progress_path=data.get("progress_path"))
+                   min_measure_s=data.get("min_measure_s"), progress_path=data.get("progress_path"),
+                   open_step_s=data.get("open_step_s"))
 
 
 # --- replies ----------------------------------------------------------------------------------------

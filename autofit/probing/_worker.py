@@ -34,6 +34,10 @@ _WORKER_ENV = {"PYTHONUNBUFFERED": "1"}
 #: replaced (a CPU's heap keeps some of what a probe freed; more is what a probe left behind); on CUDA
 #: also the tensors its first probe may leave alive.
 LEAK_ALLOWANCE = 64 * 2**20
+#: Where the device tells tensors apart (CUDA): memory outside tensors a persistent worker may hold after a probe
+#: beyond what it held after its first, before it is replaced: CUDA's kernels and modules loaded for each new
+#: shape (a compiled script's Triton modules) grow it a little at every probe, as a fresh worker's would.
+OUTSIDE_ALLOWANCE = 256 * 2**20
 
 
 class WorkerStartError(AutofitError):
@@ -182,9 +186,10 @@ class Worker:
             self.start()
         assert self._channel is not None
         started = time.perf_counter()
+        limits = ProbeLimits.of(timeout)
         request = ProbeRequest(config, warmup=warmup, steps=steps, min_measure_s=min_measure_s,
-                               progress_path=self._progress.fresh_path())
-        watch = ProbeWatch(ProbeLimits.of(timeout), request.progress_path)
+                               progress_path=self._progress.fresh_path(), open_step_s=limits.open_step_s(warmup, steps))
+        watch = ProbeWatch(limits, request.progress_path)
         reply, reason = self._await(request, log_path, watch)
         wall = time.perf_counter() - started
         if reply is None:
@@ -294,17 +299,29 @@ class WarmMemory:
     808, 808 MiB after successive probes, and its probes' peaks matched fresh workers'). So its baseline
     is its memory after its first probe, and a later probe that ends more than the allowance above it
     started on what earlier probes left: memory that grows probe after probe. That probe is measured
-    again in a fresh worker, and from then on every worker of the script is judged from its first probe's
-    start, as a script that leaks. The allowance is absolute (a share of the limit let 16 GB stand on an
-    80 GB GPU). Where the device tells tensors apart (CUDA: allocated once gc ran, cuBLAS's workspaces
-    went and the cache was emptied), tensors the first probe left alive are no growth of CUDA's: they are
-    what it left behind. On a CPU (`--probe-process persistent`) the heap glibc keeps counts as well."""
+    again in a fresh worker. A fresh worker's first probe is then judged by what it grew beyond that one-time
+    growth (`one_time`: the first worker's first probe's growth, less the tensors it left where the device
+    tells tensors apart), so a fresh worker is not replaced for growing as every fresh worker does; once
+    memory grew in a second worker too (`leaks`), the script grows probe after probe, and each of its workers
+    goes after a first probe that grows it past the allowance. The allowance is absolute (a share of the limit let 16 GB stand on an 80 GB
+    GPU). Where the device tells tensors apart (CUDA: allocated once gc ran, cuBLAS's workspaces went and the
+    cache was emptied), tensors still alive and the memory outside them are judged each on its own: tensors
+    the first probe left alive are what it left behind; outside them, CUDA's kernels and modules loaded for
+    each new shape grow a worker a little at every probe, which a fresh worker would load again, so that
+    growth has a larger allowance (`OUTSIDE_ALLOWANCE`: within it, a later probe's peak and cap may carry that
+    much of earlier probes' kernels); past it (a library's own allocations held probe after probe) it counts in
+    every later probe's peak and lowers its cap, and the worker is replaced. On a CPU (`--probe-process
+    persistent`) the heap glibc keeps counts as well."""
 
     def __init__(self, tolerance: int | None = None) -> None:
         self.tolerance = LEAK_ALLOWANCE if tolerance is None else tolerance
-        self.grows = False
-        """A worker of this script grew probe after probe: each worker is replaced after a first probe
-        that grows it."""
+        self.outside_tolerance = max(self.tolerance, OUTSIDE_ALLOWANCE)
+        self.leaks = 0
+        """Workers of this script whose memory grew past what a probe may leave: after one, a fresh worker is
+        judged by its growth beyond `one_time`; after two, each is replaced after a first probe that grows it."""
+        self.one_time: int | None = None
+        """What a worker's first probe grows it by of itself: the first worker's first probe's growth, less the
+        tensors it left where the device tells them apart."""
         self.fresh()
 
     def fresh(self) -> None:
@@ -324,27 +341,42 @@ class WarmMemory:
             return None if why is None else (why, False)
         growth = result.memory_after_bytes - self.baseline
         grown = _difference(tensors, self.tensors)
-        # Where the device tells tensors apart (CUDA), the growth that is a leak is in tensors still alive: what
-        # grows outside them is CUDA's own (kernels and modules loaded for a new shape, libraries' handles), which
-        # a fresh worker would load again, and its probes' peaks are the allocator's.
-        if (grown if grown is not None else growth) <= self.tolerance:
+        outside = None if grown is None else growth - grown
+        if grown is None and growth <= self.tolerance:
             return None
-        self.grows = True
-        where = f", {format_size(grown)} of it in tensors still alive" if grown is not None else ""
-        return (f"worker memory stayed {format_size(growth)} above what it held after its first probe{where} "
-                f"(memory that grows probe after probe: a leak, or state built at import and changed in "
-                f"place)", True)
+        if grown is not None and grown <= self.tolerance and outside <= self.outside_tolerance:
+            return None
+        self.leaks += 1
+        if grown is None or grown > self.tolerance:
+            where = f", {format_size(grown)} of it in tensors still alive" if grown is not None else ""
+            return (f"worker memory stayed {format_size(growth)} above what it held after its first probe{where} "
+                    f"(memory that grows probe after probe: a leak, or state built at import and changed in "
+                    f"place)", True)
+        return (f"worker memory outside its tensors stayed {format_size(outside)} above what it held after its first "
+                f"probe, more than the {format_size(self.outside_tolerance)} CUDA's kernels for new shapes take "
+                f"(memory held outside PyTorch's tensors probe after probe, by a library or the script: it counts in "
+                f"every later probe's peak and lowers its cap)", True)
 
     def _first_left(self, result: ProbeResult, tensors: int | None) -> str | None:
         """What a worker's first probe left that is no growth of the process's own, or None."""
         left = _difference(tensors, result.allocator.get("tensors_at_start_bytes"))
+        grown = _difference(result.memory_after_bytes, result.baseline_bytes)
+        if self.one_time is None and grown is not None:
+            self.one_time = grown - max(0, left or 0)  # the first worker's: what a fresh worker grows by itself
         if left is not None and left > self.tolerance:
             return (f"{format_size(left)} of tensors were still alive after the worker's first probe that were "
                     f"not at its start (what the probe left behind: CUDA's own one-time growth is outside them)")
-        grown = _difference(result.memory_after_bytes, result.baseline_bytes)
-        if self.grows and grown is not None and grown > self.tolerance:
+        if not self.leaks or grown is None:
+            return None
+        beyond = grown - (self.one_time or 0)
+        if self.leaks == 1 and beyond > self.tolerance:
+            self.leaks += 1
+            return (f"worker memory stayed {format_size(grown)} above where the probe started, {format_size(beyond)} "
+                    f"more than a fresh worker's first probe grows it (this script's memory grew in an earlier "
+                    f"worker too)")
+        if self.leaks >= 2 and grown > self.tolerance:
             return (f"worker memory stayed {format_size(grown)} above where the probe started (this script's "
-                    f"memory grew probe after probe in an earlier worker)")
+                    f"memory grew probe after probe in earlier workers)")
         return None
 
 

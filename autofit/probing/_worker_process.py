@@ -118,6 +118,7 @@ class _Session:
                 measured_steps=request.steps,
                 progress=progress,
                 ranks=self.ranks,
+                open_step_s=request.open_step_s,
                 **({"min_measure_s": request.min_measure_s} if request.min_measure_s is not None else {}),
             )
         result.modules = local_modules(self.loaded.script)  # what it loaded, lazily too: the code it ran

@@ -11,7 +11,7 @@ from __future__ import annotations
 from autofit.runtime._accumulation import PricedSteps, price_steps
 from autofit.runtime._batch import batch_len, batch_tensors, count_samples, map_batch, split_batch, to_device
 from autofit.runtime._checkpoint import checkpoint_policy_of, saved_ops
-from autofit.runtime._clock import ProbeFinished, StepClock
+from autofit.runtime._clock import SPREAD_EXTENSION, ProbeFinished, StepClock
 from autofit.runtime._compile_timer import CompileTimer
 from autofit.runtime._control import RunControl
 from autofit.runtime._distributed import Ranks, leave_process_group, per_rank_config, ranks_from_env
@@ -43,6 +43,7 @@ from autofit.runtime._redo import (
     drop_graph,
     lowered,
     lowered_path,
+    normal_run_recovers,
     read_lowerings,
     record_lowerings,
     recovery_enabled,
@@ -51,6 +52,7 @@ from autofit.runtime._report import run_summary
 from autofit.runtime._run import Run
 from autofit.runtime._script_run import ONE_START, StartReached, offer_script_run, take_script_run
 from autofit.runtime._settings import RunHooks, RunSettings
+from autofit.runtime._shape_caches import DEFAULT_CAPACITIES
 from autofit.runtime._tokens import TokenBatchSampler, TokenBatchStats
 
 __all__ = [
@@ -66,6 +68,7 @@ __all__ = [
     "MEMORY_LIMIT_ENV",
     "ONE_START",
     "RECOVERY_ENV",
+    "DEFAULT_CAPACITIES",
     "DataTooSmall",
     "Knobs",
     "LoopRedo",
@@ -80,6 +83,7 @@ __all__ = [
     "RunControl",
     "RunHooks",
     "RunSettings",
+    "SPREAD_EXTENSION",
     "StepClock",
     "StartReached",
     "StepRedo",
@@ -100,6 +104,7 @@ __all__ = [
     "made_by_forward",
     "leave_process_group",
     "memory_limit_from_env",
+    "normal_run_recovers",
     "offer_script_run",
     "lowered",
     "loss_of",

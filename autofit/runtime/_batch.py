@@ -66,3 +66,17 @@ def split_batch(batch: Any, size: int) -> list[Any]:
         return [batch]
     return [map_batch(batch, lambda tensor, start=start: tensor[start:start + size] if tensor.dim() > 0 else tensor)
             for start in range(0, count, size)]
+
+
+def mark_shape_dynamic(batch: Any, samples: int, width: int) -> Any:
+    """`batch` with the samples and length dimensions of each of its tensors shaped (samples, width, ...) marked
+    dynamic for torch.compile (`torch._dynamo.maybe_mark_dynamic`: no error where the model specializes one), so
+    that a compiled model over variable lengths compiles one graph for every shape at its first batch, where it
+    would compile one for the first shape and another, dynamic, at the second (benchmarks/token-compile-cpu.md)."""
+    import torch._dynamo
+
+    for tensor in batch_tensors(batch):
+        if tensor.dim() >= 2 and tuple(tensor.shape[:2]) == (samples, width):
+            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+            torch._dynamo.maybe_mark_dynamic(tensor, 1)
+    return batch

@@ -4,6 +4,7 @@ they waited for their data."""
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -21,6 +22,14 @@ class ProbeFinished(BaseException):
 
 #: Step times a run keeps for its median and spread; older ones only count in the totals.
 _RECENT_STEPS = 256
+#: A probe whose measured steps spread so widely that the mean step's standard error is above this share of it
+#: measures on (a few slow steps among five: a Lightning probe read 0.59-0.83 of its normal run, whose rate its
+#: median step said) ...
+SETTLED_SE = 0.025
+#: ... up to this many times the time it would have measured otherwise; ...
+SPREAD_EXTENSION = 4.0
+#: ... and where its mean step is still uncertain by more than this share then, so is its figure (and it says so).
+UNCERTAIN_SE = 0.05
 
 
 @dataclass
@@ -31,7 +40,10 @@ class StepClock:
     warm-up) and when it ends. Steps in between run as they would in the user's own loop (on a GPU
     the CPU keeps queueing work), so their individual times are approximate while their sum is exact.
     A probe measures `measured_steps` steps and then goes on, up to `max_measured_steps`, until at
-    least `min_measure_s` has been measured: five 3 ms steps are too short to time.
+    least `min_measure_s` has been measured: five 3 ms steps are too short to time; and on, up to
+    `SPREAD_EXTENSION` times that, while its steps spread so widely that their mean is not settled (its
+    standard error above `SETTLED_SE` of it: `unsettled` says how far it was when it stopped); with no
+    `min_measure_s`, exactly the steps it was asked for.
     A normal run (measured_steps None) never synchronises and only keeps totals and recent steps.
     The ranks of a distributed probe must stop at the same step (one left in a collective waits for
     ever): with `agree`, each rank works out after its first measured step how many steps reach
@@ -77,6 +89,9 @@ class StepClock:
     """When the first backward pass returned (`time.perf_counter`): the run's set-up ended there."""
     fewest_per_step: int | None = None
     """The fewest backward passes a closed step held (None before one held any)."""
+    unsettled: float | None = None
+    """A probe that stopped with its mean step still unsettled: the mean's standard error, as a share of it."""
+    _enough_at_s: float | None = None  # measured time when a probe had its steps and min_measure_s
     _micro_at_step: int = 0  # micro_batches_done when the last step closed
 
     @property
@@ -166,7 +181,7 @@ class StepClock:
         now = self._stamp(exact=False)
         if probing and self.agree is not None and self.steps_measured == 1:
             self._agreed_steps = self.agree(self._steps_needed(now - self._last))
-        if probing and self._enough(self.measured_time_s + now - self._last):
+        if probing and self._enough(self.measured_time_s + now - self._last, now - self._last):
             now = self._stamp(exact=True)
             self.complete = True
             self.counted = self.counts_so_far()
@@ -182,14 +197,29 @@ class StepClock:
         needed = max(needed, self.measured_steps or 0)
         return min(needed, self.max_measured_steps) if self.max_measured_steps is not None else needed
 
-    def _enough(self, measured_s: float) -> bool:
-        if self._agreed_steps is not None:
+    def _enough(self, measured_s: float, step_s: float) -> bool:
+        if self._agreed_steps is not None:  # ranks stop at one step count, whatever their spread
             return self.steps_measured >= self._agreed_steps
         if self.steps_measured < (self.measured_steps or 0):
             return False
-        if measured_s >= self.min_measure_s:
+        at_most = self.max_measured_steps is not None and self.steps_measured >= self.max_measured_steps
+        if measured_s < self.min_measure_s:
+            return at_most
+        if self.min_measure_s <= 0:  # no time to measure asked for: exactly the steps asked for
             return True
-        return self.max_measured_steps is not None and self.steps_measured >= self.max_measured_steps
+        self._enough_at_s = self._enough_at_s or measured_s
+        spread = _mean_error([*self.step_times, step_s])
+        if spread <= SETTLED_SE:
+            return True
+        if at_most or measured_s >= SPREAD_EXTENSION * self._enough_at_s:
+            self.unsettled = spread
+            return True
+        return False
+
+    @property
+    def uncertain(self) -> float | None:
+        """The mean step's standard error, as a share of it, where a probe stopped with it above `UNCERTAIN_SE`."""
+        return self.unsettled if self.unsettled is not None and self.unsettled > UNCERTAIN_SE else None
 
     @property
     def data_wait_share(self) -> float | None:
@@ -201,3 +231,21 @@ class StepClock:
     def measured(self) -> tuple[list[float], int, int]:
         """Recent step times after warm-up, and the samples and tokens of all measured steps."""
         return list(self.step_times), self.measured_samples, self.measured_tokens
+
+
+def _mean_error(times: list[float]) -> float:
+    """The standard error of the mean step of `times`, as a share of it, by batch means: the steps in
+    `_BLOCKS` runs of consecutive ones (each step its own for fewer), so that a GPU's step times, which are
+    the host's (a step that waits for the queue holds the time of the quick ones before it), count by their
+    sums. 0.0 for fewer than two."""
+    blocks = min(_BLOCKS, len(times))
+    if blocks < 2:
+        return 0.0
+    bounds = [round(i * len(times) / blocks) for i in range(blocks + 1)]
+    means = [statistics.fmean(times[a:b]) for a, b in zip(bounds, bounds[1:])]
+    mean = statistics.fmean(times)
+    return statistics.stdev(means) / math.sqrt(blocks) / mean if mean > 0 else 0.0
+
+
+#: Runs of consecutive steps whose means judge whether a probe's mean step is settled.
+_BLOCKS = 5

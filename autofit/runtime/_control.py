@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from autofit.runtime._accumulation import watch_backward
+from autofit.runtime._attention import attention_scope, watch_attention
 from autofit.runtime._core import RunCore
 from autofit.runtime._feed import StepFeed
 from autofit.runtime._follow import StepFollower
@@ -49,13 +49,16 @@ class RunControl(RunCore):
     # --- the run's lifetime -----------------------------------------------------------------------
     @contextmanager
     def active(self) -> Iterator[None]:
-        """The run's lifetime: its precision holds for all of it (forward, backward, optimizer step),
+        """The run's lifetime: its precision and attention kernel hold for all of it (forward, backward,
+        optimizer step; a probe notes the kernels its attention can run: watch_attention),
         and the steps of a loop the function drives itself are followed (`StepFollower`)."""
         probing = self.settings.probing
-        watching = (watch_backward(self.open_step.after, before=self.open_step.before) if probing
-                    else contextlib.nullcontext())
+        watching = self.open_step.watching() if probing else contextlib.nullcontext()
+        backend = self.config.sdpa_backend
+        kernels = watch_attention(self.knobs) if probing and backend is None else contextlib.nullcontext()
         try:
-            with precision_scope(self.config.precision, self.device), self.follower, watching:
+            with precision_scope(self.config.precision, self.device), attention_scope(backend), kernels, \
+                    self.follower, watching:
                 try:
                     yield
                 finally:  # what the function did to float32 matmuls, before the scope puts them back

@@ -19,7 +19,7 @@ from autofit.runtime._knobs import KnobPanel, Knobs
 from autofit.runtime._open_step import OpenStep
 from autofit.runtime._redo import LoopRedo, Lowering, StepRedo
 from autofit.runtime._settings import RunHooks, RunSettings
-from autofit.runtime._tokens import TokenLoader
+from autofit.runtime._tokens import TokenBatchSampler, TokenLoader
 
 
 class RunCore:
@@ -33,8 +33,11 @@ class RunCore:
         """Where this process stands in a distributed (torchrun) run; rank 0 of 1 otherwise."""
         self.device = torch.device(settings.device)
         self.clock = _make_clock(settings, self.ranks)
-        self.open_step = OpenStep(self.clock)
-        """A probe's backward passes with no optimizer step closed: past its limit, the probe ends (NoStepClosed)."""
+        self.notes: list[str] = []
+        """What the run changed in how it measures (a probe's result carries them)."""
+        self.open_step = OpenStep(self.clock, settings.open_step_s, self.notes, agree=self.clock.agree)
+        """A probe's backward passes with no optimizer step closed: past its limit, the probe ends (NoStepClosed)
+        or follows a finite loop on for the time its limits allow."""
         self.config: Config = settings.config
         self._priced_accumulation = settings.config.accumulation_steps
         self.set_config(settings.config)
@@ -49,9 +52,9 @@ class RunCore:
             used_memory=settings.used_memory)
         self.loop_redo = LoopRedo(redo, probing=settings.probing)
         self.panel = KnobPanel(self.device, self.ranks, probing=settings.probing,
-                               worst_token_batches=settings.worst_token_batches, host_memory=settings.host_memory)
-        self.notes: list[str] = []
-        """What the run changed in how it measures (a probe's result carries them)."""
+                               worst_token_batches=settings.worst_token_batches, host_memory=settings.host_memory,
+                               window_steps=(settings.measured_steps or 0) if settings.probing else 0,
+                               shape_caches=settings.token_envelope.caches if settings.token_envelope else None)
         self.reads: set[str] = set()
         """The settings the function read (`run.batch_size`, ...): a loop autofit follows through its
         optimizer's steps uses what it read, and only that is searched."""
@@ -81,6 +84,24 @@ class RunCore:
         if self._priced_accumulation == self.config.accumulation_steps:
             return self.config
         return replace(self.config, accumulation_steps=self._priced_accumulation)
+
+    def probe_over(self, sampler: TokenBatchSampler) -> None:
+        """A probe's steps over token batches: its warm-up over the worst batches and those that pay its window's
+        shapes ahead (TokenBatchSampler.warm_batches), and its measured steps within one epoch, where every shape
+        is new as in a normal run's first epoch (past it, each is met again: a second pass reads faster than the
+        epoch a run trains), unless the epoch is shorter than the steps a probe measures at least."""
+        if not self.settings.probing:
+            return
+        clock, per_step = self.clock, max(1, self.config.accumulation_steps)
+        batches = sampler.warm_batches()
+        steps = -(-batches // per_step)
+        if steps > clock.warmup_steps:
+            self.notes.append(f"warm-up of {steps} steps: {batches} batches, the worst and those that meet the "
+                              f"window's shapes ahead, as often as its epoch meets them")
+            clock.warmup_steps = steps
+        left = (len(sampler) - clock.warmup_steps * per_step) // per_step
+        if clock.max_measured_steps is not None and left >= (clock.measured_steps or 0):
+            clock.max_measured_steps = min(clock.max_measured_steps, left)
 
     # --- what the run did -------------------------------------------------------------------------
     @property

@@ -33,11 +33,15 @@ class TokenEnvelope:
     front: tuple[tuple[int, int], ...] = ()
     """(padded tokens, padded squares) of the ran micro-batches no other ran beats in both; empty in files
     written before it was kept (then the measures alone decide, as they did)."""
+    caches: dict[str, int] | None = None
+    """The capacities of what libraries keep per shape that the probes ran under (autofit.runtime's
+    `bound_shape_caches`, on the CPU): a normal run sets the same; None where none were bounded."""
 
     @classmethod
-    def of_batch(cls, samples: int, longest: int) -> TokenEnvelope:
-        """One micro-batch of `samples` samples padded to `longest` tokens."""
-        return cls(longest, samples * longest, samples * longest**2, ((samples * longest, samples * longest**2),))
+    def of_batch(cls, samples: int, longest: int, caches: dict[str, int] | None = None) -> TokenEnvelope:
+        """One micro-batch of `samples` samples padded to `longest` tokens (under `caches`)."""
+        return cls(longest, samples * longest, samples * longest**2, ((samples * longest, samples * longest**2),),
+                   caches)
 
     def widened(self, other: TokenEnvelope | None) -> TokenEnvelope:
         """The envelope of both (each measure's largest, one front: `autofit.config.widest_envelope`)."""
@@ -71,7 +75,8 @@ class TokenEnvelope:
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"longest_sample": self.longest_sample, "padded_tokens": self.padded_tokens,
                                 "padded_squares": self.padded_squares}
-        return {**data, "front": [list(p) for p in self.front]} if self.front else data
+        return {**data, **({"front": [list(p) for p in self.front]} if self.front else {}),
+                **({"caches": dict(self.caches)} if self.caches else {})}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> TokenEnvelope | None:
@@ -79,7 +84,9 @@ class TokenEnvelope:
         if not data:
             return None
         front = tuple((int(t), int(s)) for t, s in data.get("front") or ())
-        return cls(int(data["longest_sample"]), int(data["padded_tokens"]), int(data["padded_squares"]), front)
+        caches = {str(k): int(v) for k, v in (data.get("caches") or {}).items()} or None
+        return cls(int(data["longest_sample"]), int(data["padded_tokens"]), int(data["padded_squares"]), front,
+                   caches)
 
 
 class TokenGuard:

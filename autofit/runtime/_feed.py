@@ -13,7 +13,7 @@ import torch
 
 from autofit.config import Config
 from autofit.errors import UsageError
-from autofit.runtime._batch import count_samples, to_device
+from autofit.runtime._batch import count_samples, mark_shape_dynamic, to_device
 from autofit.runtime._dataloader import count_prefetch_as_warmup
 from autofit.runtime._envelope import TokenEnvelope, TokenGuard
 from autofit.runtime._micro import MicroBatch
@@ -93,7 +93,7 @@ class StepFeed:
                     if batch is _END:
                         break
                     largest = max(largest, count_samples(batch))
-                    fed = MicroBatch.of_tokens(batch, loader.batch_lengths) if loader is not None else MicroBatch(batch)
+                    fed = MicroBatch.of_tokens(batch, loader.batch_lengths, loader.batch_width) if loader is not None else MicroBatch(batch)
                     # After a lowering the loader still gives the batch it was built with: cut it.
                     pending.extend(self._cut(fed) if control.redo.lowerings else (fed,))
                 fed = pending.popleft()
@@ -108,7 +108,7 @@ class StepFeed:
                         this_step.append(fed)
                     if len(pieces) > 1:  # DDP: only a micro-batch's last piece synchronises the gradients
                         self._panel.gradient_sync(index == len(pieces) - 1)
-                    yield to_device(piece.batch, control.device)
+                    yield _shaped(to_device(piece.batch, control.device), piece, self._panel.compiled)
         finally:
             self._panel.gradient_sync(True)
         self.finish()  # the data ran out: the last step's work is done
@@ -349,6 +349,14 @@ def _capped_by_the_data(iterable: Any, batch_size: int, largest: int) -> bool:
     drop_last False it yields the whole data as one short batch)."""
     return (isinstance(iterable, torch.utils.data.DataLoader) and iterable.batch_size == batch_size
             and 0 < largest < batch_size)
+
+
+def _shaped(batch: Any, piece: MicroBatch, compiled: bool) -> Any:
+    """A batch by tokens for a model the run compiled: its samples and length marked dynamic (one graph, compiled at
+    the first batch, for every shape the epoch meets)."""
+    if compiled and piece.lengths is not None:
+        return mark_shape_dynamic(batch, len(piece.lengths), piece.width)
+    return batch
 
 
 def _token_count(loader: TokenLoader | None, tokens: Any, weight_by_tokens: bool) -> tuple[Any, bool]:

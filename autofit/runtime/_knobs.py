@@ -4,6 +4,7 @@ probes only on the knobs the function offers."""
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,6 +19,7 @@ from autofit.runtime._dataloader import build_loader
 from autofit.runtime._distributed import Ranks
 from autofit.runtime._envelope import TokenEnvelope
 from autofit.runtime._offload import ActivationOffload, end_offload, start_offload
+from autofit.runtime._shape_caches import bound_shape_caches
 from autofit.runtime._tokens import TokenBatchSampler, TokenLoader, build_token_loader, token_sampler
 
 
@@ -26,10 +28,12 @@ class Knobs(Offers):
     the search spends no probes on the others."""
 
     token_envelope: TokenEnvelope | None = None
+    shape_caches: dict[str, int] | None = None
+    """The capacities of the libraries' per-shape caches the run's token batches run under (`bound_shape_caches`)."""
 
     def ran_tokens(self, samples: int, longest: int) -> None:
         """A micro-batch of `samples` samples padded to `longest` tokens ran: widen `token_envelope`."""
-        self.token_envelope = TokenEnvelope.of_batch(samples, longest).widened(self.token_envelope)
+        self.token_envelope = TokenEnvelope.of_batch(samples, longest, self.shape_caches).widened(self.token_envelope)
 
 
 def block_plan(config: Config, blocks: int) -> list[tuple[str | None, bool]]:
@@ -47,13 +51,19 @@ class KnobPanel:
     config changes after an OOM or when a framework's own settings stand), and noted in `used`."""
 
     def __init__(self, device: torch.device, ranks: Ranks, *, probing: bool, worst_token_batches: bool = False,
-                 host_memory: Callable[[], int | None] | None = None) -> None:
+                 host_memory: Callable[[], int | None] | None = None, window_steps: int = 0,
+                 shape_caches: dict[str, int] | None = None) -> None:
         self.used = Knobs()
         self._host_memory = host_memory
+        self._recorded_caches = shape_caches  # the probes' (a normal run's best-config file), where recorded
+        self._set_in_environment: list[str] = []  # variables bound_shape_caches set: out again at the end
         self._device, self._ranks, self._probing = device, ranks, probing
         self._worst_token_batches = worst_token_batches
+        self._window_steps = window_steps  # a probe's measured steps at least: its token batches' window
         self.compile_enabled = True
         """False where the model must stay eager (the memory estimator's fake tensors)."""
+        self.compiled = False
+        """A model offered to compile() was compiled (its batches by tokens are marked dynamic: StepFeed)."""
         self._declared_workers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         """The workers the script declared to each loader built here (which one trains, `training_data` says)."""
         self._wrapped_blocks: weakref.WeakSet = weakref.WeakSet()
@@ -96,7 +106,11 @@ class KnobPanel:
 
     def restore_models(self) -> None:
         """Give the user's modules back as they came: the checkpointing and offload put on here off its
-        blocks, the models put in channels-last format back in the contiguous one."""
+        blocks, the models put in channels-last format back in the contiguous one; and the environment
+        (the per-shape caches' capacities set here: the libraries read them when the run began)."""
+        for name in self._set_in_environment:
+            os.environ.pop(name, None)
+        self._set_in_environment.clear()
         for block in list(self._wrapped_blocks):
             offload_block(remove_checkpoint(block), None)
         self._wrapped_blocks.clear()
@@ -120,6 +134,7 @@ class KnobPanel:
         self.used.compile = True
         if not config.compile or not self.compile_enabled:
             return model
+        self.compiled = True
         return torch.compile(model, **kwargs)
 
     def sampler(self, dataset: Any, *, shuffle: bool = True, seed: int = 0) -> torch.utils.data.Sampler:
@@ -144,10 +159,13 @@ class KnobPanel:
 
     def token_batches(self, config: Config, dataset: Any, lengths: Sequence[int], *, collate_fn: Any,
                       shuffle: bool, seed: int) -> TokenLoader:
-        """A TokenLoader at the config's token cap over this rank's share of the batches."""
+        """A TokenLoader at the config's token cap over this rank's share of the batches; on the CPU, what libraries
+        keep per shape bounded first (`bound_shape_caches`)."""
+        self.used.shape_caches = bound_shape_caches(self._device, self._recorded_caches, self._set_in_environment)
         loader = build_token_loader(dataset, lengths, config, collate_fn=collate_fn, shuffle=shuffle, seed=seed,
                                     rank=self._ranks.rank, world_size=self._ranks.world_size,
-                                    probing=self._probing, worst_only=self._worst_token_batches)
+                                    probing=self._probing, worst_only=self._worst_token_batches,
+                                    window=self._window_steps * config.accumulation_steps)
         self.used.longest_sample = max(loader.batch_sampler.lengths, default=0)
         self.used.loader = True
         if self.training_loader is None:
@@ -157,9 +175,10 @@ class KnobPanel:
 
     def token_sampler(self, config: Config, lengths: Sequence[int], *, shuffle: bool, seed: int) -> TokenBatchSampler:
         """The batch sampler of `token_batches` for a framework's own DataLoader, over this rank's share."""
+        self.used.shape_caches = bound_shape_caches(self._device, self._recorded_caches, self._set_in_environment)
         sampler = token_sampler(lengths, config, shuffle=shuffle, seed=seed, rank=self._ranks.rank,
                                 world_size=self._ranks.world_size, probing=self._probing,
-                                worst_only=self._worst_token_batches)
+                                worst_only=self._worst_token_batches, window=self._window_steps * config.accumulation_steps)
         self.used.longest_sample = max(sampler.lengths, default=0)
         return sampler
 

@@ -22,10 +22,11 @@ class MicroBatch:
     width: int = 0
 
     @classmethod
-    def of_tokens(cls, batch: Any, lengths: tuple[int, ...]) -> MicroBatch:
-        """A TokenLoader's batch and its samples' lengths (its `batch_lengths`)."""
+    def of_tokens(cls, batch: Any, lengths: tuple[int, ...], width: int | None = None) -> MicroBatch:
+        """A TokenLoader's batch and its samples' lengths (its `batch_lengths`), padded to `width` (its
+        `batch_width`; None: the longest)."""
         aligned = batch_len(batch) == len(lengths)
-        return cls(batch, sum(lengths), lengths if aligned else None, max(lengths, default=0))
+        return cls(batch, sum(lengths), lengths if aligned else None, width or max(lengths, default=0))
 
     @property
     def samples(self) -> int:

@@ -1,5 +1,5 @@
 """A probe's order of an epoch's token batches: stratified by length, so that the few batches a probe
-measures stand for the whole epoch.
+measures stand for the whole epoch, and its new shapes as many as the epoch's (`paid_ahead`).
 
 A probe times about five optimizer steps. Drawn at random from a long-tailed length distribution, five
 batches can all be short or all be long, and where a token's cost grows with its sequence's length (an
@@ -13,7 +13,7 @@ they erred by 12% and 38%; on two ranks 7% and 23%, against 9% and 37%
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TypeVar
 
 import torch
@@ -80,3 +80,29 @@ def _scrambled(stratum: int, bits: int, flips: list[int]) -> int:
 
 def _reversed(value: int, bits: int) -> int:
     return int(format(value, f"0{bits}b")[::-1], 2) if bits else 0
+
+
+def paid_ahead(window: Sequence[T], paid: set, rate: float, shape_of: Callable[[T], Hashable]) -> list[T]:
+    """The batches of a probe's `window` whose shapes its warm-up pays for ahead, so that the window meets a new
+    shape (one no batch before it ran: `paid` holds those the warm-up runs anyway) as often as the epoch does:
+    `rate` is the epoch's share of batches whose shape is new to it (its distinct shapes over its batches).
+
+    A library that builds something per shape (cuDNN's attention graphs, oneDNN's primitives) makes a batch of a
+    new shape slower than one it met before. A length-sorted epoch whose lengths are not padded to a multiple
+    meets a new shape at almost every batch, and so do a probe's stratified batches; padded, an epoch of a
+    hundred batches may hold twenty shapes, while a probe's few stratified batches are still mostly new, and it
+    would read every multiple as slower than it runs. Walking the window, a batch whose shape is unpaid pays in
+    the window while the window's new shapes stay within `rate` of its batches so far, else in the warm-up (its
+    batch run there once more). `paid` is updated."""
+    ahead: list[T] = []
+    new = 0
+    for position, batch in enumerate(window, start=1):
+        shape = shape_of(batch)
+        if shape in paid:
+            continue
+        paid.add(shape)
+        if new + 1 <= rate * position + 0.5:
+            new += 1
+        else:
+            ahead.append(batch)
+    return ahead

@@ -45,6 +45,9 @@ _CAME_BACK = 0.9
 #: A failed attempt that took less than this share of what it held on top of the run's between-steps memory
 #: says nothing about memory coming back: it failed asking for more than was free, not after growing.
 _GREW = 0.05
+#: What a run holds between its steps grew with them when it holds this share more than at its first reading:
+#: memory kept per shape (a library's cache), where a variable of the loop holds one step's graph at a time.
+_GREW_BETWEEN = 0.25
 #: How often (seconds) a real run reads what it holds between optimizer steps: on CUDA a reading asks NVML,
 #: too slow for every step of a small model.
 _BETWEEN_STEPS_EVERY = 5.0
@@ -56,6 +59,13 @@ def recovery_enabled(default: bool = True) -> bool:
     if value is None or value == "":
         return default
     return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+def normal_run_recovers(recover_oom: bool, world_size: int) -> bool:
+    """Whether a normal run survives an out-of-memory step: its own choice (`recover_oom`) unless
+    $AUTOFIT_OOM_RECOVERY says otherwise, and never across ranks (a rank that lowered its micro-batch alone would
+    leave the others waiting in a collective). A probe asks too: it saves its tensors as that run will."""
+    return world_size == 1 and recovery_enabled(recover_oom)
 
 
 def lowered(config: Config) -> Config | None:
@@ -152,14 +162,19 @@ class StepRedo:
         self._after_free: int | None = None
         self._between_steps: int | None = None
         self._between_steps_at = 0.0
+        self._first_between: tuple[int, int] | None = None  # (step, bytes): the first reading between steps
+        self._steps = 0
 
     def step_taken(self) -> None:
         """An optimizer step ended: what the run holds now is what its next step starts from (read at most every
         few seconds), the baseline a failed step's growth is measured from."""
         now = time.monotonic()
+        self._steps += 1
         if self.enabled and self._used_memory and (self._between_steps is None
                                                    or now - self._between_steps_at >= _BETWEEN_STEPS_EVERY):
             self._between_steps, self._between_steps_at = self._memory_now(), now
+            if self._first_between is None and self._between_steps is not None:
+                self._first_between = (self._steps, self._between_steps)
 
     def lower(self, config: Config, exc: BaseException, where: str, step: int, *,
               restart: bool = False) -> Lowering | None:
@@ -199,10 +214,25 @@ class StepRedo:
             f"Out of memory again in the {where} of step {step} at {config.label()}: after {last.before.label()} "
             f"failed holding {format_size(last.memory_bytes)}, the redo started still holding {format_size(kept)} "
             f"(the run holds {format_size(base)} between steps): "
-            f"the failed step's memory did not come back, so a smaller micro-batch cannot help. Something still "
-            f"holds that step's tensors: "
-            f"usually a variable of your loop (its logits or outputs keep their graph until they are assigned "
-            f"again). Delete them at the end of each iteration (`del logits`), or keep only `loss.item()`.") from exc
+            f"the failed step's memory did not come back, so a smaller micro-batch cannot help. "
+            f"{self._what_holds(base)}") from exc
+
+    def _what_holds(self, base: int) -> str:
+        """What holds memory a smaller micro-batch cannot free: memory held between steps that grew with the steps
+        (what libraries keep per shape, where lengths vary), else a variable of the loop."""
+        first = self._first_between
+        if first is not None and base - first[1] > _GREW_BETWEEN * first[1]:
+            return (f"What the run holds between steps grew with its steps, from {format_size(first[1])} at step "
+                    f"{first[0]} to {format_size(base)}: not your loop's tensors (those go at each step), but what "
+                    f"libraries keep for each new shape of its batches (where lengths vary, almost every batch is "
+                    f"one): on the CPU oneDNN's primitives and PyTorch's mkldnn cache (bound them with "
+                    f"ONEDNN_PRIMITIVE_CACHE_CAPACITY and LRU_CACHE_CAPACITY before the run starts, as a search "
+                    f"batching by tokens does), and the heap around them; on a GPU cuDNN's and cuBLAS's plans and the "
+                    f"allocator's cached blocks. Fewer shapes keep less: pad each batch to a multiple "
+                    f"(run.pad_multiple, which a search tries).")
+        return ("Something still holds that step's tensors: usually a variable of your loop (its logits or outputs "
+                "keep their graph until they are assigned again). Delete them at the end of each iteration "
+                "(`del logits`), or keep only `loss.item()`.")
 
     def take(self, lowering: Lowering) -> Config:
         """Go on with `lowering`: say so, keep it for the lowerings file; its config is returned."""

@@ -78,10 +78,12 @@ class Run(RunView, RunData):
 
         In a real run it also catches an out-of-memory in the forward pass: the step is redone
         with a smaller micro-batch (the code between this block and `run.backward()` then runs once
-        more with its previous values; `run.backward()` ignores that loss)."""
+        more with its previous values; `run.backward()` ignores that loss), and holds what the forward saves
+        for backward where the redo can let it go; a probe of such a run saves the same way (and redoes nothing)."""
         self.control.knobs.autocast = True
         context = precision_context(self.config.precision, self.device)
-        return OomGuard(self.control.feed, context, "forward") if self.recovers_oom else context
+        holds_saved = self.recovers_oom or self.control.settings.holds_saved  # a probe runs what its normal run runs
+        return OomGuard(self.control.feed, context, "forward") if holds_saved else context
 
     def backward(
         self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, *, clip_grad_norm: float | None = None

@@ -50,6 +50,7 @@ class RunData:
         control.token_loader = loader
         control.set_config(accumulate_tokens(loader, self.config, control.settings.global_tokens,
                                              control.ranks.world_size, control.notes))
+        control.probe_over(loader.batch_sampler)
         return loader
 
     def token_sampler(self, lengths: Sequence[int], *, shuffle: bool = True, seed: int = 0) -> TokenBatchSampler:
@@ -62,4 +63,5 @@ class RunData:
         control = self.control
         control.set_config(config_for_tokens(sampler, self.config, control.settings.global_tokens,
                                              control.ranks.world_size, control.notes))
+        control.probe_over(sampler)
         return sampler

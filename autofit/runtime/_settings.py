@@ -63,6 +63,10 @@ class RunSettings:
     """...but never past this many steps."""
     recover_oom: bool = False
     """A real run survives an out-of-memory step by lowering its micro-batch (a new StepRedo)."""
+    holds_saved: bool = False
+    """A probe of a function whose normal run recovers from OOMs: its forwards under run.autocast() save for
+    backward through the same hooks as that run's (autofit.runtime._saved), so their cost (a Python call for each
+    saved tensor, a tenth of a host-bound step) is in its figures as in the run's. It never redoes a step."""
     release_memory: Callable[[], None] | None = None
     """Hands a failed step's memory back to the device (the new StepRedo's)."""
     used_memory: Callable[[], int] | None = None
@@ -97,6 +101,10 @@ class RunSettings:
     config's accumulation runs as it is."""
     progress: Callable[[int, int], None] | None = None
     """Told (micro-batches done, optimizer steps done) as a probe runs: its sign of life to the runner."""
+    open_step_s: float | None = None
+    """How long a probe follows a loop with a finite loss past the micro-batches it allows without an optimizer
+    step (a loop's own long accumulation: autofit.runtime._open_step), what its limits allow a step; None: it
+    ends there."""
     worst_token_batches: bool = False
     """The memory estimator's: every micro-batch by tokens (run.token_batches) is the cap's worst, the
     data's longest samples as many as the cap holds, so an estimate answers for the cap, not for a draw."""

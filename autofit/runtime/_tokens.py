@@ -20,7 +20,7 @@ from torch.utils.data import Sampler
 from autofit.config import Config, front_corners, pareto_front
 from autofit.errors import UsageError
 from autofit.runtime._dataloader import TimedDataLoader, loader_arguments
-from autofit.runtime._probe_order import stratified
+from autofit.runtime._probe_order import paid_ahead, stratified
 
 #: A probe's worst-first batches at most (the Pareto front of an epoch's batches is two or three long).
 WORST_BATCHES = 4
@@ -61,7 +61,8 @@ class TokenBatchSampler(Sampler[list[int]]):
 
     def __init__(self, lengths: Sequence[int], max_tokens: int, *, shuffle: bool = True, seed: int = 0,
                  rank: int = 0, world_size: int = 1, max_samples: int | None = None,
-                 worst_first: bool = False, worst_only: bool = False, max_squares: int | None = None) -> None:
+                 worst_first: bool = False, worst_only: bool = False, max_squares: int | None = None,
+                 pad_multiple: int | None = None, window: int = 0) -> None:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, but got {max_tokens}")
         if max_squares is not None and max_squares < 1:
@@ -73,6 +74,9 @@ class TokenBatchSampler(Sampler[list[int]]):
             raise ValueError("every sample's length must be at least 1 token")
         self.max_tokens = int(max_tokens)
         self.max_squares = None if max_squares is None else int(max_squares)
+        self.pad_multiple = int(pad_multiple or 1)
+        """The multiple a batch's longest length is padded up to (the config's `pad_multiple`; 1: none): the caps
+        count the padded length, as the collate pads it."""
         self.shuffle, self.seed = shuffle, seed
         self.rank, self.world_size = rank, world_size
         self.max_samples = max_samples
@@ -84,8 +88,17 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.worst_only = worst_only
         """The memory estimator's: every batch is that worst one (`worst_batch`), as many as the epoch has,
         so that each estimated step holds the cap's worst case, not a draw."""
+        self.window = window if world_size == 1 and not worst_only else 0
+        """A probe's: the micro-batches it measures at least, whose new shapes are the epoch's share of its
+        batches (`paid_ahead`: the others' shapes paid in the warm-up, after the worst batches); 0: as they come.
+        One process only (each rank would pay ahead its own count, and the ranks must step together); never the
+        memory estimator's (`worst_only`: every batch is the worst one)."""
         self.epoch = 0
         self._skip = 0
+
+    def padded(self, length: int) -> int:
+        """A batch's padded length when its longest sample has `length` tokens (up to the pad multiple)."""
+        return -(-length // self.pad_multiple) * self.pad_multiple
 
     def set_epoch(self, epoch: int) -> None:
         """Each epoch its own order (as DistributedSampler's `set_epoch`)."""
@@ -102,13 +115,36 @@ class TokenBatchSampler(Sampler[list[int]]):
         worst = self._worst(batches)
         if self.worst_first:  # a probe's: the caps' worst batches, then the rest stratified by length
             rest = [batch for batch in batches if not any(batch is w for w in worst)]
-            return worst + stratified(rest, self._length_key, self.world_size, generator)
+            rest = stratified(rest, self._length_key, self.world_size, generator)
+            return worst + self._ahead(worst, rest, batches) + rest
         if self.shuffle:
             batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
         return batches
 
+    def _ahead(self, worst: list[list[int]], rest: list[list[int]], batches: list[list[int]]) -> list[list[int]]:
+        """The batches of a probe's window whose shapes its warm-up pays ahead (`paid_ahead`)."""
+        if not self.window:
+            return []
+        rate = len({self.shape(b) for b in batches}) / len(batches)
+        return paid_ahead(rest[:self.window], {self.shape(b) for b in worst}, rate, self.shape)
+
+    def warm_batches(self) -> int:
+        """A probe's batches before its window: the worst ones, and those that pay its shapes ahead (none: its
+        warm-up runs as it would)."""
+        generator = self._generator()
+        batches = self._cut(generator)
+        worst = self._worst(batches)
+        rest = stratified([b for b in batches if not any(b is w for w in worst)], self._length_key, 1, generator)
+        ahead = self._ahead(worst, rest, batches) if self.worst_first else []
+        return len(worst) + len(ahead) if ahead else 0
+
     def _length_key(self, batch: list[int]) -> tuple[int, int]:
         return self.lengths[batch[0]], len(batch)  # cut longest first: its first sample is its longest
+
+    def shape(self, batch: list[int]) -> tuple[int, int]:
+        """The shape a batch runs at: its samples, and its padded length (cut longest first: its first
+        sample is its longest)."""
+        return len(batch), self.padded(self.lengths[batch[0]])
 
     def _worst(self, batches: list[list[int]]) -> list[list[int]]:
         """The batches whose memory is the epoch's worst, most padded squares first: those no other batch
@@ -117,7 +153,8 @@ class TokenBatchSampler(Sampler[list[int]]):
         1536 hold more tokens and more squares than one of 2048). At most WORST_BATCHES of them."""
         if not batches:
             return []
-        measures = {id(b): (len(b) * self.lengths[b[0]], len(b) * self.lengths[b[0]] ** 2) for b in batches}
+        measures = {id(b): (len(b) * self.padded(self.lengths[b[0]]), len(b) * self.padded(self.lengths[b[0]]) ** 2)
+                    for b in batches}
         # The front's corners, most squares first: every other batch of the front is under the hull of these,
         # so the envelope of the probed ones holds it too (a normal run splits none of them).
         front = front_corners(pareto_front(measures.values()))
@@ -145,7 +182,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         batches: list[list[int]] = []
         current: list[int] = []
         for index in order:  # longest first: a batch's first sample sets its padded length
-            longest = self.lengths[current[0]] if current else self.lengths[index]
+            longest = self.padded(self.lengths[current[0]] if current else self.lengths[index])
             full = self.max_samples is not None and len(current) >= self.max_samples
             squares = self.max_squares is not None and (len(current) + 1) * longest**2 > self.max_squares
             if current and ((len(current) + 1) * longest > self.max_tokens or full or squares):
@@ -176,12 +213,12 @@ class TokenBatchSampler(Sampler[list[int]]):
     def stats(self) -> TokenBatchStats:
         """This epoch's batches (all ranks'), counted: the same in a probe as in the run."""
         batches = self._cut(self._generator())
-        padded = sum(len(b) * max(self.lengths[i] for i in b) for b in batches)
+        padded = sum(len(b) * self.padded(max(self.lengths[i] for i in b)) for b in batches)
         return TokenBatchStats(
             batches=len(batches), samples=sum(len(b) for b in batches),
             real_tokens=sum(self.lengths[i] for b in batches for i in b), padded_tokens=padded,
             longest=max(self.lengths, default=0),
-            over_cap=sum(1 for n in self.lengths if n > self.max_tokens))
+            over_cap=sum(1 for n in self.lengths if self.padded(n) > self.max_tokens))
 
 
 class TokenLoader(TimedDataLoader):
@@ -210,6 +247,11 @@ class TokenLoader(TimedDataLoader):
         """The real (non-padding) tokens of the batch yielded last."""
         return sum(self.batch_lengths)
 
+    @property
+    def batch_width(self) -> int:
+        """The length the batch yielded last is padded to (its longest, up to the pad multiple)."""
+        return self.batch_sampler.padded(max(self.batch_lengths, default=0))
+
     def set_epoch(self, epoch: int) -> None:
         """Each epoch its own order: call it at each epoch's start (as a DistributedSampler's)."""
         self.batch_sampler.set_epoch(epoch)
@@ -229,26 +271,28 @@ class TokenLoader(TimedDataLoader):
 
 
 def token_sampler(lengths: Sequence[int], config: Config, *, shuffle: bool, seed: int, rank: int, world_size: int,
-                  probing: bool = False, worst_only: bool = False) -> TokenBatchSampler:
+                  probing: bool = False, worst_only: bool = False, window: int = 0) -> TokenBatchSampler:
     """The TokenBatchSampler at the config's token cap (None: `batch_size` samples at the longest length, the
-    worst micro-batch a fixed size would meet) and squares cap; a probe's puts the caps' worst batches first."""
+    worst micro-batch a fixed size would meet), squares cap and pad multiple; a probe's puts the caps' worst
+    batches first, and pays ahead the shapes of its `window` (micro-batches) beyond the epoch's share."""
     cap = config.max_tokens if config.max_tokens is not None else config.batch_size * max(lengths, default=1)
     max_samples = config.batch_size if config.max_tokens is not None and config.batch_size < config.max_tokens else None
     return TokenBatchSampler(lengths, cap, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
                              max_samples=max_samples, worst_first=probing, worst_only=worst_only,
-                             max_squares=config.max_squares)
+                             max_squares=config.max_squares, pad_multiple=config.pad_multiple,
+                             window=window if probing else 0)
 
 
 def build_token_loader(dataset: Any, lengths: Sequence[int], config: Config, *, collate_fn: Callable | None,
                        shuffle: bool, seed: int, rank: int, world_size: int,
-                       probing: bool = False, worst_only: bool = False) -> TokenLoader:
+                       probing: bool = False, worst_only: bool = False, window: int = 0) -> TokenLoader:
     """A TokenLoader over `dataset` with `token_sampler`'s batches, its loader fields from the config;
     `worst_only` (the memory estimator's): every batch the cap's worst (TokenBatchSampler.worst_batch)."""
     if len(lengths) != len(dataset):
         raise UsageError(f"run.token_batches needs one length per sample: the dataset has {len(dataset)} "
                          f"samples, but got {len(lengths)} lengths.")
     sampler = token_sampler(lengths, config, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
-                            probing=probing, worst_only=worst_only)
+                            probing=probing, worst_only=worst_only, window=window)
     arguments = loader_arguments(config, {"collate_fn": collate_fn} if collate_fn is not None else {},
                                  probing=probing)
     arguments.pop("drop_last", None)  # a batch sampler decides the batches

@@ -59,6 +59,14 @@ class RunView:
         return MODES[self.config.precision].autocast_dtype or torch.float32
 
     @property
+    def pad_multiple(self) -> int:
+        """The multiple your collate pads a batch's length up to (1: to its longest): reading it lets a search
+        try a few, so that an epoch of variable lengths meets a handful of shapes, not one per batch.
+        `run.token_batches` counts the padded length against the token cap."""
+        self.control.knobs.pad_multiple = True
+        return self.config.pad_multiple or 1
+
+    @property
     def checkpoint_segments(self) -> int:
         return self.config.checkpoint_segments
 

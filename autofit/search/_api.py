@@ -26,7 +26,7 @@ def follow_search(settings: SearchSettings) -> int:
 
     def make_follower(budget: MemoryBudget):
         return make_runner(session.script, settings.function, device=settings.device, index=settings.index,
-                           budget=budget if budget.limit_bytes is not None else session.budget, log_dir=session.run_dir,
+                           budget=budget if budget.limit_bytes is not None else session.memory_budget, log_dir=session.run_dir,
                            env=env, nproc=settings.nproc_per_node, nnodes=settings.nnodes,
                            rdzv_endpoint=settings.rdzv_endpoint, probe_process=settings.probe_process)
 

@@ -50,7 +50,7 @@ def build_space(settings: SearchSettings, options: SearchOptions, info: WorkerIn
     return SearchSpace.build(batch_range=(own, own) if own else options.batch_range,
                              token_range=token_range(options, offers), global_batch=global_batch,
                              global_tokens=options.global_tokens, longest_sample=offers.longest_sample,
-                             loader=loader_choices(settings, offers), variants=compute_variants(offers),
+                             loader=loader_choices(settings, offers), variants=compute_variants(asked),
                              **knob_values(asked))
 
 

@@ -82,7 +82,7 @@ class Search:
         offers = state.session.offers()
         space = build_space(state.s, state.options, state.info, offers)
         state.session.save_meta(state.info, space, offers)
-        state.sampler = AutofitSampler(Planner(space, state.session.budget.usable_bytes, check_noise=state.s.recheck),
+        state.sampler = AutofitSampler(Planner(space, state.session.memory_budget.usable_bytes, check_noise=state.s.recheck),
                                        seed=state.s.seed, version=state.session.version)
         study.sampler = state.sampler
         state.reporter.started(state, space, len(state.session.trials()))
@@ -97,4 +97,4 @@ class Search:
         return SearchResult(best=None, document=None, json_path=None, ranked=[], study_name=state.session.study_name,
                             storage=state.session.storage_label, probes=0, ooms=0, failed=0,
                             elapsed_s=time.monotonic() - state.started, stopped="interrupted (Ctrl-C)", partial=True,
-                            usable_bytes=state.session.budget.usable_bytes, notes=state.notes)
+                            usable_bytes=state.session.memory_budget.usable_bytes, notes=state.notes)

@@ -76,7 +76,7 @@ def _next_explore(state: SearchState, running: int, runner: Runner) -> Proposal 
     worth probing until the probes running now report."""
     if state.s.trials is not None and state.probes_this_run + running >= state.s.trials:
         return f"reached --trials {state.s.trials}"
-    study, budget = state.session.study, state.budget
+    study, budget = state.session.study, state.time_budget
     seen = state.session.observations()
     proposal = state.sampler.propose(study, "explore")
     if proposal is None:
@@ -112,7 +112,7 @@ def _check_fatal(result: ProbeResult, seen: list[Observation]) -> None:
 def remeasure(state: SearchState, runner: Runner) -> None:
     """Noise: the close contenders (within the noise of the best, measured once) get a second
     measurement, twice as long, before a winner is named, as long as the A/B still fits after it."""
-    study, budget = state.session.study, state.budget
+    study, budget = state.session.study, state.time_budget
     steps = state.s.steps * 2
     while (proposal := state.sampler.propose(study, "remeasure")) is not None:
         seen = state.session.observations()
@@ -150,7 +150,7 @@ def _confirm_rounds(state: SearchState, runner: Runner) -> None:
             state.notes.append(f"{entrants[0].label()} is unconfirmed: its strategy could still climb when the "
                                f"budget ran out (a longer --budget climbs it, then measures the winner longer)")
             return
-        plan = state.budget.ab_plan(study, entrants, since=max((o.trial for o in seen if o.trial is not None),
+        plan = state.time_budget.ab_plan(study, entrants, since=max((o.trial for o in seen if o.trial is not None),
                                                                  default=-1))
         if plan is None:
             undecided = _undecided(state, seen)
@@ -175,7 +175,7 @@ def _undecided(state: SearchState, seen: list) -> str | None:
 
 def _run_ab(state: SearchState, runner: Runner, plan: ABPlan) -> bool:
     """`plan`'s rounds, one after another on `runner`; False when the budget ran out before its end."""
-    study, budget = state.session.study, state.budget
+    study, budget = state.session.study, state.time_budget
     while (proposal := state.sampler.propose(study, "confirm", plan)) is not None:
         if budget.left() < budget.confirm_estimate(study, proposal.config, plan.steps):
             state.notes.append(f"the A/B stopped before its end: the budget ran out "
@@ -188,7 +188,7 @@ def _run_ab(state: SearchState, runner: Runner, plan: ABPlan) -> bool:
             state.notes.append(f"the A/B stopped before its end: the budget ran out during {proposal.config.label()}'s "
                                f"round (not measured; its probes stand)")
             return False
-        if not (result.ok and (result.peak_bytes or 0) <= state.session.budget.usable_bytes):
+        if not (result.ok and (result.peak_bytes or 0) <= state.session.memory_budget.usable_bytes):
             state.notes.append(f"{proposal.config.label()} failed its A/B round "
                                f"({result.status if result.status != 'ok' else 'over the headroom'}): "
                                f"it runs no more rounds")
@@ -214,9 +214,9 @@ def export(state: SearchState, stopped: str, partial: bool) -> SearchResult:
     result = SearchResult(
         best=ranked[0].config if ranked else None, document=None, json_path=None, ranked=ranked,
         study_name=session.study_name, storage=session.storage_label, probes=len(done),
-        ooms=sum(o.too_big(session.budget.usable_bytes) for o in done), failed=sum(o.failed for o in done),
+        ooms=sum(o.too_big(session.memory_budget.usable_bytes) for o in done), failed=sum(o.failed for o in done),
         elapsed_s=time.monotonic() - state.started, stopped=stopped, partial=partial,
-        usable_bytes=session.budget.usable_bytes, notes=state.notes, url=session.s.storage,
+        usable_bytes=session.memory_budget.usable_bytes, notes=state.notes, url=session.s.storage,
     )
     if not ranked:
         if partial:
@@ -239,7 +239,7 @@ def _nothing_to_export(state: SearchState, done: list[Observation], stopped: str
     """Why a finished search exports nothing: nothing fits, or nothing was probed; the probes of another
     version of the script are not ranked (they measured another model), and are counted apart."""
     session = state.session
-    said = (nothing_fits(done, session.budget) if done else
+    said = (nothing_fits(done, session.memory_budget) if done else
             f"A search must probe a config to export one, but this one stopped ({stopped}) before its first "
             f"probe: give it a longer --budget.")
     others = other_script_probes(session.study, session.version)

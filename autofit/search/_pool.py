@@ -28,7 +28,7 @@ def build_runners(settings: SearchSettings, session: Session, board: JobBoard | 
     many = len(session.slots) > 1
     env = {"PYTORCH_CUDA_ALLOC_CONF": settings.alloc_conf} if settings.alloc_conf else None
     return [make_runner(session.script, settings.function, device=settings.device, index=index,
-                        budget=session.budget, env=env,
+                        budget=session.memory_budget, env=env,
                         log_dir=os.path.join(session.run_dir, f"worker-{n}") if many else session.run_dir,
                         nproc=settings.nproc_per_node, nnodes=settings.nnodes, rdzv_endpoint=settings.rdzv_endpoint,
                         board=board, session=board_session, probe_process=settings.probe_process)

@@ -38,7 +38,7 @@ class Reporter:
         resumed = f", resuming {existing} earlier trials" if existing else ""
         self._line(
             f"search {session.study_name} on {session.device_info.type}:{session.device_info.index} "
-            f"({session.device_info.name}), limit {format_size(session.budget.limit_bytes)}, usable {format_size(session.budget.usable_bytes)}, "
+            f"({session.device_info.name}), limit {format_size(session.memory_budget.limit_bytes)}, usable {format_size(session.memory_budget.usable_bytes)}, "
             f"budget {format_duration(search.s.budget_s)}{resumed}"
         )
         if self.verbose:
@@ -49,7 +49,7 @@ class Reporter:
         self._line(text)
 
     def _left(self) -> str:
-        return format_duration(max(0.0, self.search.budget.left())) if self.search else "?"
+        return format_duration(max(0.0, self.search.time_budget.left())) if self.search else "?"
 
     def probe_started(self, number: int, config: Config, phase: str) -> None:
         if self.verbose:
@@ -90,7 +90,7 @@ class LiveReporter(Reporter):
         if self.search is None:
             return ""
         total = self.search.s.budget_s
-        left = max(0.0, self.search.budget.left())
+        left = max(0.0, self.search.time_budget.left())
         filled = int(self._BAR * (1 - left / total)) if total else self._BAR
         bar = "#" * filled + "-" * (self._BAR - filled)
         best = f"best {self.best[1]}" if self.best else "no fit yet"

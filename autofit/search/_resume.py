@@ -21,7 +21,7 @@ from autofit.units import format_size
 @dataclass
 class OpenedStudy:
     study: optuna.Study
-    budget: MemoryBudget
+    memory_budget: MemoryBudget
     """The memory to search under: the study's own limit when it resumes with a defaulted limit."""
     notes: list[str] = field(default_factory=list)
     created: bool = False
@@ -47,10 +47,10 @@ def open_study(storage: optuna.storages.BaseStorage, name: str, *, fresh: bool, 
         if not limit_given and not meta.limit_given:
             # No --memory-limit, then or now: the limit was the memory free when the study began
             # (it changes every run); resume with that one.
-            opened.budget = MemoryBudget.of(int(meta.memory.limit_bytes), budget.headroom)
+            opened.memory_budget = MemoryBudget.of(int(meta.memory.limit_bytes), budget.headroom)
         limit = _LimitWords(meta.limit_given, limit_given, meta.device_info.get("type"))
         checks = (("device", meta.device_info.get("name"), device_name, str, str),
-                  ("memory limit", meta.memory.limit_bytes, opened.budget.limit_bytes, limit.kept, limit.given),
+                  ("memory limit", meta.memory.limit_bytes, opened.memory_budget.limit_bytes, limit.kept, limit.given),
                   ("headroom", meta.memory.headroom, budget.headroom, _headroom, _headroom),
                   ("ranks per probe", meta.world_size, world_size, _ranks, str),
                   ("script arguments", list(meta.script_args), script_args or [], _args, _args))

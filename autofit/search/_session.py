@@ -76,7 +76,7 @@ class Session:
             + (f"-{settings.world_size}ranks" if settings.world_size > 1 else "")
         self.run_dir = os.path.join(self.output_dir, "runs", self.study_name)
         """Where the probes' logs go: one per trial (and per worker when there are several)."""
-        self.budget = MemoryBudget.of(settings.memory_limit or default_memory_limit(self.device_info, len(self.slots)),
+        self.memory_budget = MemoryBudget.of(settings.memory_limit or default_memory_limit(self.device_info, len(self.slots)),
                                       settings.headroom)
         """The memory the probes run against: the given limit, or the device's (a resumed study's own)."""
         self.version = ScriptVersion.of(self.script)
@@ -101,10 +101,10 @@ class Session:
     def open(self) -> optuna.Study:
         """The study, new or resumed; a resumed one may bring its own limit (see open_study)."""
         opened = open_study(self.storage, self.study_name, fresh=self.s.fresh, device_name=self.device_info.name,
-                            budget=self.budget, limit_given=self.s.memory_limit is not None,
+                            budget=self.memory_budget, limit_given=self.s.memory_limit is not None,
                             version=self.version,
                             world_size=self.s.world_size, script_args=redacted_args(self.s.script_args))
-        self.budget = opened.budget
+        self.memory_budget = opened.memory_budget
         self.notes.extend(opened.notes)
         self.study = opened.study
         self.created = opened.created
@@ -138,7 +138,7 @@ class Session:
         known = stored_meta(self.study)
         keep_meta(self.study, StudyMeta(
             script=self.script, function=info.function, device_info=self.device_info.to_dict(),
-            memory=self.budget,
+            memory=self.memory_budget,
             limit_given=self.s.memory_limit is not None, script_sha256=self.version.sha256,
             code_sha256=self.version.code_sha256,
             modules=self.version.known((known.modules or {}) if known and not self._changed(known) else ()),
@@ -213,7 +213,7 @@ class Session:
             if counted is not None:
                 result.set_flops(counted, peak_flops_per_s(self.device_info.name, result.config.precision),
                                  model_flops_per_token(trials))
-        record_probe(self.study, trial, result, self.budget.usable_bytes, phase)
+        record_probe(self.study, trial, result, self.memory_budget.usable_bytes, phase)
         self._learn_modules(result)
 
     def fail_unfinished(self) -> None:

@@ -16,7 +16,7 @@ from autofit.config import Config
 from autofit.options import SearchOptions
 from autofit.planner import MemoryPrediction, Planner, SearchSpace
 from autofit.probing import ProbeResult, WorkerInfo
-from autofit.search._budget import Budget
+from autofit.search._time_budget import TimeBudget
 from autofit.search._build_space import available_cores, build_space
 from autofit.search._estimator_slices import EstimatorLifecycle
 from autofit.search._pool import RunnerPool
@@ -47,7 +47,7 @@ class SearchState:
         self.s = settings
         self.reporter = reporter
         self.started = time.monotonic()
-        self.budget = Budget(settings, self.started)
+        self.time_budget = TimeBudget(settings, self.started)
         self.session = Session(settings)
         self.notes: list[str] = []
         """What the search says beside its answer (SearchResult.notes)."""
@@ -87,7 +87,7 @@ class SearchState:
     def prediction(self, space: SearchSpace, first: Config | None = None) -> MemoryPrediction | None:
         """The memory estimator's prediction over `space` (it starts estimating, `first`'s strategy
         first, or the study kept it)."""
-        return self.estimator.ask(self.session.study, space, self.session.budget.limit_bytes,
+        return self.estimator.ask(self.session.study, space, self.session.memory_budget.limit_bytes,
                                   self.session.device_info.type, self.s.budget_s, first=first)
 
     def start_probe(self, runner: Runner, steps: int) -> RunningProbe | None:
@@ -101,7 +101,7 @@ class SearchState:
         self.reporter.probe_started(trial.number, proposal.config, proposal.phase)
         log_path = os.path.join(self.session.run_dir, f"trial-{trial.number}.log")
         os.makedirs(self.session.run_dir, exist_ok=True)
-        timeout = self.budget.probe_limits(self.session.observations(exclude=trial.number), proposal.config)
+        timeout = self.time_budget.probe_limits(self.session.observations(exclude=trial.number), proposal.config)
         self.estimator.pause()  # nothing of it runs beside a timed probe
         self.estimator.probes_running += 1
         future = self.pool.probe(runner, proposal.config, steps=steps, timeout=timeout, log_path=log_path,
@@ -116,7 +116,7 @@ class SearchState:
             self.estimator.probes_running -= 1
         self.session.record(probe.trial, result, probe.proposal.phase)
         self.probes_this_run += 1
-        self.reporter.probe_finished(probe.trial.number, result, self.session.budget.usable_bytes, self.pool.name(probe.runner))
+        self.reporter.probe_finished(probe.trial.number, result, self.session.memory_budget.usable_bytes, self.pool.name(probe.runner))
         return result
 
     def probe(self, runner: Runner, steps: int) -> ProbeResult | None:

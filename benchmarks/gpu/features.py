@@ -5,14 +5,17 @@
 
 Each part runs autofit as a user would (`autofit search`, then the exported file's normal run, or
 `autofit estimate` then a probe of its answer), each command under its own time limit, its log in
---out, and gives one row: feature, GPU, figure, date, command. Together about 10 minutes on an H100:
+--out, and gives one row: feature, GPU, figure, date, command. Together about 12 minutes by their budgets:
 
-- tokens: benchmarks/tokens.py on the GPU (a variable-length LM under a 2 GiB cap): autofit's search,
-  the safe fixed batch found the same way, each trained over a whole epoch (issue "Beyond nanoGPT": the
-  token row at least 2x the safe fixed batch);
-- memory: GPT-2 medium (24 layers, width 1024, context 1024) under a 16 GiB cap, bf16, where memory binds:
-  does checkpointing (and which policy) pay against the best plain config measured; the pick's probe
-  against its normal run;
+- tokens: issue 53's variable-length LM (tests/corpus/varlen_lm.py) searched by tokens for 3 minutes under a 2 GiB
+  cap; the pick's whole epoch against the plain loop's best fixed batch (16, 32 or 64 samples, each a whole
+  epoch) in bf16 and in the pick's precision; the pick's probe over its epoch (goal: within 10%); the best bf16
+  and tf32 configs the search measured (goal: the pick is at least the faster);
+- memory: a Llama-style decoder of about 1B parameters at 2048 tokens (benchmarks/gpu/llama.py), bf16, under a cap
+  where plain fits only at micro-batch 1-2 (measured from plain b=1 and b=2 unless $LIMIT_MEMORY): searched for 3
+  minutes, then the expert's answer, the best of a hand grid (no checkpointing, selective, full, each at the
+  micro-batches that fit), its finalists and the search's pick measured again interleaved: pick / expert, and the
+  search's OOM probes (issue 51: pick >= 0.97 of the expert, at most 1 OOM probe);
 - estimator: `autofit estimate --memory` for GPT-2 small on the GPU's memory, then a probe of the config it
   says fits: predicted against measured peak (and never a predicted fit that runs out of memory);
 - offload: GPT-2 small probed at one micro-batch ($OFFLOAD_BATCH, 32), bf16, without and with activation
@@ -28,8 +31,9 @@ Each part runs autofit as a user would (`autofit search`, then the exported file
 
 Writes --out/features.md (the table, to paste into docs/benchmarks.md "Every feature on a GPU") and
 --out/features.json, their commands' --out paths relative to the repository (where the commands run), or
-`<out>/...` for a folder outside it: never this machine's absolute path. Budgets and caps: $BUDGET_TOKENS (3m), $BUDGET_MEMORY (2m), $BUDGET_HF (90s),
-$LIMIT_TOKENS (2GiB), $LIMIT_MEMORY (16GiB).
+`<out>/...` for a folder outside it: never this machine's absolute path. Budgets and caps: $BUDGET_TOKENS (3m),
+$BUDGET_MEMORY (3m), $BUDGET_HF (90s), $LIMIT_TOKENS (2GiB), $LIMIT_MEMORY (measured: plain fits b=2, not 3),
+$LIMIT_ALLOCATOR (16GiB: GPT-2 medium's edge), $GRID_ROUNDS (2).
 """
 
 from __future__ import annotations
@@ -38,7 +42,6 @@ import argparse
 import datetime
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -47,7 +50,11 @@ from dataclasses import asdict, dataclass, replace
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PY = sys.executable
+#: GPT-2 medium (benchmarks/gpu/gpt124m.py's sizes): the allocator part's model, at its memory edge.
 MEDIUM = {"GPT124M_LAYERS": "24", "GPT124M_WIDTH": "1024", "GPT124M_SAMPLES": "1024"}
+#: Where the searches and the hand grid run: the GPU, or `FEATURES_DEVICE=cpu` for a check of the script at a tiny
+#: size (the `memory` and `hf` parts; never a figure for the table).
+DEVICE = os.environ.get("FEATURES_DEVICE", "cuda")
 
 
 @dataclass
@@ -118,7 +125,8 @@ def _pick(best: dict) -> str:
 def _search(script: str, name: str, out: str, budget: str, limit: str | None, env: dict[str, str],
             extra: tuple[str, ...] = ()) -> tuple[list[str], dict | None]:
     best = os.path.join(out, f"{name}.best.json")
-    args = [PY, "-m", "autofit.cli", "search", script, "--gpu", "0", "--budget", budget, "--fresh",
+    device = ["--gpu", "0"] if DEVICE == "cuda" else ["--device", DEVICE]
+    args = [PY, "-m", "autofit.cli", "search", script, *device, "--budget", budget, "--fresh",
             "--storage", f"sqlite:///{out}/features.db", "--study", name, "--out", best,
             *(["--memory-limit", limit] if limit else []), *extra]
     status, _ = _run(args, os.path.join(out, f"{name}-search.log"), 600, env)
@@ -128,45 +136,186 @@ def _search(script: str, name: str, out: str, budget: str, limit: str | None, en
         return args, json.load(handle)
 
 
+VARLEN = "tests/corpus/varlen_lm.py"
+#: The plain loop's fixed batches (issue 53's ran 32): each trained over a whole epoch.
+FIXED_BATCHES = (16, 32, 64)
+
+
+def _fixed_epoch(best: dict, precision: str, batch: int, out: str) -> float | None:
+    """The plain loop (varlen_lm.py with $VARLEN_FIXED: `batch` shuffled samples padded to their longest) over a
+    whole epoch at `precision`, with no memory cap, as its user runs it: its real tokens/s (None: it failed)."""
+    from autofit import Config
+
+    name = f"tokens-fixed-{precision}-{batch}"
+    path = os.path.join(out, f"{name}.json")
+    document = json.loads(json.dumps(best))
+    document["config"] = Config(batch_size=batch, precision=precision).to_dict()
+    document["measured"].pop("token_envelope", None)
+    with open(path, "w") as handle:
+        json.dump(document, handle, indent=2)
+    run = _normal_run(VARLEN, path, out, name, {"VARLEN_FIXED": "1"})
+    return run.get("tokens_per_s") if run else None
+
+
+def _best_probed(best: dict, precision: str) -> str:
+    """The fastest config of `precision` the search measured (the winner or a runner-up), or 'none measured'."""
+    from autofit import Config
+
+    entries = [(best["config"], best["measured"].get("tokens_per_s"))]
+    entries += [(r["config"], r.get("tokens_per_s")) for r in best.get("runner_ups") or []]
+    found = [(rate, Config.from_dict(c).label()) for c, rate in entries if c.get("precision") == precision and rate]
+    return f"{max(found)[1]} {max(found)[0]:,.0f}" if found else "none measured"
+
+
 def part_tokens(out: str) -> list[Row]:
-    md = os.path.join(out, "tokens-cuda.md")
-    args = [PY, "-m", "benchmarks.tokens", "--device", "cuda", "--memory-limit", _env("LIMIT_TOKENS", "2GiB"),
-            "--budget", _env("BUDGET_TOKENS", "3m"), "--rounds", "1", "--samples", "4096", "--out", md]
-    status, _ = _run(args, os.path.join(out, "tokens.log"), 600)
-    rows = _table_rows(md) if status == 0 and os.path.exists(md) else {}
-    safe, found = rows.get("(a) fixed, safe"), rows.get("(d) autofit")
-    if not (safe and found):
-        return [Row("batches by tokens (whole epoch)", f"no figure: exit {status} (tokens.log)", _shown(args))]
-    figure = (f"autofit {found[1]} {found[3]} real tokens/s = {found[4]} the safe fixed batch ({safe[1]}, "
-              f"{safe[3]}); OOMs {found[5]}, found in {found[2]}")
-    return [Row("batches by tokens (whole epoch)", figure, _shown(args))]
+    """Issue 53's held-out LM (tests/corpus/varlen_lm.py) searched by tokens for 3 minutes under a 2 GiB cap: the
+    pick's whole epoch against the plain loop's best fixed batch in bf16 and in the pick's precision, its probe
+    over its epoch, and the best bf16 and tf32 configs the search measured (the pick should be the faster)."""
+    args, best = _search(VARLEN, "tokens", out, _env("BUDGET_TOKENS", "3m"), _env("LIMIT_TOKENS", "2GiB"), {})
+    if best is None:
+        return [Row("batches by tokens, variable lengths (whole epoch)", "no figure: the search failed "
+                    "(tokens-search.log)", _shown(args))]
+    from autofit import Config
 
-
-def _table_rows(path: str) -> dict[str, list[str]]:
-    """A markdown table's rows by their first cell (benchmarks/tokens.py's output), bold marks removed."""
-    rows = {}
-    with open(path) as handle:
-        for line in handle:
-            if line.startswith("| ("):
-                cells = [re.sub(r"\*\*|\s*\(median.*", "", c).strip() for c in line.strip().strip("|").split("|")]
-                rows[cells[0]] = cells
-    return rows
+    pick = Config.from_dict(best["config"])
+    run = _normal_run(VARLEN, os.path.join(out, "tokens.best.json"), out, "tokens")
+    epoch = run.get("tokens_per_s") if run else None
+    probe = best["measured"].get("tokens_per_s")
+    plain = {}
+    for precision in dict.fromkeys(("bf16", pick.precision)):
+        rates = {b: rate for b in FIXED_BATCHES if (rate := _fixed_epoch(best, precision, b, out))}
+        plain[precision] = max(((rate, b) for b, rate in rates.items()), default=None)
+    if not epoch:
+        return [Row("batches by tokens, variable lengths (whole epoch)",
+                    f"{pick.label()}: its normal run gave no figure (tokens-run.log)", _shown(args))]
+    parts = [f"{pick.label()}: its whole epoch {epoch:,.0f} real tokens/s"]
+    for precision, found in plain.items():
+        parts.append(f"{epoch / found[0]:.2f}x the plain loop's best fixed batch in {precision} (b={found[1]}, "
+                     f"{found[0]:,.0f})" if found else f"no plain {precision} epoch ran")
+    if probe:
+        parts.append(f"probe ÷ epoch {probe / epoch:.2f}")
+    parts.append(f"best probed bf16 {_best_probed(best, 'bf16')}, tf32 {_best_probed(best, 'tf32')}")
+    return [Row("batches by tokens, variable lengths (whole epoch)", "; ".join(parts), _shown(args))]
 
 
 def part_memory(out: str) -> list[Row]:
-    script = "benchmarks/gpu/gpt124m.py"
-    args, best = _search(script, "medium", out, _env("BUDGET_MEMORY", "2m"), _env("LIMIT_MEMORY", "16GiB"), MEDIUM,
-                         ("--precision", "bf16"))
+    """Checkpointing where memory binds (issue 51): a Llama-style decoder of about 1B parameters at 2048 tokens, bf16,
+    under a cap where plain fits at micro-batch 2 and not 3 ($LIMIT_MEMORY, else measured: `_llama_cap`), searched
+    for $BUDGET_MEMORY (3m); then the expert's answer, the best of a hand grid (`_expert_grid`), with the pick in its
+    interleaved rounds: pick / expert, and the search's OOM probes."""
+    feature = "checkpointing where memory binds (Llama ~1B, 2048 tokens)"
+    limit = _env("LIMIT_MEMORY", "") or _llama_cap(out)
+    if limit.startswith("no figure"):
+        return [Row(feature, limit, f"python -m autofit.cli probe {LLAMA} --gpu 0 --precision bf16 --batch-size 2")]
+    args, best = _search(LLAMA, "llama", out, _env("BUDGET_MEMORY", "3m"), limit, {}, ("--precision", "bf16"))
     if best is None:
-        return [Row("checkpointing where memory binds (GPT-2 medium)", "no figure: the search failed (medium-search.log)",
-                    _shown(args, MEDIUM))]
-    plain = _best_plain(out, "medium")
-    versus = (f"; the best plain config measured: {plain[0]} {plain[1]:,.1f} samples/s "
-              f"({best['measured']['samples_per_s'] / plain[1]:.2f}x)" if plain else "; no plain config fitted")
-    run = _normal_run(script, os.path.join(out, "medium.best.json"), out, "medium", MEDIUM)
-    return [Row("checkpointing where memory binds (GPT-2 medium)", _pick(best) + versus, _shown(args, MEDIUM)),
-            Row("probe against its normal run (GPT-2 medium)", _fidelity(best, run),
-                f"AUTOFIT_CONFIG={out}/medium.best.json python {script}")]
+        return [Row(feature, "no figure: the search failed (llama-search.log)", _shown(args))]
+    from autofit import Config
+
+    pick = Config.from_dict(best["config"])
+    grid = _expert_grid(out, limit, pick)
+    (expert, expert_rate), pick_rate = grid["expert"], grid["rates"].get(pick.label())
+    why = grid["note"] or "the pick did not fit in the grid's worker, llama-grid.log"
+    versus = (f"pick ÷ expert {pick_rate / expert_rate:.2f} (interleaved: {pick.label()} {pick_rate:,.1f}, expert "
+              f"{expert} {expert_rate:,.1f} samples/s, best of {len(grid['rates'])} configs)"
+              if pick_rate and expert_rate else f"pick ÷ expert: no figure ({why})")
+    plain = _best_plain(out, "llama")
+    search = (f"{_pick(best)}; {versus}; OOM probes {_oom_probes(out, 'llama')} of the search's "
+              f"{_probes(out, 'llama')}; plain fits up to b={grid['plain_edge']}; the best plain config the search "
+              f"measured: " + (f"{plain[0]} {plain[1]:,.1f} samples/s" if plain else "none"))
+    return [Row(feature, search, _shown(args) + f"; then the hand grid, {GRID_ROUNDS} rounds (benchmarks/gpu/"
+                "features.py `_expert_grid`)")]
+
+
+LLAMA = "benchmarks/gpu/llama.py"
+#: The micro-batches of the expert's hand grid (a search's ladder): each policy from its first size above plain's
+#: largest fit (below it plain fits, and is faster) up to its own largest fit.
+GRID_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+#: Rounds of the hand grid: the first finds what fits; the others, interleaved, measure the configs within
+#: GRID_FINALISTS of the best again, the search's pick among them.
+GRID_ROUNDS = int(os.environ.get("GRID_ROUNDS", 2))
+GRID_FINALISTS = 0.85
+HEADROOM = 0.1  # the search's default
+
+
+def _llama_cap(out: str) -> str:
+    """The memory limit under which plain fits at micro-batch 2 and not 3: plain b=1 and b=2 probed without a cap in
+    one worker, and the usable memory put half a sample's growth above b=2's peak (the limit is that over 1 - the
+    headroom), in MiB; a line saying why where either probe failed."""
+    from autofit.config import Config
+    from autofit.export import MemoryBudget
+    from autofit.probing import Worker
+
+    peaks = []
+    with open(os.path.join(out, "llama-cap.log"), "w") as log:
+        try:
+            with Worker(os.path.join(REPO, LLAMA), device=DEVICE, budget=MemoryBudget(limit_bytes=None)) as worker:
+                worker.start()
+                for batch in (1, 2):
+                    result = worker.probe(Config(batch_size=batch, precision="bf16"), timeout=600)
+                    log.write(f"bf16 b={batch}: {result.status} peak {result.peak_bytes} {result.samples_per_s}\n")
+                    if not (result.ok and result.peak_bytes):
+                        return (f"no figure: plain bf16 b={batch} did not run without a cap ({result.status}, "
+                                f"llama-cap.log)")
+                    peaks.append(result.peak_bytes)
+        except Exception as error:  # no GPU, a worker that did not start: the row says so, the other parts run
+            log.write(f"{type(error).__name__}: {error}\n")
+            return f"no figure: the cap's probes did not run ({type(error).__name__}, llama-cap.log)"
+    usable = peaks[1] + 0.5 * (peaks[1] - peaks[0])
+    return f"{int(usable / (1 - HEADROOM) / 2**20)}MiB"
+
+
+def _expert_grid(out: str, limit: str, pick) -> dict:
+    """The expert's answer: bf16 without checkpointing, then every block checkpointed selective, then full, each at
+    the micro-batches of GRID_SIZES from above plain's largest fit up to its own (first round: one probe each, in a
+    worker under the search's limit); then GRID_ROUNDS - 1 interleaved rounds (A B C, A B C) of the configs within
+    GRID_FINALISTS of the best and of the search's pick. Each config's rate: the median of its rounds. Returns
+    {"expert": (label, rate), "rates": {label: rate}, "plain_edge": b, "note": why there is no expert}."""
+    import statistics
+
+    from autofit.config import Config
+    from autofit.export import MemoryBudget
+    from autofit.probing import Worker
+    from autofit.units import parse_size
+
+    budget = MemoryBudget.of(parse_size(limit), HEADROOM)
+    layers = int(os.environ.get("LLAMA_LAYERS", 22))
+    runs: dict = {}
+    grid = []  # the hand grid's own configs that fit (the search's pick, measured beside them, is not one of them)
+    plain_edge = 0
+    with open(os.path.join(out, "llama-grid.log"), "w") as log, \
+            Worker(os.path.join(REPO, LLAMA), device=DEVICE, budget=budget) as worker:
+        worker.start()
+
+        def measure(config) -> bool:
+            result = worker.probe(config, timeout=600)
+            fits = result.ok and (result.peak_bytes or 0) <= budget.usable_bytes and bool(result.samples_per_s)
+            log.write(f"{config.label():<32} {result.status:<8} {result.samples_per_s or 0:9.2f} samples/s  peak "
+                      f"{(result.peak_bytes or 0) / 2**30:.2f} GiB{'' if fits else '  (does not fit)'}\n")
+            log.flush()
+            if fits:
+                runs.setdefault(config, []).append(result.samples_per_s)
+            return fits
+
+        for segments, policy in ((0, "full"), (layers, "selective"), (layers, "full")):
+            for size in (b for b in GRID_SIZES if b > (plain_edge if segments else 0)):
+                config = Config(batch_size=size, precision="bf16", checkpoint_segments=segments, checkpoint_policy=policy)
+                if not measure(config):
+                    break
+                grid.append(config)
+                plain_edge = size if not segments else plain_edge
+        if not grid:
+            return {"expert": (None, None), "rates": {}, "plain_edge": plain_edge, "note": "nothing fit"}
+        top = max(statistics.median(r) for r in runs.values())
+        finalists = [c for c, r in runs.items() if statistics.median(r) >= GRID_FINALISTS * top]
+        if pick not in finalists:
+            finalists.append(pick)
+        for _ in range(GRID_ROUNDS - 1):
+            for config in finalists:
+                measure(config)
+    expert = max((c for c in runs if c in grid), key=lambda c: statistics.median(runs[c]))
+    return {"expert": (expert.label(), statistics.median(runs[expert])), "plain_edge": plain_edge, "note": "",
+            "rates": {c.label(): statistics.median(r) for c, r in runs.items()}}
 
 
 def _best_plain(out: str, study: str) -> tuple[str, float] | None:
@@ -179,6 +328,21 @@ def _best_plain(out: str, study: str) -> tuple[str, float] | None:
         return None
     top = plain.sort_values("samples_per_s", ascending=False).iloc[0]
     return str(top["label"]), float(top["samples_per_s"])
+
+
+def _oom_probes(out: str, study: str) -> int:
+    """The study's probes of configs that did not fit: out of memory, or a peak inside the headroom."""
+    from autofit import load_study
+
+    frame = load_study(study, f"sqlite:///{out}/features.db").trials_frame()
+    return int(((frame["status"] == "oom") | ((frame["status"] == "ok") & ~frame["feasible"].fillna(False).astype(bool)))
+               .sum())
+
+
+def _probes(out: str, study: str) -> int:
+    from autofit import load_study
+
+    return len(load_study(study, f"sqlite:///{out}/features.db").trials_frame())
 
 
 def part_estimator(out: str) -> list[Row]:
@@ -311,7 +475,7 @@ def part_allocator(out: str) -> list[Row]:
     """The allocator in the config: GPT-2 medium under its 16 GiB cap at its edge (b=3 fit at 13.7 GiB on an H200,
     b=4 ran out of memory there), each probed with autofit's default settings (expandable segments) and with them
     off: the peak, the speed and the allocator's retries in the measured steps."""
-    script, limit = "benchmarks/gpu/gpt124m.py", _env("LIMIT_MEMORY", "16GiB")
+    script, limit = "benchmarks/gpu/gpt124m.py", _env("LIMIT_ALLOCATOR", "16GiB")
     rows = []
     for batch in ("3", "4"):
         records, shown = {}, ""
@@ -362,11 +526,12 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    if not torch.cuda.is_available():
+    if DEVICE == "cuda" and not torch.cuda.is_available():
         sys.exit("benchmarks.gpu.features needs a CUDA device: torch.cuda.is_available() is False")
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
-    gpu, date = torch.cuda.get_device_name(0), datetime.date.today().isoformat()
+    gpu = torch.cuda.get_device_name(0) if DEVICE == "cuda" else f"{DEVICE} (a check of the scripts, not a figure)"
+    date = datetime.date.today().isoformat()
     rows: list[Row] = []
     for name in args.parts.split(","):
         started = time.perf_counter()

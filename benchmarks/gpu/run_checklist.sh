@@ -2,9 +2,11 @@
 # The GPU checklist in one command per part, for a machine with a GPU and a CUDA build of torch.
 #   benchmarks/gpu/run_checklist.sh nanogpt-defaults   FIRST: nanoGPT's train.py at its defaults searched in 3m with
 #                                             no flag, then the pick against hand-set batches (benchmarks/gpu/nanogpt_defaults.sh)
-#   benchmarks/gpu/run_checklist.sh features  SECOND: every feature beyond nanoGPT in one call (about 10 min): batches
+#   benchmarks/gpu/run_checklist.sh features  SECOND: first where a GPU is at hand, each new shape's cost in bf16 and tf32
+#                                             (benchmarks/gpu/shapes.py, 60 s: $OUT/shapes-profile.md), then
+#                                             every feature beyond nanoGPT in one call (about 12 min): batches
 #                                             by tokens over a whole epoch against the safe fixed batch, checkpointing
-#                                             where memory binds (GPT-2 medium), the estimator against measured peaks,
+#                                             where memory binds (a 1.1B Llama, pick / expert), the estimator against measured peaks,
 #                                             activation offload's peak and speed (GPT-2 small), the allocator's
 #                                             settings and retries at GPT-2 medium's edge, the HF Trainer
 #                                             adapter, each probe against its normal run; a dated table in
@@ -50,8 +52,11 @@ forecast)
         | tee "$OUT/forecast.log"
     ;;
 features)
-    step "every feature on one GPU (benchmarks/gpu/features.py --parts ${PARTS:-tokens,memory,estimator,offload,allocator,hf})"
+    step "variable lengths in bf16 and tf32: each new shape's cost, the attention kernel (benchmarks/gpu/shapes.py, 60 s)"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    timeout 90 "$PYTHON" -m benchmarks.gpu.shapes --device cuda --seconds 60 --out "$OUT"
+    echo "exit status $?"
+    step "every feature on one GPU (benchmarks/gpu/features.py --parts ${PARTS:-tokens,memory,estimator,offload,allocator,hf})"
     "$PYTHON" -m benchmarks.gpu.features --parts "${PARTS:-tokens,memory,estimator,offload,allocator,hf}" --out "$OUT"
     echo "exit status $?"
     ;;

@@ -4,7 +4,8 @@ large accumulation, a saturating device, memory that rises with the micro-batch:
 nanoGPT's defaults could not finish, ../shared/gpu/2026-11-26-nanogpt-h100.md), and
 tests/scripts/tokens_standin.py (a launch-bound device batched by tokens: a fixed cost per micro-batch that
 dominates, memory per token small beside the limit: the H200 search of issue 43, whose cap ran at a quarter
-of a fixed batch's speed)."""
+of a fixed batch's speed), and tests/scripts/tokens_shapes.py (the same, whose first micro-batch of each new
+shape costs 0.2 s more: issue 53's H200 in bf16)."""
 
 from __future__ import annotations
 
@@ -105,3 +106,37 @@ def test_a_two_minute_token_search_of_a_launch_bound_device_exports_a_cap_near_i
     batches = [order[i:i + safe] for i in range(0, len(order), safe)]
     fixed_s = sum(standin["step_seconds"](len(b) * max(lengths[i] for i in b)) for b in batches)
     assert tokens_rate >= 2 * sum(lengths) / fixed_s, (cap, safe, tokens_rate, sum(lengths) / fixed_s)
+
+
+@pytest.mark.slow
+@pytest.mark.serial  # a 2m budget that holds a handful of its probes
+def test_a_two_minute_search_of_a_device_that_pays_for_each_new_shape_finds_that_padding_pays(tmp_path):
+    """tests/scripts/tokens_shapes.py: the first micro-batch of each shape costs 0.2 s more (issue 53's H200 in
+    bf16). The search exports a pad multiple (its probes meet new shapes as often as their epochs do, so a
+    multiple reads faster), and a whole epoch at it, a normal run under the same limit, meets fewer shapes and
+    trains more real tokens per device second than the same cap unpadded would (priced with the same costs)."""
+    path = script("tokens_shapes.py")
+    searched = subprocess.run([sys.executable, "-m", "autofit.cli", "search", path, "--device", "cpu",
+                               "--memory-limit", TOKENS_LIMIT, "--budget", "2m"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120 + 180)
+    assert searched.returncode == 0, searched.stderr[-3000:]
+    best = tmp_path / "studies" / "tokens_shapes.train.cpu.best.json"
+    config = json.loads(best.read_text())["config"]
+    assert config.get("pad_multiple"), (config, searched.stderr[-3000:])
+    ran = subprocess.run([sys.executable, path], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "STANDIN_START_S": "0", "AUTOFIT_CONFIG": str(best),
+                              "AUTOFIT_MEMORY_LIMIT": TOKENS_LIMIT})
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert not os.path.exists(lowered_path(str(best)))
+    shapes, rate = re.search(r"(\d+) shapes, \d+ real tokens, (\d+) tokens/device-s", ran.stdout).groups()
+    standin = runpy.run_path(path, run_name="standin")
+    from autofit.runtime import TokenBatchSampler
+
+    unpadded = TokenBatchSampler(standin["LENGTHS"], config["max_tokens"])
+    seen, device_s = set(), 0.0
+    for batch in unpadded:
+        shape = unpadded.shape(batch)
+        device_s += standin["step_seconds"](*shape, shape not in seen)
+        seen.add(shape)
+    assert int(shapes) < len(seen) / 2, (shapes, len(seen))
+    assert float(rate) >= 1.2 * sum(standin["LENGTHS"]) / device_s, (rate, sum(standin["LENGTHS"]) / device_s)

@@ -78,7 +78,7 @@ def _exported_fields() -> set[str]:
     field set (distributed, so the fields only such files hold are written)."""
     documents = [read_best(path).to_dict() for path in glob.glob(os.path.join(REPO, "autofit", "recorded", "*.best.json"))]
     assert documents
-    everything = Config(batch_size=24, precision="bf16", checkpoint_segments=2, accumulation_steps=3, sharding="fsdp", compile=True, loader_workers=4, pin_memory=True, prefetch_factor=4, checkpoint_policy="selective", max_tokens=64, offload_activations=True)
+    everything = Config(batch_size=24, precision="bf16", checkpoint_segments=2, accumulation_steps=3, sharding="fsdp", compile=True, loader_workers=4, pin_memory=True, prefetch_factor=4, checkpoint_policy="selective", max_tokens=64, offload_activations=True, pad_multiple=64, sdpa_backend="flash")
     documents.append({"config": config_entry(everything, world_size=2)})
     # and the figures only a CUDA search's file holds (the bundled searches ran on a CPU)
     documents.append({"measured": MeasuredFigures(alloc_retries=0, host_pinned_bytes=2**30).to_dict()})

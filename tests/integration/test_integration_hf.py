@@ -106,6 +106,23 @@ def test_a_trainer_that_groups_by_length_is_probed_by_tokens(tmp_path):
     assert batches[0] == (2, 30) and all(samples * longest <= 64 for samples, longest in batches)
 
 
+def test_a_trainer_whose_collator_pads_to_a_multiple_offers_it_and_pads_to_the_configs(tmp_path):
+    """Issue 53: a collator with `pad_to_multiple_of` (HF's padding collators) offers the pad multiple; a probe
+    of one pads every batch to it, and the token cap counts the padded length."""
+    out = tmp_path / "batches.txt"
+    probed = autofit_cli("probe", GROUPED, "--device", "cpu", "--max-tokens", "64", "--pad-multiple", "8", "--json",
+                         cwd=tmp_path, env={"BATCHES_OUT": str(out), "HF_OUT": str(tmp_path / "out"),
+                                            "PAD_COLLATOR": "1"})
+    assert probed.returncode == 0, probed.stderr[-3000:]
+    result = json.loads(probed.stdout)["result"]
+    assert result["status"] == "ok" and result["knobs"]["pad_multiple"] is True
+    batches = _batches(out)
+    assert batches and all(longest % 8 == 0 and samples * longest <= 64 for samples, longest in batches), batches
+    plain = autofit_cli("probe", GROUPED, "--device", "cpu", "--max-tokens", "64", "--json", cwd=tmp_path,
+                        env={"BATCHES_OUT": str(tmp_path / "plain.txt"), "HF_OUT": str(tmp_path / "out")})
+    assert "pad_multiple" not in json.loads(plain.stdout)["result"]["knobs"]  # a collator that does not pad to one
+
+
 def test_a_normal_run_with_an_exported_token_cap_batches_by_tokens(tmp_path):
     from autofit.export import BestConfig, write_best
 

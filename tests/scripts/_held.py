@@ -3,3 +3,4 @@ worker cannot put back (it restores the script's own module, not the modules it 
 
 ONCE: list = []
 EVERY_PROBE: list = []
+PROBES: list = []

@@ -23,7 +23,7 @@ from autofit.study import config_params, distributions, trial_config
 NON_DEFAULT = {"batch_size": 24, "precision": "bf16", "checkpoint_segments": 2, "accumulation_steps": 3,
                "sharding": "fsdp", "compile": True, "loader_workers": 4, "pin_memory": True, "prefetch_factor": 4,
                "checkpoint_policy": "selective", "max_tokens": 64, "max_squares": 19200, "channels_last": True,
-               "offload_activations": True}
+               "offload_activations": True, "pad_multiple": 64, "sdpa_backend": "flash"}
 #: Fields that need another beside them: a squares cap bounds batches by tokens.
 NEEDS = {"max_squares": {"max_tokens": 64}}
 

@@ -168,7 +168,7 @@ _CHECK = textwrap.dedent('''
     searched = {c: CliRunner().invoke(cli, [c, "--help"], terminal_width=200).output for c in ("search", "estimate")}
     declared = search_options(offload_test="cpu")
     offers = Offers(checkpoint_blocks=4, channels_last=True)
-    space = SearchSpace.build(batch_range=(1, 64), variants=compute_variants(offers),
+    space = SearchSpace.build(batch_range=(1, 64), variants=compute_variants(Asked(offers, SearchOptions(), "cpu")),
                               **knob_values(Asked(offers, SearchOptions(), "cpu")))
     unoffered = SearchSpace.build(batch_range=(1, 64), **knob_values(Asked(Offers(), SearchOptions(), "cpu")))
     print(json.dumps({
@@ -185,7 +185,7 @@ _CHECK = textwrap.dedent('''
         "json": config.to_dict().get("channels_last_test"),
         "round_trip": Config.from_dict(config.to_dict()) == config,
         "old_form": "channels_last_test" not in Config(batch_size=8).to_dict(),
-        "space": [sorted({s.offload_test for s in space.strategies()}), list(space.variants),
+        "space": [sorted({s.offload_test for s in space.strategies()}), [name for name, _ in space.variants],
                   sorted({c.offload_test for c in space.configs()}), SearchSpace.from_dict(space.to_dict()) == space,
                   "offload_test" in distributions(**space.distribution_args()),
                   sorted({s.offload_test for s in unoffered.strategies()})],

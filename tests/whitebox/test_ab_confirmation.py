@@ -167,16 +167,16 @@ def test_one_short_round_each_that_disagrees_with_the_probes_runs_the_a_b_again(
 def test_an_a_b_still_undecided_when_no_round_fits_says_so_and_keeps_the_probes_leader(tmp_path, monkeypatch):
     """The same disagreeing rounds, and no budget left for another A/B: the probes' leader is exported,
     unconfirmed, and the search and its file say the A/B was undecided, with the figures."""
-    from autofit.search._budget import Budget
+    from autofit.search._time_budget import TimeBudget
 
     plans = []
-    original = Budget.ab_plan
+    original = TimeBudget.ab_plan
 
     def one_plan(self, study, entrants, since=-1):
         plans.append(entrants)
         return original(self, study, entrants, since) if len(plans) == 1 else None
 
-    monkeypatch.setattr(Budget, "ab_plan", one_plan)
+    monkeypatch.setattr(TimeBudget, "ab_plan", one_plan)
     result, study = _one_round_search(tmp_path, monkeypatch, _short_rounds(tmp_path, {64: [3.0], 32: [4.0]}))
     assert [b for b, phase in _phases(study) if phase == "confirm"] == [64, 32]
     assert result.best == Config(batch_size=64) and not result.document.measured.confirmed

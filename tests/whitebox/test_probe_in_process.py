@@ -4,6 +4,7 @@ measures, and the FLOPs it counts (autofit.runtime._flops)."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 import torch
@@ -12,7 +13,8 @@ from autofit.config import Config
 from autofit.devices import make_backend
 from autofit.probing import ProbeResult
 from autofit.probing._probe import run_probe
-from autofit.runtime import Run
+from autofit.runtime import Run, recovery_enabled
+from tests.support.clock import FakeClock
 from tests.support.runs import accumulates_to_64
 
 
@@ -142,3 +144,63 @@ def test_a_kept_loop_with_its_own_accumulation_has_the_same_flops_per_sample_at_
     # a sample: the two matmuls forward, their weights' gradients, the second one's input gradient
     model_flops = 2 * (32 * 64 + 64) * 2 + 2 * 64
     assert small.flops_per_sample == pytest.approx(model_flops, rel=0.05)
+
+
+def _saves_through_hooks(seen: list[bool]):
+    """A function that records, at each forward under run.autocast(), whether its graph saved the activation
+    through saved-tensor hooks (a pack and an unpack in Python: a tenth of a host-bound step's time)."""
+
+    def train(run: Run) -> None:
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in run.batches(itertools.repeat(torch.randn(run.batch_size, 4), 12)):
+            with run.autocast():
+                hidden = model[1](model[0](x))
+                loss = model[2](hidden).square().mean()
+            seen.append(hidden.grad_fn._raw_saved_self.unpack_hook is not None)  # GELU saved its input
+            run.backward(loss, opt)
+
+    return train
+
+
+@pytest.mark.parametrize("recover", [True, False])
+def test_a_probe_saves_its_forwards_tensors_as_its_normal_run_does(monkeypatch, recover):
+    """Issue 52, item 4: a normal run that recovers from OOMs saves every tensor of a forward under run.autocast()
+    through hooks (autofit.runtime._saved, for the redo), and its probes never did: a host-bound run read ~12%
+    slower than its probe. A probe now runs the same hooks wherever its normal run will."""
+    monkeypatch.setenv("AUTOFIT_OOM_RECOVERY", "1" if recover else "0")
+    in_probe, in_run = [], []
+    result = run_probe(_saves_through_hooks(in_probe), Config(batch_size=2), make_backend("cpu", 0), warmup_steps=1,
+                       measured_steps=2, min_measure_s=0)
+    assert result.ok, result.error_message
+    run = Run(Config(batch_size=2), "cpu", recover_oom=recovery_enabled())  # as the decorator builds it
+    with run.control.active():
+        _saves_through_hooks(in_run)(run)
+    assert set(in_run) == {recover} and set(in_probe) == {recover}
+
+
+def _steps_of(seconds: float, slow: set[int]):
+    """A loop whose i-th step sleeps `seconds` (twice that for i in `slow`), on the test's fake clock."""
+
+    def train(run: Run) -> None:
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i, x in enumerate(run.batches(itertools.repeat(torch.randn(run.batch_size, 4)))):
+            time.sleep(seconds * (2 if i in slow else 1))
+            run.backward(model(x).square().mean(), opt)
+
+    return train
+
+
+def test_a_probe_whose_steps_spread_widely_measures_more_of_them_and_says_its_figure_is_uncertain(monkeypatch):
+    """Issue 52, item 11: a Lightning probe's 5 measured steps held a few slow ones (median 0.21 s, IQR 0.20 s),
+    and its mean read 0.59-0.83 of the normal run, whose rate its median step said. A probe whose mean step is
+    not settled measures on (up to 4x as long), and says how uncertain its figure still is."""
+    FakeClock().install(monkeypatch)
+    backend = make_backend("cpu", 0)
+    steady = run_probe(_steps_of(0.2, set()), Config(batch_size=16), backend, warmup_steps=2, measured_steps=5)
+    assert steady.measured_steps == 5 and steady.samples_per_s == pytest.approx(80.0) and not steady.notes
+    spread = run_probe(_steps_of(0.2, {3, 5}), Config(batch_size=16), backend, warmup_steps=2, measured_steps=5)
+    assert spread.measured_steps > 20  # five held 2 slow steps of 0.4 s: 57 samples/s, 0.71 of the rate
+    assert spread.samples_per_s > 0.9 * 80.0
+    assert any("the mean step is still uncertain by ±" in note for note in spread.notes), spread.notes

@@ -44,7 +44,7 @@ def _resumed_with(study, budget: MemoryBudget, limit_given: bool, **others) -> s
 
     with pytest.raises(UsageError) as refused:
         open_study(study._storage, study.study_name, fresh=False, device_name="cpu", budget=budget,
-                   limit_given=limit_given, script_sha256=None, **others)
+                   limit_given=limit_given, version=None, **others)
     return str(refused.value)
 
 

@@ -4,31 +4,27 @@ from __future__ import annotations
 
 import os
 
-from benchmarks.gpu.features import PARTS, Row, _table_rows, table
+from benchmarks.gpu.features import PARTS, Row, table
 
 
-def test_the_token_row_is_read_from_the_benchmarks_table_as_it_writes_it(tmp_path):
-    from argparse import Namespace
+def test_the_token_row_sets_the_picks_epoch_against_the_plain_loop_and_its_probe(tmp_path, monkeypatch):
+    """Issue 53's row: the pick's whole epoch against the plain loop's best fixed batch in bf16 and in the pick's
+    precision, its probe over its epoch, and the best bf16 and tf32 configs the search measured."""
+    from benchmarks.gpu import features
 
-    from autofit.config import Config
-    from benchmarks.tokens import STRATEGIES, write_table
-
-    def rounds(*rates: float) -> list[dict]:
-        return [{"tokens_per_s": r, "finished": True, "padding": 0.1, "lowerings": 0, "guard": 0, "oom_split": 0}
-                for r in rates]
-
-    configs = dict(zip(STRATEGIES, (Config(batch_size=73), Config(batch_size=64), Config(batch_size=8192,
-                                    max_tokens=8192), Config(batch_size=3072, max_tokens=3072))))
-    runs = dict(zip(STRATEGIES, (rounds(7000, 7200), rounds(7000, 7000), rounds(30000, 31000),
-                                 rounds(35000, 36000))))
-    out = tmp_path / "tokens-cuda.md"
-    args = Namespace(memory_limit="2GiB", budget="3m", rounds=2, samples=64, device="cuda", out=str(out))
-    write_table(args, configs, runs, dict.fromkeys(STRATEGIES, 60.0), {"device": {"name": "GPU"}}, 600.0)
-    rows = _table_rows(str(out))
-    safe, found = rows["(a) fixed, safe"], rows["(d) autofit"]
-    assert safe[1] == "fp32 b=73" and safe[3] == "7,100"
-    assert found[1] == "fp32 max_tokens=3072" and found[4] == "5.00x"  # the bold and the range taken off
-    assert found[5] == "0"  # OOMs caught
+    best = {"config": {"batch_size": 8192, "max_tokens": 8192, "precision": "tf32", "pad_multiple": 64},
+            "measured": {"tokens_per_s": 500_000.0},
+            "runner_ups": [{"config": {"batch_size": 6144, "max_tokens": 6144, "precision": "bf16"},
+                            "tokens_per_s": 80_000.0}]}
+    monkeypatch.setattr(features, "_search", lambda *a, **k: (["python", "-m", "autofit.cli", "search"], best))
+    monkeypatch.setattr(features, "_normal_run", lambda *a, **k: {"tokens_per_s": 450_000.0})
+    plain = {("bf16", 32): 34_500.0, ("tf32", 64): 90_000.0, ("tf32", 32): 60_000.0}
+    monkeypatch.setattr(features, "_fixed_epoch", lambda best, precision, batch, out: plain.get((precision, batch)))
+    figure = PARTS["tokens"](str(tmp_path))[0].figure
+    assert figure == ("tf32 max_tokens=8192 pad=64: its whole epoch 450,000 real tokens/s; 13.04x the plain loop's "
+                      "best fixed batch in bf16 (b=32, 34,500); 5.00x the plain loop's best fixed batch in tf32 (b=64, "
+                      "90,000); probe ÷ epoch 1.11; best probed bf16 bf16 max_tokens=6144 80,000, tf32 tf32 "
+                      "max_tokens=8192 pad=64 500,000")
 
 
 def test_the_table_has_one_dated_row_per_figure_with_its_command():
@@ -94,13 +90,17 @@ def test_the_table_writes_the_out_folder_relative_never_as_this_machines_path(tm
     monkeypatch.setattr(features, "_run", lambda args, log, timeout, env=None: (1, ""))  # every command fails fast
     out = tmp_path / "gpu"
     monkeypatch.setattr(sys, "argv", ["features", "--parts", "tokens,memory", "--out", str(out)])
+    monkeypatch.setenv("LIMIT_MEMORY", "20GiB")  # the memory part's cap given: its search runs (and fails)
     features.main()
     text = (out / "features.md").read_text()
-    assert "--out <out>/tokens-cuda.md" in text and "sqlite:///<out>/features.db" in text, text
-    assert "<out>/medium.best.json" in text
+    assert "--out <out>/tokens.best.json" in text and "sqlite:///<out>/features.db" in text, text
+    assert "llama" in text
     assert str(tmp_path) not in text
     assert str(tmp_path) not in json.dumps(json.loads((out / "features.json").read_text())["rows"])
     inside = os.path.join(features.REPO, "out", "gpu")
+    monkeypatch.delenv("LIMIT_MEMORY")  # the cap measured: without a GPU its probes cannot run, and the row says so
+    features.main()
+    assert "no figure: the cap's probes did not run" in (out / "features.md").read_text()
     rows = features.portable([Row("f", "see out/gpu", f"python x.py --out {inside}/a.json "
                                                       f"--storage sqlite:///{inside}/features.db")], inside)
     assert rows[0].command == "python x.py --out out/gpu/a.json --storage sqlite:///out/gpu/features.db"

@@ -65,3 +65,35 @@ def test_a_variant_that_runs_out_of_memory_rules_out_none_of_the_plain_configs()
     planner = Planner(_space("channels_last"), USABLE, check_noise=False)
     seen = [_measure(Config(batch_size=16), 1.0), Observation(Config(batch_size=16, channels_last=True), "oom")]
     assert planner.leader_can_climb(seen) and planner.best(seen) == Config(batch_size=16)
+
+
+def test_a_kernel_is_tried_among_those_the_function_offers_and_the_device_runs():
+    """The attention kernel: the values a probe found to run the function's calls (the offer names them), those
+    the device has; a pad multiple where the function reads it; nothing where it offers neither."""
+    from autofit.knobs import Offers
+    from autofit.options import SearchOptions
+    from autofit.planner import Asked, compute_variants
+
+    def variants(offers: Offers, device: str = "cpu") -> tuple:
+        return compute_variants(Asked(offers, SearchOptions(), device))
+
+    assert variants(Offers(sdpa_backends=["math"])) == (("sdpa_backend", ("math",)),)
+    assert variants(Offers(sdpa_backends=["efficient", "cudnn"])) == ()  # no such kernel on a CPU
+    assert variants(Offers(sdpa_backends=["efficient", "cudnn"]), "cuda") == (("sdpa_backend", ("efficient", "cudnn")),)
+    assert variants(Offers(pad_multiple=True)) == (("pad_multiple", (8, 64)),)
+    assert variants(Offers()) == ()
+    space = SearchSpace.build(batch_range=(1, 64), precision=("fp32",), variants=variants(Offers(sdpa_backends=["math"])))
+    planner, seen = Planner(space, USABLE, check_noise=False), []
+    for _ in range(60):
+        config = planner.next(seen)
+        if config is None:
+            break
+        seen.append(_measure(config, 1.0))
+    assert [o.config.sdpa_backend for o in seen if o.config.sdpa_backend] == ["math"]
+    assert SearchSpace.from_dict(space.to_dict()) == space and "sdpa_backends" in space.offered
+
+
+def test_a_space_stored_with_its_variants_by_name_reads_every_value_of_each():
+    """A study stored before the values were kept named its variants alone."""
+    stored = {**_space().to_dict(), "variants": ["channels_last"]}
+    assert SearchSpace.from_dict(stored).variants == (("channels_last", (True,)),)

@@ -254,6 +254,20 @@ def test_a_probe_whose_loop_never_steps_its_optimizer_ends_at_once_saying_whethe
     assert run.control.clock.steps_done == 0
 
 
+@pytest.mark.parametrize(("stepped", "finite"), [(None, False), (lambda i, loss: False, True)])
+def test_a_loop_that_never_steps_with_time_allowed_ends_at_once_if_not_finite_else_when_its_time_is_up(stepped, finite):
+    """Issue 52, items 1-2, against round four: the time a probe allows a loop's own accumulation never keeps a NaN
+    guard's loop running (it ends past the floor), and a finite loop that never steps ends when that time is up."""
+    run = Run(Config(batch_size=4), "cpu", probing=True, warmup_steps=1, measured_steps=3, open_step_s=0.2)
+    with pytest.raises(NoStepClosed) as ended, run.control.active():
+        _steps_only_when(run, stepped, micro_batches=10**7)
+    assert ended.value.finite is finite and run.control.clock.steps_done == 0
+    if finite:
+        assert ended.value.micro_batches > 257 and ended.value.waited_s is not None
+    else:
+        assert ended.value.micro_batches == 257 and ended.value.waited_s is None
+
+
 def test_a_probe_of_a_loop_that_accumulates_many_micro_batches_itself_or_skips_a_run_of_steps_is_not_ended():
     """Its own accumulation of 64 micro-batches under acc=1, and a GradScaler's run of 20 skipped steps at its
     start (here: no step for 20 x 64 micro-batches once): both far from a loop that never steps."""
@@ -261,6 +275,49 @@ def test_a_probe_of_a_loop_that_accumulates_many_micro_batches_itself_or_skips_a
     with run.control.active():
         _steps_only_when(run, lambda i, loss: (i + 1) % 64 == 0 and not 64 <= i < 20 * 64, micro_batches=24 * 64)
     assert run.control.clock.steps_done == 5 and run.control.clock.fewest_per_step == 64
+
+
+def _accumulates_itself(run: Run, total: int, *, overflows: int = 0, scaler: bool = False) -> None:
+    """build-nanogpt's loop: `total // run.batch_size` micro-batches a step, worked out by the loop itself; with
+    `scaler`, a GradScaler whose first `overflows` steps see an inf loss (fp16's start: each one skipped)."""
+    model, optimizer = _model_and_optimizer()
+    grad_scaler = torch.amp.GradScaler("cpu", enabled=scaler)
+    accumulation, step = total // run.batch_size, 0
+    while True:
+        for _ in range(accumulation):
+            loss = model(torch.randn(run.batch_size, 8)).pow(2).mean() / accumulation
+            grad_scaler.scale(loss * float("inf") if step < overflows else loss).backward()
+        grad_scaler.step(optimizer)
+        grad_scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+
+
+def test_a_probe_follows_a_loop_that_accumulates_more_than_its_floor_itself_to_its_steps_and_says_so():
+    """Issue 52, items 1: build-nanogpt's `grad_accum_steps = total_batch_size // (B * T)` at 512 samples a step runs
+    512 micro-batches at b=1: past the 256 a probe allowed without a step it ended as NoOptimizerStep, and a search
+    whose pilot was that small exported nothing. With the time its limits allow a step, the loop is followed."""
+    run = Run(Config(batch_size=1), "cpu", probing=True, warmup_steps=1, measured_steps=2, open_step_s=120.0)
+    with pytest.raises(ProbeFinished), run.control.active():
+        _accumulates_itself(run, 512)
+    clock = run.control.clock
+    assert clock.fewest_per_step == 512 and clock.measured_samples == clock.steps_measured * 512
+    assert any("no optimizer step closed in the first 256 micro-batches and the loss was finite" in note
+               for note in run.control.notes), run.control.notes
+
+
+def test_a_gradscalers_skipped_steps_are_steps_tried_and_a_scaler_that_skips_every_one_ends_diverged():
+    """Issue 52, item 2: a loop accumulating 40 itself whose GradScaler skips its first 7 steps (an fp16 start)
+    held 280 micro-batches before its first step and ended as NoOptimizerStep; a skipped step is a step tried.
+    One whose scaler skips every step still ends, diverged, after 32 skips in a row (2**16 down to 2**-16)."""
+    run = Run(Config(batch_size=4), "cpu", probing=True, warmup_steps=1, measured_steps=2)
+    with pytest.raises(ProbeFinished), run.control.active():
+        _accumulates_itself(run, 160, overflows=7, scaler=True)
+    assert run.control.clock.steps_done >= 3
+    run = Run(Config(batch_size=4), "cpu", probing=True, warmup_steps=1, measured_steps=2)
+    with pytest.raises(NoStepClosed) as ended, run.control.active():
+        _accumulates_itself(run, 160, overflows=10**9, scaler=True)
+    assert ended.value.finite is False and ended.value.skipped == 33 and run.control.clock.steps_done == 0
 
 
 def _accumulates_to_64(run: Run) -> None:

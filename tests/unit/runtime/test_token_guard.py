@@ -107,8 +107,10 @@ def test_what_ran_is_recorded_as_the_runs_envelope():
     run, _, _, _ = _trained(Config(batch_size=128, max_tokens=128), None)
     envelope = run.control.knobs.token_envelope
     assert (envelope.longest_sample, envelope.padded_tokens, envelope.padded_squares) == (40, 125, 4800)
-    assert run.control.knobs.to_dict()["token_envelope"] == {"longest_sample": 40, "padded_tokens": 125,
-                                                     "padded_squares": 4800, "front": [[120, 4800], [125, 3125]]}
+    recorded = run.control.knobs.to_dict()["token_envelope"]
+    assert recorded == {"longest_sample": 40, "padded_tokens": 125, "padded_squares": 4800,
+                        "front": [[120, 4800], [125, 3125]], "caches": recorded["caches"]}
+    assert set(recorded["caches"]) == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"}  # on the CPU
     guarded, _, _, _ = _trained(Config(batch_size=128, max_tokens=128), ENVELOPE)
     pieces = guarded.control.knobs.token_envelope  # its pieces, one sample each
     assert (pieces.longest_sample, pieces.padded_tokens, pieces.padded_squares) == (40, 125, 3125)

@@ -1,4 +1,4 @@
-"""The search's budget (autofit.search._budget): how long it expects the next probe to take."""
+"""The search's budget (autofit.search._time_budget): how long it expects the next probe to take."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ def test_the_budget_expects_a_compiled_probe_to_take_as_long_as_the_compiled_one
     and start a probe the budget cannot hold (probes without a measured step: their walls)."""
     from autofit.planner import Observation
     from autofit.search import SearchSettings
-    from autofit.search._budget import Budget
+    from autofit.search._time_budget import TimeBudget
 
-    budget = Budget(SearchSettings(script="train.py", budget_s=60), started=0.0)
+    budget = TimeBudget(SearchSettings(script="train.py", budget_s=60), started=0.0)
     eager, compiled = Config(batch_size=8), Config(batch_size=8, compile=True)
     seen = [Observation(eager, "ok", wall_s=2.0), Observation(compiled, "ok", wall_s=40.0),
             Observation(Config(batch_size=16), "ok", wall_s=3.0), Observation(Config(batch_size=32), "ok", wall_s=4.0),
@@ -35,9 +35,9 @@ def test_the_next_probe_is_priced_by_what_it_costs_its_start_and_its_micro_batch
     of 120 (23 s) that made it the longest probe of the search; a compiled probe's start is a compiled one's."""
     from autofit.planner import Observation
     from autofit.search import SearchSettings
-    from autofit.search._budget import Budget
+    from autofit.search._time_budget import TimeBudget
 
-    budget = Budget(SearchSettings(script="train.py", budget_s=180, steps=5, warmup=2), started=0.0)
+    budget = TimeBudget(SearchSettings(script="train.py", budget_s=180, steps=5, warmup=2), started=0.0)
     b16 = Config(batch_size=16, precision="bf16", accumulation_steps=30, compile=False)
     seen = [Observation(b16, "ok", wall_s=45.0, start_s=36.0, step_s=0.2, ran_accumulation=4, rate=400.0)]
     # per sample: 0.2 s / (16 x 4); b=48 acc=10 runs 4 micro-batches a step: 0.6 s; 2 steps measured (8 of
@@ -56,9 +56,9 @@ def test_a_token_cap_is_priced_by_token_probes_never_by_the_pilot_by_samples():
     stopped at once with nothing it could export. A cap is priced by the probes by tokens, else by walls."""
     from autofit.planner import Observation
     from autofit.search import SearchSettings
-    from autofit.search._budget import Budget
+    from autofit.search._time_budget import TimeBudget
 
-    budget = Budget(SearchSettings(script="train.py", budget_s=120, steps=5, warmup=2), started=0.0)
+    budget = TimeBudget(SearchSettings(script="train.py", budget_s=120, steps=5, warmup=2), started=0.0)
     pilot = Observation(Config(batch_size=4), "ok", wall_s=8.0, start_s=2.0, step_s=1.0, ran_accumulation=1, rate=4.0)
     cap = Config(batch_size=256, max_tokens=256)
     assert budget.next_probe_estimate([pilot], cap) == 8.0  # the walls: nothing by tokens ran a step
@@ -71,9 +71,9 @@ def test_a_token_cap_is_priced_by_token_probes_never_by_the_pilot_by_samples():
 def test_a_probe_is_killed_for_its_start_or_its_stalls_never_past_the_budget():
     from autofit.planner import Observation
     from autofit.search import SearchSettings
-    from autofit.search._budget import Budget
+    from autofit.search._time_budget import TimeBudget
 
-    budget = Budget(SearchSettings(script="train.py", budget_s=180), started=time.monotonic())
+    budget = TimeBudget(SearchSettings(script="train.py", budget_s=180), started=time.monotonic())
     first = budget.probe_limits([], Config(batch_size=4, accumulation_steps=120))
     assert first.start_s == pytest.approx(180, abs=2) and first.total_s == pytest.approx(180, abs=2)  # all of it
     assert first.stall_s == 60.0
@@ -83,7 +83,7 @@ def test_a_probe_is_killed_for_its_start_or_its_stalls_never_past_the_budget():
     timed_out = Observation(Config(batch_size=48, accumulation_steps=10), "timeout", wall_s=108.0)
     again = budget.probe_limits([*seen, timed_out], Config(batch_size=48, accumulation_steps=10))
     assert again.start_s == again.stall_s == pytest.approx(again.total_s)  # probed again: all the budget left
-    fixed = Budget(SearchSettings(script="train.py", budget_s=180, probe_timeout=30), started=time.monotonic())
+    fixed = TimeBudget(SearchSettings(script="train.py", budget_s=180, probe_timeout=30), started=time.monotonic())
     assert (fixed.probe_limits(seen).start_s, fixed.probe_limits(seen).stall_s) == (30, 30)
 
 
@@ -91,7 +91,7 @@ def test_a_confirmation_of_the_leader_alone_takes_a_quarter_of_the_budget_at_mos
     """The H100 run: a one-entrant "confirmation" of b=16 took 76 s of a 150 s budget. One config measured
     longer is no A/B: a quarter of the budget at most, the longest that fits it."""
     from autofit.probing import ProbeResult
-    from autofit.search._budget import Budget
+    from autofit.search._time_budget import TimeBudget
     from autofit.study import open_storage, record_probe
 
     storage = f"sqlite:///{tmp_path}/q.db"
@@ -105,12 +105,12 @@ def test_a_confirmation_of_the_leader_alone_takes_a_quarter_of_the_budget_at_mos
     record_probe(study, trial, ProbeResult(status="ok", config=config, samples_per_s=100.0, step_time_median_s=4.8,
                                            probe_step_s=1.0, probe_accumulation=4, warmup_steps=2, measured_steps=2,
                                            wall_s=30.0, peak_bytes=2**20), usable_bytes=2**30, phase="explore")
-    budget = Budget(SearchSettings(script=script("fits_small.py"), storage=storage, budget_s=150, steps=5,
+    budget = TimeBudget(SearchSettings(script=script("fits_small.py"), storage=storage, budget_s=150, steps=5,
                                    confirm_factor=10), started=time.monotonic())
     plan = budget.ab_plan(study, [config])
     assert plan is not None and plan.entrants == (config,)
     assert budget.ab_estimate(study, plan) <= 150 / 4 < 150 and plan.steps < 10 * 5
-    roomy = Budget(SearchSettings(script=script("fits_small.py"), storage=storage, budget_s=1500, steps=5,
+    roomy = TimeBudget(SearchSettings(script=script("fits_small.py"), storage=storage, budget_s=1500, steps=5,
                                   confirm_factor=10), started=time.monotonic())
     assert roomy.ab_plan(study, [config]).steps == 10 * 5  # room for the whole confirmation: all of it
 
@@ -120,7 +120,7 @@ def test_confirmation_estimate_counts_accumulation_once(tmp_path):
     run must not multiply it by the accumulation steps again (it once predicted 1450 s for 52 s). A probe's
     length is asked in micro-batches and a probe of acc=32 runs 4 a step: 50 of them are 13 steps."""
     from autofit.probing import ProbeResult
-    from autofit.search._budget import Budget
+    from autofit.search._time_budget import TimeBudget
     from autofit.study import open_storage, record_probe
 
     config = Config(batch_size=4, accumulation_steps=32)
@@ -134,7 +134,7 @@ def test_confirmation_estimate_counts_accumulation_once(tmp_path):
     result = ProbeResult(status="ok", config=config, samples_per_s=100.0, step_time_median_s=1.0,
                          warmup_steps=2, measured_steps=5, wall_s=10.0, peak_bytes=2**20)
     record_probe(study, trial, result, usable_bytes=2**30, phase="explore")
-    budget = Budget(SearchSettings(script=script("fits_small.py"), storage=storage), started=0.0)
+    budget = TimeBudget(SearchSettings(script=script("fits_small.py"), storage=storage), started=0.0)
     assert budget.confirm_estimate(study, config, 50) == pytest.approx(10.0 + (13 - 5) * 1.0)
 
 
@@ -146,7 +146,7 @@ def test_the_decision_reserve_holds_the_contenders_second_probes_and_the_a_b_rou
     from autofit.findings import observations
     from autofit.planner import Planner, SearchSpace
     from autofit.probing import ProbeResult
-    from autofit.search._budget import Budget
+    from autofit.search._time_budget import TimeBudget
     from autofit.study import open_storage, record_probe
 
     storage = f"sqlite:///{tmp_path}/r.db"
@@ -163,10 +163,10 @@ def test_the_decision_reserve_holds_the_contenders_second_probes_and_the_a_b_rou
     seen = observations(study.get_trials())
     planner = Planner(SearchSpace.build(batch_range=(8, 64), precision=("fp32",)), 2**30)
     settings = dict(script=script("fits_small.py"), storage=storage, steps=5, confirm_factor=10)
-    budget = Budget(SearchSettings(budget_s=3600, **settings), started=0.0)
+    budget = TimeBudget(SearchSettings(budget_s=3600, **settings), started=0.0)
     # second probes of b=64 and b=32 (10 steps: 10 s + 5 x 1 s each), then 3 rounds of each (20 steps: 25 s)
     assert budget.decision_reserve(planner, seen, study) == pytest.approx(2 * 15.0 + 2 * 3 * 25.0)
-    short = Budget(SearchSettings(budget_s=300, **settings), started=0.0)
+    short = TimeBudget(SearchSettings(budget_s=300, **settings), started=0.0)
     assert short.decision_reserve(planner, seen, study) == pytest.approx(100.0)
 
 
@@ -174,8 +174,8 @@ def test_the_decision_reserve_holds_the_contenders_second_probes_and_the_a_b_rou
 def test_an_a_b_adds_up_to_the_confirm_factor_with_fewer_rounds_when_it_is_small(factor, rounds, window):
     """--confirm-factor N: the A/B's windows add up to N probes' steps per entrant. A round is a probe's steps
     at least, so a factor of 1 or 2 once still ran 3 rounds (3 probes' steps); it runs N rounds now."""
-    from autofit.search._budget import Budget
+    from autofit.search._time_budget import TimeBudget
 
-    budget = Budget(SearchSettings(script="train.py", budget_s=600, steps=5, confirm_factor=factor), started=0.0)
+    budget = TimeBudget(SearchSettings(script="train.py", budget_s=600, steps=5, confirm_factor=factor), started=0.0)
     longest = budget._ab_plans([Config(batch_size=8), Config(batch_size=16)], -1)[0]
     assert (longest.rounds, longest.steps) == (rounds, 5 * window)

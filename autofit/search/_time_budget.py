@@ -22,7 +22,7 @@ DECISION_SHARE = 1 / 3
 ONE_ENTRANT_SHARE = 1 / 4
 
 
-class Budget:
+class TimeBudget:
     """The time left of one search, and the lengths that fit in it."""
 
     def __init__(self, settings: SearchSettings, started: float) -> None:
