@@ -3,6 +3,7 @@ from what a probe measures, before and after a calibration fitted on the other c
 
     python -m benchmarks.estimate [--limit 4GiB]
     python -m benchmarks.estimate --scripts DIR_OR_FILES [--batches 8,16,32] [--out PATH]
+    python -m benchmarks.estimate --space SCRIPT --how traced|per-config [--every-config] [--target cpu|cuda]
 
 For each bundled study (or, with --scripts, each script given or each .py in a folder given: the
 real-world-style ones in tests/scripts, a corpus) and several configs: the estimated tensor bytes at
@@ -12,6 +13,14 @@ as a search would calibrate from the probes of its script that it has before the
 (--scripts: benchmarks/estimate-scripts.md). A script whose step the fake tensors cannot follow has a
 partial estimate (parameters, gradients, optimizer state): its row says so, its error is the known
 parts' against the whole measured peak.
+
+--space: how long the estimator takes over a script's search space on this machine (no probe): the space a
+search builds from what the function offers on the CPU (or, --target cuda, on a GPU), the configs a search
+asks the estimator for (`configs_to_estimate`) and then every config of it. `--how traced`: each program traced
+once at two micro-batches and every config arithmetic (autofit.memory._traced_space); `--how per-config`: a
+run of its own for each config (the estimator before the one-trace answer; this mode runs on that code too, for
+the old figure: `git archive 9564680 | tar -x -C OLD`, copy this file into OLD/benchmarks, run it there with
+PYTHONPATH=OLD). Appends a row to benchmarks/estimate-space.md; time it alone (`/work/bin/cpu alone ...`).
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ import time
 
 from autofit.config import Config
 from autofit.export import MemoryBudget
-from autofit.memory import estimate_memory
+from autofit.memory import Estimator, estimate_memory
 from autofit.probing import Worker, WorkerStartError
 from autofit.units import parse_size
 
@@ -71,15 +80,65 @@ def _configs(options: dict | None, batches: list[int]) -> tuple[Config, ...]:
                  if not global_batch or global_batch % b == 0)
 
 
+def _space(script: str, target: str) -> tuple[Estimator, SearchSpace]:
+    """An estimator process of `script` (loaded) and the space a search on `target` builds from the knobs the
+    function offers (one config estimated to learn them: not timed)."""
+    from autofit.devices import cpu_has_native_bf16
+    from autofit.options import SearchOptions
+    from autofit.planner import Asked, SearchSpace, knob_values
+
+    estimator = Estimator(script, target=target, beside_probes=False)
+    estimator.wait_ready()
+    offers = estimator.estimate([Config(batch_size=2)]).offers
+    options = estimator.options or {}
+    precisions = ("bf16", "fp16", "tf32", "fp32") if target == "cuda" else (
+        ("fp32", "bf16") if cpu_has_native_bf16() else ("fp32",))
+    asked = Asked(offers, SearchOptions(precision=tuple(options.get("precision") or ()) or None), target,
+                  precisions=precisions, default_precisions=precisions[:1])
+    return estimator, SearchSpace.build(batch_range=tuple(options.get("batch_range") or (1, 1024)), **knob_values(asked))
+
+
+def space_timing(script: str, how: str, target: str, out: str, every_config: bool = False) -> str:
+    """The seconds the estimator takes over `script`'s space (see the module's docstring), as a markdown row;
+    per-config, every config of the space too where `every_config`."""
+    from autofit.planner import configs_to_estimate
+
+    estimator, space = _space(script, target)
+    with estimator:
+        asked, every = configs_to_estimate(space.configs()), list(space.configs())
+        started = time.perf_counter()
+        found = estimator.estimate(asked, timeout=36000, **({"traced": True} if how == "traced" else {}))
+        asked_s = time.perf_counter() - started
+        row = (f"| {os.path.relpath(script, REPO)} | {target} | {how} | {len(found.estimates)} of {len(asked)} "
+               f"a search asks: {asked_s:.1f} s")
+        if how == "traced" or every_config:  # then every config of the space (traced: from the traces kept)
+            started = time.perf_counter()
+            all_found = estimator.estimate(every, timeout=36000, **({"traced": True} if how == "traced" else {}))
+            row += f"; then all {len(all_found.estimates)} of {len(every)}: {time.perf_counter() - started:.1f} s"
+    row += f" | {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')} |"
+    with open(out, "a") as handle:
+        handle.write(row + "\n")
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", default="4GiB")
+    parser.add_argument("--space", default=None, help="a script whose search space the estimator is timed over")
+    parser.add_argument("--how", choices=("traced", "per-config"), default="traced")
+    parser.add_argument("--target", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--every-config", action="store_true",
+                        help="--how per-config: then every config of the space too (traced does it always)")
     parser.add_argument("--scripts", nargs="?", const=",".join(os.path.join(REPO, "tests", "scripts", s)
                                                               for s in REAL_SCRIPTS), default=None,
                         help="scripts or folders of them, comma-separated (default: tests/scripts' real-world ones)")
     parser.add_argument("--batches", default="8,16,32")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.space:
+        print(space_timing(args.space, args.how, args.target, args.out or os.path.join(HERE, "estimate-space.md"),
+                           args.every_config))
+        return
     limit = parse_size(args.limit)
     started = time.perf_counter()
     rows = []

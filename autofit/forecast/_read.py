@@ -36,11 +36,13 @@ def forecast_input(file_or_study: str, storage: str | None = None) -> Measured:
 
 def study_input(stored: Any) -> Measured:
     """A stored study's best-config record, its probes that ran, as plain rows, and the memory
-    estimator's bytes per sample at a GPU's peak factors (NoFeasibleConfig when nothing fits)."""
+    estimator's bytes per sample at the peak factors of the device its probes ran on (their peaks carry that
+    device's overheads: a CPU's heap) (NoFeasibleConfig when nothing fits)."""
     from autofit.memory import peak_factors
 
     frame = stored.trials_frame()
     rows = [{k: _plain(v) for k, v in row.items()} for row in frame[frame["status"] == "ok"].to_dict("records")]
     estimates = stored.estimates
-    slopes = per_sample_bytes(estimates.breakdowns, peak_factors("cuda")["factors"]) if estimates else {}
+    factors = peak_factors(stored.meta.device_info.get("type", "cpu"))["factors"]
+    slopes = per_sample_bytes(estimates.breakdowns, factors) if estimates else {}
     return Measured(stored.document(), rows, slopes, f"study {stored.name}")

@@ -18,9 +18,12 @@ crash in fake tensors) costs nothing.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import sys
 import traceback
+from collections.abc import Sized
 from contextlib import contextmanager
 from typing import Any
 
@@ -29,9 +32,11 @@ _CATEGORIES = {"PARAM": "parameters", "BUFFER": "parameters", "GRAD": "gradients
                "ACT": "activations", "TEMP": "temporaries", "OTH": "other"}
 
 
-def estimate_one(fn: Any, config: Any, device: Any, target: str = "cpu") -> dict:
+def estimate_one(fn: Any, config: Any, device: Any, target: str = "cpu", traced: bool = False) -> dict:
     """Peak tensor bytes of two steps of `fn` under `config`, by category, with the memory `target`'s
-    kernels keep (autofit.memory._target_kernels); or why there is none.
+    kernels keep (autofit.memory._target_kernels); or why there is none. `traced`: the steps recorded too
+    (autofit.memory._step_trace; the answer's "trace"), autograd holding nothing it saves, so the peak is
+    not the config's: the arithmetic over two traces gives it (autofit.memory._traced_peaks).
 
     Where the fake tensors cannot follow a step, what the optimizers hold is still known: the
     parameters, their gradients and the optimizer's state (`_known_parts`), with the rest missing."""
@@ -41,16 +46,17 @@ def estimate_one(fn: Any, config: Any, device: Any, target: str = "cpu") -> dict
     from autofit.memory._target_kernels import target_kernels
     from autofit.runtime import DataTooSmall, NoStepClosed, ProbeFinished
 
-    tracker = _tracker()
-    run = _estimating_run(config, device, tracker)
+    recorder = _recorder() if traced else None
+    tracker = recorder.tracker if recorder is not None else _tracker()
+    run = _estimating_run(config, device, tracker, recorder)
     mode = ValueFreeFakeMode(allow_non_fake_inputs=True)
     failure = known = None
     try:
         with (mode, target_kernels(target), _conversions_in_place(), _fake_deep_copies(),
               _optimizers_created() as optimizers, run.control.active()):
             try:
-                with tracker:  # from the start: a framework's trainer reads its data itself
-                    fn(run)
+                with tracker, recorder.recording() if recorder is not None else contextlib.nullcontext():
+                    fn(run)  # tracked from the start: a framework's trainer reads its data itself
             except ProbeFinished:
                 pass
             except NoStepClosed as exc:  # a loop that never steps its optimizer: no step to estimate
@@ -72,11 +78,49 @@ def estimate_one(fn: Any, config: Any, device: Any, target: str = "cpu") -> dict
     if run.control.clock.steps_done < 2:
         return {"ok": False, "error": f"the function returned after {run.control.clock.steps_done} optimizer steps "
                                       f"of the two an estimate runs"}
-    return {"ok": True, "breakdown": _breakdown(tracker), "missing": [], "notes": list(mode.notes.values()),
-            "knobs": run.control.knobs.to_dict()}
+    found = {"ok": True, "breakdown": _breakdown(tracker), "missing": [], "notes": list(mode.notes.values()),
+             "knobs": run.control.knobs.to_dict()}
+    if recorder is not None:
+        samples, data = _batch_samples(run)
+        found["trace"], found["data_samples"] = recorder.finish(samples), data
+    return found
 
 
-def estimate_for(fn: Any, config: Any, cpu: Any, target: str) -> dict:
+def _traced(programs: Any, config: Any) -> dict:
+    """`config`'s estimate from its program's traces (autofit.memory._traced_space); a config the data cannot
+    feed says so, as its own answer (the others of the request go on)."""
+    from autofit.runtime import DataTooSmall
+
+    try:
+        return programs.estimate(config)
+    except DataTooSmall as exc:
+        return {"ok": False, "error": f"DataTooSmall: {exc}"}
+
+
+def _recorder() -> Any:
+    """A StepRecorder over autofit's StepTracker (autofit.memory._step_trace)."""
+    from autofit.memory._step_trace import StepRecorder, trace_tracker_class
+
+    return StepRecorder(trace_tracker_class(_step_tracker_class()))
+
+
+def _batch_samples(run: Any) -> tuple[int, int | None]:
+    """The samples of the micro-batch the run stepped (by tokens: of the cap's worst batch), and those its
+    training data holds (None where unknown: a loop's own batches)."""
+    envelope = run.control.knobs.token_envelope
+    samples = envelope.padded_tokens // envelope.longest_sample if envelope else run.config.batch_size
+    panel = run.control.panel
+    loader = panel.training_loader or panel.training_source
+    sampler = getattr(loader, "batch_sampler", None)
+    if hasattr(sampler, "lengths"):  # run.token_batches(): this rank's samples
+        return samples, len(sampler.lengths)
+    try:  # a DataLoader: no micro-batch holds more than its dataset (a list of batches the loop made: any)
+        return samples, len(loader.dataset) if isinstance(getattr(loader, "dataset", None), Sized) else None
+    except TypeError:  # an iterable dataset: its length unknown
+        return samples, None
+
+
+def estimate_for(fn: Any, config: Any, cpu: Any, target: str, traced: bool = False) -> dict:
     """`estimate_one` for `target`: for CUDA, with `run.device` on CUDA (autofit.memory._target_kernels);
     where the function cannot run so on this machine (it calls the torch.cuda API, which a CPU-only
     PyTorch refuses), on its CPU branch with CUDA's kernels, and a note says so."""
@@ -85,11 +129,11 @@ def estimate_for(fn: Any, config: Any, cpu: Any, target: str) -> dict:
     from autofit.memory._target_kernels import CLAIMED_CUDA
 
     if target != "cuda":
-        return estimate_one(fn, config, cpu, target)
-    found = estimate_one(fn, config, torch.device(CLAIMED_CUDA), target)
+        return estimate_one(fn, config, cpu, target, traced)
+    found = estimate_one(fn, config, torch.device(CLAIMED_CUDA), target, traced)
     if found["ok"] and not found.get("missing"):
         return found
-    on_cpu = estimate_one(fn, config, cpu, target)
+    on_cpu = estimate_one(fn, config, cpu, target, traced)
     if not on_cpu["ok"] or on_cpu.get("missing"):
         return found
     why = found.get("error") or "partial"
@@ -98,7 +142,7 @@ def estimate_for(fn: Any, config: Any, cpu: Any, target: str) -> dict:
     return on_cpu
 
 
-def _estimating_run(config: Any, device: Any, tracker: Any) -> Any:
+def _estimating_run(config: Any, device: Any, tracker: Any, recorder: Any = None) -> Any:
     """A probing Run of two steps whose data is read for real (outside the fake mode), whose
     optimizers' parameters the tracker follows by name, and whose tracker restarts at each step (the
     run's hooks, `RunHooks`). Batches by tokens are the cap's worst at both steps: the data's longest
@@ -120,7 +164,8 @@ def _estimating_run(config: Any, device: Any, tracker: Any) -> Any:
     # MemTracker follows one iteration of each module at a time: it restarts after each step that did
     # not end the run (the second ends it: ProbeFinished).
     hooks = RunHooks(data_context=unset_fake_temporarily, before_backward=track_parameters,
-                     after_step=tracker.reset_mod_stats)
+                     after_step=tracker.reset_mod_stats,
+                     **({"blocks_offered": recorder.offered} if recorder is not None else {}))
     run = Run(config, device, probing=True, warmup_steps=1, measured_steps=1, min_measure_s=0.0,
               max_measured_steps=1, worst_token_batches=True, hooks=hooks)  # both steps at the cap's worst batch
     run.control.compile_enabled = False  # fake tensors through inductor: estimated as the eager model
@@ -139,6 +184,11 @@ def _breakdown(tracker: Any) -> dict[str, int]:
 
 
 def _tracker():
+    return _step_tracker_class()()
+
+
+@functools.cache
+def _step_tracker_class() -> type:
     """PyTorch's MemTracker, for a training loop's steps: a second forward before the optimizer step
     (gradient accumulation) starts a new iteration of its per-module statistics instead of stopping it,
     and a forward inside the optimizer's step (Lightning's closure) makes activations, not state."""
@@ -167,7 +217,15 @@ def _tracker():
             if module in self.memory_tracking:
                 super()._post_bw_hook(module, args)
 
-    return StepTracker()
+        def _update_peak_stats(self, peak_state):
+            """The global peak alone: MemTracker also updates each running module's peak after every op (half
+            of GPT-2's estimate, 6 of 12 s), statistics an estimate never reads."""
+            for device, snapshot in self._curr_mem_snap.items():
+                if self._peak_mem.get(device, 0) < snapshot["Total"]:
+                    self._peak_mem[device] = snapshot["Total"]
+                    self._peak_mem_snap[device] = dict(snapshot)
+
+    return StepTracker
 
 
 def _why(failure: BaseException) -> str:
@@ -361,6 +419,7 @@ def main(argv: list[str]) -> int:
     per estimate (what is done reaches the supervisor before a crash) and a last one. Ends when the
     channel closes."""
     from autofit.config import Config
+    from autofit.memory._traced_space import TracedPrograms
     from autofit.probing import Channel, LoadRequest, ScriptError, bootstrap, die_with_parent, ok_reply, serve
 
     # Paused (SIGSTOP) between probes, it cannot see its channel close: a searcher SIGKILLed then left it
@@ -387,10 +446,16 @@ def main(argv: list[str]) -> int:
         _run_in_slices()
     channel.send(ok_reply(**described))
 
+    device = loaded.backend.torch_device()
+    programs = TracedPrograms(lambda config, traced=False: estimate_for(loaded.fn, config, device, target, traced))
+
     def estimate(request: dict) -> dict:
         for config in request["configs"]:
-            channel.send(ok_reply(estimate=estimate_for(loaded.fn, Config.from_dict(config),
-                                                        loaded.backend.torch_device(), target)))
+            config = Config.from_dict(config)
+            if request.get("traced"):
+                channel.send(ok_reply(estimate=_traced(programs, config)))
+            else:
+                channel.send(ok_reply(estimate=estimate_for(loaded.fn, config, device, target)))
         return ok_reply(done=True)
 
     return serve(channel, {"estimate": estimate})

@@ -41,6 +41,8 @@ class MemoryEstimate:
     token_envelope: dict[str, int] | None = None
     """By tokens: the micro-batches the estimate ran, as a TokenEnvelope's fields (`longest_sample`,
     `padded_tokens`, `padded_squares`); one batch, the cap's worst. None for batches by samples."""
+    traced: bool = False
+    """Arithmetic over its program's two traces (autofit.memory._traced_space), not a run of its own."""
 
     @property
     def worst_batch(self) -> tuple[int, int] | None:
@@ -129,15 +131,17 @@ class Estimator:
         """What the function declared to @autofit (its load reply's; empty until loaded)."""
         return (self._loaded or {}).get("options") or {}
 
-    def estimate(self, configs: list[Config], timeout: float = 300.0) -> Estimates:
+    def estimate(self, configs: list[Config], timeout: float = 300.0, *, traced: bool = False) -> Estimates:
         """Estimates of `configs`; what the process answered before it died or ran out of time
-        is kept, and every other config says why it has none."""
+        is kept, and every other config says why it has none. `traced`: each config's program traced once
+        (at two micro-batches, kept for later requests) and the config's peak arithmetic over the traces
+        (autofit.memory._traced_space); without, each config is a run of its own."""
         deadline = time.monotonic() + timeout
         found: list[dict] = []
         failure = None
         if self._wait_loaded(deadline, timeout):
             try:
-                self._channel.send({"op": "estimate", "configs": [c.to_dict() for c in configs]})
+                self._channel.send({"op": "estimate", "configs": [c.to_dict() for c in configs], "traced": traced})
             except OSError:
                 pass  # it died: the next receive says how
             while (reply := self._receive(deadline, timeout)) is not None:
@@ -249,7 +253,8 @@ def _parse(configs: list[Config], reply: dict, failure: str | None) -> Estimates
             breakdown = {part: int(found["breakdown"].get(part, 0)) for part in PARTS}
             out.estimates[config] = MemoryEstimate(config, breakdown, tuple(found.get("missing", ())),
                                                    tuple(found.get("notes", ())), found.get("error"),
-                                                   Offers.from_dict(found.get("knobs") or {}).token_envelope)
+                                                   Offers.from_dict(found.get("knobs") or {}).token_envelope,
+                                                   bool(found.get("traced")))
         else:
             out.unavailable[config] = found["error"]
     missing = configs[len(reply["estimates"]):]

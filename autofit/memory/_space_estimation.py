@@ -1,7 +1,8 @@
 """The configs of one search space estimated one by one, in a thread of the searching process: the
 curves the planner interpolates from, each stopped where its tensors alone would pass the memory
-limit. The search gives it time in slices between its probes (autofit.search's EstimatorLifecycle);
-what it answered so far is a StoredEstimates at any moment (`snapshot`)."""
+limit. Each config's program is traced once by the estimator's process and the rest of it is arithmetic
+(autofit.memory._traced_space). The search gives it time in slices between its probes (autofit.search's
+EstimatorLifecycle); what it answered so far is a StoredEstimates at any moment (`snapshot`)."""
 
 from __future__ import annotations
 
@@ -25,24 +26,29 @@ class SpaceEstimation(threading.Thread):
     limit: estimating what cannot fit costs the most (the largest batches) and tells the planner nothing."""
 
     def __init__(self, estimator: Estimator, space: SearchSpace, memory_limit: float,
-                 first: Config | None = None) -> None:
-        """`first`: a config of the strategy to estimate first (the pilot's): its curve's two smallest
-        batches, the line through them, come before any other strategy."""
+                 first: Config | None = None, previous: SpaceEstimation | None = None) -> None:
+        """`first`: a config of the strategy to estimate first (the pilot's): its curve, the line through its
+        two smallest batches first, comes before any other strategy. `previous`: the estimation of the space
+        the search assumed before it knew this one (retired: it asks nothing more); its answers are this one's,
+        and this one asks the estimator once it has stopped."""
         super().__init__(name="autofit-estimation", daemon=True)
         self.estimator = estimator
+        self.space = space
         self.memory_limit = memory_limit
         self.curves: dict[tuple, list[Config]] = {}
         for config in configs_to_estimate(space.configs()):
             self.curves.setdefault(estimated_key(config), []).append(config)
-        self.first_line = list(self.curves.get(estimated_key(first), [])[:2]) if first is not None else []
+        self.first_curve = list(self.curves.get(estimated_key(first), [])) if first is not None else []
         self.finished = threading.Event()
-        self.line = threading.Event()
-        """Set once the first strategy's line is estimated (or the estimation ended)."""
+        self.curve = threading.Event()
+        """Set once the first strategy's curve is estimated, as far as it may fit (or the estimation ended)."""
         self.answered = threading.Event()
         """Set at each answer (the search gives the estimator time until its next one)."""
         self._lock = threading.Lock()
         self._stopped = False
-        self._began = time.monotonic()
+        self._ended = False
+        self._previous = previous
+        self._began = previous._began if previous is not None else time.monotonic()
         self._breakdowns: dict[Config, dict[str, int]] = {}
         self._known: dict[Config, int] = {}  # partial estimates: the parts the optimizers hold
         self._notes: list[str] = []
@@ -50,37 +56,61 @@ class SpaceEstimation(threading.Thread):
         self._asked = 0
         self._baseline: int | None = None
         self._context: int | None = None
+        self._answered: set[Config] = set()
 
     def run(self) -> None:
-        """The first strategy's line (its two smallest batches: the pilot's, which the planner climbs
-        first); then the curves without checkpointing, each to its end, smallest batches of each first
+        """The first strategy's curve (the pilot's, which the planner climbs first; its line, two smallest
+        batches, first); then the curves without checkpointing, each to its end, smallest batches of each first
         (two estimates predict a whole curve, and the planner explores those curves first); then the
-        checkpointed ones likewise."""
+        checkpointed ones likewise. Each config's program is traced once in the estimator's process (the first
+        config of a program takes two traces; the rest are arithmetic: autofit.memory._traced_space)."""
         eager = [c for c in self.curves.values() if not c[0].checkpoint_segments]
         checkpointed = [c for c in self.curves.values() if c[0].checkpoint_segments]
         try:
-            for config in self.first_line:
-                self._estimate(config)
+            if self._previous is not None:
+                self._previous.join()  # retired: it ends with its answer in progress
+                self._take_over(self._previous)
+            for i, config in enumerate(self.first_curve):
+                if config not in self._answered and self._may_fit(config, self.first_curve[:i]):
+                    self._estimate(config)
                 if self._error is not None or self._stopped:
                     return
-            self.line.set()
+            self.curve.set()
             for curves in (eager, checkpointed):
                 for i in range(max((len(c) for c in curves), default=0)):
                     for curve in curves:
-                        if i < len(curve) and curve[i] not in self.first_line and self._may_fit(curve[i], curve[:i]):
+                        if i < len(curve) and curve[i] not in self._answered and self._may_fit(curve[i], curve[:i]):
                             self._estimate(curve[i])
                         if self._error is not None or self._stopped:
                             return
         finally:
-            self.line.set()
+            self.curve.set()
             self.finished.set()
             self.answered.set()
 
-    def _estimate(self, config: Config) -> None:
-        found = self.estimator.estimate([config], timeout=_CONFIG_TIMEOUT_S)
+    def retire(self) -> None:
+        """Ask nothing more (the search knows its space now: a new estimation takes this one's answers over);
+        the answer in progress ends as it would, the estimator's process left running."""
         with self._lock:
-            if self._stopped:
-                return
+            self._stopped = True
+
+    def _take_over(self, previous: SpaceEstimation) -> None:
+        with self._lock, previous._lock:
+            self._breakdowns.update(previous._breakdowns)
+            self._known.update(previous._known)
+            self._notes += [n for n in previous._notes if n not in self._notes]
+            self._baseline, self._context = previous._baseline, previous._context
+            self._answered |= previous._answered
+            self._asked += previous._asked
+            if not self._ended:
+                self._error = previous._error if previous._error != ENDED_FIRST else None
+
+    def _estimate(self, config: Config) -> None:
+        found = self.estimator.estimate([config], timeout=_CONFIG_TIMEOUT_S, traced=True)
+        with self._lock:
+            if self._ended:
+                return  # the search ended, and its estimator with it: this answer is no answer
+            self._answered.add(config)
             self._asked += 1
             self._baseline = found.baseline_bytes if found.baseline_bytes is not None else self._baseline
             self._context = found.context_bytes if found.context_bytes is not None else self._context
@@ -107,7 +137,7 @@ class SpaceEstimation(threading.Thread):
     def stop(self) -> None:
         """The search ended: the estimator's process is stopped and what it answered stays."""
         with self._lock:
-            self._stopped = True
+            self._stopped = self._ended = True
             if not self.finished.is_set() and self._error is None and self._asked < self._wanted():
                 self._error = ENDED_FIRST
         self.estimator.kill()

@@ -23,6 +23,10 @@ keep, not the CPU's, and takes the branches a script takes on CUDA.
   alone (its host copy, not the device's memory), and backward makes a new tensor of it on the device. The
   run's offload keeps its own rules (what it leaves on the device, the block it holds while the next one runs,
   the block it brings back early): only its copies are the estimator's.
+- Autocast: CUDA's runs more ops in float32 than the CPU's (PyTorch's AMP op reference, "CUDA Ops that can
+  autocast to float32": `pow`, `exp`, `rsqrt`, `layer_norm`, `softmax`, ...): GPT-2's GELU (`pow(x, 3)`, then
+  `tanh`) keeps float32 tensors where the CPU's keeps bfloat16 ones, a sixth of its activations. For a CUDA
+  target the CPU's autocast runs those ops as CUDA's does (`_cuda_autocast_ops`).
 - Optimizers: without `foreach=` or `fused=`, PyTorch's optimizers step CUDA tensors with the foreach
   kernels (temporaries the size of every parameter of a group at once) and CPU tensors one parameter
   at a time. For a CUDA target the CPU is treated as a foreach device, so the step's temporaries are
@@ -53,7 +57,8 @@ def target_kernels(target: str) -> Iterator[None]:
     if target == "cpu":
         yield
         return
-    with _fused_attention(), _foreach_steps(), _saved_on_the_host(), offload_transport(_HostSizes), _cuda_on_the_cpu():
+    with _fused_attention(), _foreach_steps(), _saved_on_the_host(), offload_transport(_HostSizes), \
+            _cuda_on_the_cpu(), _cuda_autocast_ops():
         yield
 
 
@@ -142,6 +147,78 @@ def _foreach_steps() -> Iterator[None]:
         yield
     finally:
         optimizer._get_foreach_kernels_supported_devices = original
+
+
+#: Ops CUDA's autocast runs in float32, their lower-precision inputs cast (the AMP op reference's "CUDA Ops that
+#: can autocast to float32", those the CPU's autocast leaves as they come: an op with a CPU autocast rule of its
+#: own keeps it)...
+_CUDA_FLOAT32 = ("pow", "acos", "asin", "cosh", "sinh", "tan", "erfinv", "exp", "expm1", "log", "log10", "log1p",
+                 "log2", "reciprocal", "rsqrt", "softplus", "layer_norm", "group_norm", "norm", "cosine_similarity",
+                 "dist", "pdist", "renorm", "logsumexp")
+#: ... and those it runs with a float32 output, their `dtype` set (no copy of the input).
+_CUDA_FLOAT32_OUTPUT = ("softmax", "log_softmax", "cumsum", "cumprod", "sum")
+_LOWER = (torch.bfloat16, torch.float16)
+
+
+@contextmanager
+def _cuda_autocast_ops() -> Iterator[None]:
+    """The CPU's autocast running `_CUDA_FLOAT32` and `_CUDA_FLOAT32_OUTPUT` as CUDA's autocast does: kernels of
+    the CPU's autocast dispatch key for those ops (PyTorch's `torch.library`, as `register_autocast` makes them),
+    removed on exit."""
+    library = torch.library.Library("aten", "IMPL")
+    try:
+        for names, output in ((_CUDA_FLOAT32, False), (_CUDA_FLOAT32_OUTPUT, True)):
+            for name in names:
+                packet = getattr(torch.ops.aten, name, None)
+                for overload in packet.overloads() if packet is not None else ():
+                    op = getattr(packet, overload)
+                    qualified = f"aten::{name}" + (f".{overload}" if overload != "default" else "")
+                    if _cuda_rule_only(qualified):
+                        library.impl(qualified.split("::")[1], _float32_kernel(op, output), "AutocastCPU", with_keyset=True)
+        yield
+    finally:
+        library._destroy()
+
+
+def _cuda_rule_only(qualified: str) -> bool:
+    """Whether CUDA's autocast has a rule for the op and the CPU's none (an overload only TorchScript knows: no)."""
+    try:
+        return (torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "AutocastCUDA")
+                and not torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "AutocastCPU"))
+    except RuntimeError:
+        return False
+
+
+def _float32_kernel(op: Any, output: bool) -> Any:
+    """An autocast kernel running `op` in float32 (its inputs cast, or with `output` its dtype set), autocast
+    off inside, as CUDA's autocast kernels run."""
+    schema = [argument.name for argument in op._schema.arguments]
+    where = schema.index("dtype") if output and "dtype" in schema else None
+
+    def kernel(_keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        if output:
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            if where is not None and first is not None and first.dtype in _LOWER:
+                if len(args) > where:
+                    if args[where] is None:
+                        args = (*args[:where], torch.float32, *args[where + 1:])
+                elif kwargs.get("dtype") is None:
+                    kwargs = {**kwargs, "dtype": torch.float32}
+        else:
+            args = tuple(_float32(a) for a in args)
+            kwargs = {k: _float32(v) for k, v in kwargs.items()}
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)):
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+def _float32(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.dtype in _LOWER:
+        return value.float()
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        return type(value)(_float32(v) for v in value)
+    return value
 
 
 class _SavedOnTheHost(torch.autograd.graph.saved_tensors_hooks):

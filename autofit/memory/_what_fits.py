@@ -29,14 +29,15 @@ from itertools import product
 from autofit.config import Config
 from autofit.knobs import Offers
 from autofit.memory._estimator import CUDA_CONTEXT_BYTES, Estimator, MemoryEstimate
-from autofit.memory._peak_factors import CPU_TYPICAL_FACTOR
+from autofit.memory._peak_factors import CPU_TYPICAL_FACTOR, CUDA_TYPICAL_FACTOR
 from autofit.memory._sizes import Sizes
+from autofit.memory._traced_space import same_bytes
 from autofit.options import SearchOptions
 from autofit.planner import STRATEGY_KNOBS, Asked, Strategy, divisors_in, knob_values
 
-#: Prior for a CUDA device: the caching allocator's rounding and fragmentation over the tensors' own
-#: bytes (the context's prior is memory_estimate.CUDA_CONTEXT_BYTES).
-ALLOCATOR_OVERHEAD = 0.10
+#: Prior for a CUDA device: the caching allocator's rounding and caching over the tensors' own bytes, the
+#: typical factor's (the context's prior is memory_estimate.CUDA_CONTEXT_BYTES).
+ALLOCATOR_OVERHEAD = CUDA_TYPICAL_FACTOR - 1
 #: Preference among precisions when nothing was measured: the fastest kinds first.
 GPU_PREFERENCE = ("bf16", "fp16", "tf32", "fp32")
 
@@ -71,7 +72,7 @@ class WhatFits:
         self.estimator.wait_ready()
         # A function that keeps a global batch (@autofit(global_batch=...)): a framework integration
         # refuses a config that changes it, so the pilot must keep it too.
-        pilot = self.estimator.estimate([_pilot(global_batch or self.estimator.options.get("global_batch"))])
+        pilot = self.estimator.estimate([_pilot(global_batch or self.estimator.options.get("global_batch"))], traced=True)
         self.baseline = CUDA_CONTEXT_BYTES if on_gpu else (
             (baseline_bytes or pilot.baseline_bytes or 0) + (pilot.context_bytes or 0))
         self.partial: MemoryEstimate | None = None
@@ -123,7 +124,7 @@ class WhatFits:
         missing = list(dict.fromkeys(_as_estimated(c) for c in configs if _as_estimated(c) not in self.estimates))
         if not missing:
             return
-        found = self.estimator.estimate(missing)
+        found = self.estimator.estimate(missing, traced=True)
         for config in missing:
             estimate = found.estimates.get(config)
             if estimate is not None and not estimate.complete:  # followed at batch 8, not at this one
@@ -280,10 +281,8 @@ class WhatFits:
 def _as_estimated(config: Config) -> Config:
     """TF32 changes the matmul unit, not a tensor's bytes: estimated as fp32 (the CPU has none). fp16
     holds the bytes bf16 does (its loss scaler's few scalars aside): as bf16, one estimate for both."""
-    same_bytes = {"tf32": "fp32", "fp16": "bf16"}.get(config.precision)
-    if same_bytes is None:
-        return config
-    return dataclasses.replace(config, precision=same_bytes)
+    precision = same_bytes(config.precision)
+    return config if precision == config.precision else dataclasses.replace(config, precision=precision)
 
 
 def _strategy_of(config: Config) -> Strategy:

@@ -29,6 +29,7 @@ from autofit.planner._prediction import (
     memory_key,
 )
 from autofit.planner._ranking import TIE_TOLERANCE, Candidate, dominates
+from autofit.planner._recompute import holds_gradients
 from autofit.planner._search_space import (
     STRATEGY_KNOBS,
     SearchSpace,
@@ -74,6 +75,7 @@ __all__ = [
     "estimated_key",
     "fit_line",
     "fit_throughput",
+    "holds_gradients",
     "loader_reason",
     "next_squares_config",
     "squares_reason",

@@ -256,8 +256,12 @@ class Planner:
 
     # --- decisions ----------------------------------------------------------------------------
     def _pilot(self) -> Config:
-        """The first probe: the space's first strategy (the expected best precision) at `_pilot_size`."""
-        return self.space.config(self.space.strategies()[0], _pilot_size(self.space, self.usable))
+        """The first probe: the space's first strategy (the expected best precision), sized by the memory
+        estimator's prediction where it has one (`_predicted_pilot`), else at `_pilot_size`."""
+        strategy = self.space.strategies()[0]
+        guess = _pilot_size(self.space, self.usable)
+        return self.space.config(strategy, _predicted_pilot(self.space, strategy, self.usable, self.prediction, guess)
+                                 or guess)
 
     def _first_of_each_precision(self, state: _State) -> Config | None:
         """Each precision the space holds, probed once early, without checkpointing and at the largest
@@ -566,6 +570,31 @@ def _pilot_size(space: SearchSpace, usable: float) -> int:
     if space.tokens:
         return first
     return max(first, max((b for b in sizes if b <= usable / _PILOT_BYTES_PER_SAMPLE), default=first))
+
+
+def _predicted_pilot(space: SearchSpace, strategy: Strategy, usable: float, prediction: MemoryPrediction | None,
+                     guess: int) -> int | None:
+    """The pilot's size from the estimator's prediction, before any probe anchors it (None: it has none). Where
+    the device's prior is trusted (`MemoryPrediction.trusted`: a GPU's), the largest micro-batch predicted to fit
+    at the high end of its range (the smallest still possible where none is), within what the estimator saw
+    the data feed. Elsewhere (a CPU, whose heap no prior bounds before a probe) no larger than the
+    memory-scaled `guess` (a CPU probe's time grows with its batch), and smaller only where the guess is
+    predicted not to fit even at the low end. A token function's pilot is sized by samples, as before."""
+    if prediction is None or space.tokens:
+        return None
+    calibrated = prediction.calibrate([])
+    configs = [space.config(strategy, b) for b in space.batch_sizes]
+    configs = [c for c in configs if prediction.covers(c) and calibrated.peak(c) is not None]
+    possible = [c for c in configs if not calibrated.too_big(c, usable)]
+    if prediction.trusted:
+        fits = [c for c in possible if calibrated.safe(c, usable)]
+    elif calibrated.too_big(space.config(strategy, guess), usable):
+        fits = [c for c in possible if c.size <= guess and prediction.raw_peak(c) <= usable]
+    else:
+        return None
+    if fits:
+        return max(c.size for c in fits)
+    return possible[0].size if possible else None  # the smallest still possible
 
 
 def _can_climb(space: SearchSpace, state: _State) -> bool:

@@ -5,11 +5,13 @@ Tensor bytes are not the device's peak. The allocator's caching and rounding, on
 workspaces and the data add to them, and by a factor that differs per device and model: on the
 recorded CPU landscapes (benchmarks/landscapes) each extra tensor byte costs 1.0-2.4 bytes of peak.
 So a prediction starts from a measured peak (the same strategy's nearest ones when it has any,
-another strategy's otherwise) and adds the difference in tensor bytes times the lowest and the
-highest factor still believable: the device's prior range (autofit.memory's `peak_factors`) until
-two probes of one strategy measure it. The planner probes a config only when the high end fits
-(`safe`), and rules one out when even the low end does not (`too_big`): everything between is a
-gamble it takes only for a faster config.
+another strategy's otherwise: the offset) and adds the difference in tensor bytes times the lowest and the
+highest factor still believable (the slope): the device's prior range (autofit.memory's `peak_factors`) until
+two probes measure it, the strategy's own once two of its own do. The planner probes a config only when the
+high end fits (`safe`), and rules one out when even the low end does not (`too_big`): everything between is a
+gamble it takes only for a faster config. Before any probe there is no anchor: the device's bytes and the
+tensors at the prior's factors, whose high end is believed only where the prior was checked against measured
+peaks of the device type (`MemoryPrediction.trusted`: CUDA's), and raised by every OOM seen.
 """
 
 from __future__ import annotations
@@ -99,16 +101,29 @@ class MemoryPrediction:
     typical factor (peak bytes per tensor byte: autofit.memory's `peak_factors`)."""
 
     def __init__(self, tensor_bytes: TensorBytes, *, device_bytes: float, factors: tuple[float, float],
-                 typical_factor: float, floor_bytes: float | None = None) -> None:
+                 typical_factor: float, floor_bytes: float | None = None, trusted: bool = False,
+                 reach: Callable[[Config], int | None] | None = None) -> None:
         self.tensor_bytes = tensor_bytes
+        #: The largest size of a config's strategy that was estimated (None: not known, or no estimate).
+        self.reach = reach or (lambda config: None)
         #: What the device holds beside the tensors (on CPU the process and its runtime's context,
         #: measured by the estimator; on a GPU the CUDA context).
         self.device_bytes = float(device_bytes)
         self.factors = factors
         self.typical_factor = typical_factor
+        #: The factor range holds before any probe (measured peaks of this device type fell inside it): a
+        #: config is predicted to fit at its high end before a probe anchors it (the pilot is sized so).
+        #: Untrusted, a prediction without an anchor is a floor only.
+        self.trusted = trusted
         #: Tensor bytes every config holds at least, where only some parts were estimated (the
         #: parameters, gradients and optimizer state of a step the fake tensors could not follow).
         self.floor_bytes = floor_bytes
+
+    def covers(self, config: Config) -> bool:
+        """Whether `config`'s size is within what its strategy's estimates reached (beyond, the prediction is
+        extrapolated, and the data may not feed it)."""
+        reach = self.reach(config)
+        return reach is None or config.size <= reach
 
     @classmethod
     def from_estimates(cls, estimated: Mapping[Config, float], **kwargs) -> MemoryPrediction:
@@ -131,7 +146,11 @@ class MemoryPrediction:
             (b1, v1), (b2, v2) = points[i - 1], points[i]
             return max(0.0, v1 + (v2 - v1) * (config.size - b1) / (b2 - b1))
 
-        return cls(tensor_bytes, **kwargs)
+        def reach(config: Config) -> int | None:
+            points = curves.get(estimated_key(config))
+            return points[-1][0] if points else None
+
+        return cls(tensor_bytes, reach=reach, **kwargs)
 
     def raw_peak(self, config: Config) -> float | None:
         """The peak predicted before any probe measured one: the device's own bytes and the tensors
@@ -148,6 +167,7 @@ class CalibratedPrediction:
 
     def __init__(self, prediction: MemoryPrediction, observations: Iterable[Observation]) -> None:
         self.prediction = prediction
+        observations = list(observations)
         peaks: dict[Config, float] = {}
         for o in observations:
             if o.status == "ok" and o.peak_bytes:
@@ -158,21 +178,37 @@ class CalibratedPrediction:
             tensor = prediction.tensor_bytes(config)
             if tensor is not None:
                 self.anchors[memory_key(config)].append((config.size, tensor, peak))
-        self.factors = self._measured_factors() or prediction.factors
+        measured = {key: found for key, points in self.anchors.items() if (found := self._pair_factors(points))}
+        #: Peak bytes per tensor byte (the slope): the range the pairs of every strategy's probes allow, or the
+        #: device's prior; a strategy with two probes of its own measures its own (`_own_factors`).
+        self.factors = ((min(low for low, _ in measured.values()), max(high for _, high in measured.values()))
+                        if measured else prediction.factors)
+        self._own_factors = measured
+        self._unanchored = self._raised_by_ooms(observations)
 
-    def _measured_factors(self) -> tuple[float, float] | None:
+    def _pair_factors(self, points: list[tuple[int, float, float]]) -> tuple[float, float] | None:
         """The range of peak bytes per tensor byte that pairs of one strategy's probes allow."""
         low, high = [], []
-        for points in self.anchors.values():
-            for i, (_, t1, p1) in enumerate(points):
-                for _, t2, p2 in points[i + 1:]:
-                    span, noise = abs(t2 - t1), _PEAK_NOISE * (p1 + p2)
-                    if span * self.prediction.factors[0] < _MIN_SPAN * noise / 2:
-                        continue
-                    rise = (p2 - p1) if t2 > t1 else (p1 - p2)
-                    low.append(max(0.0, (rise - noise) / span))
-                    high.append((rise + noise) / span)
+        for i, (_, t1, p1) in enumerate(points):
+            for _, t2, p2 in points[i + 1:]:
+                span, noise = abs(t2 - t1), _PEAK_NOISE * (p1 + p2)
+                if span * self.prediction.factors[0] < _MIN_SPAN * noise / 2:
+                    continue
+                rise = (p2 - p1) if t2 > t1 else (p1 - p2)
+                low.append(max(0.0, (rise - noise) / span))
+                high.append((rise + noise) / span)
         return (min(low), max(high)) if low else None
+
+    def _raised_by_ooms(self, observations: Iterable[Observation]) -> tuple[float, float]:
+        """The factor range of a prediction no probe anchors, raised to what each OOM showed: it held more than
+        the peak it ran out of memory at, so its tensors cost at least that much over the device's bytes."""
+        low, high = self.factors
+        for o in observations:
+            tensor = self.prediction.tensor_bytes(o.config) if o.status == "oom" and o.peak_bytes else None
+            if tensor:
+                least = (float(o.peak_bytes) - self.prediction.device_bytes) / tensor
+                low, high = max(low, least), max(high, least * (1 + _FOREIGN_NOISE))
+        return low, high
 
     def peak(self, config: Config) -> PeakRange | None:
         """The predicted peak of `config`; None without an estimate or anything to anchor it.
@@ -194,19 +230,24 @@ class CalibratedPrediction:
             if below and above:
                 slack = _PEAK_NOISE * below[-1][2]
                 return PeakRange(below[-1][2] - slack, above[0][2] + _PEAK_NOISE * above[0][2])
-            return self._from_anchor(tensor, below[-1] if below else above[0], _PEAK_NOISE)
+            return self._from_anchor(tensor, below[-1] if below else above[0], _PEAK_NOISE,
+                                     self._own_factors.get(memory_key(config), self.factors))
         foreign = [a for points in self.anchors.values() for a in points]
         if foreign:
-            return self._from_anchor(tensor, min(foreign, key=lambda a: abs(a[1] - tensor)), _FOREIGN_NOISE)
-        low_factor, _ = self.prediction.factors
-        return PeakRange(self.prediction.device_bytes + low_factor * tensor, float("inf"))
+            return self._from_anchor(tensor, min(foreign, key=lambda a: abs(a[1] - tensor)), _FOREIGN_NOISE, self.factors)
+        low_factor, high_factor = self._unanchored
+        device = self.prediction.device_bytes
+        return PeakRange(device + low_factor * tensor,
+                         device + high_factor * tensor if self.prediction.trusted else float("inf"))
 
-    def _from_anchor(self, tensor: float, anchor: tuple[int, float, float], noise: float) -> PeakRange:
-        """From a measured peak: the difference in tensor bytes at the lowest and highest factor."""
+    def _from_anchor(self, tensor: float, anchor: tuple[int, float, float], noise: float,
+                     factors: tuple[float, float]) -> PeakRange:
+        """From a measured peak (the offset): the difference in tensor bytes at the lowest and highest factor
+        (the slope: the strategy's own where its probes measured it)."""
         _, anchor_tensor, anchor_peak = anchor
         delta = tensor - anchor_tensor
         slack = noise * anchor_peak
-        k_low, k_high = self.factors
+        k_low, k_high = factors
         return PeakRange(anchor_peak + min(k_low * delta, k_high * delta) - slack,
                          anchor_peak + max(k_low * delta, k_high * delta) + slack)
 

@@ -10,20 +10,22 @@ from __future__ import annotations
 
 from autofit.runtime._accumulation import PricedSteps, price_steps
 from autofit.runtime._batch import batch_len, batch_tensors, count_samples, map_batch, split_batch, to_device
-from autofit.runtime._checkpoint import checkpoint_policy_of
+from autofit.runtime._checkpoint import checkpoint_policy_of, saved_ops
 from autofit.runtime._clock import SPREAD_EXTENSION, ProbeFinished, StepClock
 from autofit.runtime._compile_timer import CompileTimer
 from autofit.runtime._control import RunControl
 from autofit.runtime._distributed import Ranks, leave_process_group, per_rank_config, ranks_from_env
 from autofit.runtime._envelope import TokenEnvelope, TokenGuard
 from autofit.runtime._feed import DataTooSmall
-from autofit.runtime._knobs import Knobs
+from autofit.runtime._knobs import Knobs, block_plan
 from autofit.runtime._memory_cap import MEMORY_LIMIT_ENV, describe_memory_limit, memory_limit_from_env
 from autofit.runtime._offload import (
     HOST_SHARE,
+    MIN_OFFLOAD_BYTES,
     ActivationOffload,
     HostMemoryExhausted,
     OffloadTransport,
+    made_by_forward,
     offload_transport,
 )
 from autofit.runtime._oom import breaks_the_device, is_oom
@@ -57,6 +59,7 @@ __all__ = [
     "ActivationOffload",
     "HOST_SHARE",
     "HostMemoryExhausted",
+    "MIN_OFFLOAD_BYTES",
     "OffloadTransport",
     "offload_transport",
     "CompileTimer",
@@ -91,12 +94,14 @@ __all__ = [
     "announce",
     "batch_len",
     "batch_tensors",
+    "block_plan",
     "breaks_the_device",
     "checkpoint_policy_of",
     "count_samples",
     "describe_memory_limit",
     "drop_graph",
     "is_oom",
+    "made_by_forward",
     "leave_process_group",
     "memory_limit_from_env",
     "normal_run_recovers",
@@ -113,6 +118,7 @@ __all__ = [
     "record_lowerings",
     "recovery_enabled",
     "run_summary",
+    "saved_ops",
     "split_batch",
     "take_script_run",
     "to_device",

@@ -36,6 +36,16 @@ class Knobs(Offers):
         self.token_envelope = TokenEnvelope.of_batch(samples, longest, self.shape_caches).widened(self.token_envelope)
 
 
+def block_plan(config: Config, blocks: int) -> list[tuple[str | None, bool]]:
+    """What `config` does to each of `blocks` offered to run.checkpoint(), in order: the checkpoint policy of
+    its first `checkpoint_segments` (None: not checkpointed), and whether each keeps what it saves for backward
+    in host memory (all of them where the config offloads activations). The memory estimator's arithmetic
+    reads the same plan (autofit.memory._traced_peaks)."""
+    offloaded = bool(config.offload_activations)
+    return [(config.checkpoint_policy if index < config.checkpoint_segments else None, offloaded)
+            for index in range(blocks)]
+
+
 class KnobPanel:
     """The model and data knobs of one run, applied under the config each call is given (a run's
     config changes after an OOM or when a framework's own settings stand), and noted in `used`."""
@@ -64,6 +74,8 @@ class KnobPanel:
         """Models put in channels-last format here: back in the contiguous format when the run ends."""
         self.training_loader: torch.utils.data.DataLoader | None = None
         """The first loader built here (the training one: an evaluation loader comes after it)."""
+        self.training_source: Any = None
+        """What the steps took their first batches from (run.batches' iterable)."""
         self.offload: ActivationOffload | None = None
         """The activation offload of the blocks offered here, where the config offloads (closed at the end)."""
         self.data_parallel: torch.nn.parallel.DistributedDataParallel | None = None
@@ -80,16 +92,15 @@ class KnobPanel:
                              f"offload_activations to false (a search there never tries it).")
         blocks = list(blocks) if not isinstance(blocks, torch.nn.ModuleList) else blocks
         self.used.checkpoint_blocks = len(blocks)
-        offload_to = self._device.type if config.offload_activations else None
-        if offload_to is not None and self.offload is None:
+        if config.offload_activations and self.offload is None:
             self.offload = start_offload(self._device, self._host_memory() if self._host_memory else None)
-        for index, block in enumerate(blocks):
-            if index < config.checkpoint_segments:
-                apply_checkpoint(block, policy=config.checkpoint_policy)
+        for block, (policy, offloaded) in zip(blocks, block_plan(config, len(blocks))):
+            if policy is not None:
+                apply_checkpoint(block, policy=policy)
             else:
                 remove_checkpoint(block)
-            offload_block(block, offload_to)
-            if index < config.checkpoint_segments or offload_to is not None:
+            offload_block(block, self._device.type if offloaded else None)
+            if policy is not None or offloaded:
                 self._wrapped_blocks.add(block)
         return blocks
 
@@ -185,7 +196,9 @@ class KnobPanel:
             self.data_parallel.require_backward_grad_sync = on
 
     def training_data(self, iterable: Any) -> None:
-        """The steps take their batches from `iterable`: a loader built here declared the training workers."""
+        """The steps take their batches from `iterable` (kept: the memory estimator reads how many samples it
+        holds); a loader built here declared the training workers."""
+        self.training_source = iterable
         if isinstance(iterable, torch.utils.data.DataLoader) and iterable in self._declared_workers:
             self.used.declared_workers = self._declared_workers[iterable]
 

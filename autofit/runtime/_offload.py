@@ -186,6 +186,17 @@ def _a_parameters_cast(tensor: torch.Tensor) -> bool:
         isinstance(getattr(node, "variable", None), torch.nn.Parameter) for node, _ in fn.next_functions)
 
 
+def made_by_forward(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is an activation the offload may send, whatever its size: a strided tensor the forward
+    made (no parameter, view or cast of one, or leaf that needs a gradient) that views its storage whole elements
+    at a time. The memory estimator's arithmetic asks it of each tensor a trace saw saved."""
+    if tensor.layout != torch.strided or tensor.untyped_storage().nbytes() % tensor.element_size():
+        return False
+    base = tensor._base if tensor._base is not None else tensor
+    return not (isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad)
+                or _a_parameters_cast(base))
+
+
 class ActivationOffload:
     """The offload of one run: `group(block)` around each call of an offered block sends what it saves for
     backward to the host and brings it back for backward (the module's docstring: how, and why so)."""
@@ -222,14 +233,10 @@ class ActivationOffload:
     def _leaves(self, tensor: torch.Tensor, group: _Group) -> bool:
         """Whether `tensor` is an activation worth a copy: in the memory the offload frees, made by this forward (no
         parameter, view or cast of one, leaf that needs a gradient, or buffer of the block), and large enough."""
-        if not self.transport.holds(tensor) or tensor.layout != torch.strided:
-            return False
-        base = tensor._base if tensor._base is not None else tensor
-        if isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad) or _a_parameters_cast(base):
+        if not self.transport.holds(tensor) or not made_by_forward(tensor):
             return False
         storage = tensor.untyped_storage()
-        return (storage.nbytes() >= self.transport.min_bytes and storage.nbytes() % tensor.element_size() == 0
-                and storage._cdata not in group.persistent)
+        return storage.nbytes() >= self.transport.min_bytes and storage._cdata not in group.persistent
 
     def _pack(self, group: _Group, tensor: torch.Tensor) -> Any:
         if not self._leaves(tensor, group):

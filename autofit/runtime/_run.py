@@ -132,7 +132,9 @@ class Run(RunView, RunData):
 
         Uses PyTorch's non-reentrant checkpoint; the modules keep their names and state-dict keys.
         """
-        return self.control.panel.checkpoint(self.config, blocks)
+        blocks = self.control.panel.checkpoint(self.config, blocks)
+        self.control.hooks.blocks_offered(blocks)
+        return blocks
 
     def channels_last(self, model: torch.nn.Module) -> torch.nn.Module:
         """`model` (a convolution model) in channels-last memory format when the config says so, else as it

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -27,7 +27,8 @@ def _nothing(*_: Any) -> None:
 class RunHooks:
     """What a run calls at its seams for whoever built it, declared when it is built: the memory
     estimator reads the data for real while the step runs on fake tensors, follows each optimizer's
-    parameters and restarts its tracker at each step. Each default does nothing."""
+    parameters, restarts its tracker at each step and follows the blocks offered to checkpointing. Each default
+    does nothing."""
 
     data_context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
     """Entered around every read of the data in `run.batches()`."""
@@ -36,6 +37,9 @@ class RunHooks:
     after_step: Callable[[], None] = _nothing
     """Called after each optimizer step the run counted (`RunControl.step_taken`), unless it ended the
     probe (ProbeFinished)."""
+    blocks_offered: Callable[[Sequence[torch.nn.Module]], None] = _nothing
+    """Called with the blocks offered to `run.checkpoint()`, once it has applied the config to them (the
+    memory estimator follows each block's forward and backward)."""
 
 
 @dataclass(frozen=True)

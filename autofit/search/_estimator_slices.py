@@ -33,9 +33,13 @@ from autofit.search._progress import Reporter
 from autofit.search._settings import SearchSettings
 from autofit.study import keep_estimates
 
-#: Once the space is known the search may give the estimator this share of its budget for its first
-#: answers, and never more than `_MAX_FIRST_S`.
+#: Before the pilot the search may give the estimator this share of its budget for its first answers (the
+#: pilot's strategy: two traces of its program), and never more than `_MAX_FIRST_S`...
 _FIRST_SHARE, _MAX_FIRST_S = 0.03, 30.0
+#: ... and where it runs beside the probes (an accelerator, whose pilot is sized from its answer), this share,
+#: at most `_MAX_PILOT_S`: the traces of GPT-2 medium take 12 s on a 2-core CPU, a probe that runs out of memory
+#: on an H200 about 10 s (the features step's memory search spent 3 of its 8 probes so).
+_PILOT_SHARE, _MAX_PILOT_S = 0.15, 60.0
 #: Before each later proposal, until its next answer and at most this long...
 _SLICE_S = 5.0
 #: ... and all its slices together at most this share of the budget.
@@ -87,9 +91,12 @@ class EstimatorLifecycle:
 
     def ask(self, study: optuna.Study, space: SearchSpace, memory_limit: float, device_type: str,
             budget_s: float, first: Config | None = None) -> MemoryPrediction | None:
-        """Start estimating `space` between the probes, `first`'s strategy (the pilot's) first, or read
-        the estimates the study kept; the prediction from what is known after a short wait (until that
-        strategy's line, a few percent of the budget at most)."""
+        """Start estimating `space`, `first`'s strategy (the pilot's) first, or read the estimates the study
+        kept; the prediction from what is known after a short wait: until that strategy's curve is estimated
+        (two traces of its program, the rest arithmetic), a few percent of the budget at most between the
+        probes, and on an accelerator, where it runs beside them, `_PILOT_SHARE` of it (the pilot is sized
+        from it). Asked again with another space (the function's knobs, known after the first probe), the
+        estimation goes on over that one, with every answer so far."""
         if not self.wanted:
             return None
         self._device_type = device_type
@@ -97,6 +104,11 @@ class EstimatorLifecycle:
         if stored is not None:
             return stored.prediction(device_type)
         if self._estimation is not None:
+            if self._estimation.space == space:
+                return self.update(study)
+            self._estimation.retire()  # the space it estimated was assumed before the first probe
+            self._estimation = SpaceEstimation(self._estimator, space, memory_limit, first, self._estimation)
+            self._estimation.start()
             return self.update(study)
         if self._estimator is None:  # resumed from a study written without estimates
             self._estimator = self._start_estimator()
@@ -108,8 +120,9 @@ class EstimatorLifecycle:
         self._estimation.start()
         if self.beside:
             self._estimator.resume()  # and never stopped again: the probes leave it cores
+            self._estimation.curve.wait(min(_MAX_PILOT_S, _PILOT_SHARE * budget_s))
             return self._read(study)
-        self._give_time(min(_MAX_FIRST_S, _FIRST_SHARE * budget_s), first_line=True)
+        self._give_time(min(_MAX_FIRST_S, _FIRST_SHARE * budget_s), first_curve=True)
         return self._read(study)
 
     def update(self, study: optuna.Study) -> MemoryPrediction | None:
@@ -128,8 +141,8 @@ class EstimatorLifecycle:
         if self._estimator is not None and not self.beside:
             self._estimator.pause()
 
-    def _give_time(self, limit_s: float, *, first_line: bool = False) -> None:
-        """Let the estimator run until its next answer (`first_line`: until the first strategy's line) or
+    def _give_time(self, limit_s: float, *, first_curve: bool = False) -> None:
+        """Let the estimator run until its next answer (`first_curve`: until the first strategy's curve) or
         `limit_s`, within what is left of its share of the budget; stopped again after."""
         estimation = self._estimation
         wait = min(limit_s, self._allowance)
@@ -138,8 +151,8 @@ class EstimatorLifecycle:
         started = time.monotonic()
         self._estimator.resume()
         try:
-            if first_line:
-                estimation.line.wait(wait)
+            if first_curve:
+                estimation.curve.wait(wait)
             else:
                 estimation.answered.clear()
                 estimation.answered.wait(wait)

@@ -74,7 +74,9 @@ class Search:
 
     def _start_sampler(self, study: optuna.Study) -> None:
         """The space from the loaded script's options and knobs, and the planner over it as the study's
-        sampler (with the memory estimates where a resumed study knows the space already)."""
+        sampler, with the memory estimates: of the whole space where a resumed study knows it already, else
+        of the pilot's strategy, waited for before the pilot (`EstimatorLifecycle.ask`), which is sized from
+        them (the space the first probe reports is estimated after it)."""
         state = self.state
         state.options = search_options(state.info, state.s)
         offers = state.session.offers()
@@ -86,6 +88,9 @@ class Search:
         state.reporter.started(state, space, len(state.session.trials()))
         if offers is not None:  # resumed: the space is known, and so may the estimates be
             state.planner.learn(prediction=state.prediction(space))
+        elif not state.session.observations():  # the pilot is sized from the estimate of its strategy
+            state.planner.learn(prediction=state.prediction(space, first=space.config(space.strategies()[0],
+                                                                                    space.batch_sizes[0])))
 
     def _interrupted_while_loading(self) -> SearchResult:
         state = self.state

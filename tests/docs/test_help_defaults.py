@@ -97,7 +97,7 @@ def _probe_limit(words: str, monkeypatch) -> None:
 
 
 def _search_probe_timeout(words: str, monkeypatch) -> None:
-    budget = open(os.path.join(REPO, "autofit", "search", "_budget.py"), encoding="utf-8").read()
+    budget = open(os.path.join(REPO, "autofit", "search", "_time_budget.py"), encoding="utf-8").read()
     assert "start = max(60.0, 3 * max(starts)) if starts else left" in budget  # the start: 3x, else the budget left
     assert "stall = max(60.0, 20 * max(steps))" in budget  # the steps: 20x the slowest
     assert words.startswith("the first start gets the budget left, later ones 3x the longest seen; steps 20x the "

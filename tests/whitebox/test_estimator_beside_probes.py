@@ -32,8 +32,8 @@ class _Process:
 class _Estimation:
     """A space estimation that never answers (the lifecycle's waits end at their limits)."""
 
-    def __init__(self, estimator, space, memory_limit, first=None) -> None:
-        self.finished, self.answered, self.line = threading.Event(), threading.Event(), threading.Event()
+    def __init__(self, estimator, space, memory_limit, first=None, previous=None) -> None:
+        self.finished, self.answered, self.curve = threading.Event(), threading.Event(), threading.Event()
 
     def start(self) -> None:
         pass

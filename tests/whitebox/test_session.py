@@ -103,10 +103,10 @@ def test_a_search_without_a_limit_takes_the_default_its_help_states(tmp_path, mo
     storage = f"sqlite:///{tmp_path / 'autofit.db'}"
     cpu = DeviceInfo("cpu", 0, "a CPU", 24 * 2**30, 20 * 2**30)
     monkeypatch.setattr("autofit.search._session.check_device", lambda device, index: cpu)
-    assert Session(SearchSettings(script=path, device="cpu", storage=storage)).budget.limit_bytes == 20 * 2**30
+    assert Session(SearchSettings(script=path, device="cpu", storage=storage)).memory_budget.limit_bytes == 20 * 2**30
     shared = Session(SearchSettings(script=path, device="cpu", parallel=2, storage=storage))
-    assert shared.budget.limit_bytes == 10 * 2**30  # each worker its share
+    assert shared.memory_budget.limit_bytes == 10 * 2**30  # each worker its share
     gpu = DeviceInfo("cuda", 0, "NVIDIA H100 80GB HBM3", 80 * 2**30, 70 * 2**30)
     monkeypatch.setattr("autofit.search._session.check_device", lambda device, index: gpu)
     on_gpu = Session(SearchSettings(script=path, device="cuda", storage=storage))
-    assert on_gpu.budget.limit_bytes == 80 * 2**30  # the whole card, not what is free
+    assert on_gpu.memory_budget.limit_bytes == 80 * 2**30  # the whole card, not what is free

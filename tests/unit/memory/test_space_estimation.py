@@ -13,7 +13,7 @@ class _Estimator:
     def __init__(self) -> None:
         self.asked: list[Config] = []
 
-    def estimate(self, configs: list[Config], timeout: float) -> Estimates:
+    def estimate(self, configs: list[Config], timeout: float, traced: bool = False) -> Estimates:
         self.asked += configs
         out = Estimates(baseline_bytes=0, context_bytes=0)
         for config in configs:
@@ -30,7 +30,7 @@ def _estimated(first: Config | None) -> list[tuple[str, int, int]]:
     space = SearchSpace((1, 8, 16, 32, 64), {"precision": ("fp32", "bf16"), "checkpoint_segments": (0, 2)})
     estimation = SpaceEstimation(estimator, space, memory_limit=2**40, first=first)
     estimation.run()  # in this thread
-    assert estimation.line.is_set() and estimation.finished.is_set()
+    assert estimation.curve.is_set() and estimation.finished.is_set()
     assert len(estimator.asked) == len(set(estimator.asked))  # no config twice
     return [(c.precision, c.checkpoint_segments, c.batch_size) for c in estimator.asked]
 

@@ -45,7 +45,7 @@ def _prediction(space: SearchSpace) -> MemoryPrediction:
     factors = peak_factors("cuda")
     typical = factors["typical_factor"]
     estimates = {Config(batch_size=b, precision=p): b * PER_SAMPLE_BYTES[p] / typical + GiB / typical
-                 for p in space.values_of("precision") for b in (8, 64)}
+                 for p in space.values_of("precision") for b in (8, 2048)}
     return MemoryPrediction.from_estimates(estimates, device_bytes=GiB, **factors)
 
 
@@ -59,14 +59,15 @@ def _replay(planner: Planner, limit: int = 60) -> list[Observation]:
 
 @pytest.mark.parametrize("predicted", [False, True], ids=["memory-line", "estimator"])
 def test_the_pilot_climbs_to_its_memory_edge_before_the_other_precisions_which_are_probed_there(predicted):
-    """On a device whose memory is known the pilot starts at a memory-scaled guess (70 GiB: b=32, not 4), and
-    the expected best precision climbs to its memory edge before the others are swept, each once at the
-    batch it reached."""
+    """On a device whose memory is known the pilot starts at a memory-scaled guess (70 GiB: b=32, not 4), or
+    with the estimator's prediction (a GPU's, believed before any probe) at the largest batch it predicts to
+    fit, and the expected best precision climbs to its memory edge before the others are swept, each once at
+    the batch it reached."""
     space = _space()
     planner = Planner(space, USABLE, check_noise=False, prediction=_prediction(space) if predicted else None)
     seen = _replay(planner)
     pilot = seen[0].config
-    assert (pilot.precision, pilot.batch_size) == ("bf16", 32)
+    assert (pilot.precision, pilot.batch_size) == ("bf16", 1536 if predicted else 32)
     first_other = next(i for i, o in enumerate(seen) if o.config.precision != "bf16")
     climb = seen[:first_other]
     assert all(o.status == "ok" for o in climb)  # no blind leap into an OOM
