@@ -93,13 +93,14 @@ class RunCore:
         if not self.settings.probing:
             return
         clock, per_step = self.clock, max(1, self.config.accumulation_steps)
-        batches = sampler.warm_batches()
+        with self.hooks.data_context():  # the sampler's draws are real data (the memory estimator's run is fake)
+            batches, epoch = sampler.warm_batches(), len(sampler)
         steps = -(-batches // per_step)
         if steps > clock.warmup_steps:
             self.notes.append(f"warm-up of {steps} steps: {batches} batches, the worst and those that meet the "
                               f"window's shapes ahead, as often as its epoch meets them")
             clock.warmup_steps = steps
-        left = (len(sampler) - clock.warmup_steps * per_step) // per_step
+        left = (epoch - clock.warmup_steps * per_step) // per_step
         if clock.max_measured_steps is not None and left >= (clock.measured_steps or 0):
             clock.max_measured_steps = min(clock.max_measured_steps, left)
 

@@ -46,10 +46,10 @@ class Search:
         try:
             state.estimator.start(study)  # it loads the script while the runners load theirs
             state.info = state.pool.start()
-        except KeyboardInterrupt:  # Ctrl-C while loading: nothing probed, nothing to export
+            self._start_sampler(study)  # it waits for the estimate of the pilot's strategy
+        except KeyboardInterrupt:  # Ctrl-C while loading or estimating: nothing probed, nothing to export
             state.pool.stop()
             return self._interrupted_while_loading()
-        self._start_sampler(study)
         stopped = "the planner had nothing left worth probing"
         try:
             stopped = explore(state)

@@ -196,7 +196,8 @@ def test_ctrl_c_keeps_finished_probes_exports_partial_and_resumes(tmp_path):
     pytest.param("worker-load", ("--no-estimate",), 0, (), False, marks=pytest.mark.slow),  # the worker loads
     # ... the memory estimator loads (beside the workers and the first probe: the search does not wait for it)
     pytest.param("estimator-load", (), None, (), False, marks=pytest.mark.slow),
-    pytest.param("estimate", (), 1, (), False, marks=pytest.mark.slow),  # ... it answers, after the first probe
+    # ... it answers: the pilot's strategy before the first probe (nothing probed yet), the rest beside the probes
+    pytest.param("estimate", (), None, (), False, marks=pytest.mark.slow),
     ("probe:2", ("--no-estimate",), 1, ("explore", "recheck"), False),
     # ... after exploring: one micro-batch, so the leader has no climb left and its confirmation runs
     pytest.param("probe:2", ("--no-estimate", "--trials", "1", "--batch-range", "8:8"), 1, ("remeasure", "confirm"),
@@ -393,5 +394,5 @@ def test_a_cpu_study_without_a_memory_limit_resumes(tmp_path):
     first = run_search(SearchSettings(**base))
     second = run_search(SearchSettings(**base))
     assert second.probes > first.probes
-    with pytest.raises(UsageError, match="same limit bytes"):
+    with pytest.raises(UsageError, match="same memory limit"):
         run_search(SearchSettings(**{**base, "memory_limit": 2**30}))

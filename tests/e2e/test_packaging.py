@@ -37,7 +37,7 @@ def test_export_keeps_the_searchs_script_hash_so_a_changed_script_warns(tmp_path
                                          storage=storage, study="hash", out=str(work / "searched.json"),
                                          confirm_factor=2, batch_range=(1, 16)))
     with open(train, "a") as handle:
-        handle.write("\n# edited after the search\n")
+        handle.write("\nEDITED_AFTER_THE_SEARCH = True  # code, not a comment: a comment changes no version\n")
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.path.dirname(script("fits_small.py"))}
     exported = subprocess.run([sys.executable, "-m", "autofit.cli", "export", "--study", "hash", "--storage", storage,
                                "--out", str(work / "exported.json")], cwd=work, env=env, capture_output=True,

@@ -3,7 +3,7 @@ AUTOFIT_TEST_INTERRUPT, then keeps that moment going (sleeps) until the search s
 
     worker-load      while the worker imports this script (the search waits for its workers)
     estimator-load   while the memory estimator imports it (beside the workers' loading or a probe)
-    estimate         while the estimator runs the function on fake tensors (after the first probe)
+    estimate         while the estimator runs the function on fake tensors (first the pilot's, before any probe)
     probe:N          during the Nth probe of this search (1 = the first), counted in
                      AUTOFIT_TEST_INTERRUPT_COUNT (a file)
 
