@@ -28,6 +28,8 @@ import tokenize
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from autofit.export import script_sha256
+
 #: What marks a project's root: the folder whose modules are the script's own.
 PROJECT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
 #: Tokens that carry no code: comments, the breaks between lines inside brackets, the encoding's marker.
@@ -118,14 +120,6 @@ def local_modules(script: str, modules: Mapping[str, object] | None = None) -> d
     return dict(sorted(found.items()))
 
 
-def _bytes_sha256(path: str) -> str | None:
-    try:
-        with open(path, "rb") as handle:
-            return hashlib.sha256(handle.read()).hexdigest()
-    except OSError:
-        return None
-
-
 @dataclass
 class RecordedVersion:
     """A version as a study or a best-config file recorded it: the script's bytes' sha256 (what studies and files
@@ -169,7 +163,7 @@ class ScriptVersion(RecordedVersion):
 
     @classmethod
     def of(cls, script: str) -> ScriptVersion:
-        return cls(sha256=_bytes_sha256(script), code_sha256=code_sha256(script), modules={},
+        return cls(sha256=script_sha256(script), code_sha256=code_sha256(script), modules={},
                    name=os.path.basename(script), script=script, root=project_root(script))
 
     def module(self, path: str) -> tuple[bool, str | None]:
