@@ -103,6 +103,11 @@ class DeviceBackend(ABC):
     def peak_bytes(self) -> int:
         """Peak since `reset_peak`, comparable with the limit."""
 
+    def timing(self, timed: bool) -> None:
+        """A probe's measured steps begin (True) or end (False): what the backend runs beside the user's steps to
+        read its peak pauses while they are timed (the CPU's sampler), so the probe times the steps its normal run
+        runs. Nothing by default."""
+
     @abstractmethod
     def synchronize(self) -> None:
         """Wait for queued work, so that a timestamp means the work is done."""

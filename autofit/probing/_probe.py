@@ -70,8 +70,8 @@ def run_probe(
         config, backend.torch_device(), probing=True, warmup_steps=warmup_steps,
         measured_steps=measured_steps, synchronize=backend.synchronize, min_measure_s=min_measure_s,
         max_measured_steps=measured_steps * _MAX_EXTENSION, ranks=ranks, count_flops=True, progress=progress,
-        energy=backend.energy_joules, alloc_retries=backend.alloc_retries, host_memory=available_memory_bytes,
-        global_tokens=getattr(getattr(fn, "options", None), "global_tokens", None),
+        energy=backend.energy_joules, alloc_retries=backend.alloc_retries, timing=backend.timing,
+        host_memory=available_memory_bytes, global_tokens=getattr(getattr(fn, "options", None), "global_tokens", None),
         probe_accumulation=PROBE_ACCUMULATION, open_step_s=open_step_s, holds_saved=_normal_run_recovers(fn, ranks)))
     result = ProbeResult(status="ok", config=config, warmup_steps=warmup_steps, memory_limit=backend.memory_limit)
     clock = run.control.clock

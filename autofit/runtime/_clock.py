@@ -69,6 +69,9 @@ class StepClock:
     counted: dict[str, float] = field(default_factory=dict)
     """Each counter's growth over a probe's measured steps (`counters`; a normal run: `counts_so_far`)."""
     _counted_from: dict[str, float] = field(default_factory=dict)
+    timing: Callable[[bool], None] | None = None
+    """Told True where a probe's measuring starts and False where it ends (the device's `timing`: the CPU's memory
+    sampler sleeps between, so the measured steps are the normal run's, which runs no sampler)."""
     data_wait_s: float | None = None
     """Host time the measured steps spent waiting for their data (inside `next()` on the user's
     iterable); None where autofit does not see the data (a framework's trainer drives the loop). On a
@@ -112,6 +115,8 @@ class StepClock:
 
     def start(self) -> None:
         exact = self.warmup_steps == 0 and self.measured_steps is not None
+        if exact:
+            self._timing(True)
         self._last = self._started = self._stamp(exact=exact)
         self._waiting_s = 0.0  # the first fetch came before the clock started
         if exact:
@@ -121,6 +126,11 @@ class StepClock:
     def measured_energy_j(self) -> float | None:
         """Energy the device drew over the measured steps (probes on a device with an energy counter)."""
         return self.counted.get("energy_j")
+
+    def _timing(self, timed: bool) -> None:
+        """Tell the device a probe's timed steps begin or end (before the first stamp, after the last)."""
+        if self.timing is not None:
+            self.timing(timed)
 
     def _count_from(self) -> None:
         self._counted_from = {name: value for name, read in self.counters.items() if (value := read()) is not None}
@@ -172,6 +182,8 @@ class StepClock:
             self.data_wait_s += waited
         probing = self.measured_steps is not None
         if self.steps_done <= self.warmup_steps:
+            if probing and self.steps_done == self.warmup_steps:
+                self._timing(True)
             self._last = self._stamp(exact=probing and self.steps_done == self.warmup_steps)
             if self.steps_done == self.warmup_steps and self._started is not None:
                 self.warmup_time_s = self._last - self._started
@@ -185,6 +197,7 @@ class StepClock:
             now = self._stamp(exact=True)
             self.complete = True
             self.counted = self.counts_so_far()
+            self._timing(False)
         self.step_times.append(now - self._last)
         self.measured_time_s += now - self._last
         self.measured_samples += samples

@@ -184,4 +184,4 @@ def _make_clock(settings: RunSettings, ranks: Ranks) -> StepClock:
                 if read is not None}
     return StepClock(settings.warmup_steps, settings.measured_steps, synchronize,
                      min_measure_s=settings.min_measure_s, max_measured_steps=settings.max_measured_steps,
-                     agree=agree, counters=counters, inner=inner, progress=settings.progress)
+                     agree=agree, counters=counters, inner=inner, progress=settings.progress, timing=settings.timing)

@@ -89,6 +89,9 @@ class RunSettings:
     """The allocator's count of the times it freed its cache to retry an allocation (CUDA's num_alloc_retries),
     read where measuring starts and ends: retries in the measured steps mean the config runs at the edge of
     memory, and slower for it; None where the device keeps no such count."""
+    timing: Callable[[bool], None] | None = None
+    """Told True where a probe's measured steps begin and False where they end (DeviceBackend.timing): what the
+    device runs beside them to read the peak pauses, so they run as the normal run's do."""
     host_memory: Callable[[], int | None] | None = None
     """The host memory available now (bytes), read when an activation offload starts: the bound of its pinned
     memory is `HOST_SHARE` of it (autofit.runtime._offload); None: no bound (the memory estimator's)."""
