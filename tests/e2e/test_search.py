@@ -345,7 +345,15 @@ def test_every_line_the_search_ends_with_is_explained_on_the_failures_page(searc
     from autofit.report import describe_search
     from tests.support.message_sites import explained, page_text, printed_key
 
-    result, page = searched[0], page_text()
+    result, study, _, _ = searched
+    page = page_text()
+    labels = sorted({o.config.label() for o in observations(study.trials)}, key=len, reverse=True)
+
+    def key(line: str) -> str | None:  # a config's label is a figure as its numbers are ("bf16 b=192 ckpt=1 selective")
+        for label in labels:
+            line = line.replace(label, "0")
+        return printed_key(line)
+
     lines = [line for line in describe_search(result).splitlines() if line.startswith("note: ")]
     assert len(lines) == len(result.notes)
-    assert [line for line in lines if not explained(printed_key(line), page)] == []
+    assert [line for line in lines if not explained(key(line), page)] == []
