@@ -84,7 +84,8 @@ def test_segfault_in_user_code_is_crashed_and_the_search_goes_on(tmp_path):
     assert any("crashed" in n and "SIGSEGV" in n for n in result.notes)
 
 
-@pytest.mark.slow  # mostly waiting out its 10 s timeouts; a probe below batch 8 starts in a second or two
+@pytest.mark.serial  # a 10 s probe timeout that the probes below batch 8 must not reach, beside nothing
+@pytest.mark.slow
 def test_hang_is_killed_at_the_probe_timeout_and_the_search_goes_on(tmp_path):
     result = run_search(settings(tmp_path, "hangs_above.py", trials=5, probe_timeout=10, budget_s=300))
     seen = observations(trials(tmp_path, result))
