@@ -57,6 +57,7 @@ class RunControl(RunCore):
         backend = self.config.sdpa_backend
         kernels = watch_attention(self.knobs) if probing and backend is None else contextlib.nullcontext()
         try:
+            self.panel.bound_caches()
             with precision_scope(self.config.precision, self.device), attention_scope(backend), kernels, \
                     self.follower, watching:
                 try:

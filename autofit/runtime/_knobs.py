@@ -29,7 +29,7 @@ class Knobs(Offers):
 
     token_envelope: TokenEnvelope | None = None
     shape_caches: dict[str, int] | None = None
-    """The capacities of the libraries' per-shape caches the run's token batches run under (`bound_shape_caches`)."""
+    """The capacities of the libraries' per-shape caches the run runs under (`bound_shape_caches`; None off the CPU)."""
 
     def ran_tokens(self, samples: int, longest: int) -> None:
         """A micro-batch of `samples` samples padded to `longest` tokens ran: widen `token_envelope`."""
@@ -104,6 +104,12 @@ class KnobPanel:
                 self._wrapped_blocks.add(block)
         return blocks
 
+    def bound_caches(self) -> None:
+        """What libraries keep per shape bounded on the CPU (`bound_shape_caches`), as the run begins, before its
+        first step makes a primitive: batches by tokens meet a new shape at almost every batch, and so do fixed
+        batches padded to each one's longest (bf16 b=1 over 250 lengths held 1.8 GiB of caches, issue 53)."""
+        self.used.shape_caches = bound_shape_caches(self._device, self._recorded_caches, self._set_in_environment)
+
     def restore_models(self) -> None:
         """Give the user's modules back as they came: the checkpointing and offload put on here off its
         blocks, the models put in channels-last format back in the contiguous one; and the environment
@@ -159,9 +165,7 @@ class KnobPanel:
 
     def token_batches(self, config: Config, dataset: Any, lengths: Sequence[int], *, collate_fn: Any,
                       shuffle: bool, seed: int) -> TokenLoader:
-        """A TokenLoader at the config's token cap over this rank's share of the batches; on the CPU, what libraries
-        keep per shape bounded first (`bound_shape_caches`)."""
-        self.used.shape_caches = bound_shape_caches(self._device, self._recorded_caches, self._set_in_environment)
+        """A TokenLoader at the config's token cap over this rank's share of the batches."""
         loader = build_token_loader(dataset, lengths, config, collate_fn=collate_fn, shuffle=shuffle, seed=seed,
                                     rank=self._ranks.rank, world_size=self._ranks.world_size,
                                     probing=self._probing, worst_only=self._worst_token_batches,
@@ -175,7 +179,6 @@ class KnobPanel:
 
     def token_sampler(self, config: Config, lengths: Sequence[int], *, shuffle: bool, seed: int) -> TokenBatchSampler:
         """The batch sampler of `token_batches` for a framework's own DataLoader, over this rank's share."""
-        self.used.shape_caches = bound_shape_caches(self._device, self._recorded_caches, self._set_in_environment)
         sampler = token_sampler(lengths, config, shuffle=shuffle, seed=seed, rank=self._ranks.rank,
                                 world_size=self._ranks.world_size, probing=self._probing,
                                 worst_only=self._worst_token_batches, window=self._window_steps * config.accumulation_steps)

@@ -1,5 +1,6 @@
-"""What libraries keep for each shape a run meets, bounded on the CPU for a run that batches by tokens, in its
-probes and its normal run alike.
+"""What libraries keep for each shape a run meets, bounded on the CPU for every run, in its probes and its normal
+run alike: batches by tokens meet a new shape at almost every batch, and so do fixed batches of variable lengths
+padded to each batch's longest.
 
 oneDNN, which PyTorch's CPU matmuls run on in bf16, keeps a primitive for each shape it met (1024 at most), and
 PyTorch's mkldnn layer (ideep) a cache of its own (`LRU_CACHE_CAPACITY`, 1024 entries); each entry holds
@@ -10,11 +11,14 @@ with AVX512-BF16 (2026-12-04; that LM, 40 new shapes then 20 again): the caches 
 speed (354 against 361 ms a step; a new shape then costs what it did) and held 470 MiB where unbounded they held
 768 MiB after the heap's free pages went back.
 
-The bounds are set in the process's environment where the user's does not set them, when the run asks for its
-token batches: both libraries read them when they make their first primitive, which a run does in its first
-step (a script that ran a oneDNN matmul before keeps the libraries' own sizes, in its probes as in its run). A
-probe meets enough shapes to fill them, so its peak holds them full; the probes' bounds are recorded with the
-token envelope in the best-config file, and a normal run sets the same.
+A fixed bf16 batch of one sample over the token benchmark's 250 lengths (benchmarks/tokens_study.py --fixed) peaked
+at 1.82 GiB unbounded and 0.51 GiB bounded; under a 1 GiB cap its unbounded probe died of SIGSEGV (2026-12-05).
+
+The bounds are set in the process's environment where the user's does not set them, as the run begins: both
+libraries read them when they make their first primitive, which a run does in its first step (a script that ran a
+oneDNN matmul before keeps the libraries' own sizes, in its probes as in its run). A probe meets enough shapes to
+fill them, so its peak holds them full; the probes' bounds are recorded with the token envelope in the best-config
+file, and a normal run sets the same.
 """
 
 from __future__ import annotations

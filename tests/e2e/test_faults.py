@@ -84,10 +84,10 @@ def test_segfault_in_user_code_is_crashed_and_the_search_goes_on(tmp_path):
     assert any("crashed" in n and "SIGSEGV" in n for n in result.notes)
 
 
-@pytest.mark.serial  # a 10 s probe timeout
+@pytest.mark.serial  # a 10 s probe timeout that the probes below batch 8 must not reach, beside nothing
 @pytest.mark.slow
 def test_hang_is_killed_at_the_probe_timeout_and_the_search_goes_on(tmp_path):
-    result = run_search(settings(tmp_path, "hangs_above.py", trials=5, probe_timeout=10))
+    result = run_search(settings(tmp_path, "hangs_above.py", trials=5, probe_timeout=10, budget_s=300))
     seen = observations(trials(tmp_path, result))
     timeouts = [t for t in trials(tmp_path, result) if t.user_attrs.get("status") == "timeout"]
     assert timeouts and all("after 10s" in t.user_attrs["probe"]["error_message"] for t in timeouts)
@@ -95,8 +95,7 @@ def test_hang_is_killed_at_the_probe_timeout_and_the_search_goes_on(tmp_path):
     assert result.best is not None and result.best.batch_size < 8
 
 
-@pytest.mark.serial  # a 5 s probe timeout
-@pytest.mark.slow
+@pytest.mark.slow  # every probe hangs (tests/scripts/hangs.py): it times out however slowly it starts, beside any test
 def test_a_search_whose_every_probe_times_out_says_so_not_out_of_memory(tmp_path):
     with pytest.raises(NoFeasibleConfig) as info:
         run_search(settings(tmp_path, "hangs.py", trials=3, probe_timeout=5, budget_s=120))
@@ -248,11 +247,10 @@ def test_ctrl_c_stops_the_search_in_every_phase(tmp_path, moment, extra, kept, l
 
 
 # The default storage here; a storage given as a URL (journal, PostgreSQL) in tests/integration/test_parallel.py.
-@pytest.mark.serial  # two searches at once on two cores
 @pytest.mark.parametrize("storage", ["default"])
 @pytest.mark.slow
 def test_two_searches_on_one_study_record_every_trial_once(tmp_path, storage):
-    extra = ["--trials", "4", "--budget", "3m", "-q", "--json"]
+    extra = ["--trials", "4", "--budget", "10m", "-q", "--json"]  # bounded by its probes: it runs beside another test
     cmd = _search_cmd(tmp_path, *extra)
     if storage == "default":
         i = cmd.index("--storage")

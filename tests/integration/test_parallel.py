@@ -16,8 +16,6 @@ from autofit.cli import cli
 from autofit.findings import observations
 from tests.support import REPO, autofit_cli, script
 
-pytestmark = pytest.mark.serial  # tight budgets or speeds measured (pyproject.toml)
-
 
 def _search(tmp_path, storage: str, *extra: str, target: str = "grows.py") -> list[str]:
     return [sys.executable, "-m", "autofit.cli", "search", script(target), "--device", "cpu", "--memory-limit",
@@ -39,7 +37,7 @@ def _explored_once(trials) -> None:
 @pytest.mark.slow
 def test_two_cpu_workers_feed_one_study_and_export_one_answer(tmp_path):
     storage = f"sqlite:///{tmp_path}/w.db"
-    searched = autofit_cli(*_search(tmp_path, storage, "--parallel", "2", "--trials", "8", "--budget", "3m")[3:],
+    searched = autofit_cli(*_search(tmp_path, storage, "--parallel", "2", "--trials", "8", "--budget", "10m")[3:],
                            cwd=tmp_path)
     assert searched.returncode == 0, searched.stderr[-3000:]
     assert "(worker 0)" in searched.stderr and "(worker 1)" in searched.stderr  # both probed
@@ -81,7 +79,7 @@ def test_gpus_of_different_models_are_refused(monkeypatch):
 @pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres), pytest.param("journal", marks=pytest.mark.slow)])
 def test_two_searchers_on_one_shared_storage_record_every_config_once(tmp_path, request, backend):
     storage = request.getfixturevalue("postgres_url") if backend == "postgres" else str(tmp_path / "shared.journal")
-    command = _search(tmp_path, storage, "--trials", "4", "--budget", "3m", "-q", "--json")
+    command = _search(tmp_path, storage, "--trials", "4", "--budget", "10m", "-q", "--json")
     env = {**os.environ, "PYTHONPATH": REPO}
     procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
              for _ in range(2)]
@@ -98,6 +96,7 @@ def test_two_searchers_on_one_shared_storage_record_every_config_once(tmp_path, 
     assert shown.returncode == 0 and "samples/s" in shown.stdout, shown.stderr
 
 
+@pytest.mark.serial  # killed well inside a probe, a 100 s budget
 @pytest.mark.postgres
 def test_a_searcher_killed_mid_probe_has_its_trial_probed_by_another(tmp_path, postgres_url):
     """SIGKILL leaves the killed searcher's trial RUNNING; the searcher still alive waits for it (what it

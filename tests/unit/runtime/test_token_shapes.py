@@ -143,6 +143,21 @@ def test_a_cpu_runs_token_batches_bound_the_per_shape_caches_and_record_them(mon
         assert (os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"], os.environ["LRU_CACHE_CAPACITY"]) == ("7", "3")
 
 
+def test_a_cpu_run_of_fixed_batches_bounds_the_per_shape_caches_too(monkeypatch):
+    """Fixed batches padded to each one's longest meet a new shape at almost every batch as token batches do (a
+    bf16 batch of one over 250 lengths held 1.8 GiB of oneDNN's caches): every CPU run bounds them as it begins,
+    for the run only; a GPU run sets nothing."""
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    monkeypatch.delenv("LRU_CACHE_CAPACITY", raising=False)
+    run = Run(Config(batch_size=4), "cpu", probing=True)
+    assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in os.environ  # not before the run begins
+    with run.control.active():
+        during = {name: os.environ.get(name) for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+    assert all(value and value.isdigit() for value in during.values())
+    assert run.control.knobs.shape_caches == {name: int(value) for name, value in during.items()}
+    assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in os.environ and "LRU_CACHE_CAPACITY" not in os.environ
+
+
 def test_a_model_compiled_by_the_run_compiles_one_graph_for_every_shape_of_its_token_batches():
     """torch.compile over variable lengths compiles a graph at the first shape and a dynamic one at the second
     (Dynamo's automatic dynamic shapes: never one per batch, padded or not); the run marks its token batches'
