@@ -16,3 +16,10 @@ def pythonpath() -> str:
     """This checkout first, then the caller's own PYTHONPATH: packages carried beside it (wheels in a
     folder of their own, as on a device machine) must stay importable in the child processes."""
     return os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p)
+
+
+def publish(text: str, path: str) -> None:
+    """A benchmark's table: printed, and written to its file (the docs quote the file)."""
+    print(text)
+    with open(path, "w") as handle:
+        handle.write(text)

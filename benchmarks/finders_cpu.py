@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import pythonpath
+from benchmarks import publish, pythonpath
 from benchmarks.gpu.compare import parse_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -96,10 +96,7 @@ def main() -> None:
         label = parse_config(f"{name}={picks[name]}")[1].label()
         lines.append(f"| {name} | {label} ({statuses}) | {times.get(name, 0):.0f} s | {rate or 0:.1f} | {ratio} | "
                      f"{peak:.0f} MiB | {KEEPS[name]} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    with open(os.path.join(HERE, "finders-cpu.md"), "w") as handle:
-        handle.write(text)
+    publish("\n".join(lines) + "\n", os.path.join(HERE, "finders-cpu.md"))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import time
 import torch
 from torch.nn import functional as F
 
+from benchmarks import publish
 from tests.corpus.sft_tokens import VOCAB, TinyLM
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -60,10 +61,7 @@ def main() -> None:
     for shape in shapes:
         name = f"{shape[0]} x {shape[1]}" + (" (the safe fixed batch)" if shape == FIXED else "")
         lines.append(f"| {name} | {rates['bf16', shape]:,.0f} | {rates['fp32', shape]:,.0f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    with open(os.path.join(HERE, "padded-rate-cpu.md"), "w") as handle:
-        handle.write(text)
+    publish("\n".join(lines) + "\n", os.path.join(HERE, "padded-rate-cpu.md"))
 
 
 if __name__ == "__main__":
