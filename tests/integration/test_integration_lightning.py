@@ -82,7 +82,31 @@ def test_the_config_becomes_the_trainers_settings(precision, lightning_precision
     assert settings["precision"] == lightning_precision and settings["accumulate_grad_batches"] == 2
     assert settings["max_epochs"] == 3 and settings["accelerator"] == "cpu"
     probing = trainer_settings(Run(Config(batch_size=32), "cpu", probing=True), {"max_epochs": 3})
-    assert probing["max_epochs"] == -1 and probing["limit_val_batches"] == 0 and probing["logger"] is False
+    assert probing["max_epochs"] == -1 and probing["check_val_every_n_epoch"] is None and probing["logger"] is False
+    assert "num_sanity_val_steps" not in probing and "limit_val_batches" not in probing  # the user's sanity check
+
+
+@pytest.mark.frameworks
+@pytest.mark.parametrize("process", ["fork", "persistent"])
+def test_a_probe_runs_the_users_sanity_check_as_the_normal_run_does_and_never_validates_in_its_steps(tmp_path, process):
+    """What a run does before its steps sets glibc's dynamic mmap threshold, and with it how often the steps fault
+    pages in: a tied LM's probe without its sanity check read 0.96 of its normal run (benchmarks.fidelity). So a
+    probe runs the Trainer's sanity check (2 validation batches, Lightning's default) as the normal run does, and
+    then no validation at all, though its steps cross several epochs' ends (8 micro-batches each)."""
+    events = tmp_path / "events"
+    env = {"EVENTS_OUT": str(events), "PL_OUT": str(tmp_path / "out")}
+    probed = autofit_cli("probe", script("lightning_validates.py"), "--device", "cpu", "--batch-size", "8",
+                         "--probe-process", process, "--json", cwd=tmp_path, env=env)
+    assert probed.returncode == 0, probed.stderr[-3000:]
+    probe = events.read_text().split()
+    assert probe[:2] == ["validation", "validation"] and probe[2] == "train"
+    assert "validation" not in probe[2:] and probe.count("train") > 2 * 8
+
+    events.unlink()
+    ran = subprocess.run([sys.executable, script("lightning_validates.py")], env={**os.environ, **env, "PYTHONPATH": REPO},
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert events.read_text().split() == ["validation"] * 2 + ["train"] * 8 + ["validation"] * 4
 
 
 @pytest.mark.frameworks
