@@ -9,8 +9,8 @@ already imported): the child starts from the same memory state as the user's own
 allocator untuned and as the import left it, so its speed and its peak are the real run's, and all of its
 memory goes back when it exits. (glibc raises its mmap threshold to the largest mmapped block freed so far,
 and how often each step faults pages in follows it: what the normal run does before its steps, a probe does
-too, such as a Lightning Trainer's sanity check.) A long-lived process cannot promise either: glibc's heap keeps the history
-of earlier probes (a fixed mmap threshold made memory return but cost ~30% on allocation-heavy
+too, such as a Lightning Trainer's sanity check.) A long-lived process cannot promise either: glibc's heap
+keeps the history of earlier probes (a fixed mmap threshold made memory return but cost ~30% on allocation-heavy
 steps). The warm process runs with one intra-op thread until it forks, because GNU OpenMP hangs in a
 child forked from a process whose thread team exists; the child sets the thread count back (the user's,
 or the count the script set itself at import, watched there: `threads_the_script_sets`).
