@@ -72,6 +72,9 @@ def _cases() -> tuple[Case, ...]:
              "a Lightning Trainer and LightningModule through autofit.integrations.lightning"),
         Case("lightning_tied", "tests/corpus/lightning_tied.py", (Config(batch_size=16, precision="bf16"),)
              if bf16 else (Config(batch_size=16),), "corpus: a Lightning Trainer, tied weights"),
+        Case("lightning_defaults", "benchmarks/fidelity_scripts/lightning_defaults.py",
+             (Config(batch_size=16, precision="bf16"),) if bf16 else (Config(batch_size=16),),
+             "the tied LM under a Trainer at Lightning's defaults: progress bar, model summary, sanity check"),
         Case("hf_trainer_clm", "tests/corpus/hf_trainer_clm.py", (Config(batch_size=16, precision="bf16"),)
              if bf16 else (Config(batch_size=16),), "corpus: Hugging Face's run_clm with the Trainer"),
         Case("accelerate_clm", "tests/corpus/accelerate_clm_no_trainer.py", (Config(batch_size=16, precision="bf16"),)

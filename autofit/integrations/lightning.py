@@ -35,8 +35,8 @@ _NEVER = 2**62
 
 def trainer_settings(run: Run, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The Trainer's keyword arguments under the run's config; in a probe, without validation in its steps
-    (its sanity check stays), checkpoints, loggers or progress bars, and with no epoch limit (the probe
-    ends by itself). With no searched config (`run.defaults`) the user's precision and accumulation become
+    (its sanity check, progress bar and model summary stay), checkpoints or loggers, and with no epoch limit
+    (the probe ends by itself). With no searched config (`run.defaults`) the user's precision and accumulation become
     the run's config."""
     settings = dict(kwargs)
     if run.defaults and not run.probing:  # nothing searched yet: the user's precision and accumulation stand
@@ -62,9 +62,12 @@ def trainer_settings(run: Run, kwargs: dict[str, Any]) -> dict[str, Any]:
         # `num_sanity_val_steps`, `limit_val_batches`): what a run does before its steps is where glibc's
         # allocator sets its dynamic mmap threshold, and so how often its steps fault pages in (a tied LM whose
         # sanity check was left out: 4 MiB against 8 MiB, and its probe read 0.96 of its normal run).
+        # The progress bar and the model summary stay as the user's Trainer has them: the bar's update is part
+        # of every step the normal run takes, and the summary runs before them (a forward pass, with an
+        # `example_input_array`); both only print, into the probe's log. Loggers and checkpoints would write
+        # into the user's folders, and come every `log_every_n_steps` (50) or at an epoch's end at the earliest.
         settings.update(max_epochs=-1, max_steps=-1, max_time=None, check_val_every_n_epoch=None,
-                        val_check_interval=_NEVER, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+                        val_check_interval=_NEVER, logger=False, enable_checkpointing=False)
     return settings
 
 

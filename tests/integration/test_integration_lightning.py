@@ -84,6 +84,10 @@ def test_the_config_becomes_the_trainers_settings(precision, lightning_precision
     probing = trainer_settings(Run(Config(batch_size=32), "cpu", probing=True), {"max_epochs": 3})
     assert probing["max_epochs"] == -1 and probing["check_val_every_n_epoch"] is None and probing["logger"] is False
     assert "num_sanity_val_steps" not in probing and "limit_val_batches" not in probing  # the user's sanity check
+    # ... and the user's progress bar and model summary: the bar's update is part of each of the run's steps.
+    assert "enable_progress_bar" not in probing and "enable_model_summary" not in probing
+    kept = trainer_settings(Run(Config(batch_size=32), "cpu", probing=True), {"enable_progress_bar": False})
+    assert kept["enable_progress_bar"] is False
 
 
 @pytest.mark.frameworks
