@@ -72,7 +72,7 @@ def _cases() -> tuple[Case, ...]:
              "a Lightning Trainer and LightningModule through autofit.integrations.lightning"),
         Case("lightning_tied", "tests/corpus/lightning_tied.py", (Config(batch_size=16, precision="bf16"),)
              if bf16 else (Config(batch_size=16),), "corpus: a Lightning Trainer, tied weights"),
-        Case("lightning_defaults", "benchmarks/fidelity_scripts/lightning_defaults.py",
+        Case("lightning_defaults", "tests/scripts/lightning_defaults.py",
              (Config(batch_size=16, precision="bf16"),) if bf16 else (Config(batch_size=16),),
              "the tied LM under a Trainer at Lightning's defaults: progress bar, model summary, sanity check"),
         Case("hf_trainer_clm", "tests/corpus/hf_trainer_clm.py", (Config(batch_size=16, precision="bf16"),)

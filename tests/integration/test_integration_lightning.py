@@ -119,3 +119,22 @@ def test_the_frameworks_own_step_runs_out_of_memory_above_the_limit(tmp_path):
     status, result = probe_result("lightning_module.py", LIMIT, 64, tmp_path, env={"PL_OUT": str(tmp_path / "out")})
     assert status == 1
     assert result["status"] == "oom" and refused_by_the_allocator(result["error_message"])
+
+
+@pytest.mark.frameworks
+def test_a_trainer_at_lightnings_defaults_probes_twice_in_one_process_and_leaves_no_thread_behind(tmp_path, monkeypatch):
+    """CUDA's process model on the CPU, with the progress bar (Rich's, whose refresh is a thread), the model summary
+    and the sanity check a probe now keeps: each probe ends by an exception inside the Trainer's step, and the bar's
+    thread stops with it (Lightning's on_exception), so the second probe starts with the threads the first did."""
+    from autofit.probing import Worker
+
+    monkeypatch.setenv("PL_OUT", str(tmp_path / "out"))
+    monkeypatch.chdir(tmp_path)
+    with Worker(script("lightning_defaults.py"), probe_process="persistent") as worker:
+        worker.start()
+        threads = []
+        for batch in (16, 8):
+            result = worker.probe(Config(batch_size=batch), timeout=300)
+            assert result.status == "ok", (result.error_message, result.traceback)
+            threads.append(len(os.listdir(f"/proc/{worker.pid}/task")))
+    assert threads[0] == threads[1], threads

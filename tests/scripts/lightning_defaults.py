@@ -7,6 +7,7 @@ this case measures whether its figure is still the normal run's (issue 52, item 
 from __future__ import annotations
 
 import os
+import runpy
 import tempfile
 
 import lightning.pytorch as L
@@ -15,7 +16,9 @@ from torch.utils.data import DataLoader
 
 from autofit import autofit
 from autofit.integrations.lightning import AutofitLightningTrainer
-from tests.corpus.lightning_tied import TRAIN, VAL, TiedLM
+
+_TIED = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "corpus", "lightning_tied.py"))
+TiedLM, TRAIN, VAL = _TIED["TiedLM"], _TIED["TRAIN"], _TIED["VAL"]
 
 
 @autofit(global_batch=32, default_batch_size=16)
