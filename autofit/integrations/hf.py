@@ -40,7 +40,7 @@ from autofit.runtime import PieceReplay, Run
 
 def arguments_for(run: Run, args: TrainingArguments) -> TrainingArguments:
     """`args` with the run's micro-batch, accumulation and precision; in a probe, without the
-    evaluation, saving, logging and reporting a probe does not need. With no searched config
+    evaluation in its steps, saving and reporting (its logging and progress bar stay). With no searched config
     (`run.defaults`) the arguments stand and the run's config is set from them, so its report is true."""
     if run.defaults and not run.probing:  # nothing searched yet: the user's own settings stand
         precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
@@ -63,8 +63,11 @@ def arguments_for(run: Run, args: TrainingArguments) -> TrainingArguments:
     if run.device.type == "cuda":
         changes["tf32"] = config.precision == "tf32"
     if run.probing:
-        changes.update(eval_strategy="no", save_strategy="no", logging_strategy="no", report_to="none",
-                       disable_tqdm=True, max_steps=10**9, load_best_model_at_end=False)
+        # Logging (every `logging_steps`: a loss read from the device, a line printed) and the progress bar (updated
+        # at every step) stay as the user's: the normal run pays for them in its steps. Reporting (TensorBoard,
+        # W&B), saving and evaluation would write into the user's folders or accounts, or stop the steps.
+        changes.update(eval_strategy="no", save_strategy="no", report_to="none", max_steps=10**9,
+                       load_best_model_at_end=False)
     return dataclasses.replace(args, **changes)
 
 

@@ -176,3 +176,20 @@ def test_the_lengths_come_from_a_trainer_whose_sampler_takes_no_dataset(monkeypa
     trainer = object.__new__(AutofitTrainer)
     trainer.train_dataset = [0, 1, 2]
     assert trainer._autofit_lengths() == [3, 7, 5]
+
+
+def test_a_probes_arguments_keep_the_users_logging_and_progress_bar_and_drop_evaluation_saving_and_reports(tmp_path):
+    """The normal run pays for its logging (a loss read every `logging_steps`, a line printed) and its progress bar
+    (updated every step) in its steps, so a probe measures them too; evaluation in the steps, saving and reports to
+    TensorBoard or W&B stay out (they would stop the steps or write into the user's folders and accounts)."""
+    from transformers import TrainingArguments
+
+    from autofit.integrations.hf import arguments_for
+    from autofit.runtime import Run
+
+    users = TrainingArguments(output_dir=str(tmp_path), logging_steps=10, eval_strategy="steps", eval_steps=5,
+                              save_strategy="steps", save_steps=5, report_to="none", use_cpu=True)
+    probing = arguments_for(Run(Config(batch_size=8), "cpu", probing=True), users)
+    assert probing.logging_strategy == "steps" and probing.logging_steps == 10 and probing.disable_tqdm is False
+    assert probing.eval_strategy == "no" and probing.save_strategy == "no" and probing.report_to in ("none", [])
+    assert probing.max_steps == 10**9 and probing.per_device_train_batch_size == 8
