@@ -37,15 +37,21 @@ def padded_rate(precision: str, samples: int, length: int, repeats: int) -> floa
 
     def step() -> float:
         began = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            loss = F.cross_entropy(model(x).float().reshape(-1, VOCAB), y.reshape(-1))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        train_step(model, optimizer, x, y, precision)
         return time.perf_counter() - began
 
     step()
     return samples * length / statistics.median(step() for _ in range(repeats))
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+               precision: str) -> None:
+    """One step of the token benchmark's model as its script takes it (labels of -100 are ignored)."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        loss = F.cross_entropy(model(x).float().reshape(-1, VOCAB), y.reshape(-1))
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def main() -> None:

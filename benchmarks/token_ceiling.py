@@ -33,10 +33,10 @@ SKIPPED = 3  # steps before the clock starts: the first shapes' one-time costs
 def epoch(strategy: str, precision: str) -> dict:
     """One epoch of `strategy` ("fixed:SAMPLES:1" or "tokens:CAP:MULTIPLE") in this process."""
     import torch
-    from torch.nn import functional as F
 
     from autofit.runtime import TokenBatchSampler
-    from tests.corpus.sft_tokens import IGNORE, PAD, VOCAB, Conversations, TinyLM, collate, sharegpt_like_lengths
+    from benchmarks.padded_rate import train_step
+    from tests.corpus.sft_tokens import IGNORE, PAD, Conversations, TinyLM, collate, sharegpt_like_lengths
 
     kind, size, multiple = strategy.split(":")
     lengths = sharegpt_like_lengths(2048, scale=8)
@@ -56,11 +56,7 @@ def epoch(strategy: str, precision: str) -> dict:
     for x, y in loader:
         if steps == SKIPPED:
             started, real, padded = time.perf_counter(), 0, 0
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            loss = F.cross_entropy(model(x).float().reshape(-1, VOCAB), y.reshape(-1), ignore_index=IGNORE)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        train_step(model, optimizer, x, y, precision)
         real, padded, steps = real + int((x != PAD).sum()), padded + x.numel(), steps + 1
     seconds = time.perf_counter() - started
     return {"real_per_s": real / seconds, "padding": 1 - real / padded, "steps": steps}
@@ -79,9 +75,10 @@ def _in_process(strategy: str, precision: str) -> dict:
     """One epoch in a fresh process, the caches bounded as autofit bounds them in every CPU run."""
     from autofit.runtime import DEFAULT_CAPACITIES
 
-    env = {**os.environ, **{name: str(value) for name, value in DEFAULT_CAPACITIES.items()}, "PYTHONPATH": pythonpath()}
-    done = subprocess.run([sys.executable, "-m", "benchmarks.token_ceiling", "--one", strategy, "--precision", precision],
-                          cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    bounds = {name: str(value) for name, value in DEFAULT_CAPACITIES.items()}
+    env = {**os.environ, **bounds, "PYTHONPATH": pythonpath()}
+    command = [sys.executable, "-m", "benchmarks.token_ceiling", "--one", strategy, "--precision", precision]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -97,8 +94,9 @@ def main() -> None:
     began = time.perf_counter()
     rounds = [{strategy: _in_process(strategy, args.precision) for strategy in STRATEGIES} for _ in range(args.rounds)]
     fixed = STRATEGIES[0]
+    minutes = (time.perf_counter() - began) / 60
     lines = [f"`python -m benchmarks.token_ceiling --precision {args.precision} --rounds {args.rounds}` "
-             f"({(time.perf_counter() - began) / 60:.1f} min, {os.cpu_count()} cores, a plain loop: no autofit in it)", "",
+             f"({minutes:.1f} min, {os.cpu_count()} cores, a plain loop: no autofit in it)", "",
              "| batching | real tokens/s (median) | ÷ the safe fixed batch (median, range) | padding | steps |",
              "|---|---:|---|---:|---:|"]
     for strategy in STRATEGIES:

@@ -36,8 +36,8 @@ _NEVER = 2**62
 def trainer_settings(run: Run, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The Trainer's keyword arguments under the run's config; in a probe, without validation in its steps
     (its sanity check, progress bar and model summary stay), checkpoints or loggers, and with no epoch limit
-    (the probe ends by itself). With no searched config (`run.defaults`) the user's precision and accumulation become
-    the run's config."""
+    (the probe ends by itself). With no searched config (`run.defaults`) the user's precision and
+    accumulation become the run's config."""
     settings = dict(kwargs)
     if run.defaults and not run.probing:  # nothing searched yet: the user's precision and accumulation stand
         precision = _FROM_LIGHTNING.get(str(settings.get("precision", "32-true")), "fp32")
